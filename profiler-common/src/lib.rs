@@ -1,0 +1,197 @@
+//! The contract between the kernel side (`profiler-ebpf`) and the daemon.
+//!
+//! Everything here is `#[repr(C)]` and shared byte for byte by both sides. Numbers given to
+//! frame kinds, unwind ends and counters are part of that contract: they are never reused for
+//! another meaning, only appended to.
+#![no_std]
+
+/// Deepest kernel stack we ask `bpf_get_stack` for (the kernel's `perf_event_max_stack` default).
+pub const MAX_KERNEL_FRAMES: usize = 127;
+/// Deepest user stack the BPF unwinder walks. Java stacks of several hundred frames are common
+/// (frameworks, recursion); the per-CPU scratch record must stay under the 32 KiB value limit.
+pub const MAX_USER_FRAMES: usize = 1024;
+/// Size of the ring buffer the samples go through (a power of two, in bytes).
+pub const SAMPLE_RING_BYTES: u32 = 8 << 20;
+/// Most processes the `--pid` filter can name.
+pub const MAX_TARGET_PIDS: u32 = 4096;
+/// Length of a task's `comm`, NUL padded.
+pub const COMM_LEN: usize = 16;
+
+/// What produced a user frame, and so how the daemon symbolizes it.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FrameKind {
+    /// An instruction pointer in native code (ELF or anonymous memory).
+    Native = 1,
+}
+
+impl FrameKind {
+    pub const fn from_u8(value: u8) -> Option<Self> {
+        match value {
+            1 => Some(Self::Native),
+            _ => None,
+        }
+    }
+}
+
+/// Why the user stack walk stopped.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnwindEnd {
+    /// Reached the outermost frame (null frame pointer or null return address).
+    Complete = 0,
+    /// Stopped at `MAX_USER_FRAMES`.
+    MaxDepth = 1,
+    /// A frame-pointer slot could not be read (paged out, or not a frame pointer at all).
+    ReadFailed = 2,
+    /// The saved frame pointer did not point further up the stack: not a frame-pointer chain.
+    NotMonotonic = 3,
+    /// The task has no user context (kernel thread, or registers unavailable).
+    NoUserContext = 4,
+}
+
+impl UnwindEnd {
+    pub const ALL: [Self; 5] = [
+        Self::Complete,
+        Self::MaxDepth,
+        Self::ReadFailed,
+        Self::NotMonotonic,
+        Self::NoUserContext,
+    ];
+
+    pub const fn from_u8(value: u8) -> Option<Self> {
+        match value {
+            0 => Some(Self::Complete),
+            1 => Some(Self::MaxDepth),
+            2 => Some(Self::ReadFailed),
+            3 => Some(Self::NotMonotonic),
+            4 => Some(Self::NoUserContext),
+            _ => None,
+        }
+    }
+
+    /// A short name for metrics and for `[truncated: ...]` frames.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Complete => "complete",
+            Self::MaxDepth => "max_depth",
+            Self::ReadFailed => "read_failed",
+            Self::NotMonotonic => "not_monotonic",
+            Self::NoUserContext => "no_user_context",
+        }
+    }
+}
+
+/// Indexes into the per-CPU `COUNTERS` array. The daemon sums them over CPUs and exports them.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Counter {
+    /// Every run of the sampling program.
+    Samples = 0,
+    /// Samples of the idle task (pid 0), not recorded.
+    Idle = 1,
+    /// Samples of processes outside the `--pid` filter, not recorded.
+    Filtered = 2,
+    /// Samples lost because the ring buffer was full.
+    RingFull = 3,
+    /// `bpf_get_stack` failed for the kernel stack (the sample is still sent, without it).
+    KernelStackFailed = 4,
+    /// User stacks cut at `MAX_USER_FRAMES`.
+    UserStackTruncated = 5,
+    /// The per-CPU scratch record could not be looked up (should never happen).
+    ScratchMissing = 6,
+    /// Samples sent to the daemon.
+    Sent = 7,
+}
+
+impl Counter {
+    pub const COUNT: u32 = 8;
+    pub const ALL: [Self; Self::COUNT as usize] = [
+        Self::Samples,
+        Self::Idle,
+        Self::Filtered,
+        Self::RingFull,
+        Self::KernelStackFailed,
+        Self::UserStackTruncated,
+        Self::ScratchMissing,
+        Self::Sent,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Samples => "samples",
+            Self::Idle => "idle",
+            Self::Filtered => "filtered",
+            Self::RingFull => "ring_full",
+            Self::KernelStackFailed => "kernel_stack_failed",
+            Self::UserStackTruncated => "user_stack_truncated",
+            Self::ScratchMissing => "scratch_missing",
+            Self::Sent => "sent",
+        }
+    }
+}
+
+/// The fixed head of every sample record in the ring buffer. It is followed by
+/// `kernel_frames` kernel instruction pointers (`u64`, innermost first) and then by
+/// `user_frames` [`UserFrame`]s (innermost first).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SampleHeader {
+    /// `bpf_ktime_get_ns` at the sample.
+    pub ktime_ns: u64,
+    /// Process id (tgid) in the initial PID namespace.
+    pub pid: u32,
+    /// Thread id in the initial PID namespace.
+    pub tid: u32,
+    pub cpu: u32,
+    pub kernel_frames: u16,
+    pub user_frames: u16,
+    /// An [`UnwindEnd`].
+    pub user_end: u8,
+    pub _reserved: [u8; 7],
+    /// The thread's name (`comm`), NUL padded.
+    pub comm: [u8; COMM_LEN],
+}
+
+/// One user-space frame as the BPF unwinder found it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct UserFrame {
+    /// For [`FrameKind::Native`]: the instruction pointer (frame 0) or return address (others).
+    pub addr: u64,
+    /// Kind-specific detail (unused for native frames).
+    pub aux: u32,
+    /// Kind-specific validation cookie (unused for native frames).
+    pub cookie: u32,
+    /// A [`FrameKind`].
+    pub kind: u8,
+    pub _reserved: [u8; 7],
+}
+
+/// The per-CPU scratch record the BPF program fills before copying its used prefix to the
+/// ring buffer. Kernel and user frames share `frames` so the record stays contiguous: kernel
+/// ips first, user frames right after them.
+#[repr(C)]
+pub struct SampleRecord {
+    pub header: SampleHeader,
+    pub frames: [u8; FRAMES_BYTES],
+}
+
+pub const HEADER_BYTES: usize = core::mem::size_of::<SampleHeader>();
+pub const KERNEL_FRAME_BYTES: usize = core::mem::size_of::<u64>();
+pub const USER_FRAME_BYTES: usize = core::mem::size_of::<UserFrame>();
+pub const FRAMES_BYTES: usize =
+    MAX_KERNEL_FRAMES * KERNEL_FRAME_BYTES + MAX_USER_FRAMES * USER_FRAME_BYTES;
+pub const RECORD_BYTES: usize = core::mem::size_of::<SampleRecord>();
+
+// The layout is the contract: pin it.
+const _: () = assert!(HEADER_BYTES == 48);
+const _: () = assert!(USER_FRAME_BYTES == 24);
+const _: () = assert!(RECORD_BYTES < 32 * 1024, "per-CPU array values are limited to 32 KiB");
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: plain old data, no padding the kernel could leave uninitialised that we rely on.
+    unsafe impl aya::Pod for super::SampleHeader {}
+    unsafe impl aya::Pod for super::UserFrame {}
+}

@@ -1,0 +1,238 @@
+//! Folds sample records into per-process stack counts for one interval.
+//!
+//! This is the userspace hot path: one hash and one table probe per sample, no allocation once a
+//! stack has been seen. Each distinct stack is stored once, as the record itself with its
+//! per-sample fields (time, tid, cpu) zeroed, in a per-process byte arena; records then read back
+//! through the same [`SampleView`] parser.
+
+use std::hash::{BuildHasher, Hasher};
+use std::time::{Duration, SystemTime};
+
+use hashbrown::{hash_map::Entry, DefaultHashBuilder, HashMap, HashTable};
+use profiler_common::{SampleHeader, HEADER_BYTES};
+
+use crate::record::SampleView;
+
+/// One distinct stack of a process: where its record lives in the arena, and how often it was seen.
+#[derive(Clone, Copy, Debug)]
+struct StackSlot {
+    start: usize,
+    len: usize,
+    count: u64,
+}
+
+/// The stacks of one process during one interval.
+#[derive(Default)]
+pub struct ProcessStacks {
+    table: HashTable<StackSlot>,
+    arena: Vec<u8>,
+    samples: u64,
+}
+
+impl ProcessStacks {
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    pub fn distinct_stacks(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Each distinct stack with its sample count.
+    pub fn stacks(&self) -> impl Iterator<Item = (SampleView<'_>, u64)> + '_ {
+        self.table.iter().filter_map(|slot| {
+            let bytes = &self.arena[slot.start..slot.start + slot.len];
+            SampleView::parse(bytes).ok().map(|view| (view, slot.count))
+        })
+    }
+}
+
+/// What one interval collected.
+pub struct IntervalStacks {
+    pub start: SystemTime,
+    pub duration: Duration,
+    pub processes: HashMap<u32, ProcessStacks>,
+    /// Samples not folded because the interval hit its distinct-stack bound.
+    pub dropped_over_bound: u64,
+}
+
+/// Outcome of [`Aggregator::add`], for the caller's bookkeeping.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Added {
+    /// The first sample of this process in the current interval.
+    NewProcess,
+    Folded,
+    /// Not kept: the interval already holds `max_stacks` distinct stacks.
+    OverBound,
+}
+
+pub struct Aggregator {
+    hasher: DefaultHashBuilder,
+    processes: HashMap<u32, ProcessStacks>,
+    distinct: usize,
+    max_stacks: usize,
+    dropped_over_bound: u64,
+    start: SystemTime,
+}
+
+impl Aggregator {
+    /// `max_stacks` bounds the distinct stacks (over all processes) kept per interval.
+    pub fn new(max_stacks: usize) -> Self {
+        Self {
+            hasher: DefaultHashBuilder::default(),
+            processes: HashMap::new(),
+            distinct: 0,
+            max_stacks,
+            dropped_over_bound: 0,
+            start: SystemTime::now(),
+        }
+    }
+
+    pub fn add(&mut self, sample: &SampleView<'_>) -> Added {
+        let header = normalized_header(&sample.header);
+        let header_bytes = header_bytes(&header);
+        let (kernel, user) = sample.stack_bytes();
+        let hash = stack_hash(&self.hasher, header_bytes, kernel, user);
+
+        let (process, new_process) = match self.processes.entry(sample.pid()) {
+            Entry::Occupied(entry) => (entry.into_mut(), false),
+            Entry::Vacant(entry) => (entry.insert(ProcessStacks::default()), true),
+        };
+        let arena = &process.arena;
+        let found = process.table.find_mut(hash, |slot| {
+            let stored = &arena[slot.start..slot.start + slot.len];
+            stored.len() == header_bytes.len() + kernel.len() + user.len()
+                && stored[..HEADER_BYTES] == *header_bytes
+                && stored[HEADER_BYTES..HEADER_BYTES + kernel.len()] == *kernel
+                && stored[HEADER_BYTES + kernel.len()..] == *user
+        });
+        if let Some(slot) = found {
+            slot.count += 1;
+            process.samples += 1;
+        } else if self.distinct >= self.max_stacks {
+            self.dropped_over_bound += 1;
+            return Added::OverBound;
+        } else {
+            let start = process.arena.len();
+            process.arena.extend_from_slice(header_bytes);
+            process.arena.extend_from_slice(kernel);
+            process.arena.extend_from_slice(user);
+            let slot = StackSlot { start, len: process.arena.len() - start, count: 1 };
+            let arena = &process.arena;
+            let hasher = &self.hasher;
+            process.table.insert_unique(hash, slot, |slot| {
+                let stored = &arena[slot.start..slot.start + slot.len];
+                match SampleView::parse(stored) {
+                    Ok(view) => {
+                        let (kernel, user) = view.stack_bytes();
+                        stack_hash(hasher, &stored[..HEADER_BYTES], kernel, user)
+                    }
+                    Err(_) => 0,
+                }
+            });
+            process.samples += 1;
+            self.distinct += 1;
+        }
+        if new_process {
+            Added::NewProcess
+        } else {
+            Added::Folded
+        }
+    }
+
+    /// Ends the current interval and starts the next one.
+    pub fn take_interval(&mut self) -> IntervalStacks {
+        let now = SystemTime::now();
+        let interval = IntervalStacks {
+            start: self.start,
+            duration: now.duration_since(self.start).unwrap_or_default(),
+            processes: std::mem::take(&mut self.processes),
+            dropped_over_bound: std::mem::take(&mut self.dropped_over_bound),
+        };
+        self.distinct = 0;
+        self.start = now;
+        interval
+    }
+}
+
+/// Hashes a stack from its pieces; stored stacks are re-hashed the same way when the table grows.
+fn stack_hash(hasher: &DefaultHashBuilder, header: &[u8], kernel: &[u8], user: &[u8]) -> u64 {
+    let mut hasher = hasher.build_hasher();
+    hasher.write(header);
+    hasher.write(kernel);
+    hasher.write(user);
+    hasher.finish()
+}
+
+/// The header with the fields that differ from sample to sample zeroed, so equal stacks of the
+/// same thread name fold together.
+fn normalized_header(header: &SampleHeader) -> SampleHeader {
+    SampleHeader { ktime_ns: 0, tid: 0, cpu: 0, ..*header }
+}
+
+fn header_bytes(header: &SampleHeader) -> &[u8] {
+    // SAFETY: SampleHeader is plain old data of HEADER_BYTES bytes.
+    unsafe { std::slice::from_raw_parts(header as *const SampleHeader as *const u8, HEADER_BYTES) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::tests::encode;
+    use profiler_common::UnwindEnd;
+
+    fn add(aggregator: &mut Aggregator, bytes: &[u8]) -> Added {
+        aggregator.add(&SampleView::parse(bytes).expect("valid record"))
+    }
+
+    #[test]
+    fn folds_identical_stacks_and_separates_different_ones() {
+        let mut aggregator = Aggregator::new(100);
+        let a = encode(7, "main", &[], &[1, 2, 3], UnwindEnd::Complete);
+        let b = encode(7, "main", &[], &[1, 2, 4], UnwindEnd::Complete);
+        let other_thread = encode(7, "worker", &[], &[1, 2, 3], UnwindEnd::Complete);
+        let other_process = encode(8, "main", &[], &[1, 2, 3], UnwindEnd::Complete);
+        assert_eq!(add(&mut aggregator, &a), Added::NewProcess);
+        assert_eq!(add(&mut aggregator, &a), Added::Folded);
+        assert_eq!(add(&mut aggregator, &b), Added::Folded);
+        assert_eq!(add(&mut aggregator, &other_thread), Added::Folded);
+        assert_eq!(add(&mut aggregator, &other_process), Added::NewProcess);
+
+        let interval = aggregator.take_interval();
+        let seven = &interval.processes[&7];
+        assert_eq!(seven.samples(), 4);
+        assert_eq!(seven.distinct_stacks(), 3);
+        let mut counts: Vec<(Vec<u64>, u64)> = seven
+            .stacks()
+            .map(|(view, count)| (view.user_frames().map(|f| f.addr).collect(), count))
+            .collect();
+        counts.sort();
+        assert_eq!(counts, vec![(vec![1, 2, 3], 1), (vec![1, 2, 3], 2), (vec![1, 2, 4], 1)]);
+        assert_eq!(interval.processes[&8].samples(), 1);
+
+        // The next interval starts empty.
+        assert!(aggregator.take_interval().processes.is_empty());
+    }
+
+    #[test]
+    fn kernel_and_user_frames_are_not_confused() {
+        let mut aggregator = Aggregator::new(100);
+        // Same ips, split differently between kernel and user: two stacks.
+        add(&mut aggregator, &encode(1, "t", &[5], &[], UnwindEnd::Complete));
+        add(&mut aggregator, &encode(1, "t", &[], &[5], UnwindEnd::Complete));
+        assert_eq!(aggregator.take_interval().processes[&1].distinct_stacks(), 2);
+    }
+
+    #[test]
+    fn counts_what_is_over_the_bound() {
+        let mut aggregator = Aggregator::new(2);
+        for leaf in 0..5 {
+            add(&mut aggregator, &encode(1, "t", &[], &[leaf], UnwindEnd::Complete));
+        }
+        // Stacks already known still fold past the bound.
+        assert_eq!(add(&mut aggregator, &encode(1, "t", &[], &[0], UnwindEnd::Complete)), Added::Folded);
+        let interval = aggregator.take_interval();
+        assert_eq!(interval.dropped_over_bound, 3);
+        assert_eq!(interval.processes[&1].samples(), 3);
+    }
+}

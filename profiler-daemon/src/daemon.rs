@@ -1,0 +1,209 @@
+//! The `run` command: the sampling loop and the pipeline around it.
+//!
+//! ```text
+//! BPF ring buffer --drain every 50 ms--> Aggregator --interval--> Worker thread --> pprof files
+//!                                            \--first sample of a pid--> Worker (reads /proc)
+//! ```
+//! The loop never blocks on the worker: if its queue is full, work is dropped and counted.
+
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::time::Duration;
+
+use profiler_common::Counter;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::aggregate::{Added, Aggregator};
+use crate::config::Config;
+use crate::output::LocalWriter;
+use crate::privileges::{self, MissingPrivileges};
+use crate::record::SampleView;
+use crate::sampler::{KernelCounters, Sampler, SamplerError};
+use crate::worker::{Work, Worker};
+
+/// How often the ring buffer is drained. At 1000 Hz on 64 CPUs and 1 KiB records the 8 MiB ring
+/// holds about 130 ms of samples, so 50 ms leaves room for scheduling delays.
+const DRAIN_PERIOD: Duration = Duration::from_millis(50);
+/// Work items queued for the worker before the loop starts dropping them.
+const WORK_QUEUE: usize = 4096;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Privileges(#[from] MissingPrivileges),
+    #[error("{0}")]
+    Sampler(#[from] SamplerError),
+    #[error("output directory {path}: {source}")]
+    Output { path: std::path::PathBuf, source: std::io::Error },
+    #[error("signal handler: {0}")]
+    Signal(std::io::Error),
+    #[error("worker thread: {0}")]
+    Worker(String),
+}
+
+impl DaemonError {
+    /// Missing privileges exit with 2, like a usage error: the command cannot work as invoked.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Self::Privileges(_) => 2,
+            Self::Sampler(err) if err.is_permission_denied() => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// What a run did, for the final log line and for tests.
+#[derive(Debug, Default)]
+pub struct RunSummary {
+    pub records: u64,
+    pub malformed_records: u64,
+    pub dropped_work: u64,
+    pub intervals: u64,
+    pub profiles_written: u64,
+    pub kernel: KernelCounters,
+}
+
+/// Counts what the sampling loop saw.
+#[derive(Default)]
+struct LoopStats {
+    records: u64,
+    malformed: u64,
+    dropped_work: u64,
+}
+
+pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
+    privileges::check()?;
+    let writer = LocalWriter::new(&config.output_dir)
+        .map_err(|source| DaemonError::Output { path: config.output_dir.clone(), source })?;
+    let mut sampler = Sampler::start(config.frequency_hz, &config.pids)?;
+    tracing::info!(
+        frequency_hz = config.frequency_hz,
+        cpus = sampler.cpus(),
+        interval_s = config.interval.as_secs(),
+        output = %config.output_dir.display(),
+        pids = ?config.pids,
+        "sampling"
+    );
+
+    let (work_tx, work_rx) = sync_channel(WORK_QUEUE);
+    let frequency_hz = config.frequency_hz;
+    // Built on its own thread: blazesym's symbolizer is not Send.
+    let worker = std::thread::Builder::new()
+        .name("symbolizer".into())
+        .spawn(move || Worker::new(writer, frequency_hz).run(work_rx))
+        .map_err(|err| DaemonError::Worker(err.to_string()))?;
+
+    let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signal)?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(DaemonError::Signal)?;
+    let stop_at = config.duration.map(|d| tokio::time::Instant::now() + d);
+    let stop = async {
+        match stop_at {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(stop);
+
+    let mut aggregator = Aggregator::new(config.max_stacks_per_interval);
+    let mut stats = LoopStats::default();
+    let mut drain = tokio::time::interval(DRAIN_PERIOD);
+    let mut flush = tokio::time::interval_at(tokio::time::Instant::now() + config.interval, config.interval);
+    let mut last_counters = sampler.counters();
+    let mut intervals = 0;
+
+    loop {
+        let finishing = tokio::select! {
+            _ = drain.tick() => false,
+            _ = flush.tick() => {
+                drain_ring(&mut sampler, &mut aggregator, &work_tx, &mut stats);
+                let counters = sampler.counters();
+                end_interval(&mut aggregator, &work_tx, &mut stats, &counters.since(&last_counters));
+                last_counters = counters;
+                intervals += 1;
+                continue;
+            }
+            _ = sigterm.recv() => { tracing::info!("SIGTERM: writing the current interval, then exiting"); true }
+            _ = sigint.recv() => { tracing::info!("SIGINT: writing the current interval, then exiting"); true }
+            _ = &mut stop => { tracing::info!("duration reached"); true }
+        };
+        drain_ring(&mut sampler, &mut aggregator, &work_tx, &mut stats);
+        if finishing {
+            let counters = sampler.counters();
+            end_interval(&mut aggregator, &work_tx, &mut stats, &counters.since(&last_counters));
+            intervals += 1;
+            break;
+        }
+    }
+
+    // Detach the sampler first: no new samples while the last interval is written.
+    let kernel = sampler.counters();
+    drop(sampler);
+    drop(work_tx);
+    let worker = worker.join().map_err(|_| DaemonError::Worker("panicked".into()))?;
+    let summary = RunSummary {
+        records: stats.records,
+        malformed_records: stats.malformed,
+        dropped_work: stats.dropped_work,
+        intervals,
+        profiles_written: worker.profiles_written,
+        kernel,
+    };
+    tracing::info!(
+        records = summary.records,
+        malformed = summary.malformed_records,
+        dropped_work = summary.dropped_work,
+        profiles = summary.profiles_written,
+        bpf_samples = kernel.get(Counter::Samples),
+        bpf_sent = kernel.get(Counter::Sent),
+        bpf_ring_full = kernel.get(Counter::RingFull),
+        "stopped"
+    );
+    Ok(summary)
+}
+
+fn drain_ring(sampler: &mut Sampler, aggregator: &mut Aggregator, work: &SyncSender<Work>, stats: &mut LoopStats) {
+    sampler.drain(|bytes| {
+        stats.records += 1;
+        let view = match SampleView::parse(bytes) {
+            Ok(view) => view,
+            Err(err) => {
+                stats.malformed += 1;
+                if stats.malformed == 1 {
+                    tracing::warn!(%err, "malformed sample record (further ones are only counted)");
+                }
+                return;
+            }
+        };
+        if aggregator.add(&view) == Added::NewProcess {
+            send(work, Work::ProcessSeen(view.pid()), stats);
+        }
+    });
+}
+
+fn end_interval(aggregator: &mut Aggregator, work: &SyncSender<Work>, stats: &mut LoopStats, kernel: &KernelCounters) {
+    let interval = aggregator.take_interval();
+    tracing::info!(
+        processes = interval.processes.len(),
+        samples = kernel.get(Counter::Samples),
+        sent = kernel.get(Counter::Sent),
+        idle = kernel.get(Counter::Idle),
+        filtered = kernel.get(Counter::Filtered),
+        ring_full = kernel.get(Counter::RingFull),
+        kernel_stack_failed = kernel.get(Counter::KernelStackFailed),
+        user_stack_truncated = kernel.get(Counter::UserStackTruncated),
+        malformed_records = stats.malformed,
+        dropped_work = stats.dropped_work,
+        "interval sampled"
+    );
+    send(work, Work::Interval(interval), stats);
+}
+
+fn send(work: &SyncSender<Work>, item: Work, stats: &mut LoopStats) {
+    match work.try_send(item) {
+        Ok(()) => {}
+        Err(TrySendError::Full(_)) => {
+            stats.dropped_work += 1;
+            tracing::warn!("symbolizer queue full: work dropped");
+        }
+        Err(TrySendError::Disconnected(_)) => stats.dropped_work += 1,
+    }
+}

@@ -1,0 +1,15 @@
+//! The profiler daemon: loads the eBPF sampler, folds samples per process, symbolizes them and
+//! writes pprof profiles.
+
+pub mod aggregate;
+pub mod config;
+pub mod daemon;
+pub mod output;
+pub mod pprof;
+pub mod privileges;
+pub mod process;
+pub mod profiles;
+pub mod record;
+pub mod sampler;
+pub mod symbolize;
+pub mod worker;

@@ -1,0 +1,91 @@
+//! `profiler-daemon`: command-line entry point.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use profiler_daemon::config::{Config, FileConfig, Overrides};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(version, about = "Continuous CPU profiler for JVMs and native processes (eBPF)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Sample every CPU and write one pprof profile per process per interval.
+    Run(RunArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// TOML configuration file; flags override its values.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Profile only this process (host pid); repeat for several. Default: every process.
+    #[arg(long = "pid", value_name = "PID")]
+    pids: Vec<u32>,
+    /// Samples per second per CPU (1 to 1000) [default: 19].
+    #[arg(long, value_name = "HZ")]
+    frequency: Option<u64>,
+    /// Seconds covered by each profile [default: 15].
+    #[arg(long, value_name = "SECS")]
+    interval: Option<u64>,
+    /// Stop after this many seconds [default: run until SIGINT/SIGTERM].
+    #[arg(long, value_name = "SECS")]
+    duration: Option<u64>,
+    /// Directory for the pprof files [default: ./profiles].
+    #[arg(long, value_name = "DIR")]
+    output: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => run(args),
+    }
+}
+
+fn run(args: RunArgs) -> ExitCode {
+    let file = match args.config.as_deref().map(FileConfig::load).transpose() {
+        Ok(file) => file.unwrap_or_default(),
+        Err(err) => return usage_error(&err),
+    };
+    let overrides = Overrides {
+        frequency: args.frequency,
+        interval_secs: args.interval,
+        duration_secs: args.duration,
+        output_dir: args.output,
+        pids: args.pids,
+    };
+    let config = match Config::resolve(file, overrides) {
+        Ok(config) => config,
+        Err(err) => return usage_error(&err),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(profiler_daemon::daemon::run(config)) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::from(err.exit_code() as u8)
+        }
+    }
+}
+
+fn usage_error(err: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("error: {err}");
+    ExitCode::from(2)
+}

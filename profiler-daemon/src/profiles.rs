@@ -1,0 +1,148 @@
+//! Turns one process's folded stacks into a symbolized pprof profile.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use hashbrown::HashMap;
+use profiler_common::UnwindEnd;
+
+use crate::aggregate::ProcessStacks;
+use crate::pprof::{proto, LocationKey, ProfileBuilder};
+use crate::process::ProcessTable;
+use crate::record::comm_to_string;
+use crate::symbolize::kernel::KernelSymbolizer;
+use crate::symbolize::native::NativeSymbolizer;
+use crate::symbolize::ResolvedFrame;
+
+/// The symbolizers, kept across intervals so their caches pay off.
+#[derive(Default)]
+pub struct Symbolizers {
+    pub native: NativeSymbolizer,
+    pub kernel: KernelSymbolizer,
+}
+
+pub struct ProfileRequest<'a> {
+    pub pid: u32,
+    pub stacks: &'a ProcessStacks,
+    pub frequency_hz: u64,
+    pub start: SystemTime,
+    pub duration: Duration,
+}
+
+pub struct BuiltProfile {
+    pub pid: u32,
+    pub comm: String,
+    pub profile: proto::Profile,
+}
+
+/// The address to look up for user frame `index`: frame 0 is the interrupted instruction, the
+/// others are return addresses, which point after the call; one byte back is inside the call.
+fn lookup_address(index: usize, addr: u64) -> u64 {
+    if index == 0 {
+        addr
+    } else {
+        addr.saturating_sub(1)
+    }
+}
+
+pub fn build(request: ProfileRequest<'_>, processes: &mut ProcessTable, symbolizers: &mut Symbolizers) -> BuiltProfile {
+    let ProfileRequest { pid, stacks, frequency_hz, start, duration } = request;
+
+    // Every distinct address once, then one batched lookup per source.
+    let mut kernel_addrs: Vec<u64> = Vec::new();
+    let mut user_addrs: Vec<u64> = Vec::new();
+    let mut thread_comm: Option<String> = None;
+    for (view, _) in stacks.stacks() {
+        kernel_addrs.extend(view.kernel_ips());
+        user_addrs.extend(view.user_frames().enumerate().map(|(i, f)| lookup_address(i, f.addr)));
+        if thread_comm.is_none() {
+            thread_comm = Some(comm_to_string(view.thread_name()));
+        }
+    }
+    kernel_addrs.sort_unstable();
+    kernel_addrs.dedup();
+    user_addrs.sort_unstable();
+    user_addrs.dedup();
+
+    let kernel_frames: HashMap<u64, Arc<ResolvedFrame>> = kernel_addrs
+        .iter()
+        .copied()
+        .zip(symbolizers.kernel.resolve(&kernel_addrs))
+        .collect();
+    let user_frames = resolve_user(pid, &user_addrs, processes, &mut symbolizers.native);
+
+    let comm = processes
+        .get(pid)
+        .map(|info| info.comm.clone())
+        .or(thread_comm)
+        .unwrap_or_default();
+    let pid_label = pid.to_string();
+
+    let mut builder = ProfileBuilder::new_cpu(frequency_hz, start, duration);
+    let unknown = ResolvedFrame::named("[unknown]", None);
+    for (view, count) in stacks.stacks() {
+        let mut locations = Vec::with_capacity(view.header.kernel_frames as usize + view.header.user_frames as usize + 1);
+        for ip in view.kernel_ips() {
+            let frame = kernel_frames.get(&ip).map_or(&unknown, |f| f.as_ref());
+            locations.push(builder.location(LocationKey::Kernel(ip), ip, frame));
+        }
+        for (index, user) in view.user_frames().enumerate() {
+            let addr = lookup_address(index, user.addr);
+            let frame = user_frames.get(&addr).map_or(&unknown, |f| f.as_ref());
+            locations.push(builder.location(LocationKey::User(addr), addr, frame));
+        }
+        if let Some(marker) = truncation_marker(view.user_end()) {
+            let frame = ResolvedFrame::named(format!("[truncated: {}]", marker.name()), None);
+            locations.push(builder.location(LocationKey::Marker(marker as u8), 0, &frame));
+        }
+        let thread_name = comm_to_string(view.thread_name());
+        builder.add_sample(
+            locations,
+            count,
+            &[("pid", &pid_label), ("comm", &comm), ("thread_name", &thread_name)],
+        );
+    }
+    BuiltProfile { pid, comm, profile: builder.finish() }
+}
+
+/// Which stack ends deserve a visible marker at the root. A frame-pointer walk that runs into
+/// code built without frame pointers (libc's start-up code, typically) ends with a failed or
+/// non-monotonic read: that is the normal end of native stacks, counted but not marked. A walk
+/// cut by the depth bound is marked, so the missing outer frames are visible.
+fn truncation_marker(end: Option<UnwindEnd>) -> Option<UnwindEnd> {
+    match end {
+        Some(UnwindEnd::MaxDepth) => Some(UnwindEnd::MaxDepth),
+        _ => None,
+    }
+}
+
+fn resolve_user(
+    pid: u32,
+    addrs: &[u64],
+    processes: &mut ProcessTable,
+    native: &mut NativeSymbolizer,
+) -> HashMap<u64, Arc<ResolvedFrame>> {
+    let mut resolved = HashMap::with_capacity(addrs.len());
+    let Some(info) = processes.get(pid) else { return resolved };
+    let frames = native.resolve(info, addrs);
+    let mut unmapped = Vec::new();
+    for (&addr, frame) in addrs.iter().zip(frames) {
+        match frame {
+            Some(frame) => {
+                resolved.insert(addr, frame);
+            }
+            None => unmapped.push(addr),
+        }
+    }
+    // Addresses outside the mappings we read: the process has mapped more since (dlopen, JIT).
+    if !unmapped.is_empty() {
+        if let Some(info) = processes.refresh(pid) {
+            for (addr, frame) in unmapped.iter().zip(native.resolve(info, &unmapped)) {
+                if let Some(frame) = frame {
+                    resolved.insert(*addr, frame);
+                }
+            }
+        }
+    }
+    resolved
+}

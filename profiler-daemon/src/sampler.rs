@@ -1,0 +1,140 @@
+//! Loads the eBPF sampling program, attaches it to a CPU-clock perf event on every online CPU,
+//! and hands out what it records: sample records from the ring buffer and its counters.
+
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
+use aya::programs::PerfEvent;
+use aya::{Ebpf, EbpfLoader};
+use profiler_common::Counter;
+
+/// The object built from `profiler-ebpf` by build.rs.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum SamplerError {
+    #[error("loading the BPF object: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("BPF program `{name}`: {source}")]
+    Program { name: &'static str, source: aya::programs::ProgramError },
+    #[error("BPF map `{name}`: {source}")]
+    Map { name: &'static str, source: aya::maps::MapError },
+    #[error("BPF map `{0}` is missing from the object")]
+    MissingMap(&'static str),
+    #[error("listing online CPUs ({path}): {source}")]
+    OnlineCpus { path: &'static str, source: std::io::Error },
+    #[error("attaching to the CPU-clock perf event of CPU {cpu}: {source}")]
+    Attach { cpu: u32, source: aya::programs::ProgramError },
+}
+
+impl SamplerError {
+    /// Whether the kernel refused for lack of privileges (EPERM / EACCES somewhere in the chain).
+    pub fn is_permission_denied(&self) -> bool {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(err) = source {
+            if let Some(io) = err.downcast_ref::<std::io::Error>() {
+                if matches!(io.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES)) {
+                    return true;
+                }
+            }
+            source = err.source();
+        }
+        false
+    }
+}
+
+/// Counter values summed over CPUs, indexed like [`Counter`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelCounters(pub [u64; Counter::COUNT as usize]);
+
+impl KernelCounters {
+    pub fn get(&self, counter: Counter) -> u64 {
+        self.0[counter as usize]
+    }
+
+    /// What was counted since `earlier`.
+    pub fn since(&self, earlier: &Self) -> Self {
+        let mut delta = *self;
+        for (value, before) in delta.0.iter_mut().zip(earlier.0) {
+            *value = value.saturating_sub(before);
+        }
+        delta
+    }
+}
+
+pub struct Sampler {
+    // Keeps the program and its perf-event links alive.
+    _ebpf: Ebpf,
+    ring: RingBuf<MapData>,
+    counters: PerCpuArray<MapData, u64>,
+    cpus: usize,
+}
+
+impl Sampler {
+    /// Loads and attaches the sampler. `pids` empty means every process.
+    pub fn start(frequency_hz: u64, pids: &[u32]) -> Result<Self, SamplerError> {
+        let filter: u8 = u8::from(!pids.is_empty());
+        let mut ebpf = EbpfLoader::new().override_global("FILTER_PIDS", &filter, true).load(EBPF_OBJECT)?;
+
+        if !pids.is_empty() {
+            let map = ebpf.map_mut("TARGET_PIDS").ok_or(SamplerError::MissingMap("TARGET_PIDS"))?;
+            let mut targets: BpfHashMap<_, u32, u8> =
+                BpfHashMap::try_from(map).map_err(|source| SamplerError::Map { name: "TARGET_PIDS", source })?;
+            for &pid in pids {
+                targets
+                    .insert(pid, 1, 0)
+                    .map_err(|source| SamplerError::Map { name: "TARGET_PIDS", source })?;
+            }
+        }
+
+        let program: &mut PerfEvent = ebpf
+            .program_mut("sample_cpu")
+            .ok_or(SamplerError::MissingMap("sample_cpu"))?
+            .try_into()
+            .map_err(|source| SamplerError::Program { name: "sample_cpu", source })?;
+        program.load().map_err(|source| SamplerError::Program { name: "sample_cpu", source })?;
+        let cpus = aya::util::online_cpus()
+            .map_err(|(path, source)| SamplerError::OnlineCpus { path, source })?;
+        for &cpu in &cpus {
+            program
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(frequency_hz),
+                    false,
+                )
+                .map_err(|source| SamplerError::Attach { cpu, source })?;
+        }
+
+        let ring = ebpf.take_map("SAMPLES").ok_or(SamplerError::MissingMap("SAMPLES"))?;
+        let ring = RingBuf::try_from(ring).map_err(|source| SamplerError::Map { name: "SAMPLES", source })?;
+        let counters = ebpf.take_map("COUNTERS").ok_or(SamplerError::MissingMap("COUNTERS"))?;
+        let counters =
+            PerCpuArray::try_from(counters).map_err(|source| SamplerError::Map { name: "COUNTERS", source })?;
+        Ok(Self { _ebpf: ebpf, ring, counters, cpus: cpus.len() })
+    }
+
+    pub fn cpus(&self) -> usize {
+        self.cpus
+    }
+
+    /// Passes every record waiting in the ring buffer to `consume`. The BPF side does not wake
+    /// us per sample; the caller drains on a timer, so a batch costs no syscall per sample.
+    pub fn drain(&mut self, mut consume: impl FnMut(&[u8])) -> usize {
+        let mut records = 0;
+        while let Some(item) = self.ring.next() {
+            consume(&item);
+            records += 1;
+        }
+        records
+    }
+
+    pub fn counters(&self) -> KernelCounters {
+        let mut totals = KernelCounters::default();
+        for counter in Counter::ALL {
+            if let Ok(values) = self.counters.get(&(counter as u32), 0) {
+                totals.0[counter as usize] = values.iter().sum();
+            }
+        }
+        totals
+    }
+}

@@ -1,0 +1,96 @@
+//! Kernel addresses to function names, from /proc/kallsyms (through blazesym).
+
+use std::sync::Arc;
+
+use blazesym::symbolize::{source::Kernel, source::Source, Input, Symbolizer};
+use blazesym::MaybeDefault;
+use hashbrown::HashMap;
+
+use super::{from_blazesym, ResolvedFrame};
+
+/// Past this many cached addresses the cache starts over (memory stays bounded).
+const MAX_CACHED: usize = 200_000;
+
+pub struct KernelSymbolizer {
+    symbolizer: Symbolizer,
+    cache: HashMap<u64, Arc<ResolvedFrame>>,
+    module: Arc<str>,
+}
+
+impl Default for KernelSymbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl KernelSymbolizer {
+    pub fn new() -> Self {
+        Self {
+            symbolizer: Symbolizer::builder().enable_code_info(false).build(),
+            cache: HashMap::new(),
+            module: Arc::from("[kernel]"),
+        }
+    }
+
+    /// Resolves each address; unknown ones come back as `[kernel] 0x...` frames.
+    pub fn resolve(&mut self, addrs: &[u64]) -> Vec<Arc<ResolvedFrame>> {
+        if self.cache.len() > MAX_CACHED {
+            self.cache.clear();
+        }
+        let missing: Vec<u64> = addrs.iter().copied().filter(|a| !self.cache.contains_key(a)).collect();
+        if !missing.is_empty() {
+            let mut source = Kernel::default();
+            // kallsyms is always there and is enough for names; searching for a vmlinux with
+            // DWARF costs seconds and is rarely present on production hosts.
+            source.vmlinux = MaybeDefault::None;
+            source.debug_syms = false;
+            let source = Source::Kernel(source);
+            match self.symbolizer.symbolize(&source, Input::AbsAddr(&missing)) {
+                Ok(results) => {
+                    for (addr, result) in missing.iter().zip(results.iter()) {
+                        let frame = from_blazesym(result, Some(self.module.clone()), || unknown(*addr));
+                        self.cache.insert(*addr, Arc::new(frame));
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(%err, "kernel symbolization failed");
+                    for addr in &missing {
+                        self.cache.insert(*addr, Arc::new(ResolvedFrame::named(unknown(*addr), Some(self.module.clone()))));
+                    }
+                }
+            }
+        }
+        addrs.iter().map(|addr| self.cache[addr].clone()).collect()
+    }
+}
+
+fn unknown(addr: u64) -> String {
+    format!("[kernel] {addr:#x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads the address of a well-known kernel function from kallsyms (needs root: others see
+    /// zeros) and checks that it resolves to that name.
+    #[test]
+    fn resolves_a_kallsyms_address() {
+        let Ok(kallsyms) = std::fs::read_to_string("/proc/kallsyms") else { return };
+        let Some(addr) = kallsyms.lines().find_map(|line| {
+            let mut fields = line.split_whitespace();
+            let addr = u64::from_str_radix(fields.next()?, 16).ok()?;
+            let _kind = fields.next()?;
+            (fields.next()? == "do_sys_openat2").then_some(addr)
+        }) else {
+            return;
+        };
+        if addr == 0 {
+            eprintln!("kallsyms addresses are hidden (not root): skipped");
+            return;
+        }
+        let mut symbolizer = KernelSymbolizer::new();
+        let frames = symbolizer.resolve(&[addr + 4]);
+        assert_eq!(frames[0].function(), "do_sys_openat2");
+    }
+}

@@ -1,0 +1,86 @@
+//! Turns sampled addresses into function names, files and lines.
+//!
+//! One module per frame source: [`native`] (ELF files, through blazesym) and [`kernel`]
+//! (kallsyms). Both return [`ResolvedFrame`]s and cache them per binary, not per sample. An
+//! address that cannot be named still yields a frame (`module+0xoffset` or `[unknown]`): frames
+//! never disappear from a stack.
+
+pub mod kernel;
+pub mod native;
+
+use std::sync::Arc;
+
+/// One function on a frame's inline chain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceLine {
+    pub function: String,
+    pub file: Option<String>,
+    /// 0 when unknown.
+    pub line: u32,
+}
+
+/// What one sampled address resolved to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResolvedFrame {
+    /// Innermost inlined function first; the last entry is the function the code belongs to.
+    /// Never empty.
+    pub lines: Vec<SourceLine>,
+    /// The file the address is in (its path in the process's namespace), if any.
+    pub module: Option<Arc<str>>,
+}
+
+impl ResolvedFrame {
+    /// A frame with only a name: unknown addresses, markers.
+    pub fn named(name: impl Into<String>, module: Option<Arc<str>>) -> Self {
+        Self {
+            lines: vec![SourceLine { function: name.into(), file: None, line: 0 }],
+            module,
+        }
+    }
+
+    pub fn function(&self) -> &str {
+        self.lines.last().map_or("", |line| line.function.as_str())
+    }
+}
+
+/// Converts one blazesym result into our frame. `fallback` names what could not be resolved.
+fn from_blazesym(
+    symbolized: &blazesym::symbolize::Symbolized<'_>,
+    module: Option<Arc<str>>,
+    fallback: impl FnOnce() -> String,
+) -> ResolvedFrame {
+    use blazesym::symbolize::{CodeInfo, Symbolized};
+
+    fn file_of(info: &CodeInfo<'_>) -> String {
+        match &info.dir {
+            Some(dir) if !dir.as_os_str().is_empty() => {
+                dir.join(&*info.file).to_string_lossy().into_owned()
+            }
+            _ => info.file.to_string_lossy().into_owned(),
+        }
+    }
+
+    match symbolized {
+        Symbolized::Sym(sym) => {
+            // blazesym lists inlined calls outermost first, each with the location inside that
+            // function; the symbol's own location is the call site in the outer function.
+            let mut lines: Vec<SourceLine> = sym
+                .inlined
+                .iter()
+                .rev()
+                .map(|inlined| SourceLine {
+                    function: inlined.name.to_string(),
+                    file: inlined.code_info.as_ref().map(file_of),
+                    line: inlined.code_info.as_ref().and_then(|i| i.line).unwrap_or(0),
+                })
+                .collect();
+            lines.push(SourceLine {
+                function: sym.name.to_string(),
+                file: sym.code_info.as_deref().map(file_of),
+                line: sym.code_info.as_ref().and_then(|i| i.line).unwrap_or(0),
+            });
+            ResolvedFrame { lines, module }
+        }
+        Symbolized::Unknown(_) => ResolvedFrame::named(fallback(), module),
+    }
+}

@@ -1,0 +1,219 @@
+//! User-space addresses in ELF files to function names, files, lines and inlined calls
+//! (symtab, dynsym and DWARF, through blazesym).
+//!
+//! Results are cached per binary, identified by its GNU build-id when it has one (so the same
+//! library in many processes or containers is parsed once), else by device and inode. Each
+//! binary is opened through one path that worked; if that process exits, the next process that
+//! maps the binary provides another.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use blazesym::symbolize::{source::Elf, source::Source, Input, Symbolizer};
+use hashbrown::HashMap;
+
+use super::{from_blazesym, ResolvedFrame};
+use crate::process::{Backing, ProcessInfo};
+
+/// Bounds on what is cached; past them the caches start over, so memory stays bounded on hosts
+/// that run many distinct binaries.
+const MAX_BINARIES: usize = 2_048;
+const MAX_CACHED_FRAMES: usize = 500_000;
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum BinaryKey {
+    BuildId(Vec<u8>),
+    File { dev: u64, inode: u64 },
+}
+
+struct Binary {
+    /// Index into `NativeSymbolizer::keys`, the per-binary part of the frame cache key.
+    id: u32,
+    /// A host path that opened the file last time.
+    path: Option<PathBuf>,
+    /// The file's name in the process's namespace, for frames that cannot be named.
+    module: Arc<str>,
+}
+
+pub struct NativeSymbolizer {
+    symbolizer: Symbolizer,
+    /// (dev, inode) -> binary; the cheap identity from /proc/PID/maps.
+    by_file: HashMap<(u64, u64), u32>,
+    /// Build-id (or file) identity -> binary id.
+    keys: HashMap<BinaryKey, u32>,
+    binaries: Vec<Binary>,
+    frames: HashMap<(u32, u64), Arc<ResolvedFrame>>,
+    unknown_anonymous: Arc<ResolvedFrame>,
+}
+
+impl Default for NativeSymbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl NativeSymbolizer {
+    pub fn new() -> Self {
+        Self {
+            symbolizer: new_blazesym(),
+            by_file: HashMap::new(),
+            keys: HashMap::new(),
+            binaries: Vec::new(),
+            frames: HashMap::new(),
+            unknown_anonymous: Arc::new(ResolvedFrame::named("[unknown]", None)),
+        }
+    }
+
+    /// Resolves addresses of `process`. Entries are `None` where the address is in no known
+    /// mapping (the caller may refresh the mappings and ask again).
+    pub fn resolve(&mut self, process: &ProcessInfo, addrs: &[u64]) -> Vec<Option<Arc<ResolvedFrame>>> {
+        if self.binaries.len() > MAX_BINARIES || self.frames.len() > MAX_CACHED_FRAMES {
+            *self = Self::new();
+        }
+        let mut out: Vec<Option<Arc<ResolvedFrame>>> = vec![None; addrs.len()];
+        // binary id -> (indexes into `addrs`, file offsets) still to symbolize.
+        let mut pending: HashMap<u32, (Vec<usize>, Vec<u64>)> = HashMap::new();
+
+        for (index, &addr) in addrs.iter().enumerate() {
+            let Some(mapping) = process.mapping(addr) else { continue };
+            match &mapping.backing {
+                Backing::File { path, dev, inode } => {
+                    let binary = self.binary(process, path, *dev, *inode);
+                    let offset = mapping.file_offset(addr);
+                    match self.frames.get(&(binary, offset)) {
+                        Some(frame) => out[index] = Some(frame.clone()),
+                        None => {
+                            let entry = pending.entry(binary).or_default();
+                            entry.0.push(index);
+                            entry.1.push(offset);
+                        }
+                    }
+                }
+                Backing::Vdso => {
+                    out[index] = Some(Arc::new(ResolvedFrame::named(
+                        format!("[vdso]+{:#x}", addr - mapping.start),
+                        Some(Arc::from("[vdso]")),
+                    )))
+                }
+                Backing::Anonymous => out[index] = Some(self.unknown_anonymous.clone()),
+            }
+        }
+
+        for (binary, (indexes, offsets)) in pending {
+            let frames = self.symbolize_binary(process, binary, &offsets);
+            for ((index, offset), frame) in indexes.into_iter().zip(offsets).zip(frames) {
+                self.frames.insert((binary, offset), frame.clone());
+                out[index] = Some(frame);
+            }
+        }
+        out
+    }
+
+    /// The binary id of a mapped file, reading its build-id the first time it is seen.
+    fn binary(&mut self, process: &ProcessInfo, path: &std::path::Path, dev: u64, inode: u64) -> u32 {
+        if let Some(&id) = self.by_file.get(&(dev, inode)) {
+            return id;
+        }
+        let host_paths = process.host_paths(path);
+        let build_id = host_paths.iter().find_map(|p| {
+            blazesym::helper::read_elf_build_id(p).ok().flatten().map(|id| id.to_vec())
+        });
+        let key = match build_id {
+            Some(build_id) if !build_id.is_empty() => BinaryKey::BuildId(build_id),
+            _ => BinaryKey::File { dev, inode },
+        };
+        let next_id = self.binaries.len() as u32;
+        let id = *self.keys.entry(key).or_insert(next_id);
+        if id == next_id {
+            self.binaries.push(Binary {
+                id,
+                path: None,
+                module: Arc::from(path.to_string_lossy().as_ref()),
+            });
+        }
+        self.by_file.insert((dev, inode), id);
+        id
+    }
+
+    fn symbolize_binary(&mut self, process: &ProcessInfo, binary: u32, offsets: &[u64]) -> Vec<Arc<ResolvedFrame>> {
+        let entry = &self.binaries[binary as usize];
+        debug_assert_eq!(entry.id, binary);
+        let module = entry.module.clone();
+        let mut candidates: Vec<PathBuf> = entry.path.iter().cloned().collect();
+        candidates.extend(process.host_paths(std::path::Path::new(&*module)));
+
+        for path in candidates {
+            let source = Source::Elf(Elf::new(&path));
+            match self.symbolizer.symbolize(&source, Input::FileOffset(offsets)) {
+                Ok(results) => {
+                    self.binaries[binary as usize].path = Some(path);
+                    return offsets
+                        .iter()
+                        .zip(results.iter())
+                        .map(|(offset, result)| {
+                            Arc::new(from_blazesym(result, Some(module.clone()), || {
+                                module_offset(&module, *offset)
+                            }))
+                        })
+                        .collect();
+                }
+                Err(err) => tracing::debug!(path = %path.display(), %err, "cannot symbolize through this path"),
+            }
+        }
+        offsets
+            .iter()
+            .map(|offset| Arc::new(ResolvedFrame::named(module_offset(&module, *offset), Some(module.clone()))))
+            .collect()
+    }
+}
+
+fn new_blazesym() -> Symbolizer {
+    Symbolizer::builder()
+        .enable_code_info(true)
+        .enable_inlined_fns(true)
+        .enable_demangling(true)
+        .build()
+}
+
+/// `libfoo.so+0x1234`: the name pprof shows for an address no symbol covers.
+fn module_offset(module: &str, offset: u64) -> String {
+    let name = module.rsplit('/').next().unwrap_or(module);
+    format!("{name}+{offset:#x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[inline(never)]
+    fn a_function_with_a_distinct_name() -> u64 {
+        std::hint::black_box(42)
+    }
+
+    #[test]
+    fn resolves_a_function_of_this_test_binary() {
+        let process = ProcessInfo::read(std::process::id()).expect("own process");
+        let addr = a_function_with_a_distinct_name as usize as u64 + 1;
+        let mut symbolizer = NativeSymbolizer::new();
+        let frames = symbolizer.resolve(&process, &[addr, 0]);
+        let frame = frames[0].as_ref().expect("mapped");
+        assert!(
+            frame.function().contains("a_function_with_a_distinct_name"),
+            "got {:?}",
+            frame
+        );
+        assert!(frame.lines.last().expect("a line").line > 0, "DWARF gives a line: {frame:?}");
+        assert!(frames[1].is_none(), "address 0 is in no mapping");
+
+        // A second lookup is served from the per-binary cache.
+        let cached = symbolizer.frames.len();
+        let again = symbolizer.resolve(&process, &[addr]);
+        assert_eq!(again[0], frames[0]);
+        assert_eq!(symbolizer.frames.len(), cached);
+    }
+
+    #[test]
+    fn unknown_offsets_keep_the_module() {
+        assert_eq!(module_offset("/usr/lib/libfoo.so.1", 0x1234), "libfoo.so.1+0x1234");
+    }
+}

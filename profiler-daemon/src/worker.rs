@@ -1,0 +1,94 @@
+//! The symbolizing side of the pipeline, on its own thread: reads new processes as they appear,
+//! and at each interval turns folded stacks into pprof files. Kept off the sampling loop so that
+//! slow symbol loading never delays draining the ring buffer.
+
+use std::sync::mpsc::Receiver;
+use std::time::Instant;
+
+use crate::aggregate::IntervalStacks;
+use crate::output::LocalWriter;
+use crate::process::ProcessTable;
+use crate::profiles::{self, ProfileRequest, Symbolizers};
+
+pub enum Work {
+    /// A process had its first sample of the interval: read its mappings while it is alive.
+    ProcessSeen(u32),
+    Interval(IntervalStacks),
+}
+
+pub struct Worker {
+    processes: ProcessTable,
+    symbolizers: Symbolizers,
+    writer: LocalWriter,
+    frequency_hz: u64,
+    profiles_written: u64,
+    write_errors: u64,
+}
+
+/// What the worker did over the run.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WorkerTallies {
+    pub profiles_written: u64,
+    pub write_errors: u64,
+}
+
+impl Worker {
+    pub fn new(writer: LocalWriter, frequency_hz: u64) -> Self {
+        Self {
+            processes: ProcessTable::default(),
+            symbolizers: Symbolizers::default(),
+            writer,
+            frequency_hz,
+            profiles_written: 0,
+            write_errors: 0,
+        }
+    }
+
+    /// Runs until the sending side is dropped, then returns its tallies.
+    pub fn run(mut self, work: Receiver<Work>) -> WorkerTallies {
+        while let Ok(item) = work.recv() {
+            match item {
+                Work::ProcessSeen(pid) => self.processes.observe(pid),
+                Work::Interval(interval) => self.write_interval(interval),
+            }
+        }
+        WorkerTallies { profiles_written: self.profiles_written, write_errors: self.write_errors }
+    }
+
+    fn write_interval(&mut self, interval: IntervalStacks) {
+        let began = Instant::now();
+        let mut written = 0;
+        let mut samples = 0;
+        for (&pid, stacks) in &interval.processes {
+            samples += stacks.samples();
+            let built = profiles::build(
+                ProfileRequest {
+                    pid,
+                    stacks,
+                    frequency_hz: self.frequency_hz,
+                    start: interval.start,
+                    duration: interval.duration,
+                },
+                &mut self.processes,
+                &mut self.symbolizers,
+            );
+            match self.writer.write(interval.start, built.pid, &built.comm, &built.profile) {
+                Ok(_) => written += 1,
+                Err(err) => {
+                    self.write_errors += 1;
+                    tracing::error!(pid, %err, "cannot write profile");
+                }
+            }
+        }
+        self.profiles_written += written;
+        self.processes.forget_exited();
+        tracing::info!(
+            profiles = written,
+            samples,
+            dropped_over_stack_bound = interval.dropped_over_bound,
+            unreadable_processes = self.processes.unreadable,
+            elapsed_ms = began.elapsed().as_millis() as u64,
+            "interval written"
+        );
+    }
+}
