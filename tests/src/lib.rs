@@ -1,1 +1,155 @@
+//! Helpers for the end-to-end tests: build workloads, run the real daemon binary, read back the
+//! pprof files it wrote.
+//!
+//! These tests need root (they load BPF programs) and the daemon binary, whose path
+//! `cargo xtask test` passes in `PROFILER_DAEMON`.
 
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context as _, Result};
+use profiler_daemon::pprof::{decode, proto};
+
+/// The daemon binary under test.
+pub fn daemon_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("PROFILER_DAEMON") {
+        return PathBuf::from(path);
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
+    let path = root.join("target/debug/profiler-daemon");
+    assert!(path.exists(), "no daemon binary: run the tests with `cargo xtask test`");
+    path
+}
+
+pub fn workloads_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads")
+}
+
+/// Compiles a C workload with frame pointers and debug info into `out_dir`.
+pub fn compile_c(source: &str, out_dir: &Path) -> Result<PathBuf> {
+    let src = workloads_dir().join(source);
+    let binary = out_dir.join(source.trim_end_matches(".c"));
+    let status = Command::new("gcc")
+        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-o"])
+        .arg(&binary)
+        .arg(&src)
+        .status()
+        .context("running gcc")?;
+    if !status.success() {
+        bail!("gcc failed on {}", src.display());
+    }
+    Ok(binary)
+}
+
+/// A child process killed when dropped, so a failing test leaves nothing running.
+pub struct Workload(pub Child);
+
+impl Workload {
+    pub fn spawn(command: &mut Command) -> Result<Self> {
+        Ok(Self(command.stdout(Stdio::null()).spawn().context("starting workload")?))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs `profiler-daemon run` with `args` and waits for it (at most `timeout`).
+pub fn run_daemon(args: &[&str], timeout: Duration) -> Result<Output> {
+    let mut child = Command::new(daemon_binary())
+        .arg("run")
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting the daemon")?;
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if child.try_wait()?.is_some() {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            bail!("daemon did not exit within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let output = child.wait_with_output()?;
+    eprintln!("--- daemon stderr ---\n{}", String::from_utf8_lossy(&output.stderr));
+    Ok(output)
+}
+
+/// Every pprof file in `dir` whose name contains `pid`, decoded.
+pub fn profiles_of(dir: &Path, pid: u32) -> Result<Vec<(PathBuf, proto::Profile)>> {
+    let marker = format!("-{pid}-");
+    let mut profiles = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+        if name.ends_with(".pb.gz") && name.contains(&marker) {
+            let profile = decode(&std::fs::read(&path)?).with_context(|| format!("decoding {}", path.display()))?;
+            profiles.push((path, profile));
+        }
+    }
+    profiles.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(profiles)
+}
+
+/// One sample's frames as (function name, address), innermost first, inlined frames expanded.
+pub fn sample_frames(profile: &proto::Profile, sample: &proto::Sample) -> Vec<(String, u64)> {
+    let mut frames = Vec::new();
+    for id in &sample.location_id {
+        let Some(location) = profile.location.iter().find(|l| l.id == *id) else { continue };
+        for line in &location.line {
+            let name = profile
+                .function
+                .iter()
+                .find(|f| f.id == line.function_id)
+                .map(|f| profile.string_table[f.name as usize].clone())
+                .unwrap_or_default();
+            frames.push((name, location.address));
+        }
+    }
+    frames
+}
+
+/// The string value of a sample label.
+pub fn label<'a>(profile: &'a proto::Profile, sample: &proto::Sample, key: &str) -> Option<&'a str> {
+    sample
+        .label
+        .iter()
+        .find(|l| profile.string_table[l.key as usize] == key)
+        .map(|l| profile.string_table[l.str as usize].as_str())
+}
+
+/// Sample count of a sample (value 0 is samples/count).
+pub fn count(sample: &proto::Sample) -> i64 {
+    sample.value.first().copied().unwrap_or(0)
+}
+
+/// Runs `go tool pprof -top` on a file: the reference reader must accept what we write.
+pub fn go_pprof_top(path: &Path) -> Result<String> {
+    let output = Command::new("go")
+        .args(["tool", "pprof", "-top"])
+        .arg(path)
+        .output()
+        .context("running `go tool pprof` (cargo xtask test installs golang-go)")?;
+    if !output.status.success() {
+        bail!("go tool pprof rejected {}: {}", path.display(), String::from_utf8_lossy(&output.stderr));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// True for kernel-half addresses on x86_64.
+pub fn is_kernel_address(addr: u64) -> bool {
+    addr >= 0xffff_8000_0000_0000
+}

@@ -1,1 +1,236 @@
-fn main(){}
+//! `cargo xtask`: sets up a fresh machine, builds, runs and tests the profiler.
+//!
+//! Every command installs what it needs and is missing (the nightly's rust-src, bpf-linker built
+//! against the nightly's LLVM, Debian packages for the tests), so the README's two commands work
+//! on a machine that has only the Rust toolchains.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Parser, Subcommand};
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+/// Debian packages the test suite uses: `go tool pprof` reads our output as the reference reader.
+const TEST_PACKAGES: &[(&str, &str)] = &[("go", "golang-go"), ("gcc", "gcc")];
+
+#[derive(Parser)]
+#[command(about = "Project automation")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building (and, with --tests, testing) needs.
+    Setup {
+        #[arg(long)]
+        tests: bool,
+    },
+    /// Build the daemon (and the eBPF object it embeds).
+    Build {
+        #[arg(long)]
+        release: bool,
+    },
+    /// Set up, build (release) and run the daemon; extra arguments go to `profiler-daemon run`.
+    /// Default: profile every process at 19 Hz, writing pprof files to ./profiles.
+    Run {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Set up and run every test: unit tests, then the end-to-end tests (root: real BPF).
+    Test {
+        /// Only run tests whose name contains this.
+        filter: Option<String>,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root()?;
+    match cli.command {
+        Task::Setup { tests } => {
+            setup_build()?;
+            if tests {
+                setup_tests()?;
+            }
+            Ok(())
+        }
+        Task::Build { release } => {
+            setup_build()?;
+            build_daemon(&root, release).map(|_| ())
+        }
+        Task::Run { args } => {
+            setup_build()?;
+            let daemon = build_daemon(&root, true)?;
+            let mut command = Command::new(daemon);
+            command.arg("run");
+            if !args.iter().any(|a| a == "--output" || a.starts_with("--output=") || a == "--config") {
+                command.arg("--output").arg(root.join("profiles"));
+            }
+            command.args(&args);
+            let status = command.status().context("starting profiler-daemon")?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
+        Task::Test { filter } => {
+            setup_build()?;
+            setup_tests()?;
+            test(&root, filter.as_deref())
+        }
+    }
+}
+
+fn workspace_root() -> Result<PathBuf> {
+    let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir
+        .parent()
+        .map(Path::to_path_buf)
+        .context("xtask has no parent directory")
+}
+
+fn run(command: &mut Command) -> Result<()> {
+    let status = command.status().with_context(|| format!("starting {command:?}"))?;
+    if !status.success() {
+        bail!("{command:?} failed: {status}");
+    }
+    Ok(())
+}
+
+fn succeeds(command: &mut Command) -> bool {
+    command
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn output(command: &mut Command) -> Result<String> {
+    let out = command.output().with_context(|| format!("starting {command:?}"))?;
+    if !out.status.success() {
+        bail!("{command:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The nightly toolchain with rust-src (to build `core` for the BPF target) and a bpf-linker
+/// that matches the nightly's LLVM.
+fn setup_build() -> Result<()> {
+    let components = output(Command::new("rustup").args(["component", "list", "--installed", "--toolchain", "nightly"]))
+        .context("the nightly toolchain is needed to build the eBPF program")?;
+    if !components.lines().any(|c| c.starts_with("rust-src")) {
+        eprintln!("xtask: installing rust-src for the nightly toolchain");
+        run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+    }
+    let have_linker = Command::new("bpf-linker")
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER_VERSION))
+        .unwrap_or(false);
+    if !have_linker {
+        install_bpf_linker()?;
+    }
+    Ok(())
+}
+
+/// Builds bpf-linker against the nightly's own libLLVM: no LLVM of that version exists as a
+/// Debian package, but the nightly ships one.
+fn install_bpf_linker() -> Result<()> {
+    eprintln!("xtask: building bpf-linker {BPF_LINKER_VERSION} against the nightly's LLVM (about a minute)");
+    let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))?;
+    let lib_dir = PathBuf::from(sysroot.trim()).join("lib");
+    let version = output(Command::new("rustc").args(["+nightly", "-vV"]))?;
+    let llvm_major = version
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .and_then(|v| v.split('.').next())
+        .context("no LLVM version in `rustc +nightly -vV`")?
+        .to_owned();
+    let llvm_lib = std::fs::read_dir(&lib_dir)?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .find(|name| name.starts_with("libLLVM") && name.ends_with(".so"))
+        .with_context(|| format!("no libLLVM*.so in {}", lib_dir.display()))?;
+    let link_name = llvm_lib.trim_start_matches("lib").trim_end_matches(".so");
+    let rustflags = format!(
+        "-L {dir} -l dylib={link_name} -C link-arg=-Wl,-rpath,{dir}",
+        dir = lib_dir.display()
+    );
+    run(Command::new("cargo")
+        .args(["+nightly", "install", "bpf-linker", "--version", BPF_LINKER_VERSION, "--no-default-features"])
+        .arg("--features")
+        .arg(format!("llvm-{llvm_major},no-llvm-linking"))
+        .env("RUSTFLAGS", rustflags))
+}
+
+fn setup_tests() -> Result<()> {
+    let missing: Vec<&str> = TEST_PACKAGES
+        .iter()
+        .filter(|(binary, _)| !succeeds(Command::new("sh").arg("-c").arg(format!("command -v {binary}"))))
+        .map(|(_, package)| *package)
+        .collect();
+    if !missing.is_empty() {
+        eprintln!("xtask: installing {}", missing.join(" "));
+        apt_install(&missing)?;
+    }
+    Ok(())
+}
+
+fn apt_install(packages: &[&str]) -> Result<()> {
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(packages)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    if install() {
+        return Ok(());
+    }
+    // A fresh machine may have stale package lists.
+    run(Command::new("apt-get").arg("update").env("DEBIAN_FRONTEND", "noninteractive"))?;
+    if !install() {
+        bail!("apt-get install {} failed", packages.join(" "));
+    }
+    Ok(())
+}
+
+fn build_daemon(root: &Path, release: bool) -> Result<PathBuf> {
+    let mut command = Command::new("cargo");
+    command.current_dir(root).args(["build", "--package", "profiler-daemon"]);
+    if release {
+        command.arg("--release");
+    }
+    run(&mut command)?;
+    Ok(root.join("target").join(if release { "release" } else { "debug" }).join("profiler-daemon"))
+}
+
+fn test(root: &Path, filter: Option<&str>) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc_geteuid() } != 0 {
+        bail!("the end-to-end tests load BPF programs and profile other processes: run `cargo xtask test` as root");
+    }
+    let daemon = build_daemon(root, false)?;
+    let filter_args: Vec<&str> = filter.into_iter().collect();
+
+    // Unit tests of every crate but the end-to-end one.
+    run(Command::new("cargo")
+        .current_dir(root)
+        .args(["test", "--workspace", "--exclude", "profiler-ebpf", "--exclude", "profiler-tests", "--"])
+        .args(&filter_args))?;
+    // End-to-end: one at a time, since each profiles the machine and measures CPU shares.
+    run(Command::new("cargo")
+        .current_dir(root)
+        .args(["test", "--package", "profiler-tests", "--"])
+        .args(&filter_args)
+        .args(["--test-threads=1", "--nocapture"])
+        .env("PROFILER_DAEMON", &daemon))
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
