@@ -187,7 +187,10 @@ pub const RECORD_BYTES: usize = core::mem::size_of::<SampleRecord>();
 // The layout is the contract: pin it.
 const _: () = assert!(HEADER_BYTES == 48);
 const _: () = assert!(USER_FRAME_BYTES == 24);
-const _: () = assert!(RECORD_BYTES < 32 * 1024, "per-CPU array values are limited to 32 KiB");
+const _: () = assert!(
+    RECORD_BYTES < 32 * 1024,
+    "per-CPU array values are limited to 32 KiB"
+);
 
 #[cfg(feature = "user")]
 mod user {

@@ -117,7 +117,11 @@ impl Aggregator {
             process.arena.extend_from_slice(header_bytes);
             process.arena.extend_from_slice(kernel);
             process.arena.extend_from_slice(user);
-            let slot = StackSlot { start, len: process.arena.len() - start, count: 1 };
+            let slot = StackSlot {
+                start,
+                len: process.arena.len() - start,
+                count: 1,
+            };
             let arena = &process.arena;
             let hasher = &self.hasher;
             process.table.insert_unique(hash, slot, |slot| {
@@ -167,7 +171,12 @@ fn stack_hash(hasher: &DefaultHashBuilder, header: &[u8], kernel: &[u8], user: &
 /// The header with the fields that differ from sample to sample zeroed, so equal stacks of the
 /// same thread name fold together.
 fn normalized_header(header: &SampleHeader) -> SampleHeader {
-    SampleHeader { ktime_ns: 0, tid: 0, cpu: 0, ..*header }
+    SampleHeader {
+        ktime_ns: 0,
+        tid: 0,
+        cpu: 0,
+        ..*header
+    }
 }
 
 fn header_bytes(header: &SampleHeader) -> &[u8] {
@@ -207,7 +216,10 @@ mod tests {
             .map(|(view, count)| (view.user_frames().map(|f| f.addr).collect(), count))
             .collect();
         counts.sort();
-        assert_eq!(counts, vec![(vec![1, 2, 3], 1), (vec![1, 2, 3], 2), (vec![1, 2, 4], 1)]);
+        assert_eq!(
+            counts,
+            vec![(vec![1, 2, 3], 1), (vec![1, 2, 3], 2), (vec![1, 2, 4], 1)]
+        );
         assert_eq!(interval.processes[&8].samples(), 1);
 
         // The next interval starts empty.
@@ -218,19 +230,37 @@ mod tests {
     fn kernel_and_user_frames_are_not_confused() {
         let mut aggregator = Aggregator::new(100);
         // Same ips, split differently between kernel and user: two stacks.
-        add(&mut aggregator, &encode(1, "t", &[5], &[], UnwindEnd::Complete));
-        add(&mut aggregator, &encode(1, "t", &[], &[5], UnwindEnd::Complete));
-        assert_eq!(aggregator.take_interval().processes[&1].distinct_stacks(), 2);
+        add(
+            &mut aggregator,
+            &encode(1, "t", &[5], &[], UnwindEnd::Complete),
+        );
+        add(
+            &mut aggregator,
+            &encode(1, "t", &[], &[5], UnwindEnd::Complete),
+        );
+        assert_eq!(
+            aggregator.take_interval().processes[&1].distinct_stacks(),
+            2
+        );
     }
 
     #[test]
     fn counts_what_is_over_the_bound() {
         let mut aggregator = Aggregator::new(2);
         for leaf in 0..5 {
-            add(&mut aggregator, &encode(1, "t", &[], &[leaf], UnwindEnd::Complete));
+            add(
+                &mut aggregator,
+                &encode(1, "t", &[], &[leaf], UnwindEnd::Complete),
+            );
         }
         // Stacks already known still fold past the bound.
-        assert_eq!(add(&mut aggregator, &encode(1, "t", &[], &[0], UnwindEnd::Complete)), Added::Folded);
+        assert_eq!(
+            add(
+                &mut aggregator,
+                &encode(1, "t", &[], &[0], UnwindEnd::Complete)
+            ),
+            Added::Folded
+        );
         let interval = aggregator.take_interval();
         assert_eq!(interval.dropped_over_bound, 3);
         assert_eq!(interval.processes[&1].samples(), 3);

@@ -54,18 +54,30 @@ pub struct Config {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("invalid `{field}` (flag --{flag}): {reason}")]
-    Invalid { field: &'static str, flag: &'static str, reason: String },
+    Invalid {
+        field: &'static str,
+        flag: &'static str,
+        reason: String,
+    },
 }
 
 impl FileConfig {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        Self::parse(&text).map_err(|message| ConfigError::Parse { path: path.to_owned(), message })
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|message| ConfigError::Parse {
+            path: path.to_owned(),
+            message,
+        })
     }
 
     /// Parses TOML; the error message names the offending key and shows its line.
@@ -76,7 +88,10 @@ impl FileConfig {
 
 impl Config {
     pub fn resolve(file: FileConfig, flags: Overrides) -> Result<Self, ConfigError> {
-        let frequency_hz = flags.frequency.or(file.frequency).unwrap_or(DEFAULT_FREQUENCY_HZ);
+        let frequency_hz = flags
+            .frequency
+            .or(file.frequency)
+            .unwrap_or(DEFAULT_FREQUENCY_HZ);
         if !(1..=MAX_FREQUENCY_HZ).contains(&frequency_hz) {
             return Err(ConfigError::Invalid {
                 field: "frequency",
@@ -84,7 +99,10 @@ impl Config {
                 reason: format!("{frequency_hz} Hz is outside 1..={MAX_FREQUENCY_HZ} Hz"),
             });
         }
-        let interval_secs = flags.interval_secs.or(file.interval_secs).unwrap_or(DEFAULT_INTERVAL.as_secs());
+        let interval_secs = flags
+            .interval_secs
+            .or(file.interval_secs)
+            .unwrap_or(DEFAULT_INTERVAL.as_secs());
         if !(1..=3600).contains(&interval_secs) {
             return Err(ConfigError::Invalid {
                 field: "interval_secs",
@@ -111,7 +129,11 @@ impl Config {
                 reason: "must not be empty".into(),
             });
         }
-        let pids = if flags.pids.is_empty() { file.pids.unwrap_or_default() } else { flags.pids };
+        let pids = if flags.pids.is_empty() {
+            file.pids.unwrap_or_default()
+        } else {
+            flags.pids
+        };
         if let Some(&bad) = pids.iter().find(|&&pid| pid == 0) {
             return Err(ConfigError::Invalid {
                 field: "pids",
@@ -126,7 +148,9 @@ impl Config {
                 reason: format!("at most {} pids", profiler_common::MAX_TARGET_PIDS),
             });
         }
-        let max_stacks_per_interval = file.max_stacks_per_interval.unwrap_or(DEFAULT_MAX_STACKS_PER_INTERVAL);
+        let max_stacks_per_interval = file
+            .max_stacks_per_interval
+            .unwrap_or(DEFAULT_MAX_STACKS_PER_INTERVAL);
         if max_stacks_per_interval == 0 {
             return Err(ConfigError::Invalid {
                 field: "max_stacks_per_interval",
@@ -161,9 +185,15 @@ mod tests {
 
     #[test]
     fn flags_override_the_file() {
-        let file = FileConfig::parse("frequency = 99\ninterval_secs = 5\npids = [10, 11]\noutput_dir = \"/tmp/x\"")
-            .expect("parses");
-        let flags = Overrides { frequency: Some(250), pids: vec![12], ..Default::default() };
+        let file = FileConfig::parse(
+            "frequency = 99\ninterval_secs = 5\npids = [10, 11]\noutput_dir = \"/tmp/x\"",
+        )
+        .expect("parses");
+        let flags = Overrides {
+            frequency: Some(250),
+            pids: vec![12],
+            ..Default::default()
+        };
         let config = Config::resolve(file, flags).expect("valid");
         assert_eq!(config.frequency_hz, 250);
         assert_eq!(config.interval, Duration::from_secs(5));
@@ -185,16 +215,34 @@ mod tests {
 
     #[test]
     fn out_of_range_values_name_field_and_flag() {
-        let flags = Overrides { frequency: Some(5000), ..Default::default() };
-        let err = Config::resolve(FileConfig::default(), flags).expect_err("too fast").to_string();
-        assert!(err.contains("`frequency`") && err.contains("--frequency"), "{err}");
+        let flags = Overrides {
+            frequency: Some(5000),
+            ..Default::default()
+        };
+        let err = Config::resolve(FileConfig::default(), flags)
+            .expect_err("too fast")
+            .to_string();
+        assert!(
+            err.contains("`frequency`") && err.contains("--frequency"),
+            "{err}"
+        );
 
-        let file = FileConfig { interval_secs: Some(0), ..Default::default() };
-        let err = Config::resolve(file, Overrides::default()).expect_err("zero").to_string();
+        let file = FileConfig {
+            interval_secs: Some(0),
+            ..Default::default()
+        };
+        let err = Config::resolve(file, Overrides::default())
+            .expect_err("zero")
+            .to_string();
         assert!(err.contains("interval_secs"), "{err}");
 
-        let flags = Overrides { pids: vec![0], ..Default::default() };
-        let err = Config::resolve(FileConfig::default(), flags).expect_err("pid 0").to_string();
+        let flags = Overrides {
+            pids: vec![0],
+            ..Default::default()
+        };
+        let err = Config::resolve(FileConfig::default(), flags)
+            .expect_err("pid 0")
+            .to_string();
         assert!(err.contains("--pid"), "{err}");
     }
 }

@@ -9,7 +9,7 @@
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::time::Duration;
 
-use profiler_common::Counter;
+use profiler_common::{Counter, UnwindEnd};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::aggregate::{Added, Aggregator};
@@ -33,7 +33,10 @@ pub enum DaemonError {
     #[error("{0}")]
     Sampler(#[from] SamplerError),
     #[error("output directory {path}: {source}")]
-    Output { path: std::path::PathBuf, source: std::io::Error },
+    Output {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     #[error("signal handler: {0}")]
     Signal(std::io::Error),
     #[error("worker thread: {0}")]
@@ -68,12 +71,16 @@ struct LoopStats {
     records: u64,
     malformed: u64,
     dropped_work: u64,
+    /// How user stack walks ended, indexed by `UnwindEnd` (this interval).
+    unwind_ends: [u64; UnwindEnd::ALL.len()],
 }
 
 pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     privileges::check()?;
-    let writer = LocalWriter::new(&config.output_dir)
-        .map_err(|source| DaemonError::Output { path: config.output_dir.clone(), source })?;
+    let writer = LocalWriter::new(&config.output_dir).map_err(|source| DaemonError::Output {
+        path: config.output_dir.clone(),
+        source,
+    })?;
     let mut sampler = Sampler::start(config.frequency_hz, &config.pids)?;
     tracing::info!(
         frequency_hz = config.frequency_hz,
@@ -106,7 +113,10 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     let mut aggregator = Aggregator::new(config.max_stacks_per_interval);
     let mut stats = LoopStats::default();
     let mut drain = tokio::time::interval(DRAIN_PERIOD);
-    let mut flush = tokio::time::interval_at(tokio::time::Instant::now() + config.interval, config.interval);
+    let mut flush = tokio::time::interval_at(
+        tokio::time::Instant::now() + config.interval,
+        config.interval,
+    );
     let mut last_counters = sampler.counters();
     let mut intervals = 0;
 
@@ -128,7 +138,12 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         drain_ring(&mut sampler, &mut aggregator, &work_tx, &mut stats);
         if finishing {
             let counters = sampler.counters();
-            end_interval(&mut aggregator, &work_tx, &mut stats, &counters.since(&last_counters));
+            end_interval(
+                &mut aggregator,
+                &work_tx,
+                &mut stats,
+                &counters.since(&last_counters),
+            );
             intervals += 1;
             break;
         }
@@ -138,7 +153,9 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     let kernel = sampler.counters();
     drop(sampler);
     drop(work_tx);
-    let worker = worker.join().map_err(|_| DaemonError::Worker("panicked".into()))?;
+    let worker = worker
+        .join()
+        .map_err(|_| DaemonError::Worker("panicked".into()))?;
     let summary = RunSummary {
         records: stats.records,
         malformed_records: stats.malformed,
@@ -160,7 +177,12 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     Ok(summary)
 }
 
-fn drain_ring(sampler: &mut Sampler, aggregator: &mut Aggregator, work: &SyncSender<Work>, stats: &mut LoopStats) {
+fn drain_ring(
+    sampler: &mut Sampler,
+    aggregator: &mut Aggregator,
+    work: &SyncSender<Work>,
+    stats: &mut LoopStats,
+) {
     sampler.drain(|bytes| {
         stats.records += 1;
         let view = match SampleView::parse(bytes) {
@@ -173,13 +195,21 @@ fn drain_ring(sampler: &mut Sampler, aggregator: &mut Aggregator, work: &SyncSen
                 return;
             }
         };
+        if let Some(end) = view.user_end() {
+            stats.unwind_ends[end as usize] += 1;
+        }
         if aggregator.add(&view) == Added::NewProcess {
             send(work, Work::ProcessSeen(view.pid()), stats);
         }
     });
 }
 
-fn end_interval(aggregator: &mut Aggregator, work: &SyncSender<Work>, stats: &mut LoopStats, kernel: &KernelCounters) {
+fn end_interval(
+    aggregator: &mut Aggregator,
+    work: &SyncSender<Work>,
+    stats: &mut LoopStats,
+    kernel: &KernelCounters,
+) {
     let interval = aggregator.take_interval();
     tracing::info!(
         processes = interval.processes.len(),
@@ -192,9 +222,19 @@ fn end_interval(aggregator: &mut Aggregator, work: &SyncSender<Work>, stats: &mu
         user_stack_truncated = kernel.get(Counter::UserStackTruncated),
         malformed_records = stats.malformed,
         dropped_work = stats.dropped_work,
+        unwind_ends = %format_unwind_ends(&stats.unwind_ends),
         "interval sampled"
     );
+    stats.unwind_ends = Default::default();
     send(work, Work::Interval(interval), stats);
+}
+
+fn format_unwind_ends(ends: &[u64; UnwindEnd::ALL.len()]) -> String {
+    UnwindEnd::ALL
+        .iter()
+        .map(|end| format!("{}={}", end.name(), ends[*end as usize]))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn send(work: &SyncSender<Work>, item: Work, stats: &mut LoopStats) {

@@ -8,7 +8,10 @@ use profiler_daemon::config::{Config, FileConfig, Overrides};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
-#[command(version, about = "Continuous CPU profiler for JVMs and native processes (eBPF)")]
+#[command(
+    version,
+    about = "Continuous CPU profiler for JVMs and native processes (eBPF)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -44,7 +47,9 @@ struct RunArgs {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
@@ -69,7 +74,10 @@ fn run(args: RunArgs) -> ExitCode {
         Ok(config) => config,
         Err(err) => return usage_error(&err),
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("error: cannot start the async runtime: {err}");

@@ -49,7 +49,9 @@ fn check_caps(caps: u64) -> Result<(), MissingPrivileges> {
         missing.push("CAP_PERFMON (or CAP_SYS_ADMIN) to open system-wide perf events");
     }
     if !missing.is_empty() {
-        return Err(MissingPrivileges { missing: missing.join("; ") });
+        return Err(MissingPrivileges {
+            missing: missing.join("; "),
+        });
     }
     if !has(caps, CAP_SYS_PTRACE) {
         tracing::warn!("without CAP_SYS_PTRACE, other users' processes cannot be symbolized");
@@ -69,9 +71,17 @@ mod tests {
 
     #[test]
     fn names_what_is_missing() {
-        let err = check_caps(1 << CAP_BPF).expect_err("no perfmon").to_string();
-        assert!(err.contains("CAP_PERFMON") && !err.contains("CAP_BPF (or"), "{err}");
+        let err = check_caps(1 << CAP_BPF)
+            .expect_err("no perfmon")
+            .to_string();
+        assert!(
+            err.contains("CAP_PERFMON") && !err.contains("CAP_BPF (or"),
+            "{err}"
+        );
         let err = check_caps(0).expect_err("nothing").to_string();
-        assert!(err.contains("CAP_BPF (or CAP_SYS_ADMIN)") && err.contains("CAP_PERFMON (or"), "{err}");
+        assert!(
+            err.contains("CAP_BPF (or CAP_SYS_ADMIN)") && err.contains("CAP_PERFMON (or"),
+            "{err}"
+        );
     }
 }

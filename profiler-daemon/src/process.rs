@@ -24,7 +24,11 @@ pub struct Mapping {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Backing {
     /// A file, by its path in the process's mount namespace and its identity on the host.
-    File { path: PathBuf, dev: u64, inode: u64 },
+    File {
+        path: PathBuf,
+        dev: u64,
+        inode: u64,
+    },
     Vdso,
     /// Anonymous memory (JIT code, for instance) or a special mapping.
     Anonymous,
@@ -194,7 +198,7 @@ mod tests {
         assert!(me.shares_our_root);
         assert!(!me.mappings.is_empty());
         // The code of this very function is in a file-backed executable mapping.
-        let here = reads_our_own_process as usize as u64;
+        let here = reads_our_own_process as *const () as u64;
         let mapping = me.mapping(here).expect("test code is mapped");
         assert!(matches!(mapping.backing, Backing::File { .. }));
         assert!(me.mapping(0).is_none());
@@ -209,6 +213,9 @@ mod tests {
             shares_our_root: false,
             mappings: vec![],
         };
-        assert_eq!(info.host_paths(Path::new("/usr/lib/libc.so.6")), vec![PathBuf::from("/proc/12/root/usr/lib/libc.so.6")]);
+        assert_eq!(
+            info.host_paths(Path::new("/usr/lib/libc.so.6")),
+            vec![PathBuf::from("/proc/12/root/usr/lib/libc.so.6")]
+        );
     }
 }

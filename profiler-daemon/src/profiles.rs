@@ -45,8 +45,18 @@ fn lookup_address(index: usize, addr: u64) -> u64 {
     }
 }
 
-pub fn build(request: ProfileRequest<'_>, processes: &mut ProcessTable, symbolizers: &mut Symbolizers) -> BuiltProfile {
-    let ProfileRequest { pid, stacks, frequency_hz, start, duration } = request;
+pub fn build(
+    request: ProfileRequest<'_>,
+    processes: &mut ProcessTable,
+    symbolizers: &mut Symbolizers,
+) -> BuiltProfile {
+    let ProfileRequest {
+        pid,
+        stacks,
+        frequency_hz,
+        start,
+        duration,
+    } = request;
 
     // Every distinct address once, then one batched lookup per source.
     let mut kernel_addrs: Vec<u64> = Vec::new();
@@ -54,7 +64,11 @@ pub fn build(request: ProfileRequest<'_>, processes: &mut ProcessTable, symboliz
     let mut thread_comm: Option<String> = None;
     for (view, _) in stacks.stacks() {
         kernel_addrs.extend(view.kernel_ips());
-        user_addrs.extend(view.user_frames().enumerate().map(|(i, f)| lookup_address(i, f.addr)));
+        user_addrs.extend(
+            view.user_frames()
+                .enumerate()
+                .map(|(i, f)| lookup_address(i, f.addr)),
+        );
         if thread_comm.is_none() {
             thread_comm = Some(comm_to_string(view.thread_name()));
         }
@@ -81,7 +95,9 @@ pub fn build(request: ProfileRequest<'_>, processes: &mut ProcessTable, symboliz
     let mut builder = ProfileBuilder::new_cpu(frequency_hz, start, duration);
     let unknown = ResolvedFrame::named("[unknown]", None);
     for (view, count) in stacks.stacks() {
-        let mut locations = Vec::with_capacity(view.header.kernel_frames as usize + view.header.user_frames as usize + 1);
+        let mut locations = Vec::with_capacity(
+            view.header.kernel_frames as usize + view.header.user_frames as usize + 1,
+        );
         for ip in view.kernel_ips() {
             let frame = kernel_frames.get(&ip).map_or(&unknown, |f| f.as_ref());
             locations.push(builder.location(LocationKey::Kernel(ip), ip, frame));
@@ -99,10 +115,18 @@ pub fn build(request: ProfileRequest<'_>, processes: &mut ProcessTable, symboliz
         builder.add_sample(
             locations,
             count,
-            &[("pid", &pid_label), ("comm", &comm), ("thread_name", &thread_name)],
+            &[
+                ("pid", &pid_label),
+                ("comm", &comm),
+                ("thread_name", &thread_name),
+            ],
         );
     }
-    BuiltProfile { pid, comm, profile: builder.finish() }
+    BuiltProfile {
+        pid,
+        comm,
+        profile: builder.finish(),
+    }
 }
 
 /// Which stack ends deserve a visible marker at the root. A frame-pointer walk that runs into
@@ -123,7 +147,9 @@ fn resolve_user(
     native: &mut NativeSymbolizer,
 ) -> HashMap<u64, Arc<ResolvedFrame>> {
     let mut resolved = HashMap::with_capacity(addrs.len());
-    let Some(info) = processes.get(pid) else { return resolved };
+    let Some(info) = processes.get(pid) else {
+        return resolved;
+    };
     let frames = native.resolve(info, addrs);
     let mut unmapped = Vec::new();
     for (&addr, frame) in addrs.iter().zip(frames) {

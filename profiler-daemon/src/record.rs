@@ -95,7 +95,13 @@ pub(crate) mod tests {
     use profiler_common::FrameKind;
 
     /// Builds a record the way the eBPF program lays it out.
-    pub(crate) fn encode(pid: u32, comm: &str, kernel: &[u64], user: &[u64], end: UnwindEnd) -> Vec<u8> {
+    pub(crate) fn encode(
+        pid: u32,
+        comm: &str,
+        kernel: &[u64],
+        user: &[u64],
+        end: UnwindEnd,
+    ) -> Vec<u8> {
         let mut name = [0u8; COMM_LEN];
         name[..comm.len()].copy_from_slice(comm.as_bytes());
         let header = SampleHeader {
@@ -118,7 +124,13 @@ pub(crate) mod tests {
             bytes.extend_from_slice(&ip.to_ne_bytes());
         }
         for &addr in user {
-            let frame = UserFrame { addr, aux: 0, cookie: 0, kind: FrameKind::Native as u8, _reserved: [0; 7] };
+            let frame = UserFrame {
+                addr,
+                aux: 0,
+                cookie: 0,
+                kind: FrameKind::Native as u8,
+                _reserved: [0; 7],
+            };
             // SAFETY: as above.
             bytes.extend_from_slice(unsafe {
                 std::slice::from_raw_parts(&frame as *const _ as *const u8, USER_FRAME_BYTES)
@@ -129,22 +141,41 @@ pub(crate) mod tests {
 
     #[test]
     fn parses_what_the_kernel_side_writes() {
-        let bytes = encode(42, "worker", &[0xffff_1, 0xffff_2], &[0x401000, 0x402000, 0x403000], UnwindEnd::Complete);
+        let bytes = encode(
+            42,
+            "worker",
+            &[0xf001, 0xf002],
+            &[0x401000, 0x402000, 0x403000],
+            UnwindEnd::Complete,
+        );
         let view = SampleView::parse(&bytes).expect("parses");
         assert_eq!(view.pid(), 42);
         assert_eq!(comm_to_string(view.thread_name()), "worker");
-        assert_eq!(view.kernel_ips().collect::<Vec<_>>(), vec![0xffff_1, 0xffff_2]);
-        assert_eq!(view.user_frames().map(|f| f.addr).collect::<Vec<_>>(), vec![0x401000, 0x402000, 0x403000]);
+        assert_eq!(
+            view.kernel_ips().collect::<Vec<_>>(),
+            vec![0xf001, 0xf002]
+        );
+        assert_eq!(
+            view.user_frames().map(|f| f.addr).collect::<Vec<_>>(),
+            vec![0x401000, 0x402000, 0x403000]
+        );
         assert_eq!(view.user_end(), Some(UnwindEnd::Complete));
     }
 
     #[test]
     fn rejects_truncated_records() {
         let bytes = encode(1, "x", &[1], &[2, 3], UnwindEnd::Complete);
-        assert!(matches!(SampleView::parse(&bytes[..10]), Err(RecordError::ShortHeader { len: 10 })));
+        assert!(matches!(
+            SampleView::parse(&bytes[..10]),
+            Err(RecordError::ShortHeader { len: 10 })
+        ));
         assert!(matches!(
             SampleView::parse(&bytes[..bytes.len() - 1]),
-            Err(RecordError::ShortFrames { kernel: 1, user: 2, .. })
+            Err(RecordError::ShortFrames {
+                kernel: 1,
+                user: 2,
+                ..
+            })
         ));
     }
 }

@@ -15,15 +15,27 @@ pub enum SamplerError {
     #[error("loading the BPF object: {0}")]
     Load(#[from] aya::EbpfError),
     #[error("BPF program `{name}`: {source}")]
-    Program { name: &'static str, source: aya::programs::ProgramError },
+    Program {
+        name: &'static str,
+        source: aya::programs::ProgramError,
+    },
     #[error("BPF map `{name}`: {source}")]
-    Map { name: &'static str, source: aya::maps::MapError },
+    Map {
+        name: &'static str,
+        source: aya::maps::MapError,
+    },
     #[error("BPF map `{0}` is missing from the object")]
     MissingMap(&'static str),
     #[error("listing online CPUs ({path}): {source}")]
-    OnlineCpus { path: &'static str, source: std::io::Error },
+    OnlineCpus {
+        path: &'static str,
+        source: std::io::Error,
+    },
     #[error("attaching to the CPU-clock perf event of CPU {cpu}: {source}")]
-    Attach { cpu: u32, source: aya::programs::ProgramError },
+    Attach {
+        cpu: u32,
+        source: aya::programs::ProgramError,
+    },
 }
 
 impl SamplerError {
@@ -73,16 +85,26 @@ impl Sampler {
     /// Loads and attaches the sampler. `pids` empty means every process.
     pub fn start(frequency_hz: u64, pids: &[u32]) -> Result<Self, SamplerError> {
         let filter: u8 = u8::from(!pids.is_empty());
-        let mut ebpf = EbpfLoader::new().override_global("FILTER_PIDS", &filter, true).load(EBPF_OBJECT)?;
+        let mut ebpf = EbpfLoader::new()
+            .override_global("FILTER_PIDS", &filter, true)
+            .load(EBPF_OBJECT)?;
 
         if !pids.is_empty() {
-            let map = ebpf.map_mut("TARGET_PIDS").ok_or(SamplerError::MissingMap("TARGET_PIDS"))?;
+            let map = ebpf
+                .map_mut("TARGET_PIDS")
+                .ok_or(SamplerError::MissingMap("TARGET_PIDS"))?;
             let mut targets: BpfHashMap<_, u32, u8> =
-                BpfHashMap::try_from(map).map_err(|source| SamplerError::Map { name: "TARGET_PIDS", source })?;
+                BpfHashMap::try_from(map).map_err(|source| SamplerError::Map {
+                    name: "TARGET_PIDS",
+                    source,
+                })?;
             for &pid in pids {
                 targets
                     .insert(pid, 1, 0)
-                    .map_err(|source| SamplerError::Map { name: "TARGET_PIDS", source })?;
+                    .map_err(|source| SamplerError::Map {
+                        name: "TARGET_PIDS",
+                        source,
+                    })?;
             }
         }
 
@@ -90,8 +112,14 @@ impl Sampler {
             .program_mut("sample_cpu")
             .ok_or(SamplerError::MissingMap("sample_cpu"))?
             .try_into()
-            .map_err(|source| SamplerError::Program { name: "sample_cpu", source })?;
-        program.load().map_err(|source| SamplerError::Program { name: "sample_cpu", source })?;
+            .map_err(|source| SamplerError::Program {
+                name: "sample_cpu",
+                source,
+            })?;
+        program.load().map_err(|source| SamplerError::Program {
+            name: "sample_cpu",
+            source,
+        })?;
         let cpus = aya::util::online_cpus()
             .map_err(|(path, source)| SamplerError::OnlineCpus { path, source })?;
         for &cpu in &cpus {
@@ -105,12 +133,26 @@ impl Sampler {
                 .map_err(|source| SamplerError::Attach { cpu, source })?;
         }
 
-        let ring = ebpf.take_map("SAMPLES").ok_or(SamplerError::MissingMap("SAMPLES"))?;
-        let ring = RingBuf::try_from(ring).map_err(|source| SamplerError::Map { name: "SAMPLES", source })?;
-        let counters = ebpf.take_map("COUNTERS").ok_or(SamplerError::MissingMap("COUNTERS"))?;
-        let counters =
-            PerCpuArray::try_from(counters).map_err(|source| SamplerError::Map { name: "COUNTERS", source })?;
-        Ok(Self { _ebpf: ebpf, ring, counters, cpus: cpus.len() })
+        let ring = ebpf
+            .take_map("SAMPLES")
+            .ok_or(SamplerError::MissingMap("SAMPLES"))?;
+        let ring = RingBuf::try_from(ring).map_err(|source| SamplerError::Map {
+            name: "SAMPLES",
+            source,
+        })?;
+        let counters = ebpf
+            .take_map("COUNTERS")
+            .ok_or(SamplerError::MissingMap("COUNTERS"))?;
+        let counters = PerCpuArray::try_from(counters).map_err(|source| SamplerError::Map {
+            name: "COUNTERS",
+            source,
+        })?;
+        Ok(Self {
+            _ebpf: ebpf,
+            ring,
+            counters,
+            cpus: cpus.len(),
+        })
     }
 
     pub fn cpus(&self) -> usize {

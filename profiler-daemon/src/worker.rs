@@ -52,7 +52,10 @@ impl Worker {
                 Work::Interval(interval) => self.write_interval(interval),
             }
         }
-        WorkerTallies { profiles_written: self.profiles_written, write_errors: self.write_errors }
+        WorkerTallies {
+            profiles_written: self.profiles_written,
+            write_errors: self.write_errors,
+        }
     }
 
     fn write_interval(&mut self, interval: IntervalStacks) {
@@ -72,7 +75,10 @@ impl Worker {
                 &mut self.processes,
                 &mut self.symbolizers,
             );
-            match self.writer.write(interval.start, built.pid, &built.comm, &built.profile) {
+            match self
+                .writer
+                .write(interval.start, built.pid, &built.comm, &built.profile)
+            {
                 Ok(_) => written += 1,
                 Err(err) => {
                     self.write_errors += 1;

@@ -17,8 +17,8 @@ use core::{ffi::c_void, mem::size_of, ptr::read_volatile};
 use aya_ebpf::{
     bindings::pt_regs,
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
-        bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user, generated as gen,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_probe_read_kernel, bpf_probe_read_user, generated as gen,
     },
     macros::{map, perf_event},
     maps::{HashMap, PerCpuArray, RingBuf},
@@ -82,7 +82,10 @@ fn user_regs(ctx: &PerfEventContext) -> Option<UserRegs> {
     // SAFETY: the perf-event context is readable; the verifier checks the access.
     let regs = unsafe { &(*ctx.ctx).regs };
     if regs.cs & USER_MODE_CS_MASK == USER_MODE_CS_MASK {
-        return Some(UserRegs { ip: regs.rip, fp: regs.rbp });
+        return Some(UserRegs {
+            ip: regs.rip,
+            fp: regs.rbp,
+        });
     }
     // SAFETY: helpers with no preconditions; the read is checked by the kernel.
     let saved = unsafe {
@@ -93,7 +96,10 @@ fn user_regs(ctx: &PerfEventContext) -> Option<UserRegs> {
     if saved.cs & USER_MODE_CS_MASK != USER_MODE_CS_MASK || saved.rip == 0 {
         return None;
     }
-    Some(UserRegs { ip: saved.rip, fp: saved.rbp })
+    Some(UserRegs {
+        ip: saved.rip,
+        fp: saved.rbp,
+    })
 }
 
 fn try_sample_cpu(ctx: &PerfEventContext) {
@@ -172,7 +178,8 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
         return;
     }
     // SAFETY: `len` is within the record, which is plain bytes.
-    let bytes = unsafe { core::slice::from_raw_parts(record as *const SampleRecord as *const u8, len) };
+    let bytes =
+        unsafe { core::slice::from_raw_parts(record as *const SampleRecord as *const u8, len) };
     match SAMPLES.output::<[u8]>(bytes, BPF_RB_NO_WAKEUP) {
         Ok(()) => count(Counter::Sent),
         Err(_) => count(Counter::RingFull),

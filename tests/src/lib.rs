@@ -16,9 +16,14 @@ pub fn daemon_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("PROFILER_DAEMON") {
         return PathBuf::from(path);
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root");
     let path = root.join("target/debug/profiler-daemon");
-    assert!(path.exists(), "no daemon binary: run the tests with `cargo xtask test`");
+    assert!(
+        path.exists(),
+        "no daemon binary: run the tests with `cargo xtask test`"
+    );
     path
 }
 
@@ -47,7 +52,12 @@ pub struct Workload(pub Child);
 
 impl Workload {
     pub fn spawn(command: &mut Command) -> Result<Self> {
-        Ok(Self(command.stdout(Stdio::null()).spawn().context("starting workload")?))
+        Ok(Self(
+            command
+                .stdout(Stdio::null())
+                .spawn()
+                .context("starting workload")?,
+        ))
     }
 
     pub fn pid(&self) -> u32 {
@@ -84,7 +94,10 @@ pub fn run_daemon(args: &[&str], timeout: Duration) -> Result<Output> {
         std::thread::sleep(Duration::from_millis(100));
     }
     let output = child.wait_with_output()?;
-    eprintln!("--- daemon stderr ---\n{}", String::from_utf8_lossy(&output.stderr));
+    eprintln!(
+        "--- daemon stderr ---\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     Ok(output)
 }
 
@@ -94,9 +107,14 @@ pub fn profiles_of(dir: &Path, pid: u32) -> Result<Vec<(PathBuf, proto::Profile)
     let mut profiles = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_owned();
         if name.ends_with(".pb.gz") && name.contains(&marker) {
-            let profile = decode(&std::fs::read(&path)?).with_context(|| format!("decoding {}", path.display()))?;
+            let profile = decode(&std::fs::read(&path)?)
+                .with_context(|| format!("decoding {}", path.display()))?;
             profiles.push((path, profile));
         }
     }
@@ -108,7 +126,9 @@ pub fn profiles_of(dir: &Path, pid: u32) -> Result<Vec<(PathBuf, proto::Profile)
 pub fn sample_frames(profile: &proto::Profile, sample: &proto::Sample) -> Vec<(String, u64)> {
     let mut frames = Vec::new();
     for id in &sample.location_id {
-        let Some(location) = profile.location.iter().find(|l| l.id == *id) else { continue };
+        let Some(location) = profile.location.iter().find(|l| l.id == *id) else {
+            continue;
+        };
         for line in &location.line {
             let name = profile
                 .function
@@ -123,7 +143,11 @@ pub fn sample_frames(profile: &proto::Profile, sample: &proto::Sample) -> Vec<(S
 }
 
 /// The string value of a sample label.
-pub fn label<'a>(profile: &'a proto::Profile, sample: &proto::Sample, key: &str) -> Option<&'a str> {
+pub fn label<'a>(
+    profile: &'a proto::Profile,
+    sample: &proto::Sample,
+    key: &str,
+) -> Option<&'a str> {
     sample
         .label
         .iter()
@@ -144,7 +168,11 @@ pub fn go_pprof_top(path: &Path) -> Result<String> {
         .output()
         .context("running `go tool pprof` (cargo xtask test installs golang-go)")?;
     if !output.status.success() {
-        bail!("go tool pprof rejected {}: {}", path.display(), String::from_utf8_lossy(&output.stderr));
+        bail!(
+            "go tool pprof rejected {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }

@@ -6,12 +6,18 @@ use std::time::Duration;
 use profiler_tests::*;
 
 /// Shares of the process's samples whose stack contains `function`.
-fn inclusive_share(profiles: &[(std::path::PathBuf, profiler_daemon::pprof::proto::Profile)], function: &str) -> f64 {
+fn inclusive_share(
+    profiles: &[(std::path::PathBuf, profiler_daemon::pprof::proto::Profile)],
+    function: &str,
+) -> f64 {
     let (mut with, mut total) = (0i64, 0i64);
     for (_, profile) in profiles {
         for sample in &profile.sample {
             total += count(sample);
-            if sample_frames(profile, sample).iter().any(|(name, _)| name == function) {
+            if sample_frames(profile, sample)
+                .iter()
+                .any(|(name, _)| name == function)
+            {
                 with += count(sample);
             }
         }
@@ -27,24 +33,54 @@ fn native_cpu_split_is_measured_and_stacks_reach_main() {
     let out = dir.path().join("profiles");
     let pid = workload.pid().to_string();
     let output = run_daemon(
-        &["--pid", &pid, "--frequency", "199", "--interval", "3", "--duration", "6", "--output", out.to_str().expect("utf-8")],
+        &[
+            "--pid",
+            &pid,
+            "--frequency",
+            "199",
+            "--interval",
+            "3",
+            "--duration",
+            "6",
+            "--output",
+            out.to_str().expect("utf-8"),
+        ],
         Duration::from_secs(60),
     )
     .expect("daemon runs");
     assert!(output.status.success(), "daemon failed: {output:?}");
 
     let profiles = profiles_of(&out, workload.pid()).expect("profiles readable");
-    assert!(profiles.len() >= 2, "one profile per interval: got {}", profiles.len());
-    let total: i64 = profiles.iter().flat_map(|(_, p)| p.sample.iter()).map(count).sum();
+    assert!(
+        profiles.len() >= 2,
+        "one profile per interval: got {}",
+        profiles.len()
+    );
+    let total: i64 = profiles
+        .iter()
+        .flat_map(|(_, p)| p.sample.iter())
+        .map(count)
+        .sum();
     // 199 Hz for ~6 s of a busy process on one CPU.
     assert!(total > 600, "too few samples: {total}");
 
     let a = inclusive_share(&profiles, "hot_a");
     let b = inclusive_share(&profiles, "hot_b");
     let main = inclusive_share(&profiles, "main");
-    eprintln!("shares: hot_a {:.1}% hot_b {:.1}% main {:.1}% over {total} samples", a * 100.0, b * 100.0, main * 100.0);
-    assert!((a - 0.70).abs() <= 0.05, "hot_a share {a:.3}, expected 0.70 +- 0.05");
-    assert!((b - 0.30).abs() <= 0.05, "hot_b share {b:.3}, expected 0.30 +- 0.05");
+    eprintln!(
+        "shares: hot_a {:.1}% hot_b {:.1}% main {:.1}% over {total} samples",
+        a * 100.0,
+        b * 100.0,
+        main * 100.0
+    );
+    assert!(
+        (a - 0.70).abs() <= 0.05,
+        "hot_a share {a:.3}, expected 0.70 +- 0.05"
+    );
+    assert!(
+        (b - 0.30).abs() <= 0.05,
+        "hot_b share {b:.3}, expected 0.30 +- 0.05"
+    );
     assert!(main >= 0.95, "only {main:.3} of stacks reach main");
 
     // The caller of hot_a in those stacks is main: the walk is in order.
@@ -52,10 +88,21 @@ fn native_cpu_split_is_measured_and_stacks_reach_main() {
     let sample = profile
         .sample
         .iter()
-        .find(|s| sample_frames(profile, s).first().is_some_and(|(n, _)| n == "hot_a"))
+        .find(|s| {
+            sample_frames(profile, s)
+                .first()
+                .is_some_and(|(n, _)| n == "hot_a")
+        })
         .expect("a sample with hot_a as leaf");
-    let names: Vec<String> = sample_frames(profile, sample).into_iter().map(|(n, _)| n).collect();
-    assert_eq!(&names[..2], &["hot_a".to_string(), "main".to_string()], "stack {names:?}");
+    let names: Vec<String> = sample_frames(profile, sample)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(
+        &names[..2],
+        &["hot_a".to_string(), "main".to_string()],
+        "stack {names:?}"
+    );
 
     // Labels and the file format.
     assert_eq!(label(profile, sample, "pid"), Some(pid.as_str()));
@@ -65,7 +112,10 @@ fn native_cpu_split_is_measured_and_stacks_reach_main() {
     assert_eq!(profile.period, 1_000_000_000 / 199);
     assert_eq!(sample.value[1], sample.value[0] * profile.period);
     let top = go_pprof_top(&profiles[0].0).expect("go tool pprof reads the file");
-    assert!(top.contains("hot_a") && top.contains("hot_b"), "pprof -top output:\n{top}");
+    assert!(
+        top.contains("hot_a") && top.contains("hot_b"),
+        "pprof -top output:\n{top}"
+    );
 }
 
 #[test]
@@ -76,7 +126,16 @@ fn kernel_frames_appear_under_user_frames() {
     let out = dir.path().join("profiles");
     let pid = workload.pid().to_string();
     let output = run_daemon(
-        &["--pid", &pid, "--frequency", "199", "--duration", "4", "--output", out.to_str().expect("utf-8")],
+        &[
+            "--pid",
+            &pid,
+            "--frequency",
+            "199",
+            "--duration",
+            "4",
+            "--output",
+            out.to_str().expect("utf-8"),
+        ],
         Duration::from_secs(60),
     )
     .expect("daemon runs");
@@ -88,15 +147,23 @@ fn kernel_frames_appear_under_user_frames() {
         for sample in &profile.sample {
             let frames = sample_frames(profile, sample);
             total += count(sample);
-            if !frames.first().is_some_and(|(_, addr)| is_kernel_address(*addr)) {
+            if !frames
+                .first()
+                .is_some_and(|(_, addr)| is_kernel_address(*addr))
+            {
                 continue;
             }
             in_kernel += count(sample);
             // Kernel frames first, then user frames down to main: the user registers of a
             // sample taken in the kernel come from the task's saved pt_regs.
-            let first_user = frames.iter().position(|(_, addr)| !is_kernel_address(*addr));
-            let user: Vec<&str> = first_user.map(|i| frames[i..].iter().map(|(n, _)| n.as_str()).collect()).unwrap_or_default();
-            let all_user_after = first_user.is_some_and(|i| frames[i..].iter().all(|(_, a)| !is_kernel_address(*a)));
+            let first_user = frames
+                .iter()
+                .position(|(_, addr)| !is_kernel_address(*addr));
+            let user: Vec<&str> = first_user
+                .map(|i| frames[i..].iter().map(|(n, _)| n.as_str()).collect())
+                .unwrap_or_default();
+            let all_user_after =
+                first_user.is_some_and(|i| frames[i..].iter().all(|(_, a)| !is_kernel_address(*a)));
             if all_user_after && user.contains(&"read_loop") && user.contains(&"main") {
                 in_kernel_with_user += count(sample);
             }
@@ -104,13 +171,22 @@ fn kernel_frames_appear_under_user_frames() {
     }
     eprintln!("{in_kernel} of {total} samples in the kernel, {in_kernel_with_user} of them with the user stack to main");
     assert!(total > 300, "too few samples: {total}");
-    assert!(in_kernel as f64 >= 0.5 * total as f64, "a read loop on /dev/zero is mostly kernel time");
-    assert!(in_kernel_with_user as f64 >= 0.9 * in_kernel as f64, "kernel samples lack their user stack");
+    assert!(
+        in_kernel as f64 >= 0.5 * total as f64,
+        "a read loop on /dev/zero is mostly kernel time"
+    );
+    assert!(
+        in_kernel_with_user as f64 >= 0.9 * in_kernel as f64,
+        "kernel samples lack their user stack"
+    );
 
     // Kernel frames are named from kallsyms.
     let (path, _) = &profiles[0];
     let top = go_pprof_top(path).expect("go tool pprof reads the file");
-    assert!(top.contains("read_zero") || top.contains("clear_user") || top.contains("ksys_read"), "pprof -top:\n{top}");
+    assert!(
+        top.contains("read_zero") || top.contains("clear_user") || top.contains("ksys_read"),
+        "pprof -top:\n{top}"
+    );
 }
 
 #[test]
@@ -120,7 +196,14 @@ fn sigint_writes_the_current_interval_before_exiting() {
     let workload = Workload::spawn(Command::new(&binary).arg("30")).expect("starts");
     let out = dir.path().join("profiles");
     let mut daemon = Command::new(daemon_binary())
-        .args(["run", "--pid", &workload.pid().to_string(), "--interval", "600", "--output"])
+        .args([
+            "run",
+            "--pid",
+            &workload.pid().to_string(),
+            "--interval",
+            "600",
+            "--output",
+        ])
         .arg(&out)
         .spawn()
         .expect("daemon starts");
@@ -130,7 +213,11 @@ fn sigint_writes_the_current_interval_before_exiting() {
     let status = daemon.wait().expect("daemon exits");
     assert!(status.success(), "{status}");
     let profiles = profiles_of(&out, workload.pid()).expect("readable");
-    assert_eq!(profiles.len(), 1, "the unfinished interval is written on SIGINT");
+    assert_eq!(
+        profiles.len(),
+        1,
+        "the unfinished interval is written on SIGINT"
+    );
     assert!(profiles[0].1.sample.iter().map(count).sum::<i64>() > 10);
 }
 
@@ -148,12 +235,18 @@ fn bad_configuration_exits_2_naming_the_field() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("intervall_secs"), "{stderr}");
 
-    let output = Command::new(daemon_binary()).args(["run", "--frequency", "5000"]).output().expect("runs");
+    let output = Command::new(daemon_binary())
+        .args(["run", "--frequency", "5000"])
+        .output()
+        .expect("runs");
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--frequency"), "{stderr}");
 
-    let output = Command::new(daemon_binary()).args(["run", "--frequency", "fast"]).output().expect("runs");
+    let output = Command::new(daemon_binary())
+        .args(["run", "--frequency", "fast"])
+        .output()
+        .expect("runs");
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--frequency"));
 }
@@ -170,5 +263,8 @@ fn without_privileges_exits_2_naming_them() {
         .expect("setpriv runs");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("CAP_BPF") && stderr.contains("CAP_PERFMON"), "{stderr}");
+    assert!(
+        stderr.contains("CAP_BPF") && stderr.contains("CAP_PERFMON"),
+        "{stderr}"
+    );
 }

@@ -66,7 +66,10 @@ fn main() -> Result<()> {
             let daemon = build_daemon(&root, true)?;
             let mut command = Command::new(daemon);
             command.arg("run");
-            if !args.iter().any(|a| a == "--output" || a.starts_with("--output=") || a == "--config") {
+            if !args
+                .iter()
+                .any(|a| a == "--output" || a.starts_with("--output=") || a == "--config")
+            {
                 command.arg("--output").arg(root.join("profiles"));
             }
             command.args(&args);
@@ -90,7 +93,9 @@ fn workspace_root() -> Result<PathBuf> {
 }
 
 fn run(command: &mut Command) -> Result<()> {
-    let status = command.status().with_context(|| format!("starting {command:?}"))?;
+    let status = command
+        .status()
+        .with_context(|| format!("starting {command:?}"))?;
     if !status.success() {
         bail!("{command:?} failed: {status}");
     }
@@ -107,9 +112,14 @@ fn succeeds(command: &mut Command) -> bool {
 }
 
 fn output(command: &mut Command) -> Result<String> {
-    let out = command.output().with_context(|| format!("starting {command:?}"))?;
+    let out = command
+        .output()
+        .with_context(|| format!("starting {command:?}"))?;
     if !out.status.success() {
-        bail!("{command:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "{command:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -117,11 +127,23 @@ fn output(command: &mut Command) -> Result<String> {
 /// The nightly toolchain with rust-src (to build `core` for the BPF target) and a bpf-linker
 /// that matches the nightly's LLVM.
 fn setup_build() -> Result<()> {
-    let components = output(Command::new("rustup").args(["component", "list", "--installed", "--toolchain", "nightly"]))
-        .context("the nightly toolchain is needed to build the eBPF program")?;
+    let components = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        "nightly",
+    ]))
+    .context("the nightly toolchain is needed to build the eBPF program")?;
     if !components.lines().any(|c| c.starts_with("rust-src")) {
         eprintln!("xtask: installing rust-src for the nightly toolchain");
-        run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+        run(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
     }
     let have_linker = Command::new("bpf-linker")
         .arg("--version")
@@ -158,7 +180,14 @@ fn install_bpf_linker() -> Result<()> {
         dir = lib_dir.display()
     );
     run(Command::new("cargo")
-        .args(["+nightly", "install", "bpf-linker", "--version", BPF_LINKER_VERSION, "--no-default-features"])
+        .args([
+            "+nightly",
+            "install",
+            "bpf-linker",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--no-default-features",
+        ])
         .arg("--features")
         .arg(format!("llvm-{llvm_major},no-llvm-linking"))
         .env("RUSTFLAGS", rustflags))
@@ -167,7 +196,13 @@ fn install_bpf_linker() -> Result<()> {
 fn setup_tests() -> Result<()> {
     let missing: Vec<&str> = TEST_PACKAGES
         .iter()
-        .filter(|(binary, _)| !succeeds(Command::new("sh").arg("-c").arg(format!("command -v {binary}"))))
+        .filter(|(binary, _)| {
+            !succeeds(
+                Command::new("sh")
+                    .arg("-c")
+                    .arg(format!("command -v {binary}")),
+            )
+        })
         .map(|(_, package)| *package)
         .collect();
     if !missing.is_empty() {
@@ -191,7 +226,9 @@ fn apt_install(packages: &[&str]) -> Result<()> {
         return Ok(());
     }
     // A fresh machine may have stale package lists.
-    run(Command::new("apt-get").arg("update").env("DEBIAN_FRONTEND", "noninteractive"))?;
+    run(Command::new("apt-get")
+        .arg("update")
+        .env("DEBIAN_FRONTEND", "noninteractive"))?;
     if !install() {
         bail!("apt-get install {} failed", packages.join(" "));
     }
@@ -200,12 +237,17 @@ fn apt_install(packages: &[&str]) -> Result<()> {
 
 fn build_daemon(root: &Path, release: bool) -> Result<PathBuf> {
     let mut command = Command::new("cargo");
-    command.current_dir(root).args(["build", "--package", "profiler-daemon"]);
+    command
+        .current_dir(root)
+        .args(["build", "--package", "profiler-daemon"]);
     if release {
         command.arg("--release");
     }
     run(&mut command)?;
-    Ok(root.join("target").join(if release { "release" } else { "debug" }).join("profiler-daemon"))
+    Ok(root
+        .join("target")
+        .join(if release { "release" } else { "debug" })
+        .join("profiler-daemon"))
 }
 
 fn test(root: &Path, filter: Option<&str>) -> Result<()> {
@@ -219,7 +261,15 @@ fn test(root: &Path, filter: Option<&str>) -> Result<()> {
     // Unit tests of every crate but the end-to-end one.
     run(Command::new("cargo")
         .current_dir(root)
-        .args(["test", "--workspace", "--exclude", "profiler-ebpf", "--exclude", "profiler-tests", "--"])
+        .args([
+            "test",
+            "--workspace",
+            "--exclude",
+            "profiler-ebpf",
+            "--exclude",
+            "profiler-tests",
+            "--",
+        ])
         .args(&filter_args))?;
     // End-to-end: one at a time, since each profiles the machine and measures CPU shares.
     run(Command::new("cargo")

@@ -62,11 +62,18 @@ impl ProfileBuilder {
     }
 
     fn value_type(&mut self, kind: &str, unit: &str) -> proto::ValueType {
-        proto::ValueType { r#type: self.string(kind), unit: self.string(unit) }
+        proto::ValueType {
+            r#type: self.string(kind),
+            unit: self.string(unit),
+        }
     }
 
     fn function(&mut self, name: &str, system_name: &str, file: &str) -> u64 {
-        let key = (self.string(name), self.string(system_name), self.string(file));
+        let key = (
+            self.string(name),
+            self.string(system_name),
+            self.string(file),
+        );
         if let Some(&id) = self.functions.get(&key) {
             return id;
         }
@@ -91,7 +98,11 @@ impl ProfileBuilder {
             .lines
             .iter()
             .map(|line| proto::Line {
-                function_id: self.function(&line.function, &line.function, line.file.as_deref().unwrap_or("")),
+                function_id: self.function(
+                    &line.function,
+                    &line.function,
+                    line.file.as_deref().unwrap_or(""),
+                ),
                 line: line.line as i64,
                 column: 0,
             })
@@ -145,16 +156,32 @@ mod tests {
         let leaf_id = builder.location(LocationKey::User(0x10), 0x10, &leaf);
         let main_id = builder.location(LocationKey::User(0x20), 0x20, &main);
         // Interned: asking again gives the same id.
-        assert_eq!(builder.location(LocationKey::User(0x10), 0x10, &leaf), leaf_id);
-        builder.add_sample(vec![leaf_id, main_id], 3, &[("pid", "1"), ("thread_name", "t")]);
+        assert_eq!(
+            builder.location(LocationKey::User(0x10), 0x10, &leaf),
+            leaf_id
+        );
+        builder.add_sample(
+            vec![leaf_id, main_id],
+            3,
+            &[("pid", "1"), ("thread_name", "t")],
+        );
 
         let profile = decode(&encode_gzipped(&builder.finish()).expect("encode")).expect("decode");
         let s = |i: i64| profile.string_table[i as usize].as_str();
         assert_eq!(s(0), "");
-        assert_eq!(profile.sample_type.iter().map(|t| (s(t.r#type), s(t.unit))).collect::<Vec<_>>(),
-            vec![("samples", "count"), ("cpu", "nanoseconds")]);
+        assert_eq!(
+            profile
+                .sample_type
+                .iter()
+                .map(|t| (s(t.r#type), s(t.unit)))
+                .collect::<Vec<_>>(),
+            vec![("samples", "count"), ("cpu", "nanoseconds")]
+        );
         let period_type = profile.period_type.expect("period type");
-        assert_eq!((s(period_type.r#type), s(period_type.unit)), ("cpu", "nanoseconds"));
+        assert_eq!(
+            (s(period_type.r#type), s(period_type.unit)),
+            ("cpu", "nanoseconds")
+        );
         assert_eq!(profile.period, 10_000_000);
         assert_eq!(profile.time_nanos, 1_700_000_000_000_000_000);
         assert_eq!(profile.duration_nanos, 15_000_000_000);
@@ -162,7 +189,11 @@ mod tests {
         assert_eq!(profile.sample[0].value, vec![3, 30_000_000]);
         assert_eq!(profile.location.len(), 2);
         assert_eq!(profile.function.len(), 2);
-        let labels: Vec<_> = profile.sample[0].label.iter().map(|l| (s(l.key), s(l.str))).collect();
+        let labels: Vec<_> = profile.sample[0]
+            .label
+            .iter()
+            .map(|l| (s(l.key), s(l.str)))
+            .collect();
         assert_eq!(labels, vec![("pid", "1"), ("thread_name", "t")]);
     }
 }

@@ -37,25 +37,37 @@ impl KernelSymbolizer {
         if self.cache.len() > MAX_CACHED {
             self.cache.clear();
         }
-        let missing: Vec<u64> = addrs.iter().copied().filter(|a| !self.cache.contains_key(a)).collect();
+        let missing: Vec<u64> = addrs
+            .iter()
+            .copied()
+            .filter(|a| !self.cache.contains_key(a))
+            .collect();
         if !missing.is_empty() {
-            let mut source = Kernel::default();
             // kallsyms is always there and is enough for names; searching for a vmlinux with
             // DWARF costs seconds and is rarely present on production hosts.
-            source.vmlinux = MaybeDefault::None;
-            source.debug_syms = false;
-            let source = Source::Kernel(source);
+            let source = Source::Kernel(Kernel {
+                vmlinux: MaybeDefault::None,
+                debug_syms: false,
+                ..Kernel::default()
+            });
             match self.symbolizer.symbolize(&source, Input::AbsAddr(&missing)) {
                 Ok(results) => {
                     for (addr, result) in missing.iter().zip(results.iter()) {
-                        let frame = from_blazesym(result, Some(self.module.clone()), || unknown(*addr));
+                        let frame =
+                            from_blazesym(result, Some(self.module.clone()), || unknown(*addr));
                         self.cache.insert(*addr, Arc::new(frame));
                     }
                 }
                 Err(err) => {
                     tracing::warn!(%err, "kernel symbolization failed");
                     for addr in &missing {
-                        self.cache.insert(*addr, Arc::new(ResolvedFrame::named(unknown(*addr), Some(self.module.clone()))));
+                        self.cache.insert(
+                            *addr,
+                            Arc::new(ResolvedFrame::named(
+                                unknown(*addr),
+                                Some(self.module.clone()),
+                            )),
+                        );
                     }
                 }
             }
@@ -76,7 +88,9 @@ mod tests {
     /// zeros) and checks that it resolves to that name.
     #[test]
     fn resolves_a_kallsyms_address() {
-        let Ok(kallsyms) = std::fs::read_to_string("/proc/kallsyms") else { return };
+        let Ok(kallsyms) = std::fs::read_to_string("/proc/kallsyms") else {
+            return;
+        };
         let Some(addr) = kallsyms.lines().find_map(|line| {
             let mut fields = line.split_whitespace();
             let addr = u64::from_str_radix(fields.next()?, 16).ok()?;

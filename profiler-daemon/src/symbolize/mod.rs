@@ -33,7 +33,11 @@ impl ResolvedFrame {
     /// A frame with only a name: unknown addresses, markers.
     pub fn named(name: impl Into<String>, module: Option<Arc<str>>) -> Self {
         Self {
-            lines: vec![SourceLine { function: name.into(), file: None, line: 0 }],
+            lines: vec![SourceLine {
+                function: name.into(),
+                file: None,
+                line: 0,
+            }],
             module,
         }
     }

@@ -66,7 +66,11 @@ impl NativeSymbolizer {
 
     /// Resolves addresses of `process`. Entries are `None` where the address is in no known
     /// mapping (the caller may refresh the mappings and ask again).
-    pub fn resolve(&mut self, process: &ProcessInfo, addrs: &[u64]) -> Vec<Option<Arc<ResolvedFrame>>> {
+    pub fn resolve(
+        &mut self,
+        process: &ProcessInfo,
+        addrs: &[u64],
+    ) -> Vec<Option<Arc<ResolvedFrame>>> {
         if self.binaries.len() > MAX_BINARIES || self.frames.len() > MAX_CACHED_FRAMES {
             *self = Self::new();
         }
@@ -75,7 +79,9 @@ impl NativeSymbolizer {
         let mut pending: HashMap<u32, (Vec<usize>, Vec<u64>)> = HashMap::new();
 
         for (index, &addr) in addrs.iter().enumerate() {
-            let Some(mapping) = process.mapping(addr) else { continue };
+            let Some(mapping) = process.mapping(addr) else {
+                continue;
+            };
             match &mapping.backing {
                 Backing::File { path, dev, inode } => {
                     let binary = self.binary(process, path, *dev, *inode);
@@ -110,13 +116,22 @@ impl NativeSymbolizer {
     }
 
     /// The binary id of a mapped file, reading its build-id the first time it is seen.
-    fn binary(&mut self, process: &ProcessInfo, path: &std::path::Path, dev: u64, inode: u64) -> u32 {
+    fn binary(
+        &mut self,
+        process: &ProcessInfo,
+        path: &std::path::Path,
+        dev: u64,
+        inode: u64,
+    ) -> u32 {
         if let Some(&id) = self.by_file.get(&(dev, inode)) {
             return id;
         }
         let host_paths = process.host_paths(path);
         let build_id = host_paths.iter().find_map(|p| {
-            blazesym::helper::read_elf_build_id(p).ok().flatten().map(|id| id.to_vec())
+            blazesym::helper::read_elf_build_id(p)
+                .ok()
+                .flatten()
+                .map(|id| id.to_vec())
         });
         let key = match build_id {
             Some(build_id) if !build_id.is_empty() => BinaryKey::BuildId(build_id),
@@ -135,7 +150,12 @@ impl NativeSymbolizer {
         id
     }
 
-    fn symbolize_binary(&mut self, process: &ProcessInfo, binary: u32, offsets: &[u64]) -> Vec<Arc<ResolvedFrame>> {
+    fn symbolize_binary(
+        &mut self,
+        process: &ProcessInfo,
+        binary: u32,
+        offsets: &[u64],
+    ) -> Vec<Arc<ResolvedFrame>> {
         let entry = &self.binaries[binary as usize];
         debug_assert_eq!(entry.id, binary);
         let module = entry.module.clone();
@@ -144,7 +164,10 @@ impl NativeSymbolizer {
 
         for path in candidates {
             let source = Source::Elf(Elf::new(&path));
-            match self.symbolizer.symbolize(&source, Input::FileOffset(offsets)) {
+            match self
+                .symbolizer
+                .symbolize(&source, Input::FileOffset(offsets))
+            {
                 Ok(results) => {
                     self.binaries[binary as usize].path = Some(path);
                     return offsets
@@ -157,12 +180,19 @@ impl NativeSymbolizer {
                         })
                         .collect();
                 }
-                Err(err) => tracing::debug!(path = %path.display(), %err, "cannot symbolize through this path"),
+                Err(err) => {
+                    tracing::debug!(path = %path.display(), %err, "cannot symbolize through this path")
+                }
             }
         }
         offsets
             .iter()
-            .map(|offset| Arc::new(ResolvedFrame::named(module_offset(&module, *offset), Some(module.clone()))))
+            .map(|offset| {
+                Arc::new(ResolvedFrame::named(
+                    module_offset(&module, *offset),
+                    Some(module.clone()),
+                ))
+            })
             .collect()
     }
 }
@@ -193,7 +223,7 @@ mod tests {
     #[test]
     fn resolves_a_function_of_this_test_binary() {
         let process = ProcessInfo::read(std::process::id()).expect("own process");
-        let addr = a_function_with_a_distinct_name as usize as u64 + 1;
+        let addr = a_function_with_a_distinct_name as *const () as u64 + 1;
         let mut symbolizer = NativeSymbolizer::new();
         let frames = symbolizer.resolve(&process, &[addr, 0]);
         let frame = frames[0].as_ref().expect("mapped");
@@ -202,7 +232,10 @@ mod tests {
             "got {:?}",
             frame
         );
-        assert!(frame.lines.last().expect("a line").line > 0, "DWARF gives a line: {frame:?}");
+        assert!(
+            frame.lines.last().expect("a line").line > 0,
+            "DWARF gives a line: {frame:?}"
+        );
         assert!(frames[1].is_none(), "address 0 is in no mapping");
 
         // A second lookup is served from the per-binary cache.
@@ -214,6 +247,9 @@ mod tests {
 
     #[test]
     fn unknown_offsets_keep_the_module() {
-        assert_eq!(module_offset("/usr/lib/libfoo.so.1", 0x1234), "libfoo.so.1+0x1234");
+        assert_eq!(
+            module_offset("/usr/lib/libfoo.so.1", 0x1234),
+            "libfoo.so.1+0x1234"
+        );
     }
 }
