@@ -192,8 +192,79 @@ const _: () = assert!(
     "per-CPU array values are limited to 32 KiB"
 );
 
+/// Most code heaps per JVM described to the BPF side (HotSpot uses 1, or 3 when segmented).
+pub const MAX_CODE_HEAPS: usize = 4;
+/// Default bound on JVMs described to the BPF side (the `HOTSPOT_PROCS` map size).
+pub const DEFAULT_MAX_JVMS: u32 = 256;
+
+/// One code heap of a JVM: its reserved range and segment map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CodeHeapRange {
+    pub low: u64,
+    pub high: u64,
+    /// One byte per segment; see HotSpot's `CodeHeap::find_start`.
+    pub segmap: u64,
+    pub log2_segment_size: u32,
+    pub _reserved: u32,
+}
+
+/// Flags of [`HotspotProc::flags`].
+pub mod hotspot_flags {
+    /// `CodeBlob` holds a 32-bit `_code_offset` (from the blob) instead of a `_code_begin` pointer.
+    pub const CODE_OFFSET: u8 = 1 << 0;
+    /// `CodeBlob::_frame_complete_offset` is 16 bits wide (else 32).
+    pub const FRAME_COMPLETE_16: u8 = 1 << 1;
+    /// `HeapBlock::Header::_used` is 32 bits wide (else 8: a bool).
+    pub const HEAP_BLOCK_USED_32: u8 = 1 << 2;
+}
+
+/// What the BPF unwinder needs to know about one JVM process: where its code is and how its
+/// frames and code blobs are laid out. Written by the daemon (key: host pid) once the VM has
+/// initialised; removed when the process exits.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HotspotProc {
+    /// `CodeCache::_low_bound` / `_high_bound`: every code heap is inside.
+    pub code_low: u64,
+    pub code_high: u64,
+    /// The template interpreter's code.
+    pub interpreter_low: u64,
+    pub interpreter_high: u64,
+    /// `StubRoutines::_call_stub_return_address`: the boundary back into native code.
+    pub call_stub_return: u64,
+    pub heaps: [CodeHeapRange; MAX_CODE_HEAPS],
+    pub heap_count: u8,
+    /// `hotspot_flags` bits.
+    pub flags: u8,
+    /// Interpreter frame slots and the entry frame's call-wrapper slot, in words from fp.
+    pub interpreter_method_slot: i8,
+    pub interpreter_bcp_slot: i8,
+    pub entry_frame_call_wrapper_slot: i8,
+    pub _reserved: [u8; 3],
+    /// Byte offsets (see HotSpot's VMStructs for each name).
+    pub heap_block_size: u16,
+    pub heap_block_used: u16,
+    pub blob_size: u16,
+    pub blob_frame_size: u16,
+    pub blob_frame_complete: u16,
+    pub blob_code: u16,
+    pub nmethod_compile_id: u16,
+    pub nmethod_method: u16,
+    pub method_const_method: u16,
+    pub java_thread_anchor: u16,
+    pub java_thread_state: u16,
+    pub anchor_sp: u16,
+    pub anchor_pc: u16,
+    pub anchor_fp: u16,
+    pub call_wrapper_anchor: u16,
+    pub _reserved2: u16,
+}
+
 #[cfg(feature = "user")]
 mod user {
+    // SAFETY: plain old data.
+    unsafe impl aya::Pod for super::HotspotProc {}
     // SAFETY: plain old data, no padding the kernel could leave uninitialised that we rely on.
     unsafe impl aya::Pod for super::SampleHeader {}
     unsafe impl aya::Pod for super::UserFrame {}

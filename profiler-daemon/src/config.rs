@@ -28,6 +28,8 @@ pub struct FileConfig {
     pub pids: Option<Vec<u32>>,
     /// Bound on distinct stacks kept per interval (memory bound); samples past it are counted.
     pub max_stacks_per_interval: Option<usize>,
+    /// Bound on JVMs whose Java frames are unwound; JVMs past it are counted and logged.
+    pub max_jvms: Option<u32>,
 }
 
 /// Flags that override the file.
@@ -49,6 +51,7 @@ pub struct Config {
     pub output_dir: PathBuf,
     pub pids: Vec<u32>,
     pub max_stacks_per_interval: usize,
+    pub max_jvms: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -158,7 +161,16 @@ impl Config {
                 reason: "must be at least 1".into(),
             });
         }
+        let max_jvms = file.max_jvms.unwrap_or(profiler_common::DEFAULT_MAX_JVMS);
+        if !(1..=65_536).contains(&max_jvms) {
+            return Err(ConfigError::Invalid {
+                field: "max_jvms",
+                flag: "config",
+                reason: format!("{max_jvms} is outside 1..=65536"),
+            });
+        }
         Ok(Self {
+            max_jvms,
             frequency_hz,
             interval: Duration::from_secs(interval_secs),
             duration: duration_secs.map(Duration::from_secs),

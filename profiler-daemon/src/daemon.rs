@@ -6,7 +6,9 @@
 //! ```
 //! The loop never blocks on the worker: if its queue is full, work is dropped and counted.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use profiler_common::{Counter, UnwindEnd};
@@ -14,6 +16,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::aggregate::{Added, Aggregator};
 use crate::config::Config;
+use crate::hotspot::tracker::{self, JvmTracker};
 use crate::output::LocalWriter;
 use crate::privileges::{self, MissingPrivileges};
 use crate::record::SampleView;
@@ -81,7 +84,8 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         path: config.output_dir.clone(),
         source,
     })?;
-    let mut sampler = Sampler::start(config.frequency_hz, &config.pids)?;
+    let mut sampler = Sampler::start(config.frequency_hz, &config.pids, config.max_jvms)?;
+    let tracker = spawn_jvm_tracker(sampler.take_hotspot_map()?, config.max_jvms as usize, config.pids.clone())?;
     tracing::info!(
         frequency_hz = config.frequency_hz,
         cpus = sampler.cpus(),
@@ -152,6 +156,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     // Detach the sampler first: no new samples while the last interval is written.
     let kernel = sampler.counters();
     drop(sampler);
+    tracker.stop();
     drop(work_tx);
     let worker = worker
         .join()
@@ -175,6 +180,39 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         "stopped"
     );
     Ok(summary)
+}
+
+/// The JVM tracker's thread, stopped through a flag.
+struct TrackerThread {
+    stop: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<()>,
+}
+
+impl TrackerThread {
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.handle.join();
+    }
+}
+
+fn spawn_jvm_tracker(
+    map: aya::maps::HashMap<aya::maps::MapData, u32, profiler_common::HotspotProc>,
+    max_jvms: usize,
+    pids: Vec<u32>,
+) -> Result<TrackerThread, DaemonError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_flag = stop.clone();
+    let handle = std::thread::Builder::new()
+        .name("jvm-tracker".into())
+        .spawn(move || {
+            let mut tracker = JvmTracker::new(map, max_jvms, pids);
+            while !stop_flag.load(Ordering::Relaxed) {
+                tracker.scan();
+                std::thread::sleep(tracker::SCAN_PERIOD);
+            }
+        })
+        .map_err(|err| DaemonError::Worker(err.to_string()))?;
+    Ok(TrackerThread { stop, handle })
 }
 
 fn drain_ring(

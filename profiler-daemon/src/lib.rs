@@ -3,6 +3,8 @@
 
 pub mod aggregate;
 pub mod config;
+pub mod hotspot;
+pub mod jvm_info;
 pub mod daemon;
 pub mod output;
 pub mod pprof;

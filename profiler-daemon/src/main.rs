@@ -21,6 +21,13 @@ struct Cli {
 enum Command {
     /// Sample every CPU and write one pprof profile per process per interval.
     Run(RunArgs),
+    /// Show what the daemon reads from a running JVM: version, VMStructs layout, code heaps.
+    JvmInfo {
+        pid: u32,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -51,10 +58,13 @@ fn main() -> ExitCode {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: journald and log files get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run(args),
+        Command::JvmInfo { pid, json } => jvm_info(pid, json),
     }
 }
 
@@ -89,6 +99,29 @@ fn run(args: RunArgs) -> ExitCode {
         Err(err) => {
             eprintln!("error: {err}");
             ExitCode::from(err.exit_code() as u8)
+        }
+    }
+}
+
+fn jvm_info(pid: u32, json: bool) -> ExitCode {
+    match profiler_daemon::jvm_info::inspect(pid) {
+        Ok(report) => {
+            if json {
+                match serde_json::to_string_pretty(&report) {
+                    Ok(text) => println!("{text}"),
+                    Err(err) => {
+                        eprintln!("error: {err}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            } else {
+                print!("{}", profiler_daemon::jvm_info::render_text(&report));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
         }
     }
 }

