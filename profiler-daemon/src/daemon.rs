@@ -8,7 +8,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use profiler_common::{Counter, UnwindEnd};
@@ -16,7 +16,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::aggregate::{Added, Aggregator};
 use crate::config::Config;
-use crate::hotspot::tracker::{self, JvmTracker};
+use crate::hotspot::tracker::{self, JvmTracker, TrackerCounts};
 use crate::output::LocalWriter;
 use crate::privileges::{self, MissingPrivileges};
 use crate::record::SampleView;
@@ -85,7 +85,11 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         source,
     })?;
     let mut sampler = Sampler::start(config.frequency_hz, &config.pids, config.max_jvms)?;
-    let tracker = spawn_jvm_tracker(sampler.take_hotspot_map()?, config.max_jvms as usize, config.pids.clone())?;
+    let tracker = spawn_jvm_tracker(
+        sampler.take_hotspot_map()?,
+        config.max_jvms as usize,
+        config.pids.clone(),
+    )?;
     tracing::info!(
         frequency_hz = config.frequency_hz,
         cpus = sampler.cpus(),
@@ -130,7 +134,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
             _ = flush.tick() => {
                 drain_ring(&mut sampler, &mut aggregator, &work_tx, &mut stats);
                 let counters = sampler.counters();
-                end_interval(&mut aggregator, &work_tx, &mut stats, &counters.since(&last_counters));
+                end_interval(&mut aggregator, &work_tx, &mut stats, &counters.since(&last_counters), &tracker.counts());
                 last_counters = counters;
                 intervals += 1;
                 continue;
@@ -142,7 +146,8 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         drain_ring(&mut sampler, &mut aggregator, &work_tx, &mut stats);
         if finishing {
             let counters = sampler.counters();
-            end_interval(
+                &counters.since(&last_counters),
+                &tracker.counts(),
                 &mut aggregator,
                 &work_tx,
                 &mut stats,
@@ -185,10 +190,15 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
 /// The JVM tracker's thread, stopped through a flag.
 struct TrackerThread {
     stop: Arc<AtomicBool>,
+    counts: Arc<Mutex<TrackerCounts>>,
     handle: std::thread::JoinHandle<()>,
 }
 
 impl TrackerThread {
+    fn counts(&self) -> TrackerCounts {
+        self.counts.lock().map(|c| *c).unwrap_or_default()
+    }
+
     fn stop(self) {
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.handle.join();
@@ -201,18 +211,26 @@ fn spawn_jvm_tracker(
     pids: Vec<u32>,
 ) -> Result<TrackerThread, DaemonError> {
     let stop = Arc::new(AtomicBool::new(false));
-    let stop_flag = stop.clone();
+    let counts = Arc::new(Mutex::new(TrackerCounts::default()));
+    let (stop_flag, shared_counts) = (stop.clone(), counts.clone());
     let handle = std::thread::Builder::new()
         .name("jvm-tracker".into())
         .spawn(move || {
             let mut tracker = JvmTracker::new(map, max_jvms, pids);
             while !stop_flag.load(Ordering::Relaxed) {
                 tracker.scan();
+                if let Ok(mut counts) = shared_counts.lock() {
+                    *counts = tracker.counts();
+                }
                 std::thread::sleep(tracker::SCAN_PERIOD);
             }
         })
         .map_err(|err| DaemonError::Worker(err.to_string()))?;
-    Ok(TrackerThread { stop, handle })
+    Ok(TrackerThread {
+        stop,
+        counts,
+        handle,
+    })
 }
 
 fn drain_ring(
@@ -247,6 +265,7 @@ fn end_interval(
     work: &SyncSender<Work>,
     stats: &mut LoopStats,
     kernel: &KernelCounters,
+    jvms: &TrackerCounts,
 ) {
     let interval = aggregator.take_interval();
     tracing::info!(
@@ -261,6 +280,10 @@ fn end_interval(
         malformed_records = stats.malformed,
         dropped_work = stats.dropped_work,
         unwind_ends = %format_unwind_ends(&stats.unwind_ends),
+        jvms_ready = jvms.jvms_ready,
+        jvms_pending = jvms.jvms_pending,
+        jvms_failed = jvms.jvms_failed,
+        jvms_over_bound = jvms.jvms_over_bound,
         "interval sampled"
     );
     stats.unwind_ends = Default::default();

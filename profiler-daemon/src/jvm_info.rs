@@ -36,20 +36,29 @@ pub fn inspect(pid: u32) -> Result<JvmReport, JvmInfoError> {
         _ => JvmInfoError::NoProcess(pid),
     })?;
     let memory = ProcessMemory::new(pid);
-    let jvm = Jvm::inspect(&process, &memory, &mut LayoutCache::default()).map_err(|err| match err {
-        JvmError::LibJvm(LibJvmError::NotAJvm) => JvmInfoError::NotAJvm { pid, comm: process.comm.clone() },
-        err if err.is_permission_denied() => JvmInfoError::PermissionDenied { pid },
-        err if !std::path::Path::new(&format!("/proc/{pid}")).exists() => {
-            let _ = err;
-            JvmInfoError::NoProcess(pid)
-        }
-        source => JvmInfoError::Jvm { pid, source },
-    })?;
+    let jvm =
+        Jvm::inspect(&process, &memory, &mut LayoutCache::default()).map_err(|err| match err {
+            JvmError::LibJvm(LibJvmError::NotAJvm) => JvmInfoError::NotAJvm {
+                pid,
+                comm: process.comm.clone(),
+            },
+            err if err.is_permission_denied() => JvmInfoError::PermissionDenied { pid },
+            err if !std::path::Path::new(&format!("/proc/{pid}")).exists() => {
+                let _ = err;
+                JvmInfoError::NoProcess(pid)
+            }
+            source => JvmInfoError::Jvm { pid, source },
+        })?;
     let (code_cache, not_ready) = match jvm.code_cache(&memory) {
         Ok(code) => (Some(code), None),
         Err(err) => (None, Some(err.to_string())),
     };
-    Ok(JvmReport { jvm, comm: process.comm, code_cache, not_ready })
+    Ok(JvmReport {
+        jvm,
+        comm: process.comm,
+        code_cache,
+        not_ready,
+    })
 }
 
 /// The human-readable form.
@@ -58,12 +67,25 @@ pub fn render_text(report: &JvmReport) -> String {
     let jvm = &report.jvm;
     let mut out = String::new();
     let _ = writeln!(out, "pid {} ({})", jvm.pid, report.comm);
-    let _ = writeln!(out, "JVM        {} (major {})", jvm.version.release, jvm.version.major);
-    let _ = writeln!(out, "libjvm     {} (build-id {})", jvm.libjvm_path, jvm.build_id.as_deref().unwrap_or("none"));
+    let _ = writeln!(
+        out,
+        "JVM        {} (major {})",
+        jvm.version.release, jvm.version.major
+    );
+    let _ = writeln!(
+        out,
+        "libjvm     {} (build-id {})",
+        jvm.libjvm_path,
+        jvm.build_id.as_deref().unwrap_or("none")
+    );
     let _ = writeln!(out, "load bias  {:#x}", jvm.bias);
     match &report.code_cache {
         Some(code) => {
-            let _ = writeln!(out, "code cache [{:#x}, {:#x})", code.low_bound, code.high_bound);
+            let _ = writeln!(
+                out,
+                "code cache [{:#x}, {:#x})",
+                code.low_bound, code.high_bound
+            );
             for heap in &code.heaps {
                 let _ = writeln!(
                     out,
@@ -75,11 +97,23 @@ pub fn render_text(report: &JvmReport) -> String {
                     1u64 << heap.log2_segment_size
                 );
             }
-            let _ = writeln!(out, "interpreter [{:#x}, {:#x})", code.interpreter_low, code.interpreter_high);
-            let _ = writeln!(out, "call stub return address {:#x}", code.call_stub_return_address);
+            let _ = writeln!(
+                out,
+                "interpreter [{:#x}, {:#x})",
+                code.interpreter_low, code.interpreter_high
+            );
+            let _ = writeln!(
+                out,
+                "call stub return address {:#x}",
+                code.call_stub_return_address
+            );
         }
         None => {
-            let _ = writeln!(out, "code cache not ready: {}", report.not_ready.as_deref().unwrap_or("?"));
+            let _ = writeln!(
+                out,
+                "code cache not ready: {}",
+                report.not_ready.as_deref().unwrap_or("?")
+            );
         }
     }
     let _ = writeln!(
@@ -89,8 +123,16 @@ pub fn render_text(report: &JvmReport) -> String {
     );
     let _ = writeln!(out, "fields:");
     for (key, field) in &jvm.layout.fields {
-        let kind = if field.is_static { "static +" } else { "offset" };
-        let alias = if field.name != *key { format!(" (as {})", field.name) } else { String::new() };
+        let kind = if field.is_static {
+            "static +"
+        } else {
+            "offset"
+        };
+        let alias = if field.name != *key {
+            format!(" (as {})", field.name)
+        } else {
+            String::new()
+        };
         let _ = writeln!(out, "  {key:<45} {kind} {:#x}{alias}", field.offset);
     }
     let _ = writeln!(out, "sizes:");

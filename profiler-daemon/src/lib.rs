@@ -3,9 +3,9 @@
 
 pub mod aggregate;
 pub mod config;
+pub mod daemon;
 pub mod hotspot;
 pub mod jvm_info;
-pub mod daemon;
 pub mod output;
 pub mod pprof;
 pub mod privileges;

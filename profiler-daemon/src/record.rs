@@ -151,10 +151,7 @@ pub(crate) mod tests {
         let view = SampleView::parse(&bytes).expect("parses");
         assert_eq!(view.pid(), 42);
         assert_eq!(comm_to_string(view.thread_name()), "worker");
-        assert_eq!(
-            view.kernel_ips().collect::<Vec<_>>(),
-            vec![0xf001, 0xf002]
-        );
+        assert_eq!(view.kernel_ips().collect::<Vec<_>>(), vec![0xf001, 0xf002]);
         assert_eq!(
             view.user_frames().map(|f| f.addr).collect::<Vec<_>>(),
             vec![0x401000, 0x402000, 0x403000]

@@ -157,9 +157,17 @@ impl Sampler {
     }
 
     /// The map of per-JVM layouts, for the JVM tracker (can be taken once).
-    pub fn take_hotspot_map(&mut self) -> Result<BpfHashMap<MapData, u32, HotspotProc>, SamplerError> {
-        let map = self.ebpf.take_map("HOTSPOT_PROCS").ok_or(SamplerError::MissingMap("HOTSPOT_PROCS"))?;
-        BpfHashMap::try_from(map).map_err(|source| SamplerError::Map { name: "HOTSPOT_PROCS", source })
+    pub fn take_hotspot_map(
+        &mut self,
+    ) -> Result<BpfHashMap<MapData, u32, HotspotProc>, SamplerError> {
+        let map = self
+            .ebpf
+            .take_map("HOTSPOT_PROCS")
+            .ok_or(SamplerError::MissingMap("HOTSPOT_PROCS"))?;
+        BpfHashMap::try_from(map).map_err(|source| SamplerError::Map {
+            name: "HOTSPOT_PROCS",
+            source,
+        })
     }
 
     pub fn cpus(&self) -> usize {

@@ -26,9 +26,9 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    Counter, FrameKind, HotspotProc, SampleHeader, DEFAULT_MAX_JVMS, SampleRecord, UnwindEnd, UserFrame, COMM_LEN, FRAMES_BYTES,
-    HEADER_BYTES, KERNEL_FRAME_BYTES, MAX_KERNEL_FRAMES, MAX_TARGET_PIDS, MAX_USER_FRAMES,
-    RECORD_BYTES, SAMPLE_RING_BYTES, USER_FRAME_BYTES,
+    Counter, FrameKind, HotspotProc, SampleHeader, SampleRecord, UnwindEnd, UserFrame, COMM_LEN,
+    DEFAULT_MAX_JVMS, FRAMES_BYTES, HEADER_BYTES, KERNEL_FRAME_BYTES, MAX_KERNEL_FRAMES,
+    MAX_TARGET_PIDS, MAX_USER_FRAMES, RECORD_BYTES, SAMPLE_RING_BYTES, USER_FRAME_BYTES,
 };
 
 /// Set by the daemon at load time: non-zero when only the pids in `TARGET_PIDS` are sampled.

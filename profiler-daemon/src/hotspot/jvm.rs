@@ -100,17 +100,27 @@ pub struct CodeCacheInfo {
 
 impl Jvm {
     /// Finds libjvm in `process` and reads its layout (from the cache when this build is known).
-    pub fn inspect(process: &ProcessInfo, memory: &dyn RemoteMemory, cache: &mut LayoutCache) -> Result<Self, JvmError> {
+    pub fn inspect(
+        process: &ProcessInfo,
+        memory: &dyn RemoteMemory,
+        cache: &mut LayoutCache,
+    ) -> Result<Self, JvmError> {
         let mapping = LibJvmMapping::find(process).ok_or(LibJvmError::NotAJvm)?;
         let symbols = read_exported_symbols(&mapping)?;
         let bias = mapping.start.wrapping_sub(symbols.first_segment_vaddr);
-        let (symbols, layout) = match symbols.build_id.as_ref().and_then(|id| cache.by_build_id.get(id)) {
+        let (symbols, layout) = match symbols
+            .build_id
+            .as_ref()
+            .and_then(|id| cache.by_build_id.get(id))
+        {
             Some((symbols, layout)) => (symbols.clone(), layout.clone()),
             None => {
                 let tables = vmstructs::read(memory, &symbols, bias)?;
                 let layout = Arc::new(JvmLayout::from_vmstructs(&tables)?);
                 if let Some(id) = &symbols.build_id {
-                    cache.by_build_id.insert(id.clone(), (symbols.clone(), layout.clone()));
+                    cache
+                        .by_build_id
+                        .insert(id.clone(), (symbols.clone(), layout.clone()));
                 }
                 (symbols, layout)
             }
@@ -119,7 +129,10 @@ impl Jvm {
         Ok(Self {
             pid: process.pid,
             libjvm_path: mapping.path.to_string_lossy().into_owned(),
-            build_id: symbols.build_id.as_ref().map(|id| id.iter().map(|b| format!("{b:02x}")).collect()),
+            build_id: symbols
+                .build_id
+                .as_ref()
+                .map(|id| id.iter().map(|b| format!("{b:02x}")).collect()),
             bias,
             facts: FrameFacts::for_version(&version),
             version,
@@ -128,12 +141,17 @@ impl Jvm {
     }
 
     fn static_address(&self, key: &str) -> Result<u64, JvmError> {
-        let offset = self.layout.offset(key).ok_or_else(|| JvmError::Implausible(format!("no {key}")))?;
+        let offset = self
+            .layout
+            .offset(key)
+            .ok_or_else(|| JvmError::Implausible(format!("no {key}")))?;
         Ok(self.bias.wrapping_add(offset))
     }
 
     fn offset(&self, key: &str) -> Result<u64, JvmError> {
-        self.layout.offset(key).ok_or_else(|| JvmError::Implausible(format!("no {key}")))
+        self.layout
+            .offset(key)
+            .ok_or_else(|| JvmError::Implausible(format!("no {key}")))
     }
 
     /// Reads the code heaps, the interpreter range and the call stub's return address.
@@ -155,17 +173,28 @@ impl Jvm {
         let mut heaps = Vec::with_capacity(count as usize);
         for index in 0..count as u64 {
             let heap = memory.read_ptr(data + 8 * index)?;
-            let low = memory.read_u64(heap + memory_field + self.offset("VirtualSpace::_low_boundary")?)?;
-            let high = memory.read_u64(heap + memory_field + self.offset("VirtualSpace::_high_boundary")?)?;
-            let committed_high = memory.read_u64(heap + memory_field + self.offset("VirtualSpace::_high")?)?;
-            let segmap = memory.read_u64(heap + segmap_field + self.offset("VirtualSpace::_low")?)?;
-            let log2_segment_size = memory.read_i32(heap + self.offset("CodeHeap::_log2_segment_size")?)?;
+            let low = memory
+                .read_u64(heap + memory_field + self.offset("VirtualSpace::_low_boundary")?)?;
+            let high = memory
+                .read_u64(heap + memory_field + self.offset("VirtualSpace::_high_boundary")?)?;
+            let committed_high =
+                memory.read_u64(heap + memory_field + self.offset("VirtualSpace::_high")?)?;
+            let segmap =
+                memory.read_u64(heap + segmap_field + self.offset("VirtualSpace::_low")?)?;
+            let log2_segment_size =
+                memory.read_i32(heap + self.offset("CodeHeap::_log2_segment_size")?)?;
             if low == 0 || high <= low || segmap == 0 || !(4..=16).contains(&log2_segment_size) {
                 return Err(JvmError::Implausible(format!(
                     "code heap {index}: [{low:#x}, {high:#x}) segmap {segmap:#x} log2 segment {log2_segment_size}"
                 )));
             }
-            heaps.push(CodeHeapInfo { low, high, committed_high, segmap, log2_segment_size: log2_segment_size as u32 });
+            heaps.push(CodeHeapInfo {
+                low,
+                high,
+                committed_high,
+                segmap,
+                log2_segment_size: log2_segment_size as u32,
+            });
         }
         heaps.sort_by_key(|h| h.low);
 
@@ -175,15 +204,19 @@ impl Jvm {
         if interpreter == 0 {
             return Err(JvmError::NotReady("interpreter not generated yet"));
         }
-        let interpreter_low = memory.read_ptr(interpreter + self.offset("StubQueue::_stub_buffer")?)?;
-        let interpreter_size = memory.read_i32(interpreter + self.offset("StubQueue::_buffer_limit")?)?;
+        let interpreter_low =
+            memory.read_ptr(interpreter + self.offset("StubQueue::_stub_buffer")?)?;
+        let interpreter_size =
+            memory.read_i32(interpreter + self.offset("StubQueue::_buffer_limit")?)?;
         let call_stub_return_address =
             memory.read_u64(self.static_address("StubRoutines::_call_stub_return_address")?)?;
         if call_stub_return_address == 0 {
             return Err(JvmError::NotReady("call stub not generated yet"));
         }
         if interpreter_size <= 0 {
-            return Err(JvmError::Implausible(format!("interpreter size {interpreter_size}")));
+            return Err(JvmError::Implausible(format!(
+                "interpreter size {interpreter_size}"
+            )));
         }
         Ok(CodeCacheInfo {
             low_bound,
@@ -196,9 +229,16 @@ impl Jvm {
     }
 }
 
-fn read_version(memory: &dyn RemoteMemory, layout: &JvmLayout, bias: u64) -> Result<JvmVersion, JvmError> {
+fn read_version(
+    memory: &dyn RemoteMemory,
+    layout: &JvmLayout,
+    bias: u64,
+) -> Result<JvmVersion, JvmError> {
     let address = |key: &str| -> Result<u64, JvmError> {
-        layout.offset(key).map(|o| bias.wrapping_add(o)).ok_or_else(|| JvmError::Implausible(format!("no {key}")))
+        layout
+            .offset(key)
+            .map(|o| bias.wrapping_add(o))
+            .ok_or_else(|| JvmError::Implausible(format!("no {key}")))
     };
     let release_ptr = memory.read_ptr(address("Abstract_VM_Version::_s_vm_release")?)?;
     Ok(JvmVersion {

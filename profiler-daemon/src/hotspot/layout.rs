@@ -28,11 +28,19 @@ struct WantedField {
 }
 
 const fn required(key: &'static str, names: &'static [&'static str]) -> WantedField {
-    WantedField { key, names, required: true }
+    WantedField {
+        key,
+        names,
+        required: true,
+    }
 }
 
 const fn optional(key: &'static str, names: &'static [&'static str]) -> WantedField {
-    WantedField { key, names, required: false }
+    WantedField {
+        key,
+        names,
+        required: false,
+    }
 }
 
 /// Fields, by the name the rest of the daemon uses.
@@ -41,13 +49,25 @@ const FIELDS: &[WantedField] = &[
     required("CodeCache::_heaps", &["CodeCache::_heaps"]),
     required("CodeCache::_low_bound", &["CodeCache::_low_bound"]),
     required("CodeCache::_high_bound", &["CodeCache::_high_bound"]),
-    required("GrowableArray::_len", &["GrowableArrayBase::_len", "GenericGrowableArray::_len"]),
+    required(
+        "GrowableArray::_len",
+        &["GrowableArrayBase::_len", "GenericGrowableArray::_len"],
+    ),
     required("GrowableArray::_data", &["GrowableArray<int>::_data"]),
     required("CodeHeap::_memory", &["CodeHeap::_memory"]),
     required("CodeHeap::_segmap", &["CodeHeap::_segmap"]),
-    required("CodeHeap::_log2_segment_size", &["CodeHeap::_log2_segment_size"]),
-    required("VirtualSpace::_low_boundary", &["VirtualSpace::_low_boundary"]),
-    required("VirtualSpace::_high_boundary", &["VirtualSpace::_high_boundary"]),
+    required(
+        "CodeHeap::_log2_segment_size",
+        &["CodeHeap::_log2_segment_size"],
+    ),
+    required(
+        "VirtualSpace::_low_boundary",
+        &["VirtualSpace::_low_boundary"],
+    ),
+    required(
+        "VirtualSpace::_high_boundary",
+        &["VirtualSpace::_high_boundary"],
+    ),
     required("VirtualSpace::_low", &["VirtualSpace::_low"]),
     required("VirtualSpace::_high", &["VirtualSpace::_high"]),
     required("HeapBlock::_length", &["HeapBlock::Header::_length"]),
@@ -56,69 +76,156 @@ const FIELDS: &[WantedField] = &[
     required("CodeBlob::_name", &["CodeBlob::_name"]),
     required("CodeBlob::_size", &["CodeBlob::_size"]),
     required("CodeBlob::_header_size", &["CodeBlob::_header_size"]),
-    required("CodeBlob::_frame_complete_offset", &["CodeBlob::_frame_complete_offset"]),
+    required(
+        "CodeBlob::_frame_complete_offset",
+        &["CodeBlob::_frame_complete_offset"],
+    ),
     required("CodeBlob::_data_offset", &["CodeBlob::_data_offset"]),
     required("CodeBlob::_frame_size", &["CodeBlob::_frame_size"]),
     optional("CodeBlob::_code_begin", &["CodeBlob::_code_begin"]),
     optional("CodeBlob::_code_offset", &["CodeBlob::_code_offset"]),
     optional("CodeBlob::_kind", &["CodeBlob::_kind"]),
     optional("CodeBlob::_mutable_data", &["CodeBlob::_mutable_data"]),
-    optional("CodeBlob::_relocation_size", &["CodeBlob::_relocation_size"]),
-    required("nmethod::_method", &["nmethod::_method", "CompiledMethod::_method"]),
+    optional(
+        "CodeBlob::_relocation_size",
+        &["CodeBlob::_relocation_size"],
+    ),
+    required(
+        "nmethod::_method",
+        &["nmethod::_method", "CompiledMethod::_method"],
+    ),
     required("nmethod::_compile_id", &["nmethod::_compile_id"]),
     required("nmethod::_comp_level", &["nmethod::_comp_level"]),
     required("nmethod::_orig_pc_offset", &["nmethod::_orig_pc_offset"]),
-    required("nmethod::_scopes_pcs_offset", &["nmethod::_scopes_pcs_offset"]),
-    optional("nmethod::_scopes_data_begin", &["CompiledMethod::_scopes_data_begin"]),
-    optional("nmethod::_scopes_data_offset", &["nmethod::_scopes_data_offset"]),
+    required(
+        "nmethod::_scopes_pcs_offset",
+        &["nmethod::_scopes_pcs_offset"],
+    ),
+    optional(
+        "nmethod::_scopes_data_begin",
+        &["CompiledMethod::_scopes_data_begin"],
+    ),
+    optional(
+        "nmethod::_scopes_data_offset",
+        &["nmethod::_scopes_data_offset"],
+    ),
     optional("nmethod::_immutable_data", &["nmethod::_immutable_data"]),
     optional("nmethod::_metadata_offset", &["nmethod::_metadata_offset"]),
-    optional("nmethod::_dependencies_offset", &["nmethod::_dependencies_offset"]),
-    optional("nmethod::_deopt_handler_begin", &["CompiledMethod::_deopt_handler_begin"]),
-    optional("nmethod::_deopt_handler_offset", &["nmethod::_deopt_handler_entry_offset", "nmethod::_deopt_handler_offset"]),
+    optional(
+        "nmethod::_dependencies_offset",
+        &["nmethod::_dependencies_offset"],
+    ),
+    optional(
+        "nmethod::_deopt_handler_begin",
+        &["CompiledMethod::_deopt_handler_begin"],
+    ),
+    optional(
+        "nmethod::_deopt_handler_offset",
+        &[
+            "nmethod::_deopt_handler_entry_offset",
+            "nmethod::_deopt_handler_offset",
+        ],
+    ),
     // Method metadata: names, lines.
     required("Method::_constMethod", &["Method::_constMethod"]),
     required("Method::_code", &["Method::_code"]),
     required("ConstMethod::_constants", &["ConstMethod::_constants"]),
-    required("ConstMethod::_flags", &["ConstMethod::_flags._flags", "ConstMethod::_flags"]),
+    required(
+        "ConstMethod::_flags",
+        &["ConstMethod::_flags._flags", "ConstMethod::_flags"],
+    ),
     required("ConstMethod::_code_size", &["ConstMethod::_code_size"]),
     required("ConstMethod::_name_index", &["ConstMethod::_name_index"]),
-    required("ConstMethod::_signature_index", &["ConstMethod::_signature_index"]),
-    required("ConstMethod::_method_idnum", &["ConstMethod::_method_idnum"]),
-    required("ConstantPool::_pool_holder", &["ConstantPool::_pool_holder"]),
-    optional("ConstantPool::_source_file_name_index", &["ConstantPool::_source_file_name_index"]),
-    optional("InstanceKlass::_source_file_name_index", &["InstanceKlass::_source_file_name_index"]),
+    required(
+        "ConstMethod::_signature_index",
+        &["ConstMethod::_signature_index"],
+    ),
+    required(
+        "ConstMethod::_method_idnum",
+        &["ConstMethod::_method_idnum"],
+    ),
+    required(
+        "ConstantPool::_pool_holder",
+        &["ConstantPool::_pool_holder"],
+    ),
+    optional(
+        "ConstantPool::_source_file_name_index",
+        &["ConstantPool::_source_file_name_index"],
+    ),
+    optional(
+        "InstanceKlass::_source_file_name_index",
+        &["InstanceKlass::_source_file_name_index"],
+    ),
     required("InstanceKlass::_constants", &["InstanceKlass::_constants"]),
     required("InstanceKlass::_methods", &["InstanceKlass::_methods"]),
     required("Klass::_name", &["Klass::_name"]),
     optional("Symbol::_length", &["Symbol::_length"]),
-    optional("Symbol::_length_and_refcount", &["Symbol::_length_and_refcount"]),
+    optional(
+        "Symbol::_length_and_refcount",
+        &["Symbol::_length_and_refcount"],
+    ),
     required("Symbol::_body", &["Symbol::_body"]),
     // Threads: the last Java frame of threads in native or VM code.
     required("JavaThread::_anchor", &["JavaThread::_anchor"]),
     required("JavaThread::_thread_state", &["JavaThread::_thread_state"]),
-    required("Thread::_osthread", &["Thread::_osthread", "JavaThread::_osthread"]),
+    required(
+        "Thread::_osthread",
+        &["Thread::_osthread", "JavaThread::_osthread"],
+    ),
     required("OSThread::_thread_id", &["OSThread::_thread_id"]),
-    required("JavaFrameAnchor::_last_Java_sp", &["JavaFrameAnchor::_last_Java_sp"]),
-    required("JavaFrameAnchor::_last_Java_pc", &["JavaFrameAnchor::_last_Java_pc"]),
-    optional("JavaFrameAnchor::_last_Java_fp", &["JavaFrameAnchor::_last_Java_fp"]),
+    required(
+        "JavaFrameAnchor::_last_Java_sp",
+        &["JavaFrameAnchor::_last_Java_sp"],
+    ),
+    required(
+        "JavaFrameAnchor::_last_Java_pc",
+        &["JavaFrameAnchor::_last_Java_pc"],
+    ),
+    optional(
+        "JavaFrameAnchor::_last_Java_fp",
+        &["JavaFrameAnchor::_last_Java_fp"],
+    ),
     required("JavaCallWrapper::_anchor", &["JavaCallWrapper::_anchor"]),
-    optional("ThreadsSMRSupport::_java_thread_list", &["ThreadsSMRSupport::_java_thread_list"]),
+    optional(
+        "ThreadsSMRSupport::_java_thread_list",
+        &["ThreadsSMRSupport::_java_thread_list"],
+    ),
     optional("ThreadsList::_length", &["ThreadsList::_length"]),
     optional("ThreadsList::_threads", &["ThreadsList::_threads"]),
     // The interpreter's code and the call stub: where Java frames start and end.
-    required("AbstractInterpreter::_code", &["AbstractInterpreter::_code"]),
+    required(
+        "AbstractInterpreter::_code",
+        &["AbstractInterpreter::_code"],
+    ),
     required("StubQueue::_stub_buffer", &["StubQueue::_stub_buffer"]),
     required("StubQueue::_buffer_limit", &["StubQueue::_buffer_limit"]),
-    required("StubRoutines::_call_stub_return_address", &["StubRoutines::_call_stub_return_address"]),
+    required(
+        "StubRoutines::_call_stub_return_address",
+        &["StubRoutines::_call_stub_return_address"],
+    ),
     // Compiled-code debug info.
     required("PcDesc::_pc_offset", &["PcDesc::_pc_offset"]),
-    required("PcDesc::_scope_decode_offset", &["PcDesc::_scope_decode_offset"]),
+    required(
+        "PcDesc::_scope_decode_offset",
+        &["PcDesc::_scope_decode_offset"],
+    ),
     // Version.
-    required("Abstract_VM_Version::_s_vm_release", &["Abstract_VM_Version::_s_vm_release"]),
-    required("Abstract_VM_Version::_vm_major_version", &["Abstract_VM_Version::_vm_major_version"]),
-    required("Abstract_VM_Version::_vm_minor_version", &["Abstract_VM_Version::_vm_minor_version"]),
-    required("Abstract_VM_Version::_vm_security_version", &["Abstract_VM_Version::_vm_security_version"]),
+    required(
+        "Abstract_VM_Version::_s_vm_release",
+        &["Abstract_VM_Version::_s_vm_release"],
+    ),
+    required(
+        "Abstract_VM_Version::_vm_major_version",
+        &["Abstract_VM_Version::_vm_major_version"],
+    ),
+    required(
+        "Abstract_VM_Version::_vm_minor_version",
+        &["Abstract_VM_Version::_vm_minor_version"],
+    ),
+    required(
+        "Abstract_VM_Version::_vm_security_version",
+        &["Abstract_VM_Version::_vm_security_version"],
+    ),
 ];
 
 /// Type sizes: (our name, VMStructs names).
@@ -134,14 +241,33 @@ const SIZES: &[(&str, &[&str])] = &[
 
 /// Int constants, with the value to use when a build does not export it (x86_64 facts).
 const CONSTANTS: &[(&str, &[&str], Option<i64>)] = &[
-    ("frame::entry_frame_call_wrapper_offset", &["frame::entry_frame_call_wrapper_offset"], Some(-6)),
-    ("frame::interpreter_frame_sender_sp_offset", &["frame::interpreter_frame_sender_sp_offset"], Some(-1)),
-    ("frame::interpreter_frame_last_sp_offset", &["frame::interpreter_frame_last_sp_offset"], Some(-2)),
+    (
+        "frame::entry_frame_call_wrapper_offset",
+        &["frame::entry_frame_call_wrapper_offset"],
+        Some(-6),
+    ),
+    (
+        "frame::interpreter_frame_sender_sp_offset",
+        &["frame::interpreter_frame_sender_sp_offset"],
+        Some(-1),
+    ),
+    (
+        "frame::interpreter_frame_last_sp_offset",
+        &["frame::interpreter_frame_last_sp_offset"],
+        Some(-2),
+    ),
     ("InvocationEntryBci", &["InvocationEntryBci"], Some(-1)),
     ("_thread_in_native", &["_thread_in_native"], Some(4)),
     ("_thread_in_vm", &["_thread_in_vm"], Some(6)),
     ("_thread_in_Java", &["_thread_in_Java"], Some(8)),
-    ("has_linenumber_table", &["ConstMethodFlags::_misc_has_linenumber_table", "ConstMethod::_has_linenumber_table"], Some(1)),
+    (
+        "has_linenumber_table",
+        &[
+            "ConstMethodFlags::_misc_has_linenumber_table",
+            "ConstMethod::_has_linenumber_table",
+        ],
+        Some(1),
+    ),
 ];
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -179,7 +305,10 @@ impl JvmLayout {
     pub fn from_vmstructs(tables: &VmStructs) -> Result<Self, LayoutError> {
         let mut fields = BTreeMap::new();
         for wanted in FIELDS {
-            let found = wanted.names.iter().find_map(|name| tables.fields.get(*name).map(|f| (name, f)));
+            let found = wanted
+                .names
+                .iter()
+                .find_map(|name| tables.fields.get(*name).map(|f| (name, f)));
             match found {
                 Some((name, field)) => {
                     fields.insert(
@@ -193,15 +322,22 @@ impl JvmLayout {
                     );
                 }
                 None if wanted.required => {
-                    return Err(LayoutError::MissingField { key: wanted.key, tried: wanted.names.join(", ") })
+                    return Err(LayoutError::MissingField {
+                        key: wanted.key,
+                        tried: wanted.names.join(", "),
+                    })
                 }
                 None => {}
             }
         }
-        if !fields.contains_key("CodeBlob::_code_begin") && !fields.contains_key("CodeBlob::_code_offset") {
+        if !fields.contains_key("CodeBlob::_code_begin")
+            && !fields.contains_key("CodeBlob::_code_offset")
+        {
             return Err(LayoutError::NoCodeStart);
         }
-        if !fields.contains_key("Symbol::_length") && !fields.contains_key("Symbol::_length_and_refcount") {
+        if !fields.contains_key("Symbol::_length")
+            && !fields.contains_key("Symbol::_length_and_refcount")
+        {
             return Err(LayoutError::NoSymbolLength);
         }
         let mut sizes = BTreeMap::new();
@@ -214,12 +350,19 @@ impl JvmLayout {
         }
         let mut constants = BTreeMap::new();
         for (key, names, default) in CONSTANTS {
-            let value = names.iter().find_map(|name| tables.int_constants.get(*name).copied()).or(*default);
+            let value = names
+                .iter()
+                .find_map(|name| tables.int_constants.get(*name).copied())
+                .or(*default);
             if let Some(value) = value {
                 constants.insert(*key, value);
             }
         }
-        Ok(Self { fields, sizes, constants })
+        Ok(Self {
+            fields,
+            sizes,
+            constants,
+        })
     }
 
     /// The offset of a field this layout resolved. Keys are the `FIELDS` keys; asking for one

@@ -39,7 +39,10 @@ pub enum LibJvmError {
     #[error("process does not map libjvm.so: not a HotSpot JVM")]
     NotAJvm,
     #[error("reading {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("parsing {path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("{path} lacks the exported symbol {symbol}")]
@@ -61,12 +64,19 @@ impl LibJvmMapping {
     pub fn find(process: &ProcessInfo) -> Option<Self> {
         // Executable mappings only are kept by ProcessInfo; libjvm's first segment (offset 0)
         // is read-only, so look at the full maps for it.
-        let maps = procfs::process::Process::new(process.pid as i32).ok()?.maps().ok()?;
+        let maps = procfs::process::Process::new(process.pid as i32)
+            .ok()?
+            .maps()
+            .ok()?;
         maps.into_iter().find_map(|map| match map.pathname {
             procfs::process::MMapPath::Path(path)
                 if map.offset == 0 && path.file_name().is_some_and(|n| n == "libjvm.so") =>
             {
-                Some(Self { host_paths: process.host_paths(&path), path, start: map.address.0 })
+                Some(Self {
+                    host_paths: process.host_paths(&path),
+                    path,
+                    start: map.address.0,
+                })
             }
             _ => None,
         })
@@ -86,12 +96,18 @@ pub struct ExportedSymbols {
 
 impl ExportedSymbols {
     pub fn read(path: &Path) -> Result<Self, LibJvmError> {
-        let bytes = std::fs::read(path).map_err(|source| LibJvmError::Read { path: path.to_owned(), source })?;
+        let bytes = std::fs::read(path).map_err(|source| LibJvmError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
         Self::parse(&bytes, path)
     }
 
     pub fn parse(bytes: &[u8], path: &Path) -> Result<Self, LibJvmError> {
-        let parse_error = |message: String| LibJvmError::Parse { path: path.to_owned(), message };
+        let parse_error = |message: String| LibJvmError::Parse {
+            path: path.to_owned(),
+            message,
+        };
         let file = object::File::parse(bytes).map_err(|err| parse_error(err.to_string()))?;
         let build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec);
         let first_segment_vaddr = file
@@ -110,9 +126,16 @@ impl ExportedSymbols {
             }
         }
         if let Some(missing) = found.iter().position(|f| !f) {
-            return Err(LibJvmError::MissingSymbol { path: path.to_owned(), symbol: SYMBOL_NAMES[missing] });
+            return Err(LibJvmError::MissingSymbol {
+                path: path.to_owned(),
+                symbol: SYMBOL_NAMES[missing],
+            });
         }
-        Ok(Self { build_id, first_segment_vaddr, values })
+        Ok(Self {
+            build_id,
+            first_segment_vaddr,
+            values,
+        })
     }
 }
 

@@ -105,7 +105,10 @@ impl RemoteMemory for ProcessMemory {
         }
         let len = buf.len();
         let mut local = [IoSliceMut::new(buf)];
-        let remote = [libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: len }];
+        let remote = [libc::iovec {
+            iov_base: addr as *mut libc::c_void,
+            iov_len: len,
+        }];
         // SAFETY: the local iovec covers `buf`, which we own mutably; the remote one is only
         // dereferenced by the kernel, in the target, with fault checks.
         let got = unsafe {
@@ -123,7 +126,11 @@ impl RemoteMemory for ProcessMemory {
             return Err(ReadError::Failed { addr, len, errno });
         }
         if got as usize != len {
-            return Err(ReadError::Short { addr, len, got: got as usize });
+            return Err(ReadError::Short {
+                addr,
+                len,
+                got: got as usize,
+            });
         }
         Ok(())
     }
@@ -157,12 +164,20 @@ impl RemoteMemory for FakeMemory {
         }
         for (start, bytes) in &self.regions {
             let offset = addr.wrapping_sub(*start);
-            if addr >= *start && offset.checked_add(buf.len() as u64).is_some_and(|end| end <= bytes.len() as u64) {
+            if addr >= *start
+                && offset
+                    .checked_add(buf.len() as u64)
+                    .is_some_and(|end| end <= bytes.len() as u64)
+            {
                 buf.copy_from_slice(&bytes[offset as usize..offset as usize + buf.len()]);
                 return Ok(());
             }
         }
-        Err(ReadError::Failed { addr, len: buf.len(), errno: libc::EFAULT })
+        Err(ReadError::Failed {
+            addr,
+            len: buf.len(),
+            errno: libc::EFAULT,
+        })
     }
 }
 
@@ -176,7 +191,10 @@ mod tests {
         let text = b"hello\0world";
         let memory = ProcessMemory::new(std::process::id());
         assert_eq!(memory.read_u64(&value as *const u64 as u64), Ok(value));
-        assert_eq!(memory.read_c_string(text.as_ptr() as u64, 64), Ok("hello".into()));
+        assert_eq!(
+            memory.read_c_string(text.as_ptr() as u64, 64),
+            Ok("hello".into())
+        );
         assert!(matches!(memory.read_u64(8), Err(ReadError::Failed { .. })));
         assert_eq!(memory.read_u64(0), Err(ReadError::Null));
     }
@@ -185,7 +203,10 @@ mod tests {
     fn strings_without_an_end_are_an_error() {
         let mut memory = FakeMemory::new();
         memory.add(0x1000, vec![b'a'; 100]);
-        assert!(matches!(memory.read_c_string(0x1000, 50), Err(ReadError::Unterminated { .. })));
+        assert!(matches!(
+            memory.read_c_string(0x1000, 50),
+            Err(ReadError::Unterminated { .. })
+        ));
         // Running off the mapped bytes is a read error, not a panic.
         assert!(memory.read_c_string(0x1000, 500).is_err());
     }
@@ -194,6 +215,9 @@ mod tests {
     fn dead_process_is_an_error() {
         // pid_max is far below this.
         let memory = ProcessMemory::new(4_000_000);
-        assert!(matches!(memory.read_u64(0x1000), Err(ReadError::Failed { .. })));
+        assert!(matches!(
+            memory.read_u64(0x1000),
+            Err(ReadError::Failed { .. })
+        ));
     }
 }

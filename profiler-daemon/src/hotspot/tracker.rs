@@ -34,7 +34,8 @@ pub trait LayoutSink {
 
 impl LayoutSink for BpfHashMap<MapData, u32, HotspotProc> {
     fn put(&mut self, pid: u32, proc_info: &HotspotProc) -> Result<(), String> {
-        self.insert(pid, *proc_info, 0).map_err(|err| err.to_string())
+        self.insert(pid, *proc_info, 0)
+            .map_err(|err| err.to_string())
     }
 
     fn remove(&mut self, pid: u32) {
@@ -43,10 +44,20 @@ impl LayoutSink for BpfHashMap<MapData, u32, HotspotProc> {
 }
 
 enum State {
-    NotJvm { comm: String },
+    NotJvm {
+        comm: String,
+    },
     /// A JVM still starting (or briefly unreadable): retried each scan.
-    Pending { jvm: Option<Box<Jvm>>, attempts: u32, last_error: String },
-    Ready { jvm: Box<Jvm>, pushed: HotspotProc, refreshed: Instant },
+    Pending {
+        jvm: Option<Box<Jvm>>,
+        attempts: u32,
+        last_error: String,
+    },
+    Ready {
+        jvm: Box<Jvm>,
+        pushed: HotspotProc,
+        refreshed: Instant,
+    },
     /// Not readable for good (layout missing a field, no permission): not retried.
     Failed,
     /// Over the `max_jvms` bound.
@@ -93,7 +104,10 @@ impl<S: LayoutSink> JvmTracker<S> {
     }
 
     pub fn counts(&self) -> TrackerCounts {
-        let mut counts = TrackerCounts { layouts_cached: self.layouts.len() as u64, ..Default::default() };
+        let mut counts = TrackerCounts {
+            layouts_cached: self.layouts.len() as u64,
+            ..Default::default()
+        };
         for tracked in self.tracked.values() {
             match tracked.state {
                 State::Ready { .. } => counts.jvms_ready += 1,
@@ -116,7 +130,9 @@ impl<S: LayoutSink> JvmTracker<S> {
 
     /// One pass over /proc.
     pub fn scan(&mut self) {
-        let Ok(processes) = procfs::process::all_processes() else { return };
+        let Ok(processes) = procfs::process::all_processes() else {
+            return;
+        };
         let mut alive = HashMap::new();
         for process in processes.flatten() {
             let pid = process.pid as u32;
@@ -125,18 +141,34 @@ impl<S: LayoutSink> JvmTracker<S> {
             }
             let Ok(stat) = process.stat() else { continue };
             alive.insert(pid, ());
-            let known = self.tracked.get(&pid).is_some_and(|t| t.start_time == stat.starttime);
+            let known = self
+                .tracked
+                .get(&pid)
+                .is_some_and(|t| t.start_time == stat.starttime);
             if !known {
                 if let Some(old) = self.tracked.remove(&pid) {
                     self.forget(pid, old);
                 }
-                self.tracked.insert(pid, Tracked { start_time: stat.starttime, state: State::NotJvm { comm: String::new() } });
+                self.tracked.insert(
+                    pid,
+                    Tracked {
+                        start_time: stat.starttime,
+                        state: State::NotJvm {
+                            comm: String::new(),
+                        },
+                    },
+                );
                 self.check(pid, &stat.comm, stat.starttime, true);
             } else {
                 self.check(pid, &stat.comm, stat.starttime, false);
             }
         }
-        let gone: Vec<u32> = self.tracked.keys().filter(|pid| !alive.contains_key(pid)).copied().collect();
+        let gone: Vec<u32> = self
+            .tracked
+            .keys()
+            .filter(|pid| !alive.contains_key(pid))
+            .copied()
+            .collect();
         for pid in gone {
             if let Some(old) = self.tracked.remove(&pid) {
                 self.forget(pid, old);
@@ -152,7 +184,9 @@ impl<S: LayoutSink> JvmTracker<S> {
     }
 
     fn age(&self, start_time: u64) -> Duration {
-        let Some(boot) = self.boot_time else { return Duration::ZERO };
+        let Some(boot) = self.boot_time else {
+            return Duration::ZERO;
+        };
         let started = boot as f64 + start_time as f64 / self.ticks_per_second as f64;
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -163,8 +197,14 @@ impl<S: LayoutSink> JvmTracker<S> {
 
     fn check(&mut self, pid: u32, comm: &str, start_time: u64, first: bool) {
         let age = self.age(start_time);
-        let ready_count = self.tracked.values().filter(|t| matches!(t.state, State::Ready { .. })).count();
-        let Some(tracked) = self.tracked.get_mut(&pid) else { return };
+        let ready_count = self
+            .tracked
+            .values()
+            .filter(|t| matches!(t.state, State::Ready { .. }))
+            .count();
+        let Some(tracked) = self.tracked.get_mut(&pid) else {
+            return;
+        };
         match &mut tracked.state {
             State::Failed | State::OverBound => {}
             State::NotJvm { comm: last_comm } => {
@@ -173,11 +213,17 @@ impl<S: LayoutSink> JvmTracker<S> {
                     return;
                 }
                 *last_comm = comm.to_owned();
-                let Ok(process) = ProcessInfo::read(pid) else { return };
+                let Ok(process) = ProcessInfo::read(pid) else {
+                    return;
+                };
                 if super::libjvm::LibJvmMapping::find(&process).is_none() {
                     return;
                 }
-                tracked.state = State::Pending { jvm: None, attempts: 0, last_error: String::new() };
+                tracked.state = State::Pending {
+                    jvm: None,
+                    attempts: 0,
+                    last_error: String::new(),
+                };
                 self.advance(pid, age, ready_count);
             }
             State::Pending { .. } => self.advance(pid, age, ready_count),
@@ -192,8 +238,17 @@ impl<S: LayoutSink> JvmTracker<S> {
     /// Moves a pending JVM towards ready.
     fn advance(&mut self, pid: u32, age: Duration, ready_count: usize) {
         let memory = ProcessMemory::new(pid);
-        let Some(tracked) = self.tracked.get_mut(&pid) else { return };
-        let State::Pending { jvm, attempts, last_error } = &mut tracked.state else { return };
+        let Some(tracked) = self.tracked.get_mut(&pid) else {
+            return;
+        };
+        let State::Pending {
+            jvm,
+            attempts,
+            last_error,
+        } = &mut tracked.state
+        else {
+            return;
+        };
         *attempts += 1;
         if jvm.is_none() {
             let process = match ProcessInfo::read(pid) {
@@ -233,7 +288,11 @@ impl<S: LayoutSink> JvmTracker<S> {
             }
         };
         if ready_count >= self.max_jvms {
-            tracing::warn!(pid, max_jvms = self.max_jvms, "too many JVMs: this one's Java frames will stay unnamed");
+            tracing::warn!(
+                pid,
+                max_jvms = self.max_jvms,
+                "too many JVMs: this one's Java frames will stay unnamed"
+            );
             tracked.state = State::OverBound;
             return;
         }
@@ -249,17 +308,34 @@ impl<S: LayoutSink> JvmTracker<S> {
             code_heaps = code.heaps.len(),
             "JVM layout pushed"
         );
-        tracked.state = State::Ready { jvm, pushed: proc_info, refreshed: Instant::now() };
+        tracked.state = State::Ready {
+            jvm,
+            pushed: proc_info,
+            refreshed: Instant::now(),
+        };
     }
 
     /// Re-reads a ready JVM's code cache and updates the map if it changed.
     fn refresh(&mut self, pid: u32) {
         let memory = ProcessMemory::new(pid);
-        let Some(tracked) = self.tracked.get_mut(&pid) else { return };
-        let State::Ready { jvm, pushed, refreshed } = &mut tracked.state else { return };
+        let Some(tracked) = self.tracked.get_mut(&pid) else {
+            return;
+        };
+        let State::Ready {
+            jvm,
+            pushed,
+            refreshed,
+        } = &mut tracked.state
+        else {
+            return;
+        };
         *refreshed = Instant::now();
-        let Ok(code) = jvm.code_cache(&memory) else { return };
-        let Ok(proc_info) = hotspot_proc(jvm, &code) else { return };
+        let Ok(code) = jvm.code_cache(&memory) else {
+            return;
+        };
+        let Ok(proc_info) = hotspot_proc(jvm, &code) else {
+            return;
+        };
         if proc_info != *pushed && self.sink.put(pid, &proc_info).is_ok() {
             *pushed = proc_info;
             tracing::debug!(pid, "JVM code cache changed: layout updated");
@@ -269,6 +345,8 @@ impl<S: LayoutSink> JvmTracker<S> {
 
 /// Errors that retrying will not fix.
 fn is_final(err: &JvmError) -> bool {
-    matches!(err, JvmError::Layout(_) | JvmError::LibJvm(super::libjvm::LibJvmError::MissingSymbol { .. }))
-        || err.is_permission_denied()
+    matches!(
+        err,
+        JvmError::Layout(_) | JvmError::LibJvm(super::libjvm::LibJvmError::MissingSymbol { .. })
+    ) || err.is_permission_denied()
 }

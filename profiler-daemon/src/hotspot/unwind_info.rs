@@ -14,8 +14,14 @@ pub struct DoesNotFit {
 pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, DoesNotFit> {
     let layout = &jvm.layout;
     let offset = |key: &'static str| -> Result<u16, DoesNotFit> {
-        let value = layout.offset(key).ok_or(DoesNotFit { what: key, value: -1 })?;
-        u16::try_from(value).map_err(|_| DoesNotFit { what: key, value: value as i64 })
+        let value = layout.offset(key).ok_or(DoesNotFit {
+            what: key,
+            value: -1,
+        })?;
+        u16::try_from(value).map_err(|_| DoesNotFit {
+            what: key,
+            value: value as i64,
+        })
     };
     let mut heaps = [CodeHeapRange::default(); MAX_CODE_HEAPS];
     for (slot, heap) in heaps.iter_mut().zip(&code.heaps) {
@@ -27,7 +33,8 @@ pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, Does
             _reserved: 0,
         };
     }
-    let code_offset = layout.offset("CodeBlob::_code_offset").is_some() && layout.offset("CodeBlob::_code_begin").is_none();
+    let code_offset = layout.offset("CodeBlob::_code_offset").is_some()
+        && layout.offset("CodeBlob::_code_begin").is_none();
     let mut flags = 0;
     if code_offset {
         flags |= hotspot_flags::CODE_OFFSET;
@@ -38,7 +45,9 @@ pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, Does
     if layout.width("HeapBlock::_used") == Some(4) {
         flags |= hotspot_flags::HEAP_BLOCK_USED_32;
     }
-    let call_wrapper = layout.constant("frame::entry_frame_call_wrapper_offset").unwrap_or(-6);
+    let call_wrapper = layout
+        .constant("frame::entry_frame_call_wrapper_offset")
+        .unwrap_or(-6);
     Ok(HotspotProc {
         code_low: code.low_bound,
         code_high: code.high_bound,
@@ -50,18 +59,27 @@ pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, Does
         flags,
         interpreter_method_slot: jvm.facts.interpreter_method_slot,
         interpreter_bcp_slot: jvm.facts.interpreter_bcp_slot,
-        entry_frame_call_wrapper_slot: i8::try_from(call_wrapper)
-            .map_err(|_| DoesNotFit { what: "frame::entry_frame_call_wrapper_offset", value: call_wrapper })?,
+        entry_frame_call_wrapper_slot: i8::try_from(call_wrapper).map_err(|_| DoesNotFit {
+            what: "frame::entry_frame_call_wrapper_offset",
+            value: call_wrapper,
+        })?,
         _reserved: [0; 3],
         heap_block_size: layout
             .size("HeapBlock")
             .and_then(|s| u16::try_from(s).ok())
-            .ok_or(DoesNotFit { what: "sizeof(HeapBlock)", value: -1 })?,
+            .ok_or(DoesNotFit {
+                what: "sizeof(HeapBlock)",
+                value: -1,
+            })?,
         heap_block_used: offset("HeapBlock::_used")?,
         blob_size: offset("CodeBlob::_size")?,
         blob_frame_size: offset("CodeBlob::_frame_size")?,
         blob_frame_complete: offset("CodeBlob::_frame_complete_offset")?,
-        blob_code: if code_offset { offset("CodeBlob::_code_offset")? } else { offset("CodeBlob::_code_begin")? },
+        blob_code: if code_offset {
+            offset("CodeBlob::_code_offset")?
+        } else {
+            offset("CodeBlob::_code_begin")?
+        },
         nmethod_compile_id: offset("nmethod::_compile_id")?,
         nmethod_method: offset("nmethod::_method")?,
         method_const_method: offset("Method::_constMethod")?,
@@ -69,7 +87,9 @@ pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, Does
         java_thread_state: offset("JavaThread::_thread_state")?,
         anchor_sp: offset("JavaFrameAnchor::_last_Java_sp")?,
         anchor_pc: offset("JavaFrameAnchor::_last_Java_pc")?,
-        anchor_fp: layout.offset("JavaFrameAnchor::_last_Java_fp").map_or(Ok(u16::MAX), |_| offset("JavaFrameAnchor::_last_Java_fp"))?,
+        anchor_fp: layout
+            .offset("JavaFrameAnchor::_last_Java_fp")
+            .map_or(Ok(u16::MAX), |_| offset("JavaFrameAnchor::_last_Java_fp"))?,
         call_wrapper_anchor: offset("JavaCallWrapper::_anchor")?,
         _reserved2: 0,
     })

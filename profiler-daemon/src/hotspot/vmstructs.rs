@@ -69,7 +69,11 @@ impl VmStructs {
 }
 
 /// Reads the tables. `bias` is the load bias of libjvm in this process.
-pub fn read(memory: &dyn RemoteMemory, symbols: &ExportedSymbols, bias: u64) -> Result<VmStructs, VmStructsError> {
+pub fn read(
+    memory: &dyn RemoteMemory,
+    symbols: &ExportedSymbols,
+    bias: u64,
+) -> Result<VmStructs, VmStructsError> {
     // Every symbol is a u64 variable in the process; read them all first.
     let mut values = [0u64; 24];
     for (value, link_address) in values.iter_mut().zip(symbols.values) {
@@ -91,7 +95,11 @@ pub fn read(memory: &dyn RemoteMemory, symbols: &ExportedSymbols, bias: u64) -> 
         let static_offset = is_static.then(|| entry.u64(5).wrapping_sub(bias));
         out.fields.insert(
             format!("{type_name}::{field_name}"),
-            Field { offset: if is_static { 0 } else { entry.u64(4) }, static_offset, type_string },
+            Field {
+                offset: if is_static { 0 } else { entry.u64(4) },
+                static_offset,
+                type_string,
+            },
         );
         Ok(())
     })?;
@@ -104,7 +112,13 @@ pub fn read(memory: &dyn RemoteMemory, symbols: &ExportedSymbols, bias: u64) -> 
             0 => None,
             ptr => Some(strings.get(memory, ptr)?),
         };
-        out.types.insert(name, TypeInfo { size: entry.u64(5), superclass });
+        out.types.insert(
+            name,
+            TypeInfo {
+                size: entry.u64(5),
+                superclass,
+            },
+        );
         Ok(())
     })?;
 
@@ -133,15 +147,24 @@ struct EntryLayout {
 impl EntryLayout {
     fn new(table: &'static str, stride: u64, offsets: &[u64]) -> Result<Self, VmStructsError> {
         if !(8..=MAX_STRIDE).contains(&stride) {
-            return Err(VmStructsError::Implausible { what: table_what(table, "stride"), value: stride });
+            return Err(VmStructsError::Implausible {
+                what: table_what(table, "stride"),
+                value: stride,
+            });
         }
         for &offset in offsets {
             // Every column is read as up to 8 bytes.
             if offset.checked_add(8).is_none_or(|end| end > stride) {
-                return Err(VmStructsError::Implausible { what: table_what(table, "column offset"), value: offset });
+                return Err(VmStructsError::Implausible {
+                    what: table_what(table, "column offset"),
+                    value: offset,
+                });
             }
         }
-        Ok(Self { stride, offsets: offsets.to_vec() })
+        Ok(Self {
+            stride,
+            offsets: offsets.to_vec(),
+        })
     }
 }
 
@@ -199,7 +222,10 @@ fn for_each_entry(
             1
         };
         for chunk in buffer.chunks_exact(stride).take(batch) {
-            let entry = Entry { bytes: chunk, layout };
+            let entry = Entry {
+                bytes: chunk,
+                layout,
+            };
             if entry.u64(0) == 0 {
                 return Ok(());
             }
@@ -244,7 +270,11 @@ mod tests {
     const STRINGS_AT: u64 = 0x30_0000;
 
     impl FakeJvm {
-        pub fn new(structs: &[(&str, &str, Option<u64>, u64)], types: &[(&str, u64)], ints: &[(&str, i32)]) -> Self {
+        pub fn new(
+            structs: &[(&str, &str, Option<u64>, u64)],
+            types: &[(&str, u64)],
+            ints: &[(&str, i32)],
+        ) -> Self {
             let mut strings = Vec::new();
             let mut intern = |s: &str| {
                 let at = STRINGS_AT + strings.len() as u64;
@@ -291,8 +321,13 @@ mod tests {
                 longs_at, 0, 8, 16,
             ];
             let mut memory = FakeMemory::new();
-            memory.add(SYMBOLS_AT, variables.iter().flat_map(|v| v.to_le_bytes()).collect());
+            memory.add(
+                SYMBOLS_AT,
+                variables.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            );
             memory.add(TABLES_AT, tables);
+            // Like real memory, the page holding the strings is readable to its end.
+            strings.resize(strings.len().next_multiple_of(4096), 0);
             memory.add(STRINGS_AT, strings);
             let symbols = ExportedSymbols {
                 build_id: None,
@@ -306,15 +341,29 @@ mod tests {
     #[test]
     fn reads_the_four_tables() {
         let jvm = FakeJvm::new(
-            &[("Method", "_constMethod", None, 8), ("CodeCache", "_heaps", Some(0x7000_1000), 0)],
+            &[
+                ("Method", "_constMethod", None, 8),
+                ("CodeCache", "_heaps", Some(0x7000_1000), 0),
+            ],
             &[("Method", 88)],
             &[("frame::entry_frame_call_wrapper_offset", -6)],
         );
         let tables = read(&jvm.memory, &jvm.symbols, 0).expect("parses");
-        assert_eq!(tables.field("Method", "_constMethod").map(|f| f.offset), Some(8));
-        assert_eq!(tables.field("CodeCache", "_heaps").and_then(|f| f.static_offset), Some(0x7000_1000));
+        assert_eq!(
+            tables.field("Method", "_constMethod").map(|f| f.offset),
+            Some(8)
+        );
+        assert_eq!(
+            tables
+                .field("CodeCache", "_heaps")
+                .and_then(|f| f.static_offset),
+            Some(0x7000_1000)
+        );
         assert_eq!(tables.type_size("Method"), Some(88));
-        assert_eq!(tables.int_constants["frame::entry_frame_call_wrapper_offset"], -6);
+        assert_eq!(
+            tables.int_constants["frame::entry_frame_call_wrapper_offset"],
+            -6
+        );
         assert!(tables.long_constants.is_empty());
     }
 
@@ -322,10 +371,14 @@ mod tests {
     fn garbage_strides_are_rejected() {
         let mut jvm = FakeJvm::new(&[], &[], &[]);
         // The struct stride variable holds nonsense.
-        jvm.memory.overlay(SYMBOLS_AT + 7 * 8, 1_000_000u64.to_le_bytes().to_vec());
+        jvm.memory
+            .overlay(SYMBOLS_AT + 7 * 8, 1_000_000u64.to_le_bytes().to_vec());
         assert!(matches!(
             read(&jvm.memory, &jvm.symbols, 0),
-            Err(VmStructsError::Implausible { what: "struct entry stride", value: 1_000_000 })
+            Err(VmStructsError::Implausible {
+                what: "struct entry stride",
+                value: 1_000_000
+            })
         ));
     }
 
@@ -336,9 +389,14 @@ mod tests {
         let mut entry = vec![0u8; 48];
         entry[0..8].copy_from_slice(&(STRINGS_AT + 0x100).to_le_bytes());
         entry[8..16].copy_from_slice(&(STRINGS_AT + 0x100).to_le_bytes());
-        jvm.memory.overlay(TABLES_AT, entry.repeat(MAX_ENTRIES + 10));
-        jvm.memory.overlay(STRINGS_AT + 0x100, b"X\0".to_vec());
-        assert_eq!(read(&jvm.memory, &jvm.symbols, 0), Err(VmStructsError::TooManyEntries { table: "struct" }));
+        jvm.memory
+            .overlay(TABLES_AT, entry.repeat(MAX_ENTRIES + 10));
+        jvm.memory
+            .overlay(STRINGS_AT + 0x100, [b"X\0".as_slice(), &[0; 126]].concat());
+        assert_eq!(
+            read(&jvm.memory, &jvm.symbols, 0),
+            Err(VmStructsError::TooManyEntries { table: "struct" })
+        );
     }
 
     proptest! {
