@@ -146,12 +146,12 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         drain_ring(&mut sampler, &mut aggregator, &work_tx, &mut stats);
         if finishing {
             let counters = sampler.counters();
-                &counters.since(&last_counters),
-                &tracker.counts(),
+            end_interval(
                 &mut aggregator,
                 &work_tx,
                 &mut stats,
                 &counters.since(&last_counters),
+                &tracker.counts(),
             );
             intervals += 1;
             break;
