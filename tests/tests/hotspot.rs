@@ -336,3 +336,37 @@ fn wait_for_line(
     }
     None
 }
+
+#[test]
+fn jvms_past_the_bound_are_counted_not_pushed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes = compile_java(&["Spin.java"], dir.path()).expect("javac");
+    let jdk = jdks().into_iter().find(|j| j.major == 17).expect("JDK 17");
+    let first = start_java(&jdk, &classes, "Spin", &[]).expect("JVM starts");
+    let second = start_java(&jdk, &classes, "Spin", &[]).expect("JVM starts");
+    let config = dir.path().join("profiler.toml");
+    std::fs::write(&config, "max_jvms = 1\n").expect("writes config");
+    let output = run_daemon(
+        &[
+            "--config",
+            config.to_str().expect("utf-8"),
+            "--pid",
+            &first.pid().to_string(),
+            "--pid",
+            &second.pid().to_string(),
+            "--duration",
+            "3",
+            "--interval",
+            "2",
+            "--output",
+            dir.path().join("profiles").to_str().expect("utf-8"),
+        ],
+        Duration::from_secs(30),
+    )
+    .expect("daemon runs");
+    assert!(output.status.success());
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(log.matches("JVM layout pushed").count(), 1, "{log}");
+    assert_eq!(log.matches("too many JVMs").count(), 1, "{log}");
+    assert!(log.contains("jvms_ready=1") && log.contains("jvms_over_bound=1"), "{log}");
+}
