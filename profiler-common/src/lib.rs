@@ -23,12 +23,23 @@ pub const COMM_LEN: usize = 16;
 pub enum FrameKind {
     /// An instruction pointer in native code (ELF or anonymous memory).
     Native = 1,
+    /// A HotSpot interpreter frame: `addr` is the `Method*`, `aux` the bci (`BCI_UNKNOWN` if the
+    /// bcp was not plausible), `cookie` the low bits of `ConstMethod* >> 3`.
+    Interpreted = 2,
+    /// A frame in a HotSpot code blob (an nmethod, or a stub): `addr` is the `CodeBlob*`, `aux`
+    /// the pc's offset from the blob's code start, `cookie` the nmethod's `_compile_id`.
+    Compiled = 3,
 }
+
+/// `UserFrame::aux` of an interpreted frame whose bcp could not be trusted.
+pub const BCI_UNKNOWN: u32 = u32::MAX;
 
 impl FrameKind {
     pub const fn from_u8(value: u8) -> Option<Self> {
         match value {
             1 => Some(Self::Native),
+            2 => Some(Self::Interpreted),
+            3 => Some(Self::Compiled),
             _ => None,
         }
     }
@@ -48,15 +59,24 @@ pub enum UnwindEnd {
     NotMonotonic = 3,
     /// The task has no user context (kernel thread, or registers unavailable).
     NoUserContext = 4,
+    /// A pc inside a JVM's code cache that no code blob covers (segment map lookup failed).
+    NoCodeBlob = 5,
+    /// A Java frame whose layout is implausible (frame size, sender sp, bcp).
+    BadJavaFrame = 6,
+    /// A Java frame could not be read (its memory was unmapped or paged out).
+    JavaReadFailed = 7,
 }
 
 impl UnwindEnd {
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 8] = [
         Self::Complete,
         Self::MaxDepth,
         Self::ReadFailed,
         Self::NotMonotonic,
         Self::NoUserContext,
+        Self::NoCodeBlob,
+        Self::BadJavaFrame,
+        Self::JavaReadFailed,
     ];
 
     pub const fn from_u8(value: u8) -> Option<Self> {
@@ -66,6 +86,9 @@ impl UnwindEnd {
             2 => Some(Self::ReadFailed),
             3 => Some(Self::NotMonotonic),
             4 => Some(Self::NoUserContext),
+            5 => Some(Self::NoCodeBlob),
+            6 => Some(Self::BadJavaFrame),
+            7 => Some(Self::JavaReadFailed),
             _ => None,
         }
     }
@@ -78,6 +101,9 @@ impl UnwindEnd {
             Self::ReadFailed => "read_failed",
             Self::NotMonotonic => "not_monotonic",
             Self::NoUserContext => "no_user_context",
+            Self::NoCodeBlob => "no_code_blob",
+            Self::BadJavaFrame => "bad_java_frame",
+            Self::JavaReadFailed => "java_read_failed",
         }
     }
 }
@@ -258,7 +284,10 @@ pub struct HotspotProc {
     pub anchor_pc: u16,
     pub anchor_fp: u16,
     pub call_wrapper_anchor: u16,
-    pub _reserved2: u16,
+    /// `sizeof(ConstMethod)`: bytecodes follow it.
+    pub const_method_size: u16,
+    pub const_method_code_size: u16,
+    pub _reserved2: [u16; 3],
 }
 
 #[cfg(feature = "user")]

@@ -30,6 +30,9 @@ pub struct FileConfig {
     pub max_stacks_per_interval: Option<usize>,
     /// Bound on JVMs whose Java frames are unwound; JVMs past it are counted and logged.
     pub max_jvms: Option<u32>,
+    /// Suffix frame names with their kind, as async-profiler does: `_[j]` JIT-compiled, `_[1]`
+    /// C1, `_[i]` inlined, `_[0]` interpreted, `_[k]` kernel. Default true.
+    pub annotate_frames: Option<bool>,
 }
 
 /// Flags that override the file.
@@ -52,6 +55,7 @@ pub struct Config {
     pub pids: Vec<u32>,
     pub max_stacks_per_interval: usize,
     pub max_jvms: u32,
+    pub annotate_frames: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -170,6 +174,7 @@ impl Config {
             });
         }
         Ok(Self {
+            annotate_frames: file.annotate_frames.unwrap_or(true),
             max_jvms,
             frequency_hz,
             interval: Duration::from_secs(interval_secs),

@@ -100,11 +100,11 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     );
 
     let (work_tx, work_rx) = sync_channel(WORK_QUEUE);
-    let frequency_hz = config.frequency_hz;
+    let (frequency_hz, annotate) = (config.frequency_hz, config.annotate_frames);
     // Built on its own thread: blazesym's symbolizer is not Send.
     let worker = std::thread::Builder::new()
         .name("symbolizer".into())
-        .spawn(move || Worker::new(writer, frequency_hz).run(work_rx))
+        .spawn(move || Worker::new(writer, frequency_hz, annotate).run(work_rx))
         .map_err(|err| DaemonError::Worker(err.to_string()))?;
 
     let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signal)?;

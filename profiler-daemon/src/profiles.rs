@@ -7,18 +7,47 @@ use hashbrown::HashMap;
 use profiler_common::UnwindEnd;
 
 use crate::aggregate::ProcessStacks;
+use crate::hotspot::jvm::{Jvm, LayoutCache};
+use crate::hotspot::remote::ProcessMemory;
+use crate::hotspot::symbolize::JavaSymbolizer;
 use crate::pprof::{proto, LocationKey, ProfileBuilder};
 use crate::process::ProcessTable;
 use crate::record::comm_to_string;
 use crate::symbolize::kernel::KernelSymbolizer;
 use crate::symbolize::native::NativeSymbolizer;
 use crate::symbolize::ResolvedFrame;
+use profiler_common::FrameKind;
 
 /// The symbolizers, kept across intervals so their caches pay off.
-#[derive(Default)]
 pub struct Symbolizers {
     pub native: NativeSymbolizer,
     pub kernel: KernelSymbolizer,
+    pub java: JavaSymbolizer<ProcessMemory>,
+    /// VMStructs layouts by libjvm build-id, for JVMs met by the Java symbolizer.
+    pub layouts: LayoutCache,
+    /// Append frame-kind suffixes (`_[j]`, `_[i]`, `_[0]`, `_[1]`, `_[k]`).
+    pub annotate: bool,
+}
+
+impl Symbolizers {
+    pub fn new(annotate: bool) -> Self {
+        Self {
+            native: NativeSymbolizer::new(),
+            kernel: KernelSymbolizer::new(),
+            java: JavaSymbolizer::new(annotate),
+            layouts: LayoutCache::default(),
+            annotate,
+        }
+    }
+
+    /// Forgets per-process state of processes the table no longer knows.
+    pub fn forget_exited(&mut self, processes: &ProcessTable) {
+        for pid in self.java.pids() {
+            if processes.get(pid).is_none() {
+                self.java.remove(pid);
+            }
+        }
+    }
 }
 
 pub struct ProfileRequest<'a> {
@@ -62,13 +91,16 @@ pub fn build(
     let mut kernel_addrs: Vec<u64> = Vec::new();
     let mut user_addrs: Vec<u64> = Vec::new();
     let mut thread_comm: Option<String> = None;
+    let mut has_java = false;
     for (view, _) in stacks.stacks() {
         kernel_addrs.extend(view.kernel_ips());
-        user_addrs.extend(
-            view.user_frames()
-                .enumerate()
-                .map(|(i, f)| lookup_address(i, f.addr)),
-        );
+        for (index, frame) in view.user_frames().enumerate() {
+            if frame.kind == FrameKind::Native as u8 {
+                user_addrs.push(lookup_address(index, frame.addr));
+            } else {
+                has_java = true;
+            }
+        }
         if thread_comm.is_none() {
             thread_comm = Some(comm_to_string(view.thread_name()));
         }
@@ -84,6 +116,15 @@ pub fn build(
         .zip(symbolizers.kernel.resolve(&kernel_addrs))
         .collect();
     let user_frames = resolve_user(pid, &user_addrs, processes, &mut symbolizers.native);
+    if has_java && !symbolizers.java.has(pid) {
+        if let Some(info) = processes.get(pid) {
+            let memory = ProcessMemory::new(pid);
+            match Jvm::inspect(info, &memory, &mut symbolizers.layouts) {
+                Ok(jvm) => symbolizers.java.add(jvm, memory),
+                Err(err) => tracing::debug!(pid, %err, "cannot read JVM for symbolization"),
+            }
+        }
+    }
 
     let comm = processes
         .get(pid)
@@ -99,13 +140,34 @@ pub fn build(
             view.header.kernel_frames as usize + view.header.user_frames as usize + 1,
         );
         for ip in view.kernel_ips() {
-            let frame = kernel_frames.get(&ip).map_or(&unknown, |f| f.as_ref());
-            locations.push(builder.location(LocationKey::Kernel(ip), ip, frame));
+            let key = LocationKey::Kernel(ip);
+            let id = builder.location_with(key, ip, || {
+                let frame = kernel_frames.get(&ip).map_or(&unknown, |f| f.as_ref());
+                if symbolizers.annotate {
+                    with_suffix(frame, "_[k]")
+                } else {
+                    frame.clone()
+                }
+            });
+            locations.push(id);
         }
         for (index, user) in view.user_frames().enumerate() {
-            let addr = lookup_address(index, user.addr);
-            let frame = user_frames.get(&addr).map_or(&unknown, |f| f.as_ref());
-            locations.push(builder.location(LocationKey::User(addr), addr, frame));
+            if user.kind == FrameKind::Native as u8 {
+                let addr = lookup_address(index, user.addr);
+                let frame = user_frames.get(&addr).map_or(&unknown, |f| f.as_ref());
+                locations.push(builder.location(LocationKey::User(addr), addr, frame));
+            } else {
+                let top = index == 0;
+                let key = LocationKey::Java {
+                    kind: user.kind,
+                    addr: user.addr,
+                    aux: user.aux,
+                    cookie: user.cookie,
+                    top,
+                };
+                let java = &mut symbolizers.java;
+                locations.push(builder.location_with(key, 0, || java.resolve(pid, &user, top)));
+            }
         }
         if let Some(marker) = truncation_marker(view.user_end()) {
             let frame = ResolvedFrame::named(format!("[truncated: {}]", marker.name()), None);
@@ -138,6 +200,15 @@ fn truncation_marker(end: Option<UnwindEnd>) -> Option<UnwindEnd> {
         Some(UnwindEnd::MaxDepth) => Some(UnwindEnd::MaxDepth),
         _ => None,
     }
+}
+
+/// The frame with `suffix` on its function names.
+fn with_suffix(frame: &ResolvedFrame, suffix: &str) -> ResolvedFrame {
+    let mut frame = frame.clone();
+    for line in &mut frame.lines {
+        line.function.push_str(suffix);
+    }
+    frame
 }
 
 fn resolve_user(

@@ -33,10 +33,10 @@ pub struct WorkerTallies {
 }
 
 impl Worker {
-    pub fn new(writer: LocalWriter, frequency_hz: u64) -> Self {
+    pub fn new(writer: LocalWriter, frequency_hz: u64, annotate_frames: bool) -> Self {
         Self {
             processes: ProcessTable::default(),
-            symbolizers: Symbolizers::default(),
+            symbolizers: Symbolizers::new(annotate_frames),
             writer,
             frequency_hz,
             profiles_written: 0,
@@ -88,6 +88,7 @@ impl Worker {
         }
         self.profiles_written += written;
         self.processes.forget_exited();
+        self.symbolizers.forget_exited(&self.processes);
         tracing::info!(
             profiles = written,
             samples,

@@ -12,7 +12,7 @@
 #![no_std]
 #![no_main]
 
-use core::{ffi::c_void, mem::size_of, ptr::read_volatile};
+use core::{ffi::c_void, ptr::read_volatile};
 
 use aya_ebpf::{
     bindings::pt_regs,
@@ -26,9 +26,10 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    Counter, FrameKind, HotspotProc, SampleHeader, SampleRecord, UnwindEnd, UserFrame, COMM_LEN,
-    DEFAULT_MAX_JVMS, FRAMES_BYTES, HEADER_BYTES, KERNEL_FRAME_BYTES, MAX_KERNEL_FRAMES,
-    MAX_TARGET_PIDS, MAX_USER_FRAMES, RECORD_BYTES, SAMPLE_RING_BYTES, USER_FRAME_BYTES,
+    hotspot_flags, Counter, FrameKind, HotspotProc, SampleHeader, SampleRecord, UnwindEnd,
+    UserFrame, BCI_UNKNOWN, COMM_LEN, DEFAULT_MAX_JVMS, FRAMES_BYTES, HEADER_BYTES,
+    KERNEL_FRAME_BYTES, MAX_CODE_HEAPS, MAX_KERNEL_FRAMES, MAX_TARGET_PIDS, MAX_USER_FRAMES,
+    RECORD_BYTES, SAMPLE_RING_BYTES, USER_FRAME_BYTES,
 };
 
 /// Set by the daemon at load time: non-zero when only the pids in `TARGET_PIDS` are sampled.
@@ -76,7 +77,10 @@ pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
 /// The registers the user stack walk starts from.
 struct UserRegs {
     ip: u64,
+    sp: u64,
     fp: u64,
+    /// The interpreter keeps the live bcp in r13 (x86_64).
+    r13: u64,
 }
 
 /// Where the interrupted task was in user space. A sample that landed in user mode has the user
@@ -89,7 +93,9 @@ fn user_regs(ctx: &PerfEventContext) -> Option<UserRegs> {
     if regs.cs & USER_MODE_CS_MASK == USER_MODE_CS_MASK {
         return Some(UserRegs {
             ip: regs.rip,
+            sp: regs.rsp,
             fp: regs.rbp,
+            r13: regs.r13,
         });
     }
     // SAFETY: helpers with no preconditions; the read is checked by the kernel.
@@ -103,7 +109,9 @@ fn user_regs(ctx: &PerfEventContext) -> Option<UserRegs> {
     }
     Some(UserRegs {
         ip: saved.rip,
+        sp: saved.rsp,
         fp: saved.rbp,
+        r13: saved.r13,
     })
 }
 
@@ -132,24 +140,36 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
     let user = user_regs(ctx);
     let kernel_bytes = kernel_stack(ctx, record);
 
-    let mut walk = Walk {
-        pc: 0,
-        fp: 0,
-        base: kernel_bytes as u32,
-        frames: 0,
-        end: END_UNSET,
-        pending_end: END_UNSET,
+    let Some(walk) = WALK.get_ptr_mut(0) else {
+        count(Counter::ScratchMissing);
+        return;
     };
+    // SAFETY: a per-CPU map value, used by this program on this CPU only.
+    let walk = unsafe { &mut *walk };
+    walk.base = kernel_bytes as u32;
+    walk.frames = 0;
+    walk.end = END_UNSET;
+    walk.skip = 0;
     match user {
         Some(regs) => {
             walk.pc = regs.ip;
+            walk.sp = regs.sp;
             walk.fp = regs.fp;
-            // SAFETY: bpf_loop calls `unwind_step` with our context pointer, which outlives it.
+            walk.r13 = regs.r13;
+            // SAFETY: the value is copied out at once.
+            match unsafe { HOTSPOT_PROCS.get(&pid) } {
+                Some(hotspot) => {
+                    walk.hotspot = *hotspot;
+                    walk.is_jvm = 1;
+                }
+                None => walk.is_jvm = 0,
+            }
+            // SAFETY: bpf_loop calls `unwind_step`, which finds its state in WALK.
             unsafe {
                 gen::bpf_loop(
-                    MAX_USER_FRAMES as u32,
+                    MAX_WALK_STEPS,
                     unwind_step as *mut c_void,
-                    &mut walk as *mut Walk as *mut c_void,
+                    core::ptr::null_mut(),
                     0,
                 )
             };
@@ -216,79 +236,360 @@ fn kernel_stack(ctx: &PerfEventContext, record: &mut SampleRecord) -> usize {
     (written as usize).min(MAX_KERNEL_FRAMES * KERNEL_FRAME_BYTES) & !(KERNEL_FRAME_BYTES - 1)
 }
 
-/// State of the user stack walk, shared with the `bpf_loop` callback.
+/// State of the user stack walk, in a per-CPU map so the `bpf_loop` callback reaches it (and
+/// the JVM's layout copied into it) with one array lookup.
 #[repr(C)]
 struct Walk {
-    /// The frame to record next.
+    /// The frame to unwind next: its pc, sp and fp.
     pc: u64,
-    /// The frame pointer of the frame that `pc` belongs to.
+    sp: u64,
     fp: u64,
+    /// r13 at the sample (the interpreter's bcp, for the top frame).
+    r13: u64,
     /// Byte offset in the record's frame area where user frames start.
     base: u32,
     /// Frames recorded so far.
     frames: u32,
     /// The `UnwindEnd` once the walk has stopped, else `END_UNSET`.
     end: u8,
-    /// An end decided one frame early: record `pc`, then stop with it.
-    pending_end: u8,
+    /// Non-zero when `hotspot` describes this process.
+    is_jvm: u8,
+    /// Non-zero when the current frame is not recorded (the call stub).
+    skip: u8,
+    _reserved: [u8; 5],
+    hotspot: HotspotProc,
 }
 
-/// One frame-pointer step: records `pc`, then moves to the caller. Returns 1 to stop the loop.
+#[map]
+static WALK: PerCpuArray<Walk> = PerCpuArray::with_max_entries(1, 0);
+
+/// Steps of the walk: frames recorded plus the few that are skipped.
+const MAX_WALK_STEPS: u32 = MAX_USER_FRAMES as u32 + 16;
+/// Bound on segment-map hops to a blob's start (HotSpot blobs need at most a few; OTel uses 12).
+const SEGMAP_HOPS: u32 = 16;
+/// Largest compiled frame accepted, in words (SafepointBlob has a few hundred).
+const MAX_FRAME_WORDS: i64 = 4096;
+/// Bytes of a CodeBlob header read at once (every field we use lies below this).
+const BLOB_HEADER_BYTES: usize = 128;
+
+/// One unwinding step: records the current frame, then moves to its caller. Returns 1 to stop.
 #[inline(never)]
-extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: `ctx` is the `Walk` passed to bpf_loop.
-    let walk = unsafe { &mut *(ctx as *mut Walk) };
+extern "C" fn unwind_step(_index: u64, _ctx: *mut c_void) -> i64 {
+    let Some(walk) = WALK.get_ptr_mut(0) else {
+        return 1;
+    };
+    // SAFETY: per-CPU state of this sample.
+    let walk = unsafe { &mut *walk };
     let Some(record) = SCRATCH.get_ptr_mut(0) else {
         walk.end = UnwindEnd::ReadFailed as u8;
         return 1;
     };
-    let offset = walk.base as usize + index as usize * USER_FRAME_BYTES;
-    if offset > FRAMES_BYTES - USER_FRAME_BYTES {
-        walk.end = UnwindEnd::MaxDepth as u8;
-        return 1;
-    }
-    let frame = UserFrame {
-        addr: walk.pc,
-        aux: 0,
-        cookie: 0,
-        kind: FrameKind::Native as u8,
-        _reserved: [0; 7],
-    };
-    // SAFETY: `offset` is bounds-checked against the frame area above.
-    unsafe {
-        let slot = (*record).frames.as_mut_ptr().add(offset) as *mut UserFrame;
-        slot.write_unaligned(frame);
-    }
-    walk.frames = index as u32 + 1;
-
-    if walk.pending_end != END_UNSET {
-        walk.end = walk.pending_end;
-        return 1;
-    }
-    if walk.fp == 0 {
+    if walk.pc == 0 {
         walk.end = UnwindEnd::Complete as u8;
         return 1;
     }
-    // [fp] is the caller's saved frame pointer, [fp + 8] the return address into the caller.
+    let top = walk.frames == 0;
+    let in_code_cache =
+        walk.is_jvm != 0 && walk.pc >= walk.hotspot.code_low && walk.pc < walk.hotspot.code_high;
+    walk.skip = 0;
+    let step = if in_code_cache {
+        java_step(walk, top)
+    } else {
+        native_step(walk)
+    };
+    let frame = match step {
+        Ok(frame) => frame,
+        Err(end) => {
+            walk.end = end as u8;
+            return 1;
+        }
+    };
+    if walk.skip == 0 {
+        let offset = walk.base as usize + walk.frames as usize * USER_FRAME_BYTES;
+        if offset > FRAMES_BYTES - USER_FRAME_BYTES {
+            walk.end = UnwindEnd::MaxDepth as u8;
+            return 1;
+        }
+        // SAFETY: `offset` is bounds-checked against the frame area above.
+        unsafe {
+            let slot = (*record).frames.as_mut_ptr().add(offset) as *mut UserFrame;
+            slot.write_unaligned(frame);
+        }
+        walk.frames += 1;
+        if walk.frames as usize >= MAX_USER_FRAMES {
+            walk.end = UnwindEnd::MaxDepth as u8;
+            return 1;
+        }
+    }
+    if walk.end != END_UNSET {
+        return 1;
+    }
+    0
+}
+
+#[inline(always)]
+fn frame(kind: FrameKind, addr: u64, aux: u32, cookie: u32) -> UserFrame {
+    UserFrame {
+        addr,
+        aux,
+        cookie,
+        kind: kind as u8,
+        _reserved: [0; 7],
+    }
+}
+
+#[inline(always)]
+fn read_u64(addr: u64) -> Result<u64, UnwindEnd> {
+    // SAFETY: a checked read of user memory.
+    unsafe { bpf_probe_read_user(addr as *const u64) }.map_err(|_| UnwindEnd::JavaReadFailed)
+}
+
+/// A frame-pointer step: [fp] is the caller's saved fp, [fp + 8] the return address.
+#[inline(always)]
+fn native_step(walk: &mut Walk) -> Result<UserFrame, UnwindEnd> {
+    let recorded = frame(FrameKind::Native, walk.pc, 0, 0);
+    if walk.fp == 0 {
+        walk.end = UnwindEnd::Complete as u8;
+        return Ok(recorded);
+    }
     // SAFETY: a checked read of user memory.
     let Ok(slot) = (unsafe { bpf_probe_read_user(walk.fp as *const [u64; 2]) }) else {
         walk.end = UnwindEnd::ReadFailed as u8;
-        return 1;
+        return Ok(recorded);
     };
     let (saved_fp, return_address) = (slot[0], slot[1]);
     if return_address == 0 {
         walk.end = UnwindEnd::Complete as u8;
-        return 1;
+        return Ok(recorded);
     }
-    if saved_fp != 0 && saved_fp <= walk.fp {
-        walk.pending_end = UnwindEnd::NotMonotonic as u8;
+    // In a JVM, a native frame's caller may be JIT code that does not keep rbp as a frame
+    // pointer: the chain is then only checked once we are back in native code.
+    let caller_in_java = walk.is_jvm != 0
+        && return_address >= walk.hotspot.code_low
+        && return_address < walk.hotspot.code_high;
+    if !caller_in_java && saved_fp != 0 && saved_fp <= walk.fp {
+        walk.end = UnwindEnd::NotMonotonic as u8;
+        return Ok(recorded);
     }
+    walk.sp = walk.fp + 16;
     walk.pc = return_address;
     walk.fp = saved_fp;
-    0
+    Ok(recorded)
 }
 
-const _: () = assert!(size_of::<Walk>() == 32);
+/// One HotSpot frame: interpreted (the interpreter's code range), the call stub (skipped), or a
+/// code blob found through its heap's segment map (nmethods and stubs).
+#[inline(always)]
+fn java_step(walk: &mut Walk, top: bool) -> Result<UserFrame, UnwindEnd> {
+    let hs = &walk.hotspot;
+    let (pc, sp, fp) = (walk.pc, walk.sp, walk.fp);
+    if pc >= hs.interpreter_low && pc < hs.interpreter_high {
+        return interpreted_step(walk, top);
+    }
+    if pc == hs.call_stub_return {
+        // The call stub is an rbp frame; its caller is native code (JavaCalls::call_helper).
+        walk.skip = 1;
+        let slot = read_pair(fp)?;
+        walk.sp = fp + 16;
+        walk.fp = slot[0];
+        walk.pc = slot[1];
+        return Ok(frame(FrameKind::Native, pc, 0, 0));
+    }
+    let blob = find_blob(hs, pc)?;
+    let mut header = [0u8; BLOB_HEADER_BYTES];
+    // SAFETY: a checked read of user memory into a stack buffer.
+    unsafe {
+        gen::bpf_probe_read_user(
+            header.as_mut_ptr() as *mut c_void,
+            BLOB_HEADER_BYTES as u32,
+            blob as *const c_void,
+        )
+    };
+    let code_begin = if hs.flags & hotspot_flags::CODE_OFFSET != 0 {
+        blob.wrapping_add(header_i32(&header, hs.blob_code) as i64 as u64)
+    } else {
+        header_u64(&header, hs.blob_code)
+    };
+    let frame_size = header_i32(&header, hs.blob_frame_size) as i64;
+    let frame_complete = if hs.flags & hotspot_flags::FRAME_COMPLETE_16 != 0 {
+        header_i16(&header, hs.blob_frame_complete) as i64
+    } else {
+        header_i32(&header, hs.blob_frame_complete) as i64
+    };
+    if code_begin == 0 || pc < code_begin || frame_size > MAX_FRAME_WORDS {
+        return Err(UnwindEnd::BadJavaFrame);
+    }
+    let offset = pc - code_begin;
+    // SAFETY: a checked read of user memory; a stub has no compile id, and userspace checks it.
+    let compile_id =
+        unsafe { bpf_probe_read_user((blob + hs.nmethod_compile_id as u64) as *const u32) }
+            .unwrap_or(0);
+    let recorded = frame(FrameKind::Compiled, blob, offset as u32, compile_id);
+
+    if frame_size > 0 && (!top || offset as i64 >= frame_complete) {
+        // A complete compiled frame: fixed size, return address and saved rbp on top of it.
+        let caller_sp = sp + frame_size as u64 * 8;
+        let slot = read_pair(caller_sp - 16)?;
+        walk.fp = slot[0];
+        walk.pc = slot[1];
+        walk.sp = caller_sp;
+    } else if frame_size > 0 {
+        // The top frame is still in its prologue: the return address is at sp, or above the
+        // pushed rbp once `push rbp` has run (the last instructions before frame_complete).
+        if offset as i64 >= frame_complete - 4 {
+            let slot = read_pair(sp)?;
+            walk.fp = slot[0];
+            walk.pc = slot[1];
+            walk.sp = sp + 16;
+        } else {
+            walk.pc = read_u64(sp)?;
+            walk.sp = sp + 8;
+        }
+    } else {
+        // Stubs and adapters without a fixed frame keep rbp as a frame pointer.
+        let slot = read_pair(fp)?;
+        walk.sp = fp + 16;
+        walk.fp = slot[0];
+        walk.pc = slot[1];
+    }
+    Ok(recorded)
+}
+
+/// An interpreter frame: Method* and bcp from fixed slots below fp (the live bcp from r13 for
+/// the interrupted frame); the caller's sp is the saved sender sp.
+#[inline(always)]
+fn interpreted_step(walk: &mut Walk, top: bool) -> Result<UserFrame, UnwindEnd> {
+    let hs = &walk.hotspot;
+    let (sp, fp) = (walk.sp, walk.fp);
+    if fp < sp || fp - sp > 1 << 20 {
+        return Err(UnwindEnd::BadJavaFrame);
+    }
+    let method = read_u64(slot_address(fp, hs.interpreter_method_slot))?;
+    let const_method = read_u64(method + hs.method_const_method as u64)?;
+    // SAFETY: a checked read of user memory.
+    let code_size = unsafe {
+        bpf_probe_read_user((const_method + hs.const_method_code_size as u64) as *const u16)
+    }
+    .map_err(|_| UnwindEnd::JavaReadFailed)? as u64;
+    let code_start = const_method + hs.const_method_size as u64;
+    let in_code = |bcp: u64| bcp >= code_start && bcp < code_start + code_size.max(1);
+    let saved_bcp = read_u64(slot_address(fp, hs.interpreter_bcp_slot)).unwrap_or(0);
+    let bcp = if top && in_code(walk.r13) {
+        walk.r13
+    } else {
+        saved_bcp
+    };
+    let bci = if in_code(bcp) {
+        (bcp - code_start) as u32
+    } else {
+        BCI_UNKNOWN
+    };
+    let recorded = frame(
+        FrameKind::Interpreted,
+        method,
+        bci,
+        (const_method >> 3) as u32,
+    );
+
+    let slot = read_pair(fp)?;
+    let sender_sp = read_u64(fp.wrapping_sub(8))?;
+    walk.fp = slot[0];
+    walk.pc = slot[1];
+    walk.sp = sender_sp;
+    Ok(recorded)
+}
+
+#[inline(always)]
+fn slot_address(fp: u64, slot: i8) -> u64 {
+    fp.wrapping_add((slot as i64 * 8) as u64)
+}
+
+#[inline(always)]
+fn read_pair(addr: u64) -> Result<[u64; 2], UnwindEnd> {
+    // SAFETY: a checked read of user memory.
+    unsafe { bpf_probe_read_user(addr as *const [u64; 2]) }.map_err(|_| UnwindEnd::JavaReadFailed)
+}
+
+#[inline(always)]
+fn header_u64(header: &[u8; BLOB_HEADER_BYTES], offset: u16) -> u64 {
+    let at = (offset as usize) & (BLOB_HEADER_BYTES - 1);
+    if at + 8 > BLOB_HEADER_BYTES {
+        return 0;
+    }
+    u64::from_le_bytes([
+        header[at],
+        header[at + 1],
+        header[at + 2],
+        header[at + 3],
+        header[at + 4],
+        header[at + 5],
+        header[at + 6],
+        header[at + 7],
+    ])
+}
+
+#[inline(always)]
+fn header_i32(header: &[u8; BLOB_HEADER_BYTES], offset: u16) -> i32 {
+    let at = (offset as usize) & (BLOB_HEADER_BYTES - 1);
+    if at + 4 > BLOB_HEADER_BYTES {
+        return 0;
+    }
+    i32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
+}
+
+#[inline(always)]
+fn header_i16(header: &[u8; BLOB_HEADER_BYTES], offset: u16) -> i16 {
+    let at = (offset as usize) & (BLOB_HEADER_BYTES - 1);
+    if at + 2 > BLOB_HEADER_BYTES {
+        return 0;
+    }
+    i16::from_le_bytes([header[at], header[at + 1]])
+}
+
+/// The CodeBlob containing `pc`, through its heap's segment map (HotSpot's
+/// `CodeHeap::find_start`): each map byte says how many segments back the block starts.
+#[inline(always)]
+fn find_blob(hs: &HotspotProc, pc: u64) -> Result<u64, UnwindEnd> {
+    let mut heap = None;
+    for i in 0..MAX_CODE_HEAPS {
+        if i < hs.heap_count as usize && pc >= hs.heaps[i].low && pc < hs.heaps[i].high {
+            heap = Some(hs.heaps[i]);
+        }
+    }
+    let Some(heap) = heap else {
+        return Err(UnwindEnd::NoCodeBlob);
+    };
+    let shift = heap.log2_segment_size & 31;
+    let mut index = (pc - heap.low) >> shift;
+    let mut found = false;
+    for _ in 0..SEGMAP_HOPS {
+        // SAFETY: a checked read of user memory.
+        let hop = unsafe { bpf_probe_read_user((heap.segmap + index) as *const u8) }
+            .map_err(|_| UnwindEnd::JavaReadFailed)?;
+        if hop == 0xff {
+            return Err(UnwindEnd::NoCodeBlob);
+        }
+        if hop == 0 {
+            found = true;
+            break;
+        }
+        if (hop as u64) > index {
+            return Err(UnwindEnd::NoCodeBlob);
+        }
+        index -= hop as u64;
+    }
+    if !found {
+        return Err(UnwindEnd::NoCodeBlob);
+    }
+    let block = heap.low + (index << shift);
+    // SAFETY: a checked read of user memory.
+    let used = unsafe { bpf_probe_read_user((block + hs.heap_block_used as u64) as *const u8) }
+        .map_err(|_| UnwindEnd::JavaReadFailed)?;
+    if used == 0 {
+        return Err(UnwindEnd::NoCodeBlob);
+    }
+    Ok(block + hs.heap_block_size as u64)
+}
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -368,5 +368,8 @@ fn jvms_past_the_bound_are_counted_not_pushed() {
     let log = String::from_utf8_lossy(&output.stderr);
     assert_eq!(log.matches("JVM layout pushed").count(), 1, "{log}");
     assert_eq!(log.matches("too many JVMs").count(), 1, "{log}");
-    assert!(log.contains("jvms_ready=1") && log.contains("jvms_over_bound=1"), "{log}");
+    assert!(
+        log.contains("jvms_ready=1") && log.contains("jvms_over_bound=1"),
+        "{log}"
+    );
 }

@@ -110,6 +110,14 @@ const FIELDS: &[WantedField] = &[
         &["nmethod::_scopes_data_offset"],
     ),
     optional("nmethod::_immutable_data", &["nmethod::_immutable_data"]),
+    optional(
+        "nmethod::_immutable_data_size",
+        &["nmethod::_immutable_data_size"],
+    ),
+    optional(
+        "CodeBlob::_mutable_data_size",
+        &["CodeBlob::_mutable_data_size"],
+    ),
     optional("nmethod::_metadata_offset", &["nmethod::_metadata_offset"]),
     optional(
         "nmethod::_dependencies_offset",

@@ -19,6 +19,8 @@ pub mod jvm;
 pub mod layout;
 pub mod libjvm;
 pub mod remote;
+pub mod symbolize;
 pub mod tracker;
+pub mod unsigned5;
 pub mod unwind_info;
 pub mod vmstructs;

@@ -91,6 +91,14 @@ pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, Does
             .offset("JavaFrameAnchor::_last_Java_fp")
             .map_or(Ok(u16::MAX), |_| offset("JavaFrameAnchor::_last_Java_fp"))?,
         call_wrapper_anchor: offset("JavaCallWrapper::_anchor")?,
-        _reserved2: 0,
+        const_method_size: layout
+            .size("ConstMethod")
+            .and_then(|s| u16::try_from(s).ok())
+            .ok_or(DoesNotFit {
+                what: "sizeof(ConstMethod)",
+                value: -1,
+            })?,
+        const_method_code_size: offset("ConstMethod::_code_size")?,
+        _reserved2: [0; 3],
     })
 }

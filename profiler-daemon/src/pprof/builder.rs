@@ -15,6 +15,15 @@ pub enum LocationKey {
     User(u64),
     /// A marker frame such as `[truncated: max_depth]`, by marker number.
     Marker(u8),
+    /// A HotSpot frame as the BPF unwinder recorded it (see `profiler_common::FrameKind`); the
+    /// top frame resolves differently from a return address, hence `top`.
+    Java {
+        kind: u8,
+        addr: u64,
+        aux: u32,
+        cookie: u32,
+        top: bool,
+    },
 }
 
 pub struct ProfileBuilder {
@@ -91,9 +100,20 @@ impl ProfileBuilder {
 
     /// The location id for `key`, creating it from `frame` the first time.
     pub fn location(&mut self, key: LocationKey, address: u64, frame: &ResolvedFrame) -> u64 {
+        self.location_with(key, address, || frame.clone())
+    }
+
+    /// The location id for `key`, resolving the frame only the first time it is seen.
+    pub fn location_with(
+        &mut self,
+        key: LocationKey,
+        address: u64,
+        resolve: impl FnOnce() -> ResolvedFrame,
+    ) -> u64 {
         if let Some(&id) = self.locations.get(&key) {
             return id;
         }
+        let frame = resolve();
         let lines = frame
             .lines
             .iter()
