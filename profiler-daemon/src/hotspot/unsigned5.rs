@@ -1,9 +1,11 @@
 //! HotSpot's UNSIGNED5 compressed integers (debug info streams, line number tables).
 //!
-//! A value takes one to five bytes; bytes below 192 end it, each byte after the first carries 6
-//! more bits. From JDK 20 (JDK-8292758) encoders never emit a zero byte: every byte is stored
-//! plus one, so readers subtract `excluded_zero` (1) from each byte first.
+//! A value takes one to five bytes; a byte below the threshold L ends it, each byte after the
+//! first carries 6 more bits. From JDK 20 (JDK-8292758) encoders never emit a zero byte: every
+//! byte is stored plus X = 1 and L = 256 - 64 - X = 191; before, X = 0 and L = 192. Either way a
+//! raw byte below 192 ends a value.
 
+/// L for X = 0; subtract X for the JDK 20+ variant.
 const LOW: u32 = 192;
 const HIGH_BITS: u32 = 6;
 const MAX_BYTES: usize = 5;
@@ -31,11 +33,12 @@ impl<'a> Reader<'a> {
     }
 
     pub fn read_u32(&mut self) -> Option<u32> {
+        let low = LOW - self.excluded_zero as u32;
         let mut sum: u32 = 0;
         for index in 0..MAX_BYTES {
             let byte = self.read_byte()?.wrapping_sub(self.excluded_zero) as u32;
             sum = sum.wrapping_add(byte << (HIGH_BITS * index as u32));
-            if byte < LOW {
+            if byte < low {
                 return Some(sum);
             }
         }
@@ -56,15 +59,16 @@ mod tests {
     /// The encoder, as HotSpot writes it, to check the reader against.
     fn encode(mut value: u32, excludes_zero: bool) -> Vec<u8> {
         let x = u32::from(excludes_zero);
+        let low = LOW - x;
         let mut out = Vec::new();
         for index in 0..MAX_BYTES {
-            if value < LOW || index == MAX_BYTES - 1 {
+            if value < low || index == MAX_BYTES - 1 {
                 out.push((value + x) as u8);
                 return out;
             }
-            let low = LOW + value % (1 << HIGH_BITS);
-            out.push((low + x) as u8);
-            value = (value - low) >> HIGH_BITS;
+            value -= low;
+            out.push((low + (value & ((1 << HIGH_BITS) - 1)) + x) as u8);
+            value >>= HIGH_BITS;
         }
         out
     }
