@@ -220,6 +220,8 @@ const _: () = assert!(
 
 /// Most code heaps per JVM described to the BPF side (HotSpot uses 1, or 3 when segmented).
 pub const MAX_CODE_HEAPS: usize = 4;
+/// Bound on Java threads (host tid -> `JavaThread*`) described to the BPF side, over all JVMs.
+pub const MAX_JAVA_THREADS: u32 = 65_536;
 /// Default bound on JVMs described to the BPF side (the `HOTSPOT_PROCS` map size).
 pub const DEFAULT_MAX_JVMS: u32 = 256;
 

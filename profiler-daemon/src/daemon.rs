@@ -86,7 +86,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     })?;
     let mut sampler = Sampler::start(config.frequency_hz, &config.pids, config.max_jvms)?;
     let tracker = spawn_jvm_tracker(
-        sampler.take_hotspot_map()?,
+        sampler.take_hotspot_maps()?,
         config.max_jvms as usize,
         config.pids.clone(),
     )?;
@@ -206,7 +206,7 @@ impl TrackerThread {
 }
 
 fn spawn_jvm_tracker(
-    map: aya::maps::HashMap<aya::maps::MapData, u32, profiler_common::HotspotProc>,
+    maps: tracker::BpfMaps,
     max_jvms: usize,
     pids: Vec<u32>,
 ) -> Result<TrackerThread, DaemonError> {
@@ -216,7 +216,7 @@ fn spawn_jvm_tracker(
     let handle = std::thread::Builder::new()
         .name("jvm-tracker".into())
         .spawn(move || {
-            let mut tracker = JvmTracker::new(map, max_jvms, pids);
+            let mut tracker = JvmTracker::new(maps, max_jvms, pids);
             while !stop_flag.load(Ordering::Relaxed) {
                 tracker.scan();
                 if let Ok(mut counts) = shared_counts.lock() {

@@ -5,7 +5,9 @@ use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::programs::PerfEvent;
 use aya::{Ebpf, EbpfLoader};
-use profiler_common::{Counter, HotspotProc};
+use profiler_common::Counter;
+
+use crate::hotspot::tracker::BpfMaps;
 
 /// The object built from `profiler-ebpf` by build.rs.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
@@ -156,18 +158,25 @@ impl Sampler {
         })
     }
 
-    /// The map of per-JVM layouts, for the JVM tracker (can be taken once).
-    pub fn take_hotspot_map(
-        &mut self,
-    ) -> Result<BpfHashMap<MapData, u32, HotspotProc>, SamplerError> {
-        let map = self
+    /// The maps of per-JVM layouts and Java threads, for the JVM tracker (can be taken once).
+    pub fn take_hotspot_maps(&mut self) -> Result<BpfMaps, SamplerError> {
+        let procs = self
             .ebpf
             .take_map("HOTSPOT_PROCS")
             .ok_or(SamplerError::MissingMap("HOTSPOT_PROCS"))?;
-        BpfHashMap::try_from(map).map_err(|source| SamplerError::Map {
+        let procs = BpfHashMap::try_from(procs).map_err(|source| SamplerError::Map {
             name: "HOTSPOT_PROCS",
             source,
-        })
+        })?;
+        let threads = self
+            .ebpf
+            .take_map("JAVA_THREADS")
+            .ok_or(SamplerError::MissingMap("JAVA_THREADS"))?;
+        let threads = BpfHashMap::try_from(threads).map_err(|source| SamplerError::Map {
+            name: "JAVA_THREADS",
+            source,
+        })?;
+        Ok(BpfMaps { procs, threads })
     }
 
     pub fn cpus(&self) -> usize {

@@ -28,8 +28,8 @@ use aya_ebpf::{
 use profiler_common::{
     hotspot_flags, Counter, FrameKind, HotspotProc, SampleHeader, SampleRecord, UnwindEnd,
     UserFrame, BCI_UNKNOWN, COMM_LEN, DEFAULT_MAX_JVMS, FRAMES_BYTES, HEADER_BYTES,
-    KERNEL_FRAME_BYTES, MAX_CODE_HEAPS, MAX_KERNEL_FRAMES, MAX_TARGET_PIDS, MAX_USER_FRAMES,
-    RECORD_BYTES, SAMPLE_RING_BYTES, USER_FRAME_BYTES,
+    KERNEL_FRAME_BYTES, MAX_CODE_HEAPS, MAX_JAVA_THREADS, MAX_KERNEL_FRAMES, MAX_TARGET_PIDS,
+    MAX_USER_FRAMES, RECORD_BYTES, SAMPLE_RING_BYTES, USER_FRAME_BYTES,
 };
 
 /// Set by the daemon at load time: non-zero when only the pids in `TARGET_PIDS` are sampled.
@@ -52,6 +52,17 @@ static TARGET_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGET_PIDS
 /// is set at load time from the `max_jvms` setting.
 #[map]
 static HOTSPOT_PROCS: HashMap<u32, HotspotProc> = HashMap::with_max_entries(DEFAULT_MAX_JVMS, 0);
+
+/// Host tid -> `JavaThread*` of every Java thread of the JVMs above; written by the daemon. Lets
+/// the walk resume at a thread's last Java frame when native code without frame pointers (a
+/// JNI library, libc) hides the way back.
+#[map]
+static JAVA_THREADS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_JAVA_THREADS, 0);
+
+/// `JavaThread::_thread_state` values of a thread outside Java code, whose anchor is valid.
+const THREAD_IN_NATIVE: u32 = 4;
+const THREAD_IN_VM: u32 = 6;
+const THREAD_BLOCKED: u32 = 10;
 
 /// x86_64: the low two bits of `cs` are the privilege level; 3 is user mode.
 const USER_MODE_CS_MASK: u64 = 3;
@@ -150,6 +161,8 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
     walk.frames = 0;
     walk.end = END_UNSET;
     walk.skip = 0;
+    walk.java_seen = 0;
+    walk.tid = pid_tgid as u32;
     match user {
         Some(regs) => {
             walk.pc = regs.ip;
@@ -256,7 +269,12 @@ struct Walk {
     is_jvm: u8,
     /// Non-zero when the current frame is not recorded (the call stub).
     skip: u8,
-    _reserved: [u8; 5],
+    /// Non-zero once a Java frame was walked, or the thread's anchor was used.
+    java_seen: u8,
+    _reserved: [u8; 4],
+    /// Host tid of the sampled thread.
+    tid: u32,
+    _reserved2: u32,
     hotspot: HotspotProc,
 }
 
@@ -292,6 +310,9 @@ extern "C" fn unwind_step(_index: u64, _ctx: *mut c_void) -> i64 {
     let in_code_cache =
         walk.is_jvm != 0 && walk.pc >= walk.hotspot.code_low && walk.pc < walk.hotspot.code_high;
     walk.skip = 0;
+    if in_code_cache {
+        walk.java_seen = 1;
+    }
     let step = if in_code_cache {
         java_step(walk, top)
     } else {
@@ -321,10 +342,60 @@ extern "C" fn unwind_step(_index: u64, _ctx: *mut c_void) -> i64 {
             return 1;
         }
     }
+    if walk.end != END_UNSET && walk.end != UnwindEnd::MaxDepth as u8 && resume_at_anchor(walk) {
+        walk.end = END_UNSET;
+    }
     if walk.end != END_UNSET {
         return 1;
     }
     0
+}
+
+/// A JVM thread whose native frames led nowhere (code without frame pointers) before any Java
+/// frame: if it is in native or VM code, its `JavaFrameAnchor` holds its last Java frame.
+/// Returns true if the walk continues from there.
+#[inline(always)]
+fn resume_at_anchor(walk: &mut Walk) -> bool {
+    if walk.is_jvm == 0 || walk.java_seen != 0 {
+        return false;
+    }
+    walk.java_seen = 1;
+    // SAFETY: the value is copied out at once.
+    let Some(&thread) = (unsafe { JAVA_THREADS.get(&walk.tid) }) else {
+        return false;
+    };
+    let hs = &walk.hotspot;
+    // SAFETY: checked reads of user memory.
+    let state =
+        unsafe { bpf_probe_read_user((thread + hs.java_thread_state as u64) as *const u32) }
+            .unwrap_or(0);
+    if state != THREAD_IN_NATIVE && state != THREAD_IN_VM && state != THREAD_BLOCKED {
+        return false;
+    }
+    let anchor = thread + hs.java_thread_anchor as u64;
+    // The anchor's sp is written last: once it is set, pc and fp are valid.
+    let Ok(sp) = read_u64(anchor + hs.anchor_sp as u64) else {
+        return false;
+    };
+    if sp == 0 {
+        return false;
+    }
+    let pc = match read_u64(anchor + hs.anchor_pc as u64) {
+        Ok(0) | Err(_) => read_u64(sp - 8).unwrap_or(0),
+        Ok(pc) => pc,
+    };
+    let fp = if hs.anchor_fp == u16::MAX {
+        0
+    } else {
+        read_u64(anchor + hs.anchor_fp as u64).unwrap_or(0)
+    };
+    if pc == 0 {
+        return false;
+    }
+    walk.pc = pc;
+    walk.sp = sp;
+    walk.fp = fp;
+    true
 }
 
 #[inline(always)]

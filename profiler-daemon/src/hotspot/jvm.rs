@@ -229,6 +229,59 @@ impl Jvm {
     }
 }
 
+/// Most Java threads read from one JVM's thread list.
+const MAX_THREADS: usize = 65_536;
+
+impl Jvm {
+    /// The JVM's Java threads: (tid in the JVM's pid namespace, `JavaThread*`). Uses the
+    /// ThreadsSMR list (JDK 10+) or the older linked list.
+    pub fn java_threads(&self, memory: &dyn RemoteMemory) -> Result<Vec<(u32, u64)>, JvmError> {
+        let layout = &self.layout;
+        let threads: Vec<u64> =
+            if let Some(list_at) = layout.offset("ThreadsSMRSupport::_java_thread_list") {
+                let list = memory.read_ptr(self.bias.wrapping_add(list_at))?;
+                let length = memory.read_u32(list + self.offset("ThreadsList::_length")?)? as usize;
+                if length > MAX_THREADS {
+                    return Err(JvmError::Implausible(format!("{length} Java threads")));
+                }
+                if length == 0 {
+                    return Ok(Vec::new());
+                }
+                let array = memory.read_ptr(list + self.offset("ThreadsList::_threads")?)?;
+                let mut bytes = vec![0u8; length * 8];
+                memory.read(array, &mut bytes)?;
+                bytes
+                    .chunks_exact(8)
+                    .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+                    .collect()
+            } else {
+                let next = self.offset("JavaThread::_next")?;
+                let mut thread = memory.read_u64(self.static_address("Threads::_thread_list")?)?;
+                let mut threads = Vec::new();
+                while thread != 0 && threads.len() < MAX_THREADS {
+                    threads.push(thread);
+                    thread = memory.read_u64(thread + next)?;
+                }
+                threads
+            };
+        let osthread_at = self.offset("Thread::_osthread")?;
+        let tid_at = self.offset("OSThread::_thread_id")?;
+        let mut out = Vec::with_capacity(threads.len());
+        for thread in threads {
+            let Ok(osthread) = memory.read_ptr(thread + osthread_at) else {
+                continue;
+            };
+            let Ok(tid) = memory.read_u32(osthread + tid_at) else {
+                continue;
+            };
+            if tid != 0 {
+                out.push((tid, thread));
+            }
+        }
+        Ok(out)
+    }
+}
+
 fn read_version(
     memory: &dyn RemoteMemory,
     layout: &JvmLayout,

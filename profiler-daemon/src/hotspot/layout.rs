@@ -200,6 +200,8 @@ const FIELDS: &[WantedField] = &[
     ),
     optional("ThreadsList::_length", &["ThreadsList::_length"]),
     optional("ThreadsList::_threads", &["ThreadsList::_threads"]),
+    optional("Threads::_thread_list", &["Threads::_thread_list"]),
+    optional("JavaThread::_next", &["JavaThread::_next"]),
     // The interpreter's code and the call stub: where Java frames start and end.
     required(
         "AbstractInterpreter::_code",

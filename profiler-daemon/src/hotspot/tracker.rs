@@ -26,20 +26,40 @@ const YOUNG: Duration = Duration::from_secs(30);
 /// A ready JVM's code cache is re-read this often.
 const REFRESH: Duration = Duration::from_secs(5);
 
-/// Where the layouts go: the BPF map, or (in tests and `jvm-info`) nowhere.
+/// Where layouts and Java threads go: the BPF maps, or a fake in tests.
 pub trait LayoutSink {
     fn put(&mut self, pid: u32, proc_info: &HotspotProc) -> Result<(), String>;
     fn remove(&mut self, pid: u32);
+    /// `tid` is a host tid.
+    fn put_thread(&mut self, tid: u32, java_thread: u64) -> Result<(), String>;
+    fn remove_thread(&mut self, tid: u32);
 }
 
-impl LayoutSink for BpfHashMap<MapData, u32, HotspotProc> {
+/// The two BPF maps the tracker writes.
+pub struct BpfMaps {
+    pub procs: BpfHashMap<MapData, u32, HotspotProc>,
+    pub threads: BpfHashMap<MapData, u32, u64>,
+}
+
+impl LayoutSink for BpfMaps {
     fn put(&mut self, pid: u32, proc_info: &HotspotProc) -> Result<(), String> {
-        self.insert(pid, *proc_info, 0)
+        self.procs
+            .insert(pid, *proc_info, 0)
             .map_err(|err| err.to_string())
     }
 
     fn remove(&mut self, pid: u32) {
-        let _ = BpfHashMap::remove(self, &pid);
+        let _ = self.procs.remove(&pid);
+    }
+
+    fn put_thread(&mut self, tid: u32, java_thread: u64) -> Result<(), String> {
+        self.threads
+            .insert(tid, java_thread, 0)
+            .map_err(|err| err.to_string())
+    }
+
+    fn remove_thread(&mut self, tid: u32) {
+        let _ = self.threads.remove(&tid);
     }
 }
 
@@ -57,6 +77,8 @@ enum State {
         jvm: Box<Jvm>,
         pushed: HotspotProc,
         refreshed: Instant,
+        /// Java threads pushed: host tid -> JavaThread*.
+        threads: HashMap<u32, u64>,
     },
     /// Not readable for good (layout missing a field, no permission): not retried.
     Failed,
@@ -177,8 +199,11 @@ impl<S: LayoutSink> JvmTracker<S> {
     }
 
     fn forget(&mut self, pid: u32, old: Tracked) {
-        if let State::Ready { .. } = old.state {
+        if let State::Ready { threads, .. } = old.state {
             self.sink.remove(pid);
+            for tid in threads.keys() {
+                self.sink.remove_thread(*tid);
+            }
             tracing::info!(pid, "JVM exited: layout removed");
         }
     }
@@ -231,6 +256,7 @@ impl<S: LayoutSink> JvmTracker<S> {
                 if refreshed.elapsed() >= REFRESH {
                     self.refresh(pid);
                 }
+                self.sync_threads(pid);
             }
         }
     }
@@ -312,7 +338,47 @@ impl<S: LayoutSink> JvmTracker<S> {
             jvm,
             pushed: proc_info,
             refreshed: Instant::now(),
+            threads: HashMap::new(),
         };
+        self.sync_threads(pid);
+    }
+
+    /// Brings the BPF map of this JVM's Java threads up to date (threads start and end often).
+    fn sync_threads(&mut self, pid: u32) {
+        let memory = ProcessMemory::new(pid);
+        let Some(tracked) = self.tracked.get_mut(&pid) else {
+            return;
+        };
+        let State::Ready { jvm, threads, .. } = &mut tracked.state else {
+            return;
+        };
+        let Ok(current) = jvm.java_threads(&memory) else {
+            return;
+        };
+        let to_host = host_tids(pid);
+        let current: HashMap<u32, u64> = current
+            .into_iter()
+            .filter_map(|(ns_tid, thread)| {
+                let host = match &to_host {
+                    Some(map) => *map.get(&ns_tid)?,
+                    None => ns_tid,
+                };
+                Some((host, thread))
+            })
+            .collect();
+        for (tid, thread) in &current {
+            if threads.get(tid) != Some(thread) {
+                if let Err(err) = self.sink.put_thread(*tid, *thread) {
+                    tracing::debug!(pid, tid, %err, "cannot push Java thread");
+                }
+            }
+        }
+        for tid in threads.keys() {
+            if !current.contains_key(tid) {
+                self.sink.remove_thread(*tid);
+            }
+        }
+        *threads = current;
     }
 
     /// Re-reads a ready JVM's code cache and updates the map if it changed.
@@ -325,6 +391,7 @@ impl<S: LayoutSink> JvmTracker<S> {
             jvm,
             pushed,
             refreshed,
+            ..
         } = &mut tracked.state
         else {
             return;
@@ -341,6 +408,37 @@ impl<S: LayoutSink> JvmTracker<S> {
             tracing::debug!(pid, "JVM code cache changed: layout updated");
         }
     }
+}
+
+/// For a process in another pid namespace (a container), its tids as it sees them mapped to host
+/// tids (from `NSpid` in /proc/PID/task/*/status); `None` when it shares our pid namespace.
+fn host_tids(pid: u32) -> Option<HashMap<u32, u32>> {
+    let ours = std::fs::metadata("/proc/self/ns/pid").ok()?;
+    let theirs = std::fs::metadata(format!("/proc/{pid}/ns/pid")).ok()?;
+    use std::os::unix::fs::MetadataExt;
+    if ours.ino() == theirs.ino() && ours.dev() == theirs.dev() {
+        return None;
+    }
+    let mut map = HashMap::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let Some(line) = status.lines().find_map(|l| l.strip_prefix("NSpid:")) else {
+            continue;
+        };
+        let ids: Vec<u32> = line
+            .split_whitespace()
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        if let (Some(host), Some(inner)) = (ids.first(), ids.last()) {
+            map.insert(*inner, *host);
+        }
+    }
+    Some(map)
 }
 
 /// Errors that retrying will not fix.
