@@ -4,19 +4,56 @@ import java.util.zip.Deflater;
 // Java workloads with known CPU splits and call chains, one named thread each:
 //   split-worker   spends 60% / 30% / 10% of its time in splitA / splitB / splitC;
 //   deep-worker    recurses 200 frames deep, then spins in a hot leaf;
-//   inline-worker  calls tiny methods that C2 inlines (inlineOuter -> inlineMiddle -> inlineInner);
+//   inline-worker  calls tiny methods the JIT inlines (inlineOuter -> inlineMiddle -> inlineInner),
+//                  whose innermost one makes a megamorphic (never inlined) call to the hot leaf, so
+//                  the inlined chain is recorded at that call site even without DebugNonSafepoints;
 //   zip-worker     calls into native code (java.util.zip: Deflater and CRC32).
 // Prints "ready" once every thread runs.
 public class Workloads {
     static volatile long sink;
 
-    // Work units are equal: the same loop, run 6, 3 and 1 times per round.
-    static long spin(long seed) {
-        long acc = seed;
-        for (int i = 0; i < 200_000; i++) {
-            acc = acc * 6364136223846793005L + 1442695040888963407L;
+    // Work units are equal: the same loop, run 6, 3 and 1 times per round. The unit is called
+    // through three identical classes (a megamorphic call the JIT never inlines), so each sample's
+    // split method is a caller frame, whose debug info is exact.
+    interface Unit {
+        long spin(long seed);
+    }
+
+    static final class Unit1 implements Unit {
+        public long spin(long seed) {
+            long acc = seed;
+            for (int i = 0; i < 200_000; i++) {
+                acc = acc * 6364136223846793005L + 1442695040888963407L;
+            }
+            return acc;
         }
-        return acc;
+    }
+
+    static final class Unit2 implements Unit {
+        public long spin(long seed) {
+            long acc = seed;
+            for (int i = 0; i < 200_000; i++) {
+                acc = acc * 6364136223846793005L + 1442695040888963407L;
+            }
+            return acc;
+        }
+    }
+
+    static final class Unit3 implements Unit {
+        public long spin(long seed) {
+            long acc = seed;
+            for (int i = 0; i < 200_000; i++) {
+                acc = acc * 6364136223846793005L + 1442695040888963407L;
+            }
+            return acc;
+        }
+    }
+
+    static final Unit[] UNITS = {new Unit1(), new Unit2(), new Unit3()};
+    static int next;
+
+    static long spin(long seed) {
+        return UNITS[next++ % 3].spin(seed);
     }
 
     static long splitA(long seed) {
@@ -56,16 +93,49 @@ public class Workloads {
         return acc;
     }
 
-    static int inlineInner(int x) {
-        return x * 31 + 7;
+    interface Op {
+        long apply(long x);
     }
 
-    static int inlineMiddle(int x) {
-        return inlineInner(x) ^ (x >>> 3);
+    static final class Mix1 implements Op {
+        public long apply(long x) {
+            for (int i = 0; i < 2000; i++) {
+                x = x * 31 + i;
+            }
+            return x;
+        }
     }
 
-    static int inlineOuter(int x) {
-        return inlineMiddle(x) + inlineMiddle(x + 1);
+    static final class Mix2 implements Op {
+        public long apply(long x) {
+            for (int i = 0; i < 2000; i++) {
+                x = x * 37 + (i ^ 5);
+            }
+            return x;
+        }
+    }
+
+    static final class Mix3 implements Op {
+        public long apply(long x) {
+            for (int i = 0; i < 2000; i++) {
+                x = (x ^ i) * 41;
+            }
+            return x;
+        }
+    }
+
+    static final Op[] OPS = {new Mix1(), new Mix2(), new Mix3()};
+
+    static long inlineInner(long x, int i) {
+        return OPS[i % 3].apply(x) + 1;
+    }
+
+    static long inlineMiddle(long x, int i) {
+        return inlineInner(x, i) ^ 5;
+    }
+
+    static long inlineOuter(long x, int i) {
+        return inlineMiddle(x, i) + 3;
     }
 
     static void zipWork() {
@@ -111,10 +181,10 @@ public class Workloads {
             }
         });
         start("inline-worker", () -> {
-            int x = 0;
+            long x = 0;
             while (true) {
-                for (int i = 0; i < 1_000_000; i++) {
-                    x = inlineOuter(x + i);
+                for (int i = 0; i < 1_000; i++) {
+                    x = inlineOuter(x, i);
                 }
                 sink += x;
             }

@@ -1,0 +1,274 @@
+//! Java stacks end to end on JDK 11, 17, 21 and 25 with default flags: CPU shares, complete
+//! stacks to the thread's root, deep recursion, inlined frames, lines, native code under Java.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use profiler_daemon::pprof::proto::{Profile, Sample};
+use profiler_tests::*;
+
+/// `Workloads.splitA_[j]` -> `Workloads.splitA`.
+fn base_name(name: &str) -> &str {
+    match name.rfind("_[") {
+        Some(at) if name.ends_with(']') => &name[..at],
+        _ => name,
+    }
+}
+
+struct Frame {
+    name: String,
+    line: i64,
+}
+
+fn frames(profile: &Profile, sample: &Sample) -> Vec<Frame> {
+    let mut out = Vec::new();
+    for id in &sample.location_id {
+        let Some(location) = profile.location.iter().find(|l| l.id == *id) else {
+            continue;
+        };
+        for line in &location.line {
+            let name = profile
+                .function
+                .iter()
+                .find(|f| f.id == line.function_id)
+                .map(|f| profile.string_table[f.name as usize].clone())
+                .unwrap_or_default();
+            out.push(Frame {
+                name,
+                line: line.line,
+            });
+        }
+    }
+    out
+}
+
+/// Line range [first, last] of a method in the workload's source, by its declaration.
+fn method_lines(source: &str, declaration: &str) -> (i64, i64) {
+    let lines: Vec<&str> = source.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.contains(declaration))
+        .expect("declaration in source");
+    let end = (start..lines.len())
+        .find(|&i| lines[i] == "    }")
+        .expect("method end");
+    (start as i64 + 1, end as i64 + 1)
+}
+
+#[test]
+fn java_stacks_on_every_jdk() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes = compile_java(&["Workloads.java"], dir.path()).expect("javac");
+    let source = std::fs::read_to_string(
+        workloads_dir()
+            .parent()
+            .expect("tests dir")
+            .join("java/Workloads.java"),
+    )
+    .expect("source");
+    let deep_leaf_lines = method_lines(&source, "static long deepLeaf");
+    let mut report = Vec::new();
+
+    for jdk in jdks() {
+        let jvm = start_java(&jdk, &classes, "Workloads", &[]).expect("JVM starts");
+        // Let the JIT compile the hot paths, as in a long-running service.
+        std::thread::sleep(Duration::from_secs(4));
+        let out = dir.path().join(format!("profiles-{}", jdk.major));
+        let output = run_daemon(
+            &[
+                "--pid",
+                &jvm.pid().to_string(),
+                "--frequency",
+                "499",
+                "--interval",
+                "15",
+                "--duration",
+                "12",
+                "--output",
+                out.to_str().expect("utf-8"),
+            ],
+            Duration::from_secs(90),
+        )
+        .expect("daemon runs");
+        assert!(
+            output.status.success(),
+            "daemon failed on JDK {}",
+            jdk.major
+        );
+        let log = String::from_utf8_lossy(&output.stderr).into_owned();
+        let unwind_ends: Vec<String> = log
+            .lines()
+            .filter_map(|l| l.split("unwind_ends=").nth(1))
+            .filter_map(|rest| rest.split_whitespace().next())
+            .map(str::to_owned)
+            .collect();
+        drop(jvm);
+
+        let profiles = profiles_of(&out, output_pid(&out)).expect("profiles readable");
+        assert!(!profiles.is_empty(), "no profile for JDK {}", jdk.major);
+
+        // Per thread: samples, and samples whose stack contains each function.
+        let mut thread_samples: HashMap<String, i64> = HashMap::new();
+        let mut contains: HashMap<(String, String), i64> = HashMap::new();
+        let (mut rooted, mut java_thread_samples) = (0i64, 0i64);
+        let (mut deep_leaf, mut deep_complete) = (0i64, 0i64);
+        let (mut inline_samples, mut with_inlined) = (0i64, 0i64);
+        let (mut zip_samples, mut zip_native_under_java) = (0i64, 0i64);
+        let (mut leaf_line_checked, mut leaf_line_right) = (0i64, 0i64);
+        for (_, profile) in &profiles {
+            for sample in &profile.sample {
+                let n = count(sample);
+                let thread = label(profile, sample, "thread_name")
+                    .unwrap_or_default()
+                    .to_owned();
+                let frames = frames(profile, sample);
+                *thread_samples.entry(thread.clone()).or_default() += n;
+                for frame in &frames {
+                    *contains
+                        .entry((thread.clone(), base_name(&frame.name).to_owned()))
+                        .or_default() += 0;
+                }
+                let mut seen = std::collections::HashSet::new();
+                for frame in &frames {
+                    if seen.insert(base_name(&frame.name).to_owned()) {
+                        *contains
+                            .entry((thread.clone(), base_name(&frame.name).to_owned()))
+                            .or_default() += n;
+                    }
+                }
+                if !thread.ends_with("-worker") {
+                    continue;
+                }
+                java_thread_samples += n;
+                let reaches_root = frames
+                    .iter()
+                    .any(|f| base_name(&f.name) == "java.lang.Thread.run");
+                if reaches_root {
+                    rooted += n;
+                }
+                match thread.as_str() {
+                    "deep-worker"
+                        if frames
+                            .first()
+                            .is_some_and(|f| base_name(&f.name) == "Workloads.deepLeaf") =>
+                    {
+                        deep_leaf += n;
+                        let depth = frames
+                            .iter()
+                            .filter(|f| base_name(&f.name) == "Workloads.recurse")
+                            .count();
+                        if depth == 201 && reaches_root {
+                            deep_complete += n;
+                        }
+                        leaf_line_checked += n;
+                        let line = frames[0].line;
+                        if line >= deep_leaf_lines.0 && line <= deep_leaf_lines.1 {
+                            leaf_line_right += n;
+                        }
+                    }
+                    "inline-worker" => {
+                        inline_samples += n;
+                        if frames.iter().any(|f| {
+                            f.name.ends_with("_[i]") && f.name.contains("Workloads.inline")
+                        }) {
+                            with_inlined += n;
+                        }
+                    }
+                    "zip-worker" => {
+                        zip_samples += n;
+                        let first_java = frames.iter().position(|f| {
+                            f.name.starts_with("java.") || f.name.starts_with("Workloads.")
+                        });
+                        if first_java.is_some_and(|i| {
+                            i > 0
+                                && frames[..i].iter().any(|f| {
+                                    f.name.contains("libz")
+                                        || f.name.contains("deflate")
+                                        || f.name.contains("crc32")
+                                        || f.name.contains("adler")
+                                })
+                        }) && reaches_root
+                        {
+                            zip_native_under_java += n;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+
+        let split_total = thread_samples.get("split-worker").copied().unwrap_or(0);
+        let share = |f: &str| {
+            contains
+                .get(&("split-worker".to_owned(), format!("Workloads.{f}")))
+                .copied()
+                .unwrap_or(0) as f64
+                / split_total.max(1) as f64
+        };
+        let (a, b, c) = (share("splitA"), share("splitB"), share("splitC"));
+        let error = ((a - 0.6).abs()).max((b - 0.3).abs()).max((c - 0.1).abs());
+        let root_reach = rooted as f64 / java_thread_samples.max(1) as f64;
+        let line = format!(
+            "JDK {}: split {:.1}/{:.1}/{:.1}% over {split_total} samples (max error {:.1} pp); root reach {:.1}% of {java_thread_samples}; \
+             200-deep complete {deep_complete}/{deep_leaf}; inlined frames in {with_inlined}/{inline_samples}; \
+             native zip under Java {zip_native_under_java}/{zip_samples}; deepLeaf line right {leaf_line_right}/{leaf_line_checked}; unwind ends {}",
+            jdk.major, a * 100.0, b * 100.0, c * 100.0, error * 100.0, root_reach * 100.0, unwind_ends.join(" | ")
+        );
+        eprintln!("{line}");
+        report.push(line);
+
+        for name in ["split-worker", "deep-worker", "inline-worker", "zip-worker"] {
+            assert!(
+                thread_samples.get(name).copied().unwrap_or(0) > 50,
+                "JDK {}: thread {name} missing or barely sampled: {thread_samples:?}",
+                jdk.major
+            );
+        }
+        assert!(
+            split_total > 500,
+            "JDK {}: too few split samples",
+            jdk.major
+        );
+        assert!(
+            error <= 0.03,
+            "JDK {}: split {a:.3}/{b:.3}/{c:.3} off by more than 3 pp",
+            jdk.major
+        );
+        assert!(
+            root_reach >= 0.95,
+            "JDK {}: only {:.1}% of Java thread samples reach Thread.run",
+            jdk.major,
+            root_reach * 100.0
+        );
+        assert!(
+            deep_leaf > 50 && deep_complete as f64 >= 0.95 * deep_leaf as f64,
+            "JDK {}: 200-deep stacks incomplete: {deep_complete}/{deep_leaf}",
+            jdk.major
+        );
+        assert!(
+            with_inlined as f64 >= 0.5 * inline_samples as f64,
+            "JDK {}: inlined frames missing: {with_inlined}/{inline_samples}",
+            jdk.major
+        );
+        assert!(
+            zip_native_under_java as f64 >= 0.5 * zip_samples as f64,
+            "JDK {}: native zip frames under Java: {zip_native_under_java}/{zip_samples}",
+            jdk.major
+        );
+        assert!(
+            leaf_line_right as f64 >= 0.95 * leaf_line_checked as f64,
+            "JDK {}: deepLeaf lines {leaf_line_right}/{leaf_line_checked} in {deep_leaf_lines:?}",
+            jdk.major
+        );
+    }
+    eprintln!("--- summary ---\n{}", report.join("\n"));
+}
+
+/// The pid in the first profile file name of `dir` (`cpu-<time>-<pid>-<comm>.pb.gz`).
+fn output_pid(dir: &std::path::Path) -> u32 {
+    std::fs::read_dir(dir)
+        .expect("output dir")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .find_map(|name| name.split('-').nth(2)?.parse().ok())
+        .expect("a profile file")
+}
