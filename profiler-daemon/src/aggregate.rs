@@ -61,6 +61,8 @@ pub struct IntervalStacks {
 pub enum Added {
     /// The first sample of this process in the current interval.
     NewProcess,
+    /// A stack not seen before in this interval (of a known process).
+    NewStack,
     Folded,
     /// Not kept: the interval already holds `max_stacks` distinct stacks.
     OverBound,
@@ -106,6 +108,7 @@ impl Aggregator {
                 && stored[HEADER_BYTES..HEADER_BYTES + kernel.len()] == *kernel
                 && stored[HEADER_BYTES + kernel.len()..] == *user
         });
+        let mut new_stack = false;
         if let Some(slot) = found {
             slot.count += 1;
             process.samples += 1;
@@ -136,9 +139,12 @@ impl Aggregator {
             });
             process.samples += 1;
             self.distinct += 1;
+            new_stack = true;
         }
         if new_process {
             Added::NewProcess
+        } else if new_stack {
+            Added::NewStack
         } else {
             Added::Folded
         }
@@ -203,8 +209,8 @@ mod tests {
         let other_process = encode(8, "main", &[], &[1, 2, 3], UnwindEnd::Complete);
         assert_eq!(add(&mut aggregator, &a), Added::NewProcess);
         assert_eq!(add(&mut aggregator, &a), Added::Folded);
-        assert_eq!(add(&mut aggregator, &b), Added::Folded);
-        assert_eq!(add(&mut aggregator, &other_thread), Added::Folded);
+        assert_eq!(add(&mut aggregator, &b), Added::NewStack);
+        assert_eq!(add(&mut aggregator, &other_thread), Added::NewStack);
         assert_eq!(add(&mut aggregator, &other_process), Added::NewProcess);
 
         let interval = aggregator.take_interval();

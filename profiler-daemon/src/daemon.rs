@@ -11,7 +11,7 @@ use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use profiler_common::{Counter, UnwindEnd};
+use profiler_common::{Counter, FrameKind, UnwindEnd, UserFrame};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::aggregate::{Added, Aggregator};
@@ -254,8 +254,29 @@ fn drain_ring(
         if let Some(end) = view.user_end() {
             stats.unwind_ends[end as usize] += 1;
         }
-        if aggregator.add(&view) == Added::NewProcess {
+        let added = aggregator.add(&view);
+        if added == Added::NewProcess {
             send(work, Work::ProcessSeen(view.pid()), stats);
+        }
+        // Java frames of a new stack are named right away: the methods of short-lived classes
+        // may be unloaded (their memory reused) before the interval ends.
+        if matches!(added, Added::NewProcess | Added::NewStack) {
+            let java: Vec<(UserFrame, bool)> = view
+                .user_frames()
+                .enumerate()
+                .filter(|(_, frame)| frame.kind != FrameKind::Native as u8)
+                .map(|(index, frame)| (frame, index == 0))
+                .collect();
+            if !java.is_empty() {
+                send(
+                    work,
+                    Work::ResolveJava {
+                        pid: view.pid(),
+                        frames: java,
+                    },
+                    stats,
+                );
+            }
         }
     });
 }

@@ -40,6 +40,27 @@ impl Symbolizers {
         }
     }
 
+    /// Makes sure the Java symbolizer knows the JVM `pid`; false if it cannot be read.
+    pub fn ensure_jvm(&mut self, pid: u32, processes: &ProcessTable) -> bool {
+        if self.java.has(pid) {
+            return true;
+        }
+        let Some(info) = processes.get(pid) else {
+            return false;
+        };
+        let memory = ProcessMemory::new(pid);
+        match Jvm::inspect(info, &memory, &mut self.layouts) {
+            Ok(jvm) => {
+                self.java.add(jvm, memory);
+                true
+            }
+            Err(err) => {
+                tracing::debug!(pid, %err, "cannot read JVM for symbolization");
+                false
+            }
+        }
+    }
+
     /// Forgets per-process state of processes the table no longer knows.
     pub fn forget_exited(&mut self, processes: &ProcessTable) {
         for pid in self.java.pids() {
@@ -116,14 +137,8 @@ pub fn build(
         .zip(symbolizers.kernel.resolve(&kernel_addrs))
         .collect();
     let user_frames = resolve_user(pid, &user_addrs, processes, &mut symbolizers.native);
-    if has_java && !symbolizers.java.has(pid) {
-        if let Some(info) = processes.get(pid) {
-            let memory = ProcessMemory::new(pid);
-            match Jvm::inspect(info, &memory, &mut symbolizers.layouts) {
-                Ok(jvm) => symbolizers.java.add(jvm, memory),
-                Err(err) => tracing::debug!(pid, %err, "cannot read JVM for symbolization"),
-            }
-        }
+    if has_java {
+        symbolizers.ensure_jvm(pid, processes);
     }
 
     let comm = processes
@@ -194,11 +209,46 @@ pub fn build(
 /// Which stack ends deserve a visible marker at the root. A frame-pointer walk that runs into
 /// code built without frame pointers (libc's start-up code, typically) ends with a failed or
 /// non-monotonic read: that is the normal end of native stacks, counted but not marked. A walk
-/// cut by the depth bound is marked, so the missing outer frames are visible.
+/// cut by the depth bound, or stopped by a Java frame it could not unwind, is marked, so the
+/// missing outer frames are visible instead of silently gone.
 fn truncation_marker(end: Option<UnwindEnd>) -> Option<UnwindEnd> {
-    match end {
-        Some(UnwindEnd::MaxDepth) => Some(UnwindEnd::MaxDepth),
-        _ => None,
+    match end? {
+        end @ (UnwindEnd::MaxDepth
+        | UnwindEnd::NoCodeBlob
+        | UnwindEnd::BadJavaFrame
+        | UnwindEnd::JavaReadFailed) => Some(end),
+        UnwindEnd::Complete
+        | UnwindEnd::ReadFailed
+        | UnwindEnd::NotMonotonic
+        | UnwindEnd::NoUserContext => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn java_unwind_failures_and_depth_cuts_are_marked() {
+        assert_eq!(
+            truncation_marker(Some(UnwindEnd::MaxDepth)),
+            Some(UnwindEnd::MaxDepth)
+        );
+        assert_eq!(
+            truncation_marker(Some(UnwindEnd::NoCodeBlob)),
+            Some(UnwindEnd::NoCodeBlob)
+        );
+        assert_eq!(
+            truncation_marker(Some(UnwindEnd::BadJavaFrame)),
+            Some(UnwindEnd::BadJavaFrame)
+        );
+        assert_eq!(
+            truncation_marker(Some(UnwindEnd::JavaReadFailed)),
+            Some(UnwindEnd::JavaReadFailed)
+        );
+        assert_eq!(truncation_marker(Some(UnwindEnd::NotMonotonic)), None);
+        assert_eq!(truncation_marker(Some(UnwindEnd::Complete)), None);
+        assert_eq!(truncation_marker(None), None);
     }
 }
 

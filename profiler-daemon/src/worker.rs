@@ -14,6 +14,12 @@ pub enum Work {
     /// A process had its first sample of the interval: read its mappings while it is alive.
     ProcessSeen(u32),
     Interval(IntervalStacks),
+    /// Java frames of a stack just seen, to name while their methods still exist; each with
+    /// whether it is the top frame.
+    ResolveJava {
+        pid: u32,
+        frames: Vec<(profiler_common::UserFrame, bool)>,
+    },
 }
 
 pub struct Worker {
@@ -50,6 +56,13 @@ impl Worker {
             match item {
                 Work::ProcessSeen(pid) => self.processes.observe(pid),
                 Work::Interval(interval) => self.write_interval(interval),
+                Work::ResolveJava { pid, frames } => {
+                    if self.symbolizers.ensure_jvm(pid, &self.processes) {
+                        for (frame, top) in frames {
+                            self.symbolizers.java.resolve(pid, &frame, top);
+                        }
+                    }
+                }
             }
         }
         WorkerTallies {

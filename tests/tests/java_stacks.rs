@@ -272,3 +272,74 @@ fn output_pid(dir: &std::path::Path) -> u32 {
         .find_map(|name| name.split('-').nth(2)?.parse().ok())
         .expect("a profile file")
 }
+
+#[test]
+fn class_churn_and_deoptimization_crash_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes = compile_java(&["Churn.java"], dir.path()).expect("javac");
+    let mut report = Vec::new();
+    for jdk in jdks() {
+        let mut jvm = start_java(&jdk, &classes, "Churn", &[]).expect("JVM starts");
+        let out = dir.path().join(format!("churn-{}", jdk.major));
+        let output = run_daemon(
+            &[
+                "--pid",
+                &jvm.pid().to_string(),
+                "--frequency",
+                "499",
+                "--interval",
+                "4",
+                "--duration",
+                "8",
+                "--output",
+                out.to_str().expect("utf-8"),
+            ],
+            Duration::from_secs(60),
+        )
+        .expect("daemon runs");
+        assert!(
+            output.status.success(),
+            "daemon failed on JDK {}",
+            jdk.major
+        );
+        assert!(
+            jvm.0.try_wait().expect("JVM status").is_none(),
+            "JDK {}: the JVM died under profiling",
+            jdk.major
+        );
+
+        let profiles = profiles_of(&out, jvm.pid()).expect("profiles readable");
+        let (mut total, mut unknown, mut churn, mut deopt) = (0i64, 0i64, 0i64, 0i64);
+        for (_, profile) in &profiles {
+            for sample in &profile.sample {
+                let n = count(sample);
+                total += n;
+                match label(profile, sample, "thread_name") {
+                    Some("churn-worker") => churn += n,
+                    Some("deopt-worker") => deopt += n,
+                    _ => {}
+                }
+                if frames(profile, sample).iter().any(|f| {
+                    f.name.contains("[unknown java") || f.name.contains("[unknown compiled")
+                }) {
+                    unknown += n;
+                }
+            }
+        }
+        let line = format!("JDK {}: {total} samples, churn-worker {churn}, deopt-worker {deopt}, with an unnamed Java frame {unknown}", jdk.major);
+        eprintln!("{line}");
+        report.push(line);
+        assert!(
+            churn > 100 && deopt > 100,
+            "JDK {}: workers not sampled",
+            jdk.major
+        );
+        // Reused memory must show as unknown, never crash anything; it should stay rare.
+        assert!(
+            (unknown as f64) < 0.05 * total as f64,
+            "JDK {}: {unknown} of {total} samples have unnamed Java frames",
+            jdk.major
+        );
+    }
+    eprintln!("--- summary ---\n{}", report.join("\n"));
+}
