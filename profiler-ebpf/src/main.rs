@@ -163,6 +163,7 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
     walk.skip = 0;
     walk.java_seen = 0;
     walk.tid = pid_tgid as u32;
+    walk.blob_cache.blob = 0;
     match user {
         Some(regs) => {
             walk.pc = regs.ip;
@@ -275,6 +276,8 @@ struct Walk {
     /// Host tid of the sampled thread.
     tid: u32,
     _reserved2: u32,
+    /// The last code blob read during this walk.
+    blob_cache: BlobCache,
     hotspot: HotspotProc,
 }
 
@@ -466,36 +469,23 @@ fn java_step(walk: &mut Walk, top: bool) -> Result<UserFrame, UnwindEnd> {
         walk.pc = slot[1];
         return Ok(frame(FrameKind::Native, pc, 0, 0));
     }
-    let blob = find_blob(hs, pc)?;
-    let mut header = [0u8; BLOB_HEADER_BYTES];
-    // SAFETY: a checked read of user memory into a stack buffer.
-    unsafe {
-        gen::bpf_probe_read_user(
-            header.as_mut_ptr() as *mut c_void,
-            BLOB_HEADER_BYTES as u32,
-            blob as *const c_void,
-        )
-    };
-    let code_begin = if hs.flags & hotspot_flags::CODE_OFFSET != 0 {
-        blob.wrapping_add(header_i32(&header, hs.blob_code) as i64 as u64)
+    // Deep stacks repeat blobs (recursion, loops over the same callees): the last blob found is
+    // kept, and a pc inside it skips the segment map and header reads.
+    let cached = walk.blob_cache;
+    let blob = if cached.blob != 0 && pc >= cached.code_begin && pc < cached.end {
+        cached
     } else {
-        header_u64(&header, hs.blob_code)
+        let found = read_blob(hs, pc)?;
+        walk.blob_cache = found;
+        found
     };
-    let frame_size = header_i32(&header, hs.blob_frame_size) as i64;
-    let frame_complete = if hs.flags & hotspot_flags::FRAME_COMPLETE_16 != 0 {
-        header_i16(&header, hs.blob_frame_complete) as i64
-    } else {
-        header_i32(&header, hs.blob_frame_complete) as i64
-    };
+    let BlobCache { blob: blob_address, code_begin, frame_size, frame_complete, compile_id, .. } = blob;
+    let (frame_size, frame_complete) = (frame_size as i64, frame_complete as i64);
     if code_begin == 0 || pc < code_begin || frame_size > MAX_FRAME_WORDS {
         return Err(UnwindEnd::BadJavaFrame);
     }
     let offset = pc - code_begin;
-    // SAFETY: a checked read of user memory; a stub has no compile id, and userspace checks it.
-    let compile_id =
-        unsafe { bpf_probe_read_user((blob + hs.nmethod_compile_id as u64) as *const u32) }
-            .unwrap_or(0);
-    let recorded = frame(FrameKind::Compiled, blob, offset as u32, compile_id);
+    let recorded = frame(FrameKind::Compiled, blob_address, offset as u32, compile_id);
 
     if frame_size > 0 && (!top || offset as i64 >= frame_complete) {
         // A complete compiled frame: fixed size, return address and saved rbp on top of it.
@@ -524,6 +514,56 @@ fn java_step(walk: &mut Walk, top: bool) -> Result<UserFrame, UnwindEnd> {
         walk.pc = slot[1];
     }
     Ok(recorded)
+}
+
+/// What the unwinder needs of one code blob; also the walk's one-entry cache.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct BlobCache {
+    blob: u64,
+    code_begin: u64,
+    /// End of the blob (`blob + _size`).
+    end: u64,
+    frame_size: i32,
+    frame_complete: i32,
+    compile_id: u32,
+    _reserved: u32,
+}
+
+/// Finds the blob containing `pc` and reads its header.
+#[inline(always)]
+fn read_blob(hs: &HotspotProc, pc: u64) -> Result<BlobCache, UnwindEnd> {
+    let blob = find_blob(hs, pc)?;
+    let mut header = [0u8; BLOB_HEADER_BYTES];
+    // SAFETY: a checked read of user memory into a stack buffer.
+    let read = unsafe {
+        gen::bpf_probe_read_user(header.as_mut_ptr() as *mut c_void, BLOB_HEADER_BYTES as u32, blob as *const c_void)
+    };
+    if read < 0 {
+        return Err(UnwindEnd::JavaReadFailed);
+    }
+    let code_begin = if hs.flags & hotspot_flags::CODE_OFFSET != 0 {
+        blob.wrapping_add(header_i32(&header, hs.blob_code) as i64 as u64)
+    } else {
+        header_u64(&header, hs.blob_code)
+    };
+    let frame_complete = if hs.flags & hotspot_flags::FRAME_COMPLETE_16 != 0 {
+        header_i16(&header, hs.blob_frame_complete) as i32
+    } else {
+        header_i32(&header, hs.blob_frame_complete)
+    };
+    let size = header_i32(&header, hs.blob_size);
+    // SAFETY: a checked read of user memory; a stub has no compile id, and userspace checks it.
+    let compile_id = unsafe { bpf_probe_read_user((blob + hs.nmethod_compile_id as u64) as *const u32) }.unwrap_or(0);
+    Ok(BlobCache {
+        blob,
+        code_begin,
+        end: blob.wrapping_add(size.max(0) as u64),
+        frame_size: header_i32(&header, hs.blob_frame_size),
+        frame_complete,
+        compile_id,
+        _reserved: 0,
+    })
 }
 
 /// An interpreter frame: Method* and bcp from fixed slots below fp (the live bcp from r13 for

@@ -8,6 +8,7 @@ import java.util.zip.Deflater;
 //                  whose innermost one makes a megamorphic (never inlined) call to the hot leaf, so
 //                  the inlined chain is recorded at that call site even without DebugNonSafepoints;
 //   zip-worker     calls into native code (java.util.zip: Deflater and CRC32).
+// Arguments, if any, name the only workers to start (e.g. `deep-worker`).
 // Prints "ready" once every thread runs.
 public class Workloads {
     static volatile long sink;
@@ -158,7 +159,12 @@ public class Workloads {
         }
     }
 
+    static java.util.Set<String> only = java.util.Set.of();
+
     static Thread start(String name, Runnable body) {
+        if (!only.isEmpty() && !only.contains(name)) {
+            return null;
+        }
         Thread thread = new Thread(body, name);
         thread.setDaemon(true);
         thread.start();
@@ -166,6 +172,7 @@ public class Workloads {
     }
 
     public static void main(String[] args) throws Exception {
+        only = java.util.Set.of(args);
         start("split-worker", () -> {
             long seed = 1;
             while (true) {
