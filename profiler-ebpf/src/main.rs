@@ -178,11 +178,11 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
                 }
                 None => walk.is_jvm = 0,
             }
-            // SAFETY: bpf_loop calls `unwind_step`, which finds its state in WALK.
+            // SAFETY: bpf_loop calls `unwind_steps`, which finds its state in WALK.
             unsafe {
                 gen::bpf_loop(
-                    MAX_WALK_STEPS,
-                    unwind_step as *mut c_void,
+                    MAX_WALK_STEPS.div_ceil(STEPS_PER_CALLBACK),
+                    unwind_steps as *mut c_void,
                     core::ptr::null_mut(),
                     0,
                 )
@@ -293,9 +293,12 @@ const MAX_FRAME_WORDS: i64 = 4096;
 /// Bytes of a CodeBlob header read at once (every field we use lies below this).
 const BLOB_HEADER_BYTES: usize = 128;
 
-/// One unwinding step: records the current frame, then moves to its caller. Returns 1 to stop.
+/// Frames unwound per `bpf_loop` iteration: amortises the callback and map lookups.
+const STEPS_PER_CALLBACK: u32 = 4;
+
+/// `STEPS_PER_CALLBACK` unwinding steps. Returns 1 to stop the loop.
 #[inline(never)]
-extern "C" fn unwind_step(_index: u64, _ctx: *mut c_void) -> i64 {
+extern "C" fn unwind_steps(_index: u64, _ctx: *mut c_void) -> i64 {
     let Some(walk) = WALK.get_ptr_mut(0) else {
         return 1;
     };
@@ -305,9 +308,22 @@ extern "C" fn unwind_step(_index: u64, _ctx: *mut c_void) -> i64 {
         walk.end = UnwindEnd::ReadFailed as u8;
         return 1;
     };
+    // SAFETY: a per-CPU map value, used by this program on this CPU only.
+    let record = unsafe { &mut *record };
+    for _ in 0..STEPS_PER_CALLBACK {
+        if unwind_step(walk, record) {
+            return 1;
+        }
+    }
+    0
+}
+
+/// One unwinding step: records the current frame, then moves to its caller. True to stop.
+#[inline(always)]
+fn unwind_step(walk: &mut Walk, record: &mut SampleRecord) -> bool {
     if walk.pc == 0 {
         walk.end = UnwindEnd::Complete as u8;
-        return 1;
+        return true;
     }
     let top = walk.frames == 0;
     let in_code_cache =
@@ -325,33 +341,33 @@ extern "C" fn unwind_step(_index: u64, _ctx: *mut c_void) -> i64 {
         Ok(frame) => frame,
         Err(end) => {
             walk.end = end as u8;
-            return 1;
+            return true;
         }
     };
     if walk.skip == 0 {
         let offset = walk.base as usize + walk.frames as usize * USER_FRAME_BYTES;
         if offset > FRAMES_BYTES - USER_FRAME_BYTES {
             walk.end = UnwindEnd::MaxDepth as u8;
-            return 1;
+            return true;
         }
         // SAFETY: `offset` is bounds-checked against the frame area above.
         unsafe {
-            let slot = (*record).frames.as_mut_ptr().add(offset) as *mut UserFrame;
+            let slot = record.frames.as_mut_ptr().add(offset) as *mut UserFrame;
             slot.write_unaligned(frame);
         }
         walk.frames += 1;
         if walk.frames as usize >= MAX_USER_FRAMES {
             walk.end = UnwindEnd::MaxDepth as u8;
-            return 1;
+            return true;
         }
     }
     if walk.end != END_UNSET && walk.end != UnwindEnd::MaxDepth as u8 && resume_at_anchor(walk) {
         walk.end = END_UNSET;
     }
     if walk.end != END_UNSET {
-        return 1;
+        return true;
     }
-    0
+    false
 }
 
 /// A JVM thread whose native frames led nowhere (code without frame pointers) before any Java
