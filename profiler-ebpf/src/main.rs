@@ -164,6 +164,10 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
     walk.java_seen = 0;
     walk.tid = pid_tgid as u32;
     walk.blob_cache.blob = 0;
+    if let Some(window) = STACK_WINDOW.get_ptr_mut(0) {
+        // SAFETY: a per-CPU map value, used by this program on this CPU only.
+        unsafe { (*window).len = 0 };
+    }
     match user {
         Some(regs) => {
             walk.pc = regs.ip;
@@ -293,6 +297,70 @@ const MAX_FRAME_WORDS: i64 = 4096;
 /// Bytes of a CodeBlob header read at once (every field we use lies below this).
 const BLOB_HEADER_BYTES: usize = 128;
 
+/// A copy of the part of the sampled thread's stack the walk is in: frames are contiguous, so one
+/// read of up to a page serves many frames (a deep Java stack costs a few reads, not hundreds).
+#[repr(C)]
+struct StackWindow {
+    base: u64,
+    len: u64,
+    bytes: [u8; STACK_WINDOW_BYTES],
+}
+
+const STACK_WINDOW_BYTES: usize = 4096;
+
+#[map]
+static STACK_WINDOW: PerCpuArray<StackWindow> = PerCpuArray::with_max_entries(1, 0);
+
+/// The two words at `addr` on the sampled thread's stack, through the window.
+#[inline(always)]
+fn stack_pair(window: &mut StackWindow, addr: u64) -> Result<[u64; 2], UnwindEnd> {
+    if addr < window.base || addr.wrapping_add(16) > window.base.wrapping_add(window.len) {
+        // Refill from `addr` to the end of its page: never crosses into an unmapped page.
+        let len = 4096 - (addr & 0xfff);
+        if len < 16 {
+            return read_pair(addr);
+        }
+        let len = (len as usize).min(STACK_WINDOW_BYTES);
+        // SAFETY: a checked read of user memory into the window, `len` bounded by its size.
+        let read = unsafe {
+            gen::bpf_probe_read_user(
+                window.bytes.as_mut_ptr() as *mut c_void,
+                len as u32,
+                addr as *const c_void,
+            )
+        };
+        if read < 0 {
+            window.len = 0;
+            return Err(UnwindEnd::JavaReadFailed);
+        }
+        window.base = addr;
+        window.len = len as u64;
+    }
+    let at = (addr - window.base) as usize;
+    if at > STACK_WINDOW_BYTES - 16 {
+        return Err(UnwindEnd::JavaReadFailed);
+    }
+    let word = |at: usize| {
+        let b = &window.bytes;
+        u64::from_le_bytes([
+            b[at],
+            b[at + 1],
+            b[at + 2],
+            b[at + 3],
+            b[at + 4],
+            b[at + 5],
+            b[at + 6],
+            b[at + 7],
+        ])
+    };
+    Ok([word(at), word(at + 8)])
+}
+
+#[inline(always)]
+fn stack_u64(window: &mut StackWindow, addr: u64) -> Result<u64, UnwindEnd> {
+    stack_pair(window, addr).map(|pair| pair[0])
+}
+
 /// Frames unwound per `bpf_loop` iteration: amortises the callback and map lookups.
 const STEPS_PER_CALLBACK: u32 = 4;
 
@@ -310,8 +378,14 @@ extern "C" fn unwind_steps(_index: u64, _ctx: *mut c_void) -> i64 {
     };
     // SAFETY: a per-CPU map value, used by this program on this CPU only.
     let record = unsafe { &mut *record };
+    let Some(window) = STACK_WINDOW.get_ptr_mut(0) else {
+        walk.end = UnwindEnd::ReadFailed as u8;
+        return 1;
+    };
+    // SAFETY: as above.
+    let window = unsafe { &mut *window };
     for _ in 0..STEPS_PER_CALLBACK {
-        if unwind_step(walk, record) {
+        if unwind_step(walk, record, window) {
             return 1;
         }
     }
@@ -320,7 +394,7 @@ extern "C" fn unwind_steps(_index: u64, _ctx: *mut c_void) -> i64 {
 
 /// One unwinding step: records the current frame, then moves to its caller. True to stop.
 #[inline(always)]
-fn unwind_step(walk: &mut Walk, record: &mut SampleRecord) -> bool {
+fn unwind_step(walk: &mut Walk, record: &mut SampleRecord, window: &mut StackWindow) -> bool {
     if walk.pc == 0 {
         walk.end = UnwindEnd::Complete as u8;
         return true;
@@ -333,9 +407,9 @@ fn unwind_step(walk: &mut Walk, record: &mut SampleRecord) -> bool {
         walk.java_seen = 1;
     }
     let step = if in_code_cache {
-        java_step(walk, top)
+        java_step(walk, window, top)
     } else {
-        native_step(walk)
+        native_step(walk, window)
     };
     let frame = match step {
         Ok(frame) => frame,
@@ -436,14 +510,13 @@ fn read_u64(addr: u64) -> Result<u64, UnwindEnd> {
 
 /// A frame-pointer step: [fp] is the caller's saved fp, [fp + 8] the return address.
 #[inline(always)]
-fn native_step(walk: &mut Walk) -> Result<UserFrame, UnwindEnd> {
+fn native_step(walk: &mut Walk, window: &mut StackWindow) -> Result<UserFrame, UnwindEnd> {
     let recorded = frame(FrameKind::Native, walk.pc, 0, 0);
     if walk.fp == 0 {
         walk.end = UnwindEnd::Complete as u8;
         return Ok(recorded);
     }
-    // SAFETY: a checked read of user memory.
-    let Ok(slot) = (unsafe { bpf_probe_read_user(walk.fp as *const [u64; 2]) }) else {
+    let Ok(slot) = stack_pair(window, walk.fp) else {
         walk.end = UnwindEnd::ReadFailed as u8;
         return Ok(recorded);
     };
@@ -470,16 +543,16 @@ fn native_step(walk: &mut Walk) -> Result<UserFrame, UnwindEnd> {
 /// One HotSpot frame: interpreted (the interpreter's code range), the call stub (skipped), or a
 /// code blob found through its heap's segment map (nmethods and stubs).
 #[inline(always)]
-fn java_step(walk: &mut Walk, top: bool) -> Result<UserFrame, UnwindEnd> {
+fn java_step(walk: &mut Walk, window: &mut StackWindow, top: bool) -> Result<UserFrame, UnwindEnd> {
     let hs = &walk.hotspot;
     let (pc, sp, fp) = (walk.pc, walk.sp, walk.fp);
     if pc >= hs.interpreter_low && pc < hs.interpreter_high {
-        return interpreted_step(walk, top);
+        return interpreted_step(walk, window, top);
     }
     if pc == hs.call_stub_return {
         // The call stub is an rbp frame; its caller is native code (JavaCalls::call_helper).
         walk.skip = 1;
-        let slot = read_pair(fp)?;
+        let slot = stack_pair(window, fp)?;
         walk.sp = fp + 16;
         walk.fp = slot[0];
         walk.pc = slot[1];
@@ -495,7 +568,14 @@ fn java_step(walk: &mut Walk, top: bool) -> Result<UserFrame, UnwindEnd> {
         walk.blob_cache = found;
         found
     };
-    let BlobCache { blob: blob_address, code_begin, frame_size, frame_complete, compile_id, .. } = blob;
+    let BlobCache {
+        blob: blob_address,
+        code_begin,
+        frame_size,
+        frame_complete,
+        compile_id,
+        ..
+    } = blob;
     let (frame_size, frame_complete) = (frame_size as i64, frame_complete as i64);
     if code_begin == 0 || pc < code_begin || frame_size > MAX_FRAME_WORDS {
         return Err(UnwindEnd::BadJavaFrame);
@@ -506,7 +586,7 @@ fn java_step(walk: &mut Walk, top: bool) -> Result<UserFrame, UnwindEnd> {
     if frame_size > 0 && (!top || offset as i64 >= frame_complete) {
         // A complete compiled frame: fixed size, return address and saved rbp on top of it.
         let caller_sp = sp + frame_size as u64 * 8;
-        let slot = read_pair(caller_sp - 16)?;
+        let slot = stack_pair(window, caller_sp - 16)?;
         walk.fp = slot[0];
         walk.pc = slot[1];
         walk.sp = caller_sp;
@@ -514,17 +594,17 @@ fn java_step(walk: &mut Walk, top: bool) -> Result<UserFrame, UnwindEnd> {
         // The top frame is still in its prologue: the return address is at sp, or above the
         // pushed rbp once `push rbp` has run (the last instructions before frame_complete).
         if offset as i64 >= frame_complete - 4 {
-            let slot = read_pair(sp)?;
+            let slot = stack_pair(window, sp)?;
             walk.fp = slot[0];
             walk.pc = slot[1];
             walk.sp = sp + 16;
         } else {
-            walk.pc = read_u64(sp)?;
+            walk.pc = stack_u64(window, sp)?;
             walk.sp = sp + 8;
         }
     } else {
         // Stubs and adapters without a fixed frame keep rbp as a frame pointer.
-        let slot = read_pair(fp)?;
+        let slot = stack_pair(window, fp)?;
         walk.sp = fp + 16;
         walk.fp = slot[0];
         walk.pc = slot[1];
@@ -553,7 +633,11 @@ fn read_blob(hs: &HotspotProc, pc: u64) -> Result<BlobCache, UnwindEnd> {
     let mut header = [0u8; BLOB_HEADER_BYTES];
     // SAFETY: a checked read of user memory into a stack buffer.
     let read = unsafe {
-        gen::bpf_probe_read_user(header.as_mut_ptr() as *mut c_void, BLOB_HEADER_BYTES as u32, blob as *const c_void)
+        gen::bpf_probe_read_user(
+            header.as_mut_ptr() as *mut c_void,
+            BLOB_HEADER_BYTES as u32,
+            blob as *const c_void,
+        )
     };
     if read < 0 {
         return Err(UnwindEnd::JavaReadFailed);
@@ -570,7 +654,9 @@ fn read_blob(hs: &HotspotProc, pc: u64) -> Result<BlobCache, UnwindEnd> {
     };
     let size = header_i32(&header, hs.blob_size);
     // SAFETY: a checked read of user memory; a stub has no compile id, and userspace checks it.
-    let compile_id = unsafe { bpf_probe_read_user((blob + hs.nmethod_compile_id as u64) as *const u32) }.unwrap_or(0);
+    let compile_id =
+        unsafe { bpf_probe_read_user((blob + hs.nmethod_compile_id as u64) as *const u32) }
+            .unwrap_or(0);
     Ok(BlobCache {
         blob,
         code_begin,
@@ -585,13 +671,17 @@ fn read_blob(hs: &HotspotProc, pc: u64) -> Result<BlobCache, UnwindEnd> {
 /// An interpreter frame: Method* and bcp from fixed slots below fp (the live bcp from r13 for
 /// the interrupted frame); the caller's sp is the saved sender sp.
 #[inline(always)]
-fn interpreted_step(walk: &mut Walk, top: bool) -> Result<UserFrame, UnwindEnd> {
+fn interpreted_step(
+    walk: &mut Walk,
+    window: &mut StackWindow,
+    top: bool,
+) -> Result<UserFrame, UnwindEnd> {
     let hs = &walk.hotspot;
     let (sp, fp) = (walk.sp, walk.fp);
     if fp < sp || fp - sp > 1 << 20 {
         return Err(UnwindEnd::BadJavaFrame);
     }
-    let method = read_u64(slot_address(fp, hs.interpreter_method_slot))?;
+    let method = stack_u64(window, slot_address(fp, hs.interpreter_method_slot))?;
     let const_method = read_u64(method + hs.method_const_method as u64)?;
     // SAFETY: a checked read of user memory.
     let code_size = unsafe {
@@ -600,7 +690,7 @@ fn interpreted_step(walk: &mut Walk, top: bool) -> Result<UserFrame, UnwindEnd> 
     .map_err(|_| UnwindEnd::JavaReadFailed)? as u64;
     let code_start = const_method + hs.const_method_size as u64;
     let in_code = |bcp: u64| bcp >= code_start && bcp < code_start + code_size.max(1);
-    let saved_bcp = read_u64(slot_address(fp, hs.interpreter_bcp_slot)).unwrap_or(0);
+    let saved_bcp = stack_u64(window, slot_address(fp, hs.interpreter_bcp_slot)).unwrap_or(0);
     let bcp = if top && in_code(walk.r13) {
         walk.r13
     } else {
@@ -618,8 +708,8 @@ fn interpreted_step(walk: &mut Walk, top: bool) -> Result<UserFrame, UnwindEnd> 
         (const_method >> 3) as u32,
     );
 
-    let slot = read_pair(fp)?;
-    let sender_sp = read_u64(fp.wrapping_sub(8))?;
+    let slot = stack_pair(window, fp)?;
+    let sender_sp = stack_u64(window, fp.wrapping_sub(8))?;
     walk.fp = slot[0];
     walk.pc = slot[1];
     walk.sp = sender_sp;
