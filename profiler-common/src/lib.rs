@@ -245,6 +245,8 @@ pub mod hotspot_flags {
     pub const FRAME_COMPLETE_16: u8 = 1 << 1;
     /// `HeapBlock::Header::_used` is 32 bits wide (else 8: a bool).
     pub const HEAP_BLOCK_USED_32: u8 = 1 << 2;
+    /// The nmethod's deopt handler is a 32-bit offset from the nmethod (JDK 23+), not a pointer.
+    pub const DEOPT_HANDLER_OFFSET: u8 = 1 << 3;
 }
 
 /// What the BPF unwinder needs to know about one JVM process: where its code is and how its
@@ -289,7 +291,11 @@ pub struct HotspotProc {
     /// `sizeof(ConstMethod)`: bytecodes follow it.
     pub const_method_size: u16,
     pub const_method_code_size: u16,
-    pub _reserved2: [u16; 3],
+    /// `_deopt_handler_begin` (pointer) or `_deopt_handler_offset` (see `DEOPT_HANDLER_OFFSET`).
+    pub nmethod_deopt_handler: u16,
+    /// Where a deoptimized frame keeps its original pc: `[sp + _orig_pc_offset]`.
+    pub nmethod_orig_pc_offset: u16,
+    pub _reserved2: u16,
 }
 
 #[cfg(feature = "user")]

@@ -67,10 +67,11 @@ pub enum ConfigError {
     },
     #[error("config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
-    #[error("invalid `{field}` (flag --{flag}): {reason}")]
+    #[error("invalid `{field}`{}: {reason}", flag.map(|f| format!(" (flag --{f})")).unwrap_or_default())]
     Invalid {
         field: &'static str,
-        flag: &'static str,
+        /// The flag that sets it too, if any.
+        flag: Option<&'static str>,
         reason: String,
     },
 }
@@ -102,7 +103,7 @@ impl Config {
         if !(1..=MAX_FREQUENCY_HZ).contains(&frequency_hz) {
             return Err(ConfigError::Invalid {
                 field: "frequency",
-                flag: "frequency",
+                flag: Some("frequency"),
                 reason: format!("{frequency_hz} Hz is outside 1..={MAX_FREQUENCY_HZ} Hz"),
             });
         }
@@ -113,7 +114,7 @@ impl Config {
         if !(1..=3600).contains(&interval_secs) {
             return Err(ConfigError::Invalid {
                 field: "interval_secs",
-                flag: "interval",
+                flag: Some("interval"),
                 reason: format!("{interval_secs} s is outside 1..=3600 s"),
             });
         }
@@ -121,7 +122,7 @@ impl Config {
         if duration_secs == Some(0) {
             return Err(ConfigError::Invalid {
                 field: "duration_secs",
-                flag: "duration",
+                flag: Some("duration"),
                 reason: "must be at least 1 s (leave it out to run until signalled)".into(),
             });
         }
@@ -132,7 +133,7 @@ impl Config {
         if output_dir.as_os_str().is_empty() {
             return Err(ConfigError::Invalid {
                 field: "output_dir",
-                flag: "output",
+                flag: Some("output"),
                 reason: "must not be empty".into(),
             });
         }
@@ -144,14 +145,14 @@ impl Config {
         if let Some(&bad) = pids.iter().find(|&&pid| pid == 0) {
             return Err(ConfigError::Invalid {
                 field: "pids",
-                flag: "pid",
+                flag: Some("pid"),
                 reason: format!("{bad} is not a process id"),
             });
         }
         if pids.len() > profiler_common::MAX_TARGET_PIDS as usize {
             return Err(ConfigError::Invalid {
                 field: "pids",
-                flag: "pid",
+                flag: Some("pid"),
                 reason: format!("at most {} pids", profiler_common::MAX_TARGET_PIDS),
             });
         }
@@ -161,7 +162,7 @@ impl Config {
         if max_stacks_per_interval == 0 {
             return Err(ConfigError::Invalid {
                 field: "max_stacks_per_interval",
-                flag: "config",
+                flag: None,
                 reason: "must be at least 1".into(),
             });
         }
@@ -169,7 +170,7 @@ impl Config {
         if !(1..=65_536).contains(&max_jvms) {
             return Err(ConfigError::Invalid {
                 field: "max_jvms",
-                flag: "config",
+                flag: None,
                 reason: format!("{max_jvms} is outside 1..=65536"),
             });
         }
@@ -252,6 +253,16 @@ mod tests {
             .expect_err("zero")
             .to_string();
         assert!(err.contains("interval_secs"), "{err}");
+
+        // A key with no flag is named alone.
+        let file = FileConfig {
+            max_jvms: Some(0),
+            ..Default::default()
+        };
+        let err = Config::resolve(file, Overrides::default())
+            .expect_err("no JVMs")
+            .to_string();
+        assert!(err.starts_with("invalid `max_jvms`:"), "{err}");
 
         let flags = Overrides {
             pids: vec![0],

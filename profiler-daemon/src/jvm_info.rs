@@ -43,8 +43,8 @@ pub fn inspect(pid: u32) -> Result<JvmReport, JvmInfoError> {
                 comm: process.comm.clone(),
             },
             err if err.is_permission_denied() => JvmInfoError::PermissionDenied { pid },
-            err if !std::path::Path::new(&format!("/proc/{pid}")).exists() => {
-                let _ = err;
+            // It exited while being read.
+            _ if !std::path::Path::new(&format!("/proc/{pid}")).exists() => {
                 JvmInfoError::NoProcess(pid)
             }
             source => JvmInfoError::Jvm { pid, source },

@@ -28,6 +28,8 @@ pub enum SamplerError {
     },
     #[error("BPF map `{0}` is missing from the object")]
     MissingMap(&'static str),
+    #[error("BPF program `{0}` is missing from the object")]
+    MissingProgram(&'static str),
     #[error("listing online CPUs ({path}): {source}")]
     OnlineCpus {
         path: &'static str,
@@ -113,7 +115,7 @@ impl Sampler {
 
         let program: &mut PerfEvent = ebpf
             .program_mut("sample_cpu")
-            .ok_or(SamplerError::MissingMap("sample_cpu"))?
+            .ok_or(SamplerError::MissingProgram("sample_cpu"))?
             .try_into()
             .map_err(|source| SamplerError::Program {
                 name: "sample_cpu",

@@ -571,19 +571,37 @@ fn java_step(walk: &mut Walk, window: &mut StackWindow, top: bool) -> Result<Use
     let BlobCache {
         blob: blob_address,
         code_begin,
+        end,
         frame_size,
         frame_complete,
         compile_id,
-        ..
+        deopt_handler,
+        orig_pc_offset,
     } = blob;
     let (frame_size, frame_complete) = (frame_size as i64, frame_complete as i64);
     if code_begin == 0 || pc < code_begin || frame_size > MAX_FRAME_WORDS {
         return Err(UnwindEnd::BadJavaFrame);
     }
-    let offset = pc - code_begin;
+    // A frame being deoptimized returns into its nmethod's deopt handler; the pc it had (which
+    // the debug info describes) was saved in the frame.
+    let mut described_pc = pc;
+    if !top && deopt_handler != 0 && pc == deopt_handler {
+        if let Ok(original) = stack_u64(window, sp.wrapping_add(orig_pc_offset as i64 as u64)) {
+            if original >= code_begin && original < end {
+                described_pc = original;
+            }
+        }
+    }
+    let offset = described_pc - code_begin;
     let recorded = frame(FrameKind::Compiled, blob_address, offset as u32, compile_id);
 
-    if frame_size > 0 && (!top || offset as i64 >= frame_complete) {
+    if top
+        && frame_size > 0
+        && offset as i64 >= frame_complete
+        && epilogue_step(walk, window, pc, sp)?
+    {
+        // Handled: the top frame was in its epilogue, its frame already popped.
+    } else if frame_size > 0 && (!top || offset as i64 >= frame_complete) {
         // A complete compiled frame: fixed size, return address and saved rbp on top of it.
         let caller_sp = sp + frame_size as u64 * 8;
         let slot = stack_pair(window, caller_sp - 16)?;
@@ -612,6 +630,42 @@ fn java_step(walk: &mut Walk, window: &mut StackWindow, top: bool) -> Result<Use
     Ok(recorded)
 }
 
+/// The top compiled frame may be in its epilogue (`add rsp, N; pop rbp; [safepoint poll]; ret`)
+/// with its frame already popped: recognise the instruction at pc. Returns true if it was, with
+/// the walk moved to the caller.
+#[inline(always)]
+fn epilogue_step(
+    walk: &mut Walk,
+    window: &mut StackWindow,
+    pc: u64,
+    sp: u64,
+) -> Result<bool, UnwindEnd> {
+    // SAFETY: a checked read of user memory (the code at pc).
+    let Ok(code) = (unsafe { bpf_probe_read_user(pc as *const [u8; 4]) }) else {
+        return Ok(false);
+    };
+    let at_ret = code[0] == 0xc3;
+    let at_pop_rbp = code[0] == 0x5d;
+    // Safepoint polls after `pop rbp`: `cmp rsp, [r15 + disp]` (JDK 17+), or
+    // `mov r10, [r15 + disp]` then `test [r10], eax` (older).
+    let at_poll = (code[0] == 0x49 && code[1] == 0x3b && (code[2] == 0x67 || code[2] == 0xa7))
+        || (code[0] == 0x4d && code[1] == 0x8b && code[2] == 0x57)
+        || (code[0] == 0x41 && code[1] == 0x85 && code[2] == 0x02);
+    if at_pop_rbp {
+        let slot = stack_pair(window, sp)?;
+        walk.fp = slot[0];
+        walk.pc = slot[1];
+        walk.sp = sp + 16;
+        return Ok(true);
+    }
+    if at_ret || at_poll {
+        walk.pc = stack_u64(window, sp)?;
+        walk.sp = sp + 8;
+        return Ok(true);
+    }
+    Ok(false)
+}
+
 /// What the unwinder needs of one code blob; also the walk's one-entry cache.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -623,7 +677,9 @@ struct BlobCache {
     frame_size: i32,
     frame_complete: i32,
     compile_id: u32,
-    _reserved: u32,
+    orig_pc_offset: i32,
+    /// Where a deoptimized frame returns to (0 if unknown).
+    deopt_handler: u64,
 }
 
 /// Finds the blob containing `pc` and reads its header.
@@ -657,6 +713,24 @@ fn read_blob(hs: &HotspotProc, pc: u64) -> Result<BlobCache, UnwindEnd> {
     let compile_id =
         unsafe { bpf_probe_read_user((blob + hs.nmethod_compile_id as u64) as *const u32) }
             .unwrap_or(0);
+    // SAFETY: checked reads of user memory; meaningless for stubs, which never match them.
+    let deopt_handler = if hs.flags & hotspot_flags::DEOPT_HANDLER_OFFSET != 0 {
+        let offset =
+            unsafe { bpf_probe_read_user((blob + hs.nmethod_deopt_handler as u64) as *const i32) }
+                .unwrap_or(0);
+        if offset > 0 {
+            blob + offset as u64
+        } else {
+            0
+        }
+    } else {
+        unsafe { bpf_probe_read_user((blob + hs.nmethod_deopt_handler as u64) as *const u64) }
+            .unwrap_or(0)
+    };
+    // SAFETY: as above.
+    let orig_pc_offset =
+        unsafe { bpf_probe_read_user((blob + hs.nmethod_orig_pc_offset as u64) as *const i32) }
+            .unwrap_or(0);
     Ok(BlobCache {
         blob,
         code_begin,
@@ -664,7 +738,8 @@ fn read_blob(hs: &HotspotProc, pc: u64) -> Result<BlobCache, UnwindEnd> {
         frame_size: header_i32(&header, hs.blob_frame_size),
         frame_complete,
         compile_id,
-        _reserved: 0,
+        orig_pc_offset,
+        deopt_handler,
     })
 }
 

@@ -122,8 +122,16 @@ pub fn profiles_of(dir: &Path, pid: u32) -> Result<Vec<(PathBuf, proto::Profile)
     Ok(profiles)
 }
 
-/// One sample's frames as (function name, address), innermost first, inlined frames expanded.
-pub fn sample_frames(profile: &proto::Profile, sample: &proto::Sample) -> Vec<(String, u64)> {
+/// One frame of a sample, as pprof readers see it.
+#[derive(Clone, Debug)]
+pub struct StackFrame {
+    pub name: String,
+    pub address: u64,
+    pub line: i64,
+}
+
+/// One sample's frames, innermost first, inlined frames expanded.
+pub fn sample_frames(profile: &proto::Profile, sample: &proto::Sample) -> Vec<StackFrame> {
     let mut frames = Vec::new();
     for id in &sample.location_id {
         let Some(location) = profile.location.iter().find(|l| l.id == *id) else {
@@ -136,7 +144,11 @@ pub fn sample_frames(profile: &proto::Profile, sample: &proto::Sample) -> Vec<(S
                 .find(|f| f.id == line.function_id)
                 .map(|f| profile.string_table[f.name as usize].clone())
                 .unwrap_or_default();
-            frames.push((name, location.address));
+            frames.push(StackFrame {
+                name,
+                address: location.address,
+                line: line.line,
+            });
         }
     }
     frames

@@ -224,9 +224,12 @@ fn a_jvm_in_its_own_mount_namespace_is_read() {
     // A private /tmp (tmpfs) holding the JDK (bind mount) and the classes: neither path exists
     // outside the namespace, so the daemon must go through /proc/PID/root.
     let script = format!(
-        "set -e; mkdir -p /run/profiler-test-stage; mount --bind {classes} /run/profiler-test-stage; \
+        // Both may live under /tmp (the checkout itself may): stage them under /run before the
+        // tmpfs hides the host's /tmp. The mounts are private to the namespace.
+        "set -e; mkdir -p /run/profiler-test-classes /run/profiler-test-jdk; \
+         mount --bind {classes} /run/profiler-test-classes; mount --bind {jdk} /run/profiler-test-jdk; \
          mount -t tmpfs tmpfs /tmp; mkdir /tmp/jdk /tmp/classes; \
-         mount --bind {jdk} /tmp/jdk; mount --bind /run/profiler-test-stage /tmp/classes; \
+         mount --bind /run/profiler-test-jdk /tmp/jdk; mount --bind /run/profiler-test-classes /tmp/classes; \
          exec /tmp/jdk/bin/java -cp /tmp/classes Spin",
         classes = classes.display(),
         jdk = jdk_home.display()

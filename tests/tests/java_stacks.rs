@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use profiler_daemon::pprof::proto::{Profile, Sample};
 use profiler_tests::*;
 
 /// `Workloads.splitA_[j]` -> `Workloads.splitA`.
@@ -13,33 +12,6 @@ fn base_name(name: &str) -> &str {
         Some(at) if name.ends_with(']') => &name[..at],
         _ => name,
     }
-}
-
-struct Frame {
-    name: String,
-    line: i64,
-}
-
-fn frames(profile: &Profile, sample: &Sample) -> Vec<Frame> {
-    let mut out = Vec::new();
-    for id in &sample.location_id {
-        let Some(location) = profile.location.iter().find(|l| l.id == *id) else {
-            continue;
-        };
-        for line in &location.line {
-            let name = profile
-                .function
-                .iter()
-                .find(|f| f.id == line.function_id)
-                .map(|f| profile.string_table[f.name as usize].clone())
-                .unwrap_or_default();
-            out.push(Frame {
-                name,
-                line: line.line,
-            });
-        }
-    }
-    out
 }
 
 /// Line range [first, last] of a method in the workload's source, by its declaration.
@@ -106,6 +78,22 @@ fn java_stacks_on_every_jdk() {
 
         let profiles = profiles_of(&out, output_pid(&out)).expect("profiles readable");
         assert!(!profiles.is_empty(), "no profile for JDK {}", jdk.major);
+        // Java functions: `pkg.Class.method` (with its kind), the signature in the system name,
+        // the source file with its package path.
+        let (_, first) = &profiles[0];
+        let deep_leaf = first
+            .function
+            .iter()
+            .find(|f| base_name(&first.string_table[f.name as usize]) == "Workloads.deepLeaf")
+            .expect("a deepLeaf function");
+        assert_eq!(
+            first.string_table[deep_leaf.system_name as usize],
+            "Workloads.deepLeaf(J)J"
+        );
+        assert_eq!(
+            first.string_table[deep_leaf.filename as usize],
+            "Workloads.java"
+        );
 
         // Per thread: samples, and samples whose stack contains each function.
         let mut thread_samples: HashMap<String, i64> = HashMap::new();
@@ -121,7 +109,7 @@ fn java_stacks_on_every_jdk() {
                 let thread = label(profile, sample, "thread_name")
                     .unwrap_or_default()
                     .to_owned();
-                let frames = frames(profile, sample);
+                let frames = sample_frames(profile, sample);
                 *thread_samples.entry(thread.clone()).or_default() += n;
                 for frame in &frames {
                     *contains
@@ -319,7 +307,7 @@ fn class_churn_and_deoptimization_crash_nothing() {
                     Some("deopt-worker") => deopt += n,
                     _ => {}
                 }
-                if frames(profile, sample).iter().any(|f| {
+                if sample_frames(profile, sample).iter().any(|f| {
                     f.name.contains("[unknown java") || f.name.contains("[unknown compiled")
                 }) {
                     unknown += n;

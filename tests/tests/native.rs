@@ -16,7 +16,7 @@ fn inclusive_share(
             total += count(sample);
             if sample_frames(profile, sample)
                 .iter()
-                .any(|(name, _)| name == function)
+                .any(|frame| frame.name == function)
             {
                 with += count(sample);
             }
@@ -91,12 +91,12 @@ fn native_cpu_split_is_measured_and_stacks_reach_main() {
         .find(|s| {
             sample_frames(profile, s)
                 .first()
-                .is_some_and(|(n, _)| n == "hot_a")
+                .is_some_and(|frame| frame.name == "hot_a")
         })
         .expect("a sample with hot_a as leaf");
     let names: Vec<String> = sample_frames(profile, sample)
         .into_iter()
-        .map(|(n, _)| n)
+        .map(|frame| frame.name)
         .collect();
     assert_eq!(
         &names[..2],
@@ -149,7 +149,7 @@ fn kernel_frames_appear_under_user_frames() {
             total += count(sample);
             if !frames
                 .first()
-                .is_some_and(|(_, addr)| is_kernel_address(*addr))
+                .is_some_and(|frame| is_kernel_address(frame.address))
             {
                 continue;
             }
@@ -158,12 +158,20 @@ fn kernel_frames_appear_under_user_frames() {
             // sample taken in the kernel come from the task's saved pt_regs.
             let first_user = frames
                 .iter()
-                .position(|(_, addr)| !is_kernel_address(*addr));
+                .position(|frame| !is_kernel_address(frame.address));
             let user: Vec<&str> = first_user
-                .map(|i| frames[i..].iter().map(|(n, _)| n.as_str()).collect())
+                .map(|i| {
+                    frames[i..]
+                        .iter()
+                        .map(|frame| frame.name.as_str())
+                        .collect()
+                })
                 .unwrap_or_default();
-            let all_user_after =
-                first_user.is_some_and(|i| frames[i..].iter().all(|(_, a)| !is_kernel_address(*a)));
+            let all_user_after = first_user.is_some_and(|i| {
+                frames[i..]
+                    .iter()
+                    .all(|frame| !is_kernel_address(frame.address))
+            });
             if all_user_after && user.contains(&"read_loop") && user.contains(&"main") {
                 in_kernel_with_user += count(sample);
             }

@@ -300,7 +300,13 @@ fn test(root: &Path, filter: Option<&str>) -> Result<()> {
     // End-to-end: one at a time, since each profiles the machine and measures CPU shares.
     run(Command::new("cargo")
         .current_dir(root)
-        .args(["test", "--package", "profiler-tests", "--"])
+        .args([
+            "test",
+            "--no-fail-fast",
+            "--package",
+            "profiler-tests",
+            "--",
+        ])
         .args(&filter_args)
         .args(["--test-threads=1", "--nocapture"])
         .env("PROFILER_DAEMON", &daemon))

@@ -181,11 +181,16 @@ fn java_line(
     match method {
         Some(method) => SourceLine {
             function: format!("{}.{}{suffix}", method.class, method.name),
+            system_name: Some(format!(
+                "{}.{}{}",
+                method.class, method.name, method.signature
+            )),
             file: method.file.clone(),
             line: bci.map_or(0, |bci| method.line_of(bci)),
         },
         None => SourceLine {
             function: format!("[unknown java method]{suffix}"),
+            system_name: None,
             file: None,
             line: 0,
         },

@@ -42,6 +42,9 @@ pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, Does
     if layout.width("CodeBlob::_frame_complete_offset") == Some(2) {
         flags |= hotspot_flags::FRAME_COMPLETE_16;
     }
+    if layout.offset("nmethod::_deopt_handler_begin").is_none() {
+        flags |= hotspot_flags::DEOPT_HANDLER_OFFSET;
+    }
     if layout.width("HeapBlock::_used") == Some(4) {
         flags |= hotspot_flags::HEAP_BLOCK_USED_32;
     }
@@ -99,6 +102,11 @@ pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, Does
                 value: -1,
             })?,
         const_method_code_size: offset("ConstMethod::_code_size")?,
-        _reserved2: [0; 3],
+        nmethod_deopt_handler: match layout.offset("nmethod::_deopt_handler_begin") {
+            Some(_) => offset("nmethod::_deopt_handler_begin")?,
+            None => offset("nmethod::_deopt_handler_offset")?,
+        },
+        nmethod_orig_pc_offset: offset("nmethod::_orig_pc_offset")?,
+        _reserved2: 0,
     })
 }

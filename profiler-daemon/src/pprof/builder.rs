@@ -120,7 +120,7 @@ impl ProfileBuilder {
             .map(|line| proto::Line {
                 function_id: self.function(
                     &line.function,
-                    &line.function,
+                    line.system_name.as_deref().unwrap_or(&line.function),
                     line.file.as_deref().unwrap_or(""),
                 ),
                 line: line.line as i64,

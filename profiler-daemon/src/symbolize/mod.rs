@@ -14,6 +14,8 @@ use std::sync::Arc;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SourceLine {
     pub function: String,
+    /// A fuller name when there is one (a Java method with its signature); else `function`.
+    pub system_name: Option<String>,
     pub file: Option<String>,
     /// 0 when unknown.
     pub line: u32,
@@ -35,6 +37,7 @@ impl ResolvedFrame {
         Self {
             lines: vec![SourceLine {
                 function: name.into(),
+                system_name: None,
                 file: None,
                 line: 0,
             }],
@@ -74,12 +77,14 @@ fn from_blazesym(
                 .rev()
                 .map(|inlined| SourceLine {
                     function: inlined.name.to_string(),
+                    system_name: None,
                     file: inlined.code_info.as_ref().map(file_of),
                     line: inlined.code_info.as_ref().and_then(|i| i.line).unwrap_or(0),
                 })
                 .collect();
             lines.push(SourceLine {
                 function: sym.name.to_string(),
+                system_name: None,
                 file: sym.code_info.as_deref().map(file_of),
                 line: sym.code_info.as_ref().and_then(|i| i.line).unwrap_or(0),
             });
