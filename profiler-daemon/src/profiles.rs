@@ -224,34 +224,6 @@ fn truncation_marker(end: Option<UnwindEnd>) -> Option<UnwindEnd> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn java_unwind_failures_and_depth_cuts_are_marked() {
-        assert_eq!(
-            truncation_marker(Some(UnwindEnd::MaxDepth)),
-            Some(UnwindEnd::MaxDepth)
-        );
-        assert_eq!(
-            truncation_marker(Some(UnwindEnd::NoCodeBlob)),
-            Some(UnwindEnd::NoCodeBlob)
-        );
-        assert_eq!(
-            truncation_marker(Some(UnwindEnd::BadJavaFrame)),
-            Some(UnwindEnd::BadJavaFrame)
-        );
-        assert_eq!(
-            truncation_marker(Some(UnwindEnd::JavaReadFailed)),
-            Some(UnwindEnd::JavaReadFailed)
-        );
-        assert_eq!(truncation_marker(Some(UnwindEnd::NotMonotonic)), None);
-        assert_eq!(truncation_marker(Some(UnwindEnd::Complete)), None);
-        assert_eq!(truncation_marker(None), None);
-    }
-}
-
 /// The frame with `suffix` on its function names.
 fn with_suffix(frame: &ResolvedFrame, suffix: &str) -> ResolvedFrame {
     let mut frame = frame.clone();
@@ -292,4 +264,32 @@ fn resolve_user(
         }
     }
     resolved
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn java_unwind_failures_and_depth_cuts_are_marked() {
+        assert_eq!(
+            truncation_marker(Some(UnwindEnd::MaxDepth)),
+            Some(UnwindEnd::MaxDepth)
+        );
+        assert_eq!(
+            truncation_marker(Some(UnwindEnd::NoCodeBlob)),
+            Some(UnwindEnd::NoCodeBlob)
+        );
+        assert_eq!(
+            truncation_marker(Some(UnwindEnd::BadJavaFrame)),
+            Some(UnwindEnd::BadJavaFrame)
+        );
+        assert_eq!(
+            truncation_marker(Some(UnwindEnd::JavaReadFailed)),
+            Some(UnwindEnd::JavaReadFailed)
+        );
+        assert_eq!(truncation_marker(Some(UnwindEnd::NotMonotonic)), None);
+        assert_eq!(truncation_marker(Some(UnwindEnd::Complete)), None);
+        assert_eq!(truncation_marker(None), None);
+    }
 }

@@ -75,7 +75,7 @@ enum State {
     },
     Ready {
         jvm: Box<Jvm>,
-        pushed: HotspotProc,
+        pushed: Box<HotspotProc>,
         refreshed: Instant,
         /// Java threads pushed: host tid -> JavaThread*.
         threads: HashMap<u32, u64>,
@@ -336,7 +336,7 @@ impl<S: LayoutSink> JvmTracker<S> {
         );
         tracked.state = State::Ready {
             jvm,
-            pushed: proc_info,
+            pushed: Box::new(proc_info),
             refreshed: Instant::now(),
             threads: HashMap::new(),
         };
@@ -403,8 +403,8 @@ impl<S: LayoutSink> JvmTracker<S> {
         let Ok(proc_info) = hotspot_proc(jvm, &code) else {
             return;
         };
-        if proc_info != *pushed && self.sink.put(pid, &proc_info).is_ok() {
-            *pushed = proc_info;
+        if proc_info != **pushed && self.sink.put(pid, &proc_info).is_ok() {
+            **pushed = proc_info;
             tracing::debug!(pid, "JVM code cache changed: layout updated");
         }
     }

@@ -386,7 +386,7 @@ mod tests {
     fn a_table_without_end_is_an_error() {
         let mut jvm = FakeJvm::new(&[], &[], &[]);
         // A struct table whose entries all have a name and never end.
-        let mut entry = vec![0u8; 48];
+        let mut entry = [0u8; 48];
         entry[0..8].copy_from_slice(&(STRINGS_AT + 0x100).to_le_bytes());
         entry[8..16].copy_from_slice(&(STRINGS_AT + 0x100).to_le_bytes());
         jvm.memory
