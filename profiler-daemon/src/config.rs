@@ -6,11 +6,16 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::output::retention::Retention;
+use crate::output::LocalOutput;
+
 pub const DEFAULT_FREQUENCY_HZ: u64 = 19;
 pub const MAX_FREQUENCY_HZ: u64 = 1000;
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(15);
 pub const DEFAULT_OUTPUT_DIR: &str = "profiles";
 pub const DEFAULT_MAX_STACKS_PER_INTERVAL: usize = 200_000;
+pub const DEFAULT_RETENTION_AGE: Duration = Duration::from_secs(24 * 3600);
+pub const DEFAULT_RETENTION_BYTES: u64 = 1 << 30;
 
 /// The configuration file, as written by the user. All fields are optional.
 #[derive(Debug, Default, Deserialize, PartialEq, Eq)]
@@ -30,6 +35,12 @@ pub struct FileConfig {
     pub max_stacks_per_interval: Option<usize>,
     /// Bound on JVMs whose Java frames are unwound; JVMs past it are counted and logged.
     pub max_jvms: Option<u32>,
+    /// Write an SVG flame graph beside each pprof file (default true).
+    pub flame_graphs: Option<bool>,
+    /// Delete local profiles older than this (default 86400: one day; 0 keeps them forever).
+    pub retention_max_age_secs: Option<u64>,
+    /// Delete the oldest local profiles past this many bytes (default 1 GiB; 0: no limit).
+    pub retention_max_bytes: Option<u64>,
     /// Suffix frame names with their kind, as async-profiler does: `_[j]` JIT-compiled, `_[1]`
     /// C1, `_[i]` inlined, `_[0]` interpreted, `_[k]` kernel. Default true.
     pub annotate_frames: Option<bool>,
@@ -56,6 +67,7 @@ pub struct Config {
     pub max_stacks_per_interval: usize,
     pub max_jvms: u32,
     pub annotate_frames: bool,
+    pub local_output: LocalOutput,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -174,7 +186,21 @@ impl Config {
                 reason: format!("{max_jvms} is outside 1..=65536"),
             });
         }
+        let local_output = LocalOutput {
+            flame_graphs: file.flame_graphs.unwrap_or(true),
+            retention: Retention {
+                max_age: Some(
+                    file.retention_max_age_secs
+                        .unwrap_or(DEFAULT_RETENTION_AGE.as_secs()),
+                )
+                .filter(|secs| *secs > 0)
+                .map(Duration::from_secs),
+                max_bytes: Some(file.retention_max_bytes.unwrap_or(DEFAULT_RETENTION_BYTES))
+                    .filter(|b| *b > 0),
+            },
+        };
         Ok(Self {
+            local_output,
             annotate_frames: file.annotate_frames.unwrap_or(true),
             max_jvms,
             frequency_hz,

@@ -80,9 +80,11 @@ struct LoopStats {
 
 pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     privileges::check()?;
-    let writer = LocalWriter::new(&config.output_dir).map_err(|source| DaemonError::Output {
-        path: config.output_dir.clone(),
-        source,
+    let writer = LocalWriter::new(&config.output_dir, config.local_output).map_err(|source| {
+        DaemonError::Output {
+            path: config.output_dir.clone(),
+            source,
+        }
     })?;
     let mut sampler = Sampler::start(config.frequency_hz, &config.pids, config.max_jvms)?;
     let tracker = spawn_jvm_tracker(

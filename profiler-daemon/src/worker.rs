@@ -102,6 +102,17 @@ impl Worker {
         self.profiles_written += written;
         self.processes.forget_exited();
         self.symbolizers.forget_exited(&self.processes);
+        match self.writer.enforce_retention() {
+            Ok(removed) if removed.files > 0 => {
+                tracing::info!(
+                    files = removed.files,
+                    bytes = removed.bytes,
+                    "retention: old profiles deleted"
+                )
+            }
+            Ok(_) => {}
+            Err(err) => tracing::warn!(%err, "retention: cannot clean the output directory"),
+        }
         tracing::info!(
             profiles = written,
             samples,

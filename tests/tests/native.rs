@@ -111,6 +111,13 @@ fn native_cpu_split_is_measured_and_stacks_reach_main() {
     assert!(profile.time_nanos > 0 && profile.duration_nanos > 0);
     assert_eq!(profile.period, 1_000_000_000 / 199);
     assert_eq!(sample.value[1], sample.value[0] * profile.period);
+    // A flame graph beside each profile, for a look without pprof tooling.
+    let svg = profiles[0].0.to_string_lossy().replace(".pb.gz", ".svg");
+    let svg = std::fs::read_to_string(&svg).expect("an SVG flame graph beside the profile");
+    assert!(
+        svg.contains("<title>hot_a (") && svg.contains("<title>main ("),
+        "flame graph lacks the workload's frames"
+    );
     let top = go_pprof_top(&profiles[0].0).expect("go tool pprof reads the file");
     assert!(
         top.contains("hot_a") && top.contains("hot_b"),

@@ -1,0 +1,140 @@
+//! Local output: one gzipped pprof file (and optionally an SVG flame graph) per process per
+//! interval, under a retention policy.
+//!
+//! Files are written under a temporary name and renamed, so a reader never sees half a file.
+
+pub mod flamegraph;
+pub mod retention;
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use crate::pprof::{encode_gzipped, proto};
+use retention::{Removed, Retention};
+
+/// What the local output writes, and how long it keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalOutput {
+    pub flame_graphs: bool,
+    pub retention: Retention,
+}
+
+pub struct LocalWriter {
+    dir: PathBuf,
+    options: LocalOutput,
+}
+
+impl LocalWriter {
+    pub fn new(dir: &Path, options: LocalOutput) -> std::io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        Ok(Self {
+            dir: dir.to_owned(),
+            options,
+        })
+    }
+
+    /// Writes `cpu-<UTC time>-<pid>-<comm>.pb.gz` (and `.svg`, with flame graphs on) and returns
+    /// the pprof file's path.
+    pub fn write(
+        &self,
+        start: SystemTime,
+        pid: u32,
+        comm: &str,
+        profile: &proto::Profile,
+    ) -> std::io::Result<PathBuf> {
+        let stem = file_stem(start, pid, comm);
+        let path = self.write_atomically(&format!("{stem}.pb.gz"), &encode_gzipped(profile)?)?;
+        // A flame graph of nothing is no use (and inferno refuses it).
+        if self.options.flame_graphs && !profile.sample.is_empty() {
+            let title = format!(
+                "CPU: {comm} (pid {pid}), {}",
+                humantime::format_rfc3339_seconds(start)
+            );
+            self.write_atomically(
+                &format!("{stem}.svg"),
+                &flamegraph::render_svg(profile, &title)?,
+            )?;
+        }
+        Ok(path)
+    }
+
+    fn write_atomically(&self, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
+        let path = self.dir.join(name);
+        let temporary = self.dir.join(format!(".{name}.tmp"));
+        std::fs::write(&temporary, bytes)?;
+        std::fs::rename(&temporary, &path)?;
+        Ok(path)
+    }
+
+    /// Deletes what the retention policy no longer keeps.
+    pub fn enforce_retention(&self) -> std::io::Result<Removed> {
+        retention::enforce(&self.dir, self.options.retention, SystemTime::now())
+    }
+}
+
+fn file_stem(start: SystemTime, pid: u32, comm: &str) -> String {
+    // 2026-11-22T02:11:41Z -> 20261122T021141Z: sortable, no colons.
+    let time: String = humantime::format_rfc3339_seconds(start)
+        .to_string()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect();
+    let comm: String = comm
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("cpu-{time}-{pid}-{comm}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn file_names_sort_by_time_and_are_safe() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(
+            format!("{}.pb.gz", file_stem(start, 42, "java/Main x")),
+            "cpu-20231114T221320Z-42-java_Main_x.pb.gz"
+        );
+    }
+
+    #[test]
+    fn writes_a_readable_profile() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let options = LocalOutput {
+            flame_graphs: true,
+            retention: Retention {
+                max_age: None,
+                max_bytes: None,
+            },
+        };
+        let writer =
+            LocalWriter::new(&dir.path().join("out"), options).expect("creates the directory");
+        let mut builder = crate::pprof::ProfileBuilder::new_cpu(
+            19,
+            SystemTime::now(),
+            std::time::Duration::from_secs(1),
+        );
+        let frame = crate::symbolize::ResolvedFrame::named("main", None);
+        let location = builder.location(crate::pprof::LocationKey::User(1), 1, &frame);
+        builder.add_sample(vec![location], 3, &[]);
+        let profile = builder.finish();
+        let path = writer
+            .write(SystemTime::now(), 1, "x", &profile)
+            .expect("writes");
+        let back = crate::pprof::decode(&std::fs::read(&path).expect("reads")).expect("decodes");
+        assert_eq!(back, profile);
+        let svg = path.to_string_lossy().replace(".pb.gz", ".svg");
+        assert!(std::fs::read_to_string(svg)
+            .expect("a flame graph beside it")
+            .contains("<svg"));
+    }
+}
