@@ -35,6 +35,8 @@ pub struct FileConfig {
     pub max_stacks_per_interval: Option<usize>,
     /// Bound on JVMs whose Java frames are unwound; JVMs past it are counted and logged.
     pub max_jvms: Option<u32>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. "127.0.0.1:9464"; default: off).
+    pub metrics_listen: Option<String>,
     /// Write an SVG flame graph beside each pprof file (default true).
     pub flame_graphs: Option<bool>,
     /// Delete local profiles older than this (default 86400: one day; 0 keeps them forever).
@@ -54,6 +56,7 @@ pub struct Overrides {
     pub duration_secs: Option<u64>,
     pub output_dir: Option<PathBuf>,
     pub pids: Vec<u32>,
+    pub metrics_listen: Option<String>,
 }
 
 /// The checked configuration the daemon runs with.
@@ -68,6 +71,7 @@ pub struct Config {
     pub max_jvms: u32,
     pub annotate_frames: bool,
     pub local_output: LocalOutput,
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -199,7 +203,16 @@ impl Config {
                     .filter(|b| *b > 0),
             },
         };
+        let metrics_listen = match flags.metrics_listen.or(file.metrics_listen) {
+            None => None,
+            Some(text) => Some(text.parse().map_err(|err| ConfigError::Invalid {
+                field: "metrics_listen",
+                flag: Some("metrics-listen"),
+                reason: format!("{text:?} is not an address:port ({err})"),
+            })?),
+        };
         Ok(Self {
+            metrics_listen,
             local_output,
             annotate_frames: file.annotate_frames.unwrap_or(true),
             max_jvms,

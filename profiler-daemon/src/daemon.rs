@@ -17,6 +17,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::aggregate::{Added, Aggregator};
 use crate::config::Config;
 use crate::hotspot::tracker::{self, JvmTracker, TrackerCounts};
+use crate::metrics::{Metrics, Snapshot};
 use crate::output::LocalWriter;
 use crate::privileges::{self, MissingPrivileges};
 use crate::record::SampleView;
@@ -26,6 +27,8 @@ use crate::worker::{Work, Worker};
 /// How often the ring buffer is drained. At 1000 Hz on 64 CPUs and 1 KiB records the 8 MiB ring
 /// holds about 130 ms of samples, so 50 ms leaves room for scheduling delays.
 const DRAIN_PERIOD: Duration = Duration::from_millis(50);
+/// How often the metrics endpoint's snapshot is refreshed.
+const METRICS_PERIOD: Duration = Duration::from_secs(1);
 /// Work items queued for the worker before the loop starts dropping them.
 const WORK_QUEUE: usize = 4096;
 
@@ -44,6 +47,11 @@ pub enum DaemonError {
     Signal(std::io::Error),
     #[error("worker thread: {0}")]
     Worker(String),
+    #[error("metrics endpoint {address}: {source}")]
+    Metrics {
+        address: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 impl DaemonError {
@@ -76,6 +84,9 @@ struct LoopStats {
     dropped_work: u64,
     /// How user stack walks ended, indexed by `UnwindEnd` (this interval).
     unwind_ends: [u64; UnwindEnd::ALL.len()],
+    /// The same, over the whole run.
+    unwind_ends_total: [u64; UnwindEnd::ALL.len()],
+    dropped_over_stack_bound: u64,
 }
 
 pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
@@ -101,12 +112,22 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         "sampling"
     );
 
+    let metrics = Metrics::default();
+    if let Some(address) = config.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .map_err(|source| DaemonError::Metrics { address, source })?;
+        tracing::info!(%address, "serving metrics at /metrics");
+        tokio::spawn(crate::metrics::serve(listener, metrics.clone()));
+    }
+
     let (work_tx, work_rx) = sync_channel(WORK_QUEUE);
     let (frequency_hz, annotate) = (config.frequency_hz, config.annotate_frames);
+    let worker_counters = metrics.worker.clone();
     // Built on its own thread: blazesym's symbolizer is not Send.
     let worker = std::thread::Builder::new()
         .name("symbolizer".into())
-        .spawn(move || Worker::new(writer, frequency_hz, annotate).run(work_rx))
+        .spawn(move || Worker::new(writer, frequency_hz, annotate, worker_counters).run(work_rx))
         .map_err(|err| DaemonError::Worker(err.to_string()))?;
 
     let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signal)?;
@@ -129,10 +150,16 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     );
     let mut last_counters = sampler.counters();
     let mut intervals = 0;
+    let mut publish = tokio::time::interval(METRICS_PERIOD);
+    let cpus = sampler.cpus();
 
     loop {
         let finishing = tokio::select! {
             _ = drain.tick() => false,
+            _ = publish.tick() => {
+                metrics.publish(snapshot(&stats, sampler.counters(), tracker.counts(), intervals, cpus, frequency_hz));
+                continue;
+            }
             _ = flush.tick() => {
                 drain_ring(&mut sampler, &mut aggregator, &work_tx, &mut stats);
                 let counters = sampler.counters();
@@ -165,7 +192,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     drop(sampler);
     tracker.stop();
     drop(work_tx);
-    let worker = worker
+    worker
         .join()
         .map_err(|_| DaemonError::Worker("panicked".into()))?;
     let summary = RunSummary {
@@ -173,7 +200,10 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         malformed_records: stats.malformed,
         dropped_work: stats.dropped_work,
         intervals,
-        profiles_written: worker.profiles_written,
+        profiles_written: metrics
+            .worker
+            .profiles_written
+            .load(std::sync::atomic::Ordering::Relaxed),
         kernel,
     };
     tracing::info!(
@@ -255,6 +285,7 @@ fn drain_ring(
         };
         if let Some(end) = view.user_end() {
             stats.unwind_ends[end as usize] += 1;
+            stats.unwind_ends_total[end as usize] += 1;
         }
         let added = aggregator.add(&view);
         if added == Added::NewProcess {
@@ -291,6 +322,7 @@ fn end_interval(
     jvms: &TrackerCounts,
 ) {
     let interval = aggregator.take_interval();
+    stats.dropped_over_stack_bound += interval.dropped_over_bound;
     tracing::info!(
         processes = interval.processes.len(),
         samples = kernel.get(Counter::Samples),
@@ -311,6 +343,28 @@ fn end_interval(
     );
     stats.unwind_ends = Default::default();
     send(work, Work::Interval(interval), stats);
+}
+
+fn snapshot(
+    stats: &LoopStats,
+    kernel: KernelCounters,
+    jvms: TrackerCounts,
+    intervals: u64,
+    cpus: usize,
+    frequency_hz: u64,
+) -> Snapshot {
+    Snapshot {
+        kernel,
+        records: stats.records,
+        malformed_records: stats.malformed,
+        dropped_work: stats.dropped_work,
+        dropped_over_stack_bound: stats.dropped_over_stack_bound,
+        unwind_ends: stats.unwind_ends_total,
+        jvms,
+        intervals,
+        cpus,
+        frequency_hz,
+    }
 }
 
 fn format_unwind_ends(ends: &[u64; UnwindEnd::ALL.len()]) -> String {

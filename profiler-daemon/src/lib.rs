@@ -6,6 +6,7 @@ pub mod config;
 pub mod daemon;
 pub mod hotspot;
 pub mod jvm_info;
+pub mod metrics;
 pub mod output;
 pub mod pprof;
 pub mod privileges;

@@ -50,6 +50,9 @@ struct RunArgs {
     /// Directory for the pprof files [default: ./profiles].
     #[arg(long, value_name = "DIR")]
     output: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9464 [default: off].
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -79,6 +82,7 @@ fn run(args: RunArgs) -> ExitCode {
         duration_secs: args.duration,
         output_dir: args.output,
         pids: args.pids,
+        metrics_listen: args.metrics_listen,
     };
     let config = match Config::resolve(file, overrides) {
         Ok(config) => config,

@@ -2,10 +2,13 @@
 //! and at each interval turns folded stacks into pprof files. Kept off the sampling loop so that
 //! slow symbol loading never delays draining the ring buffer.
 
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::aggregate::IntervalStacks;
+use crate::metrics::WorkerCounters;
 use crate::output::LocalWriter;
 use crate::process::ProcessTable;
 use crate::profiles::{self, ProfileRequest, Symbolizers};
@@ -27,31 +30,28 @@ pub struct Worker {
     symbolizers: Symbolizers,
     writer: LocalWriter,
     frequency_hz: u64,
-    profiles_written: u64,
-    write_errors: u64,
-}
-
-/// What the worker did over the run.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct WorkerTallies {
-    pub profiles_written: u64,
-    pub write_errors: u64,
+    /// Shared with the metrics endpoint.
+    counters: Arc<WorkerCounters>,
 }
 
 impl Worker {
-    pub fn new(writer: LocalWriter, frequency_hz: u64, annotate_frames: bool) -> Self {
+    pub fn new(
+        writer: LocalWriter,
+        frequency_hz: u64,
+        annotate_frames: bool,
+        counters: Arc<WorkerCounters>,
+    ) -> Self {
         Self {
             processes: ProcessTable::default(),
             symbolizers: Symbolizers::new(annotate_frames),
             writer,
             frequency_hz,
-            profiles_written: 0,
-            write_errors: 0,
+            counters,
         }
     }
 
-    /// Runs until the sending side is dropped, then returns its tallies.
-    pub fn run(mut self, work: Receiver<Work>) -> WorkerTallies {
+    /// Runs until the sending side is dropped.
+    pub fn run(mut self, work: Receiver<Work>) {
         while let Ok(item) = work.recv() {
             match item {
                 Work::ProcessSeen(pid) => self.processes.observe(pid),
@@ -64,10 +64,6 @@ impl Worker {
                     }
                 }
             }
-        }
-        WorkerTallies {
-            profiles_written: self.profiles_written,
-            write_errors: self.write_errors,
         }
     }
 
@@ -94,12 +90,14 @@ impl Worker {
             {
                 Ok(_) => written += 1,
                 Err(err) => {
-                    self.write_errors += 1;
+                    self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::error!(pid, %err, "cannot write profile");
                 }
             }
         }
-        self.profiles_written += written;
+        self.counters
+            .profiles_written
+            .fetch_add(written, Ordering::Relaxed);
         self.processes.forget_exited();
         self.symbolizers.forget_exited(&self.processes);
         match self.writer.enforce_retention() {

@@ -283,3 +283,73 @@ fn without_privileges_exits_2_naming_them() {
         "{stderr}"
     );
 }
+
+/// Value of an unlabelled Prometheus metric in a text exposition.
+fn metric_value(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        line.strip_prefix(name)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+#[test]
+fn metrics_endpoint_reports_what_the_sampler_counted() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let binary = compile_c("native_split.c", dir.path()).expect("compiles");
+    let workload = Workload::spawn(Command::new(&binary).arg("30")).expect("starts");
+    // A free port: bind, read it back, release it for the daemon.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let address = format!("127.0.0.1:{port}");
+    let mut daemon = Command::new(daemon_binary())
+        .args([
+            "run",
+            "--pid",
+            &workload.pid().to_string(),
+            "--frequency",
+            "99",
+            "--duration",
+            "6",
+            "--metrics-listen",
+            &address,
+            "--output",
+        ])
+        .arg(dir.path().join("profiles"))
+        .spawn()
+        .expect("daemon starts");
+    std::thread::sleep(Duration::from_secs(3));
+    let mut stream = std::net::TcpStream::connect(&address).expect("metrics endpoint listens");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .expect("request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response");
+    assert!(response.starts_with("HTTP/1.1 200 OK"), "{response}");
+    let samples =
+        metric_value(&response, "profiler_bpf_samples_sent_total").expect("samples metric");
+    assert!(samples > 50, "{response}");
+    assert!(
+        response.contains("profiler_unwind_ends_total{reason=\"complete\"}"),
+        "{response}"
+    );
+    assert!(
+        response.contains("profiler_samples_not_profiled_total{reason=\"ring_full\"} 0"),
+        "{response}"
+    );
+    assert!(daemon.wait().expect("exits").success());
+
+    // A bad address is a usage error naming the flag.
+    let output = Command::new(daemon_binary())
+        .args(["run", "--metrics-listen", "localhost"])
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--metrics-listen"));
+}

@@ -1,0 +1,245 @@
+//! Operational metrics in Prometheus' text exposition format, on a local HTTP endpoint
+//! (`metrics_listen`, e.g. `127.0.0.1:9464`, path `/metrics`).
+//!
+//! The sampling loop publishes a snapshot once a second; scrapes read the last snapshot and never
+//! touch the hot path. The HTTP side is deliberately tiny: one GET per connection.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use profiler_common::{Counter, UnwindEnd};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::hotspot::tracker::TrackerCounts;
+use crate::sampler::KernelCounters;
+
+/// Tallies the symbolizing worker keeps.
+#[derive(Debug, Default)]
+pub struct WorkerCounters {
+    pub profiles_written: AtomicU64,
+    pub write_errors: AtomicU64,
+}
+
+/// What one scrape reports.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub kernel: KernelCounters,
+    pub records: u64,
+    pub malformed_records: u64,
+    pub dropped_work: u64,
+    pub dropped_over_stack_bound: u64,
+    pub unwind_ends: [u64; UnwindEnd::ALL.len()],
+    pub jvms: TrackerCounts,
+    pub intervals: u64,
+    pub cpus: usize,
+    pub frequency_hz: u64,
+}
+
+#[derive(Clone, Default)]
+pub struct Metrics {
+    snapshot: Arc<Mutex<Snapshot>>,
+    pub worker: Arc<WorkerCounters>,
+}
+
+impl Metrics {
+    pub fn publish(&self, snapshot: Snapshot) {
+        if let Ok(mut current) = self.snapshot.lock() {
+            *current = snapshot;
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let snapshot = self.snapshot.lock().map(|s| s.clone()).unwrap_or_default();
+        render(&snapshot, &self.worker)
+    }
+}
+
+fn metric(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(&str, u64)]) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for (labels, value) in samples {
+        if labels.is_empty() {
+            let _ = writeln!(out, "{name} {value}");
+        } else {
+            let _ = writeln!(out, "{name}{{{labels}}} {value}");
+        }
+    }
+}
+
+pub fn render(s: &Snapshot, worker: &WorkerCounters) -> String {
+    let mut out = String::new();
+    let k = |c: Counter| s.kernel.get(c);
+    metric(
+        &mut out,
+        "profiler_bpf_samples_total",
+        "counter",
+        "Runs of the BPF sampling program.",
+        &[("", k(Counter::Samples))],
+    );
+    metric(
+        &mut out,
+        "profiler_bpf_samples_sent_total",
+        "counter",
+        "Samples sent to the daemon.",
+        &[("", k(Counter::Sent))],
+    );
+    let dropped: Vec<(String, u64)> = [
+        ("idle", k(Counter::Idle)),
+        ("filtered", k(Counter::Filtered)),
+        ("ring_full", k(Counter::RingFull)),
+        ("scratch_missing", k(Counter::ScratchMissing)),
+        ("malformed", s.malformed_records),
+        ("queue_full", s.dropped_work),
+        ("stack_bound", s.dropped_over_stack_bound),
+    ]
+    .into_iter()
+    .map(|(reason, value)| (format!("reason=\"{reason}\""), value))
+    .collect();
+    let dropped: Vec<(&str, u64)> = dropped.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+    metric(
+        &mut out,
+        "profiler_samples_not_profiled_total",
+        "counter",
+        "Samples not in any profile, by reason (idle and filtered are expected).",
+        &dropped,
+    );
+    metric(
+        &mut out,
+        "profiler_kernel_stack_failures_total",
+        "counter",
+        "Kernel stacks bpf_get_stack could not read.",
+        &[("", k(Counter::KernelStackFailed))],
+    );
+    let ends: Vec<(String, u64)> = UnwindEnd::ALL
+        .iter()
+        .map(|end| {
+            (
+                format!("reason=\"{}\"", end.name()),
+                s.unwind_ends[*end as usize],
+            )
+        })
+        .collect();
+    let ends: Vec<(&str, u64)> = ends.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+    metric(
+        &mut out,
+        "profiler_unwind_ends_total",
+        "counter",
+        "How user stack walks ended, by reason.",
+        &ends,
+    );
+    metric(
+        &mut out,
+        "profiler_records_total",
+        "counter",
+        "Sample records read from the ring buffer.",
+        &[("", s.records)],
+    );
+    metric(
+        &mut out,
+        "profiler_intervals_total",
+        "counter",
+        "Profiling intervals completed.",
+        &[("", s.intervals)],
+    );
+    metric(
+        &mut out,
+        "profiler_profiles_written_total",
+        "counter",
+        "pprof files written.",
+        &[("", worker.profiles_written.load(Ordering::Relaxed))],
+    );
+    metric(
+        &mut out,
+        "profiler_profile_write_errors_total",
+        "counter",
+        "pprof files that could not be written.",
+        &[("", worker.write_errors.load(Ordering::Relaxed))],
+    );
+    metric(
+        &mut out,
+        "profiler_jvms",
+        "gauge",
+        "JVMs by state (ready: layout in the BPF map).",
+        &[
+            ("state=\"ready\"", s.jvms.jvms_ready),
+            ("state=\"pending\"", s.jvms.jvms_pending),
+            ("state=\"failed\"", s.jvms.jvms_failed),
+            ("state=\"over_bound\"", s.jvms.jvms_over_bound),
+        ],
+    );
+    metric(
+        &mut out,
+        "profiler_cpus",
+        "gauge",
+        "CPUs sampled.",
+        &[("", s.cpus as u64)],
+    );
+    metric(
+        &mut out,
+        "profiler_frequency_hertz",
+        "gauge",
+        "Sampling frequency per CPU.",
+        &[("", s.frequency_hz)],
+    );
+    out
+}
+
+/// Serves `/metrics` until the task is dropped.
+pub async fn serve(listener: TcpListener, metrics: Metrics) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut request = vec![0u8; 4096];
+            let Ok(Ok(len)) =
+                tokio::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut request))
+                    .await
+            else {
+                return;
+            };
+            let request = String::from_utf8_lossy(&request[..len]);
+            let response = if request.starts_with("GET /metrics ") || request.starts_with("GET / ")
+            {
+                let body = metrics.render();
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+            } else {
+                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    .to_owned()
+            };
+            let _ = stream.write_all(response.as_bytes()).await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_with_reasons() {
+        let mut snapshot = Snapshot {
+            records: 5,
+            ..Default::default()
+        };
+        snapshot.kernel.0[Counter::RingFull as usize] = 3;
+        snapshot.unwind_ends[UnwindEnd::NoCodeBlob as usize] = 2;
+        let text = render(&snapshot, &WorkerCounters::default());
+        assert!(
+            text.contains("profiler_samples_not_profiled_total{reason=\"ring_full\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("profiler_unwind_ends_total{reason=\"no_code_blob\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains("profiler_records_total 5"), "{text}");
+        assert!(text.contains("# TYPE profiler_jvms gauge"), "{text}");
+    }
+}
