@@ -1,0 +1,415 @@
+//! HotSpot frames, by the per-JVM layout the daemon pushed into `HOTSPOT_PROCS`: interpreted
+//! frames (interpreter code range), compiled frames and stubs (code blobs found through their
+//! heap's segment map, sized by `CodeBlob::_frame_size`), the call stub back into native code, and
+//! threads in native or VM code resumed at their `JavaFrameAnchor`. Every loop is bounded and every
+//! read checked; a frame that does not make sense ends the walk with a reason.
+
+use core::ffi::c_void;
+
+use aya_ebpf::helpers::{bpf_probe_read_user, generated as gen};
+use profiler_common::{
+    hotspot_flags, FrameKind, HotspotProc, UnwindEnd, UserFrame, BCI_UNKNOWN, MAX_CODE_HEAPS,
+};
+
+use crate::memory::{read_u64, stack_pair, stack_u64, StackWindow};
+use crate::{frame, Walk, JAVA_THREADS};
+
+/// `JavaThread::_thread_state` values of a thread outside Java code, whose anchor is valid.
+const THREAD_IN_NATIVE: u32 = 4;
+const THREAD_IN_VM: u32 = 6;
+const THREAD_BLOCKED: u32 = 10;
+
+/// Bound on segment-map hops to a blob's start (HotSpot blobs need at most a few; OTel uses 12).
+const SEGMAP_HOPS: u32 = 16;
+/// Largest compiled frame accepted, in words (SafepointBlob has a few hundred).
+const MAX_FRAME_WORDS: i64 = 4096;
+/// Bytes of a CodeBlob header read at once (every field we use lies below this).
+const BLOB_HEADER_BYTES: usize = 128;
+
+/// A JVM thread whose native frames led nowhere (code without frame pointers) before any Java
+/// frame: if it is in native or VM code, its `JavaFrameAnchor` holds its last Java frame.
+/// Returns true if the walk continues from there.
+#[inline(always)]
+pub(crate) fn resume_at_anchor(walk: &mut Walk) -> bool {
+    if walk.is_jvm == 0 || walk.java_seen != 0 {
+        return false;
+    }
+    walk.java_seen = 1;
+    // SAFETY: the value is copied out at once.
+    let Some(&thread) = (unsafe { JAVA_THREADS.get(&walk.tid) }) else {
+        return false;
+    };
+    let hs = &walk.hotspot;
+    // SAFETY: checked reads of user memory.
+    let state =
+        unsafe { bpf_probe_read_user((thread + hs.java_thread_state as u64) as *const u32) }
+            .unwrap_or(0);
+    if state != THREAD_IN_NATIVE && state != THREAD_IN_VM && state != THREAD_BLOCKED {
+        return false;
+    }
+    let anchor = thread + hs.java_thread_anchor as u64;
+    // The anchor's sp is written last: once it is set, pc and fp are valid.
+    let Ok(sp) = read_u64(anchor + hs.anchor_sp as u64) else {
+        return false;
+    };
+    if sp == 0 {
+        return false;
+    }
+    let pc = match read_u64(anchor + hs.anchor_pc as u64) {
+        Ok(0) | Err(_) => read_u64(sp - 8).unwrap_or(0),
+        Ok(pc) => pc,
+    };
+    let fp = if hs.anchor_fp == u16::MAX {
+        0
+    } else {
+        read_u64(anchor + hs.anchor_fp as u64).unwrap_or(0)
+    };
+    if pc == 0 {
+        return false;
+    }
+    walk.pc = pc;
+    walk.sp = sp;
+    walk.fp = fp;
+    true
+}
+
+/// One HotSpot frame: interpreted (the interpreter's code range), the call stub (skipped), or a
+/// code blob found through its heap's segment map (nmethods and stubs).
+#[inline(always)]
+pub(crate) fn java_step(
+    walk: &mut Walk,
+    window: &mut StackWindow,
+    top: bool,
+) -> Result<UserFrame, UnwindEnd> {
+    let hs = &walk.hotspot;
+    let (pc, sp, fp) = (walk.pc, walk.sp, walk.fp);
+    if pc >= hs.interpreter_low && pc < hs.interpreter_high {
+        return interpreted_step(walk, window, top);
+    }
+    if pc == hs.call_stub_return {
+        // The call stub is an rbp frame; its caller is native code (JavaCalls::call_helper).
+        walk.skip = 1;
+        let slot = stack_pair(window, fp)?;
+        walk.sp = fp + 16;
+        walk.fp = slot[0];
+        walk.pc = slot[1];
+        return Ok(frame(FrameKind::Native, pc, 0, 0));
+    }
+    // Deep stacks repeat blobs (recursion, loops over the same callees): the last blob found is
+    // kept, and a pc inside it skips the segment map and header reads.
+    let cached = walk.blob_cache;
+    let blob = if cached.blob != 0 && pc >= cached.code_begin && pc < cached.end {
+        cached
+    } else {
+        let found = read_blob(hs, pc)?;
+        walk.blob_cache = found;
+        found
+    };
+    let BlobCache {
+        blob: blob_address,
+        code_begin,
+        end,
+        frame_size,
+        frame_complete,
+        compile_id,
+        deopt_handler,
+        orig_pc_offset,
+    } = blob;
+    let (frame_size, frame_complete) = (frame_size as i64, frame_complete as i64);
+    if code_begin == 0 || pc < code_begin || frame_size > MAX_FRAME_WORDS {
+        return Err(UnwindEnd::BadJavaFrame);
+    }
+    // A frame being deoptimized returns into its nmethod's deopt handler; the pc it had (which
+    // the debug info describes) was saved in the frame.
+    let mut described_pc = pc;
+    if !top && deopt_handler != 0 && pc == deopt_handler {
+        if let Ok(original) = stack_u64(window, sp.wrapping_add(orig_pc_offset as i64 as u64)) {
+            if original >= code_begin && original < end {
+                described_pc = original;
+            }
+        }
+    }
+    let offset = described_pc - code_begin;
+    let recorded = frame(FrameKind::Compiled, blob_address, offset as u32, compile_id);
+
+    if top
+        && frame_size > 0
+        && offset as i64 >= frame_complete
+        && epilogue_step(walk, window, pc, sp)?
+    {
+        // Handled: the top frame was in its epilogue, its frame already popped.
+    } else if frame_size > 0 && (!top || offset as i64 >= frame_complete) {
+        // A complete compiled frame: fixed size, return address and saved rbp on top of it.
+        let caller_sp = sp + frame_size as u64 * 8;
+        let slot = stack_pair(window, caller_sp - 16)?;
+        walk.fp = slot[0];
+        walk.pc = slot[1];
+        walk.sp = caller_sp;
+    } else if frame_size > 0 {
+        // The top frame is still in its prologue: the return address is at sp, or above the
+        // pushed rbp once `push rbp` has run (the last instructions before frame_complete).
+        if offset as i64 >= frame_complete - 4 {
+            let slot = stack_pair(window, sp)?;
+            walk.fp = slot[0];
+            walk.pc = slot[1];
+            walk.sp = sp + 16;
+        } else {
+            walk.pc = stack_u64(window, sp)?;
+            walk.sp = sp + 8;
+        }
+    } else {
+        // Stubs and adapters without a fixed frame keep rbp as a frame pointer.
+        let slot = stack_pair(window, fp)?;
+        walk.sp = fp + 16;
+        walk.fp = slot[0];
+        walk.pc = slot[1];
+    }
+    Ok(recorded)
+}
+
+/// The top compiled frame may be in its epilogue (`add rsp, N; pop rbp; [safepoint poll]; ret`)
+/// with its frame already popped: recognise the instruction at pc. Returns true if it was, with
+/// the walk moved to the caller.
+#[inline(always)]
+fn epilogue_step(
+    walk: &mut Walk,
+    window: &mut StackWindow,
+    pc: u64,
+    sp: u64,
+) -> Result<bool, UnwindEnd> {
+    // SAFETY: a checked read of user memory (the code at pc).
+    let Ok(code) = (unsafe { bpf_probe_read_user(pc as *const [u8; 4]) }) else {
+        return Ok(false);
+    };
+    let at_ret = code[0] == 0xc3;
+    let at_pop_rbp = code[0] == 0x5d;
+    // Safepoint polls after `pop rbp`: `cmp rsp, [r15 + disp]` (JDK 17+), or
+    // `mov r10, [r15 + disp]` then `test [r10], eax` (older).
+    let at_poll = (code[0] == 0x49 && code[1] == 0x3b && (code[2] == 0x67 || code[2] == 0xa7))
+        || (code[0] == 0x4d && code[1] == 0x8b && code[2] == 0x57)
+        || (code[0] == 0x41 && code[1] == 0x85 && code[2] == 0x02);
+    if at_pop_rbp {
+        let slot = stack_pair(window, sp)?;
+        walk.fp = slot[0];
+        walk.pc = slot[1];
+        walk.sp = sp + 16;
+        return Ok(true);
+    }
+    if at_ret || at_poll {
+        walk.pc = stack_u64(window, sp)?;
+        walk.sp = sp + 8;
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+/// What the unwinder needs of one code blob; also the walk's one-entry cache.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct BlobCache {
+    pub(crate) blob: u64,
+    pub(crate) code_begin: u64,
+    /// End of the blob (`blob + _size`).
+    pub(crate) end: u64,
+    pub(crate) frame_size: i32,
+    pub(crate) frame_complete: i32,
+    pub(crate) compile_id: u32,
+    pub(crate) orig_pc_offset: i32,
+    /// Where a deoptimized frame returns to (0 if unknown).
+    pub(crate) deopt_handler: u64,
+}
+
+/// Finds the blob containing `pc` and reads its header.
+#[inline(always)]
+fn read_blob(hs: &HotspotProc, pc: u64) -> Result<BlobCache, UnwindEnd> {
+    let blob = find_blob(hs, pc)?;
+    let mut header = [0u8; BLOB_HEADER_BYTES];
+    // SAFETY: a checked read of user memory into a stack buffer.
+    let read = unsafe {
+        gen::bpf_probe_read_user(
+            header.as_mut_ptr() as *mut c_void,
+            BLOB_HEADER_BYTES as u32,
+            blob as *const c_void,
+        )
+    };
+    if read < 0 {
+        return Err(UnwindEnd::JavaReadFailed);
+    }
+    let code_begin = if hs.flags & hotspot_flags::CODE_OFFSET != 0 {
+        blob.wrapping_add(header_i32(&header, hs.blob_code) as i64 as u64)
+    } else {
+        header_u64(&header, hs.blob_code)
+    };
+    let frame_complete = if hs.flags & hotspot_flags::FRAME_COMPLETE_16 != 0 {
+        header_i16(&header, hs.blob_frame_complete) as i32
+    } else {
+        header_i32(&header, hs.blob_frame_complete)
+    };
+    let size = header_i32(&header, hs.blob_size);
+    // SAFETY: a checked read of user memory; a stub has no compile id, and userspace checks it.
+    let compile_id =
+        unsafe { bpf_probe_read_user((blob + hs.nmethod_compile_id as u64) as *const u32) }
+            .unwrap_or(0);
+    // SAFETY: checked reads of user memory; meaningless for stubs, which never match them.
+    let deopt_handler = if hs.flags & hotspot_flags::DEOPT_HANDLER_OFFSET != 0 {
+        let offset =
+            unsafe { bpf_probe_read_user((blob + hs.nmethod_deopt_handler as u64) as *const i32) }
+                .unwrap_or(0);
+        if offset > 0 {
+            blob + offset as u64
+        } else {
+            0
+        }
+    } else {
+        unsafe { bpf_probe_read_user((blob + hs.nmethod_deopt_handler as u64) as *const u64) }
+            .unwrap_or(0)
+    };
+    // SAFETY: as above.
+    let orig_pc_offset =
+        unsafe { bpf_probe_read_user((blob + hs.nmethod_orig_pc_offset as u64) as *const i32) }
+            .unwrap_or(0);
+    Ok(BlobCache {
+        blob,
+        code_begin,
+        end: blob.wrapping_add(size.max(0) as u64),
+        frame_size: header_i32(&header, hs.blob_frame_size),
+        frame_complete,
+        compile_id,
+        orig_pc_offset,
+        deopt_handler,
+    })
+}
+
+/// An interpreter frame: Method* and bcp from fixed slots below fp (the live bcp from r13 for
+/// the interrupted frame); the caller's sp is the saved sender sp.
+#[inline(always)]
+fn interpreted_step(
+    walk: &mut Walk,
+    window: &mut StackWindow,
+    top: bool,
+) -> Result<UserFrame, UnwindEnd> {
+    let hs = &walk.hotspot;
+    let (sp, fp) = (walk.sp, walk.fp);
+    if fp < sp || fp - sp > 1 << 20 {
+        return Err(UnwindEnd::BadJavaFrame);
+    }
+    let method = stack_u64(window, slot_address(fp, hs.interpreter_method_slot))?;
+    let const_method = read_u64(method + hs.method_const_method as u64)?;
+    // SAFETY: a checked read of user memory.
+    let code_size = unsafe {
+        bpf_probe_read_user((const_method + hs.const_method_code_size as u64) as *const u16)
+    }
+    .map_err(|_| UnwindEnd::JavaReadFailed)? as u64;
+    let code_start = const_method + hs.const_method_size as u64;
+    let in_code = |bcp: u64| bcp >= code_start && bcp < code_start + code_size.max(1);
+    let saved_bcp = stack_u64(window, slot_address(fp, hs.interpreter_bcp_slot)).unwrap_or(0);
+    let bcp = if top && in_code(walk.r13) {
+        walk.r13
+    } else {
+        saved_bcp
+    };
+    let bci = if in_code(bcp) {
+        (bcp - code_start) as u32
+    } else {
+        BCI_UNKNOWN
+    };
+    let recorded = frame(
+        FrameKind::Interpreted,
+        method,
+        bci,
+        (const_method >> 3) as u32,
+    );
+
+    let slot = stack_pair(window, fp)?;
+    let sender_sp = stack_u64(window, fp.wrapping_sub(8))?;
+    walk.fp = slot[0];
+    walk.pc = slot[1];
+    walk.sp = sender_sp;
+    Ok(recorded)
+}
+
+#[inline(always)]
+fn slot_address(fp: u64, slot: i8) -> u64 {
+    fp.wrapping_add((slot as i64 * 8) as u64)
+}
+
+#[inline(always)]
+fn header_u64(header: &[u8; BLOB_HEADER_BYTES], offset: u16) -> u64 {
+    let at = (offset as usize) & (BLOB_HEADER_BYTES - 1);
+    if at + 8 > BLOB_HEADER_BYTES {
+        return 0;
+    }
+    u64::from_le_bytes([
+        header[at],
+        header[at + 1],
+        header[at + 2],
+        header[at + 3],
+        header[at + 4],
+        header[at + 5],
+        header[at + 6],
+        header[at + 7],
+    ])
+}
+
+#[inline(always)]
+fn header_i32(header: &[u8; BLOB_HEADER_BYTES], offset: u16) -> i32 {
+    let at = (offset as usize) & (BLOB_HEADER_BYTES - 1);
+    if at + 4 > BLOB_HEADER_BYTES {
+        return 0;
+    }
+    i32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
+}
+
+#[inline(always)]
+fn header_i16(header: &[u8; BLOB_HEADER_BYTES], offset: u16) -> i16 {
+    let at = (offset as usize) & (BLOB_HEADER_BYTES - 1);
+    if at + 2 > BLOB_HEADER_BYTES {
+        return 0;
+    }
+    i16::from_le_bytes([header[at], header[at + 1]])
+}
+
+/// The CodeBlob containing `pc`, through its heap's segment map (HotSpot's
+/// `CodeHeap::find_start`): each map byte says how many segments back the block starts.
+#[inline(always)]
+fn find_blob(hs: &HotspotProc, pc: u64) -> Result<u64, UnwindEnd> {
+    let mut heap = None;
+    for i in 0..MAX_CODE_HEAPS {
+        if i < hs.heap_count as usize && pc >= hs.heaps[i].low && pc < hs.heaps[i].high {
+            heap = Some(hs.heaps[i]);
+        }
+    }
+    let Some(heap) = heap else {
+        return Err(UnwindEnd::NoCodeBlob);
+    };
+    let shift = heap.log2_segment_size & 31;
+    let mut index = (pc - heap.low) >> shift;
+    let mut found = false;
+    for _ in 0..SEGMAP_HOPS {
+        // SAFETY: a checked read of user memory.
+        let hop = unsafe { bpf_probe_read_user((heap.segmap + index) as *const u8) }
+            .map_err(|_| UnwindEnd::JavaReadFailed)?;
+        if hop == 0xff {
+            return Err(UnwindEnd::NoCodeBlob);
+        }
+        if hop == 0 {
+            found = true;
+            break;
+        }
+        if (hop as u64) > index {
+            return Err(UnwindEnd::NoCodeBlob);
+        }
+        index -= hop as u64;
+    }
+    if !found {
+        return Err(UnwindEnd::NoCodeBlob);
+    }
+    let block = heap.low + (index << shift);
+    // SAFETY: a checked read of user memory.
+    let used = unsafe { bpf_probe_read_user((block + hs.heap_block_used as u64) as *const u8) }
+        .map_err(|_| UnwindEnd::JavaReadFailed)?;
+    if used == 0 {
+        return Err(UnwindEnd::NoCodeBlob);
+    }
+    Ok(block + hs.heap_block_size as u64)
+}
