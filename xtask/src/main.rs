@@ -284,15 +284,11 @@ fn test(root: &Path, filter: Option<&str>) -> Result<()> {
     let daemon = build_daemon(root, false)?;
     let filter_args: Vec<&str> = filter.into_iter().collect();
 
-    // Unit tests of every crate but the end-to-end one. `--profile dev` (not cargo's `test`
-    // profile) so the daemon's build script, and with it the eBPF object, is built once for the
-    // binary and the tests alike.
+    // Unit tests of every crate but the end-to-end one.
     run(Command::new("cargo")
         .current_dir(root)
         .args([
             "test",
-            "--profile",
-            "dev",
             "--workspace",
             "--exclude",
             "profiler-ebpf",
@@ -306,8 +302,6 @@ fn test(root: &Path, filter: Option<&str>) -> Result<()> {
         .current_dir(root)
         .args([
             "test",
-            "--profile",
-            "dev",
             "--no-fail-fast",
             "--package",
             "profiler-tests",
