@@ -382,7 +382,10 @@ fn send(work: &SyncSender<Work>, item: Work, stats: &mut LoopStats) {
             stats.dropped_work += 1;
             // Counted every time, logged at 1, 2, 4, 8... drops: never a log line per sample.
             if stats.dropped_work.is_power_of_two() {
-                tracing::warn!(dropped = stats.dropped_work, "symbolizer queue full: work dropped");
+                tracing::warn!(
+                    dropped = stats.dropped_work,
+                    "symbolizer queue full: work dropped"
+                );
             }
         }
         Err(TrySendError::Disconnected(_)) => stats.dropped_work += 1,
