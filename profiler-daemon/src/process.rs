@@ -178,14 +178,6 @@ impl ProcessTable {
                 .unwrap_or(false)
         });
     }
-
-    pub fn len(&self) -> usize {
-        self.processes.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.processes.is_empty()
-    }
 }
 
 #[cfg(test)]

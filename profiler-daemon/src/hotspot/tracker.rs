@@ -142,14 +142,6 @@ impl<S: LayoutSink> JvmTracker<S> {
         counts
     }
 
-    /// The ready JVMs, for symbolization.
-    pub fn ready(&self) -> impl Iterator<Item = &Jvm> {
-        self.tracked.values().filter_map(|t| match &t.state {
-            State::Ready { jvm, .. } => Some(jvm.as_ref()),
-            _ => None,
-        })
-    }
-
     /// One pass over /proc.
     pub fn scan(&mut self) {
         let Ok(processes) = procfs::process::all_processes() else {
