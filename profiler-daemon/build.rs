@@ -8,15 +8,25 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn build_protos() -> anyhow::Result<()> {
-    let protos = ["proto/pprof/profile.proto"];
-    for proto in protos {
+    let pprof = ["proto/pprof/profile.proto"];
+    let services = [
+        "proto/types/v1/types.proto",
+        "proto/push/v1/push.proto",
+        "proto/profiler/v1/stream.proto",
+    ];
+    for proto in pprof.iter().chain(&services) {
         println!("cargo:rerun-if-changed={proto}");
     }
     // protox is a protobuf compiler in Rust: no `protoc` needed on the build machine.
-    let descriptors = protox::compile(protos, ["proto"]).context("compiling .proto files")?;
+    let descriptors = protox::compile(pprof, ["proto"]).context("compiling .proto files")?;
     prost_build::Config::new()
         .compile_fds(descriptors)
         .context("generating Rust from .proto files")?;
+    // The gRPC services: Pyroscope's push API (client) and our live stream (client and server).
+    let descriptors = protox::compile(services, ["proto"]).context("compiling .proto files")?;
+    tonic_prost_build::configure()
+        .compile_fds(descriptors)
+        .context("generating gRPC code from .proto files")?;
     Ok(())
 }
 

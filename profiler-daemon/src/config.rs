@@ -1,11 +1,16 @@
 //! The daemon's configuration: an optional TOML file, overridden by command-line flags, checked
 //! once at start. Every error names the field (and the flag) it is about.
 
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::export::identity::ServiceNaming;
+use crate::export::pyroscope::{Auth, PyroscopeConfig};
+use crate::export::queue::QueueBound;
 use crate::output::retention::Retention;
 use crate::output::LocalOutput;
 
@@ -16,6 +21,12 @@ pub const DEFAULT_OUTPUT_DIR: &str = "profiles";
 pub const DEFAULT_MAX_STACKS_PER_INTERVAL: usize = 200_000;
 pub const DEFAULT_RETENTION_AGE: Duration = Duration::from_secs(24 * 3600);
 pub const DEFAULT_RETENTION_BYTES: u64 = 1 << 30;
+pub const DEFAULT_GRPC_LISTEN: &str = "127.0.0.1:4980";
+pub const DEFAULT_EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_QUEUE_MAX_PROFILES: usize = 4096;
+pub const DEFAULT_QUEUE_MAX_BYTES: usize = 64 << 20;
+pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(5);
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// The configuration file, as written by the user. All fields are optional.
 #[derive(Debug, Default, Deserialize, PartialEq, Eq)]
@@ -46,6 +57,44 @@ pub struct FileConfig {
     /// Suffix frame names with their kind, as async-profiler does: `_[j]` JIT-compiled, `_[1]`
     /// C1, `_[i]` inlined, `_[0]` interpreted, `_[k]` kernel. Default true.
     pub annotate_frames: Option<bool>,
+    /// Serve the live profile stream (gRPC) here; "off" disables it (default 127.0.0.1:4980).
+    pub grpc_listen: Option<String>,
+    /// Every process's `service_name` (a host running a single application).
+    pub service_name: Option<String>,
+    /// Program name (JVM main class, jar or module; else executable name) -> `service_name`.
+    pub service_names: Option<BTreeMap<String, String>>,
+    /// Extra labels on every exported profile (Pyroscope and the live stream).
+    pub labels: Option<BTreeMap<String, String>>,
+    /// Export to Grafana Pyroscope.
+    pub pyroscope: Option<PyroscopeFile>,
+}
+
+/// The `[pyroscope]` table.
+#[derive(Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PyroscopeFile {
+    /// `http://host:4040` (plaintext) or `https://...` (TLS).
+    pub url: Option<String>,
+    /// Sent as the `X-Scope-OrgID` header (multi-tenant Pyroscope).
+    pub tenant_id: Option<String>,
+    /// Basic auth (Grafana Cloud: the stack's user id and an access token).
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub password_file: Option<PathBuf>,
+    pub bearer_token: Option<String>,
+    pub bearer_token_file: Option<PathBuf>,
+    /// Extra CA certificates (PEM) trusted besides the system's.
+    pub ca_file: Option<PathBuf>,
+    /// Bound on each push in seconds (default 10).
+    pub timeout_secs: Option<u64>,
+    /// Profiles kept while Pyroscope is unreachable (default 4096); the oldest go first.
+    pub queue_max_profiles: Option<usize>,
+    /// Bytes of gzipped profiles kept while unreachable (default 64 MiB).
+    pub queue_max_bytes: Option<usize>,
+    /// Longest wait between retries in seconds (default 5).
+    pub max_backoff_secs: Option<u64>,
+    /// How long queued profiles are still tried at shutdown in seconds (default 5).
+    pub shutdown_grace_secs: Option<u64>,
 }
 
 /// Flags that override the file.
@@ -57,6 +106,8 @@ pub struct Overrides {
     pub output_dir: Option<PathBuf>,
     pub pids: Vec<u32>,
     pub metrics_listen: Option<String>,
+    pub pyroscope_url: Option<String>,
+    pub grpc_listen: Option<String>,
 }
 
 /// The checked configuration the daemon runs with.
@@ -71,7 +122,19 @@ pub struct Config {
     pub max_jvms: u32,
     pub annotate_frames: bool,
     pub local_output: LocalOutput,
-    pub metrics_listen: Option<std::net::SocketAddr>,
+    pub metrics_listen: Option<SocketAddr>,
+    pub grpc_listen: Option<GrpcListen>,
+    pub naming: ServiceNaming,
+    pub labels: BTreeMap<String, String>,
+    pub pyroscope: Option<PyroscopeConfig>,
+}
+
+/// Where the live stream listens, and whether the address was asked for (a busy default port
+/// is only a warning).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrpcListen {
+    pub address: SocketAddr,
+    pub explicit: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -211,7 +274,43 @@ impl Config {
                 reason: format!("{text:?} is not an address:port ({err})"),
             })?),
         };
+        let explicit_grpc = flags.grpc_listen.or(file.grpc_listen);
+        let grpc_listen = match explicit_grpc.as_deref() {
+            Some("off") | Some("") => None,
+            text => {
+                let text = text.unwrap_or(DEFAULT_GRPC_LISTEN);
+                Some(GrpcListen {
+                    address: text.parse().map_err(|err| ConfigError::Invalid {
+                        field: "grpc_listen",
+                        flag: Some("grpc-listen"),
+                        reason: format!("{text:?} is not an address:port or \"off\" ({err})"),
+                    })?,
+                    explicit: explicit_grpc.is_some(),
+                })
+            }
+        };
+        let naming = ServiceNaming {
+            override_name: check_service_name("service_name", file.service_name)?,
+            by_program: file.service_names.unwrap_or_default(),
+        };
+        if naming
+            .by_program
+            .values()
+            .any(|name| name.trim().is_empty())
+        {
+            return Err(invalid("service_names", "service names must not be empty"));
+        }
+        let labels = file.labels.unwrap_or_default();
+        check_labels(&labels)?;
+        let pyroscope = match (flags.pyroscope_url, file.pyroscope) {
+            (None, None) => None,
+            (url, table) => Some(resolve_pyroscope(url, table.unwrap_or_default())?),
+        };
         Ok(Self {
+            grpc_listen,
+            naming,
+            labels,
+            pyroscope,
             metrics_listen,
             local_output,
             annotate_frames: file.annotate_frames.unwrap_or(true),
@@ -224,6 +323,211 @@ impl Config {
             max_stacks_per_interval,
         })
     }
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field,
+        flag: None,
+        reason: reason.into(),
+    }
+}
+
+fn check_service_name(
+    field: &'static str,
+    name: Option<String>,
+) -> Result<Option<String>, ConfigError> {
+    match name {
+        Some(name) if name.trim().is_empty() => Err(invalid(field, "must not be empty")),
+        name => Ok(name),
+    }
+}
+
+/// Prometheus-style label names; names starting with `__` and `service_name` are ours.
+fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+    for (name, value) in labels {
+        let mut chars = name.chars();
+        let well_formed = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !well_formed {
+            return Err(invalid(
+                "labels",
+                format!("{name:?} is not a label name ([a-zA-Z_][a-zA-Z0-9_]*)"),
+            ));
+        }
+        if name.starts_with("__") || name == "service_name" {
+            return Err(invalid(
+                "labels",
+                format!("{name:?} is reserved (set `service_name` or `service_names` instead)"),
+            ));
+        }
+        if value.is_empty() {
+            return Err(invalid("labels", format!("{name:?} has an empty value")));
+        }
+    }
+    Ok(())
+}
+
+/// Reads a secret from a file (a mounted Kubernetes secret, typically), without its final
+/// newline.
+fn read_secret(field: &'static str, path: &Path) -> Result<String, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|err| invalid(field, format!("cannot read {}: {err}", path.display())))?;
+    Ok(text.trim_end_matches(['\n', '\r']).to_string())
+}
+
+fn resolve_pyroscope(
+    flag_url: Option<String>,
+    file: PyroscopeFile,
+) -> Result<PyroscopeConfig, ConfigError> {
+    let url = flag_url.or(file.url).ok_or_else(|| ConfigError::Invalid {
+        field: "pyroscope.url",
+        flag: Some("pyroscope"),
+        reason: "missing (the [pyroscope] table needs a url)".into(),
+    })?;
+    let uri: tonic::transport::Uri = url.parse().map_err(|err| ConfigError::Invalid {
+        field: "pyroscope.url",
+        flag: Some("pyroscope"),
+        reason: format!("{url:?} is not a URL ({err})"),
+    })?;
+    let https = match uri.scheme_str() {
+        Some("https") => true,
+        Some("http") => false,
+        _ => {
+            return Err(ConfigError::Invalid {
+                field: "pyroscope.url",
+                flag: Some("pyroscope"),
+                reason: format!("{url:?} must start with http:// or https://"),
+            })
+        }
+    };
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(ConfigError::Invalid {
+            field: "pyroscope.url",
+            flag: Some("pyroscope"),
+            reason: format!("{url:?} has no host"),
+        });
+    }
+    let password = match (file.password, file.password_file) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "pyroscope.password_file",
+                "give password or password_file, not both",
+            ))
+        }
+        (Some(password), None) => Some(password),
+        (None, Some(path)) => Some(read_secret("pyroscope.password_file", &path)?),
+        (None, None) => None,
+    };
+    let token = match (file.bearer_token, file.bearer_token_file) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "pyroscope.bearer_token_file",
+                "give bearer_token or bearer_token_file, not both",
+            ))
+        }
+        (Some(token), None) => Some(token),
+        (None, Some(path)) => Some(read_secret("pyroscope.bearer_token_file", &path)?),
+        (None, None) => None,
+    };
+    let auth = match (file.username, password, token) {
+        (None, None, None) => None,
+        (Some(username), Some(password), None) => Some(Auth::Basic { username, password }),
+        (None, None, Some(token)) => Some(Auth::Bearer(token)),
+        (Some(_), None, None) => {
+            return Err(invalid(
+                "pyroscope.password",
+                "username needs a password (or password_file)",
+            ))
+        }
+        (None, Some(_), None) => {
+            return Err(invalid("pyroscope.username", "a password needs a username"))
+        }
+        (_, _, Some(_)) => {
+            return Err(invalid(
+                "pyroscope.bearer_token",
+                "use basic auth (username, password) or a bearer token, not both",
+            ))
+        }
+    };
+    if file.ca_file.is_some() && !https {
+        return Err(invalid("pyroscope.ca_file", "needs an https:// url"));
+    }
+    if let Some(path) = &file.ca_file {
+        std::fs::metadata(path).map_err(|err| {
+            invalid(
+                "pyroscope.ca_file",
+                format!("cannot read {}: {err}", path.display()),
+            )
+        })?;
+    }
+    if let Some(tenant) = &file.tenant_id {
+        if tenant.is_empty() || !tenant.chars().all(|c| c.is_ascii_graphic()) {
+            return Err(invalid(
+                "pyroscope.tenant_id",
+                format!("{tenant:?} must be printable ASCII without spaces"),
+            ));
+        }
+    }
+    let seconds = |field: &'static str,
+                   value: Option<u64>,
+                   default: Duration,
+                   range: std::ops::RangeInclusive<u64>| {
+        let secs = value.unwrap_or(default.as_secs());
+        if range.contains(&secs) {
+            Ok(Duration::from_secs(secs))
+        } else {
+            Err(invalid(
+                field,
+                format!("{secs} s is outside {}..={} s", range.start(), range.end()),
+            ))
+        }
+    };
+    let queue = QueueBound {
+        max_profiles: file
+            .queue_max_profiles
+            .unwrap_or(DEFAULT_QUEUE_MAX_PROFILES),
+        max_bytes: file.queue_max_bytes.unwrap_or(DEFAULT_QUEUE_MAX_BYTES),
+    };
+    if queue.max_profiles == 0 {
+        return Err(invalid(
+            "pyroscope.queue_max_profiles",
+            "must be at least 1",
+        ));
+    }
+    if queue.max_bytes < 1 << 20 {
+        return Err(invalid(
+            "pyroscope.queue_max_bytes",
+            "must be at least 1 MiB",
+        ));
+    }
+    Ok(PyroscopeConfig {
+        url,
+        tenant_id: file.tenant_id,
+        auth,
+        ca_file: file.ca_file,
+        timeout: seconds(
+            "pyroscope.timeout_secs",
+            file.timeout_secs,
+            DEFAULT_EXPORT_TIMEOUT,
+            1..=300,
+        )?,
+        queue,
+        max_backoff: seconds(
+            "pyroscope.max_backoff_secs",
+            file.max_backoff_secs,
+            DEFAULT_MAX_BACKOFF,
+            1..=60,
+        )?,
+        shutdown_grace: seconds(
+            "pyroscope.shutdown_grace_secs",
+            file.shutdown_grace_secs,
+            DEFAULT_SHUTDOWN_GRACE,
+            0..=600,
+        )?,
+    })
 }
 
 #[cfg(test)]
@@ -311,5 +615,99 @@ mod tests {
             .expect_err("pid 0")
             .to_string();
         assert!(err.contains("--pid"), "{err}");
+    }
+
+    fn resolve_text(text: &str) -> Result<Config, String> {
+        let file = FileConfig::parse(text)?;
+        Config::resolve(file, Overrides::default()).map_err(|err| err.to_string())
+    }
+
+    #[test]
+    fn pyroscope_table_is_checked_field_by_field() {
+        let config = resolve_text(
+            "[pyroscope]\nurl = \"https://profiles.example.com\"\ntenant_id = \"t1\"\nusername = \"42\"\npassword = \"pw\"\n",
+        )
+        .expect("valid");
+        let pyroscope = config.pyroscope.expect("enabled");
+        assert_eq!(
+            pyroscope.auth,
+            Some(Auth::Basic {
+                username: "42".into(),
+                password: "pw".into()
+            })
+        );
+        assert_eq!(pyroscope.max_backoff, DEFAULT_MAX_BACKOFF);
+        for (text, field) in [
+            ("[pyroscope]\ntenant_id = \"x\"", "pyroscope.url"),
+            ("[pyroscope]\nurl = \"ftp://x\"", "pyroscope.url"),
+            ("[pyroscope]\nurl = \"http://x\"\nusername = \"u\"", "pyroscope.password"),
+            (
+                "[pyroscope]\nurl = \"http://x\"\nbearer_token = \"t\"\nusername = \"u\"\npassword = \"p\"",
+                "pyroscope.bearer_token",
+            ),
+            ("[pyroscope]\nurl = \"http://x\"\nca_file = \"/etc/hostname\"", "pyroscope.ca_file"),
+            ("[pyroscope]\nurl = \"http://x\"\nmax_backoff_secs = 600", "pyroscope.max_backoff_secs"),
+            ("[pyroscope]\nurl = \"http://x\"\npassword_file = \"/nonexistent\"\nusername = \"u\"", "pyroscope.password_file"),
+            ("[pyroscope]\nurl = \"http://x\"\ntenant_id = \"a b\"", "pyroscope.tenant_id"),
+        ] {
+            let err = resolve_text(text).expect_err(text);
+            assert!(err.contains(&format!("`{field}`")), "{text}: {err}");
+        }
+        let err = resolve_text("[pyroscope]\nurl = \"http://x\"\ntoken = \"t\"")
+            .expect_err("unknown key");
+        assert!(err.contains("token"), "{err}");
+    }
+
+    #[test]
+    fn the_pyroscope_flag_alone_enables_export() {
+        let flags = Overrides {
+            pyroscope_url: Some("http://127.0.0.1:4040".into()),
+            ..Default::default()
+        };
+        let config = Config::resolve(FileConfig::default(), flags).expect("valid");
+        assert_eq!(
+            config.pyroscope.expect("enabled").url,
+            "http://127.0.0.1:4040"
+        );
+        assert!(Config::resolve(FileConfig::default(), Overrides::default())
+            .expect("valid")
+            .pyroscope
+            .is_none());
+    }
+
+    #[test]
+    fn grpc_listen_defaults_to_localhost_and_can_be_turned_off() {
+        let config = resolve_text("").expect("valid");
+        let listen = config.grpc_listen.expect("on by default");
+        assert!(listen.address.ip().is_loopback() && !listen.explicit);
+        assert!(resolve_text("grpc_listen = \"off\"")
+            .expect("valid")
+            .grpc_listen
+            .is_none());
+        let err = resolve_text("grpc_listen = \"localhost\"").expect_err("no port");
+        assert!(
+            err.contains("grpc_listen") && err.contains("--grpc-listen"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn labels_and_service_names_are_checked() {
+        let config = resolve_text(
+            "service_name = \"shop\"\n[labels]\nenv = \"prod\"\n[service_names]\n\"com.x.Main\" = \"orders\"",
+        )
+        .expect("valid");
+        assert_eq!(config.naming.override_name.as_deref(), Some("shop"));
+        assert_eq!(config.labels["env"], "prod");
+        for text in [
+            "[labels]\n\"1x\" = \"a\"",
+            "[labels]\n__name__ = \"a\"",
+            "[labels]\nservice_name = \"a\"",
+        ] {
+            let err = resolve_text(text).expect_err(text);
+            assert!(err.contains("`labels`"), "{err}");
+        }
+        let err = resolve_text("service_name = \" \"").expect_err("blank");
+        assert!(err.contains("`service_name`"), "{err}");
     }
 }

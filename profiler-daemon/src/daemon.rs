@@ -3,6 +3,7 @@
 //! ```text
 //! BPF ring buffer --drain every 50 ms--> Aggregator --interval--> Worker thread --> pprof files
 //!                                            \--first sample of a pid--> Worker (reads /proc)
+//! Worker --> Exports --> Pyroscope exporter task, live-stream server (see `export`)
 //! ```
 //! The loop never blocks on the worker: if its queue is full, work is dropped and counted.
 
@@ -16,6 +17,9 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::aggregate::{Added, Aggregator};
 use crate::config::Config;
+use crate::export::pyroscope::{ExporterError, PyroscopeExporter};
+use crate::export::queue::ExportQueue;
+use crate::export::{stream, Exports};
 use crate::hotspot::tracker::{self, JvmTracker, TrackerCounts};
 use crate::metrics::{Metrics, Snapshot};
 use crate::output::LocalWriter;
@@ -52,6 +56,13 @@ pub enum DaemonError {
         address: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error("profile stream (grpc_listen) {address}: {source}")]
+    Stream {
+        address: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Exporter(#[from] ExporterError),
 }
 
 impl DaemonError {
@@ -121,13 +132,25 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         tokio::spawn(crate::metrics::serve(listener, metrics.clone()));
     }
 
+    let (exports, export_tasks) = start_exports(&config, &metrics).await?;
     let (work_tx, work_rx) = sync_channel(WORK_QUEUE);
     let (frequency_hz, annotate) = (config.frequency_hz, config.annotate_frames);
     let worker_counters = metrics.worker.clone();
+    let naming = config.naming.clone();
     // Built on its own thread: blazesym's symbolizer is not Send.
     let worker = std::thread::Builder::new()
         .name("symbolizer".into())
-        .spawn(move || Worker::new(writer, frequency_hz, annotate, worker_counters).run(work_rx))
+        .spawn(move || {
+            Worker::new(
+                writer,
+                exports,
+                naming,
+                frequency_hz,
+                annotate,
+                worker_counters,
+            )
+            .run(work_rx)
+        })
         .map_err(|err| DaemonError::Worker(err.to_string()))?;
 
     let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signal)?;
@@ -195,6 +218,8 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     worker
         .join()
         .map_err(|_| DaemonError::Worker("panicked".into()))?;
+    // Every profile is now queued: deliver what can be within the grace period.
+    export_tasks.finish().await;
     let summary = RunSummary {
         records: stats.records,
         malformed_records: stats.malformed,
@@ -217,6 +242,68 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         "stopped"
     );
     Ok(summary)
+}
+
+/// The export tasks (Pyroscope exporter, live-stream server), stopped through one signal.
+struct ExportTasks {
+    shutdown: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl ExportTasks {
+    async fn finish(self) {
+        let _ = self.shutdown.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+/// Starts what the configuration enables: the Pyroscope exporter and the live stream.
+async fn start_exports(
+    config: &Config,
+    metrics: &Metrics,
+) -> Result<(Exports, ExportTasks), DaemonError> {
+    let (shutdown, stopped) = tokio::sync::watch::channel(false);
+    let mut exports = Exports {
+        extra_labels: config.labels.clone(),
+        ..Default::default()
+    };
+    let mut tasks = Vec::new();
+    if let Some(pyroscope) = &config.pyroscope {
+        let queue = std::sync::Arc::new(ExportQueue::new(pyroscope.queue, metrics.export.clone()));
+        let exporter = PyroscopeExporter::new(pyroscope, queue.clone(), metrics.export.clone())?;
+        tracing::info!(url = %pyroscope.url, "exporting to pyroscope");
+        tasks.push(tokio::spawn(exporter.run(stopped.clone())));
+        exports.queue = Some(queue);
+    }
+    if let Some(listen) = config.grpc_listen {
+        match tokio::net::TcpListener::bind(listen.address).await {
+            Ok(listener) => {
+                tracing::info!(address = %listen.address, "serving the live profile stream (gRPC)");
+                let profiles = Exports::stream_channel();
+                tasks.push(tokio::spawn(stream::serve(
+                    listener,
+                    profiles.clone(),
+                    metrics.export.clone(),
+                    stopped.clone(),
+                )));
+                exports.stream = Some(profiles);
+            }
+            Err(source) if listen.explicit => {
+                return Err(DaemonError::Stream {
+                    address: listen.address,
+                    source,
+                })
+            }
+            Err(err) => tracing::warn!(
+                address = %listen.address,
+                %err,
+                "live profile stream not served (set grpc_listen to another address, or \"off\")"
+            ),
+        }
+    }
+    Ok((exports, ExportTasks { shutdown, tasks }))
 }
 
 /// The JVM tracker's thread, stopped through a flag.

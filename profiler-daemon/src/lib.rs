@@ -4,6 +4,7 @@
 pub mod aggregate;
 pub mod config;
 pub mod daemon;
+pub mod export;
 pub mod hotspot;
 pub mod jvm_info;
 pub mod metrics;
@@ -14,5 +15,6 @@ pub mod process;
 pub mod profiles;
 pub mod record;
 pub mod sampler;
+pub mod subscribe;
 pub mod symbolize;
 pub mod worker;

@@ -28,6 +28,30 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Receive profiles live from a running daemon's stream (its --grpc-listen address).
+    Subscribe(SubscribeArgs),
+}
+
+#[derive(clap::Args)]
+struct SubscribeArgs {
+    /// The daemon's stream address [default: 127.0.0.1:4980].
+    #[arg(default_value = profiler_daemon::config::DEFAULT_GRPC_LISTEN)]
+    address: String,
+    /// Only this process (host pid); repeat for several.
+    #[arg(long = "pid", value_name = "PID")]
+    pids: Vec<u32>,
+    /// Only this service; repeat for several.
+    #[arg(long = "service", value_name = "NAME")]
+    services: Vec<String>,
+    /// Write each profile as a pprof file in DIR.
+    #[arg(long, value_name = "DIR", conflicts_with = "top")]
+    output: Option<PathBuf>,
+    /// Print each profile's N functions with the most self samples [default: 10].
+    #[arg(long, value_name = "N")]
+    top: Option<usize>,
+    /// Exit after this many profiles.
+    #[arg(long, value_name = "N")]
+    count: Option<u64>,
 }
 
 #[derive(clap::Args)]
@@ -53,6 +77,13 @@ struct RunArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9464 [default: off].
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<String>,
+    /// Export profiles to Grafana Pyroscope at URL (http:// or https://); the config file's
+    /// [pyroscope] table sets auth, tenant, TLS and queue bounds.
+    #[arg(long, value_name = "URL")]
+    pyroscope: Option<String>,
+    /// Serve the live profile stream (gRPC) at ADDR, or "off" [default: 127.0.0.1:4980].
+    #[arg(long, value_name = "ADDR")]
+    grpc_listen: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -68,6 +99,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run(args),
         Command::JvmInfo { pid, json } => jvm_info(pid, json),
+        Command::Subscribe(args) => subscribe(args),
     }
 }
 
@@ -83,26 +115,59 @@ fn run(args: RunArgs) -> ExitCode {
         output_dir: args.output,
         pids: args.pids,
         metrics_listen: args.metrics_listen,
+        pyroscope_url: args.pyroscope,
+        grpc_listen: args.grpc_listen,
     };
     let config = match Config::resolve(file, overrides) {
         Ok(config) => config,
         Err(err) => return usage_error(&err),
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("error: cannot start the async runtime: {err}");
-            return ExitCode::FAILURE;
-        }
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
     };
     match runtime.block_on(profiler_daemon::daemon::run(config)) {
         Ok(_) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err}");
             ExitCode::from(err.exit_code() as u8)
+        }
+    }
+}
+
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => Some(runtime),
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            None
+        }
+    }
+}
+
+fn subscribe(args: SubscribeArgs) -> ExitCode {
+    use profiler_daemon::subscribe::{Sink, Subscription};
+    let sink = match args.output {
+        Some(dir) => Sink::Directory(dir),
+        None => Sink::Top(args.top.unwrap_or(10)),
+    };
+    let subscription = Subscription {
+        address: args.address,
+        pids: args.pids,
+        services: args.services,
+        sink,
+        count: args.count,
+    };
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    match runtime.block_on(profiler_daemon::subscribe::run(subscription)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
         }
     }
 }

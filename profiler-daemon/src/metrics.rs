@@ -12,6 +12,7 @@ use profiler_common::{Counter, UnwindEnd};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+use crate::export::queue::ExportCounters;
 use crate::hotspot::tracker::TrackerCounts;
 use crate::sampler::KernelCounters;
 
@@ -41,6 +42,7 @@ pub struct Snapshot {
 pub struct Metrics {
     snapshot: Arc<Mutex<Snapshot>>,
     pub worker: Arc<WorkerCounters>,
+    pub export: Arc<ExportCounters>,
 }
 
 impl Metrics {
@@ -52,7 +54,9 @@ impl Metrics {
 
     pub fn render(&self) -> String {
         let snapshot = self.snapshot.lock().map(|s| s.clone()).unwrap_or_default();
-        render(&snapshot, &self.worker)
+        let mut text = render(&snapshot, &self.worker);
+        render_export(&mut text, &self.export);
+        text
     }
 }
 
@@ -184,6 +188,77 @@ pub fn render(s: &Snapshot, worker: &WorkerCounters) -> String {
         &[("", s.frequency_hz)],
     );
     out
+}
+
+fn render_export(out: &mut String, c: &ExportCounters) {
+    let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+    metric(
+        out,
+        "profiler_export_profiles_total",
+        "counter",
+        "Profiles delivered to Pyroscope.",
+        &[("", get(&c.exported_profiles))],
+    );
+    metric(
+        out,
+        "profiler_export_requests_total",
+        "counter",
+        "Push requests Pyroscope accepted.",
+        &[("", get(&c.exported_requests))],
+    );
+    metric(
+        out,
+        "profiler_export_bytes_total",
+        "counter",
+        "Gzipped profile bytes delivered to Pyroscope.",
+        &[("", get(&c.exported_bytes))],
+    );
+    metric(
+        out,
+        "profiler_export_retries_total",
+        "counter",
+        "Push attempts that failed and were retried.",
+        &[("", get(&c.failed_attempts))],
+    );
+    metric(
+        out,
+        "profiler_export_dropped_profiles_total",
+        "counter",
+        "Profiles never delivered to Pyroscope, by reason.",
+        &[
+            ("reason=\"queue_full\"", get(&c.dropped_queue_full)),
+            ("reason=\"shutdown\"", get(&c.dropped_at_shutdown)),
+            ("reason=\"rejected\"", get(&c.rejected)),
+        ],
+    );
+    metric(
+        out,
+        "profiler_export_queue_profiles",
+        "gauge",
+        "Profiles waiting for Pyroscope (or being sent).",
+        &[("", get(&c.queued_profiles))],
+    );
+    metric(
+        out,
+        "profiler_export_queue_bytes",
+        "gauge",
+        "Bytes of profiles waiting for Pyroscope.",
+        &[("", get(&c.queued_bytes))],
+    );
+    metric(
+        out,
+        "profiler_stream_subscribers",
+        "gauge",
+        "Live-stream subscribers connected.",
+        &[("", get(&c.stream_subscribers))],
+    );
+    metric(
+        out,
+        "profiler_stream_skipped_profiles_total",
+        "counter",
+        "Profiles live-stream subscribers missed because they read too slowly.",
+        &[("", get(&c.stream_skipped))],
+    );
 }
 
 /// Serves `/metrics` until the task is dropped.

@@ -48,6 +48,10 @@ impl Mapping {
 pub struct ProcessInfo {
     pub pid: u32,
     pub comm: String,
+    /// Arguments, `argv[0]` first; empty for kernel threads or when unreadable.
+    pub command_line: Vec<String>,
+    /// The executable's path in the process's mount namespace, when readable.
+    pub executable: Option<PathBuf>,
     /// Start time in clock ticks since boot: tells a reused pid from the process we knew.
     pub start_time: u64,
     /// Whether the process sees the same root directory as the daemon, so that its files can
@@ -67,6 +71,8 @@ impl ProcessInfo {
         Ok(Self {
             pid,
             comm: stat.comm.clone(),
+            command_line: process.cmdline().unwrap_or_default(),
+            executable: process.exe().ok(),
             start_time: stat.starttime,
             shares_our_root,
             mappings,
@@ -201,6 +207,8 @@ mod tests {
         let info = ProcessInfo {
             pid: 12,
             comm: "x".into(),
+            command_line: vec![],
+            executable: None,
             start_time: 0,
             shares_our_root: false,
             mappings: vec![],

@@ -8,8 +8,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::aggregate::IntervalStacks;
+use crate::export::identity::ServiceNaming;
+use crate::export::{ExportedProfile, Exports};
 use crate::metrics::WorkerCounters;
 use crate::output::LocalWriter;
+use crate::pprof::encode_gzipped;
 use crate::process::ProcessTable;
 use crate::profiles::{self, ProfileRequest, Symbolizers};
 
@@ -29,6 +32,8 @@ pub struct Worker {
     processes: ProcessTable,
     symbolizers: Symbolizers,
     writer: LocalWriter,
+    exports: Exports,
+    naming: ServiceNaming,
     frequency_hz: u64,
     /// Shared with the metrics endpoint.
     counters: Arc<WorkerCounters>,
@@ -37,6 +42,8 @@ pub struct Worker {
 impl Worker {
     pub fn new(
         writer: LocalWriter,
+        exports: Exports,
+        naming: ServiceNaming,
         frequency_hz: u64,
         annotate_frames: bool,
         counters: Arc<WorkerCounters>,
@@ -45,6 +52,8 @@ impl Worker {
             processes: ProcessTable::default(),
             symbolizers: Symbolizers::new(annotate_frames),
             writer,
+            exports,
+            naming,
             frequency_hz,
             counters,
         }
@@ -71,6 +80,7 @@ impl Worker {
         let began = Instant::now();
         let mut written = 0;
         let mut samples = 0;
+        let mut exported = Vec::new();
         for (&pid, stacks) in &interval.processes {
             samples += stacks.samples();
             let built = profiles::build(
@@ -84,17 +94,40 @@ impl Worker {
                 &mut self.processes,
                 &mut self.symbolizers,
             );
-            match self
-                .writer
-                .write(interval.start, built.pid, &built.comm, &built.profile)
-            {
+            let gzipped = match encode_gzipped(&built.profile) {
+                Ok(bytes) => bytes,
+                Err(err) => {
+                    self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(pid, %err, "cannot encode profile");
+                    continue;
+                }
+            };
+            match self.writer.write(
+                interval.start,
+                built.pid,
+                &built.comm,
+                &built.profile,
+                &gzipped,
+            ) {
                 Ok(_) => written += 1,
                 Err(err) => {
                     self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::error!(pid, %err, "cannot write profile");
                 }
             }
+            if self.exports.is_enabled() {
+                let identity = self.naming.identify(self.processes.get(pid), &built.comm);
+                exported.push(Arc::new(ExportedProfile {
+                    pid,
+                    labels: identity.labels(&self.exports.extra_labels),
+                    service_name: identity.service_name,
+                    start: interval.start,
+                    duration: interval.duration,
+                    pprof_gzip: Arc::from(gzipped),
+                }));
+            }
         }
+        self.exports.publish_interval(exported);
         self.counters
             .profiles_written
             .fetch_add(written, Ordering::Relaxed);

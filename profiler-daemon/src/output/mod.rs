@@ -9,7 +9,7 @@ pub mod retention;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use crate::pprof::{encode_gzipped, proto};
+use crate::pprof::proto;
 use retention::{Removed, Retention};
 
 /// What the local output writes, and how long it keeps it.
@@ -33,17 +33,18 @@ impl LocalWriter {
         })
     }
 
-    /// Writes `cpu-<UTC time>-<pid>-<comm>.pb.gz` (and `.svg`, with flame graphs on) and returns
-    /// the pprof file's path.
+    /// Writes `cpu-<UTC time>-<pid>-<comm>.pb.gz` (`gzipped`, the encoded `profile`) and, with
+    /// flame graphs on, `.svg`; returns the pprof file's path.
     pub fn write(
         &self,
         start: SystemTime,
         pid: u32,
         comm: &str,
         profile: &proto::Profile,
+        gzipped: &[u8],
     ) -> std::io::Result<PathBuf> {
         let stem = file_stem(start, pid, comm);
-        let path = self.write_atomically(&format!("{stem}.pb.gz"), &encode_gzipped(profile)?)?;
+        let path = self.write_atomically(&format!("{stem}.pb.gz"), gzipped)?;
         // A flame graph of nothing is no use (and inferno refuses it).
         if self.options.flame_graphs && !profile.sample.is_empty() {
             let title = format!(
@@ -72,7 +73,7 @@ impl LocalWriter {
     }
 }
 
-fn file_stem(start: SystemTime, pid: u32, comm: &str) -> String {
+pub fn file_stem(start: SystemTime, pid: u32, comm: &str) -> String {
     // 2026-11-22T02:11:41Z -> 20261122T021141Z: sortable, no colons.
     let time: String = humantime::format_rfc3339_seconds(start)
         .to_string()
@@ -128,7 +129,13 @@ mod tests {
         builder.add_sample(vec![location], 3, &[]);
         let profile = builder.finish();
         let path = writer
-            .write(SystemTime::now(), 1, "x", &profile)
+            .write(
+                SystemTime::now(),
+                1,
+                "x",
+                &profile,
+                &crate::pprof::encode_gzipped(&profile).expect("encodes"),
+            )
             .expect("writes");
         let back = crate::pprof::decode(&std::fs::read(&path).expect("reads")).expect("decodes");
         assert_eq!(back, profile);

@@ -1,0 +1,221 @@
+//! What a process is called in exported profiles: its `service_name` and labels.
+//!
+//! The service name is, in order: the configured override, the configured mapping of the
+//! process's program name, else the program name itself, which for a JVM is its main class, jar
+//! or module (`java -jar orders.jar` -> `orders`), and otherwise the executable's file name.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::process::ProcessInfo;
+
+/// How service names are chosen (from the configuration).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceNaming {
+    /// Every process gets this name (a host running one application).
+    pub override_name: Option<String>,
+    /// Program name (main class, jar stem, module or executable name) -> service name.
+    pub by_program: BTreeMap<String, String>,
+}
+
+/// The labels a process's profiles are exported with.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ProcessIdentity {
+    pub service_name: String,
+    /// The program name the service name was derived from.
+    pub program: String,
+}
+
+impl ProcessIdentity {
+    /// Label pairs for Pyroscope, `__name__` first, sorted by name after it.
+    pub fn labels(&self, extra: &BTreeMap<String, String>) -> Vec<(String, String)> {
+        let mut labels: BTreeMap<String, String> = extra.clone();
+        labels.insert("service_name".into(), self.service_name.clone());
+        labels.insert("process_executable_name".into(), self.program.clone());
+        let mut pairs = vec![("__name__".to_string(), "process_cpu".to_string())];
+        pairs.extend(labels);
+        pairs
+    }
+}
+
+impl ServiceNaming {
+    /// Names a process from what was read of it; `comm` is the fallback when nothing else is
+    /// known (a process that exited before it could be read).
+    pub fn identify(&self, info: Option<&ProcessInfo>, comm: &str) -> ProcessIdentity {
+        let program = info
+            .and_then(program_name)
+            .unwrap_or_else(|| comm.to_string());
+        let service_name = self
+            .override_name
+            .clone()
+            .or_else(|| self.by_program.get(&program).cloned())
+            .unwrap_or_else(|| program.clone());
+        ProcessIdentity {
+            service_name,
+            program,
+        }
+    }
+}
+
+/// The program a process runs: a JVM's main class, jar or module, else its executable's name.
+fn program_name(info: &ProcessInfo) -> Option<String> {
+    let executable = info
+        .executable
+        .as_deref()
+        .or_else(|| info.command_line.first().map(Path::new))
+        .and_then(Path::file_name)
+        .map(|name| name.to_string_lossy().into_owned())?;
+    if executable == "java" {
+        if let Some(main) = java_main(info.command_line.get(1..).unwrap_or_default()) {
+            return Some(main);
+        }
+    }
+    Some(executable)
+}
+
+/// Launcher options that take the next argument as their value.
+const JAVA_OPTIONS_WITH_VALUE: &[&str] = &[
+    "-cp",
+    "-classpath",
+    "--class-path",
+    "-p",
+    "--module-path",
+    "--upgrade-module-path",
+    "--add-modules",
+    "--add-opens",
+    "--add-exports",
+    "--add-reads",
+    "--patch-module",
+    "--limit-modules",
+    "--enable-native-access",
+    "--source",
+];
+
+/// Finds what the `java` launcher runs in its arguments (after `argv[0]`).
+fn java_main(args: &[String]) -> Option<String> {
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "-jar" => {
+                let jar = Path::new(args.next()?);
+                return Some(jar.file_stem()?.to_string_lossy().into_owned());
+            }
+            "-m" | "--module" => {
+                let module = args.next()?;
+                // `module/main.Class` names the class; a bare module its declared main class.
+                return Some(module.rsplit('/').next().unwrap_or(module).to_string());
+            }
+            option if JAVA_OPTIONS_WITH_VALUE.contains(&option) => {
+                args.next();
+            }
+            option if option.starts_with("--module=") => {
+                let module = &option["--module=".len()..];
+                return Some(module.rsplit('/').next().unwrap_or(module).to_string());
+            }
+            // Other options and `@argfiles` (whose contents we do not read).
+            option if option.starts_with('-') || option.starts_with('@') => {}
+            // Single-file source programs: `java Main.java`.
+            main if main.ends_with(".java") => {
+                return Some(Path::new(main).file_stem()?.to_string_lossy().into_owned());
+            }
+            main => return Some(main.to_string()),
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn process(executable: &str, args: &[&str]) -> ProcessInfo {
+        ProcessInfo {
+            pid: 1,
+            comm: "short".into(),
+            command_line: args.iter().map(|a| a.to_string()).collect(),
+            executable: Some(PathBuf::from(executable)),
+            start_time: 0,
+            shares_our_root: true,
+            mappings: vec![],
+        }
+    }
+
+    fn name(executable: &str, args: &[&str]) -> String {
+        ServiceNaming::default()
+            .identify(Some(&process(executable, args)), "comm")
+            .service_name
+    }
+
+    #[test]
+    fn jvms_are_named_by_main_class_jar_or_module() {
+        let java = "/usr/lib/jvm/java-17/bin/java";
+        assert_eq!(
+            name(
+                java,
+                &["java", "-Xmx1g", "-cp", "a.jar:b", "com.example.Main", "x"]
+            ),
+            "com.example.Main"
+        );
+        assert_eq!(
+            name(
+                java,
+                &[
+                    "java",
+                    "-XX:+UseG1GC",
+                    "-jar",
+                    "/srv/orders-2.1.jar",
+                    "--port=1"
+                ]
+            ),
+            "orders-2.1"
+        );
+        assert_eq!(
+            name(java, &["java", "-p", "mods", "-m", "app/com.example.App"]),
+            "com.example.App"
+        );
+        assert_eq!(name(java, &["java", "--module=app"]), "app");
+        assert_eq!(name(java, &["java", "@opts", "Tool.java"]), "Tool");
+        // Nothing to run (java -version): the executable's name.
+        assert_eq!(name(java, &["java", "-version"]), "java");
+    }
+
+    #[test]
+    fn other_processes_are_named_by_executable() {
+        assert_eq!(name("/usr/sbin/nginx", &["nginx: worker process"]), "nginx");
+        // A process that could not be read: its comm.
+        assert_eq!(
+            ServiceNaming::default()
+                .identify(None, "kworker/0:1")
+                .service_name,
+            "kworker/0:1"
+        );
+    }
+
+    #[test]
+    fn configuration_overrides_inference() {
+        let info = process("/usr/bin/java", &["java", "com.example.Main"]);
+        let mut naming = ServiceNaming::default();
+        naming
+            .by_program
+            .insert("com.example.Main".into(), "orders".into());
+        assert_eq!(naming.identify(Some(&info), "").service_name, "orders");
+        naming.override_name = Some("everything".into());
+        let identity = naming.identify(Some(&info), "");
+        assert_eq!(identity.service_name, "everything");
+        assert_eq!(identity.program, "com.example.Main");
+    }
+
+    #[test]
+    fn labels_start_with_the_profile_name() {
+        let identity = ProcessIdentity {
+            service_name: "orders".into(),
+            program: "com.example.Main".into(),
+        };
+        let extra = BTreeMap::from([("env".to_string(), "prod".to_string())]);
+        let labels = identity.labels(&extra);
+        assert_eq!(labels[0], ("__name__".into(), "process_cpu".into()));
+        assert!(labels.contains(&("env".into(), "prod".into())));
+        assert!(labels.contains(&("service_name".into(), "orders".into())));
+    }
+}

@@ -1,0 +1,258 @@
+//! The bounded queue between the worker (which builds profiles) and the Pyroscope exporter task
+//! (which may be stuck retrying an unreachable server).
+//!
+//! Pushing never blocks: past the bound the oldest waiting batch is dropped and its profiles
+//! counted. The batch being sent is never dropped, so a profile is either delivered or counted
+//! as dropped, never both.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::Notify;
+
+use super::ExportedProfile;
+
+/// Profiles sent together as one `RawProfileSeries`: they share every label.
+#[derive(Debug)]
+pub struct PushBatch {
+    pub labels: Vec<(String, String)>,
+    pub profiles: Vec<Arc<ExportedProfile>>,
+}
+
+impl PushBatch {
+    pub fn bytes(&self) -> usize {
+        self.profiles.iter().map(|p| p.pprof_gzip.len()).sum()
+    }
+}
+
+/// How much the queue holds before it drops its oldest batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueBound {
+    pub max_profiles: usize,
+    pub max_bytes: usize,
+}
+
+/// Tallies of the export side, for the metrics endpoint.
+#[derive(Debug, Default)]
+pub struct ExportCounters {
+    pub exported_profiles: AtomicU64,
+    pub exported_requests: AtomicU64,
+    pub exported_bytes: AtomicU64,
+    /// Push attempts that failed and will be retried.
+    pub failed_attempts: AtomicU64,
+    /// Profiles dropped because the queue was full.
+    pub dropped_queue_full: AtomicU64,
+    /// Profiles still queued when the shutdown grace period ran out.
+    pub dropped_at_shutdown: AtomicU64,
+    /// Profiles the server refused for good (invalid argument): never retried.
+    pub rejected: AtomicU64,
+    pub queued_profiles: AtomicU64,
+    pub queued_bytes: AtomicU64,
+    pub stream_subscribers: AtomicU64,
+    /// Profiles live-stream subscribers missed because they read too slowly.
+    pub stream_skipped: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    waiting: VecDeque<Arc<PushBatch>>,
+    in_flight: Option<Arc<PushBatch>>,
+    profiles: usize,
+    bytes: usize,
+}
+
+pub struct ExportQueue {
+    state: Mutex<State>,
+    ready: Notify,
+    bound: QueueBound,
+    counters: Arc<ExportCounters>,
+}
+
+impl ExportQueue {
+    pub fn new(bound: QueueBound, counters: Arc<ExportCounters>) -> Self {
+        Self {
+            state: Mutex::default(),
+            ready: Notify::new(),
+            bound,
+            counters,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves consistent data (plain pushes and pops).
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Queues a batch, dropping the oldest waiting ones past the bound.
+    pub fn push(&self, batch: PushBatch) {
+        let mut state = self.lock();
+        state.profiles += batch.profiles.len();
+        state.bytes += batch.bytes();
+        state.waiting.push_back(Arc::new(batch));
+        let mut dropped = 0;
+        while state.profiles > self.bound.max_profiles || state.bytes > self.bound.max_bytes {
+            let Some(oldest) = state.waiting.pop_front() else {
+                break;
+            };
+            state.profiles -= oldest.profiles.len();
+            state.bytes -= oldest.bytes();
+            dropped += oldest.profiles.len() as u64;
+        }
+        self.publish_depth(&state);
+        drop(state);
+        if dropped > 0 {
+            let before = self
+                .counters
+                .dropped_queue_full
+                .fetch_add(dropped, Ordering::Relaxed);
+            // Logged when the total crosses a power of two: never a line per interval.
+            if (before + dropped).ilog2() != before.checked_ilog2().unwrap_or(u32::MAX) {
+                tracing::warn!(
+                    dropped_total = before + dropped,
+                    "export queue full: oldest profiles dropped"
+                );
+            }
+        }
+        self.ready.notify_one();
+    }
+
+    /// The batch to send: the one whose sending failed, else the oldest waiting. Waits for one.
+    pub async fn next(&self) -> Arc<PushBatch> {
+        loop {
+            {
+                let mut state = self.lock();
+                if let Some(batch) = &state.in_flight {
+                    return batch.clone();
+                }
+                if let Some(batch) = state.waiting.pop_front() {
+                    state.in_flight = Some(batch.clone());
+                    return batch;
+                }
+            }
+            // `notify_one` leaves a permit when nobody waits, so a push between the check above
+            // and this await is not missed.
+            self.ready.notified().await;
+        }
+    }
+
+    /// The batch returned by `next` was delivered (or refused for good): forget it.
+    pub fn done_with_in_flight(&self) {
+        let mut state = self.lock();
+        if let Some(batch) = state.in_flight.take() {
+            state.profiles -= batch.profiles.len();
+            state.bytes -= batch.bytes();
+        }
+        self.publish_depth(&state);
+    }
+
+    /// Profiles waiting or in flight.
+    pub fn len(&self) -> usize {
+        self.lock().profiles
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Shutdown with profiles still queued: empties the queue, counting them; returns how many.
+    pub fn abandon(&self) -> u64 {
+        let mut state = self.lock();
+        let abandoned = state.profiles as u64;
+        *state = State::default();
+        self.publish_depth(&state);
+        self.counters
+            .dropped_at_shutdown
+            .fetch_add(abandoned, Ordering::Relaxed);
+        abandoned
+    }
+
+    fn publish_depth(&self, state: &State) {
+        self.counters
+            .queued_profiles
+            .store(state.profiles as u64, Ordering::Relaxed);
+        self.counters
+            .queued_bytes
+            .store(state.bytes as u64, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    fn batch(pid: u32, bytes: usize) -> PushBatch {
+        PushBatch {
+            labels: vec![],
+            profiles: vec![Arc::new(ExportedProfile {
+                pid,
+                service_name: "s".into(),
+                labels: vec![],
+                start: SystemTime::UNIX_EPOCH,
+                duration: Duration::from_secs(1),
+                pprof_gzip: Arc::from(vec![0u8; bytes]),
+            })],
+        }
+    }
+
+    fn queue(max_profiles: usize, max_bytes: usize) -> (ExportQueue, Arc<ExportCounters>) {
+        let counters = Arc::new(ExportCounters::default());
+        let bound = QueueBound {
+            max_profiles,
+            max_bytes,
+        };
+        (ExportQueue::new(bound, counters.clone()), counters)
+    }
+
+    fn next_now(queue: &ExportQueue) -> Arc<PushBatch> {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+            .block_on(queue.next())
+    }
+
+    #[test]
+    fn drops_the_oldest_past_the_bound_and_counts_them() {
+        let (queue, counters) = queue(3, usize::MAX);
+        for pid in 1..=5 {
+            queue.push(batch(pid, 10));
+        }
+        assert_eq!(counters.dropped_queue_full.load(Ordering::Relaxed), 2);
+        assert_eq!(queue.len(), 3);
+        assert_eq!(next_now(&queue).profiles[0].pid, 3);
+    }
+
+    #[test]
+    fn the_batch_in_flight_is_never_dropped() {
+        let (queue, counters) = queue(2, usize::MAX);
+        queue.push(batch(1, 10));
+        assert_eq!(next_now(&queue).profiles[0].pid, 1);
+        for pid in 2..=4 {
+            queue.push(batch(pid, 10));
+        }
+        // 1 is being sent; 2 and 3 went to make room for 4.
+        assert_eq!(counters.dropped_queue_full.load(Ordering::Relaxed), 2);
+        // A failed send gets the same batch back.
+        assert_eq!(next_now(&queue).profiles[0].pid, 1);
+        queue.done_with_in_flight();
+        assert_eq!(next_now(&queue).profiles[0].pid, 4);
+        queue.done_with_in_flight();
+        assert!(queue.is_empty());
+        assert_eq!(counters.queued_profiles.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn bytes_bound_the_queue_too() {
+        let (queue, counters) = queue(100, 250);
+        for pid in 1..=3 {
+            queue.push(batch(pid, 100));
+        }
+        assert_eq!(counters.dropped_queue_full.load(Ordering::Relaxed), 1);
+        assert_eq!(counters.queued_bytes.load(Ordering::Relaxed), 200);
+        assert_eq!(queue.abandon(), 2);
+        assert_eq!(counters.dropped_at_shutdown.load(Ordering::Relaxed), 2);
+    }
+}
