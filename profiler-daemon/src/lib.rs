@@ -3,6 +3,7 @@
 
 pub mod aggregate;
 pub mod config;
+pub mod container;
 pub mod daemon;
 pub mod export;
 pub mod hotspot;
