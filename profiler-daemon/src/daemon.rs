@@ -241,6 +241,19 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         bpf_ring_full = kernel.get(Counter::RingFull),
         "stopped"
     );
+    if config.pyroscope.is_some() {
+        let export = &metrics.export;
+        let get = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
+        tracing::info!(
+            exported_profiles = get(&export.exported_profiles),
+            exported_requests = get(&export.exported_requests),
+            retries = get(&export.failed_attempts),
+            dropped_queue_full = get(&export.dropped_queue_full),
+            dropped_at_shutdown = get(&export.dropped_at_shutdown),
+            rejected = get(&export.rejected),
+            "pyroscope export totals"
+        );
+    }
     Ok(summary)
 }
 

@@ -86,6 +86,22 @@ impl ProcessInfo {
 
     /// Paths that open `path` (a path in the process's namespace) from the daemon, best first.
     pub fn host_paths(&self, path: &Path) -> Vec<PathBuf> {
+        if path.to_string_lossy().ends_with(" (deleted)") {
+            // Removed or replaced on disk (a package upgrade): only the mapping still reaches
+            // the file the process runs; a new file at the old path would give wrong names.
+            return self
+                .mappings
+                .iter()
+                .filter(|m| matches!(&m.backing, Backing::File { path: p, .. } if p == path))
+                .map(|m| {
+                    PathBuf::from(format!(
+                        "/proc/{}/map_files/{:x}-{:x}",
+                        self.pid, m.start, m.end
+                    ))
+                })
+                .take(1)
+                .collect();
+        }
         let relative = path.strip_prefix("/").unwrap_or(path);
         let mut paths = vec![PathBuf::from(format!("/proc/{}/root", self.pid)).join(relative)];
         if self.shares_our_root {

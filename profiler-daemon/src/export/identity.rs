@@ -64,7 +64,11 @@ fn program_name(info: &ProcessInfo) -> Option<String> {
         .as_deref()
         .or_else(|| info.command_line.first().map(Path::new))
         .and_then(Path::file_name)
-        .map(|name| name.to_string_lossy().into_owned())?;
+        .map(|name| {
+            let name = name.to_string_lossy();
+            // The kernel marks an executable replaced on disk (a package upgrade) this way.
+            name.strip_suffix(" (deleted)").unwrap_or(&name).to_string()
+        })?;
     if executable == "java" {
         if let Some(main) = java_main(info.command_line.get(1..).unwrap_or_default()) {
             return Some(main);
@@ -183,6 +187,7 @@ mod tests {
     #[test]
     fn other_processes_are_named_by_executable() {
         assert_eq!(name("/usr/sbin/nginx", &["nginx: worker process"]), "nginx");
+        assert_eq!(name("/opt/app/server (deleted)", &["server"]), "server");
         // A process that could not be read: its comm.
         assert_eq!(
             ServiceNaming::default()

@@ -180,14 +180,15 @@ impl PyroscopeExporter {
                     // The first failure and then every power of two: an outage is visible
                     // without a line per retry.
                     if failures_in_a_row.is_power_of_two() {
+                        let error = describe(&status);
                         tracing::warn!(
                             url = %self.url,
-                            error = %describe(&status),
+                            %error,
                             failed_attempts = failures_in_a_row,
                             queued_profiles = self.queue.len(),
                             retry_in_ms = backoff.as_millis() as u64,
                             "pyroscope push failed, retrying{}",
-                            hint(status.code())
+                            hint(&status, &error)
                         );
                     }
                     let wake = Instant::now() + backoff;
@@ -295,17 +296,28 @@ fn describe(status: &tonic::Status) -> String {
     let mut text = format!("{:?}: {}", status.code(), status.message());
     let mut source = std::error::Error::source(status);
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        // Transport errors repeat their cause's text at each level: keep each once.
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
         source = cause.source();
     }
     text
 }
 
-fn hint(code: Code) -> &'static str {
-    match code {
+/// What the operator most likely has to fix, from the failure.
+fn hint(status: &tonic::Status, described: &str) -> &'static str {
+    match status.code() {
         Code::Unauthenticated | Code::PermissionDenied => {
             " (check the [pyroscope] credentials and tenant_id)"
+        }
+        // A TLS client reading a plaintext answer, or the other way round.
+        _ if described.contains("InvalidContentType")
+            || described.contains("frame with invalid size") =>
+        {
+            " (TLS mismatch: check http:// versus https:// in the url)"
         }
         _ => "",
     }

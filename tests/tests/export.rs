@@ -1,0 +1,476 @@
+//! End to end on export: the daemon pushes to a gRPC receiver that shares no code with it
+//! (Python grpcio, stubs generated from our .proto files), survives outages and bad endpoints,
+//! and streams profiles live to subscribers.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use profiler_daemon::pprof::{decode, proto};
+use profiler_tests::background::BackgroundDaemon;
+use profiler_tests::receiver::{recorded_pushes, Receiver};
+use profiler_tests::*;
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+/// The native workload (70% hot_a, 30% hot_b), running for `secs`.
+fn native_workload(dir: &Path, secs: u32) -> Workload {
+    let binary = dir.join("native_split");
+    if !binary.exists() {
+        compile_c("native_split.c", dir).expect("compiles");
+    }
+    Workload::spawn(Command::new(binary).arg(secs.to_string())).expect("starts")
+}
+
+/// Every raw profile the receiver got for processes of `service`, in arrival order, decoded.
+fn received_profiles(record_dir: &Path, service: &str) -> Vec<(PathBuf, proto::Profile)> {
+    let mut profiles = Vec::new();
+    for push in recorded_pushes(record_dir).expect("records readable") {
+        for series in push.series {
+            if series.label("service_name") != Some(service) {
+                continue;
+            }
+            for path in series.profiles {
+                let bytes = std::fs::read(&path).expect("raw profile readable");
+                assert!(
+                    bytes.starts_with(&[0x1f, 0x8b]),
+                    "raw_profile is gzipped: {}",
+                    path.display()
+                );
+                let profile = decode(&bytes).expect("raw_profile is a pprof profile");
+                profiles.push((path, profile));
+            }
+        }
+    }
+    profiles
+}
+
+/// Interval start times (`time_nanos`) of profiles, in the order given.
+fn start_times(profiles: &[(PathBuf, proto::Profile)]) -> Vec<i64> {
+    profiles.iter().map(|(_, p)| p.time_nanos).collect()
+}
+
+/// The `name=value` fields of the daemon's "pyroscope export totals" log line.
+fn export_totals(log: &str) -> std::collections::HashMap<String, u64> {
+    let line = log
+        .lines()
+        .rev()
+        .find(|line| line.contains("pyroscope export totals"))
+        .expect("the daemon logs its export totals");
+    line.split_whitespace()
+        .filter_map(|field| {
+            let (name, value) = field.split_once('=')?;
+            Some((name.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn pushes_labelled_pprof_to_a_grpc_receiver() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let native = native_workload(dir.path(), 60);
+    let classes = compile_java(&["Spin.java"], dir.path()).expect("javac");
+    let jdk = jdks().into_iter().find(|j| j.major == 17).expect("JDK 17");
+    let java = start_java(&jdk, &classes, "Spin", &[]).expect("JVM starts");
+    let receiver = Receiver::start(0, &dir.path().join("received"), &[]).expect("receiver");
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "[labels]\nenv = \"test\"\n\n[pyroscope]\ntenant_id = \"team-a\"\nusername = \"42\"\npassword = \"secret\"\n",
+    )
+    .expect("config written");
+    let out = dir.path().join("profiles");
+    let (native_pid, java_pid) = (native.pid().to_string(), java.pid().to_string());
+    let output = run_daemon(
+        &[
+            "--config",
+            path_str(&config),
+            "--pyroscope",
+            &receiver.url(),
+            "--pid",
+            &native_pid,
+            "--pid",
+            &java_pid,
+            "--frequency",
+            "99",
+            "--interval",
+            "2",
+            "--duration",
+            "7",
+            "--grpc-listen",
+            "off",
+            "--output",
+            path_str(&out),
+        ],
+        Duration::from_secs(60),
+    )
+    .expect("daemon runs");
+    assert!(output.status.success(), "daemon failed: {output:?}");
+
+    let pushes = recorded_pushes(&receiver.record_dir).expect("records");
+    assert!(!pushes.is_empty(), "nothing received");
+    for push in &pushes {
+        assert_eq!(
+            push.headers.get("x-scope-orgid").and_then(|v| v.as_str()),
+            Some("team-a")
+        );
+        // base64("42:secret")
+        assert_eq!(
+            push.headers.get("authorization").and_then(|v| v.as_str()),
+            Some("Basic NDI6c2VjcmV0")
+        );
+        for series in &push.series {
+            assert_eq!(series.label("__name__"), Some("process_cpu"));
+            assert_eq!(series.label("env"), Some("test"));
+        }
+    }
+
+    // The native program is named after its executable, the JVM after its main class.
+    let native_profiles = received_profiles(&receiver.record_dir, "native_split");
+    let java_profiles = received_profiles(&receiver.record_dir, "Spin");
+    let local_native = profiles_of(&out, native.pid()).expect("local profiles");
+    let local_java = profiles_of(&out, java.pid()).expect("local profiles");
+    eprintln!(
+        "received {} native and {} Java profiles in {} requests; {} and {} written locally",
+        native_profiles.len(),
+        java_profiles.len(),
+        pushes.len(),
+        local_native.len(),
+        local_java.len()
+    );
+    assert_eq!(
+        start_times(&native_profiles),
+        start_times(&local_native),
+        "every interval's profile is exported, in order"
+    );
+    assert_eq!(start_times(&java_profiles), start_times(&local_java));
+
+    // The reference pprof reader takes what the receiver got, and sees the workload's hot spots.
+    let (path, _) = native_profiles.last().expect("a native profile");
+    let top = go_pprof_top(path).expect("go tool pprof reads the received profile");
+    assert!(top.contains("hot_a"), "{top}");
+    let java_names: Vec<String> = java_profiles
+        .iter()
+        .flat_map(|(_, profile)| {
+            profile
+                .sample
+                .iter()
+                .flat_map(|sample| sample_frames(profile, sample))
+                .map(|frame| frame.name)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        java_names.iter().any(|name| name.contains("Spin.")),
+        "Java frames named in the exported profile"
+    );
+}
+
+#[test]
+fn an_outage_delays_profiles_without_losing_reordering_or_duplicating_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let workload = native_workload(dir.path(), 120);
+    let record_dir = dir.path().join("received");
+    let receiver = Receiver::start(0, &record_dir, &[]).expect("receiver");
+    let port = receiver.port;
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "[pyroscope]\nmax_backoff_secs = 2\nshutdown_grace_secs = 10\n",
+    )
+    .expect("config written");
+    let out = dir.path().join("profiles");
+    let pid = workload.pid().to_string();
+    let daemon = BackgroundDaemon::start(
+        &[
+            "--config",
+            path_str(&config),
+            "--pyroscope",
+            &receiver.url(),
+            "--pid",
+            &pid,
+            "--frequency",
+            "49",
+            "--interval",
+            "1",
+            "--grpc-listen",
+            "off",
+            "--output",
+            path_str(&out),
+        ],
+        dir.path(),
+    )
+    .expect("daemon starts");
+    daemon
+        .wait_for_log("interval written", Duration::from_secs(30))
+        .expect("daemon profiles");
+    std::thread::sleep(Duration::from_secs(3));
+
+    receiver.kill();
+    eprintln!("receiver down for 30 s");
+    std::thread::sleep(Duration::from_secs(30));
+    let receiver = Receiver::start(port, &record_dir, &[]).expect("receiver restarts");
+    // Long enough for the backlog to drain (backoff is capped at 2 s) and a few live intervals.
+    std::thread::sleep(Duration::from_secs(6));
+    daemon.terminate();
+    let (status, log) = daemon.wait(Duration::from_secs(60)).expect("daemon exits");
+    assert!(status.success(), "daemon failed");
+    drop(receiver);
+
+    let received = start_times(&received_profiles(&record_dir, "native_split"));
+    let written = start_times(&profiles_of(&out, workload.pid()).expect("local profiles"));
+    let totals = export_totals(&log);
+    eprintln!(
+        "written {} profiles, received {}; totals {totals:?}",
+        written.len(),
+        received.len()
+    );
+    assert!(
+        written.len() >= 38,
+        "one profile per second: {}",
+        written.len()
+    );
+    assert_eq!(
+        received, written,
+        "every profile arrives once, in order, outage or not"
+    );
+    assert!(totals["retries"] > 0, "the outage was noticed");
+    assert_eq!(totals["dropped_queue_full"], 0);
+    assert_eq!(totals["dropped_at_shutdown"], 0);
+}
+
+#[test]
+fn past_the_queue_bound_the_oldest_profiles_are_dropped_and_counted_exactly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let workload = native_workload(dir.path(), 60);
+    // Reserve a port, then leave it closed: the receiver only comes up later.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "[pyroscope]\nqueue_max_profiles = 3\nmax_backoff_secs = 1\nshutdown_grace_secs = 10\n",
+    )
+    .expect("config written");
+    let out = dir.path().join("profiles");
+    let record_dir = dir.path().join("received");
+    let pid = workload.pid().to_string();
+    let url = format!("http://127.0.0.1:{port}");
+    let daemon = BackgroundDaemon::start(
+        &[
+            "--config",
+            path_str(&config),
+            "--pyroscope",
+            &url,
+            "--pid",
+            &pid,
+            "--frequency",
+            "49",
+            "--interval",
+            "1",
+            "--grpc-listen",
+            "off",
+            "--output",
+            path_str(&out),
+        ],
+        dir.path(),
+    )
+    .expect("daemon starts");
+    daemon
+        .wait_for_log("interval written", Duration::from_secs(30))
+        .expect("daemon profiles");
+    std::thread::sleep(Duration::from_secs(9));
+    let receiver = Receiver::start(port, &record_dir, &[]).expect("receiver starts");
+    std::thread::sleep(Duration::from_secs(4));
+    daemon.terminate();
+    let (status, log) = daemon.wait(Duration::from_secs(60)).expect("daemon exits");
+    assert!(status.success(), "daemon failed");
+    drop(receiver);
+
+    let received = start_times(&received_profiles(&record_dir, "native_split"));
+    let written = start_times(&profiles_of(&out, workload.pid()).expect("local profiles"));
+    let totals = export_totals(&log);
+    eprintln!(
+        "written {}, received {}, totals {totals:?}",
+        written.len(),
+        received.len()
+    );
+    let dropped = totals["dropped_queue_full"] as usize;
+    assert!(dropped >= 5, "the bound was reached: {dropped} dropped");
+    assert_eq!(totals["dropped_at_shutdown"], 0);
+    assert_eq!(
+        received.len() + dropped,
+        written.len(),
+        "drops are counted exactly"
+    );
+    // What arrived is a subsequence of what was written, in order, none twice.
+    let mut remaining = written.iter();
+    for time in &received {
+        assert!(
+            remaining.any(|w| w == time),
+            "received {time} out of order or twice"
+        );
+    }
+    // The newest profiles survive: the last one written is delivered.
+    assert_eq!(received.last(), written.last());
+}
+
+#[test]
+fn bad_endpoints_are_logged_and_counted_never_fatal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let workload = native_workload(dir.path(), 60);
+    let refusing = Receiver::start(
+        0,
+        &dir.path().join("refusing"),
+        &["--fail-with", "UNAUTHENTICATED"],
+    )
+    .expect("receiver");
+    let plaintext = Receiver::start(0, &dir.path().join("plaintext"), &[]).expect("receiver");
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "[pyroscope]\nshutdown_grace_secs = 1\n").expect("config written");
+    let pid = workload.pid().to_string();
+    let cases = [
+        // Nothing listens on port 1.
+        ("refused", "http://127.0.0.1:1".to_string(), "Unavailable"),
+        // TLS spoken to a plaintext HTTP/2 server.
+        (
+            "tls mismatch",
+            format!("https://127.0.0.1:{}", plaintext.port),
+            "TLS mismatch",
+        ),
+        ("401", refusing.url(), "check the [pyroscope] credentials"),
+    ];
+    for (case, url, expected) in cases {
+        let out = dir.path().join(case.replace(' ', "-"));
+        let output = run_daemon(
+            &[
+                "--config",
+                path_str(&config),
+                "--pyroscope",
+                &url,
+                "--pid",
+                &pid,
+                "--frequency",
+                "49",
+                "--interval",
+                "1",
+                "--duration",
+                "4",
+                "--grpc-listen",
+                "off",
+                "--output",
+                path_str(&out),
+            ],
+            Duration::from_secs(60),
+        )
+        .expect("daemon runs");
+        assert!(output.status.success(), "{case}: the daemon must not fail");
+        let log = String::from_utf8_lossy(&output.stderr);
+        assert!(log.contains(expected), "{case}: log lacks {expected:?}");
+        let totals = export_totals(&log);
+        let written = profiles_of(&out, workload.pid()).expect("local").len() as u64;
+        assert!(totals["retries"] > 0, "{case}: failures counted");
+        assert_eq!(totals["exported_profiles"], 0, "{case}");
+        assert_eq!(
+            totals["dropped_at_shutdown"], written,
+            "{case}: every undelivered profile is counted"
+        );
+    }
+    assert!(recorded_pushes(&dir.path().join("plaintext"))
+        .expect("records")
+        .is_empty());
+}
+
+#[test]
+fn stream_subscribers_get_exactly_the_profiles_they_filter_for() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = native_workload(dir.path(), 60);
+    let second = native_workload(dir.path(), 60);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let address = format!("127.0.0.1:{port}");
+    let out = dir.path().join("profiles");
+    let (first_pid, second_pid) = (first.pid().to_string(), second.pid().to_string());
+    let daemon = BackgroundDaemon::start(
+        &[
+            "--pid",
+            &first_pid,
+            "--pid",
+            &second_pid,
+            "--frequency",
+            "49",
+            "--interval",
+            "1",
+            "--duration",
+            "8",
+            "--grpc-listen",
+            &address,
+            "--output",
+            path_str(&out),
+        ],
+        dir.path(),
+    )
+    .expect("daemon starts");
+    daemon
+        .wait_for_log("serving the live profile stream", Duration::from_secs(30))
+        .expect("stream served");
+    let subscribe = |pid: &str, sink: &[&str]| {
+        Command::new(daemon_binary())
+            .args(["subscribe", &address, "--pid", pid])
+            .args(sink)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("subscriber starts")
+    };
+    let (first_dir, second_dir) = (dir.path().join("first"), dir.path().join("second"));
+    let first_sub = subscribe(&first_pid, &["--output", path_str(&first_dir)]);
+    let second_sub = subscribe(&second_pid, &["--output", path_str(&second_dir)]);
+    let top_sub = subscribe(&first_pid, &["--top", "3", "--count", "2"]);
+    let (status, _) = daemon.wait(Duration::from_secs(60)).expect("daemon exits");
+    assert!(status.success());
+    // The daemon ends the streams when it stops: subscribers exit on their own.
+    for (name, child) in [
+        ("first", first_sub),
+        ("second", second_sub),
+        ("top", top_sub),
+    ] {
+        let output = child.wait_with_output().expect("subscriber exits");
+        assert!(output.status.success(), "{name} subscriber failed");
+        if name == "top" {
+            let table = String::from_utf8_lossy(&output.stdout);
+            eprintln!("{table}");
+            assert_eq!(table.matches(" samples\n").count(), 2, "two profiles");
+            assert!(table.contains("hot_a"), "{table}");
+        }
+    }
+
+    for (sub_dir, pid, other) in [
+        (&first_dir, first.pid(), second.pid()),
+        (&second_dir, second.pid(), first.pid()),
+    ] {
+        let got = profiles_of(sub_dir, pid).expect("subscriber files");
+        assert!(profiles_of(sub_dir, other).expect("readable").is_empty());
+        let files = std::fs::read_dir(sub_dir).expect("dir").count();
+        assert_eq!(files, got.len(), "only pid {pid}'s profiles");
+        for (path, profile) in &got {
+            for sample in &profile.sample {
+                assert_eq!(
+                    label(profile, sample, "pid"),
+                    Some(pid.to_string().as_str()),
+                    "{}",
+                    path.display()
+                );
+            }
+        }
+        let written = profiles_of(&out, pid).expect("local").len();
+        eprintln!("pid {pid}: {} streamed, {written} written", got.len());
+        // Subscribers connect a moment after the daemon starts: the first interval may pass.
+        assert!(got.len() + 1 >= written && got.len() <= written && !got.is_empty());
+    }
+}
