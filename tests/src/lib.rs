@@ -11,6 +11,9 @@ use std::time::Duration;
 use anyhow::{bail, Context as _, Result};
 use profiler_daemon::pprof::{decode, proto};
 
+pub mod background;
+pub mod receiver;
+
 /// The daemon binary under test.
 pub fn daemon_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("PROFILER_DAEMON") {
