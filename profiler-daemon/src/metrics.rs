@@ -175,6 +175,36 @@ pub fn render(s: &Snapshot, worker: &WorkerCounters) -> String {
     );
     metric(
         &mut out,
+        "profiler_bpf_map_entries",
+        "gauge",
+        "Entries of the BPF maps the daemon fills.",
+        &[
+            ("map=\"hotspot_procs\"", s.jvms.jvms_ready),
+            ("map=\"java_threads\"", s.jvms.java_threads),
+        ],
+    );
+    metric(
+        &mut out,
+        "profiler_bpf_map_capacity",
+        "gauge",
+        "Capacity of the BPF maps the daemon fills.",
+        &[
+            ("map=\"hotspot_procs\"", s.jvms.jvm_map_capacity),
+            (
+                "map=\"java_threads\"",
+                profiler_common::MAX_JAVA_THREADS as u64,
+            ),
+        ],
+    );
+    metric(
+        &mut out,
+        "profiler_java_threads_not_pushed_total",
+        "counter",
+        "Java threads left out of the BPF map (full): their Java frames are not unwound.",
+        &[("", s.jvms.java_threads_not_pushed)],
+    );
+    metric(
+        &mut out,
         "profiler_cpus",
         "gauge",
         "CPUs sampled.",
@@ -316,5 +346,9 @@ mod tests {
         );
         assert!(text.contains("profiler_records_total 5"), "{text}");
         assert!(text.contains("# TYPE profiler_jvms gauge"), "{text}");
+        assert!(
+            text.contains("profiler_bpf_map_capacity{map=\"java_threads\"} 65536"),
+            "{text}"
+        );
     }
 }

@@ -99,6 +99,12 @@ pub struct TrackerCounts {
     pub jvms_failed: u64,
     pub jvms_over_bound: u64,
     pub layouts_cached: u64,
+    /// Entries of the BPF JVM map, and its capacity (`max_jvms`).
+    pub jvm_map_capacity: u64,
+    /// Java threads in the BPF thread map.
+    pub java_threads: u64,
+    /// Java threads that could not be pushed (map full): their Java frames are not unwound.
+    pub java_threads_not_pushed: u64,
 }
 
 pub struct JvmTracker<S: LayoutSink> {
@@ -110,6 +116,7 @@ pub struct JvmTracker<S: LayoutSink> {
     layouts: LayoutCache,
     boot_time: Option<u64>,
     ticks_per_second: u64,
+    threads_not_pushed: u64,
 }
 
 impl<S: LayoutSink> JvmTracker<S> {
@@ -122,17 +129,23 @@ impl<S: LayoutSink> JvmTracker<S> {
             layouts: LayoutCache::default(),
             boot_time: procfs::boot_time_secs().ok(),
             ticks_per_second: procfs::ticks_per_second(),
+            threads_not_pushed: 0,
         }
     }
 
     pub fn counts(&self) -> TrackerCounts {
         let mut counts = TrackerCounts {
             layouts_cached: self.layouts.len() as u64,
+            jvm_map_capacity: self.max_jvms as u64,
+            java_threads_not_pushed: self.threads_not_pushed,
             ..Default::default()
         };
         for tracked in self.tracked.values() {
-            match tracked.state {
-                State::Ready { .. } => counts.jvms_ready += 1,
+            match &tracked.state {
+                State::Ready { threads, .. } => {
+                    counts.jvms_ready += 1;
+                    counts.java_threads += threads.len() as u64;
+                }
                 State::Pending { .. } => counts.jvms_pending += 1,
                 State::Failed => counts.jvms_failed += 1,
                 State::OverBound => counts.jvms_over_bound += 1,
@@ -361,6 +374,7 @@ impl<S: LayoutSink> JvmTracker<S> {
         for (tid, thread) in &current {
             if threads.get(tid) != Some(thread) {
                 if let Err(err) = self.sink.put_thread(*tid, *thread) {
+                    self.threads_not_pushed += 1;
                     tracing::debug!(pid, tid, %err, "cannot push Java thread");
                 }
             }
