@@ -1,0 +1,361 @@
+//! The records file between agent and daemon: where it lives, the agent's [`Writer`] (append,
+//! rotate) and the daemon's incremental [`Reader`].
+//!
+//! Layout: `/tmp/.jvm-profiler-<nspid>/records` in the JVM's mount namespace (mode 0700
+//! directory, owned by the JVM's user). Rotation writes `records.next`, then renames it over
+//! `records`: readers see either the whole old generation or a new file whose header has the
+//! next generation number, never a half-written header.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read as _, Seek as _, SeekFrom, Write as _};
+use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _};
+use std::path::{Path, PathBuf};
+
+use crate::record::{self, DecodeError, FileHeader, Record, HEADER_LEN, VERSION};
+
+/// File name of the current generation inside the records directory.
+pub const RECORDS_FILE: &str = "records";
+const NEXT_FILE: &str = "records.next";
+/// Default size after which the agent starts a new generation.
+pub const DEFAULT_MAX_BYTES: u64 = 32 << 20;
+
+/// The records directory of the JVM whose pid in its own namespace is `nspid`, as a path inside
+/// that namespace. The daemon prefixes `/proc/PID/root`.
+pub fn records_dir(nspid: u32) -> PathBuf {
+    PathBuf::from(format!("/tmp/.jvm-profiler-{nspid}"))
+}
+
+/// The agent's side: appends encoded records, one `write(2)` each.
+pub struct Writer {
+    dir: PathBuf,
+    file: File,
+    written: u64,
+    /// Size of the generation right after its replay: the cap applies to growth past it, so a
+    /// live set bigger than the cap cannot make every replay trigger the next rotation.
+    baseline: u64,
+    max_bytes: u64,
+    header: FileHeader,
+}
+
+impl Writer {
+    /// Creates (or takes over) `dir` and starts generation 1.
+    pub fn create(dir: &Path, pid: u32, started_ns: u64, max_bytes: u64) -> io::Result<Self> {
+        prepare_dir(dir)?;
+        let header = FileHeader {
+            version: VERSION,
+            generation: 1,
+            pid,
+            started_ns,
+        };
+        let file = new_generation(dir, &header)?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            file,
+            written: HEADER_LEN as u64,
+            baseline: HEADER_LEN as u64,
+            max_bytes: max_bytes.max(HEADER_LEN as u64 + 1),
+            header,
+        })
+    }
+
+    /// Appends one encoded record. Returns true once the file grew past its cap, i.e. when the
+    /// caller should [`rotate`](Self::rotate) and replay. A record past twice the cap is
+    /// dropped (error), so a stalled rotation cannot fill the disk.
+    pub fn append(&mut self, bytes: &[u8]) -> io::Result<bool> {
+        let limit = self
+            .baseline
+            .saturating_add(self.max_bytes.saturating_mul(2));
+        if self.written + bytes.len() as u64 > limit {
+            return Err(io::Error::other("records file over its hard cap"));
+        }
+        // O_APPEND and a single write: a short write only happens when the disk is full.
+        let n = self.file.write(bytes)?;
+        self.written += n as u64;
+        if n != bytes.len() {
+            return Err(io::Error::other("short write to the records file"));
+        }
+        Ok(self.written > self.baseline.saturating_add(self.max_bytes))
+    }
+
+    /// Marks the end of a replay: growth is measured from here.
+    pub fn mark_baseline(&mut self) {
+        self.baseline = self.written;
+    }
+
+    /// Starts the next generation (empty but for its header).
+    pub fn rotate(&mut self) -> io::Result<()> {
+        let header = FileHeader {
+            generation: self.header.generation.wrapping_add(1),
+            ..self.header
+        };
+        self.file = new_generation(&self.dir, &header)?;
+        self.header = header;
+        self.written = HEADER_LEN as u64;
+        self.baseline = self.written;
+        Ok(())
+    }
+
+    pub fn generation(&self) -> u32 {
+        self.header.generation
+    }
+
+    /// Removes the records (at JVM exit).
+    pub fn remove(&self) {
+        let _ = std::fs::remove_file(self.dir.join(RECORDS_FILE));
+        let _ = std::fs::remove_file(self.dir.join(NEXT_FILE));
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// Makes `dir` a private directory of ours; refuses one someone else planted (e.g. a symlink
+/// in a shared /tmp).
+fn prepare_dir(dir: &Path) -> io::Result<()> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => return Ok(()),
+        Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(err) => return Err(err),
+    }
+    let meta = std::fs::symlink_metadata(dir)?;
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    if !meta.is_dir() || meta.uid() != euid {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{} exists and is not our directory", dir.display()),
+        ));
+    }
+    Ok(())
+}
+
+fn new_generation(dir: &Path, header: &FileHeader) -> io::Result<File> {
+    let next = dir.join(NEXT_FILE);
+    let _ = std::fs::remove_file(&next);
+    let mut file = OpenOptions::new()
+        .append(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&next)?;
+    file.write_all(&header.encode())?;
+    std::fs::rename(&next, dir.join(RECORDS_FILE))?;
+    Ok(file)
+}
+
+/// What a [`Reader::poll`] found.
+#[derive(Debug)]
+pub enum Update {
+    /// A new generation (or a new agent) started: forget everything read before.
+    NewGeneration(FileHeader),
+    Record(Record),
+}
+
+/// The daemon's side: follows one records file, reading only what was appended since the last
+/// poll, and notices generation changes (the path then names a new inode).
+pub struct Reader {
+    path: PathBuf,
+    current: Option<Current>,
+    pending: Vec<u8>,
+}
+
+struct Current {
+    file: File,
+    dev: u64,
+    ino: u64,
+}
+
+/// Largest read per poll, so one poll's memory stays bounded.
+const MAX_READ_PER_POLL: u64 = 64 << 20;
+
+impl Reader {
+    /// `path`: the records file as the daemon sees it, e.g.
+    /// `/proc/PID/root/tmp/.jvm-profiler-NSPID/records`.
+    pub fn new(path: PathBuf) -> Self {
+        Self {
+            path,
+            current: None,
+            pending: Vec::new(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads what is new. No file yet (agent not loaded) is not an error: nothing is returned.
+    pub fn poll(&mut self) -> Result<Vec<Update>, ReadError> {
+        let mut updates = Vec::new();
+        let meta = match std::fs::metadata(&self.path) {
+            Ok(meta) => meta,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(updates),
+            Err(err) => return Err(ReadError::Io(err)),
+        };
+        let same = self
+            .current
+            .as_ref()
+            .is_some_and(|c| c.dev == meta.dev() && c.ino == meta.ino());
+        if !same {
+            let mut file = File::open(&self.path).map_err(ReadError::Io)?;
+            let file_meta = file.metadata().map_err(ReadError::Io)?;
+            let mut header = [0u8; HEADER_LEN];
+            match file.read_exact(&mut header) {
+                Ok(()) => {}
+                // Rotation renames a complete header into place; a short file is a race with
+                // an agent that is starting up: try again next poll.
+                Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => return Ok(updates),
+                Err(err) => return Err(ReadError::Io(err)),
+            }
+            let header = FileHeader::decode(&header).map_err(ReadError::Format)?;
+            self.current = Some(Current {
+                file,
+                dev: file_meta.dev(),
+                ino: file_meta.ino(),
+            });
+            self.pending.clear();
+            updates.push(Update::NewGeneration(header));
+        }
+        let Some(current) = self.current.as_mut() else {
+            return Ok(updates);
+        };
+        let before = self.pending.len();
+        (&mut current.file)
+            .take(MAX_READ_PER_POLL)
+            .read_to_end(&mut self.pending)
+            .map_err(ReadError::Io)?;
+        if self.pending.len() == before && updates.is_empty() {
+            return Ok(updates);
+        }
+        let mut offset = 0;
+        loop {
+            match record::decode(&self.pending[offset..]) {
+                Ok(Some((record, used))) => {
+                    offset += used;
+                    if let Some(record) = record {
+                        updates.push(Update::Record(record));
+                    }
+                }
+                Ok(None) => break,
+                Err(err) => {
+                    // Resynchronising inside a corrupt file is guesswork: drop it and wait
+                    // for the next generation.
+                    self.pending.clear();
+                    let _ = current.file.seek(SeekFrom::End(0));
+                    return Err(ReadError::Format(err));
+                }
+            }
+        }
+        self.pending.drain(..offset);
+        Ok(updates)
+    }
+}
+
+#[derive(Debug)]
+pub enum ReadError {
+    Io(io::Error),
+    Format(DecodeError),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Io(err) => write!(f, "reading the sidecar records: {err}"),
+            Self::Format(err) => write!(f, "sidecar records: {err}"),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unload(code_addr: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        record::encode(
+            &Record::CompiledMethodUnload {
+                method_ptr: 7,
+                code_addr,
+            },
+            &mut out,
+        );
+        out
+    }
+
+    fn addrs(updates: &[Update]) -> Vec<u64> {
+        updates
+            .iter()
+            .filter_map(|u| match u {
+                Update::Record(Record::CompiledMethodUnload { code_addr, .. }) => Some(*code_addr),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_reader_follows_appends_partial_records_and_rotations() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join(".jvm-profiler-1");
+        let mut reader = Reader::new(dir.join(RECORDS_FILE));
+        assert!(reader.poll().expect("no file yet").is_empty());
+
+        let one = unload(1);
+        let mut writer = Writer::create(&dir, 1, 99, 40 + one.len() as u64).expect("writer");
+        let updates = reader.poll().expect("poll");
+        assert!(matches!(
+            updates[..],
+            [Update::NewGeneration(FileHeader {
+                generation: 1,
+                pid: 1,
+                started_ns: 99,
+                ..
+            })]
+        ));
+
+        assert!(!writer.append(&one).expect("append"));
+        let two = unload(2);
+        // Half a record is held back until the rest arrives.
+        writer.file.write_all(&two[..5]).expect("write");
+        assert_eq!(addrs(&reader.poll().expect("poll")), [1]);
+        writer.file.write_all(&two[5..]).expect("write");
+        writer.written += two.len() as u64;
+        assert_eq!(addrs(&reader.poll().expect("poll")), [2]);
+        assert!(reader.poll().expect("poll").is_empty());
+
+        // Over the cap: the writer asks for a rotation; the reader sees generation 2 only.
+        assert!(writer.append(&unload(3)).expect("append"));
+        writer.rotate().expect("rotate");
+        writer.append(&unload(4)).expect("append");
+        let updates = reader.poll().expect("poll");
+        assert!(matches!(
+            updates[0],
+            Update::NewGeneration(FileHeader { generation: 2, .. })
+        ));
+        assert_eq!(addrs(&updates), [4]);
+    }
+
+    #[test]
+    fn the_writer_stops_at_twice_the_cap() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("r");
+        let record = unload(1);
+        let mut writer = Writer::create(&dir, 1, 0, 64).expect("writer");
+        let mut accepted = 0;
+        while writer.append(&record).is_ok() {
+            accepted += 1;
+            assert!(accepted < 100);
+        }
+        let size = std::fs::metadata(dir.join(RECORDS_FILE))
+            .expect("meta")
+            .len();
+        assert!(size <= 128, "{size}");
+        assert_eq!(writer.generation(), 1);
+    }
+
+    #[test]
+    fn a_planted_symlink_is_refused() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("planted");
+        std::os::unix::fs::symlink(tmp.path(), &dir).expect("symlink");
+        assert!(Writer::create(&dir, 1, 0, 1024).is_err());
+    }
+}

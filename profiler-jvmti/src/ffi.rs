@@ -1,0 +1,354 @@
+//! The few JNI and JVMTI entry points the agent uses, declared by hand.
+//!
+//! Function-table slots and struct layouts are those of `jni.h`, `jvmti.h` (JVMTI 1.2, stable
+//! since JDK 6) and `jvmticmlr.h`. JVMTI slots are given 1-based, as the specification numbers
+//! them.
+
+use std::ffi::{c_char, c_void};
+
+pub type JInt = i32;
+pub type JLong = i64;
+pub type JMethodId = *mut c_void;
+pub type JClass = *mut c_void;
+pub type JThread = *mut c_void;
+pub type JvmtiError = u32;
+
+pub const JNI_OK: JInt = 0;
+pub const JNI_VERSION_1_8: JInt = 0x0001_0008;
+pub const JVMTI_VERSION_1_2: JInt = 0x3001_0200;
+pub const JVMTI_ERROR_NONE: JvmtiError = 0;
+pub const JVMTI_ENABLE: JInt = 1;
+
+pub const EVENT_VM_INIT: JInt = 50;
+pub const EVENT_VM_DEATH: JInt = 51;
+pub const EVENT_COMPILED_METHOD_LOAD: JInt = 68;
+pub const EVENT_COMPILED_METHOD_UNLOAD: JInt = 69;
+pub const EVENT_DYNAMIC_CODE_GENERATED: JInt = 70;
+
+/// `jvmtiCapabilities`: 128 bits, filled from the least significant bit of the first word.
+#[repr(C)]
+#[derive(Default)]
+pub struct Capabilities {
+    pub bits: [u32; 4],
+}
+
+pub const CAN_GET_SOURCE_FILE_NAME: u32 = 1 << 11;
+pub const CAN_GET_LINE_NUMBERS: u32 = 1 << 12;
+pub const CAN_GENERATE_COMPILED_METHOD_LOAD_EVENTS: u32 = 1 << 27;
+
+/// `jvmtiLineNumberEntry`.
+#[repr(C)]
+pub struct LineNumberEntry {
+    pub start_location: JLong,
+    pub line_number: JInt,
+}
+
+/// `jvmtiCompiledMethodLoadRecordHeader`.
+#[repr(C)]
+pub struct CmlrHeader {
+    pub kind: JInt,
+    pub major: JInt,
+    pub minor: JInt,
+    pub next: *const CmlrHeader,
+}
+
+pub const CMLR_INLINE_INFO: JInt = 2;
+
+/// `PCStackInfo`.
+#[repr(C)]
+pub struct PcStackInfo {
+    pub pc: *const c_void,
+    pub numstackframes: JInt,
+    pub methods: *const JMethodId,
+    pub bcis: *const JInt,
+}
+
+/// `jvmtiCompiledMethodLoadInlineRecord`.
+#[repr(C)]
+pub struct CmlrInlineRecord {
+    pub header: CmlrHeader,
+    pub numpcs: JInt,
+    pub pcinfo: *const PcStackInfo,
+}
+
+/// `jvmtiEnv` / `JavaVM`: a pointer to a function table.
+#[repr(C)]
+pub struct JvmtiEnv {
+    pub functions: *const *const c_void,
+}
+
+#[repr(C)]
+pub struct JavaVm {
+    pub functions: *const *const c_void,
+}
+
+/// `JavaVMAttachArgs`.
+#[repr(C)]
+pub struct AttachArgs {
+    pub version: JInt,
+    pub name: *const c_char,
+    pub group: *mut c_void,
+}
+
+pub type VmInitFn = unsafe extern "C" fn(*mut JvmtiEnv, *mut c_void, JThread);
+pub type VmDeathFn = unsafe extern "C" fn(*mut JvmtiEnv, *mut c_void);
+pub type CompiledMethodLoadFn = unsafe extern "C" fn(
+    *mut JvmtiEnv,
+    JMethodId,
+    JInt,
+    *const c_void,
+    JInt,
+    *const c_void,
+    *const c_void,
+);
+pub type CompiledMethodUnloadFn = unsafe extern "C" fn(*mut JvmtiEnv, JMethodId, *const c_void);
+pub type DynamicCodeGeneratedFn =
+    unsafe extern "C" fn(*mut JvmtiEnv, *const c_char, *const c_void, JInt);
+
+/// The head of `jvmtiEventCallbacks` up to DynamicCodeGenerated (event 70); slot `i` is event
+/// `50 + i`. JVMTI accepts a prefix of the struct (`size_of_callbacks`).
+#[repr(C)]
+pub struct EventCallbacks {
+    pub slots: [*const c_void; 21],
+}
+
+impl EventCallbacks {
+    pub fn new() -> Self {
+        Self {
+            slots: [std::ptr::null(); 21],
+        }
+    }
+
+    pub fn set(&mut self, event: JInt, callback: *const c_void) {
+        if let Some(slot) = usize::try_from(event - EVENT_VM_INIT)
+            .ok()
+            .and_then(|i| self.slots.get_mut(i))
+        {
+            *slot = callback;
+        }
+    }
+}
+
+/// Typed access to the JVMTI function table.
+pub struct Jvmti(pub *mut JvmtiEnv);
+
+// SAFETY: a jvmtiEnv may be used from any thread attached to the VM (JVMTI specification).
+unsafe impl Send for Jvmti {}
+// SAFETY: as above.
+unsafe impl Sync for Jvmti {}
+
+macro_rules! slot {
+    ($env:expr, $n:expr, $ty:ty) => {{
+        // SAFETY: the caller holds a live jvmtiEnv whose table has at least 155 slots; slot $n
+        // has type $ty per jvmti.h.
+        let f = unsafe { *(*$env).functions.add($n - 1) };
+        if f.is_null() {
+            None
+        } else {
+            // SAFETY: non-null function pointer of the documented type.
+            Some(unsafe { std::mem::transmute::<*const c_void, $ty>(f) })
+        }
+    }};
+}
+
+type SetEventNotificationModeFn =
+    unsafe extern "C" fn(*mut JvmtiEnv, JInt, JInt, JThread, ...) -> JvmtiError;
+type DeallocateFn = unsafe extern "C" fn(*mut JvmtiEnv, *mut u8) -> JvmtiError;
+type GetClassSignatureFn =
+    unsafe extern "C" fn(*mut JvmtiEnv, JClass, *mut *mut c_char, *mut *mut c_char) -> JvmtiError;
+type GetSourceFileNameFn =
+    unsafe extern "C" fn(*mut JvmtiEnv, JClass, *mut *mut c_char) -> JvmtiError;
+type GetMethodNameFn = unsafe extern "C" fn(
+    *mut JvmtiEnv,
+    JMethodId,
+    *mut *mut c_char,
+    *mut *mut c_char,
+    *mut *mut c_char,
+) -> JvmtiError;
+type GetMethodDeclaringClassFn =
+    unsafe extern "C" fn(*mut JvmtiEnv, JMethodId, *mut JClass) -> JvmtiError;
+type GetLineNumberTableFn = unsafe extern "C" fn(
+    *mut JvmtiEnv,
+    JMethodId,
+    *mut JInt,
+    *mut *mut LineNumberEntry,
+) -> JvmtiError;
+type SetEventCallbacksFn =
+    unsafe extern "C" fn(*mut JvmtiEnv, *const EventCallbacks, JInt) -> JvmtiError;
+type GenerateEventsFn = unsafe extern "C" fn(*mut JvmtiEnv, JInt) -> JvmtiError;
+type AddCapabilitiesFn = unsafe extern "C" fn(*mut JvmtiEnv, *const Capabilities) -> JvmtiError;
+
+const MISSING: JvmtiError = u32::MAX;
+
+impl Jvmti {
+    pub fn enable_event(&self, event: JInt) -> JvmtiError {
+        match slot!(self.0, 2, SetEventNotificationModeFn) {
+            // SAFETY: live env; a null thread means all threads.
+            Some(f) => unsafe { f(self.0, JVMTI_ENABLE, event, std::ptr::null_mut()) },
+            None => MISSING,
+        }
+    }
+
+    /// Frees memory JVMTI allocated for us; null is fine.
+    pub fn deallocate<T>(&self, ptr: *mut T) {
+        if ptr.is_null() {
+            return;
+        }
+        if let Some(f) = slot!(self.0, 47, DeallocateFn) {
+            // SAFETY: `ptr` came from a JVMTI call on this env.
+            unsafe { f(self.0, ptr.cast()) };
+        }
+    }
+
+    /// Takes a JVMTI-allocated C string: copies it and frees it.
+    pub fn take_string(&self, ptr: *mut c_char) -> String {
+        if ptr.is_null() {
+            return String::new();
+        }
+        // SAFETY: JVMTI returns NUL-terminated strings.
+        let s = unsafe { std::ffi::CStr::from_ptr(ptr) }
+            .to_string_lossy()
+            .into_owned();
+        self.deallocate(ptr);
+        s
+    }
+
+    pub fn class_signature(&self, class: JClass) -> Option<String> {
+        let f = slot!(self.0, 48, GetClassSignatureFn)?;
+        let mut sig = std::ptr::null_mut();
+        // SAFETY: live env, valid local class reference, out-pointer (generic not wanted).
+        let err = unsafe { f(self.0, class, &mut sig, std::ptr::null_mut()) };
+        (err == JVMTI_ERROR_NONE).then(|| self.take_string(sig))
+    }
+
+    pub fn source_file_name(&self, class: JClass) -> Option<String> {
+        let f = slot!(self.0, 50, GetSourceFileNameFn)?;
+        let mut name = std::ptr::null_mut();
+        // SAFETY: as above.
+        let err = unsafe { f(self.0, class, &mut name) };
+        (err == JVMTI_ERROR_NONE).then(|| self.take_string(name))
+    }
+
+    /// (name, signature).
+    pub fn method_name(&self, method: JMethodId) -> Option<(String, String)> {
+        let f = slot!(self.0, 64, GetMethodNameFn)?;
+        let mut name = std::ptr::null_mut();
+        let mut sig = std::ptr::null_mut();
+        // SAFETY: live env, jmethodID from the current event.
+        let err = unsafe { f(self.0, method, &mut name, &mut sig, std::ptr::null_mut()) };
+        if err != JVMTI_ERROR_NONE {
+            return None;
+        }
+        Some((self.take_string(name), self.take_string(sig)))
+    }
+
+    pub fn declaring_class(&self, method: JMethodId) -> Option<JClass> {
+        let f = slot!(self.0, 65, GetMethodDeclaringClassFn)?;
+        let mut class = std::ptr::null_mut();
+        // SAFETY: as above.
+        let err = unsafe { f(self.0, method, &mut class) };
+        (err == JVMTI_ERROR_NONE && !class.is_null()).then_some(class)
+    }
+
+    /// (start bci, line) pairs; empty when the method has none.
+    pub fn line_number_table(&self, method: JMethodId) -> Vec<(i64, i32)> {
+        let Some(f) = slot!(self.0, 70, GetLineNumberTableFn) else {
+            return Vec::new();
+        };
+        let mut count = 0;
+        let mut table = std::ptr::null_mut();
+        // SAFETY: as above.
+        let err = unsafe { f(self.0, method, &mut count, &mut table) };
+        if err != JVMTI_ERROR_NONE || table.is_null() {
+            return Vec::new();
+        }
+        let len = usize::try_from(count).unwrap_or(0);
+        // SAFETY: JVMTI returned `count` entries at `table`.
+        let entries = unsafe { std::slice::from_raw_parts(table, len) };
+        let out = entries
+            .iter()
+            .map(|e| (e.start_location, e.line_number))
+            .collect();
+        self.deallocate(table);
+        out
+    }
+
+    pub fn set_event_callbacks(&self, callbacks: &EventCallbacks) -> JvmtiError {
+        match slot!(self.0, 122, SetEventCallbacksFn) {
+            // SAFETY: JVMTI copies the callbacks; the size is that of our prefix.
+            Some(f) => unsafe {
+                f(
+                    self.0,
+                    callbacks,
+                    std::mem::size_of::<EventCallbacks>() as JInt,
+                )
+            },
+            None => MISSING,
+        }
+    }
+
+    pub fn generate_events(&self, event: JInt) -> JvmtiError {
+        match slot!(self.0, 123, GenerateEventsFn) {
+            // SAFETY: live env, called from an attached thread in the live phase.
+            Some(f) => unsafe { f(self.0, event) },
+            None => MISSING,
+        }
+    }
+
+    pub fn add_capabilities(&self, caps: &Capabilities) -> JvmtiError {
+        match slot!(self.0, 142, AddCapabilitiesFn) {
+            // SAFETY: live env, valid capabilities struct.
+            Some(f) => unsafe { f(self.0, caps) },
+            None => MISSING,
+        }
+    }
+}
+
+type GetEnvFn = unsafe extern "C" fn(*mut JavaVm, *mut *mut c_void, JInt) -> JInt;
+type AttachFn = unsafe extern "C" fn(*mut JavaVm, *mut *mut c_void, *mut AttachArgs) -> JInt;
+
+/// `JavaVM` invocation interface (0-based slots: GetEnv 6, AttachCurrentThreadAsDaemon 7).
+pub struct Vm(pub *mut JavaVm);
+
+// SAFETY: the JavaVM pointer is valid process-wide for the VM's lifetime.
+unsafe impl Send for Vm {}
+// SAFETY: as above.
+unsafe impl Sync for Vm {}
+
+impl Vm {
+    fn function(&self, index: usize) -> *const c_void {
+        // SAFETY: the invocation interface has 8 slots.
+        unsafe { *(*self.0).functions.add(index) }
+    }
+
+    pub fn jvmti_env(&self) -> Option<Jvmti> {
+        let f = self.function(6);
+        if f.is_null() {
+            return None;
+        }
+        // SAFETY: slot 6 is GetEnv.
+        let f: GetEnvFn = unsafe { std::mem::transmute::<*const c_void, GetEnvFn>(f) };
+        let mut env = std::ptr::null_mut();
+        // SAFETY: valid VM pointer and out-pointer.
+        let rc = unsafe { f(self.0, &mut env, JVMTI_VERSION_1_2) };
+        (rc == JNI_OK && !env.is_null()).then(|| Jvmti(env.cast()))
+    }
+
+    /// Attaches the calling native thread as a daemon thread named `name`.
+    pub fn attach_current_thread_as_daemon(&self, name: &std::ffi::CStr) -> bool {
+        let f = self.function(7);
+        if f.is_null() {
+            return false;
+        }
+        // SAFETY: slot 7 is AttachCurrentThreadAsDaemon.
+        let f: AttachFn = unsafe { std::mem::transmute::<*const c_void, AttachFn>(f) };
+        let mut args = AttachArgs {
+            version: JNI_VERSION_1_8,
+            name: name.as_ptr(),
+            group: std::ptr::null_mut(),
+        };
+        let mut env = std::ptr::null_mut();
+        // SAFETY: valid VM pointer, out-pointer and args.
+        unsafe { f(self.0, &mut env, &mut args) == JNI_OK }
+    }
+}
