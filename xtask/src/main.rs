@@ -10,6 +10,9 @@ use std::process::Command;
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 
+mod image;
+mod install;
+
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages the test suite uses: `go tool pprof` reads our output as the reference reader.
 const TEST_PACKAGES: &[(&str, &str)] = &[("go", "golang-go"), ("gcc", "gcc")];
@@ -44,6 +47,10 @@ enum Task {
         /// Only run tests whose name contains this.
         filter: Option<String>,
     },
+    /// Build the container image (localhost/jvm-profiler:latest) with podman.
+    Image(image::ImageArgs),
+    /// Install the daemon as a systemd service (binary, unit, default config).
+    Install(install::InstallArgs),
 }
 
 fn main() -> Result<()> {
@@ -80,6 +87,25 @@ fn main() -> Result<()> {
             setup_build()?;
             setup_tests(&root)?;
             test(&root, filter.as_deref())
+        }
+        Task::Image(args) => {
+            let daemon = daemon_or_release(&root, args.daemon)?;
+            image::build(&root, &daemon)
+        }
+        Task::Install(args) => {
+            let daemon = daemon_or_release(&root, args.daemon)?;
+            install::install(&root, &daemon, args.destdir.as_deref())
+        }
+    }
+}
+
+/// The given daemon binary, else a fresh release build.
+fn daemon_or_release(root: &Path, daemon: Option<PathBuf>) -> Result<PathBuf> {
+    match daemon {
+        Some(daemon) => Ok(daemon),
+        None => {
+            setup_build()?;
+            build_daemon(root, true)
         }
     }
 }
@@ -234,6 +260,46 @@ fn setup_tests(root: &Path) -> Result<()> {
     if !missing.is_empty() {
         eprintln!("xtask: installing {}", missing.join(" "));
         apt_install(&missing)?;
+    }
+    setup_deploy_tests(root)?;
+    Ok(())
+}
+
+/// What tests/tests/deploy.rs uses: podman (with runc, which runs containers on hybrid-cgroup
+/// hosts where crun refuses), kubectl (renders the kustomization), systemd-analyze, strace, and
+/// PyPI's kubernetes-validate (Kubernetes' schemas, offline) under `.tools/`.
+fn setup_deploy_tests(root: &Path) -> Result<()> {
+    let missing: Vec<&str> = [
+        ("podman", "podman"),
+        ("runc", "runc"),
+        ("kubectl", "kubernetes-client"),
+        ("systemd-analyze", "systemd"),
+        ("strace", "strace"),
+    ]
+    .into_iter()
+    .filter(|(binary, _)| {
+        !succeeds(
+            Command::new("sh")
+                .arg("-c")
+                .arg(format!("command -v {binary}")),
+        )
+    })
+    .map(|(_, package)| package)
+    .collect();
+    if !missing.is_empty() {
+        eprintln!("xtask: installing {}", missing.join(" "));
+        apt_install(&missing)?;
+    }
+    let target = root.join(".tools/kubernetes-validate");
+    if !target.join("kubernetes_validate").exists() {
+        eprintln!(
+            "xtask: installing kubernetes-validate into {}",
+            target.display()
+        );
+        run(Command::new("python3")
+            .args(["-m", "pip", "install", "--quiet", "--upgrade", "--target"])
+            .arg(&target)
+            .arg("kubernetes-validate==1.37.0"))?;
     }
     Ok(())
 }
