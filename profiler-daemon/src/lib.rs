@@ -16,6 +16,7 @@ pub mod process;
 pub mod profiles;
 pub mod record;
 pub mod sampler;
+pub mod sidecar;
 pub mod subscribe;
 pub mod symbolize;
 pub mod worker;

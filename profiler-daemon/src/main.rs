@@ -30,6 +30,16 @@ enum Command {
     },
     /// Receive profiles live from a running daemon's stream (its --grpc-listen address).
     Subscribe(SubscribeArgs),
+    /// Load the JVMTI sidecar agent into a running JVM (HotSpot dynamic attach).
+    Attach {
+        pid: u32,
+        /// The agent library [default: libprofiler_jvmti.so beside this executable].
+        #[arg(long, value_name = "PATH")]
+        agent: Option<PathBuf>,
+        /// Options passed to the agent, e.g. max_bytes=33554432.
+        #[arg(long, value_name = "OPTIONS", default_value = "")]
+        options: String,
+    },
 }
 
 #[derive(clap::Args)]
@@ -100,6 +110,11 @@ fn main() -> ExitCode {
         Command::Run(args) => run(args),
         Command::JvmInfo { pid, json } => jvm_info(pid, json),
         Command::Subscribe(args) => subscribe(args),
+        Command::Attach {
+            pid,
+            agent,
+            options,
+        } => attach(pid, agent, &options),
     }
 }
 
@@ -190,6 +205,39 @@ fn jvm_info(pid: u32, json: bool) -> ExitCode {
         }
         Err(err) => {
             eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn attach(pid: u32, agent: Option<PathBuf>, options: &str) -> ExitCode {
+    let agent = match agent {
+        Some(agent) => agent,
+        None => match std::env::current_exe() {
+            Ok(exe) => exe.with_file_name("libprofiler_jvmti.so"),
+            Err(err) => {
+                eprintln!("error: cannot locate the agent beside this executable: {err}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    match profiler_daemon::sidecar::attach(pid, &agent, options) {
+        Ok(attached) => {
+            println!(
+                "attached to JVM {pid} in {} ms{}: agent {}; records at {}",
+                attached.elapsed.as_millis(),
+                if attached.started_listener {
+                    " (attach listener started)"
+                } else {
+                    ""
+                },
+                attached.agent_path.display(),
+                attached.records.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("error: attaching to JVM {pid}: {err:#}");
             ExitCode::FAILURE
         }
     }

@@ -1,8 +1,9 @@
 //! The Grafana Pyroscope exporter: one task that sends the export queue's batches, oldest first,
 //! with `push.v1.PusherService/Push`, retrying with capped exponential backoff.
 //!
-//! One batch is in flight at a time, and it leaves the queue only once the server accepted it
-//! (or refused it for good), so an outage delays profiles without reordering or duplicating them.
+//! One request is in flight at a time, and its batches leave the queue only once the server
+//! accepted them (or refused them for good), so an outage delays profiles without reordering or
+//! duplicating them.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -134,8 +135,8 @@ impl PyroscopeExporter {
             if deadline.is_some_and(|at| Instant::now() >= at) {
                 break;
             }
-            let batch = tokio::select! {
-                batch = self.queue.next() => batch,
+            let batches = tokio::select! {
+                batches = self.queue.next() => batches,
                 _ = shutdown.changed(), if deadline.is_none() => {
                     deadline = Some(Instant::now() + self.shutdown_grace);
                     continue;
@@ -143,7 +144,7 @@ impl PyroscopeExporter {
                 _ = sleep_until_deadline(deadline) => break,
             };
             let outcome = tokio::select! {
-                outcome = self.push(&batch) => outcome,
+                outcome = self.push(&batches) => outcome,
                 _ = sleep_until_deadline(deadline) => break,
             };
             match outcome {
@@ -157,17 +158,18 @@ impl PyroscopeExporter {
                     }
                     failures_in_a_row = 0;
                     backoff = INITIAL_BACKOFF;
-                    self.counted_as_delivered(&batch);
+                    self.counted_as_delivered(&batches);
                     self.queue.done_with_in_flight();
                 }
                 Err(Failure::Refused(status)) => {
+                    let profiles = profile_count(&batches);
                     self.counters
                         .rejected
-                        .fetch_add(batch.profiles.len() as u64, Ordering::Relaxed);
+                        .fetch_add(profiles, Ordering::Relaxed);
                     tracing::error!(
                         url = %self.url,
                         error = %describe(&status),
-                        profiles = batch.profiles.len(),
+                        profiles,
                         "pyroscope refused profiles: dropped"
                     );
                     self.queue.done_with_in_flight();
@@ -213,8 +215,8 @@ impl PyroscopeExporter {
         }
     }
 
-    async fn push(&mut self, batch: &PushBatch) -> Result<(), Failure> {
-        let mut request = tonic::Request::new(push_request(batch));
+    async fn push(&mut self, batches: &[Arc<PushBatch>]) -> Result<(), Failure> {
+        let mut request = tonic::Request::new(push_request(batches));
         *request.metadata_mut() = self.headers.clone();
         match self.client.push(request).await {
             Ok(_) => Ok(()),
@@ -225,13 +227,13 @@ impl PyroscopeExporter {
         }
     }
 
-    fn counted_as_delivered(&self, batch: &PushBatch) {
+    fn counted_as_delivered(&self, batches: &[Arc<PushBatch>]) {
         let c = &self.counters;
         c.exported_requests.fetch_add(1, Ordering::Relaxed);
         c.exported_profiles
-            .fetch_add(batch.profiles.len() as u64, Ordering::Relaxed);
-        c.exported_bytes
-            .fetch_add(batch.bytes() as u64, Ordering::Relaxed);
+            .fetch_add(profile_count(batches), Ordering::Relaxed);
+        let bytes: usize = batches.iter().map(|batch| batch.bytes()).sum();
+        c.exported_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 }
 
@@ -242,26 +244,37 @@ async fn sleep_until_deadline(deadline: Option<Instant>) {
     }
 }
 
-fn push_request(batch: &PushBatch) -> PushRequest {
+fn profile_count(batches: &[Arc<PushBatch>]) -> u64 {
+    batches
+        .iter()
+        .map(|batch| batch.profiles.len() as u64)
+        .sum()
+}
+
+/// One series per batch.
+fn push_request(batches: &[Arc<PushBatch>]) -> PushRequest {
     PushRequest {
-        series: vec![RawProfileSeries {
-            labels: batch
-                .labels
-                .iter()
-                .map(|(name, value)| LabelPair {
-                    name: name.clone(),
-                    value: value.clone(),
-                })
-                .collect(),
-            samples: batch
-                .profiles
-                .iter()
-                .map(|profile| RawSample {
-                    raw_profile: profile.pprof_gzip.to_vec(),
-                    id: String::new(),
-                })
-                .collect(),
-        }],
+        series: batches
+            .iter()
+            .map(|batch| RawProfileSeries {
+                labels: batch
+                    .labels
+                    .iter()
+                    .map(|(name, value)| LabelPair {
+                        name: name.clone(),
+                        value: value.clone(),
+                    })
+                    .collect(),
+                samples: batch
+                    .profiles
+                    .iter()
+                    .map(|profile| RawSample {
+                        raw_profile: profile.pprof_gzip.to_vec(),
+                        id: String::new(),
+                    })
+                    .collect(),
+            })
+            .collect(),
     }
 }
 

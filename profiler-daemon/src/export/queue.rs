@@ -2,8 +2,9 @@
 //! (which may be stuck retrying an unreachable server).
 //!
 //! Pushing never blocks: past the bound the oldest waiting batch is dropped and its profiles
-//! counted. The batch being sent is never dropped, so a profile is either delivered or counted
-//! as dropped, never both.
+//! counted. The batches being sent are never dropped, so a profile is either delivered or
+//! counted as dropped, never both. A backlog goes out several batches per request, so it drains
+//! quickly after an outage.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +26,12 @@ impl PushBatch {
         self.profiles.iter().map(|p| p.pprof_gzip.len()).sum()
     }
 }
+
+/// Bounds on one push request: a backlog is sent in requests of up to this many series (one per
+/// batch) and, past the first batch, this many bytes (gRPC servers refuse messages over 4 MiB by
+/// default).
+const MAX_BATCHES_PER_PUSH: usize = 64;
+const MAX_BYTES_PER_PUSH: usize = 3 << 20;
 
 /// How much the queue holds before it drops its oldest batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,7 +64,7 @@ pub struct ExportCounters {
 #[derive(Default)]
 struct State {
     waiting: VecDeque<Arc<PushBatch>>,
-    in_flight: Option<Arc<PushBatch>>,
+    in_flight: Vec<Arc<PushBatch>>,
     profiles: usize,
     bytes: usize,
 }
@@ -119,17 +126,29 @@ impl ExportQueue {
         self.ready.notify_one();
     }
 
-    /// The batch to send: the one whose sending failed, else the oldest waiting. Waits for one.
-    pub async fn next(&self) -> Arc<PushBatch> {
+    /// The batches of the next request: those whose sending failed, else the oldest waiting
+    /// (several, within the per-request bounds). Waits for one.
+    pub async fn next(&self) -> Vec<Arc<PushBatch>> {
         loop {
             {
                 let mut state = self.lock();
-                if let Some(batch) = &state.in_flight {
-                    return batch.clone();
+                if !state.in_flight.is_empty() {
+                    return state.in_flight.clone();
                 }
-                if let Some(batch) = state.waiting.pop_front() {
-                    state.in_flight = Some(batch.clone());
-                    return batch;
+                let mut bytes = 0;
+                while let Some(batch) = state.waiting.front() {
+                    let fits = state.in_flight.len() < MAX_BATCHES_PER_PUSH
+                        && (state.in_flight.is_empty()
+                            || bytes + batch.bytes() <= MAX_BYTES_PER_PUSH);
+                    if !fits {
+                        break;
+                    }
+                    bytes += batch.bytes();
+                    let batch = state.waiting.pop_front().expect("front exists");
+                    state.in_flight.push(batch);
+                }
+                if !state.in_flight.is_empty() {
+                    return state.in_flight.clone();
                 }
             }
             // `notify_one` leaves a permit when nobody waits, so a push between the check above
@@ -138,10 +157,10 @@ impl ExportQueue {
         }
     }
 
-    /// The batch returned by `next` was delivered (or refused for good): forget it.
+    /// The batches returned by `next` were delivered (or refused for good): forget them.
     pub fn done_with_in_flight(&self) {
         let mut state = self.lock();
-        if let Some(batch) = state.in_flight.take() {
+        for batch in std::mem::take(&mut state.in_flight) {
             state.profiles -= batch.profiles.len();
             state.bytes -= batch.bytes();
         }
@@ -207,11 +226,15 @@ mod tests {
         (ExportQueue::new(bound, counters.clone()), counters)
     }
 
-    fn next_now(queue: &ExportQueue) -> Arc<PushBatch> {
+    /// The pids of the next request's batches.
+    fn next_now(queue: &ExportQueue) -> Vec<u32> {
         tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("runtime")
             .block_on(queue.next())
+            .iter()
+            .map(|batch| batch.profiles[0].pid)
+            .collect()
     }
 
     #[test]
@@ -222,26 +245,43 @@ mod tests {
         }
         assert_eq!(counters.dropped_queue_full.load(Ordering::Relaxed), 2);
         assert_eq!(queue.len(), 3);
-        assert_eq!(next_now(&queue).profiles[0].pid, 3);
+        assert_eq!(next_now(&queue), vec![3, 4, 5]);
     }
 
     #[test]
     fn the_batch_in_flight_is_never_dropped() {
         let (queue, counters) = queue(2, usize::MAX);
         queue.push(batch(1, 10));
-        assert_eq!(next_now(&queue).profiles[0].pid, 1);
+        assert_eq!(next_now(&queue), vec![1]);
         for pid in 2..=4 {
             queue.push(batch(pid, 10));
         }
         // 1 is being sent; 2 and 3 went to make room for 4.
         assert_eq!(counters.dropped_queue_full.load(Ordering::Relaxed), 2);
-        // A failed send gets the same batch back.
-        assert_eq!(next_now(&queue).profiles[0].pid, 1);
+        // A failed send gets the same batches back.
+        assert_eq!(next_now(&queue), vec![1]);
         queue.done_with_in_flight();
-        assert_eq!(next_now(&queue).profiles[0].pid, 4);
+        assert_eq!(next_now(&queue), vec![4]);
         queue.done_with_in_flight();
         assert!(queue.is_empty());
         assert_eq!(counters.queued_profiles.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_backlog_goes_out_several_batches_per_request() {
+        let (queue, _) = queue(1000, usize::MAX);
+        for pid in 0..100 {
+            queue.push(batch(pid, 10));
+        }
+        let first = next_now(&queue);
+        assert_eq!(first, (0..64).collect::<Vec<u32>>());
+        queue.done_with_in_flight();
+        assert_eq!(next_now(&queue), (64..100).collect::<Vec<u32>>());
+        // Large profiles: one per request past the byte bound, but never none.
+        queue.done_with_in_flight();
+        queue.push(batch(1, 2 << 20));
+        queue.push(batch(2, 2 << 20));
+        assert_eq!(next_now(&queue), vec![1]);
     }
 
     #[test]
