@@ -34,13 +34,22 @@ pub fn build(root: &Path, daemon: &Path) -> Result<()> {
         root.join("deploy/image/Containerfile"),
         context.join("Containerfile"),
     )?;
+    let previous = image_id();
     eprintln!("xtask: building {IMAGE} with podman");
     crate::run(
         Command::new("podman")
-            .args(["build", "--tag", IMAGE, "--file"])
+            // One image, no intermediate ones per Containerfile step to clean up later.
+            .args(["build", "--layers=false", "--tag", IMAGE, "--file"])
             .arg(context.join("Containerfile"))
             .arg(&context),
     )?;
+    // The image the tag pointed at before is left untagged: remove it, so that rebuilds (every
+    // test run makes one) do not pile up in podman's storage.
+    if let Some(previous) = previous.filter(|id| Some(id) != image_id().as_ref()) {
+        let _ = Command::new("podman")
+            .args(["image", "rm", &previous])
+            .output();
+    }
     let size = crate::output(Command::new("podman").args([
         "image",
         "inspect",
@@ -51,6 +60,13 @@ pub fn build(root: &Path, daemon: &Path) -> Result<()> {
     let bytes: u64 = size.trim().parse().unwrap_or(0);
     eprintln!("xtask: built {IMAGE}: {:.1} MB", bytes as f64 / 1_000_000.0);
     Ok(())
+}
+
+/// The id the tag points at, if the image exists.
+fn image_id() -> Option<String> {
+    crate::output(Command::new("podman").args(["image", "inspect", "--format", "{{.Id}}", IMAGE]))
+        .ok()
+        .map(|id| id.trim().to_owned())
 }
 
 fn ensure_podman() -> Result<()> {
