@@ -91,6 +91,8 @@ def main():
         "--fail-with",
         help="answer every push with this gRPC status code name (e.g. UNAUTHENTICATED)",
     )
+    parser.add_argument("--tls-cert", help="serve TLS with this certificate chain (PEM)")
+    parser.add_argument("--tls-key", help="and this private key (PEM)")
     args = parser.parse_args()
 
     generate_stubs(args.proto_root, tempfile.mkdtemp(prefix="receiver-stubs-"))
@@ -110,7 +112,13 @@ def main():
         options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.so_reuseport", 0)],
     )
     push_pb2_grpc.add_PusherServiceServicer_to_server(Pusher(), server)
-    port = server.add_insecure_port(f"127.0.0.1:{args.port}")
+    address = f"127.0.0.1:{args.port}"
+    if args.tls_cert:
+        with open(args.tls_key, "rb") as key, open(args.tls_cert, "rb") as cert:
+            credentials = grpc.ssl_server_credentials([(key.read(), cert.read())])
+        port = server.add_secure_port(address, credentials)
+    else:
+        port = server.add_insecure_port(address)
     if port == 0:
         sys.exit(f"cannot listen on port {args.port}")
     server.start()

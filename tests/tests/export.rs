@@ -474,3 +474,136 @@ fn stream_subscribers_get_exactly_the_profiles_they_filter_for() {
         assert!(got.len() + 1 >= written && got.len() <= written && !got.is_empty());
     }
 }
+
+/// A CA and a server certificate for `localhost` and 127.0.0.1, made with openssl.
+fn make_certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let run = |args: &[&str]| {
+        let status = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl runs");
+        assert!(status.success(), "openssl {args:?}");
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=profiler-test-ca",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    std::fs::write(
+        dir.join("san.cnf"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .expect("extension file");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "san.cnf",
+    ]);
+    (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+    )
+}
+
+#[test]
+fn tls_to_a_server_of_a_private_ca_needs_its_ca_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let workload = native_workload(dir.path(), 60);
+    let (ca, cert, key) = make_certificates(dir.path());
+    let record_dir = dir.path().join("received");
+    let receiver = Receiver::start(
+        0,
+        &record_dir,
+        &["--tls-cert", path_str(&cert), "--tls-key", path_str(&key)],
+    )
+    .expect("TLS receiver");
+    let url = format!("https://localhost:{}", receiver.port);
+    let pid = workload.pid().to_string();
+    for (case, config_text) in [
+        (
+            "untrusted",
+            "[pyroscope]\nshutdown_grace_secs = 1\n".to_string(),
+        ),
+        (
+            "trusted",
+            format!("[pyroscope]\nca_file = \"{}\"\n", path_str(&ca)),
+        ),
+    ] {
+        let config = dir.path().join(format!("{case}.toml"));
+        std::fs::write(&config, config_text).expect("config written");
+        let out = dir.path().join(case);
+        let output = run_daemon(
+            &[
+                "--config",
+                path_str(&config),
+                "--pyroscope",
+                &url,
+                "--pid",
+                &pid,
+                "--frequency",
+                "49",
+                "--interval",
+                "1",
+                "--duration",
+                "3",
+                "--grpc-listen",
+                "off",
+                "--output",
+                path_str(&out),
+            ],
+            Duration::from_secs(60),
+        )
+        .expect("daemon runs");
+        assert!(output.status.success(), "{case}");
+        let log = String::from_utf8_lossy(&output.stderr);
+        let totals = export_totals(&log);
+        let written = profiles_of(&out, workload.pid()).expect("local").len() as u64;
+        if case == "trusted" {
+            assert_eq!(
+                totals["exported_profiles"], written,
+                "all delivered over TLS"
+            );
+        } else {
+            assert!(log.contains("set [pyroscope] ca_file"), "untrusted: {log}");
+            assert_eq!(totals["exported_profiles"], 0);
+        }
+    }
+    assert!(!received_profiles(&record_dir, "native_split").is_empty());
+}

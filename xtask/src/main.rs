@@ -15,7 +15,12 @@ mod install;
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages the test suite uses: `go tool pprof` reads our output as the reference reader.
-const TEST_PACKAGES: &[(&str, &str)] = &[("go", "golang-go"), ("gcc", "gcc")];
+const TEST_PACKAGES: &[(&str, &str)] = &[
+    ("go", "golang-go"),
+    ("gcc", "gcc"),
+    // Certificates for the TLS export test.
+    ("openssl", "openssl"),
+];
 
 #[derive(Parser)]
 #[command(about = "Project automation")]
@@ -246,6 +251,7 @@ fn setup_tests(root: &Path) -> Result<()> {
             .arg(&target)
             .arg(requirement))?;
     }
+    install_python_packages(root)?;
     let missing: Vec<&str> = TEST_PACKAGES
         .iter()
         .filter(|(binary, _)| {
@@ -302,6 +308,26 @@ fn setup_deploy_tests(root: &Path) -> Result<()> {
             .arg("kubernetes-validate==1.37.0"))?;
     }
     Ok(())
+}
+
+/// PyPI packages for the tests' independent gRPC peer (a Pyroscope stand-in in Python).
+const PYTHON_TEST_PACKAGES: &[&str] = &["grpcio==1.85.1", "grpcio-tools==1.85.1"];
+
+/// Installs them under `.tools/python` (the tests put it on `PYTHONPATH`).
+fn install_python_packages(root: &Path) -> Result<()> {
+    let target = root.join(".tools/python");
+    if target.join("grpc_tools").exists() {
+        return Ok(());
+    }
+    eprintln!(
+        "xtask: installing {} into {}",
+        PYTHON_TEST_PACKAGES.join(" "),
+        target.display()
+    );
+    run(Command::new("python3")
+        .args(["-m", "pip", "install", "--quiet", "--upgrade", "--target"])
+        .arg(&target)
+        .args(PYTHON_TEST_PACKAGES))
 }
 
 fn apt_install(packages: &[&str]) -> Result<()> {

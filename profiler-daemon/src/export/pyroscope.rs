@@ -326,6 +326,9 @@ fn hint(status: &tonic::Status, described: &str) -> &'static str {
         Code::Unauthenticated | Code::PermissionDenied => {
             " (check the [pyroscope] credentials and tenant_id)"
         }
+        _ if described.contains("invalid peer certificate") => {
+            " (the server's certificate is not trusted: set [pyroscope] ca_file to its CA)"
+        }
         // A TLS client reading a plaintext answer, or the other way round.
         _ if described.contains("InvalidContentType")
             || described.contains("frame with invalid size") =>
