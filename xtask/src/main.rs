@@ -374,6 +374,11 @@ fn test(root: &Path, filter: Option<&str>) -> Result<()> {
         bail!("the end-to-end tests load BPF programs and profile other processes: run `cargo xtask test` as root");
     }
     let daemon = build_daemon(root, false)?;
+    // The JVMTI sidecar agent, which the end-to-end tests load into JVMs (found beside the
+    // daemon binary).
+    run(Command::new("cargo")
+        .current_dir(root)
+        .args(["build", "--package", "profiler-jvmti"]))?;
     let filter_args: Vec<&str> = filter.into_iter().collect();
 
     // Unit tests of every crate but the end-to-end one.
