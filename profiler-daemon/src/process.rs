@@ -52,6 +52,8 @@ pub struct ProcessInfo {
     pub command_line: Vec<String>,
     /// The executable's path in the process's mount namespace, when readable.
     pub executable: Option<PathBuf>,
+    /// Its container and pod, from its cgroup (kept after it exits, like the rest).
+    pub container: Option<crate::container::ContainerInfo>,
     /// Start time in clock ticks since boot: tells a reused pid from the process we knew.
     pub start_time: u64,
     /// Whether the process sees the same root directory as the daemon, so that its files can
@@ -73,6 +75,7 @@ impl ProcessInfo {
             comm: stat.comm.clone(),
             command_line: process.cmdline().unwrap_or_default(),
             executable: process.exe().ok(),
+            container: crate::container::read(pid).ok().flatten(),
             start_time: stat.starttime,
             shares_our_root,
             mappings,
@@ -225,6 +228,7 @@ mod tests {
             comm: "x".into(),
             command_line: vec![],
             executable: None,
+            container: None,
             start_time: 0,
             shares_our_root: false,
             mappings: vec![],

@@ -24,6 +24,8 @@ pub struct ProcessIdentity {
     pub service_name: String,
     /// The program name the service name was derived from.
     pub program: String,
+    /// The container it runs in, if any.
+    pub container_id: Option<String>,
 }
 
 impl ProcessIdentity {
@@ -32,6 +34,10 @@ impl ProcessIdentity {
         let mut labels: BTreeMap<String, String> = extra.clone();
         labels.insert("service_name".into(), self.service_name.clone());
         labels.insert("process_executable_name".into(), self.program.clone());
+        if let Some(id) = &self.container_id {
+            // The name Grafana Alloy gives it: Pyroscope users can relabel on it the same way.
+            labels.insert("__container_id__".into(), id.clone());
+        }
         let mut pairs = vec![("__name__".to_string(), "process_cpu".to_string())];
         pairs.extend(labels);
         pairs
@@ -53,6 +59,9 @@ impl ServiceNaming {
         ProcessIdentity {
             service_name,
             program,
+            container_id: info
+                .and_then(|info| info.container.as_ref())
+                .and_then(|container| container.container_id.clone()),
         }
     }
 }
@@ -139,6 +148,7 @@ mod tests {
             comm: "short".into(),
             command_line: args.iter().map(|a| a.to_string()).collect(),
             executable: Some(PathBuf::from(executable)),
+            container: None,
             start_time: 0,
             shares_our_root: true,
             mappings: vec![],
@@ -216,10 +226,12 @@ mod tests {
         let identity = ProcessIdentity {
             service_name: "orders".into(),
             program: "com.example.Main".into(),
+            container_id: Some("ab".repeat(32)),
         };
         let extra = BTreeMap::from([("env".to_string(), "prod".to_string())]);
         let labels = identity.labels(&extra);
         assert_eq!(labels[0], ("__name__".into(), "process_cpu".into()));
+        assert!(labels.contains(&("__container_id__".into(), "ab".repeat(32))));
         assert!(labels.contains(&("env".into(), "prod".into())));
         assert!(labels.contains(&("service_name".into(), "orders".into())));
     }
