@@ -492,12 +492,21 @@ fn daemon_works_as_the_unit_runs_it() {
     // SAFETY: a valid NUL-terminated path.
     assert_eq!(unsafe { libc::chown(path.as_ptr(), nobody, nobody) }, 0);
     let summary = out.path().join("strace.txt");
+    // Exercise the network paths too: metrics, and a Pyroscope that refuses connections.
+    let config = out.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "metrics_listen = \"127.0.0.1:0\"\n\
+         [pyroscope]\nurl = \"http://127.0.0.1:9\"\nshutdown_grace_secs = 1\n",
+    )
+    .expect("config");
     let script = format!(
         "mount -t tmpfs tmpfs /tmp && mount -t tmpfs tmpfs {jdk_dir} && \
          exec setpriv --reuid={nobody} --regid={nobody} --clear-groups \
          --inh-caps={caps} --ambient-caps={caps} --bounding-set={caps} \
-         strace -f -qq -c -o {summary} {daemon} run --pid {pid} --duration 6 --interval 3 \
-         --output {out} --grpc-listen off",
+         strace -f -qq -c -o {summary} {daemon} run --config {config} --pid {pid} \
+         --duration 6 --interval 3 --output {out} --grpc-listen off",
+        config = config.display(),
         jdk_dir = jdk_dir.display(),
         summary = summary.display(),
         daemon = daemon_binary().display(),
