@@ -306,3 +306,118 @@ fn a_jvm_in_its_own_mount_namespace_with_a_private_tmp_is_attached() {
         seen.chain
     );
 }
+
+/// Over the inline-worker's samples of the profiles in `dir`: (samples, samples whose stack has
+/// inlineInner < inlineMiddle < inlineOuter with the right lines, Java frames, Java frames
+/// with a line).
+fn inline_chain_share(dir: &Path, pid: u32) -> (i64, i64, i64, i64) {
+    let expected = expected_inline_lines();
+    let base = |name: &str| name.split("_[").next().unwrap_or(name).to_owned();
+    let (mut samples, mut with_chain, mut java, mut java_with_line) = (0, 0, 0, 0);
+    for (_, profile) in profiles_of(dir, pid).expect("profiles") {
+        for sample in &profile.sample {
+            if label(&profile, sample, "thread_name") != Some("inline-worker") {
+                continue;
+            }
+            let n = count(sample);
+            samples += n;
+            let frames = sample_frames(&profile, sample);
+            for frame in frames
+                .iter()
+                .filter(|f| f.name.starts_with("Workloads") || f.name.starts_with("java."))
+            {
+                java += n;
+                if frame.line > 0 {
+                    java_with_line += n;
+                }
+            }
+            let found = frames.windows(3).any(|w| {
+                w.iter()
+                    .zip([
+                        "Workloads.inlineInner",
+                        "Workloads.inlineMiddle",
+                        "Workloads.inlineOuter",
+                    ])
+                    .zip(expected)
+                    .all(|((f, name), line)| base(&f.name) == name && f.line == line as i64)
+            });
+            if found {
+                with_chain += n;
+            }
+        }
+    }
+    (samples, with_chain, java, java_with_line)
+}
+
+#[test]
+fn the_daemon_names_inlined_frames_from_the_sidecar_and_reports_both_paths() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes = compile_java(&["Workloads.java"], dir.path()).expect("javac");
+    for jdk in jdks() {
+        let jvm = start_workloads(&jdk, &classes, &[]);
+        let pid = jvm.pid().to_string();
+        // The same JVM, first from memory only, then with the agent attached.
+        let mut results = Vec::new();
+        for with_agent in [false, true] {
+            if with_agent {
+                let output = attach(jvm.pid());
+                assert!(
+                    output.status.success(),
+                    "JDK {}: {}",
+                    jdk.major,
+                    String::from_utf8_lossy(&output.stderr)
+                );
+            }
+            let out = dir
+                .path()
+                .join(format!("profiles-{}-{with_agent}", jdk.major));
+            let output = run_daemon(
+                &[
+                    "--pid",
+                    &pid,
+                    "--duration",
+                    "6",
+                    "--interval",
+                    "6",
+                    "--grpc-listen",
+                    "off",
+                    "--output",
+                    out.to_str().expect("utf-8"),
+                ],
+                Duration::from_secs(60),
+            )
+            .expect("daemon runs");
+            assert!(
+                output.status.success(),
+                "daemon failed on JDK {}",
+                jdk.major
+            );
+            let log = String::from_utf8_lossy(&output.stderr);
+            let used = log.contains("java frames named from the sidecar agent's records")
+                && log.contains(&format!("pid={pid}"));
+            assert_eq!(
+                used, with_agent,
+                "JDK {}: sidecar use in the log",
+                jdk.major
+            );
+            results.push(inline_chain_share(&out, jvm.pid()));
+        }
+        let [(m_samples, m_chain, m_java, m_lines), (s_samples, s_chain, s_java, s_lines)] =
+            results[..]
+        else {
+            unreachable!()
+        };
+        println!(
+            "JDK {}: inline-worker samples with the exact inlined chain and lines: memory only \
+             {m_chain}/{m_samples}, with the sidecar {s_chain}/{s_samples}; Java frames with a \
+             line: memory only {m_lines}/{m_java}, with the sidecar {s_lines}/{s_java}",
+            jdk.major
+        );
+        assert!(s_samples > 0, "JDK {}: no inline-worker samples", jdk.major);
+        assert!(
+            s_chain as f64 >= 0.5 * s_samples as f64,
+            "JDK {}: the sidecar named the inlined chain in {s_chain}/{s_samples} samples",
+            jdk.major
+        );
+    }
+}

@@ -7,6 +7,10 @@
 //!   gives a scope chain (innermost first) of (Method*, bci) pairs: the inlined frames. Other
 //!   blobs (stubs, adapters) are named by `CodeBlob::_name`.
 //!
+//! With the JVMTI sidecar loaded (see `crate::sidecar`), a compiled frame whose nmethod the agent
+//! reported (same code start and `Method*`) takes its inline chain, names and lines from the
+//! agent's records instead; anything else still comes from memory.
+//!
 //! Everything read is validated and cached per (Method*, cookie) and (CodeBlob*, compile id),
 //! per process: a cookie mismatch means the memory was reused, and the frame is shown as
 //! unknown rather than misnamed. Hidden and lambda classes lose their `+0x...` address suffix so
@@ -20,6 +24,7 @@ use profiler_common::{FrameKind, UserFrame, BCI_UNKNOWN};
 use super::jvm::Jvm;
 use super::remote::{ReadError, RemoteMemory};
 use super::unsigned5::Reader;
+use crate::sidecar::SidecarIndex;
 use crate::symbolize::{ResolvedFrame, SourceLine};
 
 /// Bounds on what is read from a JVM for one method or nmethod.
@@ -82,6 +87,8 @@ enum BlobInfo {
     Nmethod {
         method: u64,
         comp_level: i32,
+        /// Where its instructions start (the sidecar's key).
+        code_begin: u64,
         /// (pc offset, scope decode offset), sorted by pc offset.
         pcs: Vec<(i32, i32)>,
         scopes: Vec<u8>,
@@ -98,6 +105,10 @@ struct JvmSymbols<M: RemoteMemory> {
     memory: M,
     methods: HashMap<(u64, u32), Option<Arc<MethodInfo>>>,
     blobs: HashMap<(u64, u32), Option<Arc<BlobInfo>>>,
+    /// The agent's records, if this is a live process whose namespace pid is known.
+    sidecar: Option<SidecarIndex>,
+    /// Whether a frame was named from the sidecar yet (logged once per JVM).
+    sidecar_used: bool,
 }
 
 /// Resolves Java frames of many JVMs.
@@ -120,6 +131,9 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
     }
 
     pub fn add(&mut self, jvm: Jvm, memory: M) {
+        let sidecar = crate::sidecar::attach::Target::of(jvm.pid)
+            .ok()
+            .map(|target| SidecarIndex::new(target.pid, target.nspid));
         self.jvms.insert(
             jvm.pid,
             JvmSymbols {
@@ -127,8 +141,19 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
                 memory,
                 methods: HashMap::new(),
                 blobs: HashMap::new(),
+                sidecar,
+                sidecar_used: false,
             },
         );
+    }
+
+    /// Nmethods the sidecar agent reported in `pid` (0 without an agent).
+    pub fn sidecar_nmethods(&mut self, pid: u32) -> usize {
+        let Some(sidecar) = self.jvms.get_mut(&pid).and_then(|j| j.sidecar.as_mut()) else {
+            return 0;
+        };
+        sidecar.refresh();
+        sidecar.len()
     }
 
     pub fn remove(&mut self, pid: u32) {
@@ -227,6 +252,7 @@ impl<M: RemoteMemory> JvmSymbols<M> {
             Some(BlobInfo::Nmethod {
                 method,
                 comp_level,
+                code_begin,
                 pcs,
                 scopes,
                 metadata,
@@ -236,6 +262,11 @@ impl<M: RemoteMemory> JvmSymbols<M> {
                 } else {
                     JavaFrameKind::Jit
                 };
+                if let Some(resolved) =
+                    self.sidecar_frame(*code_begin, *method, frame.aux, top, kind, annotate)
+                {
+                    return resolved;
+                }
                 let chain = scope_chain(
                     pcs,
                     scopes,
@@ -272,6 +303,56 @@ impl<M: RemoteMemory> JvmSymbols<M> {
             }
             None => ResolvedFrame::named("[unknown compiled frame]", None),
         }
+    }
+}
+
+impl<M: RemoteMemory> JvmSymbols<M> {
+    /// The frame from the agent's records, if it reported this very nmethod (same code start
+    /// and Method*; code reuse changes at least one) and has a chain at this pc.
+    fn sidecar_frame(
+        &mut self,
+        code_begin: u64,
+        method: u64,
+        pc_offset: u32,
+        top: bool,
+        kind: JavaFrameKind,
+        annotate: bool,
+    ) -> Option<ResolvedFrame> {
+        let sidecar = self.sidecar.as_mut()?;
+        sidecar.refresh();
+        let nmethod = sidecar.nmethod(code_begin)?;
+        if nmethod.method_ptr != method || pc_offset > nmethod.code_size {
+            return None;
+        }
+        let chain = nmethod.chain(pc_offset, top);
+        if chain.is_empty() {
+            return None;
+        }
+        if !self.sidecar_used {
+            self.sidecar_used = true;
+            tracing::info!(
+                pid = self.jvm.pid,
+                nmethods = sidecar.len(),
+                "java frames named from the sidecar agent's records"
+            );
+        }
+        let outer = chain.len() - 1;
+        let lines = chain
+            .iter()
+            .enumerate()
+            .map(|(index, (info, bci))| {
+                let frame_kind = if index == outer {
+                    kind
+                } else {
+                    JavaFrameKind::Inlined
+                };
+                java_line(Some(info), u32::try_from(*bci).ok(), frame_kind, annotate)
+            })
+            .collect();
+        Some(ResolvedFrame {
+            lines,
+            module: None,
+        })
     }
 }
 
@@ -361,7 +442,7 @@ fn constant_pool_symbol(
 }
 
 /// `Busy$$Lambda$2+0x00007f8e84000c28` -> `Busy$$Lambda$2`: the address differs every run.
-fn stable_class_name(internal: &str) -> String {
+pub(crate) fn stable_class_name(internal: &str) -> String {
     let name = match internal.find("+0x") {
         Some(at) => &internal[..at],
         None => internal,
@@ -500,6 +581,13 @@ fn read_blob(
     }
     let method = memory.read_ptr(blob + offset(jvm, "nmethod::_method")?)?;
     let comp_level = memory.read_i32(blob + offset(jvm, "nmethod::_comp_level")?)?;
+    // A pointer up to JDK 17, an offset from the blob after (as the BPF unwinder reads it).
+    let code_begin = match layout.offset("CodeBlob::_code_begin") {
+        Some(at) => memory.read_ptr(blob + at)?,
+        None => blob.wrapping_add(
+            memory.read_i32(blob + offset(jvm, "CodeBlob::_code_offset")?)? as i64 as u64,
+        ),
+    };
 
     // Where the debug info is: inside the blob up to JDK 22, in C-heap "immutable data" after.
     let (pcs_begin, pcs_end, scopes_begin, scopes_end, metadata_begin, metadata_end) = match layout
@@ -580,6 +668,7 @@ fn read_blob(
     Ok(BlobInfo::Nmethod {
         method,
         comp_level,
+        code_begin,
         pcs,
         scopes,
         metadata,

@@ -1,6 +1,8 @@
 //! The JVMTI sidecar from the daemon's side: loading the agent (`profiler-jvmti`) into running
-//! JVMs. Its records are read with `profiler_jvmti::channel::Reader`.
+//! JVMs ([`attach`]) and keeping what it recorded at hand for the Java symbolizer ([`index`]).
 
 pub mod attach;
+pub mod index;
 
 pub use attach::{attach, Attached};
+pub use index::SidecarIndex;

@@ -1,0 +1,246 @@
+//! What the sidecar agent recorded in one JVM, indexed by code address and kept current from its
+//! records file (read incrementally, at most every [`REFRESH_EVERY`]).
+//!
+//! The Java symbolizer asks it first for compiled frames: the agent's inline chains and line
+//! tables were resolved by the JVM itself when the code was installed, so they stay right after
+//! the class metadata moves or is freed. Anything it does not know falls back to reading the
+//! JVM's memory.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use profiler_jvmti::channel::{Reader, Update};
+use profiler_jvmti::record::{self, Record};
+
+use crate::hotspot::symbolize::{stable_class_name, MethodInfo};
+
+const REFRESH_EVERY: Duration = Duration::from_millis(250);
+/// Bound on indexed nmethods per JVM (a code cache holds far fewer).
+const MAX_NMETHODS: usize = 500_000;
+
+/// One nmethod as the agent described it.
+#[derive(Debug)]
+pub struct SidecarNmethod {
+    /// The `Method*` of the compiled method (0 if the agent could not tell).
+    pub method_ptr: u64,
+    pub code_size: u32,
+    pub methods: Vec<Arc<MethodInfo>>,
+    /// (pc offset from the code start, chain innermost first as (method index, bci)), sorted.
+    pub pcs: Vec<(u32, Vec<(u32, i32)>)>,
+}
+
+impl SidecarNmethod {
+    /// The inline chain at `pc_offset`, innermost first; same pc rule as the memory path: a
+    /// return address matches its record exactly, a sampled pc takes the first record past it.
+    pub fn chain(&self, pc_offset: u32, top: bool) -> Vec<(Arc<MethodInfo>, i32)> {
+        let index = if top {
+            self.pcs.partition_point(|(offset, _)| *offset <= pc_offset)
+        } else {
+            self.pcs.partition_point(|(offset, _)| *offset < pc_offset)
+        };
+        let Some((_, frames)) = self.pcs.get(index) else {
+            return Vec::new();
+        };
+        frames
+            .iter()
+            .filter_map(|(method, bci)| Some((self.methods.get(*method as usize)?.clone(), *bci)))
+            .collect()
+    }
+
+    pub fn root(&self) -> Option<&Arc<MethodInfo>> {
+        self.methods.first()
+    }
+}
+
+/// The sidecar view of one JVM.
+pub struct SidecarIndex {
+    reader: Reader,
+    nmethods: HashMap<u64, Arc<SidecarNmethod>>,
+    last_refresh: Option<Instant>,
+    /// Whether any records file was seen: the agent is (or was) loaded.
+    pub active: bool,
+}
+
+impl SidecarIndex {
+    /// For host pid `pid`, whose pid in its own namespace is `nspid`.
+    pub fn new(pid: u32, nspid: u32) -> Self {
+        let inside =
+            profiler_jvmti::channel::records_dir(nspid).join(profiler_jvmti::channel::RECORDS_FILE);
+        let path = std::path::Path::new(&format!("/proc/{pid}/root"))
+            .join(inside.strip_prefix("/").unwrap_or(&inside));
+        Self {
+            reader: Reader::new(path),
+            nmethods: HashMap::new(),
+            last_refresh: None,
+            active: false,
+        }
+    }
+
+    /// Reads what the agent appended since the last call (rate-limited).
+    pub fn refresh(&mut self) {
+        if self
+            .last_refresh
+            .is_some_and(|at| at.elapsed() < REFRESH_EVERY)
+        {
+            return;
+        }
+        self.last_refresh = Some(Instant::now());
+        let updates = match self.reader.poll() {
+            Ok(updates) => updates,
+            Err(err) => {
+                tracing::debug!(path = %self.reader.path().display(), %err, "sidecar records");
+                return;
+            }
+        };
+        for update in updates {
+            self.apply(update);
+        }
+    }
+
+    fn apply(&mut self, update: Update) {
+        match update {
+            Update::NewGeneration(header) => {
+                // A new generation replays all live code: start over.
+                tracing::debug!(generation = header.generation, "sidecar records generation");
+                self.nmethods.clear();
+                self.active = true;
+            }
+            Update::Record(Record::CompiledMethodLoad(compiled)) => {
+                if self.nmethods.len() >= MAX_NMETHODS {
+                    return;
+                }
+                let code_addr = compiled.code_addr;
+                self.nmethods.insert(code_addr, Arc::new(convert(compiled)));
+            }
+            Update::Record(Record::CompiledMethodUnload { code_addr, .. }) => {
+                self.nmethods.remove(&code_addr);
+            }
+            Update::Record(_) => {}
+        }
+    }
+
+    /// The nmethod whose code starts at `code_begin`, if the agent reported it.
+    pub fn nmethod(&self, code_begin: u64) -> Option<&Arc<SidecarNmethod>> {
+        self.nmethods.get(&code_begin)
+    }
+
+    pub fn len(&self) -> usize {
+        self.nmethods.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nmethods.is_empty()
+    }
+}
+
+fn convert(compiled: record::CompiledMethod) -> SidecarNmethod {
+    let method_ptr = compiled.methods.first().map_or(0, |m| m.method_ptr);
+    let methods = compiled
+        .methods
+        .into_iter()
+        .map(|m| Arc::new(method_info(m)))
+        .collect();
+    let mut pcs: Vec<(u32, Vec<(u32, i32)>)> = compiled
+        .pcs
+        .into_iter()
+        .filter_map(|pc| {
+            let offset = u32::try_from(pc.pc.checked_sub(compiled.code_addr)?).ok()?;
+            Some((
+                offset,
+                pc.frames.into_iter().map(|f| (f.method, f.bci)).collect(),
+            ))
+        })
+        .collect();
+    pcs.sort_by_key(|(offset, _)| *offset);
+    SidecarNmethod {
+        method_ptr,
+        code_size: compiled.code_size,
+        methods,
+        pcs,
+    }
+}
+
+/// The agent's JVM-form names as the memory path shows them: `Ljava/lang/Thread;` ->
+/// `java.lang.Thread`, the source file qualified with the package directory.
+fn method_info(m: record::MethodInfo) -> MethodInfo {
+    let internal = m
+        .class_signature
+        .strip_prefix('L')
+        .and_then(|s| s.strip_suffix(';'))
+        .unwrap_or(&m.class_signature);
+    let file = (!m.source_file.is_empty()).then(|| match internal.rfind('/') {
+        Some(slash) => format!("{}/{}", &internal[..slash], m.source_file),
+        None => m.source_file.clone(),
+    });
+    let mut lines: Vec<(u32, u32)> = m.lines.iter().map(|e| (e.bci, e.line)).collect();
+    lines.sort_by_key(|(bci, _)| *bci);
+    MethodInfo {
+        class: stable_class_name(internal),
+        name: m.name,
+        signature: m.signature,
+        file,
+        lines,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use profiler_jvmti::record::{CompiledMethod, InlineFrame, LineEntry, PcInfo};
+
+    fn method(name: &str, line: u32) -> record::MethodInfo {
+        record::MethodInfo {
+            method_ptr: 0x100,
+            class_signature: "Lcom/example/Work;".into(),
+            name: name.into(),
+            signature: "()V".into(),
+            source_file: "Work.java".into(),
+            lines: vec![LineEntry { bci: 0, line }],
+        }
+    }
+
+    #[test]
+    fn chains_are_found_by_pc_offset_with_jvm_names_made_readable() {
+        let mut index = SidecarIndex::new(1, 1);
+        index.apply(Update::Record(Record::CompiledMethodLoad(CompiledMethod {
+            code_addr: 0x1000,
+            code_size: 0x100,
+            methods: vec![method("outer", 10), method("inner", 20)],
+            pcs: vec![
+                PcInfo {
+                    pc: 0x1040,
+                    frames: vec![
+                        InlineFrame { method: 1, bci: 3 },
+                        InlineFrame { method: 0, bci: 7 },
+                    ],
+                },
+                PcInfo {
+                    pc: 0x1010,
+                    frames: vec![InlineFrame { method: 0, bci: 1 }],
+                },
+            ],
+        })));
+        let nmethod = index.nmethod(0x1000).expect("indexed");
+        assert_eq!(nmethod.method_ptr, 0x100);
+        let root = nmethod.root().expect("root");
+        assert_eq!(root.class, "com.example.Work");
+        assert_eq!(root.file.as_deref(), Some("com/example/Work.java"));
+        // A sampled pc inside the region the record at 0x40 ends.
+        let chain = nmethod.chain(0x20, true);
+        let names: Vec<_> = chain
+            .iter()
+            .map(|(m, bci)| (m.name.as_str(), *bci))
+            .collect();
+        assert_eq!(names, [("inner", 3), ("outer", 7)]);
+        // A return address matches exactly.
+        assert_eq!(nmethod.chain(0x10, false)[0].0.name, "outer");
+        assert!(nmethod.chain(0x41, true).is_empty());
+
+        index.apply(Update::Record(Record::CompiledMethodUnload {
+            method_ptr: 0x100,
+            code_addr: 0x1000,
+        }));
+        assert!(index.nmethod(0x1000).is_none());
+    }
+}
