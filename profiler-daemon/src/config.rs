@@ -67,6 +67,14 @@ pub struct FileConfig {
     pub labels: Option<BTreeMap<String, String>>,
     /// Export to Grafana Pyroscope.
     pub pyroscope: Option<PyroscopeFile>,
+    /// Load the JVMTI sidecar agent into JVMs: "auto" or "never" (default).
+    pub attach: Option<String>,
+    /// With `attach = "auto"`: only JVMs whose command line contains one of these.
+    pub attach_allow: Option<Vec<String>>,
+    /// Never JVMs whose command line contains one of these (wins over `attach_allow`).
+    pub attach_deny: Option<Vec<String>>,
+    /// The agent library (default: libprofiler_jvmti.so beside the daemon executable).
+    pub agent_path: Option<PathBuf>,
 }
 
 /// The `[pyroscope]` table.
@@ -108,6 +116,7 @@ pub struct Overrides {
     pub metrics_listen: Option<String>,
     pub pyroscope_url: Option<String>,
     pub grpc_listen: Option<String>,
+    pub attach: Option<String>,
 }
 
 /// The checked configuration the daemon runs with.
@@ -127,6 +136,7 @@ pub struct Config {
     pub naming: ServiceNaming,
     pub labels: BTreeMap<String, String>,
     pub pyroscope: Option<PyroscopeConfig>,
+    pub attach: crate::sidecar::AttachPolicy,
 }
 
 /// Where the live stream listens, and whether the address was asked for (a busy default port
@@ -306,7 +316,30 @@ impl Config {
             (None, None) => None,
             (url, table) => Some(resolve_pyroscope(url, table.unwrap_or_default())?),
         };
+        let attach = crate::sidecar::AttachPolicy {
+            mode: match (flags.attach, file.attach) {
+                (Some(flag), _) => flag.parse().map_err(|reason| ConfigError::Invalid {
+                    field: "attach",
+                    flag: Some("attach"),
+                    reason,
+                })?,
+                (None, Some(value)) => value.parse().map_err(|reason| invalid("attach", reason))?,
+                (None, None) => crate::sidecar::AttachMode::Never,
+            },
+            allow: file.attach_allow.unwrap_or_default(),
+            deny: file.attach_deny.unwrap_or_default(),
+            agent: file.agent_path,
+        };
+        if attach
+            .allow
+            .iter()
+            .chain(&attach.deny)
+            .any(String::is_empty)
+        {
+            return Err(invalid("attach_allow", "empty patterns match everything"));
+        }
         Ok(Self {
+            attach,
             grpc_listen,
             naming,
             labels,

@@ -137,6 +137,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     let (frequency_hz, annotate) = (config.frequency_hz, config.annotate_frames);
     let worker_counters = metrics.worker.clone();
     let naming = config.naming.clone();
+    let attach = config.attach.clone();
     // Built on its own thread: blazesym's symbolizer is not Send.
     let worker = std::thread::Builder::new()
         .name("symbolizer".into())
@@ -149,6 +150,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
                 annotate,
                 worker_counters,
             )
+            .with_attach(attach)
             .run(work_rx)
         })
         .map_err(|err| DaemonError::Worker(err.to_string()))?;

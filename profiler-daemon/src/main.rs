@@ -94,6 +94,10 @@ struct RunArgs {
     /// Serve the live profile stream (gRPC) at ADDR, or "off" [default: 127.0.0.1:4980].
     #[arg(long, value_name = "ADDR")]
     grpc_listen: Option<String>,
+    /// Load the JVMTI sidecar agent into the JVMs found ("auto") or not ("never") [default:
+    /// never]; the config file's attach_allow / attach_deny narrow "auto".
+    #[arg(long, value_name = "auto|never")]
+    attach: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -132,6 +136,7 @@ fn run(args: RunArgs) -> ExitCode {
         metrics_listen: args.metrics_listen,
         pyroscope_url: args.pyroscope,
         grpc_listen: args.grpc_listen,
+        attach: args.attach,
     };
     let config = match Config::resolve(file, overrides) {
         Ok(config) => config,

@@ -27,6 +27,8 @@ pub struct Symbolizers {
     pub layouts: LayoutCache,
     /// Append frame-kind suffixes (`_[j]`, `_[i]`, `_[0]`, `_[1]`, `_[k]`).
     pub annotate: bool,
+    /// Loads the sidecar agent into JVMs, if the configuration asks for it.
+    pub attacher: crate::sidecar::Attacher,
 }
 
 impl Symbolizers {
@@ -37,6 +39,7 @@ impl Symbolizers {
             java: JavaSymbolizer::new(annotate),
             layouts: LayoutCache::default(),
             annotate,
+            attacher: crate::sidecar::Attacher::default(),
         }
     }
 
@@ -52,6 +55,7 @@ impl Symbolizers {
         match Jvm::inspect(info, &memory, &mut self.layouts) {
             Ok(jvm) => {
                 self.java.add(jvm, memory);
+                self.attacher.consider(info);
                 true
             }
             Err(err) => {
@@ -63,6 +67,7 @@ impl Symbolizers {
 
     /// Forgets per-process state of processes the table no longer knows.
     pub fn forget_exited(&mut self, processes: &ProcessTable) {
+        self.attacher.retain(|pid| processes.get(pid).is_some());
         for pid in self.java.pids() {
             if processes.get(pid).is_none() {
                 self.java.remove(pid);

@@ -59,6 +59,12 @@ impl Worker {
         }
     }
 
+    /// Loads the sidecar agent into the JVMs met, as `policy` says.
+    pub fn with_attach(mut self, policy: crate::sidecar::AttachPolicy) -> Self {
+        self.symbolizers.attacher = crate::sidecar::Attacher::new(policy);
+        self
+    }
+
     /// Runs until the sending side is dropped.
     pub fn run(mut self, work: Receiver<Work>) {
         while let Ok(item) = work.recv() {

@@ -421,3 +421,65 @@ fn the_daemon_names_inlined_frames_from_the_sidecar_and_reports_both_paths() {
         );
     }
 }
+
+#[test]
+fn attach_auto_loads_the_agent_unless_denied() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes = compile_java(&["Workloads.java"], dir.path()).expect("javac");
+    let jdk = jdks().into_iter().find(|j| j.major == 17).expect("JDK 17");
+    for deny in [false, true] {
+        let jvm = start_workloads(&jdk, &classes, &[]);
+        let pid = jvm.pid().to_string();
+        let config = dir.path().join(format!("config-{deny}.toml"));
+        let deny_list = if deny {
+            r#"["Workloads"]"#
+        } else {
+            r#"["kafka"]"#
+        };
+        std::fs::write(
+            &config,
+            format!("attach = \"auto\"\nattach_deny = {deny_list}\ngrpc_listen = \"off\"\n"),
+        )
+        .expect("config");
+        let out = dir.path().join(format!("profiles-{deny}"));
+        let output = run_daemon(
+            &[
+                "--config",
+                config.to_str().expect("utf-8"),
+                "--pid",
+                &pid,
+                "--duration",
+                "8",
+                "--interval",
+                "8",
+                "--output",
+                out.to_str().expect("utf-8"),
+            ],
+            Duration::from_secs(60),
+        )
+        .expect("daemon runs");
+        assert!(output.status.success(), "daemon failed");
+        let log = String::from_utf8_lossy(&output.stderr);
+        let records = PathBuf::from(format!(
+            "/proc/{0}/root/tmp/.jvm-profiler-{0}/records",
+            jvm.pid()
+        ));
+        if deny {
+            assert!(
+                !log.contains("sidecar: agent loaded"),
+                "denied JVM attached"
+            );
+            assert!(!records.exists());
+        } else {
+            assert!(
+                log.contains("sidecar: agent loaded"),
+                "no attach in the log"
+            );
+            assert!(records.exists());
+            assert!(
+                log.contains("java frames named from the sidecar agent's records"),
+                "the sidecar was not used"
+            );
+        }
+    }
+}

@@ -194,6 +194,8 @@ fn ensure_listener(target: &Target) -> Result<bool> {
     if is_socket(&socket) {
         return Ok(false);
     }
+    // SIGQUIT kills a JVM that does not handle it yet (still starting) or at all (-Xrs).
+    wait_for_sigquit_handler(target.pid)?;
     let trigger_name = format!(".attach_pid{}", target.nspid);
     // HotSpot looks in its working directory first, then in /tmp.
     let candidates = [
@@ -236,6 +238,33 @@ fn ensure_listener(target: &Target) -> Result<bool> {
         );
     }
     Ok(true)
+}
+
+/// Waits (briefly) until `pid` catches SIGQUIT, per the `SigCgt` mask of /proc/PID/status.
+fn wait_for_sigquit_handler(pid: u32) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .with_context(|| format!("process {pid} exited"))?;
+        if catches_sigquit(&status) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "JVM {pid} does not handle SIGQUIT (started with -Xrs, or still starting): \
+                 its attach listener cannot be started safely"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn catches_sigquit(status: &str) -> bool {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (libc::SIGQUIT - 1)) != 0)
 }
 
 /// HotSpot honours the trigger only if the JVM's euid owns it.
@@ -539,6 +568,13 @@ mod tests {
         let request = load_request(Path::new("/tmp/a.so"), "x=1").expect("request");
         assert_eq!(request, b"1\0load\0/tmp/a.so\0true\0x=1\0");
         assert!(load_request(Path::new("/tmp/a\0.so"), "").is_err());
+    }
+
+    #[test]
+    fn sigquit_handling_is_read_from_the_caught_mask() {
+        assert!(catches_sigquit("SigIgn:\t0\nSigCgt:\t0000000000000004\n"));
+        assert!(!catches_sigquit("SigCgt:\t0000000000000002\n"));
+        assert!(!catches_sigquit("Name:\tjava\n"));
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! The JVMTI sidecar from the daemon's side: loading the agent (`profiler-jvmti`) into running
-//! JVMs ([`attach`]) and keeping what it recorded at hand for the Java symbolizer ([`index`]).
+//! JVMs ([`attach`], when [`policy`] says so) and keeping what it recorded at hand for the Java
+//! symbolizer ([`index`]).
 
 pub mod attach;
 pub mod index;
+pub mod policy;
 
 pub use attach::{attach, Attached};
 pub use index::SidecarIndex;
+pub use policy::{AttachMode, AttachPolicy, Attacher};
