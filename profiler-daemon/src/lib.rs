@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod export;
 pub mod hotspot;
 pub mod jvm_info;
+pub mod kubernetes;
 pub mod metrics;
 pub mod output;
 pub mod pprof;
