@@ -75,6 +75,11 @@ pub struct FileConfig {
     pub attach_deny: Option<Vec<String>>,
     /// The agent library (default: libprofiler_jvmti.so beside the daemon executable).
     pub agent_path: Option<PathBuf>,
+    /// Label processes of Kubernetes pods with pod metadata from the API server (default: on
+    /// when running in a cluster, i.e. `KUBERNETES_SERVICE_HOST` is set).
+    pub kubernetes: Option<bool>,
+    /// This node's name, whose pods are watched (default: `$NODE_NAME`, else the host name).
+    pub node_name: Option<String>,
 }
 
 /// The `[pyroscope]` table.
@@ -137,6 +142,8 @@ pub struct Config {
     pub labels: BTreeMap<String, String>,
     pub pyroscope: Option<PyroscopeConfig>,
     pub attach: crate::sidecar::AttachPolicy,
+    /// The node whose pods label processes, when Kubernetes metadata is on.
+    pub kubernetes_node: Option<String>,
 }
 
 /// Where the live stream listens, and whether the address was asked for (a busy default port
@@ -338,7 +345,25 @@ impl Config {
         {
             return Err(invalid("attach_allow", "empty patterns match everything"));
         }
+        let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+        let kubernetes_node = if file.kubernetes.unwrap_or(in_cluster) {
+            let node = file
+                .node_name
+                .or_else(|| std::env::var("NODE_NAME").ok())
+                .or_else(host_name)
+                .unwrap_or_default();
+            if node.trim().is_empty() {
+                return Err(invalid(
+                    "node_name",
+                    "unknown: set it, or NODE_NAME (the downward API's spec.nodeName)",
+                ));
+            }
+            Some(node)
+        } else {
+            None
+        };
         Ok(Self {
+            kubernetes_node,
             attach,
             grpc_listen,
             naming,
@@ -356,6 +381,12 @@ impl Config {
             max_stacks_per_interval,
         })
     }
+}
+
+fn host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_string())
 }
 
 fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
@@ -722,6 +753,16 @@ mod tests {
             err.contains("grpc_listen") && err.contains("--grpc-listen"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn kubernetes_metadata_needs_a_node_name() {
+        let config = resolve_text("kubernetes = true\nnode_name = \"node-a\"").expect("valid");
+        assert_eq!(config.kubernetes_node.as_deref(), Some("node-a"));
+        let config = resolve_text("kubernetes = false").expect("valid");
+        assert_eq!(config.kubernetes_node, None);
+        let err = resolve_text("kubernetes = true\nnode_name = \" \"").expect_err("blank");
+        assert!(err.contains("`node_name`"), "{err}");
     }
 
     #[test]

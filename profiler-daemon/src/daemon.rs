@@ -139,6 +139,10 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     let naming = config.naming.clone();
     let attach = config.attach.clone();
     // Built on its own thread: blazesym's symbolizer is not Send.
+    let pods = match &config.kubernetes_node {
+        Some(node) => start_pod_watch(node.clone()).await,
+        None => None,
+    };
     let worker = std::thread::Builder::new()
         .name("symbolizer".into())
         .spawn(move || {
@@ -151,6 +155,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
                 worker_counters,
             )
             .with_attach(attach)
+            .with_pods_if(pods)
             .run(work_rx)
         })
         .map_err(|err| DaemonError::Worker(err.to_string()))?;
@@ -319,6 +324,27 @@ async fn start_exports(
         }
     }
     Ok((exports, ExportTasks { shutdown, tasks }))
+}
+
+/// Watches this node's pods, for the Kubernetes labels of processes. An unreachable API server
+/// or missing credentials only cost the labels: logged, never fatal.
+async fn start_pod_watch(node: String) -> Option<crate::kubernetes::SharedPodIndex> {
+    match kube::Client::try_default().await {
+        Ok(client) => {
+            let pods = crate::kubernetes::SharedPodIndex::default();
+            tracing::info!(%node, "kubernetes: watching this node's pods");
+            tokio::spawn(crate::kubernetes::watch_node_pods(
+                client,
+                node,
+                pods.clone(),
+            ));
+            Some(pods)
+        }
+        Err(err) => {
+            tracing::warn!(%err, "kubernetes: no API client (no in-cluster config or kubeconfig); profiles keep container ids only");
+            None
+        }
+    }
 }
 
 /// The JVM tracker's thread, stopped through a flag.

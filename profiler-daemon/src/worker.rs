@@ -34,6 +34,7 @@ pub struct Worker {
     writer: LocalWriter,
     exports: Exports,
     naming: ServiceNaming,
+    pods: Option<crate::kubernetes::SharedPodIndex>,
     frequency_hz: u64,
     /// Shared with the metrics endpoint.
     counters: Arc<WorkerCounters>,
@@ -54,9 +55,16 @@ impl Worker {
             writer,
             exports,
             naming,
+            pods: None,
             frequency_hz,
             counters,
         }
+    }
+
+    /// Labels processes of Kubernetes pods with their pod's metadata, when there is a watch.
+    pub fn with_pods_if(mut self, pods: Option<crate::kubernetes::SharedPodIndex>) -> Self {
+        self.pods = pods;
+        self
     }
 
     /// Loads the sidecar agent into the JVMs met, as `policy` says.
@@ -122,7 +130,10 @@ impl Worker {
                 }
             }
             if self.exports.is_enabled() {
-                let identity = self.naming.identify(self.processes.get(pid), &built.comm);
+                let pods = self.pods.as_ref().and_then(|pods| pods.read().ok());
+                let identity =
+                    self.naming
+                        .identify(self.processes.get(pid), &built.comm, pods.as_deref());
                 exported.push(Arc::new(ExportedProfile {
                     pid,
                     labels: identity.labels(&self.exports.extra_labels),

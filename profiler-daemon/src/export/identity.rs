@@ -1,12 +1,15 @@
 //! What a process is called in exported profiles: its `service_name` and labels.
 //!
-//! The service name is, in order: the configured override, the configured mapping of the
-//! process's program name, else the program name itself, which for a JVM is its main class, jar
-//! or module (`java -jar orders.jar` -> `orders`), and otherwise the executable's file name.
+//! The service name is, in order: the configured override; for a process in a Kubernetes pod,
+//! the pod's `pyroscope.io/service_name` annotation; the configured mapping of the process's
+//! program name; for a pod's container, `<namespace>/<container>`; else the program name itself,
+//! which for a JVM is its main class, jar or module (`java -jar orders.jar` -> `orders`), and
+//! otherwise the executable's file name.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::kubernetes::PodIndex;
 use crate::process::ProcessInfo;
 
 /// How service names are chosen (from the configuration).
@@ -26,6 +29,8 @@ pub struct ProcessIdentity {
     pub program: String,
     /// The container it runs in, if any.
     pub container_id: Option<String>,
+    /// Kubernetes labels (namespace, pod, container, node, workload, app) of its pod.
+    pub pod_labels: Vec<(&'static str, String)>,
 }
 
 impl ProcessIdentity {
@@ -38,6 +43,9 @@ impl ProcessIdentity {
             // The name Grafana Alloy gives it: Pyroscope users can relabel on it the same way.
             labels.insert("__container_id__".into(), id.clone());
         }
+        for (name, value) in &self.pod_labels {
+            labels.insert(name.to_string(), value.clone());
+        }
         let mut pairs = vec![("__name__".to_string(), "process_cpu".to_string())];
         pairs.extend(labels);
         pairs
@@ -46,22 +54,54 @@ impl ProcessIdentity {
 
 impl ServiceNaming {
     /// Names a process from what was read of it; `comm` is the fallback when nothing else is
-    /// known (a process that exited before it could be read).
-    pub fn identify(&self, info: Option<&ProcessInfo>, comm: &str) -> ProcessIdentity {
+    /// known (a process that exited before it could be read). `pods` is this node's pods, when
+    /// the daemon runs in Kubernetes.
+    pub fn identify(
+        &self,
+        info: Option<&ProcessInfo>,
+        comm: &str,
+        pods: Option<&PodIndex>,
+    ) -> ProcessIdentity {
         let program = info
             .and_then(program_name)
             .unwrap_or_else(|| comm.to_string());
+        let container = info.and_then(|info| info.container.as_ref());
+        let pod = container.zip(pods).and_then(|(c, pods)| pods.lookup(c));
+        let pod_service = pod.as_ref().and_then(|m| m.pod.service_name.clone());
+        let namespace_container = pod.as_ref().and_then(|m| {
+            let container = m.container.as_ref()?;
+            Some(format!("{}/{container}", m.pod.namespace))
+        });
         let service_name = self
             .override_name
             .clone()
+            .or(pod_service)
             .or_else(|| self.by_program.get(&program).cloned())
+            .or(namespace_container)
             .unwrap_or_else(|| program.clone());
+        let mut pod_labels = Vec::new();
+        if let Some(m) = &pod {
+            pod_labels.push(("namespace", m.pod.namespace.clone()));
+            pod_labels.push(("pod", m.pod.name.clone()));
+            if let Some(container) = &m.container {
+                pod_labels.push(("container", container.clone()));
+            }
+            if let Some(node) = &m.pod.node {
+                pod_labels.push(("node", node.clone()));
+            }
+            if let Some((kind, name)) = &m.pod.workload {
+                pod_labels.push(("workload_kind", kind.clone()));
+                pod_labels.push(("workload_name", name.clone()));
+            }
+            if let Some(app) = &m.pod.app {
+                pod_labels.push(("app", app.clone()));
+            }
+        }
         ProcessIdentity {
             service_name,
             program,
-            container_id: info
-                .and_then(|info| info.container.as_ref())
-                .and_then(|container| container.container_id.clone()),
+            container_id: container.and_then(|c| c.container_id.clone()),
+            pod_labels,
         }
     }
 }
@@ -157,7 +197,7 @@ mod tests {
 
     fn name(executable: &str, args: &[&str]) -> String {
         ServiceNaming::default()
-            .identify(Some(&process(executable, args)), "comm")
+            .identify(Some(&process(executable, args)), "comm", None)
             .service_name
     }
 
@@ -201,7 +241,7 @@ mod tests {
         // A process that could not be read: its comm.
         assert_eq!(
             ServiceNaming::default()
-                .identify(None, "kworker/0:1")
+                .identify(None, "kworker/0:1", None)
                 .service_name,
             "kworker/0:1"
         );
@@ -214,11 +254,65 @@ mod tests {
         naming
             .by_program
             .insert("com.example.Main".into(), "orders".into());
-        assert_eq!(naming.identify(Some(&info), "").service_name, "orders");
+        assert_eq!(
+            naming.identify(Some(&info), "", None).service_name,
+            "orders"
+        );
         naming.override_name = Some("everything".into());
-        let identity = naming.identify(Some(&info), "");
+        let identity = naming.identify(Some(&info), "", None);
         assert_eq!(identity.service_name, "everything");
         assert_eq!(identity.program, "com.example.Main");
+    }
+
+    #[test]
+    fn pods_name_their_containers_processes() {
+        use crate::container::ContainerInfo;
+        use crate::kubernetes::{PodIndex, PodInfo};
+        let id = "c".repeat(64);
+        let mut pods = PodIndex::default();
+        let mut pod = PodInfo {
+            uid: "uid-1".into(),
+            namespace: "shop".into(),
+            name: "orders-5d8f7c9b4-x2x7q".into(),
+            node: Some("node-a".into()),
+            service_name: None,
+            workload: Some(("deployment".into(), "orders".into())),
+            app: None,
+            containers: [(id.clone(), "app".to_string())].into(),
+        };
+        pods.apply(pod.clone());
+        let mut info = process("/usr/bin/java", &["java", "-jar", "orders.jar"]);
+        info.container = Some(ContainerInfo {
+            container_id: Some(id),
+            ..Default::default()
+        });
+        let naming = ServiceNaming::default();
+        let identity = naming.identify(Some(&info), "", Some(&pods));
+        assert_eq!(identity.service_name, "shop/app");
+        assert!(identity
+            .pod_labels
+            .contains(&("workload_name", "orders".into())));
+        assert!(identity.pod_labels.contains(&("node", "node-a".into())));
+        // The pod's annotation wins over inference, the configured override over everything.
+        pod.service_name = Some("orders-api".into());
+        pods.apply(pod);
+        assert_eq!(
+            naming.identify(Some(&info), "", Some(&pods)).service_name,
+            "orders-api"
+        );
+        let forced = ServiceNaming {
+            override_name: Some("all".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            forced.identify(Some(&info), "", Some(&pods)).service_name,
+            "all"
+        );
+        // Outside Kubernetes (no pod index), the program name.
+        assert_eq!(
+            naming.identify(Some(&info), "", None).service_name,
+            "orders"
+        );
     }
 
     #[test]
@@ -227,11 +321,13 @@ mod tests {
             service_name: "orders".into(),
             program: "com.example.Main".into(),
             container_id: Some("ab".repeat(32)),
+            pod_labels: vec![("namespace", "shop".into())],
         };
         let extra = BTreeMap::from([("env".to_string(), "prod".to_string())]);
         let labels = identity.labels(&extra);
         assert_eq!(labels[0], ("__name__".into(), "process_cpu".into()));
         assert!(labels.contains(&("__container_id__".into(), "ab".repeat(32))));
+        assert!(labels.contains(&("namespace".into(), "shop".into())));
         assert!(labels.contains(&("env".into(), "prod".into())));
         assert!(labels.contains(&("service_name".into(), "orders".into())));
     }
