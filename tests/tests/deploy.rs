@@ -695,8 +695,8 @@ fn container_image_profiles_a_jvm_on_the_host() {
     assert!(looked_at, "the container's cgroup was not checked");
     assert_java_frames(&privileged, jvm.pid(), "Spin.work");
 
-    // As the DaemonSet runs it: only its capabilities, read-only root, seccomp and AppArmor
-    // unconfined.
+    // As the DaemonSet runs it: only its capabilities, no privilege escalation, read-only root,
+    // seccomp and AppArmor unconfined.
     let minimal = dir.path().join("minimal");
     std::fs::create_dir(&minimal).expect("mkdir");
     let caps = CAPABILITIES
@@ -709,6 +709,7 @@ fn container_image_profiles_a_jvm_on_the_host() {
         format!("--cap-add={caps}"),
         "--security-opt=seccomp=unconfined".to_owned(),
         "--security-opt=apparmor=unconfined".to_owned(),
+        "--security-opt=no-new-privileges".to_owned(),
         "--read-only".to_owned(),
     ];
     let (output, _) = run_image(&format!("{name}-caps"), &security, jvm.pid(), &minimal);
