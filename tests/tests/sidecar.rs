@@ -483,3 +483,79 @@ fn attach_auto_loads_the_agent_unless_denied() {
         }
     }
 }
+
+#[test]
+fn class_churn_with_the_agent_loaded_keeps_the_jvm_alive_and_the_records_bounded() {
+    const CAP: u64 = 256 * 1024;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes = compile_java(&["Churn.java"], dir.path()).expect("javac");
+    let agent = format!("-agentpath:{}=max_bytes={CAP}", agent_library().display());
+    for jdk in jdks() {
+        let mut jvm = start(
+            Command::new(&jdk.java)
+                .arg(&agent)
+                .arg("-cp")
+                .arg(&classes)
+                .arg("Churn"),
+        );
+        let records = PathBuf::from(format!(
+            "/proc/{0}/root/tmp/.jvm-profiler-{0}/records",
+            jvm.pid()
+        ));
+        let mut reader = Reader::new(records.clone());
+        let (mut generations, mut loads, mut unloads, mut largest) = (0u32, 0u64, 0u64, 0u64);
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_secs(1));
+            assert!(
+                jvm.0.try_wait().expect("try_wait").is_none(),
+                "JDK {} died with the agent loaded",
+                jdk.major
+            );
+            largest = largest.max(std::fs::metadata(&records).map(|m| m.len()).unwrap_or(0));
+            for update in reader.poll().expect("records decode") {
+                match update {
+                    Update::NewGeneration(header) => {
+                        generations = generations.max(header.generation)
+                    }
+                    Update::Record(Record::CompiledMethodLoad(_)) => loads += 1,
+                    Update::Record(Record::CompiledMethodUnload { .. }) => unloads += 1,
+                    Update::Record(_) => {}
+                }
+            }
+        }
+        let rss = std::fs::read_to_string(format!("/proc/{}/status", jvm.pid()))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .map(str::to_owned)
+            })
+            .unwrap_or_default();
+        println!(
+            "JDK {}: 20 s of class churn with the agent: {loads} loads and {unloads} unloads \
+             read, generation {generations}, largest records file {largest} bytes (cap {CAP}), \
+             JVM {rss}",
+            jdk.major
+        );
+        // Unloads depend on when the JVM flushes code (none within 20 s on JDK 11): counted only.
+        assert!(loads > 0, "JDK {}: no compiled methods read", jdk.major);
+        // A generation is its replay (the live code) plus at most twice the cap.
+        assert!(
+            largest < 4 * 1024 * 1024,
+            "JDK {}: records grew to {largest} bytes",
+            jdk.major
+        );
+        // SIGTERM: an orderly exit, after which the agent removed its files.
+        // SAFETY: plain kill(2) on our child.
+        unsafe { libc::kill(jvm.pid() as libc::pid_t, libc::SIGTERM) };
+        jvm.0.wait().expect("JVM exits");
+        let own_tmp_dir = PathBuf::from(format!("/tmp/.jvm-profiler-{}", jvm.pid()));
+        assert!(
+            !own_tmp_dir.exists(),
+            "JDK {}: the agent left {} behind",
+            jdk.major,
+            own_tmp_dir.display()
+        );
+    }
+}
