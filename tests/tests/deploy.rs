@@ -654,6 +654,8 @@ fn run_image(name: &str, security: &[String], pid: u32, out: &Path) -> (Output, 
     (output, looked_at)
 }
 
+const IMAGE_TAG: &str = "localhost/jvm-profiler:latest";
+
 #[test]
 fn container_image_profiles_a_jvm_on_the_host() {
     if !command_exists("podman") {
@@ -694,6 +696,27 @@ fn container_image_profiles_a_jvm_on_the_host() {
     assert!(output.status.success(), "privileged container failed");
     assert!(looked_at, "the container's cgroup was not checked");
     assert_java_frames(&privileged, jvm.pid(), "Spin.work");
+
+    // The sidecar agent ships in the image: attaching from the container copies it into the
+    // JVM's filesystem and loads it (JDK 17 prints no dynamic-agent warning).
+    let attach = Command::new("podman")
+        .args(["run", "--rm", "--privileged", "--pid=host"])
+        .args(podman_host_options())
+        .args([IMAGE_TAG, "attach", &jvm.pid().to_string()])
+        .output()
+        .expect("podman run attach");
+    eprintln!(
+        "--- attach from the container ---\n{}{}",
+        String::from_utf8_lossy(&attach.stdout),
+        String::from_utf8_lossy(&attach.stderr)
+    );
+    assert!(attach.status.success(), "attach from the image failed");
+    let records = PathBuf::from(format!("/tmp/.jvm-profiler-{}/records", jvm.pid()));
+    assert!(
+        records.exists(),
+        "no agent records at {}",
+        records.display()
+    );
 
     // As the DaemonSet runs it: only its capabilities, no privilege escalation, read-only root,
     // seccomp and AppArmor unconfined.

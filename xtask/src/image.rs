@@ -2,8 +2,8 @@
 //!
 //! No base image registry is reachable from the machines this project builds on, so the image
 //! starts `FROM scratch` and gets a root filesystem assembled here: the daemon, the shared
-//! libraries it links (as `ldd` lists them, with the dynamic loader), CA certificates and the
-//! default config. podman (Debian's) builds it.
+//! libraries it links (as `ldd` lists them, with the dynamic loader), the JVMTI sidecar agent,
+//! CA certificates and the default config. podman (Debian's) builds it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,6 +12,8 @@ use anyhow::{bail, Context as _, Result};
 
 /// The tag the image gets (and that deploy/kubernetes refers to).
 pub const IMAGE: &str = "localhost/jvm-profiler:latest";
+/// The JVMTI sidecar agent's file name, beside the daemon in builds and in the image.
+pub const AGENT: &str = "libprofiler_jvmti.so";
 
 #[derive(clap::Args)]
 pub struct ImageArgs {
@@ -86,6 +88,16 @@ fn assemble_rootfs(root: &Path, daemon: &Path, rootfs: &Path) -> Result<()> {
     let bin = rootfs.join("usr/local/bin");
     std::fs::create_dir_all(&bin)?;
     copy_stripped(daemon, &bin.join("profiler-daemon"))?;
+    // The JVMTI sidecar agent goes beside the daemon, where `attach` looks for it by default; the
+    // daemon copies it into each JVM's container when it attaches.
+    let agent = daemon.with_file_name(AGENT);
+    if !agent.exists() {
+        bail!(
+            "no {} beside the daemon: build it with `cargo build --package profiler-jvmti` (same profile)",
+            agent.display()
+        );
+    }
+    copy_stripped(&agent, &bin.join(AGENT))?;
     for library in shared_libraries(daemon)? {
         copy_to_rootfs(&library, rootfs)?;
     }

@@ -9,7 +9,6 @@ use std::process::Command;
 
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
-
 mod image;
 mod install;
 
@@ -56,6 +55,8 @@ enum Task {
     Image(image::ImageArgs),
     /// Install the daemon as a systemd service (binary, unit, default config).
     Install(install::InstallArgs),
+    /// Measure what the profiler costs (under 15 minutes on 2 CPUs); writes docs/benchmarks.md.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -94,6 +95,15 @@ fn main() -> Result<()> {
             test(&root, filter.as_deref())
         }
         Task::Image(args) => {
+            if args.daemon.is_none() {
+                // The agent beside the release daemon; with --daemon, the one beside that.
+                run(Command::new("cargo").current_dir(&root).args([
+                    "build",
+                    "--release",
+                    "--package",
+                    "profiler-jvmti",
+                ]))?;
+            }
             let daemon = daemon_or_release(&root, args.daemon)?;
             image::build(&root, &daemon)
         }
