@@ -55,8 +55,6 @@ enum Task {
     Image(image::ImageArgs),
     /// Install the daemon as a systemd service (binary, unit, default config).
     Install(install::InstallArgs),
-    /// Measure what the profiler costs (under 15 minutes on 2 CPUs); writes docs/benchmarks.md.
-    Bench(bench::BenchArgs),
 }
 
 fn main() -> Result<()> {
