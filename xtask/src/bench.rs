@@ -121,6 +121,7 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
     let overhead = bench.measure_overheads()?;
     let bpf = bench.measure_bpf_costs()?;
     let runs = bench.measure_daemon_costs()?;
+    let agent = bench.measure_agent_cost()?;
 
     let report = Report {
         machine,
@@ -131,6 +132,7 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
         overhead,
         bpf,
         runs,
+        agent,
     };
     let markdown = report.to_markdown();
     println!("{markdown}");
@@ -1000,6 +1002,65 @@ impl Bench {
         })
     }
 
+    // ---- section 5 ----
+
+    /// Pairs of fresh JVMs, one without and one with the sidecar agent (`-agentpath`, the
+    /// agent beside the daemon), in an order alternated per pair.
+    fn measure_agent_cost(&self) -> Result<AgentCost> {
+        let jdk = &self.jdks[0];
+        let agent = self.daemon.with_file_name("libprofiler_jvmti.so");
+        if !agent.exists() {
+            bail!(
+                "no agent at {} (cargo build --release --package profiler-jvmti)",
+                agent.display()
+            );
+        }
+        let agent_flag = format!("-agentpath:{}", agent.display());
+        let mut cost = AgentCost {
+            jdk: jdk.major,
+            threads: self.cpus,
+            losses: Vec::new(),
+            rss_deltas_mb: Vec::new(),
+            records_mb: Vec::new(),
+        };
+        for round in 0..self.plan.pairs {
+            // (ops/s, peak RSS MB) without and with the agent.
+            let mut measured = [(0.0, 0.0); 2];
+            for step in 0..2 {
+                let with_agent = (step + round) % 2 == 1;
+                let flags: Vec<&str> = if with_agent {
+                    vec![agent_flag.as_str()]
+                } else {
+                    vec![]
+                };
+                let command =
+                    self.java_command(jdk, &flags, &["throughput".into(), self.cpus.to_string()]);
+                let workload = Workload::start("Java with/without agent", command)?;
+                thread::sleep(self.plan.warmup);
+                let ops = workload.ops_per_second(self.plan.window)?;
+                let rss = peak_rss_mb(workload.pid())?;
+                if with_agent {
+                    let records =
+                        PathBuf::from(format!("/tmp/.jvm-profiler-{}/records", workload.pid()));
+                    let bytes = fs::metadata(&records).map(|m| m.len()).unwrap_or(0);
+                    cost.records_mb.push(bytes as f64 / 1e6);
+                }
+                self.progress(format_args!(
+                    "5. agent round {}/{}, {}: {} ops/s, peak RSS {rss:.0} MB",
+                    round + 1,
+                    self.plan.pairs,
+                    if with_agent { "with agent" } else { "without" },
+                    thousands(ops)
+                ));
+                measured[usize::from(with_agent)] = (ops, rss);
+            }
+            let [(off_ops, off_rss), (on_ops, on_rss)] = measured;
+            cost.losses.push((1.0 - on_ops / off_ops) * 100.0);
+            cost.rss_deltas_mb.push(on_rss - off_rss);
+        }
+        Ok(cost)
+    }
+
     // ---- section 2 ----
 
     fn measure_bpf_costs(&self) -> Result<BpfCosts> {
@@ -1479,6 +1540,20 @@ struct Report {
     overhead: Vec<Overhead>,
     bpf: BpfCosts,
     runs: Vec<CostRun>,
+    agent: AgentCost,
+}
+
+/// Section 5: what the JVMTI sidecar agent costs the JVM it is loaded in, from pairs of fresh
+/// JVMs (an agent cannot be unloaded, so each window has its own JVM).
+struct AgentCost {
+    jdk: u32,
+    threads: usize,
+    /// Throughput loss with the agent, per pair, in percent.
+    losses: Vec<f64>,
+    /// JVM peak RSS with the agent minus without, per pair, in MB.
+    rss_deltas_mb: Vec<f64>,
+    /// Size of the agent's records file at the end of each agent window, in MB.
+    records_mb: Vec<f64>,
 }
 
 /// One line of the table.
@@ -1512,6 +1587,7 @@ impl Report {
         self.bpf_rows(&mut rows, &mut notes);
         self.cost_rows(&mut rows, &mut notes);
         self.scaling_rows(&mut rows);
+        self.agent_rows(&mut rows);
 
         let mut out = String::new();
         let m = &self.machine;
@@ -1591,7 +1667,12 @@ impl Report {
              (`profiler_records_total`), profiles written and loss counters from its `/metrics` \
              endpoint (losses over the daemon's whole run). 1 JVM: the throughput workload (JDK \
              17); small JVMs: `{small}`, one busy worker each. The fit splits the daemon's CPU \
-             into a part independent of the sample rate and a part per sample.\n",
+             into a part independent of the sample rate and a part per sample.\n\
+             5. The JVMTI sidecar agent: pairs of fresh JDK 17 JVMs running the throughput \
+             workload, one without and one with `-agentpath:libprofiler_jvmti.so` (order \
+             alternated per pair), each measured for {window} s after {warmup} s of warm-up \
+             (JIT compilation, the agent's busiest time, falls in the warm-up and the window); \
+             loss as in section 1, RSS as the JVM's `VmHWM`, and the agent's records file size.\n",
             warmup = p.warmup.as_secs(),
             window = p.window.as_secs(),
             pairs = p.pairs,
@@ -1603,6 +1684,26 @@ impl Report {
             cost_window = p.cost_window.as_secs(),
             small = SMALL_JVM_FLAGS.join(" "),
         )
+    }
+
+    fn agent_rows(&self, rows: &mut Vec<Row>) {
+        let a = &self.agent;
+        let (lo, hi) = min_max(&a.losses);
+        let (rss_lo, rss_hi) = min_max(&a.rss_deltas_mb);
+        rows.push(Row {
+            section: "5",
+            measurement: format!("JVMTI agent, Java JDK {} ({} threads)", a.jdk, a.threads),
+            setting: "-agentpath vs none, fresh JVM per window".to_owned(),
+            result: format!(
+                "throughput loss {:.1}% (median of {} pairs; {lo:.1} to {hi:.1}); JVM peak RSS {:+.1} MB \
+                 (median; {rss_lo:+.1} to {rss_hi:+.1}); records file {:.2} MB",
+                median(a.losses.iter().copied()),
+                a.losses.len(),
+                median(a.rss_deltas_mb.iter().copied()),
+                median(a.records_mb.iter().copied()),
+            ),
+            target: "within noise of section 1's spread".to_owned(),
+        });
     }
 
     fn overhead_rows(&self, rows: &mut Vec<Row>, notes: &mut Vec<String>) {

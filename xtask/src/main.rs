@@ -117,6 +117,13 @@ fn main() -> Result<()> {
             setup_build()?;
             setup_tests(&root)?;
             let daemon = build_daemon(&root, true)?;
+            // The sidecar agent beside the release daemon (section 5).
+            run(Command::new("cargo").current_dir(&root).args([
+                "build",
+                "--release",
+                "--package",
+                "profiler-jvmti",
+            ]))?;
             bench::run(&root, &daemon, &args)
         }
     }

@@ -39,14 +39,20 @@ pub async fn serve(
 ) {
     let service = StreamService {
         profiles,
-        counters,
+        counters: counters.clone(),
         shutdown: shutdown.clone(),
     };
     let mut stop = shutdown;
     let stopped = async move {
         let _ = stop.wait_for(|stop| *stop).await;
-        // Let subscriber tasks flush and end their streams before connections close.
-        tokio::time::sleep(SHUTDOWN_GRACE).await;
+        // Let subscriber tasks flush and end their streams before connections close; without
+        // subscribers, stop at once.
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+        while counters.stream_subscribers.load(Ordering::Relaxed) > 0
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     };
     let served = tonic::transport::Server::builder()
         .add_service(ProfileStreamServer::new(service))
