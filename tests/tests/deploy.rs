@@ -468,9 +468,11 @@ fn traced_syscalls(summary: &str) -> BTreeSet<String> {
 #[test]
 fn daemon_works_as_the_unit_runs_it() {
     // As the unit runs it: a non-root user (nobody stands in for the dynamic user) holding
-    // only the unit's capabilities, in a mount namespace where the JVM's JDK and /tmp are
-    // hidden (what ProtectHome, PrivateTmp or ProtectSystem could do to a JVM's files), under
-    // strace to collect the system calls the unit's filter must allow.
+    // only the unit's capabilities, in a mount namespace where the JVM's JDK and its classes
+    // directory (in /tmp) are hidden (what ProtectHome, PrivateTmp or ProtectSystem could do to
+    // a JVM's files), under strace to collect the system calls the unit's filter must allow.
+    // Only those two directories are hidden, not all of /tmp: the checkout (with the daemon
+    // binary and this test's output directory) may itself live under /tmp.
     let unit =
         std::fs::read_to_string(root().join("deploy/systemd/jvm-profiler.service")).expect("unit");
     let caps: Vec<String> = unit_values(&unit, "AmbientCapabilities")
@@ -501,13 +503,14 @@ fn daemon_works_as_the_unit_runs_it() {
     )
     .expect("config");
     let script = format!(
-        "mount -t tmpfs tmpfs /tmp && mount -t tmpfs tmpfs {jdk_dir} && \
+        "mount -t tmpfs tmpfs {jvm_files} && mount -t tmpfs tmpfs {jdk_dir} && \
          exec setpriv --reuid={nobody} --regid={nobody} --clear-groups \
          --inh-caps={caps} --ambient-caps={caps} --bounding-set={caps} \
          strace -f -qq -c -o {summary} {daemon} run --config {config} --pid {pid} \
          --duration 6 --interval 3 --output {out} --grpc-listen off",
         config = config.display(),
         jdk_dir = jdk_dir.display(),
+        jvm_files = work.path().display(),
         summary = summary.display(),
         daemon = daemon_binary().display(),
         pid = jvm.pid(),
