@@ -559,3 +559,54 @@ fn class_churn_with_the_agent_loaded_keeps_the_jvm_alive_and_the_records_bounded
         );
     }
 }
+
+#[test]
+fn a_refused_attach_is_logged_and_frames_are_still_named_from_memory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes = compile_java(&["Workloads.java"], dir.path()).expect("javac");
+    let jdk = jdks().into_iter().find(|j| j.major == 17).expect("JDK 17");
+    let jvm = start_workloads(&jdk, &classes, &["-XX:+DisableAttachMechanism"]);
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "attach = \"auto\"\ngrpc_listen = \"off\"\n").expect("config");
+    let out = dir.path().join("profiles");
+    let pid = jvm.pid().to_string();
+    let output = run_daemon(
+        &[
+            "--config",
+            config.to_str().expect("utf-8"),
+            "--pid",
+            &pid,
+            "--frequency",
+            "99",
+            "--duration",
+            "10",
+            "--interval",
+            "10",
+            "--output",
+            out.to_str().expect("utf-8"),
+        ],
+        Duration::from_secs(60),
+    )
+    .expect("daemon runs");
+    assert!(output.status.success(), "daemon failed");
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        log.contains("sidecar: cannot load the agent")
+            && log.contains("attach mechanism disabled or not responding"),
+        "the refusal is not explained in the log"
+    );
+    let named = profiles_of(&out, jvm.pid())
+        .expect("profiles")
+        .iter()
+        .flat_map(|(_, profile)| {
+            profile
+                .sample
+                .iter()
+                .flat_map(|sample| sample_frames(profile, sample))
+                .map(|frame| frame.name)
+                .collect::<Vec<_>>()
+        })
+        .filter(|name| name.starts_with("Workloads."))
+        .count();
+    assert!(named > 0, "no Java frame named from the JVM's memory");
+}
