@@ -112,7 +112,7 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
     if unsafe { super::libc_geteuid() } != 0 {
         bail!("the bench loads BPF programs and profiles other processes: run `cargo xtask bench` as root");
     }
-    install_missing_packages()?;
+    super::install_missing_commands(BENCH_PACKAGES)?;
     let plan = if args.quick { QUICK } else { FULL };
     let bench = Bench::prepare(root, daemon, plan)?;
     let machine = Machine::describe(root, &bench.jdks)?;
@@ -146,25 +146,6 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
     }
     fs::write(&path, markdown).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("bench: wrote {}", path.display());
-    Ok(())
-}
-
-fn install_missing_packages() -> Result<()> {
-    let missing: Vec<&str> = BENCH_PACKAGES
-        .iter()
-        .filter(|(binary, _)| {
-            !super::succeeds(
-                Command::new("sh")
-                    .arg("-c")
-                    .arg(format!("command -v {binary}")),
-            )
-        })
-        .map(|(_, package)| *package)
-        .collect();
-    if !missing.is_empty() {
-        eprintln!("bench: installing {}", missing.join(" "));
-        super::apt_install(&missing)?;
-    }
     Ok(())
 }
 

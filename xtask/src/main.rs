@@ -277,21 +277,7 @@ fn setup_tests(root: &Path) -> Result<()> {
             .arg(requirement))?;
     }
     install_python_packages(root)?;
-    let missing: Vec<&str> = TEST_PACKAGES
-        .iter()
-        .filter(|(binary, _)| {
-            !succeeds(
-                Command::new("sh")
-                    .arg("-c")
-                    .arg(format!("command -v {binary}")),
-            )
-        })
-        .map(|(_, package)| *package)
-        .collect();
-    if !missing.is_empty() {
-        eprintln!("xtask: installing {}", missing.join(" "));
-        apt_install(&missing)?;
-    }
+    install_missing_commands(TEST_PACKAGES)?;
     setup_deploy_tests(root)?;
     Ok(())
 }
@@ -300,27 +286,13 @@ fn setup_tests(root: &Path) -> Result<()> {
 /// hosts where crun refuses), kubectl (renders the kustomization), systemd-analyze, strace, and
 /// PyPI's kubernetes-validate (Kubernetes' schemas, offline) under `.tools/`.
 fn setup_deploy_tests(root: &Path) -> Result<()> {
-    let missing: Vec<&str> = [
+    install_missing_commands(&[
         ("podman", "podman"),
         ("runc", "runc"),
         ("kubectl", "kubernetes-client"),
         ("systemd-analyze", "systemd"),
         ("strace", "strace"),
-    ]
-    .into_iter()
-    .filter(|(binary, _)| {
-        !succeeds(
-            Command::new("sh")
-                .arg("-c")
-                .arg(format!("command -v {binary}")),
-        )
-    })
-    .map(|(_, package)| package)
-    .collect();
-    if !missing.is_empty() {
-        eprintln!("xtask: installing {}", missing.join(" "));
-        apt_install(&missing)?;
-    }
+    ])?;
     let target = root.join(".tools/kubernetes-validate");
     if !target.join("kubernetes_validate").exists() {
         eprintln!(
@@ -353,6 +325,26 @@ fn install_python_packages(root: &Path) -> Result<()> {
         .args(["-m", "pip", "install", "--quiet", "--upgrade", "--target"])
         .arg(&target)
         .args(PYTHON_TEST_PACKAGES))
+}
+
+/// Installs the Debian package of each (command, package) whose command is not on the PATH.
+fn install_missing_commands(commands: &[(&str, &str)]) -> Result<()> {
+    let missing: Vec<&str> = commands
+        .iter()
+        .filter(|(binary, _)| {
+            !succeeds(
+                Command::new("sh")
+                    .arg("-c")
+                    .arg(format!("command -v {binary}")),
+            )
+        })
+        .map(|(_, package)| *package)
+        .collect();
+    if !missing.is_empty() {
+        eprintln!("xtask: installing {}", missing.join(" "));
+        apt_install(&missing)?;
+    }
+    Ok(())
 }
 
 fn apt_install(packages: &[&str]) -> Result<()> {
