@@ -15,6 +15,35 @@ fn path_str(path: &Path) -> &str {
     path.to_str().expect("utf-8 path")
 }
 
+/// `run` arguments of the export tests: one 49 Hz, 1 s-interval profile of `pid` exported to
+/// `url`, written locally to `out`, no live stream; then `extra`.
+fn export_args<'a>(
+    config: &'a Path,
+    url: &'a str,
+    pid: &'a str,
+    out: &'a Path,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec![
+        "--config",
+        path_str(config),
+        "--pyroscope",
+        url,
+        "--pid",
+        pid,
+        "--frequency",
+        "49",
+        "--interval",
+        "1",
+        "--grpc-listen",
+        "off",
+        "--output",
+        path_str(out),
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
 /// The native workload (70% hot_a, 30% hot_b), running for `secs`.
 fn native_workload(dir: &Path, secs: u32) -> Workload {
     let binary = dir.join("native_split");
@@ -184,22 +213,7 @@ fn an_outage_delays_profiles_without_losing_reordering_or_duplicating_them() {
     let out = dir.path().join("profiles");
     let pid = workload.pid().to_string();
     let daemon = BackgroundDaemon::start(
-        &[
-            "--config",
-            path_str(&config),
-            "--pyroscope",
-            &receiver.url(),
-            "--pid",
-            &pid,
-            "--frequency",
-            "49",
-            "--interval",
-            "1",
-            "--grpc-listen",
-            "off",
-            "--output",
-            path_str(&out),
-        ],
+        &export_args(&config, &receiver.url(), &pid, &out, &[]),
         dir.path(),
     )
     .expect("daemon starts");
@@ -260,26 +274,8 @@ fn past_the_queue_bound_the_oldest_profiles_are_dropped_and_counted_exactly() {
     let record_dir = dir.path().join("received");
     let pid = workload.pid().to_string();
     let url = format!("http://127.0.0.1:{port}");
-    let daemon = BackgroundDaemon::start(
-        &[
-            "--config",
-            path_str(&config),
-            "--pyroscope",
-            &url,
-            "--pid",
-            &pid,
-            "--frequency",
-            "49",
-            "--interval",
-            "1",
-            "--grpc-listen",
-            "off",
-            "--output",
-            path_str(&out),
-        ],
-        dir.path(),
-    )
-    .expect("daemon starts");
+    let daemon = BackgroundDaemon::start(&export_args(&config, &url, &pid, &out, &[]), dir.path())
+        .expect("daemon starts");
     daemon
         .wait_for_log("interval written", Duration::from_secs(30))
         .expect("daemon profiles");
@@ -347,24 +343,7 @@ fn bad_endpoints_are_logged_and_counted_never_fatal() {
     for (case, url, expected) in cases {
         let out = dir.path().join(case.replace(' ', "-"));
         let output = run_daemon(
-            &[
-                "--config",
-                path_str(&config),
-                "--pyroscope",
-                &url,
-                "--pid",
-                &pid,
-                "--frequency",
-                "49",
-                "--interval",
-                "1",
-                "--duration",
-                "4",
-                "--grpc-listen",
-                "off",
-                "--output",
-                path_str(&out),
-            ],
+            &export_args(&config, &url, &pid, &out, &["--duration", "4"]),
             Duration::from_secs(60),
         )
         .expect("daemon runs");
@@ -570,24 +549,7 @@ fn tls_to_a_server_of_a_private_ca_needs_its_ca_file() {
         std::fs::write(&config, config_text).expect("config written");
         let out = dir.path().join(case);
         let output = run_daemon(
-            &[
-                "--config",
-                path_str(&config),
-                "--pyroscope",
-                &url,
-                "--pid",
-                &pid,
-                "--frequency",
-                "49",
-                "--interval",
-                "1",
-                "--duration",
-                "3",
-                "--grpc-listen",
-                "off",
-                "--output",
-                path_str(&out),
-            ],
+            &export_args(&config, &url, &pid, &out, &["--duration", "3"]),
             Duration::from_secs(60),
         )
         .expect("daemon runs");
