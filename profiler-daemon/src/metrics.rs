@@ -21,6 +21,10 @@ use crate::sampler::KernelCounters;
 pub struct WorkerCounters {
     pub profiles_written: AtomicU64,
     pub write_errors: AtomicU64,
+    /// From the sidecar agents' stats records (see `profiler-jvmti`).
+    pub sidecar_agents: AtomicU64,
+    pub sidecar_agent_heap_bytes: AtomicU64,
+    pub sidecar_dropped_records: AtomicU64,
 }
 
 /// What one scrape reports.
@@ -160,6 +164,27 @@ pub fn render(s: &Snapshot, worker: &WorkerCounters) -> String {
         "counter",
         "pprof files that could not be written.",
         &[("", worker.write_errors.load(Ordering::Relaxed))],
+    );
+    metric(
+        &mut out,
+        "profiler_sidecar_agents",
+        "gauge",
+        "JVMs whose sidecar agent reports to the daemon.",
+        &[("", worker.sidecar_agents.load(Ordering::Relaxed))],
+    );
+    metric(
+        &mut out,
+        "profiler_sidecar_agent_heap_bytes",
+        "gauge",
+        "Heap the sidecar agents hold, summed over the JVMs.",
+        &[("", worker.sidecar_agent_heap_bytes.load(Ordering::Relaxed))],
+    );
+    metric(
+        &mut out,
+        "profiler_sidecar_dropped_records_total",
+        "counter",
+        "Records sidecar agents could not write (their JVM's /tmp full or gone).",
+        &[("", worker.sidecar_dropped_records.load(Ordering::Relaxed))],
     );
     metric(
         &mut out,

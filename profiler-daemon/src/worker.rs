@@ -150,6 +150,16 @@ impl Worker {
             .fetch_add(written, Ordering::Relaxed);
         self.processes.forget_exited();
         self.symbolizers.forget_exited(&self.processes);
+        let sidecars = self.symbolizers.java.sidecar_totals();
+        self.counters
+            .sidecar_agents
+            .store(sidecars.agents, Ordering::Relaxed);
+        self.counters
+            .sidecar_agent_heap_bytes
+            .store(sidecars.heap_live_bytes, Ordering::Relaxed);
+        self.counters
+            .sidecar_dropped_records
+            .fetch_add(sidecars.new_dropped_records, Ordering::Relaxed);
         match self.writer.enforce_retention() {
             Ok(removed) if removed.files > 0 => {
                 tracing::info!(

@@ -9,11 +9,15 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::channel::{self, Writer};
+use profiler_jvmti_records::channel::{self, Writer};
+use profiler_jvmti_records::record::{
+    self, AgentStats, CompiledMethod, InlineFrame, LineEntry, MethodInfo, PcInfo, Record,
+};
+
 use crate::ffi::{self, JInt, JMethodId, JavaVm, Jvmti, JvmtiEnv, Vm};
-use crate::record::{self, CompiledMethod, InlineFrame, LineEntry, MethodInfo, PcInfo, Record};
+use crate::heap;
 
 /// Bounds on what one CompiledMethodLoad may make us encode: a corrupt or huge inline table
 /// must not make a JVM thread allocate without limit.
@@ -21,6 +25,8 @@ const MAX_PCS: usize = 200_000;
 const MAX_FRAMES_PER_PC: usize = 256;
 const MAX_METHODS: usize = 4096;
 const MAX_CMLR_RECORDS: usize = 16;
+/// How often the agent reports its heap and record counts (only when they changed).
+const STATS_EVERY: Duration = Duration::from_secs(5);
 
 struct Agent {
     jvmti: Jvmti,
@@ -29,6 +35,7 @@ struct Agent {
     writer: Mutex<Option<Writer>>,
     rotate_wanted: AtomicBool,
     stopped: AtomicBool,
+    written: AtomicU64,
     dropped: AtomicU64,
 }
 
@@ -159,6 +166,7 @@ fn start(vm: *mut JavaVm, options: *const c_char, live: bool) -> Result<(), Stri
         writer: Mutex::new(Some(writer)),
         rotate_wanted: AtomicBool::new(false),
         stopped: AtomicBool::new(false),
+        written: AtomicU64::new(0),
         dropped: AtomicU64::new(0),
     };
     if AGENT.set(agent).is_err() {
@@ -277,13 +285,46 @@ impl Agent {
             return;
         };
         match writer.append(&bytes) {
-            Ok(false) => {}
-            Ok(true) => self.rotate_wanted.store(true, Ordering::Release),
+            Ok(full) => {
+                self.written.fetch_add(1, Ordering::Relaxed);
+                if full {
+                    self.rotate_wanted.store(true, Ordering::Release);
+                }
+            }
             Err(_) => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
                 self.rotate_wanted.store(true, Ordering::Release);
             }
         }
+    }
+
+    /// (records written, records dropped) so far.
+    fn counts(&self) -> (u64, u64) {
+        (
+            self.written.load(Ordering::Relaxed),
+            self.dropped.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Appends a stats record if anything was written or dropped since `last`; returns the
+    /// counts after it.
+    fn report_stats(&self, last: (u64, u64)) -> (u64, u64) {
+        if self.counts() == last {
+            return last;
+        }
+        self.write_stats()
+    }
+
+    /// Appends a stats record; returns the counts after it.
+    fn write_stats(&self) -> (u64, u64) {
+        let (written, dropped) = self.counts();
+        self.append(&Record::AgentStats(AgentStats {
+            heap_live_bytes: heap::live_bytes(),
+            heap_peak_bytes: heap::peak_bytes(),
+            records_written: written,
+            records_dropped: dropped,
+        }));
+        self.counts()
     }
 
     /// Replays every live nmethod and stub into the current generation.
@@ -300,8 +341,8 @@ impl Agent {
 }
 
 /// The agent's own thread: the initial replay after a dynamic attach (so the attach returns at
-/// once) and the replay after each rotation. GenerateEvents needs a thread attached to the VM,
-/// and must not run inside an event callback.
+/// once), the replay after each rotation and the stats records. GenerateEvents needs a thread
+/// attached to the VM, and must not run inside an event callback.
 fn spawn_replay_thread(initial_replay: bool) {
     let _ = std::thread::Builder::new()
         .name("jvm-profiler-sidecar".into())
@@ -317,12 +358,18 @@ fn spawn_replay_thread(initial_replay: bool) {
                 if initial_replay {
                     agent.replay();
                 }
+                let mut reported = agent.write_stats();
+                let mut last_report = Instant::now();
                 // Never detaches: at VM exit the process ends with this daemon thread, and
                 // detaching from a VM that is being destroyed is not safe.
                 loop {
                     std::thread::sleep(Duration::from_millis(100));
                     if agent.stopped.load(Ordering::Acquire) {
                         continue;
+                    }
+                    if last_report.elapsed() >= STATS_EVERY {
+                        reported = agent.report_stats(reported);
+                        last_report = Instant::now();
                     }
                     if !agent.rotate_wanted.swap(false, Ordering::AcqRel) {
                         continue;
@@ -333,6 +380,8 @@ fn spawn_replay_thread(initial_replay: bool) {
                     };
                     if rotated {
                         agent.replay();
+                        // Every generation carries the stats: a reader may skip older ones.
+                        reported = agent.write_stats();
                         // At most one rotation a second, whatever the compilation rate.
                         std::thread::sleep(Duration::from_secs(1));
                     } else {

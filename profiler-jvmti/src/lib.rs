@@ -12,15 +12,8 @@
 //!
 //! # Channel to the daemon
 //!
-//! An append-only file in the JVM's own `/tmp`: `/tmp/.jvm-profiler-<nspid>/records` (see
-//! [`channel`]). A file was chosen over a socket because it needs no agent thread serving
-//! clients, costs the JVM nothing when nobody reads, works across mount namespaces (the daemon
-//! opens it as `/proc/PID/root/tmp/...`) and lets the daemon read incrementally from the offset
-//! it reached. Each record is length-prefixed ([`record`]); the file starts with a versioned
-//! header carrying a generation number. When the file passes its size cap the agent writes a
-//! fresh file, renames it over `records` (a new inode and generation) and replays the code
-//! that is still alive into it, so one generation is always complete on its own and the disk
-//! use stays bounded. The daemon notices the inode change and starts over from the new file.
+//! An append-only records file in the JVM's own `/tmp`, rotated past a size cap; its format,
+//! writer and reader are in `profiler-jvmti-records`.
 //!
 //! # Safety towards the JVM
 //!
@@ -28,9 +21,9 @@
 //! hold a mutex for one `write(2)`; replays run on the agent's own daemon thread. The agent keeps
 //! no per-method state, so its memory does not grow with the number of compilations. If the
 //! file cannot be written the records are dropped and counted; the JVM never waits on the daemon.
-
-pub mod channel;
-pub mod record;
+//! The agent counts its own heap ([`heap`]) and reports it, with the records it wrote and
+//! dropped, in a stats record every few seconds.
 
 mod agent;
 mod ffi;
+mod heap;

@@ -104,6 +104,38 @@ pub fn run_daemon(args: &[&str], timeout: Duration) -> Result<Output> {
     Ok(output)
 }
 
+/// A local address nobody listens on now (bound, read back, released), e.g. for
+/// `--metrics-listen`.
+pub fn free_local_address() -> Result<std::net::SocketAddr> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// The daemon's `/metrics` page at `address`.
+pub fn scrape_metrics(address: std::net::SocketAddr) -> Result<String> {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(address)
+        .with_context(|| format!("connecting to the metrics endpoint {address}"))?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    if !response.starts_with("HTTP/1.1 200 OK") {
+        anyhow::bail!("metrics endpoint answered {response:?}");
+    }
+    Ok(response)
+}
+
+/// Value of a metric in a Prometheus text exposition; `name` includes its labels, if any
+/// (`profiler_x_total{reason="y"}`).
+pub fn metric_value(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        line.strip_prefix(name)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
 /// Every pprof file in `dir` whose name contains `pid`, decoded.
 pub fn profiles_of(dir: &Path, pid: u32) -> Result<Vec<(PathBuf, proto::Profile)>> {
     let marker = format!("-{pid}-");

@@ -284,30 +284,12 @@ fn without_privileges_exits_2_naming_them() {
     );
 }
 
-/// Value of an unlabelled Prometheus metric in a text exposition.
-fn metric_value(text: &str, name: &str) -> Option<u64> {
-    text.lines().find_map(|line| {
-        line.strip_prefix(name)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
-    })
-}
-
 #[test]
 fn metrics_endpoint_reports_what_the_sampler_counted() {
-    use std::io::{Read, Write};
     let dir = tempfile::tempdir().expect("tempdir");
     let binary = compile_c("native_split.c", dir.path()).expect("compiles");
     let workload = Workload::spawn(Command::new(&binary).arg("30")).expect("starts");
-    // A free port: bind, read it back, release it for the daemon.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let address = format!("127.0.0.1:{port}");
+    let address = free_local_address().expect("a free port");
     let mut daemon = Command::new(daemon_binary())
         .args([
             "run",
@@ -318,20 +300,14 @@ fn metrics_endpoint_reports_what_the_sampler_counted() {
             "--duration",
             "6",
             "--metrics-listen",
-            &address,
+            &address.to_string(),
             "--output",
         ])
         .arg(dir.path().join("profiles"))
         .spawn()
         .expect("daemon starts");
     std::thread::sleep(Duration::from_secs(3));
-    let mut stream = std::net::TcpStream::connect(&address).expect("metrics endpoint listens");
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .expect("request");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("response");
-    assert!(response.starts_with("HTTP/1.1 200 OK"), "{response}");
+    let response = scrape_metrics(address).expect("metrics endpoint answers");
     let samples =
         metric_value(&response, "profiler_bpf_samples_sent_total").expect("samples metric");
     assert!(samples > 50, "{response}");

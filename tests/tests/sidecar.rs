@@ -1,15 +1,18 @@
 //! The JVMTI sidecar end to end (JDK 11, 17, 21, 25): `profiler-daemon attach` loads the agent
 //! into a running JVM, in the host namespace and in a mount namespace with a private /tmp; the
 //! agent's records decode and name an inlined chain with its source lines; a JVM started with
-//! -XX:+DisableAttachMechanism is refused with a clear message and keeps running.
+//! -XX:+DisableAttachMechanism is refused with a clear message and keeps running; minutes of
+//! class churn with the agent loaded, on every JDK at once and profiled, keep the JVMs alive and
+//! the agent's heap and files bounded.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use profiler_jvmti::channel::{Reader, Update};
-use profiler_jvmti::record::{CompiledMethod, Record};
+use profiler_jvmti_records::channel::{Reader, Update};
+use profiler_jvmti_records::record::{AgentStats, CompiledMethod, Record};
+use profiler_tests::background::BackgroundDaemon;
 use profiler_tests::*;
 
 /// The agent library: `PROFILER_AGENT`, else beside the daemon binary (`cargo xtask test`
@@ -484,77 +487,223 @@ fn attach_auto_loads_the_agent_unless_denied() {
     }
 }
 
+/// How long the churn soak runs: `PROFILER_SOAK_SECS`, default 3 minutes.
+fn soak_duration() -> Duration {
+    let secs = std::env::var("PROFILER_SOAK_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(180);
+    Duration::from_secs(secs)
+}
+
+/// One churning JVM of the soak and what was read from its agent so far.
+struct Churning {
+    jdk: u32,
+    jvm: Workload,
+    records: PathBuf,
+    reader: Reader,
+    generations: u32,
+    loads: u64,
+    unloads: u64,
+    largest_file: u64,
+    stats: Option<AgentStats>,
+    /// VmRSS (kB) after the first minute, and at the end.
+    rss_kb_at_minute: Option<u64>,
+}
+
+impl Churning {
+    fn read_records(&mut self) {
+        self.largest_file = self
+            .largest_file
+            .max(std::fs::metadata(&self.records).map_or(0, |m| m.len()));
+        for update in self.reader.poll().expect("records decode") {
+            match update {
+                Update::NewGeneration(header) => {
+                    self.generations = self.generations.max(header.generation)
+                }
+                Update::Record(Record::CompiledMethodLoad(_)) => self.loads += 1,
+                Update::Record(Record::CompiledMethodUnload { .. }) => self.unloads += 1,
+                Update::Record(Record::AgentStats(stats)) => self.stats = Some(stats),
+                Update::Record(_) => {}
+            }
+        }
+    }
+}
+
+fn vm_rss_kb(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Minutes of class churn and deoptimization with the agent loaded, on every JDK at once, while
+/// the daemon profiles them: no JVM dies, the records file stays bounded through its rotations,
+/// the agent's own heap (it counts every byte it allocates and reports it) stays small, the
+/// daemon sums the agents' reports in its metrics and still names the JVMs' frames.
 #[test]
-fn class_churn_with_the_agent_loaded_keeps_the_jvm_alive_and_the_records_bounded() {
+fn class_churn_with_the_agent_loaded_for_minutes_keeps_jvms_alive_and_agent_memory_bounded() {
     const CAP: u64 = 256 * 1024;
+    // The agent holds nothing between events: what it holds is the records being built.
+    const MAX_LIVE_HEAP: u64 = 4 << 20;
+    const MAX_PEAK_HEAP: u64 = 64 << 20;
+    let soak = soak_duration();
     let dir = tempfile::tempdir().expect("tempdir");
     let classes = compile_java(&["Churn.java"], dir.path()).expect("javac");
     let agent = format!("-agentpath:{}=max_bytes={CAP}", agent_library().display());
-    for jdk in jdks() {
-        let mut jvm = start(
-            Command::new(&jdk.java)
-                .arg(&agent)
-                .arg("-cp")
-                .arg(&classes)
-                .arg("Churn"),
-        );
-        let records = PathBuf::from(format!(
-            "/proc/{0}/root/tmp/.jvm-profiler-{0}/records",
-            jvm.pid()
-        ));
-        let mut reader = Reader::new(records.clone());
-        let (mut generations, mut loads, mut unloads, mut largest) = (0u32, 0u64, 0u64, 0u64);
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(20) {
-            std::thread::sleep(Duration::from_secs(1));
-            assert!(
-                jvm.0.try_wait().expect("try_wait").is_none(),
-                "JDK {} died with the agent loaded",
-                jdk.major
+    let mut churning: Vec<Churning> = jdks()
+        .iter()
+        .map(|jdk| {
+            let jvm = start(
+                Command::new(&jdk.java)
+                    .arg(&agent)
+                    .args(["-Xmx256m", "-cp"])
+                    .arg(&classes)
+                    .arg("Churn"),
             );
-            largest = largest.max(std::fs::metadata(&records).map(|m| m.len()).unwrap_or(0));
-            for update in reader.poll().expect("records decode") {
-                match update {
-                    Update::NewGeneration(header) => {
-                        generations = generations.max(header.generation)
-                    }
-                    Update::Record(Record::CompiledMethodLoad(_)) => loads += 1,
-                    Update::Record(Record::CompiledMethodUnload { .. }) => unloads += 1,
-                    Update::Record(_) => {}
-                }
+            let records = PathBuf::from(format!(
+                "/proc/{0}/root/tmp/.jvm-profiler-{0}/records",
+                jvm.pid()
+            ));
+            Churning {
+                jdk: jdk.major,
+                jvm,
+                reader: Reader::new(records.clone()),
+                records,
+                generations: 0,
+                loads: 0,
+                unloads: 0,
+                largest_file: 0,
+                stats: None,
+                rss_kb_at_minute: None,
+            }
+        })
+        .collect();
+
+    let metrics = free_local_address().expect("a free port");
+    let output = dir.path().join("profiles");
+    let mut args = vec![
+        "--frequency".to_owned(),
+        "49".to_owned(),
+        "--interval".to_owned(),
+        "10".to_owned(),
+        "--metrics-listen".to_owned(),
+        metrics.to_string(),
+        "--output".to_owned(),
+        output.display().to_string(),
+    ];
+    for one in &churning {
+        args.extend(["--pid".to_owned(), one.jvm.pid().to_string()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let daemon = BackgroundDaemon::start(&args, dir.path()).expect("daemon starts");
+
+    let started = Instant::now();
+    while started.elapsed() < soak {
+        std::thread::sleep(Duration::from_secs(5));
+        for one in &mut churning {
+            assert!(
+                one.jvm.0.try_wait().expect("try_wait").is_none(),
+                "JDK {} died after {:?} with the agent loaded",
+                one.jdk,
+                started.elapsed()
+            );
+            one.read_records();
+            if one.rss_kb_at_minute.is_none() && started.elapsed() >= Duration::from_secs(60) {
+                one.rss_kb_at_minute = vm_rss_kb(one.jvm.pid());
             }
         }
-        let rss = std::fs::read_to_string(format!("/proc/{}/status", jvm.pid()))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("VmRSS:"))
-                    .map(str::to_owned)
-            })
-            .unwrap_or_default();
+    }
+    let page = scrape_metrics(metrics).expect("daemon metrics");
+    daemon.terminate();
+    let (status, log) = daemon.wait(Duration::from_secs(60)).expect("daemon exits");
+    assert!(status.success(), "daemon failed: {log}");
+
+    for one in &mut churning {
+        one.read_records();
+        let pid = one.jvm.pid();
+        let stats = one
+            .stats
+            .unwrap_or_else(|| panic!("JDK {}: the agent never reported its stats", one.jdk));
         println!(
-            "JDK {}: 20 s of class churn with the agent: {loads} loads and {unloads} unloads \
-             read, generation {generations}, largest records file {largest} bytes (cap {CAP}), \
-             JVM {rss}",
-            jdk.major
+            "JDK {}: {:?} of class churn with the agent: {} loads and {} unloads read, \
+             generation {}, largest records file {} bytes (cap {CAP}); agent heap {} bytes live, \
+             {} peak; {} records written, {} dropped; JVM VmRSS {} kB after 1 min, {} kB at the end",
+            one.jdk,
+            soak,
+            one.loads,
+            one.unloads,
+            one.generations,
+            one.largest_file,
+            stats.heap_live_bytes,
+            stats.heap_peak_bytes,
+            stats.records_written,
+            stats.records_dropped,
+            one.rss_kb_at_minute.unwrap_or(0),
+            vm_rss_kb(pid).unwrap_or(0),
         );
-        // Unloads depend on when the JVM flushes code (none within 20 s on JDK 11): counted only.
-        assert!(loads > 0, "JDK {}: no compiled methods read", jdk.major);
+        assert!(one.loads > 0, "JDK {}: no compiled methods read", one.jdk);
+        // The cap forces rotations; each replays the live code into a fresh file.
+        assert!(one.generations >= 2, "JDK {}: never rotated", one.jdk);
         // A generation is its replay (the live code) plus at most twice the cap.
         assert!(
-            largest < 4 * 1024 * 1024,
-            "JDK {}: records grew to {largest} bytes",
-            jdk.major
+            one.largest_file < 4 << 20,
+            "JDK {}: records grew to {} bytes",
+            one.jdk,
+            one.largest_file
         );
+        assert!(
+            stats.heap_live_bytes < MAX_LIVE_HEAP && stats.heap_peak_bytes < MAX_PEAK_HEAP,
+            "JDK {}: the agent holds {} bytes (peak {})",
+            one.jdk,
+            stats.heap_live_bytes,
+            stats.heap_peak_bytes
+        );
+        // The daemon named this JVM's churning frames.
+        let profiles = profiles_of(&output, pid).expect("profiles");
+        let named = profiles.iter().any(|(_, profile)| {
+            profile.sample.iter().any(|sample| {
+                sample_frames(profile, sample)
+                    .iter()
+                    .any(|f| f.name.starts_with("Churn"))
+            })
+        });
+        assert!(
+            named,
+            "JDK {}: no Churn frame in {} profiles",
+            one.jdk,
+            profiles.len()
+        );
+    }
+    let agents = metric_value(&page, "profiler_sidecar_agents");
+    assert_eq!(agents, Some(churning.len() as u64), "{page}");
+    let heap = metric_value(&page, "profiler_sidecar_agent_heap_bytes").unwrap_or(0);
+    assert!(
+        heap > 0 && heap < churning.len() as u64 * MAX_LIVE_HEAP,
+        "{page}"
+    );
+    assert!(
+        metric_value(&page, "profiler_sidecar_dropped_records_total").is_some(),
+        "{page}"
+    );
+
+    for one in churning {
         // SIGTERM: an orderly exit, after which the agent removed its files.
+        let pid = one.jvm.pid();
         // SAFETY: plain kill(2) on our child.
-        unsafe { libc::kill(jvm.pid() as libc::pid_t, libc::SIGTERM) };
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+        let mut jvm = one.jvm;
         jvm.0.wait().expect("JVM exits");
-        let own_tmp_dir = PathBuf::from(format!("/tmp/.jvm-profiler-{}", jvm.pid()));
+        let own_tmp_dir = PathBuf::from(format!("/tmp/.jvm-profiler-{pid}"));
         assert!(
             !own_tmp_dir.exists(),
             "JDK {}: the agent left {} behind",
-            jdk.major,
+            one.jdk,
             own_tmp_dir.display()
         );
     }

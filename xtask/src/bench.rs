@@ -7,6 +7,9 @@
 //!    `kernel.bpf_stats_enabled=1`).
 //! 3. The daemon's CPU, peak RSS and profiles per second with 1 JVM and with 20 small JVMs.
 //! 4. Samples handled and CPU against frequency x busy CPUs x processes, and what is lost first.
+//! 5. The JVMTI sidecar agent's cost to the JVM it is loaded in.
+//! 6. Export to Pyroscope: profiles exported per second, the exporter's memory at its queue
+//!    bound, and how fast a backlog goes out ([`export`]).
 //!
 //! Every figure is measured and compared with the issue's targets; nothing is asserted.
 
@@ -22,6 +25,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
+
+mod export;
 
 /// Debian packages the bench runs (binary, package).
 const BENCH_PACKAGES: &[(&str, &str)] = &[("perf", "linux-perf"), ("bpftool", "bpftool")];
@@ -120,7 +125,7 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
 
     let overhead = bench.measure_overheads()?;
     let bpf = bench.measure_bpf_costs()?;
-    let runs = bench.measure_daemon_costs()?;
+    let (runs, export) = bench.measure_daemon_costs()?;
     let agent = bench.measure_agent_cost()?;
 
     let report = Report {
@@ -133,6 +138,7 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
         bpf,
         runs,
         agent,
+        export,
     };
     let markdown = report.to_markdown();
     println!("{markdown}");
@@ -338,13 +344,23 @@ fn process_cpu_seconds(pid: u32, ticks_per_second: f64) -> Result<f64> {
 
 /// Peak resident set size (VmHWM) in MB (10^6 bytes, the unit of the target).
 fn peak_rss_mb(pid: u32) -> Result<f64> {
+    status_mb(pid, "VmHWM:")
+}
+
+/// Resident set size now (VmRSS) in MB.
+fn rss_mb(pid: u32) -> Result<f64> {
+    status_mb(pid, "VmRSS:")
+}
+
+/// A `kB` field of /proc/PID/status, in MB.
+fn status_mb(pid: u32, field: &str) -> Result<f64> {
     let path = format!("/proc/{pid}/status");
     let status = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
     let kib: u64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .with_context(|| format!("no VmHWM in {path}"))?;
+        .with_context(|| format!("no {field} in {path}"))?;
     Ok(kib as f64 * 1024.0 / 1e6)
 }
 
@@ -837,6 +853,7 @@ impl Bench {
         interval_secs: u32,
         pids: &[u32],
         ready: Ready,
+        extra_args: &[String],
     ) -> Result<Daemon> {
         let output = self.work_dir.join("profiles");
         if output.exists() {
@@ -859,6 +876,7 @@ impl Bench {
         for pid in pids {
             command.args(["--pid", &pid.to_string()]);
         }
+        command.args(extra_args);
         let process = Guarded::spawn("profiler-daemon", &mut command)?;
         let mut daemon = Daemon {
             process,
@@ -893,7 +911,7 @@ impl Bench {
             Profiler::Daemon(hz) => {
                 let pids = [workload.pid()];
                 let ready = Ready::Sampling { jvms };
-                let daemon = self.start_daemon(hz, SAMPLING_INTERVAL_SECS, &pids, ready)?;
+                let daemon = self.start_daemon(hz, SAMPLING_INTERVAL_SECS, &pids, ready, &[])?;
                 thread::sleep(DAEMON_SETTLE);
                 Running::Daemon(daemon)
             }
@@ -1100,7 +1118,7 @@ impl Bench {
     /// BPF runs over one window with the daemon at `MAX_HZ` profiling only `pid`.
     fn measure_bpf_window(&self, pid: u32, jvms: usize) -> Result<BpfWindow> {
         let ready = Ready::Sampling { jvms };
-        let daemon = self.start_daemon(MAX_HZ, SAMPLING_INTERVAL_SECS, &[pid], ready)?;
+        let daemon = self.start_daemon(MAX_HZ, SAMPLING_INTERVAL_SECS, &[pid], ready, &[])?;
         thread::sleep(DAEMON_SETTLE);
         let window = daemon.measure(self.plan.bpf_window, self.ticks_per_second)?;
         daemon.stop()?;
@@ -1118,7 +1136,8 @@ impl Bench {
 
     // ---- sections 3 and 4 ----
 
-    fn measure_daemon_costs(&self) -> Result<Vec<CostRun>> {
+    /// Sections 3 and 4, and 6 while the small JVMs run.
+    fn measure_daemon_costs(&self) -> Result<(Vec<CostRun>, export::ExportRun)> {
         let jdk = &self.jdks[0];
         let mut runs = Vec::new();
 
@@ -1155,7 +1174,8 @@ impl Bench {
             };
             runs.push(self.measure_daemon_cost(scenario, &pids)?);
         }
-        Ok(runs)
+        let export = self.measure_export(&pids)?;
+        Ok((runs, export))
     }
 
     /// Small JVMs with one busy worker each: together they keep every CPU busy. All are started
@@ -1180,7 +1200,7 @@ impl Bench {
         let ready = Ready::Profiling {
             jvms: scenario.jvms,
         };
-        let daemon = self.start_daemon(scenario.hz, COST_INTERVAL_SECS, pids, ready)?;
+        let daemon = self.start_daemon(scenario.hz, COST_INTERVAL_SECS, pids, ready, &[])?;
         thread::sleep(PAUSE);
         let window = daemon.measure(self.plan.cost_window, self.ticks_per_second)?;
         let peak_rss_mb = peak_rss_mb(daemon.process.pid())?;
@@ -1522,6 +1542,7 @@ struct Report {
     bpf: BpfCosts,
     runs: Vec<CostRun>,
     agent: AgentCost,
+    export: export::ExportRun,
 }
 
 /// Section 5: what the JVMTI sidecar agent costs the JVM it is loaded in, from pairs of fresh
@@ -1569,6 +1590,7 @@ impl Report {
         self.cost_rows(&mut rows, &mut notes);
         self.scaling_rows(&mut rows);
         self.agent_rows(&mut rows);
+        self.export.rows(&mut rows);
 
         let mut out = String::new();
         let m = &self.machine;
@@ -1653,7 +1675,16 @@ impl Report {
              workload, one without and one with `-agentpath:libprofiler_jvmti.so` (order \
              alternated per pair), each measured for {window} s after {warmup} s of warm-up \
              (JIT compilation, the agent's busiest time, falls in the warm-up and the window); \
-             loss as in section 1, RSS as the JVM's `VmHWM`, and the agent's records file size.\n",
+             loss as in section 1, RSS as the JVM's `VmHWM`, and the agent's records file size.\n\
+             6. The daemon profiles section 3's small JVMs at 99 Hz with a 1 s interval and \
+             exports to the tests' Pyroscope stand-in (`tests/receiver/pyroscope_receiver.py`: \
+             Python grpcio, writing every profile it receives to disk, so it is the slower \
+             side), measured for {cost_window} s as in section 3 (export counters from \
+             `/metrics`). Then the receiver is killed until the queue is at its bound \
+             (`queue_max_profiles = 200`) and has dropped a profile (RSS as `VmRSS`, queue \
+             bytes from `profiler_export_queue_bytes`), started again on the same port, and the \
+             time until the profiles queued at that moment are delivered is taken from the \
+             live export counters, polled every 10 ms.\n",
             warmup = p.warmup.as_secs(),
             window = p.window.as_secs(),
             pairs = p.pairs,

@@ -111,6 +111,16 @@ struct JvmSymbols<M: RemoteMemory> {
     sidecar_used: bool,
 }
 
+/// The sidecar agents' own reports, summed over the JVMs tracked.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SidecarTotals {
+    /// Agents that reported their stats.
+    pub agents: u64,
+    pub heap_live_bytes: u64,
+    /// Records the agents could not write since the previous call.
+    pub new_dropped_records: u64,
+}
+
 /// Resolves Java frames of many JVMs.
 pub struct JavaSymbolizer<M: RemoteMemory> {
     jvms: HashMap<u32, JvmSymbols<M>>,
@@ -154,6 +164,20 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
         };
         sidecar.refresh();
         sidecar.len()
+    }
+
+    /// What the sidecar agents of all JVMs report about themselves.
+    pub fn sidecar_totals(&mut self) -> SidecarTotals {
+        let mut totals = SidecarTotals::default();
+        for sidecar in self.jvms.values_mut().filter_map(|j| j.sidecar.as_mut()) {
+            sidecar.refresh();
+            if let Some(stats) = sidecar.agent_stats() {
+                totals.agents += 1;
+                totals.heap_live_bytes += stats.heap_live_bytes;
+            }
+            totals.new_dropped_records += sidecar.take_new_drops();
+        }
+        totals
     }
 
     pub fn remove(&mut self, pid: u32) {

@@ -125,8 +125,8 @@ pub fn attach(pid: u32, agent: &Path, options: &str) -> Result<Attached> {
     })?;
     Ok(Attached {
         records: target.host_path(
-            &profiler_jvmti::channel::records_dir(target.nspid)
-                .join(profiler_jvmti::channel::RECORDS_FILE),
+            &profiler_jvmti_records::channel::records_dir(target.nspid)
+                .join(profiler_jvmti_records::channel::RECORDS_FILE),
         ),
         agent_path,
         started_listener,

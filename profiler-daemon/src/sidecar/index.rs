@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use profiler_jvmti::channel::{Reader, Update};
-use profiler_jvmti::record::{self, Record};
+use profiler_jvmti_records::channel::{Reader, Update};
+use profiler_jvmti_records::record::{self, AgentStats, Record};
 
 use crate::hotspot::symbolize::{stable_class_name, MethodInfo};
 
@@ -60,13 +60,16 @@ pub struct SidecarIndex {
     last_refresh: Option<Instant>,
     /// Whether any records file was seen: the agent is (or was) loaded.
     pub active: bool,
+    /// The agent's latest stats record, and how many of its dropped records were counted.
+    stats: Option<AgentStats>,
+    drops_counted: u64,
 }
 
 impl SidecarIndex {
     /// For host pid `pid`, whose pid in its own namespace is `nspid`.
     pub fn new(pid: u32, nspid: u32) -> Self {
-        let inside =
-            profiler_jvmti::channel::records_dir(nspid).join(profiler_jvmti::channel::RECORDS_FILE);
+        let inside = profiler_jvmti_records::channel::records_dir(nspid)
+            .join(profiler_jvmti_records::channel::RECORDS_FILE);
         let path = std::path::Path::new(&format!("/proc/{pid}/root"))
             .join(inside.strip_prefix("/").unwrap_or(&inside));
         Self {
@@ -74,6 +77,8 @@ impl SidecarIndex {
             nmethods: HashMap::new(),
             last_refresh: None,
             active: false,
+            stats: None,
+            drops_counted: 0,
         }
     }
 
@@ -116,6 +121,17 @@ impl SidecarIndex {
             Update::Record(Record::CompiledMethodUnload { code_addr, .. }) => {
                 self.nmethods.remove(&code_addr);
             }
+            Update::Record(Record::AgentStats(stats)) => {
+                if stats.records_dropped > self.stats.map_or(0, |s| s.records_dropped) {
+                    tracing::warn!(
+                        path = %self.reader.path().display(),
+                        dropped = stats.records_dropped,
+                        written = stats.records_written,
+                        "the sidecar agent could not write some records (is the JVM's /tmp full?)"
+                    );
+                }
+                self.stats = Some(stats);
+            }
             Update::Record(_) => {}
         }
     }
@@ -131,6 +147,19 @@ impl SidecarIndex {
 
     pub fn is_empty(&self) -> bool {
         self.nmethods.is_empty()
+    }
+
+    /// The agent's latest report of itself, if it sent one.
+    pub fn agent_stats(&self) -> Option<AgentStats> {
+        self.stats
+    }
+
+    /// Records the agent dropped since the last call.
+    pub fn take_new_drops(&mut self) -> u64 {
+        let dropped = self.stats.map_or(0, |s| s.records_dropped);
+        let new = dropped.saturating_sub(self.drops_counted);
+        self.drops_counted = self.drops_counted.max(dropped);
+        new
     }
 }
 
@@ -187,7 +216,7 @@ fn method_info(m: record::MethodInfo) -> MethodInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use profiler_jvmti::record::{CompiledMethod, InlineFrame, LineEntry, PcInfo};
+    use profiler_jvmti_records::record::{CompiledMethod, InlineFrame, LineEntry, PcInfo};
 
     fn method(name: &str, line: u32) -> record::MethodInfo {
         record::MethodInfo {

@@ -105,8 +105,8 @@ impl Attacher {
             return;
         };
         let records = target.host_path(
-            &profiler_jvmti::channel::records_dir(target.nspid)
-                .join(profiler_jvmti::channel::RECORDS_FILE),
+            &profiler_jvmti_records::channel::records_dir(target.nspid)
+                .join(profiler_jvmti_records::channel::RECORDS_FILE),
         );
         if records.exists() {
             tracing::info!(pid, "sidecar: agent already loaded");

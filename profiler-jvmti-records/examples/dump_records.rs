@@ -1,8 +1,8 @@
-//! Prints a sidecar records file: `cargo run -p profiler-jvmti --example dump_records -- FILE`
+//! Prints a sidecar records file: `cargo run -p profiler-jvmti-records --example dump_records -- FILE`
 //! (e.g. `/proc/PID/root/tmp/.jvm-profiler-NSPID/records`).
 
-use profiler_jvmti::channel::{Reader, Update};
-use profiler_jvmti::record::Record;
+use profiler_jvmti_records::channel::{Reader, Update};
+use profiler_jvmti_records::record::Record;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::args_os()

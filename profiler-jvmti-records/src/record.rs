@@ -18,6 +18,7 @@ pub const MAX_RECORD_LEN: usize = 16 << 20;
 const KIND_COMPILED_METHOD_LOAD: u8 = 1;
 const KIND_COMPILED_METHOD_UNLOAD: u8 = 2;
 const KIND_DYNAMIC_CODE: u8 = 3;
+const KIND_AGENT_STATS: u8 = 4;
 
 /// Start of every records file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,6 +151,19 @@ pub enum Record {
         size: u32,
         name: String,
     },
+    /// How the agent is doing, written every few seconds while it records.
+    AgentStats(AgentStats),
+}
+
+/// The agent's own accounting, cumulative since it loaded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AgentStats {
+    /// Bytes of heap the agent holds now, and the most it ever held at once.
+    pub heap_live_bytes: u64,
+    pub heap_peak_bytes: u64,
+    /// Records written, and records lost (too big, or the file could not be written).
+    pub records_written: u64,
+    pub records_dropped: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -220,6 +234,13 @@ pub fn encode(record: &Record, out: &mut Vec<u8>) {
             put_u64(out, *addr);
             put_u32(out, *size);
             put_str(out, name);
+        }
+        Record::AgentStats(stats) => {
+            out.push(KIND_AGENT_STATS);
+            put_u64(out, stats.heap_live_bytes);
+            put_u64(out, stats.heap_peak_bytes);
+            put_u64(out, stats.records_written);
+            put_u64(out, stats.records_dropped);
         }
     }
     let body = (out.len() - start - 4) as u32;
@@ -307,6 +328,12 @@ pub fn decode(bytes: &[u8]) -> Result<Option<(Option<Record>, usize)>, DecodeErr
             size: r.u32()?,
             name: r.string()?,
         }),
+        KIND_AGENT_STATS => Some(Record::AgentStats(AgentStats {
+            heap_live_bytes: r.u64()?,
+            heap_peak_bytes: r.u64()?,
+            records_written: r.u64()?,
+            records_dropped: r.u64()?,
+        })),
         _ => None,
     };
     Ok(Some((record, 4 + body_len)))
@@ -421,6 +448,12 @@ mod tests {
                 size: 4,
                 name: "vectorizedMismatch".into(),
             },
+            Record::AgentStats(AgentStats {
+                heap_live_bytes: 5,
+                heap_peak_bytes: 6,
+                records_written: 7,
+                records_dropped: 8,
+            }),
         ];
         let mut bytes = Vec::new();
         for record in &records {

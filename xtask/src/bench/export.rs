@@ -1,0 +1,268 @@
+//! Section 6: export to Pyroscope. The daemon profiles the small JVMs of section 3 with a 1 s
+//! interval (the most profiles per second a user would configure) and pushes them to the tests'
+//! Pyroscope stand-in (`tests/receiver/pyroscope_receiver.py`, Python grpcio, which writes each
+//! profile to disk): profiles built and exported per second and the daemon's CPU while it
+//! exports; then the receiver goes away until the export queue reaches its bound (the
+//! exporter's memory at the bound), comes back, and the backlog's delivery is timed.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _, Result};
+
+use super::{
+    free_local_address, rss_mb, scrape, thousands, Bench, CpuUse, Guarded, Metrics, Ready, Row,
+    PROFILES_WRITTEN,
+};
+
+const EXPORT_HZ: u32 = 99;
+const EXPORT_INTERVAL_SECS: u32 = 1;
+/// `queue_max_profiles` for the outage: small enough to be reached in seconds.
+const QUEUE_BOUND: u64 = 200;
+/// The daemon's default `queue_max_profiles` and `queue_max_bytes`, for the extrapolation.
+const DEFAULT_QUEUE_PROFILES: f64 = 4096.0;
+const DEFAULT_QUEUE_MB: f64 = 64.0 * 1024.0 * 1024.0 / 1e6;
+/// How long the outage may take to fill the queue, and the backlog to drain.
+const FILL_TIMEOUT: Duration = Duration::from_secs(60);
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Export counters are read live at each scrape (not once a second): fine polling is exact.
+const FINE_POLL: Duration = Duration::from_millis(10);
+
+const EXPORTED: &str = "profiler_export_profiles_total";
+const REQUESTS: &str = "profiler_export_requests_total";
+const BYTES: &str = "profiler_export_bytes_total";
+const QUEUED: &str = "profiler_export_queue_profiles";
+const QUEUED_BYTES: &str = "profiler_export_queue_bytes";
+const DROPPED_QUEUE_FULL: &str = "profiler_export_dropped_profiles_total{reason=\"queue_full\"}";
+
+pub(super) struct ExportRun {
+    jvms: usize,
+    /// Steady state, receiver up.
+    cpu: CpuUse,
+    built_per_second: f64,
+    exported_per_second: f64,
+    requests_per_second: f64,
+    kilobytes_per_second: f64,
+    rss_mb_steady: f64,
+    /// Receiver down until the queue is at its bound.
+    queued_at_bound: f64,
+    queued_mb_at_bound: f64,
+    dropped_at_bound: f64,
+    rss_mb_at_bound: f64,
+    outage_seconds: f64,
+    /// Receiver back: the backlog's delivery.
+    backlog_delivered: f64,
+    backlog_requests: f64,
+    /// From the receiver's return to the first delivery (the exporter's retry wait), and to
+    /// the whole backlog's.
+    first_delivery_seconds: f64,
+    drain_seconds: f64,
+}
+
+/// The Pyroscope stand-in, killed when dropped.
+struct Receiver {
+    _process: Guarded,
+}
+
+impl Receiver {
+    fn start(root: &Path, port: u16, record_dir: &Path) -> Result<Self> {
+        if record_dir.exists() {
+            fs::remove_dir_all(record_dir)
+                .with_context(|| format!("clearing {}", record_dir.display()))?;
+        }
+        let mut command = Command::new("python3");
+        command
+            .arg(root.join("tests/receiver/pyroscope_receiver.py"))
+            .arg("--proto-root")
+            .arg(root.join("profiler-daemon/proto"))
+            .arg("--record-dir")
+            .arg(record_dir)
+            .args(["--port", &port.to_string()])
+            // grpcio and grpcio-tools, installed there by `cargo xtask setup --tests`.
+            .env("PYTHONPATH", root.join(".tools/python"))
+            .stdout(Stdio::piped());
+        let mut process = Guarded::spawn("Pyroscope receiver", &mut command)?;
+        let stdout = process.child.stdout.take().context("receiver stdout")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        if !line.starts_with("listening on ") {
+            bail!("the Pyroscope receiver did not start: it printed {line:?}");
+        }
+        Ok(Self { _process: process })
+    }
+}
+
+impl Bench {
+    pub(super) fn measure_export(&self, pids: &[u32]) -> Result<ExportRun> {
+        let root = self
+            .work_dir
+            .parent()
+            .and_then(Path::parent)
+            .context("workspace root")?;
+        let address = free_local_address()?;
+        let record_dir = self.work_dir.join("receiver");
+        let config = self.work_dir.join("export.toml");
+        fs::write(
+            &config,
+            format!(
+                "[pyroscope]\nurl = \"http://{address}\"\nqueue_max_profiles = {QUEUE_BOUND}\n\
+                 # Retry within a second once the receiver is back.\nmax_backoff_secs = 1\n"
+            ),
+        )
+        .with_context(|| format!("writing {}", config.display()))?;
+
+        let receiver = Receiver::start(root, address.port(), &record_dir)?;
+        let extra = ["--config".to_owned(), config.display().to_string()];
+        let ready = Ready::Profiling { jvms: pids.len() };
+        let daemon = self.start_daemon(EXPORT_HZ, EXPORT_INTERVAL_SECS, pids, ready, &extra)?;
+        let window = daemon.measure(self.plan.cost_window, self.ticks_per_second)?;
+        let per_second = |key: &str| -> Result<f64> { Ok(window.delta(key)? / window.cpu.seconds) };
+        let daemon_pid = daemon.process.pid();
+        let rss_mb_steady = rss_mb(daemon_pid)?;
+        let (built_per_second, exported_per_second) =
+            (per_second(PROFILES_WRITTEN)?, per_second(EXPORTED)?);
+        self.progress(format_args!(
+            "6. export, {} JVMs: {built_per_second:.1} profiles/s built, \
+             {exported_per_second:.1} exported, daemon {:.2}% of a core",
+            pids.len(),
+            window.cpu.process_cores * 100.0
+        ));
+
+        drop(receiver);
+        let outage = Instant::now();
+        let at_bound = wait_for(daemon.metrics, FILL_TIMEOUT, |m| {
+            Ok(m.get(QUEUED)? >= QUEUE_BOUND as f64 && m.get(DROPPED_QUEUE_FULL)? > 0.0)
+        })
+        .context("the export queue never reached its bound")?;
+        let rss_mb_at_bound = rss_mb(daemon_pid)?;
+        let outage_seconds = outage.elapsed().as_secs_f64();
+
+        let before = scrape(daemon.metrics)?;
+        let _receiver = Receiver::start(root, address.port(), &record_dir)?;
+        let back = Instant::now();
+        wait_for(daemon.metrics, DRAIN_TIMEOUT, |m| {
+            Ok(m.get(EXPORTED)? > before.get(EXPORTED)?)
+        })
+        .context("nothing was delivered after the receiver came back")?;
+        let first_delivery_seconds = back.elapsed().as_secs_f64();
+        // Drained: what was queued at the bound has gone (new profiles keep arriving, one
+        // interval's worth at a time).
+        let drained = wait_for(daemon.metrics, DRAIN_TIMEOUT, |m| {
+            Ok(m.get(EXPORTED)? - before.get(EXPORTED)? >= before.get(QUEUED)?)
+        })
+        .context("the backlog was not delivered")?;
+        let drain_seconds = back.elapsed().as_secs_f64();
+        daemon.stop()?;
+
+        let run = ExportRun {
+            jvms: pids.len(),
+            cpu: window.cpu,
+            built_per_second,
+            exported_per_second,
+            requests_per_second: per_second(REQUESTS)?,
+            kilobytes_per_second: per_second(BYTES)? / 1e3,
+            rss_mb_steady,
+            queued_at_bound: at_bound.get(QUEUED)?,
+            queued_mb_at_bound: at_bound.get(QUEUED_BYTES)? / 1e6,
+            dropped_at_bound: at_bound.get(DROPPED_QUEUE_FULL)?,
+            rss_mb_at_bound,
+            outage_seconds,
+            backlog_delivered: drained.get(EXPORTED)? - before.get(EXPORTED)?,
+            backlog_requests: drained.get(REQUESTS)? - before.get(REQUESTS)?,
+            first_delivery_seconds,
+            drain_seconds,
+        };
+        self.progress(format_args!(
+            "6. export outage: {} profiles ({:.2} MB) queued at the bound, RSS {:.0} MB; \
+             {} delivered within {:.2} s of the receiver's return",
+            run.queued_at_bound,
+            run.queued_mb_at_bound,
+            run.rss_mb_at_bound,
+            run.backlog_delivered,
+            run.drain_seconds
+        ));
+        Ok(run)
+    }
+}
+
+/// Scrapes every [`FINE_POLL`] until `done` holds; returns that scrape.
+fn wait_for(
+    address: std::net::SocketAddr,
+    timeout: Duration,
+    done: impl Fn(&Metrics) -> Result<bool>,
+) -> Result<Metrics> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let metrics = scrape(address)?;
+        if done(&metrics)? {
+            return Ok(metrics);
+        }
+        if Instant::now() > deadline {
+            bail!("not within {timeout:?}");
+        }
+        thread::sleep(FINE_POLL);
+    }
+}
+
+impl ExportRun {
+    pub(super) fn rows(&self, rows: &mut Vec<Row>) {
+        let setting = format!(
+            "{} JVMs, {EXPORT_HZ} Hz, {EXPORT_INTERVAL_SECS} s interval",
+            self.jvms
+        );
+        rows.push(Row {
+            section: "6",
+            measurement: "export to Pyroscope (Python grpcio stand-in)".to_owned(),
+            setting: setting.clone(),
+            result: format!(
+                "{:.1} profiles/s built, {:.1} exported in {:.1} requests/s ({} KB/s gzipped \
+                 pprof); daemon {:.2}% of a core, RSS {:.0} MB",
+                self.built_per_second,
+                self.exported_per_second,
+                self.requests_per_second,
+                thousands(self.kilobytes_per_second),
+                self.cpu.process_cores * 100.0,
+                self.rss_mb_steady
+            ),
+            target: String::new(),
+        });
+        let per_profile_kb = self.queued_mb_at_bound * 1e3 / self.queued_at_bound.max(1.0);
+        let default_bound_mb =
+            (per_profile_kb * DEFAULT_QUEUE_PROFILES / 1e3).min(DEFAULT_QUEUE_MB);
+        rows.push(Row {
+            section: "6",
+            measurement: "exporter memory at the queue bound (receiver down)".to_owned(),
+            setting: format!("{setting}, queue_max_profiles = {QUEUE_BOUND}"),
+            result: format!(
+                "bound reached after {:.1} s: {:.0} profiles queued in {:.2} MB ({per_profile_kb:.1} KB \
+                 each), {:.0} dropped and counted; daemon RSS {:.0} MB ({:+.0} MB); the default \
+                 bound (4096 profiles, 64 MiB) would hold {default_bound_mb:.0} MB of these",
+                self.outage_seconds,
+                self.queued_at_bound,
+                self.queued_mb_at_bound,
+                self.dropped_at_bound,
+                self.rss_mb_at_bound,
+                self.rss_mb_at_bound - self.rss_mb_steady
+            ),
+            target: "bounded".to_owned(),
+        });
+        rows.push(Row {
+            section: "6",
+            measurement: "backlog delivered after the outage".to_owned(),
+            setting: "receiver back on the same port, max_backoff_secs = 1".to_owned(),
+            result: format!(
+                "{:.0} profiles in {:.0} requests; first delivered {:.2} s after the receiver \
+                 was back (the retry wait), all {:.2} s after",
+                self.backlog_delivered,
+                self.backlog_requests,
+                self.first_delivery_seconds,
+                self.drain_seconds,
+            ),
+            target: String::new(),
+        });
+    }
+}
