@@ -21,6 +21,8 @@ use crate::process::ProcessInfo;
 
 /// How often /proc is scanned.
 pub const SCAN_PERIOD: Duration = Duration::from_millis(500);
+/// How often a JVM's Java threads are read in full even if its thread list looks unchanged.
+const FULL_THREAD_READ: Duration = Duration::from_secs(10);
 /// A non-JVM process is re-checked while younger than this.
 const YOUNG: Duration = Duration::from_secs(30);
 /// A ready JVM's code cache is re-read this often.
@@ -79,6 +81,11 @@ enum State {
         refreshed: Instant,
         /// Java threads pushed: host tid -> JavaThread*.
         threads: HashMap<u32, u64>,
+        /// The ThreadsSMR list `threads` was read from, and when the set was last read in full.
+        thread_list: Option<u64>,
+        threads_read: Instant,
+        /// Whether the JVM lives in another pid namespace (fixed for a process's life).
+        other_pid_namespace: Option<bool>,
     },
     /// Not readable for good (layout missing a field, no permission): not retried.
     Failed,
@@ -157,15 +164,21 @@ impl<S: LayoutSink> JvmTracker<S> {
 
     /// One pass over /proc.
     pub fn scan(&mut self) {
-        let Ok(processes) = procfs::process::all_processes() else {
-            return;
+        // With `--pid`, only those: enumerating /proc opens every process's directory.
+        let processes: Vec<procfs::process::Process> = if self.pids.is_empty() {
+            let Ok(all) = procfs::process::all_processes() else {
+                return;
+            };
+            all.flatten().collect()
+        } else {
+            self.pids
+                .iter()
+                .filter_map(|pid| procfs::process::Process::new(*pid as i32).ok())
+                .collect()
         };
         let mut alive = HashMap::new();
-        for process in processes.flatten() {
+        for process in processes {
             let pid = process.pid as u32;
-            if !self.pids.is_empty() && !self.pids.contains(&pid) {
-                continue;
-            }
             let Ok(stat) = process.stat() else { continue };
             alive.insert(pid, ());
             let known = self
@@ -344,23 +357,49 @@ impl<S: LayoutSink> JvmTracker<S> {
             pushed: Box::new(proc_info),
             refreshed: Instant::now(),
             threads: HashMap::new(),
+            thread_list: None,
+            threads_read: Instant::now(),
+            other_pid_namespace: None,
         };
         self.sync_threads(pid);
     }
 
     /// Brings the BPF map of this JVM's Java threads up to date (threads start and end often).
+    /// Skipped while the JVM's thread list is the one read last time, but for a full read every
+    /// [`FULL_THREAD_READ`] in case a new list was allocated where the old one was.
     fn sync_threads(&mut self, pid: u32) {
         let memory = ProcessMemory::new(pid);
         let Some(tracked) = self.tracked.get_mut(&pid) else {
             return;
         };
-        let State::Ready { jvm, threads, .. } = &mut tracked.state else {
+        let State::Ready {
+            jvm,
+            threads,
+            thread_list,
+            threads_read,
+            other_pid_namespace,
+            ..
+        } = &mut tracked.state
+        else {
             return;
         };
+        let list = jvm.java_thread_list(&memory).ok().flatten();
+        if list.is_some() && list == *thread_list && threads_read.elapsed() < FULL_THREAD_READ {
+            return;
+        }
         let Ok(current) = jvm.java_threads(&memory) else {
             return;
         };
-        let to_host = host_tids(pid);
+        *thread_list = list;
+        *threads_read = Instant::now();
+        if other_pid_namespace.is_none() {
+            *other_pid_namespace = in_other_pid_namespace(pid);
+        }
+        let to_host = if *other_pid_namespace == Some(true) {
+            host_tids(pid)
+        } else {
+            None
+        };
         let current: HashMap<u32, u64> = current
             .into_iter()
             .filter_map(|(ns_tid, thread)| {
@@ -416,15 +455,18 @@ impl<S: LayoutSink> JvmTracker<S> {
     }
 }
 
-/// For a process in another pid namespace (a container), its tids as it sees them mapped to host
-/// tids (from `NSpid` in /proc/PID/task/*/status); `None` when it shares our pid namespace.
-fn host_tids(pid: u32) -> Option<HashMap<u32, u32>> {
+/// Whether `pid` lives in another pid namespace than the daemon (a container); `None` if
+/// either namespace cannot be read.
+fn in_other_pid_namespace(pid: u32) -> Option<bool> {
+    use std::os::unix::fs::MetadataExt;
     let ours = std::fs::metadata("/proc/self/ns/pid").ok()?;
     let theirs = std::fs::metadata(format!("/proc/{pid}/ns/pid")).ok()?;
-    use std::os::unix::fs::MetadataExt;
-    if ours.ino() == theirs.ino() && ours.dev() == theirs.dev() {
-        return None;
-    }
+    Some(ours.ino() != theirs.ino() || ours.dev() != theirs.dev())
+}
+
+/// For a process in another pid namespace, its tids as it sees them mapped to host tids (from
+/// `NSpid` in /proc/PID/task/*/status).
+fn host_tids(pid: u32) -> Option<HashMap<u32, u32>> {
     let mut map = HashMap::new();
     for entry in std::fs::read_dir(format!("/proc/{pid}/task"))
         .ok()?

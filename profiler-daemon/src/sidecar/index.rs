@@ -16,6 +16,9 @@ use profiler_jvmti_records::record::{self, AgentStats, Record};
 use crate::hotspot::symbolize::{stable_class_name, MethodInfo};
 
 const REFRESH_EVERY: Duration = Duration::from_millis(250);
+/// Until a records file shows up (most JVMs never load the agent), look less often: each look
+/// resolves a path through /proc/PID/root.
+const LOOK_FOR_AGENT_EVERY: Duration = Duration::from_secs(2);
 /// Bound on indexed nmethods per JVM (a code cache holds far fewer).
 const MAX_NMETHODS: usize = 500_000;
 
@@ -84,10 +87,12 @@ impl SidecarIndex {
 
     /// Reads what the agent appended since the last call (rate-limited).
     pub fn refresh(&mut self) {
-        if self
-            .last_refresh
-            .is_some_and(|at| at.elapsed() < REFRESH_EVERY)
-        {
+        let every = if self.active {
+            REFRESH_EVERY
+        } else {
+            LOOK_FOR_AGENT_EVERY
+        };
+        if self.last_refresh.is_some_and(|at| at.elapsed() < every) {
             return;
         }
         self.last_refresh = Some(Instant::now());
