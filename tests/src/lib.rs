@@ -189,6 +189,20 @@ pub fn sample_frames(profile: &proto::Profile, sample: &proto::Sample) -> Vec<St
     frames
 }
 
+/// The name of every frame of every sample in `profiles` (one entry per sample and frame).
+pub fn frame_names(profiles: &[(PathBuf, proto::Profile)]) -> Vec<String> {
+    profiles
+        .iter()
+        .flat_map(|(_, profile)| {
+            profile
+                .sample
+                .iter()
+                .flat_map(|sample| sample_frames(profile, sample))
+                .map(|frame| frame.name)
+        })
+        .collect()
+}
+
 /// The string value of a sample label.
 pub fn label<'a>(
     profile: &'a proto::Profile,

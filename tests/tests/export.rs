@@ -180,17 +180,7 @@ fn pushes_labelled_pprof_to_a_grpc_receiver() {
     let (path, _) = native_profiles.last().expect("a native profile");
     let top = go_pprof_top(path).expect("go tool pprof reads the received profile");
     assert!(top.contains("hot_a"), "{top}");
-    let java_names: Vec<String> = java_profiles
-        .iter()
-        .flat_map(|(_, profile)| {
-            profile
-                .sample
-                .iter()
-                .flat_map(|sample| sample_frames(profile, sample))
-                .map(|frame| frame.name)
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let java_names = frame_names(&java_profiles);
     assert!(
         java_names.iter().any(|name| name.contains("Spin.")),
         "Java frames named in the exported profile"

@@ -99,12 +99,7 @@ fn main() -> Result<()> {
         Task::Image(args) => {
             if args.daemon.is_none() {
                 // The agent beside the release daemon; with --daemon, the one beside that.
-                run(Command::new("cargo").current_dir(&root).args([
-                    "build",
-                    "--release",
-                    "--package",
-                    "profiler-jvmti",
-                ]))?;
+                build_agent(&root, true)?;
             }
             let daemon = daemon_or_release(&root, args.daemon)?;
             image::build(&root, &daemon)
@@ -118,15 +113,23 @@ fn main() -> Result<()> {
             setup_tests(&root)?;
             let daemon = build_daemon(&root, true)?;
             // The sidecar agent beside the release daemon (section 5).
-            run(Command::new("cargo").current_dir(&root).args([
-                "build",
-                "--release",
-                "--package",
-                "profiler-jvmti",
-            ]))?;
+            build_agent(&root, true)?;
             bench::run(&root, &daemon, &args)
         }
     }
+}
+
+/// Builds the JVMTI sidecar agent (`libprofiler_jvmti.so`) into the same target directory as
+/// the daemon of that profile, where the daemon looks for it.
+fn build_agent(root: &Path, release: bool) -> Result<()> {
+    let mut command = Command::new("cargo");
+    command
+        .current_dir(root)
+        .args(["build", "--package", "profiler-jvmti"]);
+    if release {
+        command.arg("--release");
+    }
+    run(&mut command)
 }
 
 /// The given daemon binary, else a fresh release build.
@@ -393,9 +396,7 @@ fn test(root: &Path, filter: Option<&str>) -> Result<()> {
     let daemon = build_daemon(root, false)?;
     // The JVMTI sidecar agent, which the end-to-end tests load into JVMs (found beside the
     // daemon binary).
-    run(Command::new("cargo")
-        .current_dir(root)
-        .args(["build", "--package", "profiler-jvmti"]))?;
+    build_agent(root, false)?;
     let filter_args: Vec<&str> = filter.into_iter().collect();
 
     // Unit tests of every crate but the end-to-end one.
