@@ -57,7 +57,8 @@ pub struct FileConfig {
     /// Suffix frame names with their kind, as async-profiler does: `_[j]` JIT-compiled, `_[1]`
     /// C1, `_[i]` inlined, `_[0]` interpreted, `_[k]` kernel. Default true.
     pub annotate_frames: Option<bool>,
-    /// Serve the live profile stream (gRPC) here; "off" disables it (default 127.0.0.1:4980).
+    /// Serve the live profile stream (gRPC) here, e.g. "127.0.0.1:4980"; "off" (the default)
+    /// disables it.
     pub grpc_listen: Option<String>,
     /// Every process's `service_name` (a host running a single application).
     pub service_name: Option<String>,
@@ -292,10 +293,11 @@ impl Config {
             })?),
         };
         let explicit_grpc = flags.grpc_listen.or(file.grpc_listen);
+        // Off unless asked for: the stream is not authenticated, and profiles name every
+        // process's functions and threads (SECURITY.md).
         let grpc_listen = match explicit_grpc.as_deref() {
-            Some("off") | Some("") => None,
-            text => {
-                let text = text.unwrap_or(DEFAULT_GRPC_LISTEN);
+            None | Some("off") | Some("") => None,
+            Some(text) => {
                 Some(GrpcListen {
                     address: text.parse().map_err(|err| ConfigError::Invalid {
                         field: "grpc_listen",
@@ -740,10 +742,13 @@ mod tests {
     }
 
     #[test]
-    fn grpc_listen_defaults_to_localhost_and_can_be_turned_off() {
-        let config = resolve_text("").expect("valid");
-        let listen = config.grpc_listen.expect("on by default");
-        assert!(listen.address.ip().is_loopback() && !listen.explicit);
+    fn grpc_listen_is_off_by_default_and_opens_where_asked() {
+        assert!(resolve_text("").expect("valid").grpc_listen.is_none());
+        let listen = resolve_text("grpc_listen = \"127.0.0.1:4980\"")
+            .expect("valid")
+            .grpc_listen
+            .expect("on when asked");
+        assert!(listen.address.ip().is_loopback() && listen.explicit);
         assert!(resolve_text("grpc_listen = \"off\"")
             .expect("valid")
             .grpc_listen

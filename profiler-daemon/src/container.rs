@@ -52,9 +52,12 @@ impl ContainerInfo {
 /// Reads `/proc/PID/cgroup`. `Ok(None)` for a process in no container (a host process, or one
 /// whose cgroup namespace hides the path).
 pub fn read(pid: u32) -> io::Result<Option<ContainerInfo>> {
-    Ok(parse(&std::fs::read_to_string(format!(
-        "/proc/{pid}/cgroup"
-    ))?))
+    // The kernel writes it, but its paths name cgroups a container may create: bounded.
+    Ok(parse(&crate::untrusted::read_proc_text(
+        pid,
+        "cgroup",
+        crate::untrusted::MAX_PROC_FILE,
+    )?))
 }
 
 /// Parses the text of a `/proc/PID/cgroup` file (v1, v2 or hybrid). `None` if no line names a

@@ -20,4 +20,5 @@ pub mod sampler;
 pub mod sidecar;
 pub mod subscribe;
 pub mod symbolize;
+pub mod untrusted;
 pub mod worker;

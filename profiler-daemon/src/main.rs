@@ -91,7 +91,8 @@ struct RunArgs {
     /// [pyroscope] table sets auth, tenant, TLS and queue bounds.
     #[arg(long, value_name = "URL")]
     pyroscope: Option<String>,
-    /// Serve the live profile stream (gRPC) at ADDR, or "off" [default: 127.0.0.1:4980].
+    /// Serve the live profile stream (gRPC, unauthenticated) at ADDR, e.g. 127.0.0.1:4980, or
+    /// "off" [default: off].
     #[arg(long, value_name = "ADDR")]
     grpc_listen: Option<String>,
     /// Load the JVMTI sidecar agent into the JVMs found ("auto") or not ("never") [default:

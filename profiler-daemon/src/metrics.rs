@@ -25,6 +25,8 @@ pub struct WorkerCounters {
     pub sidecar_agents: AtomicU64,
     pub sidecar_agent_heap_bytes: AtomicU64,
     pub sidecar_dropped_records: AtomicU64,
+    /// JVMs whose records file was last refused, per `sidecar::index::REFUSAL_REASONS`.
+    pub sidecar_records_refused: [AtomicU64; crate::sidecar::index::REFUSAL_REASONS.len()],
 }
 
 /// What one scrape reports.
@@ -185,6 +187,20 @@ pub fn render(s: &Snapshot, worker: &WorkerCounters) -> String {
         "counter",
         "Records sidecar agents could not write (their JVM's /tmp full or gone).",
         &[("", worker.sidecar_dropped_records.load(Ordering::Relaxed))],
+    );
+    let refused: Vec<(String, u64)> = crate::sidecar::index::REFUSAL_REASONS
+        .iter()
+        .zip(&worker.sidecar_records_refused)
+        .map(|(reason, count)| (format!("reason=\"{reason}\""), count.load(Ordering::Relaxed)))
+        .collect();
+    let refused: Vec<(&str, u64)> = refused.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+    metric(
+        &mut out,
+        "profiler_sidecar_records_refused",
+        "gauge",
+        "JVMs whose sidecar records file was not read, by reason (a link, special file, foreign \
+         owner or oversized file in the JVM's /tmp; frames are then named from memory).",
+        &refused,
     );
     metric(
         &mut out,

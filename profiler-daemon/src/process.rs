@@ -2,14 +2,26 @@
 //! reach its files.
 //!
 //! A process is read from /proc when its first sample arrives, because short-lived processes
-//! may be gone by the time the interval is symbolized. Files are opened through
-//! `/proc/PID/root/<path>` so that processes in other mount namespaces (containers) work.
+//! may be gone by the time the interval is symbolized. Its /proc files are read bounded, and its
+//! mapped files are opened as untrusted input (see [`crate::untrusted`]): the very file mapped
+//! through `/proc/PID/map_files`, else its path resolved inside the process's root without
+//! following links, so processes in other mount namespaces (containers) work and none can make
+//! the daemon open something else.
 
+use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use hashbrown::HashMap;
-use procfs::process::{MMapPath, Process};
+use procfs::process::{MMapPath, MemoryMaps, Stat};
+use procfs::{FromBufRead as _, FromRead as _};
+
+use crate::untrusted::{self, Expect, Refused};
+
+/// Largest ELF file opened for symbols (debug builds of big programs reach a few GB).
+const MAX_ELF_BYTES: u64 = 8 << 30;
+/// Largest command line kept.
+const MAX_COMMAND_LINE: usize = 128 << 10;
 
 /// One executable mapping of a process.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,15 +78,14 @@ pub struct ProcessInfo {
 impl ProcessInfo {
     /// Reads a live process. Fails if it has already exited.
     pub fn read(pid: u32) -> procfs::ProcResult<Self> {
-        let process = Process::new(pid as i32)?;
-        let stat = process.stat()?;
-        let mappings = read_mappings(&process)?;
-        let shares_our_root = same_file(&process.root().unwrap_or_default(), Path::new("/"));
+        let stat = read_stat(pid)?;
+        let mappings = read_mappings(pid)?;
+        let shares_our_root = same_file(Path::new(&format!("/proc/{pid}/root")), Path::new("/"));
         Ok(Self {
             pid,
             comm: stat.comm.clone(),
-            command_line: process.cmdline().unwrap_or_default(),
-            executable: process.exe().ok(),
+            command_line: read_command_line(pid),
+            executable: std::fs::read_link(format!("/proc/{pid}/exe")).ok(),
             container: crate::container::read(pid).ok().flatten(),
             start_time: stat.starttime,
             shares_our_root,
@@ -87,36 +98,63 @@ impl ProcessInfo {
         self.mappings.get(index).filter(|m| m.contains(addr))
     }
 
-    /// Paths that open `path` (a path in the process's namespace) from the daemon, best first.
-    pub fn host_paths(&self, path: &Path) -> Vec<PathBuf> {
+    /// Opens the file behind `mapping` for reading its symbols: through `/proc/PID/map_files`
+    /// (needs `CAP_CHECKPOINT_RESTORE`), else by its path inside the process's root, else (the
+    /// process exited) by its path in ours if it shared our root. Never a link, a special file,
+    /// a file on a filesystem the process's user serves, or one past the size bound.
+    pub fn open_mapped_file(&self, mapping: &Mapping) -> Result<File, Refused> {
+        let Backing::File { path, dev, .. } = &mapping.backing else {
+            return Err(Refused::NotFound);
+        };
+        let expect = Expect {
+            owner: None,
+            max_size: MAX_ELF_BYTES,
+        };
+        match untrusted::open_mapped(self.pid, mapping.start, mapping.end, *dev, expect) {
+            Ok(file) => return Ok(file),
+            // What the file is, not how it was reached: another path finds the same.
+            Err(
+                refused @ (Refused::UserFilesystem(_)
+                | Refused::NotRegular(_)
+                | Refused::TooLarge { .. }),
+            ) => return Err(refused),
+            Err(_) => {}
+        }
         if path.to_string_lossy().ends_with(" (deleted)") {
             // Removed or replaced on disk (a package upgrade): only the mapping still reaches
             // the file the process runs; a new file at the old path would give wrong names.
-            return self
-                .mappings
-                .iter()
-                .filter(|m| matches!(&m.backing, Backing::File { path: p, .. } if p == path))
-                .map(|m| {
-                    PathBuf::from(format!(
-                        "/proc/{}/map_files/{:x}-{:x}",
-                        self.pid, m.start, m.end
-                    ))
-                })
-                .take(1)
-                .collect();
+            return Err(Refused::NotFound);
         }
-        let relative = path.strip_prefix("/").unwrap_or(path);
-        let mut paths = vec![PathBuf::from(format!("/proc/{}/root", self.pid)).join(relative)];
-        if self.shares_our_root {
-            paths.push(path.to_path_buf());
-        }
-        paths
+        untrusted::open_by_mapped_path(self.pid, path, *dev, self.shares_our_root, expect)
     }
 }
 
-fn read_mappings(process: &Process) -> procfs::ProcResult<Vec<Mapping>> {
-    let mut mappings: Vec<Mapping> = process
-        .maps()?
+/// `/proc/PID/stat`, bounded.
+fn read_stat(pid: u32) -> procfs::ProcResult<Stat> {
+    let bytes = untrusted::read_proc_file(pid, "stat", 64 << 10)?;
+    Stat::from_read(&bytes[..])
+}
+
+/// `/proc/PID/cmdline` as arguments, bounded (a process can make its own very long).
+fn read_command_line(pid: u32) -> Vec<String> {
+    let Ok(bytes) = untrusted::read_proc_file(pid, "cmdline", MAX_COMMAND_LINE) else {
+        return Vec::new();
+    };
+    bytes
+        .split(|b| *b == 0)
+        .filter(|arg| !arg.is_empty())
+        .map(|arg| String::from_utf8_lossy(arg).into_owned())
+        .collect()
+}
+
+/// Every mapping of `pid` (`/proc/PID/maps`, bounded).
+pub fn read_all_mappings(pid: u32) -> procfs::ProcResult<MemoryMaps> {
+    let bytes = untrusted::read_proc_file(pid, "maps", untrusted::MAX_PROC_FILE)?;
+    MemoryMaps::from_buf_read(&bytes[..])
+}
+
+fn read_mappings(pid: u32) -> procfs::ProcResult<Vec<Mapping>> {
+    let mut mappings: Vec<Mapping> = read_all_mappings(pid)?
         .into_iter()
         .filter(|map| map.perms.contains(procfs::process::MMPermissions::EXECUTE))
         .map(|map| Mapping {
@@ -158,7 +196,7 @@ impl ProcessTable {
     /// now belongs to another process.
     pub fn observe(&mut self, pid: u32) {
         if let Some(known) = self.processes.get(&pid) {
-            match Process::new(pid as i32).and_then(|p| p.stat()) {
+            match read_stat(pid) {
                 Ok(stat) if stat.starttime == known.start_time => return,
                 Ok(_) => {}
                 // Gone: keep what we knew, it is needed to symbolize its last samples.
@@ -197,8 +235,7 @@ impl ProcessTable {
     /// samples of a process still find its mappings.
     pub fn forget_exited(&mut self) {
         self.processes.retain(|&pid, info| {
-            Process::new(pid as i32)
-                .and_then(|p| p.stat())
+            read_stat(pid)
                 .map(|stat| stat.starttime == info.start_time)
                 .unwrap_or(false)
         });
@@ -222,20 +259,20 @@ mod tests {
     }
 
     #[test]
-    fn host_paths_go_through_the_process_root() {
-        let info = ProcessInfo {
-            pid: 12,
-            comm: "x".into(),
-            command_line: vec![],
-            executable: None,
-            container: None,
-            start_time: 0,
-            shares_our_root: false,
-            mappings: vec![],
-        };
-        assert_eq!(
-            info.host_paths(Path::new("/usr/lib/libc.so.6")),
-            vec![PathBuf::from("/proc/12/root/usr/lib/libc.so.6")]
-        );
+    fn our_own_mapped_files_open_and_a_deleted_one_only_through_map_files() {
+        let me = ProcessInfo::read(std::process::id()).expect("own process is readable");
+        let here = our_own_mapped_files_open_and_a_deleted_one_only_through_map_files
+            as *const () as u64;
+        let mapping = me.mapping(here).expect("test code is mapped").clone();
+        let file = me.open_mapped_file(&mapping).expect("our executable opens");
+        assert!(file.metadata().expect("meta").len() > 0);
+        let mut deleted = mapping.clone();
+        deleted.start = 0x1000;
+        deleted.end = 0x2000;
+        if let Backing::File { path, .. } = &mut deleted.backing {
+            *path = PathBuf::from(format!("{} (deleted)", path.display()));
+        }
+        assert!(me.open_mapped_file(&deleted).is_err());
+        assert_eq!(read_command_line(std::process::id()).is_empty(), false);
     }
 }

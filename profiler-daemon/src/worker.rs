@@ -160,6 +160,15 @@ impl Worker {
         self.counters
             .sidecar_dropped_records
             .fetch_add(sidecars.new_dropped_records, Ordering::Relaxed);
+        for (reason, gauge) in crate::sidecar::index::REFUSAL_REASONS
+            .iter()
+            .zip(&self.counters.sidecar_records_refused)
+        {
+            gauge.store(
+                sidecars.refused.get(reason).copied().unwrap_or(0),
+                Ordering::Relaxed,
+            );
+        }
         match self.writer.enforce_retention() {
             Ok(removed) if removed.files > 0 => {
                 tracing::info!(

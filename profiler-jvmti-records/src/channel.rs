@@ -101,10 +101,21 @@ impl Writer {
 
     /// Removes the records (at JVM exit).
     pub fn remove(&self) {
-        let _ = std::fs::remove_file(self.dir.join(RECORDS_FILE));
-        let _ = std::fs::remove_file(self.dir.join(NEXT_FILE));
-        let _ = std::fs::remove_dir(&self.dir);
+        remove_records(&self.dir);
     }
+
+    /// The records directory this writer writes into.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// Removes the records files an agent wrote into `dir`, and `dir` if that leaves it empty: for
+/// an agent that cannot get at its [`Writer`] at JVM exit (it is busy on a slow file system).
+pub fn remove_records(dir: &Path) {
+    let _ = std::fs::remove_file(dir.join(RECORDS_FILE));
+    let _ = std::fs::remove_file(dir.join(NEXT_FILE));
+    let _ = std::fs::remove_dir(dir);
 }
 
 /// Makes `dir` a private directory of ours; refuses one someone else planted (e.g. a symlink
@@ -149,12 +160,23 @@ pub enum Update {
     Record(Record),
 }
 
+/// Opens the current records file: `Ok(None)` when there is none (yet).
+pub type Opener = Box<dyn FnMut() -> io::Result<Option<File>> + Send>;
+
 /// The daemon's side: follows one records file, reading only what was appended since the last
 /// poll, and notices generation changes (the path then names a new inode).
+///
+/// The file is written by a profiled process, so it is untrusted: the daemon passes an
+/// [`Opener`] that refuses links, special files and foreign owners, and the reader bounds what
+/// it reads per poll and per generation.
 pub struct Reader {
-    path: PathBuf,
+    description: PathBuf,
+    open: Opener,
     current: Option<Current>,
     pending: Vec<u8>,
+    /// Bytes of the current generation read so far, and the bound on them.
+    consumed: u64,
+    max_generation_bytes: u64,
 }
 
 struct Current {
@@ -163,39 +185,56 @@ struct Current {
     ino: u64,
 }
 
-/// Largest read per poll, so one poll's memory stays bounded.
-const MAX_READ_PER_POLL: u64 = 64 << 20;
+/// Largest read per poll, so one poll's memory and time stay bounded.
+const MAX_READ_PER_POLL: u64 = 16 << 20;
+/// Default bound on one generation: the agent's default cap, twice over (its hard cap), plus
+/// room for a large replay.
+pub const DEFAULT_MAX_GENERATION_BYTES: u64 = 4 * DEFAULT_MAX_BYTES;
 
 impl Reader {
-    /// `path`: the records file as the daemon sees it, e.g.
-    /// `/proc/PID/root/tmp/.jvm-profiler-NSPID/records`.
+    /// Follows `path`, opened plainly (tests, tools): the daemon uses [`Reader::with_opener`].
     pub fn new(path: PathBuf) -> Self {
-        Self {
+        let open_path = path.clone();
+        Self::with_opener(
             path,
+            Box::new(move || match File::open(&open_path) {
+                Ok(file) => Ok(Some(file)),
+                Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+                Err(err) => Err(err),
+            }),
+            DEFAULT_MAX_GENERATION_BYTES,
+        )
+    }
+
+    /// Follows the file `open` returns; `description` names it in messages. A generation past
+    /// `max_generation_bytes` is an error and is not read further.
+    pub fn with_opener(description: PathBuf, open: Opener, max_generation_bytes: u64) -> Self {
+        Self {
+            description,
+            open,
             current: None,
             pending: Vec::new(),
+            consumed: 0,
+            max_generation_bytes,
         }
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.description
     }
 
     /// Reads what is new. No file yet (agent not loaded) is not an error: nothing is returned.
     pub fn poll(&mut self) -> Result<Vec<Update>, ReadError> {
         let mut updates = Vec::new();
-        let meta = match std::fs::metadata(&self.path) {
-            Ok(meta) => meta,
-            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(updates),
-            Err(err) => return Err(ReadError::Io(err)),
+        let Some(mut file) = (self.open)().map_err(ReadError::Io)? else {
+            return Ok(updates);
         };
+        let meta = file.metadata().map_err(ReadError::Io)?;
         let same = self
             .current
             .as_ref()
             .is_some_and(|c| c.dev == meta.dev() && c.ino == meta.ino());
         if !same {
-            let mut file = File::open(&self.path).map_err(ReadError::Io)?;
-            let file_meta = file.metadata().map_err(ReadError::Io)?;
             let mut header = [0u8; HEADER_LEN];
             match file.read_exact(&mut header) {
                 Ok(()) => {}
@@ -207,20 +246,29 @@ impl Reader {
             let header = FileHeader::decode(&header).map_err(ReadError::Format)?;
             self.current = Some(Current {
                 file,
-                dev: file_meta.dev(),
-                ino: file_meta.ino(),
+                dev: meta.dev(),
+                ino: meta.ino(),
             });
             self.pending.clear();
+            self.consumed = HEADER_LEN as u64;
             updates.push(Update::NewGeneration(header));
         }
         let Some(current) = self.current.as_mut() else {
             return Ok(updates);
         };
         let before = self.pending.len();
-        (&mut current.file)
-            .take(MAX_READ_PER_POLL)
+        let room = self.max_generation_bytes.saturating_sub(self.consumed);
+        let read = (&mut current.file)
+            .take(MAX_READ_PER_POLL.min(room + 1))
             .read_to_end(&mut self.pending)
             .map_err(ReadError::Io)?;
+        self.consumed += read as u64;
+        if self.consumed > self.max_generation_bytes {
+            self.pending.clear();
+            return Err(ReadError::TooLarge {
+                max: self.max_generation_bytes,
+            });
+        }
         if self.pending.len() == before && updates.is_empty() {
             return Ok(updates);
         }
@@ -252,6 +300,8 @@ impl Reader {
 pub enum ReadError {
     Io(io::Error),
     Format(DecodeError),
+    /// The generation grew past the reader's bound; it is not read further.
+    TooLarge { max: u64 },
 }
 
 impl std::fmt::Display for ReadError {
@@ -259,6 +309,9 @@ impl std::fmt::Display for ReadError {
         match self {
             Self::Io(err) => write!(f, "reading the sidecar records: {err}"),
             Self::Format(err) => write!(f, "sidecar records: {err}"),
+            Self::TooLarge { max } => {
+                write!(f, "sidecar records: a generation over {max} bytes")
+            }
         }
     }
 }

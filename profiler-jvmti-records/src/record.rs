@@ -19,6 +19,7 @@ const KIND_COMPILED_METHOD_LOAD: u8 = 1;
 const KIND_COMPILED_METHOD_UNLOAD: u8 = 2;
 const KIND_DYNAMIC_CODE: u8 = 3;
 const KIND_AGENT_STATS: u8 = 4;
+const KIND_AGENT_STATUS: u8 = 5;
 
 /// Start of every records file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,6 +154,9 @@ pub enum Record {
     },
     /// How the agent is doing, written every few seconds while it records.
     AgentStats(AgentStats),
+    /// What the agent is doing and why: written when it starts, at the start of each
+    /// generation and whenever it changes (the last one read is current).
+    AgentStatus(AgentStatus),
 }
 
 /// The agent's own accounting, cumulative since it loaded.
@@ -164,6 +168,44 @@ pub struct AgentStats {
     /// Records written, and records lost (too big, or the file could not be written).
     pub records_written: u64,
     pub records_dropped: u64,
+}
+
+/// [`AgentStatus::flags`]: the agent's callbacks are enabled and records flow. Without it the
+/// agent is loaded but inert (see [`AgentStatus::error`]): nothing more will be recorded.
+pub const STATUS_RECORDING: u32 = 1 << 0;
+/// [`AgentStatus::flags`]: `method_ptr` fields hold the `Method*` behind each jmethodID. Without
+/// it they are all 0 (a JVM version the agent does not know, where that read is not safe).
+pub const STATUS_METHOD_PTRS: u32 = 1 << 1;
+/// [`AgentStatus::flags`]: the agent was told (option `assume_unknown_version`) to treat the JVM
+/// as a version it does not know.
+pub const STATUS_ASSUMED_UNKNOWN_VERSION: u32 = 1 << 2;
+
+/// The agent's state.
+///
+/// Encoded as kind 5: `u32 flags`, `u32 jvm_feature_version`, `str jvm_version`, `str error`.
+/// Fields may be appended later: readers ignore bytes past the ones they know, so this kind's
+/// layout can grow without a [`VERSION`] bump. Readers older than this kind skip it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AgentStatus {
+    /// `STATUS_*` bits.
+    pub flags: u32,
+    /// The JVM's feature version as the agent read it (e.g. 17), 0 if it could not tell.
+    pub jvm_feature_version: u32,
+    /// The version properties the agent read, e.g. `17 (17.0.16+8-Debian-1deb12u1)`; empty if
+    /// none could be read.
+    pub jvm_version: String,
+    /// Why the agent stopped recording (or could not start); empty while all is well.
+    pub error: String,
+}
+
+impl AgentStatus {
+    pub fn recording(&self) -> bool {
+        self.flags & STATUS_RECORDING != 0
+    }
+
+    pub fn method_ptrs(&self) -> bool {
+        self.flags & STATUS_METHOD_PTRS != 0
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -241,6 +283,13 @@ pub fn encode(record: &Record, out: &mut Vec<u8>) {
             put_u64(out, stats.heap_peak_bytes);
             put_u64(out, stats.records_written);
             put_u64(out, stats.records_dropped);
+        }
+        Record::AgentStatus(status) => {
+            out.push(KIND_AGENT_STATUS);
+            put_u32(out, status.flags);
+            put_u32(out, status.jvm_feature_version);
+            put_str(out, &status.jvm_version);
+            put_str(out, &status.error);
         }
     }
     let body = (out.len() - start - 4) as u32;
@@ -333,6 +382,12 @@ pub fn decode(bytes: &[u8]) -> Result<Option<(Option<Record>, usize)>, DecodeErr
             heap_peak_bytes: r.u64()?,
             records_written: r.u64()?,
             records_dropped: r.u64()?,
+        })),
+        KIND_AGENT_STATUS => Some(Record::AgentStatus(AgentStatus {
+            flags: r.u32()?,
+            jvm_feature_version: r.u32()?,
+            jvm_version: r.string()?,
+            error: r.string()?,
         })),
         _ => None,
     };
@@ -454,6 +509,18 @@ mod tests {
                 records_written: 7,
                 records_dropped: 8,
             }),
+            Record::AgentStatus(AgentStatus {
+                flags: STATUS_RECORDING | STATUS_METHOD_PTRS,
+                jvm_feature_version: 17,
+                jvm_version: "17 (17.0.16+8-Debian-1deb12u1)".into(),
+                error: String::new(),
+            }),
+            Record::AgentStatus(AgentStatus {
+                flags: STATUS_ASSUMED_UNKNOWN_VERSION,
+                jvm_feature_version: 0,
+                jvm_version: String::new(),
+                error: "enabling event 68 failed (98)".into(),
+            }),
         ];
         let mut bytes = Vec::new();
         for record in &records {
@@ -468,6 +535,44 @@ mod tests {
             offset += used;
         }
         assert_eq!(offset, bytes.len());
+    }
+
+    #[test]
+    fn a_status_record_is_skipped_by_old_readers_and_may_grow() {
+        let status = AgentStatus {
+            flags: STATUS_RECORDING,
+            jvm_feature_version: 25,
+            jvm_version: "25 (25+36-LTS)".into(),
+            error: String::new(),
+        };
+        let mut bytes = Vec::new();
+        encode(&Record::AgentStatus(status.clone()), &mut bytes);
+        assert_eq!(bytes[4], 5, "kind");
+        // What a reader without this kind does: skip the body by its length.
+        let body_len = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
+        assert_eq!(4 + body_len, bytes.len());
+        // A later agent appends a field: this reader still decodes what it knows, and takes
+        // the whole record.
+        bytes.extend_from_slice(&7u64.to_le_bytes());
+        let grown = (body_len + 8) as u32;
+        bytes[..4].copy_from_slice(&grown.to_le_bytes());
+        assert_eq!(
+            decode(&bytes),
+            Ok(Some((Some(Record::AgentStatus(status)), bytes.len())))
+        );
+        // Cut inside its strings: malformed, not a panic.
+        let mut cut = Vec::new();
+        encode(
+            &Record::AgentStatus(AgentStatus {
+                error: "x".repeat(10),
+                ..AgentStatus::default()
+            }),
+            &mut cut,
+        );
+        let short = (cut.len() - 4 - 3) as u32;
+        cut[..4].copy_from_slice(&short.to_le_bytes());
+        cut.truncate(cut.len() - 3);
+        assert!(decode(&cut).is_err());
     }
 
     #[test]

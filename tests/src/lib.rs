@@ -30,6 +30,25 @@ pub fn daemon_binary() -> PathBuf {
     path
 }
 
+/// Whether `PROFILER_TESTS_SKIP` (a comma-separated list, e.g. `podman,root`) allows skipping
+/// tests that need `what`. Without it a test that cannot run fails: a skip must be asked for,
+/// never pass unnoticed.
+pub fn skip_allowed(what: &str) -> bool {
+    std::env::var("PROFILER_TESTS_SKIP")
+        .is_ok_and(|list| list.split(',').any(|item| item.trim() == what))
+}
+
+/// For a test that cannot run because `what` is missing (`why` says how): panics, unless
+/// `PROFILER_TESTS_SKIP` lists `what`, in which case it prints why and the caller returns.
+#[track_caller]
+pub fn skip_or_fail(what: &str, why: &str) {
+    assert!(
+        skip_allowed(what),
+        "{why} (set PROFILER_TESTS_SKIP={what} to skip this test instead of failing)"
+    );
+    eprintln!("SKIPPED (PROFILER_TESTS_SKIP lists {what}): {why}");
+}
+
 pub fn workloads_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads")
 }

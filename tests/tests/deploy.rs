@@ -24,6 +24,8 @@ const CAPABILITIES: &[&str] = &[
     "DAC_READ_SEARCH",
     "SYSLOG",
     "CHECKPOINT_RESTORE",
+    "SETUID",
+    "SETGID",
 ];
 
 /// The bound on `systemd-analyze security`'s exposure (0 safe .. 10 exposed; the unit scores
@@ -662,7 +664,10 @@ const IMAGE_TAG: &str = "localhost/jvm-profiler:latest";
 #[test]
 fn container_image_profiles_a_jvm_on_the_host() {
     if !command_exists("podman") {
-        eprintln!("SKIPPED: podman is not installed (cargo xtask test installs it)");
+        skip_or_fail(
+            "podman",
+            "podman is not installed (cargo xtask test installs it)",
+        );
         return;
     }
     let built = xtask(&["image"], &daemon_binary());
@@ -681,7 +686,10 @@ fn container_image_profiles_a_jvm_on_the_host() {
             .iter()
             .any(|word| why.contains(word));
         assert!(environment, "the image does not start: {why}");
-        eprintln!("SKIPPED: podman cannot run containers on this host: {why}");
+        skip_or_fail(
+            "podman",
+            &format!("podman cannot run containers on this host: {why}"),
+        );
         return;
     }
 

@@ -293,7 +293,7 @@ fn a_jvm_in_its_own_mount_namespace_with_a_private_tmp_is_attached() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(
-        stdout.contains("agent /tmp/jvm-profiler-agent-"),
+        stdout.contains("agent /tmp/.jvm-profiler-agent-"),
         "the agent is copied into the JVM's /tmp: {stdout}"
     );
     let inside = PathBuf::from(format!(".jvm-profiler-{}/records", jvm.pid()));

@@ -282,7 +282,26 @@ fn setup_tests(root: &Path) -> Result<()> {
     install_python_packages(root)?;
     install_missing_commands(TEST_PACKAGES)?;
     setup_deploy_tests(root)?;
+    ensure_test_user()?;
     Ok(())
+}
+
+/// The unprivileged account the security tests run JVMs as (a hostile local user): a system
+/// user without a home or shell. Creating it needs root, as the tests do.
+pub const TEST_USER: &str = "profiler-test";
+
+fn ensure_test_user() -> Result<()> {
+    if succeeds(Command::new("id").arg("-u").arg(TEST_USER)) {
+        return Ok(());
+    }
+    eprintln!("xtask: creating the unprivileged test user {TEST_USER}");
+    run(Command::new("useradd").args([
+        "--system",
+        "--no-create-home",
+        "--shell",
+        "/usr/sbin/nologin",
+        TEST_USER,
+    ]))
 }
 
 /// What tests/tests/deploy.rs uses: podman (with runc, which runs containers on hybrid-cgroup

@@ -106,7 +106,7 @@ impl Jvm {
         cache: &mut LayoutCache,
     ) -> Result<Self, JvmError> {
         let mapping = LibJvmMapping::find(process).ok_or(LibJvmError::NotAJvm)?;
-        let symbols = read_exported_symbols(&mapping)?;
+        let symbols = read_exported_symbols(process, &mapping)?;
         let bias = mapping.start.wrapping_sub(symbols.first_segment_vaddr);
         let (symbols, layout) = match symbols
             .build_id

@@ -1,10 +1,15 @@
 //! Finding a process's libjvm.so and the `gHotSpot*` symbols that locate its VMStructs tables.
 
+use std::fs::File;
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use object::{Object, ObjectSegment, ObjectSymbol};
 
-use crate::process::ProcessInfo;
+use crate::process::{Backing, Mapping, ProcessInfo};
+
+/// Largest libjvm.so read (about 20 MB stripped, a few hundred MB with debug info).
+const MAX_LIBJVM_BYTES: u64 = 1 << 30;
 
 /// The 24 exported symbols, in the order [`ExportedSymbols::values`] stores them.
 pub const SYMBOL_NAMES: [&str; 24] = [
@@ -54,26 +59,32 @@ pub enum LibJvmError {
 pub struct LibJvmMapping {
     /// The path in the process's mount namespace.
     pub path: PathBuf,
-    /// Paths that open it from the daemon (through /proc/PID/root first).
-    pub host_paths: Vec<PathBuf>,
     /// Start of the mapping of file offset 0.
     pub start: u64,
+    /// That mapping, to open the very file mapped.
+    region: Mapping,
 }
 
 impl LibJvmMapping {
     pub fn find(process: &ProcessInfo) -> Option<Self> {
         // Executable mappings only are kept by ProcessInfo; libjvm's first segment (offset 0)
         // is read-only, so look at the full maps for it.
-        let maps = procfs::process::Process::new(process.pid as i32)
-            .ok()?
-            .maps()
-            .ok()?;
+        let maps = crate::process::read_all_mappings(process.pid).ok()?;
         maps.into_iter().find_map(|map| match map.pathname {
             procfs::process::MMapPath::Path(path)
                 if map.offset == 0 && path.file_name().is_some_and(|n| n == "libjvm.so") =>
             {
                 Some(Self {
-                    host_paths: process.host_paths(&path),
+                    region: Mapping {
+                        start: map.address.0,
+                        end: map.address.1,
+                        offset: 0,
+                        backing: Backing::File {
+                            path: path.clone(),
+                            dev: libc::makedev(map.dev.0 as u32, map.dev.1 as u32),
+                            inode: map.inode,
+                        },
+                    },
                     path,
                     start: map.address.0,
                 })
@@ -95,11 +106,22 @@ pub struct ExportedSymbols {
 }
 
 impl ExportedSymbols {
-    pub fn read(path: &Path) -> Result<Self, LibJvmError> {
-        let bytes = std::fs::read(path).map_err(|source| LibJvmError::Read {
+    /// Reads the file `file` (libjvm as mapped at `path`), bounded in size.
+    pub fn read(mut file: File, path: &Path) -> Result<Self, LibJvmError> {
+        let read_error = |source| LibJvmError::Read {
             path: path.to_owned(),
             source,
-        })?;
+        };
+        let mut bytes = Vec::new();
+        (&mut file)
+            .take(MAX_LIBJVM_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(read_error)?;
+        if bytes.len() as u64 > MAX_LIBJVM_BYTES {
+            return Err(read_error(std::io::Error::other(format!(
+                "over {MAX_LIBJVM_BYTES} bytes"
+            ))));
+        }
         Self::parse(&bytes, path)
     }
 
@@ -139,14 +161,16 @@ impl ExportedSymbols {
     }
 }
 
-/// Reads the first host path that works.
-pub fn read_exported_symbols(mapping: &LibJvmMapping) -> Result<ExportedSymbols, LibJvmError> {
-    let mut last = None;
-    for path in &mapping.host_paths {
-        match ExportedSymbols::read(path) {
-            Ok(symbols) => return Ok(symbols),
-            Err(err) => last = Some(err),
-        }
-    }
-    Err(last.unwrap_or(LibJvmError::NotAJvm))
+/// Reads the libjvm `process` maps (the very file mapped, opened as untrusted input).
+pub fn read_exported_symbols(
+    process: &ProcessInfo,
+    mapping: &LibJvmMapping,
+) -> Result<ExportedSymbols, LibJvmError> {
+    let file = process
+        .open_mapped_file(&mapping.region)
+        .map_err(|refused| LibJvmError::Read {
+            path: mapping.path.clone(),
+            source: std::io::Error::other(refused),
+        })?;
+    ExportedSymbols::read(file, &mapping.path)
 }

@@ -112,13 +112,15 @@ struct JvmSymbols<M: RemoteMemory> {
 }
 
 /// The sidecar agents' own reports, summed over the JVMs tracked.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct SidecarTotals {
     /// Agents that reported their stats.
     pub agents: u64,
     pub heap_live_bytes: u64,
     /// Records the agents could not write since the previous call.
     pub new_dropped_records: u64,
+    /// JVMs whose records file was last refused or unreadable, by reason.
+    pub refused: std::collections::BTreeMap<&'static str, u64>,
 }
 
 /// Resolves Java frames of many JVMs.
@@ -143,7 +145,7 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
     pub fn add(&mut self, jvm: Jvm, memory: M) {
         let sidecar = crate::sidecar::attach::Target::of(jvm.pid)
             .ok()
-            .map(|target| SidecarIndex::new(target.pid, target.nspid));
+            .map(|target| SidecarIndex::new(target.pid, target.nspid, target.euid));
         self.jvms.insert(
             jvm.pid,
             JvmSymbols {
@@ -176,6 +178,9 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
                 totals.heap_live_bytes += stats.heap_live_bytes;
             }
             totals.new_dropped_records += sidecar.take_new_drops();
+            if let Some(reason) = sidecar.refused() {
+                *totals.refused.entry(reason).or_default() += 1;
+            }
         }
         totals
     }

@@ -472,7 +472,12 @@ fn host_tids(pid: u32) -> Option<HashMap<u32, u32>> {
         .ok()?
         .flatten()
     {
-        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+        let task = entry.file_name();
+        let Ok(status) = crate::untrusted::read_proc_text(
+            pid,
+            &format!("task/{}/status", task.to_string_lossy()),
+            crate::untrusted::MAX_PROC_FILE,
+        ) else {
             continue;
         };
         let Some(line) = status.lines().find_map(|l| l.strip_prefix("NSpid:")) else {

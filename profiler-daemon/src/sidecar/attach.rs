@@ -1,22 +1,34 @@
 //! HotSpot dynamic attach from outside the JVM, also into other mount namespaces.
 //!
-//! The protocol (JDK 9 to 25 on Linux; facts in hotspot-notes.md 5.2): the JVM listens on
+//! The protocol (JDK 9 to 25 on Linux; see docs/hotspot-attach.md): the JVM listens on
 //! `/tmp/.java_pid<nspid>` in its own namespace, but only after it saw a trigger file
-//! `.attach_pid<nspid>` (owned by its euid) and a SIGQUIT. It accepts a peer only with its own
-//! euid/egid (`SO_PEERCRED`), so the connection is made from a forked child that switched to the
-//! JVM's credentials; the daemon never changes its own. The request is `1\0load\0PATH\0true\0
-//! OPTIONS\0`; the path is resolved inside the JVM's namespace, so the agent is copied there
-//! first when the JVM has its own mount namespace.
+//! `.attach_pid<nspid>` (owned by its euid, in its working directory or /tmp) and a SIGQUIT. It
+//! accepts a peer only with its own euid/egid (`SO_PEERCRED`). The request is
+//! `1\0load\0PATH\0true\0OPTIONS\0`; the path is resolved inside the JVM's namespace, so the
+//! agent is copied there first when the JVM has its own mount namespace.
+//!
+//! Everything in the JVM's directories belongs to the JVM's user, who may plant symlinks, FIFOs
+//! or mounts there. So the daemon, which runs as root, never creates, opens or removes a file
+//! there by path. It resolves the two directories it needs (the JVM's working directory and its
+//! `/tmp`) to descriptors, confined to the JVM's root; a forked child then closes every other
+//! descriptor, switches to the JVM's uid and gid, drops every capability, and only then creates
+//! the trigger (`O_CREAT|O_EXCL|O_NOFOLLOW`), signals the JVM, waits for its socket, connects and
+//! exchanges the request: whatever the user planted, the child can do no more than the user
+//! could. The agent copy (another mount namespace only) is created by the daemon under a fresh
+//! name (`O_EXCL|O_NOFOLLOW`, mode 0644, in the sticky `/tmp` nobody else can replace it in) and
+//! removed once loaded: a copy is never reused.
 
 use std::ffi::CString;
 use std::fs::File;
 use std::io::Write as _;
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt as _;
-use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
+
+use crate::untrusted;
 
 /// How long the JVM may take to start its listener after SIGQUIT (jattach waits about as long).
 const LISTENER_WAIT: Duration = Duration::from_secs(6);
@@ -24,6 +36,8 @@ const LISTENER_WAIT: Duration = Duration::from_secs(6);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest reply kept (`load` replies are a line or two).
 const MAX_REPLY: usize = 64 * 1024;
+/// Largest agent library copied into a JVM's namespace.
+const MAX_AGENT_BYTES: u64 = 256 << 20;
 
 /// A JVM as seen from the daemon.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,7 +51,7 @@ pub struct Target {
 
 impl Target {
     pub fn of(pid: u32) -> Result<Self> {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        let status = untrusted::read_proc_text(pid, "status", untrusted::MAX_PROC_FILE)
             .with_context(|| format!("process {pid} not found"))?;
         Self::parse_status(pid, &status)
     }
@@ -80,8 +94,9 @@ impl Target {
         self.root().join(inside.strip_prefix("/").unwrap_or(inside))
     }
 
-    fn socket(&self) -> PathBuf {
-        self.host_path(Path::new(&format!("/tmp/.java_pid{}", self.nspid)))
+    /// The attach socket's name in the JVM's /tmp.
+    fn socket_name(&self) -> String {
+        format!(".java_pid{}", self.nspid)
     }
 
     /// True if the JVM lives in another mount namespace than the daemon.
@@ -113,14 +128,27 @@ pub struct Attached {
 pub fn attach(pid: u32, agent: &Path, options: &str) -> Result<Attached> {
     let started = Instant::now();
     let target = Target::of(pid)?;
-    let agent_path = place_agent(&target, agent)?;
-    let started_listener = ensure_listener(&target)?;
-    let request = load_request(&agent_path, options)?;
-    let reply = exchange_as(&target, &target.socket(), &request)?;
+    let tmp = untrusted::open_tmp_dir(pid)
+        .map_err(|refused| anyhow!("the JVM's /tmp cannot be used: {refused}"))?;
+    // The working directory is only a preferred place for the trigger.
+    let cwd = untrusted::open_cwd_dir(pid).ok();
+    let placed = place_agent(&target, &tmp, agent)?;
+    // SIGQUIT kills a JVM that does not handle it yet (still starting) or at all (-Xrs); the
+    // child only signals when the socket is missing, but it cannot read /proc as the JVM's user
+    // in every setup, so the daemon checks first.
+    let listening = socket_exists(&tmp, &target.socket_name());
+    if !listening {
+        wait_for_sigquit_handler(pid)?;
+    }
+    let request = load_request(&placed.inside, options)?;
+    let outcome = exchange_as(&target, &tmp, cwd.as_ref(), &request);
+    // Loaded or not, the copy is no longer needed: a JVM that mapped it keeps its inode.
+    placed.remove(&tmp);
+    let (started_listener, reply) = outcome?;
     parse_load_reply(&reply).map_err(|message| {
         anyhow!(
             "JVM {pid} refused to load {}: {message}",
-            agent_path.display()
+            placed.inside.display()
         )
     })?;
     Ok(Attached {
@@ -128,123 +156,148 @@ pub fn attach(pid: u32, agent: &Path, options: &str) -> Result<Attached> {
             &profiler_jvmti_records::channel::records_dir(target.nspid)
                 .join(profiler_jvmti_records::channel::RECORDS_FILE),
         ),
-        agent_path,
+        agent_path: placed.inside,
         started_listener,
         elapsed: started.elapsed(),
     })
 }
 
+/// The agent as the JVM reaches it.
+struct PlacedAgent {
+    /// Its path inside the JVM's namespace.
+    inside: PathBuf,
+    /// The name of the copy made in the JVM's /tmp, if one was made.
+    copy: Option<CString>,
+}
+
+impl PlacedAgent {
+    fn remove(&self, tmp: &OwnedFd) {
+        if let Some(name) = &self.copy {
+            // SAFETY: a name relative to our directory descriptor; unlinkat does not follow it.
+            unsafe { libc::unlinkat(tmp.as_raw_fd(), name.as_ptr(), 0) };
+        }
+    }
+}
+
 /// Makes the agent reachable from inside the JVM's mount namespace: the same path when it shares
-/// ours, else a copy in its /tmp named after our version and the file's content.
-fn place_agent(target: &Target, agent: &Path) -> Result<PathBuf> {
+/// ours, else a fresh copy in its /tmp that nobody else can have written.
+fn place_agent(target: &Target, tmp: &OwnedFd, agent: &Path) -> Result<PlacedAgent> {
     let agent = agent
         .canonicalize()
         .with_context(|| format!("agent library {}", agent.display()))?;
     if !target.other_mount_namespace() {
-        return Ok(agent);
+        return Ok(PlacedAgent {
+            inside: agent,
+            copy: None,
+        });
     }
+    let source = File::open(&agent).with_context(|| format!("reading {}", agent.display()))?;
+    untrusted::check_regular(
+        &source,
+        untrusted::Expect {
+            owner: None,
+            max_size: MAX_AGENT_BYTES,
+        },
+    )
+    .map_err(|refused| anyhow!("agent library {}: {refused}", agent.display()))?;
+    refuse_open_tmp(tmp)?;
     let bytes = std::fs::read(&agent).with_context(|| format!("reading {}", agent.display()))?;
     let name = format!(
-        "jvm-profiler-agent-{}-{:016x}.so",
-        env!("CARGO_PKG_VERSION"),
-        fnv1a(&bytes)
+        ".jvm-profiler-agent-{}-{}.so",
+        std::process::id(),
+        unique_suffix()
     );
-    let inside = Path::new("/tmp").join(&name);
-    let host = target.host_path(&inside);
-    if std::fs::metadata(&host).is_ok_and(|m| m.len() == bytes.len() as u64) {
-        return Ok(inside);
-    }
-    // Write beside, then rename: a JVM that mapped an earlier copy keeps its inode.
-    let partial =
-        target.host_path(&Path::new("/tmp").join(format!(".{name}.{}", std::process::id())));
-    let write = || -> std::io::Result<()> {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&partial)?;
-        file.write_all(&bytes)?;
-        file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
-        std::fs::rename(&partial, &host)
-    };
-    write().map_err(|err| {
-        let _ = std::fs::remove_file(&partial);
-        anyhow!(
-            "copying the agent into the JVM's namespace ({}): {err}",
-            host.display()
+    let c_name = CString::new(name.clone())?;
+    // SAFETY: a name relative to our directory descriptor. O_EXCL|O_NOFOLLOW: never an existing
+    // file or a planted link; the result is a fresh descriptor we own.
+    let fd = unsafe {
+        libc::openat(
+            tmp.as_raw_fd(),
+            c_name.as_ptr(),
+            libc::O_WRONLY
+                | libc::O_CREAT
+                | libc::O_EXCL
+                | libc::O_NOFOLLOW
+                | libc::O_CLOEXEC
+                | libc::O_NONBLOCK,
+            0o644 as libc::c_uint,
         )
-    })?;
-    Ok(inside)
-}
-
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, b| {
-        (hash ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
-fn is_socket(path: &Path) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
-}
-
-/// Starts the JVM's attach listener unless it runs. Returns true if it had to be started.
-fn ensure_listener(target: &Target) -> Result<bool> {
-    let socket = target.socket();
-    if is_socket(&socket) {
-        return Ok(false);
-    }
-    // SIGQUIT kills a JVM that does not handle it yet (still starting) or at all (-Xrs).
-    wait_for_sigquit_handler(target.pid)?;
-    let trigger_name = format!(".attach_pid{}", target.nspid);
-    // HotSpot looks in its working directory first, then in /tmp.
-    let candidates = [
-        PathBuf::from(format!("/proc/{}/cwd", target.pid)).join(&trigger_name),
-        target.host_path(&Path::new("/tmp").join(&trigger_name)),
-    ];
-    let trigger = candidates
-        .iter()
-        .find(|path| create_trigger(path, target).is_ok())
-        .ok_or_else(|| {
-            anyhow!(
-                "cannot create the attach trigger file {} (nor in the JVM's /tmp)",
-                candidates[0].display()
-            )
-        })?;
-    // SAFETY: plain kill(2) on the host pid.
-    let rc = unsafe { libc::kill(target.pid as libc::pid_t, libc::SIGQUIT) };
-    let signalled = if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
     };
-    let deadline = Instant::now() + LISTENER_WAIT;
-    let mut pause = Duration::from_millis(10);
-    while signalled.is_ok() && !is_socket(&socket) && Instant::now() < deadline {
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(200));
-    }
-    let _ = std::fs::remove_file(trigger);
-    if let Err(err) = signalled {
-        bail!("cannot signal JVM {}: {err}", target.pid);
-    }
-    if !is_socket(&socket) {
+    if fd < 0 {
         bail!(
-            "attach mechanism disabled or not responding: JVM {} opened no /tmp/.java_pid{} within \
-             {} s of SIGQUIT (started with -XX:+DisableAttachMechanism?)",
-            target.pid,
-            target.nspid,
-            LISTENER_WAIT.as_secs()
+            "copying the agent into the JVM's /tmp ({}): {}",
+            target.host_path(&Path::new("/tmp").join(&name)).display(),
+            std::io::Error::last_os_error()
         );
     }
-    Ok(true)
+    // SAFETY: the fresh descriptor is ours.
+    let mut file = unsafe { File::from_raw_fd(fd) };
+    let placed = PlacedAgent {
+        inside: Path::new("/tmp").join(&name),
+        copy: Some(c_name),
+    };
+    // The umask may have narrowed the mode; the JVM's user must read it, nobody else write it.
+    let written = file
+        .write_all(&bytes)
+        .and_then(|()| {
+            // SAFETY: fchmod on our descriptor.
+            match unsafe { libc::fchmod(file.as_raw_fd(), 0o644) } {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    if let Err(err) = written {
+        placed.remove(tmp);
+        bail!("copying the agent into the JVM's /tmp: {err}");
+    }
+    Ok(placed)
+}
+
+/// Refuses a /tmp where others could replace our copy: writable by group or others without the
+/// sticky bit (which keeps them from renaming over or removing files they do not own).
+fn refuse_open_tmp(tmp: &OwnedFd) -> Result<()> {
+    // SAFETY: all-zero is a valid stat buffer; fstat on our descriptor.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(tmp.as_raw_fd(), &mut stat) } != 0 {
+        bail!("the JVM's /tmp: {}", std::io::Error::last_os_error());
+    }
+    let writable_by_others = stat.st_mode & 0o022 != 0;
+    if writable_by_others && stat.st_mode & libc::S_ISVTX == 0 {
+        bail!(
+            "the JVM's /tmp is writable by others and not sticky (mode {:o}): the agent copy could \
+             be replaced there, so it is not placed",
+            stat.st_mode & 0o7777
+        );
+    }
+    Ok(())
+}
+
+/// A name part no one can predict or have planted before (a collision fails with EEXIST).
+fn unique_suffix() -> String {
+    let mut bytes = [0u8; 8];
+    // SAFETY: getrandom fills our buffer; on failure the clock still makes the name fresh.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), libc::GRND_NONBLOCK) };
+    let random = if n == bytes.len() as isize {
+        u64::from_le_bytes(bytes)
+    } else {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    };
+    format!("{random:016x}")
+}
+
+/// True if `name` in the directory `dir` is a socket (not followed if a link).
+fn socket_exists(dir: &OwnedFd, name: &str) -> bool {
+    // SAFETY: a directory descriptor we own.
+    CString::new(name).is_ok_and(|name| unsafe { is_socket_at(dir.as_raw_fd(), &name) })
 }
 
 /// Waits (briefly) until `pid` catches SIGQUIT, per the `SigCgt` mask of /proc/PID/status.
 fn wait_for_sigquit_handler(pid: u32) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        let status = untrusted::read_proc_text(pid, "status", untrusted::MAX_PROC_FILE)
             .with_context(|| format!("process {pid} exited"))?;
         if catches_sigquit(&status) {
             return Ok(());
@@ -265,16 +318,6 @@ fn catches_sigquit(status: &str) -> bool {
         .find_map(|line| line.strip_prefix("SigCgt:"))
         .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
         .is_some_and(|mask| mask & (1 << (libc::SIGQUIT - 1)) != 0)
-}
-
-/// HotSpot honours the trigger only if the JVM's euid owns it.
-fn create_trigger(path: &Path, target: &Target) -> std::io::Result<()> {
-    let file = File::create(path)?;
-    if let Err(err) = std::os::unix::fs::fchown(&file, Some(target.euid), Some(target.egid)) {
-        let _ = std::fs::remove_file(path);
-        return Err(err);
-    }
-    Ok(())
 }
 
 fn load_request(agent: &Path, options: &str) -> Result<Vec<u8>> {
@@ -312,21 +355,42 @@ pub fn parse_load_reply(reply: &[u8]) -> std::result::Result<(), String> {
     }
 }
 
-/// Sends `request` on the JVM's attach socket as the JVM's euid/egid and returns the reply.
+/// What the child needs, all prepared before `fork` (the child may not allocate).
+struct ChildPlan<'a> {
+    target: &'a Target,
+    /// Descriptors of the JVM's /tmp and working directory (`O_PATH`).
+    tmp: RawFd,
+    cwd: Option<RawFd>,
+    trigger: CString,
+    socket: CString,
+    /// The socket reached through our /tmp descriptor: `/proc/self/fd/N/.java_pidNSPID`.
+    address: libc::sockaddr_un,
+    request: &'a [u8],
+    /// The pipe's write end: the child's report.
+    out: RawFd,
+}
+
+/// Starts the JVM's listener if needed and sends `request`, as the JVM's euid/egid, from a
+/// forked child; returns whether the listener had to be started, and the JVM's reply.
 ///
-/// A forked child does the exchange so the daemon's credentials never change. Between fork and
-/// `_exit` the child only makes system calls on memory prepared before the fork (the daemon is
-/// multi-threaded: allocating or locking there could deadlock).
-fn exchange_as(target: &Target, socket: &Path, request: &[u8]) -> Result<Vec<u8>> {
-    let path = CString::new(socket.as_os_str().as_bytes())?;
+/// The daemon's credentials never change. Between fork and `_exit` the child only makes system
+/// calls on memory prepared before the fork (the daemon is multi-threaded: allocating or locking
+/// there could deadlock).
+fn exchange_as(
+    target: &Target,
+    tmp: &OwnedFd,
+    cwd: Option<&OwnedFd>,
+    request: &[u8],
+) -> Result<(bool, Vec<u8>)> {
+    let via_fd = format!("/proc/self/fd/{}/{}", tmp.as_raw_fd(), target.socket_name());
     // SAFETY: all-zero is a valid sockaddr_un.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let bytes = path.as_bytes_with_nul();
-    if bytes.len() > addr.sun_path.len() {
-        bail!("socket path {} is too long", socket.display());
+    let mut address: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    address.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = CString::new(via_fd)?.into_bytes_with_nul();
+    if bytes.len() > address.sun_path.len() {
+        bail!("socket path too long");
     }
-    for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
+    for (dst, src) in address.sun_path.iter_mut().zip(&bytes) {
         *dst = *src as libc::c_char;
     }
     let mut reply = vec![0u8; MAX_REPLY];
@@ -336,7 +400,19 @@ fn exchange_as(target: &Target, socket: &Path, request: &[u8]) -> Result<Vec<u8>
         bail!("pipe: {}", std::io::Error::last_os_error());
     }
     let (read_end, write_end) = (fds[0], fds[1]);
-    // SAFETY: the child runs only async-signal-safe code (see `child_exchange`).
+    let plan = ChildPlan {
+        target,
+        tmp: tmp.as_raw_fd(),
+        cwd: cwd.map(|fd| fd.as_raw_fd()),
+        trigger: CString::new(format!(".attach_pid{}", target.nspid))?,
+        socket: CString::new(target.socket_name())?,
+        address,
+        request,
+        out: write_end,
+    };
+    let mut keep = [plan.tmp, plan.cwd.unwrap_or(plan.tmp), plan.out];
+    keep.sort_unstable();
+    // SAFETY: the child runs only async-signal-safe code (see `child_attach`).
     let child = unsafe { libc::fork() };
     if child < 0 {
         let err = std::io::Error::last_os_error();
@@ -350,16 +426,16 @@ fn exchange_as(target: &Target, socket: &Path, request: &[u8]) -> Result<Vec<u8>
     if child == 0 {
         // SAFETY: in the child, with everything prepared above.
         unsafe {
-            libc::close(read_end);
-            let status = child_exchange(target, &addr, request, &mut reply, write_end);
+            close_all_but(&keep);
+            let status = child_attach(&plan, &mut reply);
             libc::_exit(status);
         }
     }
     // SAFETY: the parent's copy of the write end.
     unsafe { libc::close(write_end) };
     // SAFETY: read_end is ours; File takes ownership and closes it.
-    let mut pipe = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(read_end) };
-    let result = read_with_deadline(&mut pipe, Instant::now() + REQUEST_TIMEOUT);
+    let mut pipe = unsafe { File::from_raw_fd(read_end) };
+    let result = read_with_deadline(&mut pipe, Instant::now() + LISTENER_WAIT + REQUEST_TIMEOUT);
     if result.is_err() {
         // SAFETY: our child.
         unsafe { libc::kill(child, libc::SIGKILL) };
@@ -373,49 +449,114 @@ fn exchange_as(target: &Target, socket: &Path, request: &[u8]) -> Result<Vec<u8>
     } else {
         -1
     };
-    match code {
-        0 => Ok(output),
-        _ => {
-            let errno = output
-                .get(..4)
-                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .unwrap_or(0);
-            let err = std::io::Error::from_raw_os_error(errno);
-            Err(match code {
-                STEP_CREDENTIALS => anyhow!(
-                    "switching to the JVM's uid {} / gid {}: {err}",
-                    target.euid,
-                    target.egid
-                ),
-                STEP_CONNECT => anyhow!(
-                    "connecting to {}: {err} (attach mechanism not responding)",
-                    socket.display()
-                ),
-                STEP_SEND => anyhow!("sending the load request: {err}"),
-                STEP_RECEIVE => anyhow!("no reply from the JVM: {err}"),
-                _ => anyhow!("attach helper failed (status {status:#x})"),
-            })
-        }
+    if code == 0 {
+        let (started, reply) = output.split_first().map_or((false, &[][..]), |(s, r)| (*s == 1, r));
+        return Ok((started, reply.to_vec()));
     }
+    let errno = output
+        .get(..4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .unwrap_or(0);
+    let err = std::io::Error::from_raw_os_error(errno);
+    let socket = format!("/tmp/{}", target.socket_name());
+    Err(match code {
+        STEP_CREDENTIALS => anyhow!(
+            "switching to the JVM's uid {} / gid {}: {err}",
+            target.euid,
+            target.egid
+        ),
+        STEP_TRIGGER => anyhow!(
+            "cannot create the attach trigger file .attach_pid{} as the JVM's user, in its \
+             working directory nor in its /tmp: {err}",
+            target.nspid
+        ),
+        STEP_SIGNAL => anyhow!("cannot signal JVM {}: {err}", target.pid),
+        STEP_LISTENER => anyhow!(
+            "attach mechanism disabled or not responding: JVM {} opened no {socket} within {} s \
+             of SIGQUIT (started with -XX:+DisableAttachMechanism?)",
+            target.pid,
+            LISTENER_WAIT.as_secs()
+        ),
+        STEP_CONNECT => anyhow!("connecting to {socket}: {err} (attach mechanism not responding)"),
+        STEP_SEND => anyhow!("sending the load request: {err}"),
+        STEP_RECEIVE => anyhow!("no reply from the JVM: {err}"),
+        _ => anyhow!("attach helper failed (status {status:#x})"),
+    })
 }
 
 const STEP_CREDENTIALS: i32 = 10;
 const STEP_CONNECT: i32 = 11;
 const STEP_SEND: i32 = 12;
 const STEP_RECEIVE: i32 = 13;
+const STEP_TRIGGER: i32 = 14;
+const STEP_SIGNAL: i32 = 15;
+const STEP_LISTENER: i32 = 16;
 
-/// The forked child: switch credentials, connect, send, receive, write the reply (or the errno)
-/// to `out`. Returns the exit status: 0 or the failed step.
+/// Closes every descriptor but `keep` (sorted): the child must not carry the daemon's BPF maps,
+/// export connections or files into the JVM user's hands.
+///
+/// # Safety
+/// Only in a freshly forked child.
+unsafe fn close_all_but(keep: &[RawFd]) {
+    let mut from: libc::c_uint = 3;
+    for &fd in keep {
+        let fd = fd as libc::c_uint;
+        if fd > from {
+            // SAFETY: raw syscall on our own descriptor table.
+            unsafe { libc::syscall(libc::SYS_close_range, from, fd - 1, 0) };
+        }
+        from = from.max(fd + 1);
+    }
+    // SAFETY: as above.
+    unsafe { libc::syscall(libc::SYS_close_range, from, libc::c_uint::MAX, 0) };
+}
+
+/// Drops every capability of this (child) process: after switching from root the kernel does it,
+/// but a daemon running as a non-root user with ambient capabilities would keep them.
+///
+/// # Safety
+/// Raw syscall; affects only the calling process.
+unsafe fn drop_capabilities() -> bool {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    // _LINUX_CAPABILITY_VERSION_3: two 32-bit words of each set.
+    let mut header = Header {
+        version: 0x2008_0522,
+        pid: 0,
+    };
+    let data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: capset with a valid header and two data words.
+    unsafe {
+        libc::syscall(
+            libc::SYS_capset,
+            &mut header as *mut Header,
+            data.as_ptr(),
+        ) == 0
+    }
+}
+
+/// The forked child: switch credentials, start the listener if needed, connect, send, receive,
+/// and write the report (a byte saying whether the listener was started, then the reply; or the
+/// errno) to `plan.out`. Returns the exit status: 0 or the failed step.
 ///
 /// # Safety
 /// Only to be called in a freshly forked child; uses raw system calls only.
-unsafe fn child_exchange(
-    target: &Target,
-    addr: &libc::sockaddr_un,
-    request: &[u8],
-    reply: &mut [u8],
-    out: libc::c_int,
-) -> libc::c_int {
+unsafe fn child_attach(plan: &ChildPlan<'_>, reply: &mut [u8]) -> libc::c_int {
+    let out = plan.out;
     let fail = |step: libc::c_int| -> libc::c_int {
         // SAFETY: errno location of this thread; write to our pipe.
         unsafe {
@@ -426,6 +567,7 @@ unsafe fn child_exchange(
     };
     // SAFETY: raw syscalls affect only this (single-threaded) child.
     unsafe {
+        let target = plan.target;
         if target.euid != libc::geteuid() || target.egid != libc::getegid() {
             let (uid, gid) = (target.euid as libc::c_long, target.egid as libc::c_long);
             if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
@@ -433,6 +575,54 @@ unsafe fn child_exchange(
                 || libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0
             {
                 return fail(STEP_CREDENTIALS);
+            }
+        }
+        if !drop_capabilities() {
+            return fail(STEP_CREDENTIALS);
+        }
+        let started = !is_socket_at(plan.tmp, &plan.socket);
+        if started {
+            // HotSpot looks in its working directory first, then in /tmp.
+            let mut trigger_dir = -1;
+            for dir in [plan.cwd, Some(plan.tmp)].into_iter().flatten() {
+                let fd = libc::openat(
+                    dir,
+                    plan.trigger.as_ptr(),
+                    libc::O_WRONLY
+                        | libc::O_CREAT
+                        | libc::O_EXCL
+                        | libc::O_NOFOLLOW
+                        | libc::O_NONBLOCK
+                        | libc::O_CLOEXEC,
+                    0o600 as libc::c_uint,
+                );
+                if fd >= 0 {
+                    libc::close(fd);
+                    trigger_dir = dir;
+                    break;
+                }
+            }
+            if trigger_dir < 0 {
+                return fail(STEP_TRIGGER);
+            }
+            let signalled = libc::kill(target.pid as libc::pid_t, libc::SIGQUIT) == 0;
+            let mut waited = Duration::ZERO;
+            let mut pause = Duration::from_millis(10);
+            while signalled && !is_socket_at(plan.tmp, &plan.socket) && waited < LISTENER_WAIT {
+                let ts = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: pause.as_nanos() as libc::c_long,
+                };
+                libc::nanosleep(&ts, std::ptr::null_mut());
+                waited += pause;
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            libc::unlinkat(trigger_dir, plan.trigger.as_ptr(), 0);
+            if !signalled {
+                return fail(STEP_SIGNAL);
+            }
+            if !is_socket_at(plan.tmp, &plan.socket) {
+                return fail(STEP_LISTENER);
             }
         }
         let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
@@ -454,12 +644,13 @@ unsafe fn child_exchange(
         }
         if libc::connect(
             fd,
-            (addr as *const libc::sockaddr_un).cast(),
+            (&plan.address as *const libc::sockaddr_un).cast(),
             std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
         ) != 0
         {
             return fail(STEP_CONNECT);
         }
+        let request = plan.request;
         let mut sent = 0;
         while sent < request.len() {
             let n = libc::write(fd, request[sent..].as_ptr().cast(), request.len() - sent);
@@ -484,6 +675,8 @@ unsafe fn child_exchange(
             }
             received += n as usize;
         }
+        let flag = [u8::from(started)];
+        libc::write(out, flag.as_ptr().cast(), 1);
         let mut written = 0;
         while written < received {
             let n = libc::write(out, reply[written..].as_ptr().cast(), received - written);
@@ -493,6 +686,19 @@ unsafe fn child_exchange(
             written += n as usize;
         }
         0
+    }
+}
+
+/// `fstatat` without following: true if `name` in `dir` is a socket. Async-signal-safe.
+///
+/// # Safety
+/// `dir` must be a directory descriptor.
+unsafe fn is_socket_at(dir: RawFd, name: &CString) -> bool {
+    // SAFETY: all-zero is a valid stat buffer; a raw fstatat.
+    unsafe {
+        let mut stat: libc::stat = std::mem::zeroed();
+        libc::fstatat(dir, name.as_ptr(), &mut stat, libc::AT_SYMLINK_NOFOLLOW) == 0
+            && stat.st_mode & libc::S_IFMT == libc::S_IFSOCK
     }
 }
 
@@ -591,9 +797,6 @@ mod tests {
                 egid: 51
             }
         );
-        assert_eq!(
-            target.socket(),
-            PathBuf::from("/proc/4242/root/tmp/.java_pid7")
-        );
+        assert_eq!(target.socket_name(), ".java_pid7");
     }
 }

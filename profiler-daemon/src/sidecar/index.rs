@@ -10,10 +10,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use profiler_jvmti_records::channel::{Reader, Update};
+use profiler_jvmti_records::channel::{ReadError, Reader, Update};
 use profiler_jvmti_records::record::{self, AgentStats, Record};
 
 use crate::hotspot::symbolize::{stable_class_name, MethodInfo};
+use crate::untrusted::{self, Refused};
 
 const REFRESH_EVERY: Duration = Duration::from_millis(250);
 /// Until a records file shows up (most JVMs never load the agent), look less often: each look
@@ -66,22 +67,70 @@ pub struct SidecarIndex {
     /// The agent's latest stats record, and how many of its dropped records were counted.
     stats: Option<AgentStats>,
     drops_counted: u64,
+    /// Why the last poll failed (a reason label), until one succeeds.
+    refused: Option<&'static str>,
+}
+
+/// Every label [`SidecarIndex::refused`] can give.
+pub const REFUSAL_REASONS: [&str; 8] = [
+    "link",
+    "not_regular",
+    "wrong_owner",
+    "too_large",
+    "user_filesystem",
+    "io_error",
+    "malformed",
+    "not_found",
+];
+
+/// The metric label for a failed poll: the open's refusal, else the kind of read error.
+fn refusal_reason(err: &ReadError) -> &'static str {
+    match err {
+        ReadError::Io(io) => io
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<Refused>())
+            .map_or("io_error", Refused::reason),
+        ReadError::Format(_) => "malformed",
+        ReadError::TooLarge { .. } => "too_large",
+    }
 }
 
 impl SidecarIndex {
-    /// For host pid `pid`, whose pid in its own namespace is `nspid`.
-    pub fn new(pid: u32, nspid: u32) -> Self {
+    /// For host pid `pid`, whose pid in its own namespace is `nspid` and whose effective uid
+    /// (the owner the agent's files must have) is `euid`.
+    pub fn new(pid: u32, nspid: u32, euid: u32) -> Self {
         let inside = profiler_jvmti_records::channel::records_dir(nspid)
             .join(profiler_jvmti_records::channel::RECORDS_FILE);
-        let path = std::path::Path::new(&format!("/proc/{pid}/root"))
-            .join(inside.strip_prefix("/").unwrap_or(&inside));
+        let below_tmp = inside
+            .strip_prefix("/tmp")
+            .unwrap_or(&inside)
+            .to_path_buf();
+        let description = std::path::Path::new(&format!("/proc/{pid}/root")).join(
+            inside.strip_prefix("/").unwrap_or(&inside),
+        );
+        let max = profiler_jvmti_records::channel::DEFAULT_MAX_GENERATION_BYTES;
+        // The JVM's user owns the directory: open the file without following anything it
+        // could plant there, and never wait on it.
+        let open = move || match untrusted::open_in_tmp(
+            pid,
+            &below_tmp,
+            untrusted::Expect {
+                owner: Some(euid),
+                max_size: max,
+            },
+        ) {
+            Ok(file) => Ok(Some(file)),
+            Err(Refused::NotFound) => Ok(None),
+            Err(refused) => Err(std::io::Error::other(refused)),
+        };
         Self {
-            reader: Reader::new(path),
+            reader: Reader::with_opener(description, Box::new(open), max),
             nmethods: HashMap::new(),
             last_refresh: None,
             active: false,
             stats: None,
             drops_counted: 0,
+            refused: None,
         }
     }
 
@@ -97,9 +146,21 @@ impl SidecarIndex {
         }
         self.last_refresh = Some(Instant::now());
         let updates = match self.reader.poll() {
-            Ok(updates) => updates,
+            Ok(updates) => {
+                self.refused = None;
+                updates
+            }
             Err(err) => {
-                tracing::debug!(path = %self.reader.path().display(), %err, "sidecar records");
+                let reason = refusal_reason(&err);
+                if self.refused != Some(reason) {
+                    tracing::warn!(
+                        path = %self.reader.path().display(),
+                        %err,
+                        reason,
+                        "sidecar records not read (frames are named from the JVM's memory)"
+                    );
+                }
+                self.refused = Some(reason);
                 return;
             }
         };
@@ -152,6 +213,11 @@ impl SidecarIndex {
 
     pub fn is_empty(&self) -> bool {
         self.nmethods.is_empty()
+    }
+
+    /// Why the records were last not read, if they were not (a metric label).
+    pub fn refused(&self) -> Option<&'static str> {
+        self.refused
     }
 
     /// The agent's latest report of itself, if it sent one.
@@ -236,7 +302,7 @@ mod tests {
 
     #[test]
     fn chains_are_found_by_pc_offset_with_jvm_names_made_readable() {
-        let mut index = SidecarIndex::new(1, 1);
+        let mut index = SidecarIndex::new(1, 1, 0);
         index.apply(Update::Record(Record::CompiledMethodLoad(CompiledMethod {
             code_addr: 0x1000,
             code_size: 0x100,

@@ -2,18 +2,19 @@
 //! (symtab, dynsym and DWARF, through blazesym).
 //!
 //! Results are cached per binary, identified by its GNU build-id when it has one (so the same
-//! library in many processes or containers is parsed once), else by device and inode. Each
-//! binary is opened through one path that worked; if that process exits, the next process that
-//! maps the binary provides another.
+//! library in many processes or containers is parsed once), else by device and inode. Binaries
+//! are files of profiled processes: each is opened by [`ProcessInfo::open_mapped_file`] (the very
+//! file mapped, never a link or special file) and handed to blazesym as `/proc/self/fd/N`, so
+//! blazesym reads exactly what was checked.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use blazesym::symbolize::{source::Elf, source::Source, Input, Symbolizer};
 use hashbrown::HashMap;
 
 use super::{from_blazesym, ResolvedFrame};
-use crate::process::{Backing, ProcessInfo};
+use crate::process::{Backing, Mapping, ProcessInfo};
+use crate::untrusted;
 
 /// Bounds on what is cached; past them the caches start over, so memory stays bounded on hosts
 /// that run many distinct binaries.
@@ -29,8 +30,6 @@ enum BinaryKey {
 struct Binary {
     /// Index into `NativeSymbolizer::keys`, the per-binary part of the frame cache key.
     id: u32,
-    /// A host path that opened the file last time.
-    path: Option<PathBuf>,
     /// The file's name in the process's namespace, for frames that cannot be named.
     module: Arc<str>,
 }
@@ -75,21 +74,23 @@ impl NativeSymbolizer {
             *self = Self::new();
         }
         let mut out: Vec<Option<Arc<ResolvedFrame>>> = vec![None; addrs.len()];
-        // binary id -> (indexes into `addrs`, file offsets) still to symbolize.
-        let mut pending: HashMap<u32, (Vec<usize>, Vec<u64>)> = HashMap::new();
+        // binary id -> (indexes into `addrs`, file offsets, a mapping of it) still to symbolize.
+        let mut pending: HashMap<u32, (Vec<usize>, Vec<u64>, &Mapping)> = HashMap::new();
 
         for (index, &addr) in addrs.iter().enumerate() {
             let Some(mapping) = process.mapping(addr) else {
                 continue;
             };
             match &mapping.backing {
-                Backing::File { path, dev, inode } => {
-                    let binary = self.binary(process, path, *dev, *inode);
+                Backing::File { .. } => {
+                    let binary = self.binary(process, mapping);
                     let offset = mapping.file_offset(addr);
                     match self.frames.get(&(binary, offset)) {
                         Some(frame) => out[index] = Some(frame.clone()),
                         None => {
-                            let entry = pending.entry(binary).or_default();
+                            let entry = pending
+                                .entry(binary)
+                                .or_insert_with(|| (Vec::new(), Vec::new(), mapping));
                             entry.0.push(index);
                             entry.1.push(offset);
                         }
@@ -105,8 +106,8 @@ impl NativeSymbolizer {
             }
         }
 
-        for (binary, (indexes, offsets)) in pending {
-            let frames = self.symbolize_binary(process, binary, &offsets);
+        for (binary, (indexes, offsets, mapping)) in pending {
+            let frames = self.symbolize_binary(process, mapping, binary, &offsets);
             for ((index, offset), frame) in indexes.into_iter().zip(offsets).zip(frames) {
                 self.frames.insert((binary, offset), frame.clone());
                 out[index] = Some(frame);
@@ -116,19 +117,16 @@ impl NativeSymbolizer {
     }
 
     /// The binary id of a mapped file, reading its build-id the first time it is seen.
-    fn binary(
-        &mut self,
-        process: &ProcessInfo,
-        path: &std::path::Path,
-        dev: u64,
-        inode: u64,
-    ) -> u32 {
+    fn binary(&mut self, process: &ProcessInfo, mapping: &Mapping) -> u32 {
+        let Backing::File { path, dev, inode } = &mapping.backing else {
+            unreachable!("only file mappings have binaries");
+        };
+        let (dev, inode) = (*dev, *inode);
         if let Some(&id) = self.by_file.get(&(dev, inode)) {
             return id;
         }
-        let host_paths = process.host_paths(path);
-        let build_id = host_paths.iter().find_map(|p| {
-            blazesym::helper::read_elf_build_id(p)
+        let build_id = process.open_mapped_file(mapping).ok().and_then(|file| {
+            blazesym::helper::read_elf_build_id(&untrusted::fd_path(&file))
                 .ok()
                 .flatten()
                 .map(|id| id.to_vec())
@@ -142,7 +140,6 @@ impl NativeSymbolizer {
         if id == next_id {
             self.binaries.push(Binary {
                 id,
-                path: None,
                 module: Arc::from(path.to_string_lossy().as_ref()),
             });
         }
@@ -153,47 +150,52 @@ impl NativeSymbolizer {
     fn symbolize_binary(
         &mut self,
         process: &ProcessInfo,
+        mapping: &Mapping,
         binary: u32,
         offsets: &[u64],
     ) -> Vec<Arc<ResolvedFrame>> {
         let entry = &self.binaries[binary as usize];
         debug_assert_eq!(entry.id, binary);
         let module = entry.module.clone();
-        let mut candidates: Vec<PathBuf> = entry.path.iter().cloned().collect();
-        candidates.extend(process.host_paths(std::path::Path::new(&*module)));
-
-        for path in candidates {
-            let source = Source::Elf(Elf::new(&path));
-            match self
-                .symbolizer
-                .symbolize(&source, Input::FileOffset(offsets))
-            {
-                Ok(results) => {
-                    self.binaries[binary as usize].path = Some(path);
-                    return offsets
-                        .iter()
-                        .zip(results.iter())
-                        .map(|(offset, result)| {
-                            Arc::new(from_blazesym(result, Some(module.clone()), || {
-                                module_offset(&module, *offset)
-                            }))
-                        })
-                        .collect();
-                }
-                Err(err) => {
-                    tracing::debug!(path = %path.display(), %err, "cannot symbolize through this path")
-                }
+        let named_by_offset = || {
+            offsets
+                .iter()
+                .map(|offset| {
+                    Arc::new(ResolvedFrame::named(
+                        module_offset(&module, *offset),
+                        Some(module.clone()),
+                    ))
+                })
+                .collect()
+        };
+        let file = match process.open_mapped_file(mapping) {
+            Ok(file) => file,
+            Err(refused) => {
+                tracing::debug!(pid = process.pid, module = %module, %refused, "binary not opened");
+                return named_by_offset();
+            }
+        };
+        // blazesym caches parsed files by path and checks the inode behind it on every use, so a
+        // descriptor number reused for another file is never mistaken for this one.
+        let source = Source::Elf(Elf::new(untrusted::fd_path(&file)));
+        match self
+            .symbolizer
+            .symbolize(&source, Input::FileOffset(offsets))
+        {
+            Ok(results) => offsets
+                .iter()
+                .zip(results.iter())
+                .map(|(offset, result)| {
+                    Arc::new(from_blazesym(result, Some(module.clone()), || {
+                        module_offset(&module, *offset)
+                    }))
+                })
+                .collect(),
+            Err(err) => {
+                tracing::debug!(pid = process.pid, module = %module, %err, "cannot symbolize");
+                named_by_offset()
             }
         }
-        offsets
-            .iter()
-            .map(|offset| {
-                Arc::new(ResolvedFrame::named(
-                    module_offset(&module, *offset),
-                    Some(module.clone()),
-                ))
-            })
-            .collect()
     }
 }
 
