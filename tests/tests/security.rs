@@ -426,3 +426,68 @@ fn a_planted_agent_copy_is_never_loaded() {
     assert_eq!(std::fs::read(&planted).expect("planted"), vec![0u8; agent.len()]);
     assert!(alive(pid));
 }
+
+#[test]
+fn a_binary_whose_debug_links_name_a_fifo_is_still_symbolized() {
+    let user = test_user();
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let binary = compile_c("native_split.c", dir.path()).expect("gcc");
+    // The author of a binary chooses the files its debug links name: here a FIFO nobody writes.
+    let fifo = dir.path().join("debug-fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().expect("mkfifo").success());
+    let mut section = fifo.to_str().expect("utf-8").as_bytes().to_vec();
+    section.push(0);
+    section.extend_from_slice(&[0xab; 20]);
+    let section_file = dir.path().join("altlink");
+    std::fs::write(&section_file, &section).expect("section");
+    let linked = dir.path().join("native_split_linked");
+    let status = Command::new("objcopy")
+        .arg(format!(
+            "--add-section=.gnu_debugaltlink={}",
+            section_file.display()
+        ))
+        .arg(format!(
+            "--add-section=.gnu_debuglink={}",
+            section_file.display()
+        ))
+        .arg(&binary)
+        .arg(&linked)
+        .status()
+        .expect("objcopy");
+    assert!(status.success());
+    let workload = Workload::spawn(
+        Command::new(&linked)
+            .arg("30")
+            .uid(user.uid)
+            .gid(user.gid),
+    )
+    .expect("workload starts");
+    let out = dir.path().join("profiles");
+    std::fs::create_dir(&out).expect("mkdir");
+    let pid = workload.pid().to_string();
+    let output = run_daemon(
+        &[
+            "--pid",
+            &pid,
+            "--frequency",
+            "49",
+            "--interval",
+            "1",
+            "--duration",
+            "4",
+            "--output",
+            out.to_str().expect("utf-8"),
+        ],
+        Duration::from_secs(30),
+    )
+    .expect("the daemon exits on its own: nothing blocked it");
+    assert!(output.status.success());
+    let profiles = profiles_of(&out, workload.pid()).expect("profiles");
+    assert!(profiles.len() >= 3, "{} profiles in 4 s", profiles.len());
+    let names = frame_names(&profiles);
+    assert!(
+        names.iter().any(|n| n.contains("hot_a")),
+        "symbols from the binary's own symbol table: {names:?}"
+    );
+}

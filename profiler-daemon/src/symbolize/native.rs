@@ -30,6 +30,9 @@ enum BinaryKey {
 struct Binary {
     /// Index into `NativeSymbolizer::keys`, the per-binary part of the frame cache key.
     id: u32,
+    /// Whether blazesym may read its DWARF: not when the file names other files (debug links),
+    /// which blazesym would open by a path the file's author chose (a FIFO would block it).
+    debug_syms: bool,
     /// The file's name in the process's namespace, for frames that cannot be named.
     module: Arc<str>,
 }
@@ -125,12 +128,16 @@ impl NativeSymbolizer {
         if let Some(&id) = self.by_file.get(&(dev, inode)) {
             return id;
         }
-        let build_id = process.open_mapped_file(mapping).ok().and_then(|file| {
-            blazesym::helper::read_elf_build_id(&untrusted::fd_path(&file))
+        let file = process.open_mapped_file(mapping).ok();
+        let build_id = file.as_ref().and_then(|file| {
+            blazesym::helper::read_elf_build_id(&untrusted::fd_path(file))
                 .ok()
                 .flatten()
                 .map(|id| id.to_vec())
         });
+        let debug_syms = file
+            .as_ref()
+            .is_some_and(|file| matches!(names_other_files(file), Ok(false)));
         let key = match build_id {
             Some(build_id) if !build_id.is_empty() => BinaryKey::BuildId(build_id),
             _ => BinaryKey::File { dev, inode },
@@ -140,6 +147,7 @@ impl NativeSymbolizer {
         if id == next_id {
             self.binaries.push(Binary {
                 id,
+                debug_syms,
                 module: Arc::from(path.to_string_lossy().as_ref()),
             });
         }
@@ -157,6 +165,7 @@ impl NativeSymbolizer {
         let entry = &self.binaries[binary as usize];
         debug_assert_eq!(entry.id, binary);
         let module = entry.module.clone();
+        let debug_syms = entry.debug_syms;
         let named_by_offset = || {
             offsets
                 .iter()
@@ -177,7 +186,9 @@ impl NativeSymbolizer {
         };
         // blazesym caches parsed files by path and checks the inode behind it on every use, so a
         // descriptor number reused for another file is never mistaken for this one.
-        let source = Source::Elf(Elf::new(untrusted::fd_path(&file)));
+        let mut elf = Elf::new(untrusted::fd_path(&file));
+        elf.debug_syms = debug_syms;
+        let source = Source::Elf(elf);
         match self
             .symbolizer
             .symbolize(&source, Input::FileOffset(offsets))
@@ -197,6 +208,51 @@ impl NativeSymbolizer {
             }
         }
     }
+}
+
+/// Sections through which an ELF file names other files to read its debug information from.
+const LINK_SECTIONS: [&[u8]; 3] = [b".gnu_debuglink", b".gnu_debugaltlink", b".debug_sup"];
+
+/// Whether the ELF file `file` has a debug link section, read from its section headers only
+/// (bounded reads: the file is untrusted). Errors for what is not a 64-bit little-endian ELF.
+fn names_other_files(file: &std::fs::File) -> std::io::Result<bool> {
+    use std::os::unix::fs::FileExt as _;
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned());
+    let mut header = [0u8; 64];
+    file.read_exact_at(&mut header, 0)?;
+    // ELFCLASS64, ELFDATA2LSB.
+    if &header[..4] != b"\x7fELF" || header[4] != 2 || header[5] != 1 {
+        return Err(bad("not a 64-bit little-endian ELF file"));
+    }
+    let u16_at = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]) as u64;
+    let u32_at = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as u64;
+    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    let (shoff, entsize, count, names_index) = (
+        u64_at(&header, 0x28),
+        u16_at(&header, 0x3a),
+        u16_at(&header, 0x3c),
+        u16_at(&header, 0x3e),
+    );
+    if count == 0 {
+        return Ok(false);
+    }
+    if entsize < 64 || names_index >= count {
+        return Err(bad("bad section header table"));
+    }
+    // At most 65535 entries of a bounded size.
+    let mut table = vec![0u8; (count * entsize.min(256)) as usize];
+    file.read_exact_at(&mut table, shoff)?;
+    let section = |index: u64| &table[(index * entsize.min(256)) as usize..][..64];
+    let names = section(names_index);
+    let (names_offset, names_size) = (u64_at(names, 0x18), u64_at(names, 0x20));
+    let mut strings = vec![0u8; names_size.min(1 << 20) as usize];
+    file.read_exact_at(&mut strings, names_offset)?;
+    Ok((0..count).any(|index| {
+        let name_at = u32_at(section(index), 0) as usize;
+        let name = strings.get(name_at..).unwrap_or_default();
+        let name = &name[..name.iter().position(|b| *b == 0).unwrap_or(name.len())];
+        LINK_SECTIONS.contains(&name)
+    }))
 }
 
 fn new_blazesym() -> Symbolizer {
@@ -245,6 +301,24 @@ mod tests {
         let again = symbolizer.resolve(&process, &[addr]);
         assert_eq!(again[0], frames[0]);
         assert_eq!(symbolizer.frames.len(), cached);
+    }
+
+    #[test]
+    fn debug_link_sections_are_found_in_the_section_headers() {
+        // This test binary embeds its DWARF and names no other file.
+        let me = std::fs::File::open("/proc/self/exe").expect("own executable");
+        assert!(!names_other_files(&me).expect("an ELF file"));
+        // Debian's libc is stripped and links its debug file.
+        let process = ProcessInfo::read(std::process::id()).expect("own process");
+        let libc = process
+            .mappings
+            .iter()
+            .find(|m| matches!(&m.backing, Backing::File { path, .. } if path.to_string_lossy().contains("libc.so")))
+            .expect("libc is mapped");
+        let libc = process.open_mapped_file(libc).expect("libc opens");
+        assert!(names_other_files(&libc).expect("an ELF file"));
+        let not_elf = tempfile::tempfile().expect("tempfile");
+        assert!(names_other_files(&not_elf).is_err());
     }
 
     #[test]
