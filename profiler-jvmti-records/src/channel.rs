@@ -18,6 +18,9 @@ pub const RECORDS_FILE: &str = "records";
 const NEXT_FILE: &str = "records.next";
 /// Default size after which the agent starts a new generation.
 pub const DEFAULT_MAX_BYTES: u64 = 32 << 20;
+/// The least room a replay gets in a generation, however small the cap: a live set larger
+/// than twice a small cap would otherwise be cut short at every replay.
+const MIN_REPLAY_ROOM: u64 = 16 << 20;
 
 /// The records directory of the JVM whose pid in its own namespace is `nspid`, as a path inside
 /// that namespace. The daemon prefixes `/proc/PID/root`.
@@ -35,6 +38,8 @@ pub struct Writer {
     baseline: u64,
     max_bytes: u64,
     header: FileHeader,
+    /// Between [`begin_replay`](Self::begin_replay) and [`mark_baseline`](Self::mark_baseline).
+    replaying: bool,
 }
 
 impl Writer {
@@ -55,16 +60,23 @@ impl Writer {
             baseline: HEADER_LEN as u64,
             max_bytes: max_bytes.max(HEADER_LEN as u64 + 1),
             header,
+            replaying: false,
         })
     }
 
     /// Appends one encoded record. Returns true once the file grew past its cap, i.e. when the
     /// caller should [`rotate`](Self::rotate) and replay. A record past twice the cap is
-    /// dropped (error), so a stalled rotation cannot fill the disk.
+    /// dropped (error), so a stalled rotation cannot fill the disk. During a replay the cap does
+    /// not apply (it is never reported as reached), only a bound of twice the cap but at least
+    /// 16 MiB.
     pub fn append(&mut self, bytes: &[u8]) -> io::Result<bool> {
-        let limit = self
-            .baseline
-            .saturating_add(self.max_bytes.saturating_mul(2));
+        let twice = self.max_bytes.saturating_mul(2);
+        let room = if self.replaying {
+            twice.max(MIN_REPLAY_ROOM)
+        } else {
+            twice
+        };
+        let limit = self.baseline.saturating_add(room);
         if self.written + bytes.len() as u64 > limit {
             return Err(io::Error::other("records file over its hard cap"));
         }
@@ -74,12 +86,20 @@ impl Writer {
         if n != bytes.len() {
             return Err(io::Error::other("short write to the records file"));
         }
-        Ok(self.written > self.baseline.saturating_add(self.max_bytes))
+        Ok(!self.replaying && self.written > self.baseline.saturating_add(self.max_bytes))
+    }
+
+    /// Marks the start of a replay of the live code into this generation: until
+    /// [`mark_baseline`](Self::mark_baseline), what is appended is the generation's baseline,
+    /// not growth.
+    pub fn begin_replay(&mut self) {
+        self.replaying = true;
     }
 
     /// Marks the end of a replay: growth is measured from here.
     pub fn mark_baseline(&mut self) {
         self.baseline = self.written;
+        self.replaying = false;
     }
 
     /// Starts the next generation (empty but for its header).
@@ -404,6 +424,33 @@ mod tests {
         let hard_cap = crate::record::HEADER_LEN as u64 + 2 * 64;
         assert!(size <= hard_cap && size > hard_cap / 2, "{size}");
         assert_eq!(writer.generation(), 1);
+    }
+
+    #[test]
+    fn a_replay_larger_than_the_cap_is_kept_whole_and_growth_is_capped_after_it() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("r");
+        let record = unload(1);
+        let mut writer = Writer::create(&dir, 1, 0, 64).expect("writer");
+        writer.begin_replay();
+        // Ten times the cap: kept, and never reported as a full generation.
+        for _ in 0..(640 / record.len() + 1) {
+            assert_eq!(writer.append(&record).ok(), Some(false));
+        }
+        writer.mark_baseline();
+        let baseline = writer.written;
+        let mut accepted = 0;
+        let mut full = false;
+        while let Ok(now_full) = writer.append(&record) {
+            full |= now_full;
+            accepted += 1;
+            assert!(accepted < 100);
+        }
+        assert!(full, "growth past the cap asks for a rotation");
+        let size = std::fs::metadata(dir.join(RECORDS_FILE))
+            .expect("meta")
+            .len();
+        assert!(size <= baseline + 2 * 64 && size > baseline + 64, "{size}");
     }
 
     #[test]

@@ -1,45 +1,94 @@
-//! The agent itself: entry points, event callbacks and the replay thread.
+//! The agent itself: entry points, event callbacks and the agent's own thread.
 //!
-//! Options (comma-separated, all optional): `dir=PATH` (default `/tmp/.jvm-profiler-<pid>`),
-//! `max_bytes=N` (size cap of one generation, default 32 MiB).
+//! Options: see [`crate::options`].
+//!
+//! # Start-up
+//!
+//! Everything that can fail without leaving anything behind comes first: options, the JVM's
+//! version, capabilities, the records file. A failure there returns an error (on a dynamic attach
+//! HotSpot then unloads the library, which nothing points into yet) and gives the JVMTI
+//! environment back. Then the callbacks are installed and the events enabled; from the moment
+//! the callbacks are handed to the JVM the library must stay loaded, so any later failure
+//! (enabling an event, starting the agent's thread, a panic) leaves the agent loaded and inert:
+//! its events are disabled, its callbacks return at once, the JVM is told all went well, and the
+//! failure is written into the records as an [`AgentStatus`] for the daemon.
+//!
+//! # Threads
+//!
+//! JVM threads (compiler threads, the GC, whoever loads or unloads code) only build and encode a
+//! record and push it to a bounded [`Queue`]: they never wait for I/O, and a record that does not
+//! fit is dropped and counted. The agent's thread (`jvm-profiler-sidecar`) does every write,
+//! rotation and replay. Replays (`GenerateEvents`) call the callbacks on the agent's thread
+//! itself: those push to the same queue, and drain it there when it fills, never wait on it.
 
-use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
+use std::io::Write as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use profiler_jvmti_records::channel::{self, Writer};
 use profiler_jvmti_records::record::{
-    self, AgentStats, CompiledMethod, InlineFrame, LineEntry, MethodInfo, PcInfo, Record,
+    self, AgentStats, AgentStatus, Record, STATUS_ASSUMED_UNKNOWN_VERSION, STATUS_METHOD_PTRS,
+    STATUS_RECORDING,
 };
 
+use crate::describe::{self, JvmtiSource, MAX_RECORD_BYTES};
 use crate::ffi::{self, JInt, JMethodId, JavaVm, Jvmti, JvmtiEnv, Vm};
 use crate::heap;
+use crate::options::Options;
+use crate::queue::{Queue, MAX_QUEUED_BYTES, MAX_QUEUED_RECORDS};
+use crate::version;
 
-/// Bounds on what one CompiledMethodLoad may make us encode: a corrupt or huge inline table
-/// must not make a JVM thread allocate without limit.
-const MAX_PCS: usize = 200_000;
-const MAX_FRAMES_PER_PC: usize = 256;
-const MAX_METHODS: usize = 4096;
-const MAX_CMLR_RECORDS: usize = 16;
 /// How often the agent reports its heap and record counts (only when they changed).
 const STATS_EVERY: Duration = Duration::from_secs(5);
+/// How long the agent's thread sleeps when nothing is queued (a push wakes it at once).
+const IDLE_WAIT: Duration = Duration::from_millis(100);
+/// At most one rotation a second, whatever the compilation rate; after a failed one, wait.
+const ROTATE_EVERY: Duration = Duration::from_secs(1);
+const ROTATE_RETRY: Duration = Duration::from_secs(5);
+/// How long VM death waits for the agent's thread to finish a write before removing the files
+/// without it.
+const DEATH_WAIT: Duration = Duration::from_secs(1);
+
+/// Events whose callbacks do work; disabled when the agent turns inert. VM death stays enabled
+/// so that the files are still removed at exit.
+const WORK_EVENTS: [JInt; 4] = [
+    ffi::EVENT_COMPILED_METHOD_LOAD,
+    ffi::EVENT_COMPILED_METHOD_UNLOAD,
+    ffi::EVENT_DYNAMIC_CODE_GENERATED,
+    ffi::EVENT_VM_INIT,
+];
 
 struct Agent {
     jvmti: Jvmti,
     vm: Vm,
-    /// None once the JVM is dying or the file could not be written at all.
+    /// Whether `method_ptr` fields are read from jmethodIDs (a JVM version the agent knows).
+    method_ptrs: bool,
+    /// Records on their way from JVM threads to the agent's thread.
+    queue: Queue,
+    /// Only the agent's thread writes (and `start`, before that thread exists; VM death takes
+    /// it). None once the JVM is dying.
     writer: Mutex<Option<Writer>>,
+    dir: PathBuf,
+    status: Mutex<AgentStatus>,
+    /// `pthread_self()` of the agent's thread, 0 until it runs.
+    agent_thread: AtomicU64,
     rotate_wanted: AtomicBool,
+    /// Callbacks return at once: the JVM is dying, or the agent gave up (inert).
     stopped: AtomicBool,
+    /// The JVM is dying: whoever holds the writer next removes the files.
+    dying: AtomicBool,
     written: AtomicU64,
     dropped: AtomicU64,
 }
 
 static AGENT: OnceLock<Agent> = OnceLock::new();
+/// Set just before the callbacks are handed to the JVM: from then on the library must never be
+/// unloaded, so the entry points must not report failure.
+static CALLBACKS_INSTALLED: AtomicBool = AtomicBool::new(false);
 
 /// `-agentpath:` entry point. Always returns 0: a failing profiler agent must not stop the JVM.
 ///
@@ -51,15 +100,12 @@ pub unsafe extern "C" fn Agent_OnLoad(
     options: *const c_char,
     _: *mut c_void,
 ) -> JInt {
-    guard(0, || {
-        if let Err(message) = start(vm, options, false) {
-            eprintln!("jvm-profiler-agent: not started: {message}");
-        }
-        0
-    })
+    let _ = entry(vm, options, false);
+    0
 }
 
-/// Dynamic attach entry point. A non-zero result is reported to the attaching daemon.
+/// Dynamic attach entry point. A non-zero result is reported to the attaching daemon, and makes
+/// HotSpot unload the library: only returned when no callback was installed.
 ///
 /// # Safety
 /// Called by the JVM with a valid `JavaVM*` and options string (or null).
@@ -69,13 +115,36 @@ pub unsafe extern "C" fn Agent_OnAttach(
     options: *const c_char,
     _: *mut c_void,
 ) -> JInt {
-    guard(1, || match start(vm, options, true) {
+    match entry(vm, options, true) {
         Ok(()) => 0,
-        Err(message) => {
-            eprintln!("jvm-profiler-agent: not started: {message}");
-            1
+        Err(()) if CALLBACKS_INSTALLED.load(Ordering::Acquire) => 0,
+        Err(()) => 1,
+    }
+}
+
+/// Starts the agent; Err if it did not start (the reason went to stderr). Never unwinds.
+fn entry(vm: *mut JavaVm, options: *const c_char, live: bool) -> Result<(), ()> {
+    match catch_unwind(AssertUnwindSafe(|| start(vm, options, live))) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(message)) => {
+            log(&format!("not started: {message}"));
+            Err(())
         }
-    })
+        Err(_) => {
+            log("not started: internal error");
+            guard((), || {
+                if let Some(agent) = AGENT.get() {
+                    agent.go_inert("internal error while starting");
+                }
+            });
+            Err(())
+        }
+    }
+}
+
+/// One line on the JVM's stderr; never fails (`eprintln!` panics when stderr is gone).
+fn log(message: &str) {
+    let _ = writeln!(std::io::stderr(), "jvm-profiler-agent: {message}");
 }
 
 /// Runs `f`, turning a panic into `default`: unwinding into the JVM is undefined behaviour.
@@ -83,11 +152,15 @@ fn guard<R>(default: R, f: impl FnOnce() -> R) -> R {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or(default)
 }
 
+/// Err only while nothing points into this library (no callback installed).
 fn start(vm: *mut JavaVm, options: *const c_char, live: bool) -> Result<(), String> {
     if AGENT.get().is_some() {
-        // Attached twice (the same library is only loaded once): already recording.
+        // Attached twice (the same library is only loaded once): already there.
         return Ok(());
     }
+    // Panics are caught at every entry point; one line on the JVM's stderr says what happened
+    // (this library has its own copy of std, so the hook is the agent's alone).
+    std::panic::set_hook(Box::new(|info| log(&format!("internal error: {info}"))));
     if vm.is_null() {
         return Err("no JavaVM".into());
     }
@@ -99,40 +172,58 @@ fn start(vm: *mut JavaVm, options: *const c_char, live: bool) -> Result<(), Stri
             .to_string_lossy()
             .into_owned()
     };
-    // SAFETY: getpid has no preconditions; inside the JVM's pid namespace it is the nspid.
-    let pid = unsafe { libc::getpid() } as u32;
-    let mut dir = channel::records_dir(pid);
-    let mut max_bytes = channel::DEFAULT_MAX_BYTES;
-    for option in options.split(',').filter(|o| !o.is_empty()) {
-        match option.split_once('=') {
-            Some(("dir", value)) => dir = PathBuf::from(value),
-            Some(("max_bytes", value)) => {
-                max_bytes = value
-                    .parse()
-                    .map_err(|_| format!("bad max_bytes {value:?}"))?
-            }
-            _ => return Err(format!("unknown option {option:?}")),
-        }
-    }
-
+    let options = Options::parse(&options)?;
     let vm = Vm(vm);
     let jvmti = vm.jvmti_env().ok_or("no JVMTI 1.2 environment")?;
-    let started_ns = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    let writer = Writer::create(&dir, pid, started_ns, max_bytes)
-        .map_err(|err| format!("{}: {err}", dir.display()))?;
 
-    let mut caps = ffi::Capabilities::default();
-    caps.bits[0] = ffi::CAN_GET_SOURCE_FILE_NAME
-        | ffi::CAN_GET_LINE_NUMBERS
-        | ffi::CAN_GENERATE_COMPILED_METHOD_LOAD_EVENTS;
-    let err = jvmti.add_capabilities(&caps);
-    if err != ffi::JVMTI_ERROR_NONE {
-        writer.remove();
-        return Err(format!("AddCapabilities failed ({err})"));
+    // Everything that can fail without side effects (or whose side effects are undone here).
+    let (writer, jvm) = match prepare(&jvmti, &options) {
+        Ok(prepared) => prepared,
+        Err(message) => {
+            jvmti.dispose();
+            return Err(message);
+        }
+    };
+    let method_ptrs = jvm.method_ptrs && !options.assume_unknown_version;
+    let mut flags = 0;
+    if method_ptrs {
+        flags |= STATUS_METHOD_PTRS;
     }
+    if options.assume_unknown_version {
+        flags |= STATUS_ASSUMED_UNKNOWN_VERSION;
+    }
+    let dir = writer.dir().to_path_buf();
+    let agent = Agent {
+        jvmti,
+        vm,
+        method_ptrs,
+        queue: Queue::new(MAX_QUEUED_BYTES, MAX_QUEUED_RECORDS),
+        writer: Mutex::new(Some(writer)),
+        dir,
+        status: Mutex::new(AgentStatus {
+            flags,
+            jvm_feature_version: jvm.feature.unwrap_or(0),
+            jvm_version: jvm.description,
+            error: String::new(),
+        }),
+        agent_thread: AtomicU64::new(0),
+        rotate_wanted: AtomicBool::new(false),
+        stopped: AtomicBool::new(false),
+        dying: AtomicBool::new(false),
+        written: AtomicU64::new(0),
+        dropped: AtomicU64::new(0),
+    };
+    if let Err(agent) = AGENT.set(agent) {
+        // Lost a race with another start of this library, which owns the same files.
+        agent.jvmti.dispose();
+        return Ok(());
+    }
+    let Some(agent) = AGENT.get() else {
+        return Err("agent state lost".into());
+    };
+
+    // From here on the JVM may call into this library: never report failure.
+    CALLBACKS_INSTALLED.store(true, Ordering::Release);
     let mut callbacks = ffi::EventCallbacks::new();
     callbacks.set(
         ffi::EVENT_VM_INIT,
@@ -154,24 +245,12 @@ fn start(vm: *mut JavaVm, options: *const c_char, live: bool) -> Result<(), Stri
         ffi::EVENT_DYNAMIC_CODE_GENERATED,
         on_dynamic_code_generated as ffi::DynamicCodeGeneratedFn as *const c_void,
     );
-    let err = jvmti.set_event_callbacks(&callbacks);
+    let err = agent.jvmti.set_event_callbacks(&callbacks);
     if err != ffi::JVMTI_ERROR_NONE {
-        writer.remove();
-        return Err(format!("SetEventCallbacks failed ({err})"));
-    }
-
-    let agent = Agent {
-        jvmti: Jvmti(jvmti.0),
-        vm,
-        writer: Mutex::new(Some(writer)),
-        rotate_wanted: AtomicBool::new(false),
-        stopped: AtomicBool::new(false),
-        written: AtomicU64::new(0),
-        dropped: AtomicU64::new(0),
-    };
-    if AGENT.set(agent).is_err() {
+        agent.go_inert(&format!("SetEventCallbacks failed ({err})"));
         return Ok(());
     }
+    // VM death first: once anything is enabled, the files are removed at exit.
     let mut events = vec![
         ffi::EVENT_VM_DEATH,
         ffi::EVENT_COMPILED_METHOD_LOAD,
@@ -179,34 +258,109 @@ fn start(vm: *mut JavaVm, options: *const c_char, live: bool) -> Result<(), Stri
         ffi::EVENT_DYNAMIC_CODE_GENERATED,
     ];
     if !live {
-        // The replay thread needs a live VM to attach to.
+        // The agent's thread needs a live VM to attach to.
         events.push(ffi::EVENT_VM_INIT);
     }
     for event in events {
-        let err = jvmti.enable_event(event);
+        let err = agent.jvmti.enable_event(event);
         if err != ffi::JVMTI_ERROR_NONE {
-            return Err(format!("enabling event {event} failed ({err})"));
+            agent.go_inert(&format!("enabling event {event} failed ({err})"));
+            return Ok(());
         }
     }
+    agent.update_status(|status| status.flags |= STATUS_RECORDING);
     if live {
-        spawn_replay_thread(true);
+        if let Err(err) = spawn_agent_thread(true) {
+            agent.go_inert(&format!("cannot start its thread: {err}"));
+            return Ok(());
+        }
     }
+    agent.write_status();
     Ok(())
+}
+
+/// The JVM's version and the records file, or why not.
+fn prepare(jvmti: &Jvmti, options: &Options) -> Result<(Writer, version::JvmVersion), String> {
+    // Readable in the OnLoad phase too: the VM sets these before it loads agents.
+    let spec = jvmti.system_property(c"java.vm.specification.version");
+    let vm_version = jvmti.system_property(c"java.vm.version");
+    let vm_name = jvmti.system_property(c"java.vm.name");
+    let jvm = version::judge(spec.as_deref(), vm_version.as_deref(), vm_name.as_deref());
+
+    let mut caps = ffi::Capabilities::default();
+    caps.bits[0] = ffi::CAN_GET_SOURCE_FILE_NAME
+        | ffi::CAN_GET_LINE_NUMBERS
+        | ffi::CAN_GENERATE_COMPILED_METHOD_LOAD_EVENTS;
+    let err = jvmti.add_capabilities(&caps);
+    if err != ffi::JVMTI_ERROR_NONE {
+        return Err(format!("AddCapabilities failed ({err})"));
+    }
+
+    // SAFETY: getpid has no preconditions; inside the JVM's pid namespace it is the nspid.
+    let pid = unsafe { libc::getpid() } as u32;
+    let dir = options
+        .dir
+        .clone()
+        .unwrap_or_else(|| channel::records_dir(pid));
+    let started_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let writer = Writer::create(&dir, pid, started_ns, options.max_bytes)
+        .map_err(|err| format!("{}: {err}", dir.display()))?;
+    Ok((writer, jvm))
 }
 
 unsafe extern "C" fn on_vm_init(_: *mut JvmtiEnv, _: *mut c_void, _: ffi::JThread) {
     // Loaded at startup: nothing is compiled yet, so no initial replay.
-    guard((), || spawn_replay_thread(false))
+    guard((), || {
+        let Some(agent) = active() else { return };
+        if let Err(err) = spawn_agent_thread(false) {
+            agent.go_inert(&format!("cannot start its thread: {err}"));
+        }
+    })
 }
 
 unsafe extern "C" fn on_vm_death(_: *mut JvmtiEnv, _: *mut c_void) {
     guard((), || {
         let Some(agent) = AGENT.get() else { return };
         agent.stopped.store(true, Ordering::Release);
-        let mut writer = agent.writer.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(writer) = writer.take() {
-            writer.remove();
+        agent.dying.store(true, Ordering::Release);
+        // The agent's thread holds the writer for one write or rotation at a time: wait for
+        // that, but not for a hung file system.
+        let deadline = Instant::now() + DEATH_WAIT;
+        loop {
+            let mut writer = match agent.writer.try_lock() {
+                Ok(writer) => writer,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+                Err(TryLockError::WouldBlock) => {
+                    // The agent's thread is stuck in a write: the file system hangs, and so
+                    // may removing the files. Do it on a thread of its own, waited for as long
+                    // again at most; the agent's thread removes them too once its write returns.
+                    let dir = agent.dir.clone();
+                    let (done, removed) = std::sync::mpsc::channel();
+                    let remover = std::thread::Builder::new()
+                        .name("jvm-profiler-cleanup".into())
+                        .spawn(move || {
+                            channel::remove_records(&dir);
+                            let _ = done.send(());
+                        });
+                    if remover.is_ok() {
+                        let _ = removed.recv_timeout(DEATH_WAIT);
+                    }
+                    break;
+                }
+            };
+            if let Some(writer) = writer.take() {
+                writer.remove();
+            }
+            break;
         }
+        drop(agent.queue.take_all());
     })
 }
 
@@ -221,8 +375,22 @@ unsafe extern "C" fn on_compiled_method_load(
 ) {
     guard((), || {
         let Some(agent) = active() else { return };
-        let compiled = describe_compiled(&agent.jvmti, method, code_size, code_addr, compile_info);
-        agent.append(&Record::CompiledMethodLoad(compiled));
+        let source = JvmtiSource {
+            jvmti: &agent.jvmti,
+            method_ptrs: agent.method_ptrs,
+        };
+        // SAFETY: compile_info is what JVMTI passed to this callback.
+        let encoded = unsafe {
+            describe::compiled_method_load(
+                &source,
+                method,
+                code_size.max(0) as u32,
+                code_addr as u64,
+                compile_info,
+                MAX_RECORD_BYTES,
+            )
+        };
+        agent.submit(encoded.ok());
     })
 }
 
@@ -233,10 +401,15 @@ unsafe extern "C" fn on_compiled_method_unload(
 ) {
     guard((), || {
         let Some(agent) = active() else { return };
-        agent.append(&Record::CompiledMethodUnload {
-            method_ptr: method_ptr(method),
-            code_addr: code_addr as u64,
-        });
+        let mut bytes = Vec::new();
+        record::encode(
+            &Record::CompiledMethodUnload {
+                method_ptr: describe::method_ptr(method, agent.method_ptrs),
+                code_addr: code_addr as u64,
+            },
+            &mut bytes,
+        );
+        agent.submit(Some(bytes));
     })
 }
 
@@ -249,18 +422,14 @@ unsafe extern "C" fn on_dynamic_code_generated(
     guard((), || {
         let Some(agent) = active() else { return };
         let name = if name.is_null() {
-            String::new()
+            &[][..]
         } else {
             // SAFETY: JVMTI passes a NUL-terminated name.
-            unsafe { CStr::from_ptr(name) }
-                .to_string_lossy()
-                .into_owned()
+            unsafe { CStr::from_ptr(name) }.to_bytes()
         };
-        agent.append(&Record::DynamicCode {
-            addr: addr as u64,
-            size: length.max(0) as u32,
-            name,
-        });
+        let encoded =
+            describe::dynamic_code(addr as u64, length.max(0) as u32, name, MAX_RECORD_BYTES);
+        agent.submit(encoded.ok());
     })
 }
 
@@ -270,32 +439,123 @@ fn active() -> Option<&'static Agent> {
         .filter(|agent| !agent.stopped.load(Ordering::Acquire))
 }
 
+/// `pthread_self()`, as a number (never 0 on Linux: it is the thread's control block).
+fn current_thread() -> u64 {
+    // SAFETY: pthread_self has no preconditions.
+    unsafe { libc::pthread_self() as u64 }
+}
+
 impl Agent {
-    /// Encodes outside the lock; holds it for one write.
-    fn append(&self, record: &Record) {
-        let mut bytes = Vec::new();
-        record::encode(record, &mut bytes);
-        if bytes.len() > record::MAX_RECORD_LEN {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(writer) = writer.as_mut() else {
+    fn on_agent_thread(&self) -> bool {
+        self.agent_thread.load(Ordering::Relaxed) == current_thread()
+    }
+
+    /// Hands an encoded record (None: it was too big to build) to the agent's thread. On a JVM
+    /// thread this never waits: a full queue drops the record. On the agent's own thread (a
+    /// replay) the queue is drained here instead, before it fills, so JVM threads keep room.
+    fn submit(&self, encoded: Option<Vec<u8>>) {
+        let Some(bytes) = encoded else {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        match writer.append(&bytes) {
-            Ok(full) => {
+        if !self.on_agent_thread() {
+            if self.queue.push(bytes).is_err() {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        }
+        let pushed = match self.queue.push(bytes) {
+            Ok(()) => Ok(()),
+            Err(bytes) => {
+                self.drain();
+                self.queue.push(bytes)
+            }
+        };
+        if pushed.is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        let (records, bytes) = self.queue.len();
+        if records >= MAX_QUEUED_RECORDS / 4 || bytes >= MAX_QUEUED_BYTES / 4 {
+            self.drain();
+        }
+    }
+
+    /// The writer, unless the JVM is dying (then the files are removed, once).
+    fn writer(&self) -> Option<MutexGuard<'_, Option<Writer>>> {
+        let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        if self.dying.load(Ordering::Acquire) {
+            if let Some(writer) = writer.take() {
+                writer.remove();
+            }
+            return None;
+        }
+        writer.is_some().then_some(writer)
+    }
+
+    /// Writes one encoded record (agent's thread, or `start` before it exists).
+    fn write(&self, bytes: &[u8]) {
+        let result = self
+            .writer()
+            .and_then(|mut writer| writer.as_mut().map(|w| w.append(bytes)));
+        match result {
+            Some(Ok(full)) => {
                 self.written.fetch_add(1, Ordering::Relaxed);
                 if full {
                     self.rotate_wanted.store(true, Ordering::Release);
                 }
             }
-            Err(_) => {
+            Some(Err(_)) => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
                 self.rotate_wanted.store(true, Ordering::Release);
             }
+            None => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
         }
+    }
+
+    fn write_record(&self, record: &Record) {
+        let mut bytes = Vec::new();
+        record::encode(record, &mut bytes);
+        self.write(&bytes);
+    }
+
+    /// Writes what is queued, in order (agent's thread).
+    fn drain(&self) {
+        for bytes in self.queue.take_all() {
+            self.write(&bytes);
+        }
+    }
+
+    fn update_status(&self, update: impl FnOnce(&mut AgentStatus)) {
+        update(&mut self.status.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    fn write_status(&self) {
+        let status = self
+            .status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        self.write_record(&Record::AgentStatus(status));
+    }
+
+    /// Stops recording for good but stays loaded: work events off, callbacks return at once,
+    /// the reason in the records. The JVM may still call a callback that started before.
+    fn go_inert(&self, reason: &str) {
+        self.stopped.store(true, Ordering::Release);
+        for event in WORK_EVENTS {
+            // Errors (an event that was never enabled, a thread not attached) change nothing:
+            // the callbacks return at once anyway.
+            let _ = self.jvmti.disable_event(event);
+        }
+        drop(self.queue.take_all());
+        self.update_status(|status| {
+            status.flags &= !STATUS_RECORDING;
+            status.error = reason.to_owned();
+        });
+        self.write_status();
+        log(&format!("stopped recording: {reason}"));
     }
 
     /// (records written, records dropped) so far.
@@ -306,7 +566,7 @@ impl Agent {
         )
     }
 
-    /// Appends a stats record if anything was written or dropped since `last`; returns the
+    /// Writes a stats record if anything was written or dropped since `last`; returns the
     /// counts after it.
     fn report_stats(&self, last: (u64, u64)) -> (u64, u64) {
         if self.counts() == last {
@@ -315,10 +575,10 @@ impl Agent {
         self.write_stats()
     }
 
-    /// Appends a stats record; returns the counts after it.
+    /// Writes a stats record; returns the counts after it.
     fn write_stats(&self) -> (u64, u64) {
         let (written, dropped) = self.counts();
-        self.append(&Record::AgentStats(AgentStats {
+        self.write_record(&Record::AgentStats(AgentStats {
             heap_live_bytes: heap::live_bytes(),
             heap_peak_bytes: heap::peak_bytes(),
             records_written: written,
@@ -327,167 +587,106 @@ impl Agent {
         self.counts()
     }
 
-    /// Replays every live nmethod and stub into the current generation.
+    /// Replays every live nmethod and stub into the current generation (agent's thread: the
+    /// callbacks run here, and push to the queue, which is drained as it fills and at the end).
     fn replay(&self) {
+        // What is queued now is growth of the generation, not the replay.
+        self.drain();
+        if let Some(mut writer) = self.writer() {
+            if let Some(writer) = writer.as_mut() {
+                writer.begin_replay();
+            }
+        }
         let _ = self.jvmti.generate_events(ffi::EVENT_COMPILED_METHOD_LOAD);
         let _ = self
             .jvmti
             .generate_events(ffi::EVENT_DYNAMIC_CODE_GENERATED);
-        let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(writer) = writer.as_mut() {
-            writer.mark_baseline();
+        self.drain();
+        if let Some(mut writer) = self.writer() {
+            if let Some(writer) = writer.as_mut() {
+                writer.mark_baseline();
+            }
+        }
+    }
+
+    fn rotate(&self) -> bool {
+        self.writer()
+            .is_some_and(|mut writer| writer.as_mut().is_some_and(|w| w.rotate().is_ok()))
+    }
+
+    /// The agent's thread: the initial replay after a dynamic attach (so the attach returns at
+    /// once), then draining the queue, the stats, and rotations with their replays.
+    fn run(&self, initial_replay: bool) {
+        self.agent_thread.store(current_thread(), Ordering::Relaxed);
+        // GenerateEvents needs a thread attached to the VM.
+        if !self
+            .vm
+            .attach_current_thread_as_daemon(c"jvm-profiler-sidecar")
+        {
+            // Without replays a generation would lack the code compiled before it.
+            self.go_inert("cannot attach its thread to the VM");
+            return;
+        }
+        // Attached: this thread must not end (see below), even after a panic.
+        guard((), || self.work(initial_replay));
+        guard((), || self.go_inert("internal error in the agent's thread"));
+        loop {
+            std::thread::sleep(Duration::from_secs(60));
+        }
+    }
+
+    /// The agent thread's work; returns only by panicking.
+    fn work(&self, initial_replay: bool) {
+        if initial_replay && !self.stopped.load(Ordering::Acquire) {
+            self.replay();
+        }
+        self.write_status();
+        let mut reported = self.write_stats();
+        let mut last_report = Instant::now();
+        let mut next_rotation = Instant::now();
+        // Never detaches: at VM exit the process ends with this daemon thread, and detaching
+        // from a VM that is being destroyed is not safe.
+        loop {
+            self.queue.wait(IDLE_WAIT);
+            if self.stopped.load(Ordering::Acquire) {
+                // Dying or inert: nothing more is written (a dying JVM's files go now).
+                drop(self.queue.take_all());
+                drop(self.writer());
+                std::thread::sleep(Duration::from_secs(1));
+                continue;
+            }
+            self.drain();
+            if last_report.elapsed() >= STATS_EVERY {
+                reported = self.report_stats(reported);
+                last_report = Instant::now();
+            }
+            if Instant::now() < next_rotation || !self.rotate_wanted.swap(false, Ordering::AcqRel) {
+                continue;
+            }
+            if self.rotate() {
+                self.replay();
+                // Every generation carries the status and stats: a reader may skip older ones.
+                self.write_status();
+                reported = self.write_stats();
+                next_rotation = Instant::now() + ROTATE_EVERY;
+            } else {
+                // Disk full or /tmp gone: try again later, dropping records meanwhile.
+                self.rotate_wanted.store(true, Ordering::Release);
+                next_rotation = Instant::now() + ROTATE_RETRY;
+            }
         }
     }
 }
 
-/// The agent's own thread: the initial replay after a dynamic attach (so the attach returns at
-/// once), the replay after each rotation and the stats records. GenerateEvents needs a thread
-/// attached to the VM, and must not run inside an event callback.
-fn spawn_replay_thread(initial_replay: bool) {
-    let _ = std::thread::Builder::new()
+fn spawn_agent_thread(initial_replay: bool) -> std::io::Result<()> {
+    std::thread::Builder::new()
         .name("jvm-profiler-sidecar".into())
         .spawn(move || {
             guard((), || {
-                let Some(agent) = AGENT.get() else { return };
-                if !agent
-                    .vm
-                    .attach_current_thread_as_daemon(c"jvm-profiler-sidecar")
-                {
-                    return;
-                }
-                if initial_replay {
-                    agent.replay();
-                }
-                let mut reported = agent.write_stats();
-                let mut last_report = Instant::now();
-                // Never detaches: at VM exit the process ends with this daemon thread, and
-                // detaching from a VM that is being destroyed is not safe.
-                loop {
-                    std::thread::sleep(Duration::from_millis(100));
-                    if agent.stopped.load(Ordering::Acquire) {
-                        continue;
-                    }
-                    if last_report.elapsed() >= STATS_EVERY {
-                        reported = agent.report_stats(reported);
-                        last_report = Instant::now();
-                    }
-                    if !agent.rotate_wanted.swap(false, Ordering::AcqRel) {
-                        continue;
-                    }
-                    let rotated = {
-                        let mut writer = agent.writer.lock().unwrap_or_else(|p| p.into_inner());
-                        writer.as_mut().is_some_and(|w| w.rotate().is_ok())
-                    };
-                    if rotated {
-                        agent.replay();
-                        // Every generation carries the stats: a reader may skip older ones.
-                        reported = agent.write_stats();
-                        // At most one rotation a second, whatever the compilation rate.
-                        std::thread::sleep(Duration::from_secs(1));
-                    } else {
-                        // Disk full or /tmp gone: try again later, dropping records meanwhile.
-                        std::thread::sleep(Duration::from_secs(5));
-                        agent.rotate_wanted.store(true, Ordering::Release);
-                    }
+                if let Some(agent) = AGENT.get() {
+                    agent.run(initial_replay);
                 }
             })
-        });
-}
-
-/// `*(Method**)jmethodID`: true on JDK 25 and older (not on 26, JDK-8268406). 0 if unknown.
-fn method_ptr(method: JMethodId) -> u64 {
-    if method.is_null() {
-        return 0;
-    }
-    // SAFETY: a jmethodID handed to us by JVMTI points to a word the JVM never frees.
-    unsafe { std::ptr::read_volatile(method as *const u64) }
-}
-
-fn describe_method(jvmti: &Jvmti, method: JMethodId) -> MethodInfo {
-    let mut info = MethodInfo {
-        method_ptr: method_ptr(method),
-        ..MethodInfo::default()
-    };
-    if let Some((name, signature)) = jvmti.method_name(method) {
-        info.name = name;
-        info.signature = signature;
-    }
-    if let Some(class) = jvmti.declaring_class(method) {
-        info.class_signature = jvmti.class_signature(class).unwrap_or_default();
-        info.source_file = jvmti.source_file_name(class).unwrap_or_default();
-    }
-    info.lines = jvmti
-        .line_number_table(method)
-        .into_iter()
-        .map(|(start, line)| LineEntry {
-            bci: u32::try_from(start).unwrap_or(0),
-            line: u32::try_from(line).unwrap_or(0),
         })
-        .collect();
-    info
-}
-
-fn describe_compiled(
-    jvmti: &Jvmti,
-    method: JMethodId,
-    code_size: JInt,
-    code_addr: *const c_void,
-    compile_info: *const c_void,
-) -> CompiledMethod {
-    let mut methods = vec![describe_method(jvmti, method)];
-    let mut index: HashMap<usize, u32> = HashMap::from([(method as usize, 0)]);
-    let mut pcs = Vec::new();
-    let mut header = compile_info as *const ffi::CmlrHeader;
-    for _ in 0..MAX_CMLR_RECORDS {
-        if header.is_null() {
-            break;
-        }
-        // SAFETY: compile_info is null or a chain of record headers valid during the callback.
-        let h = unsafe { &*header };
-        if h.kind == ffi::CMLR_INLINE_INFO && h.major == 1 {
-            // SAFETY: an INLINE_INFO header starts a jvmtiCompiledMethodLoadInlineRecord.
-            let rec = unsafe { &*(header as *const ffi::CmlrInlineRecord) };
-            let numpcs = usize::try_from(rec.numpcs).unwrap_or(0).min(MAX_PCS);
-            for i in 0..numpcs {
-                if rec.pcinfo.is_null() {
-                    break;
-                }
-                // SAFETY: pcinfo has numpcs entries.
-                let pc = unsafe { &*rec.pcinfo.add(i) };
-                let depth = usize::try_from(pc.numstackframes)
-                    .unwrap_or(0)
-                    .min(MAX_FRAMES_PER_PC);
-                let mut frames = Vec::with_capacity(depth);
-                for j in 0..depth {
-                    if pc.methods.is_null() || pc.bcis.is_null() {
-                        break;
-                    }
-                    // SAFETY: methods and bcis have numstackframes entries.
-                    let (m, bci) = unsafe { (*pc.methods.add(j), *pc.bcis.add(j)) };
-                    let slot = match index.get(&(m as usize)) {
-                        Some(slot) => *slot,
-                        None if methods.len() < MAX_METHODS => {
-                            let slot = methods.len() as u32;
-                            methods.push(describe_method(jvmti, m));
-                            index.insert(m as usize, slot);
-                            slot
-                        }
-                        None => break,
-                    };
-                    frames.push(InlineFrame { method: slot, bci });
-                }
-                pcs.push(PcInfo {
-                    pc: pc.pc as u64,
-                    frames,
-                });
-            }
-        }
-        header = h.next;
-    }
-    CompiledMethod {
-        code_addr: code_addr as u64,
-        code_size: code_size.max(0) as u32,
-        methods,
-        pcs,
-    }
+        .map(drop)
 }

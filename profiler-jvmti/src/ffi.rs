@@ -18,6 +18,7 @@ pub const JNI_VERSION_1_8: JInt = 0x0001_0008;
 pub const JVMTI_VERSION_1_2: JInt = 0x3001_0200;
 pub const JVMTI_ERROR_NONE: JvmtiError = 0;
 pub const JVMTI_ENABLE: JInt = 1;
+pub const JVMTI_DISABLE: JInt = 0;
 
 pub const EVENT_VM_INIT: JInt = 50;
 pub const EVENT_VM_DEATH: JInt = 51;
@@ -173,6 +174,9 @@ type GetLineNumberTableFn = unsafe extern "C" fn(
     *mut JInt,
     *mut *mut LineNumberEntry,
 ) -> JvmtiError;
+type GetSystemPropertyFn =
+    unsafe extern "C" fn(*mut JvmtiEnv, *const c_char, *mut *mut c_char) -> JvmtiError;
+type DisposeEnvironmentFn = unsafe extern "C" fn(*mut JvmtiEnv) -> JvmtiError;
 type SetEventCallbacksFn =
     unsafe extern "C" fn(*mut JvmtiEnv, *const EventCallbacks, JInt) -> JvmtiError;
 type GenerateEventsFn = unsafe extern "C" fn(*mut JvmtiEnv, JInt) -> JvmtiError;
@@ -180,11 +184,60 @@ type AddCapabilitiesFn = unsafe extern "C" fn(*mut JvmtiEnv, *const Capabilities
 
 const MISSING: JvmtiError = u32::MAX;
 
+/// A NUL-terminated string JVMTI allocated for us, freed (`Deallocate`) when dropped. Its bytes
+/// can be measured before anything is copied.
+pub struct JvmtiString<'a> {
+    jvmti: &'a Jvmti,
+    ptr: *mut c_char,
+}
+
+impl JvmtiString<'_> {
+    /// The bytes before the NUL: modified UTF-8 as the JVM keeps it.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: non-null (checked at construction), NUL-terminated, alive until dropped.
+        unsafe { std::ffi::CStr::from_ptr(self.ptr) }.to_bytes()
+    }
+}
+
+impl Drop for JvmtiString<'_> {
+    fn drop(&mut self) {
+        self.jvmti.deallocate(self.ptr);
+    }
+}
+
+/// A line number table JVMTI allocated for us, freed when dropped.
+pub struct LineTable<'a> {
+    jvmti: &'a Jvmti,
+    ptr: *mut LineNumberEntry,
+    len: usize,
+}
+
+impl LineTable<'_> {
+    pub fn entries(&self) -> &[LineNumberEntry] {
+        // SAFETY: JVMTI returned `len` entries at the non-null `ptr`, alive until dropped.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for LineTable<'_> {
+    fn drop(&mut self) {
+        self.jvmti.deallocate(self.ptr);
+    }
+}
+
 impl Jvmti {
     pub fn enable_event(&self, event: JInt) -> JvmtiError {
+        self.set_event_mode(JVMTI_ENABLE, event)
+    }
+
+    pub fn disable_event(&self, event: JInt) -> JvmtiError {
+        self.set_event_mode(JVMTI_DISABLE, event)
+    }
+
+    fn set_event_mode(&self, mode: JInt, event: JInt) -> JvmtiError {
         match slot!(self.0, 2, SetEventNotificationModeFn) {
             // SAFETY: live env; a null thread means all threads.
-            Some(f) => unsafe { f(self.0, JVMTI_ENABLE, event, std::ptr::null_mut()) },
+            Some(f) => unsafe { f(self.0, mode, event, std::ptr::null_mut()) },
             None => MISSING,
         }
     }
@@ -200,46 +253,48 @@ impl Jvmti {
         }
     }
 
-    /// Takes a JVMTI-allocated C string: copies it and frees it.
-    pub fn take_string(&self, ptr: *mut c_char) -> String {
-        if ptr.is_null() {
-            return String::new();
-        }
-        // SAFETY: JVMTI returns NUL-terminated strings.
-        let s = unsafe { std::ffi::CStr::from_ptr(ptr) }
-            .to_string_lossy()
-            .into_owned();
-        self.deallocate(ptr);
-        s
+    fn string(&self, ptr: *mut c_char) -> Option<JvmtiString<'_>> {
+        (!ptr.is_null()).then_some(JvmtiString { jvmti: self, ptr })
     }
 
-    pub fn class_signature(&self, class: JClass) -> Option<String> {
+    pub fn class_signature(&self, class: JClass) -> Option<JvmtiString<'_>> {
         let f = slot!(self.0, 48, GetClassSignatureFn)?;
         let mut sig = std::ptr::null_mut();
         // SAFETY: live env, valid local class reference, out-pointer (generic not wanted).
         let err = unsafe { f(self.0, class, &mut sig, std::ptr::null_mut()) };
-        (err == JVMTI_ERROR_NONE).then(|| self.take_string(sig))
+        let sig = self.string(sig);
+        if err == JVMTI_ERROR_NONE {
+            sig
+        } else {
+            None
+        }
     }
 
-    pub fn source_file_name(&self, class: JClass) -> Option<String> {
+    pub fn source_file_name(&self, class: JClass) -> Option<JvmtiString<'_>> {
         let f = slot!(self.0, 50, GetSourceFileNameFn)?;
         let mut name = std::ptr::null_mut();
         // SAFETY: as above.
         let err = unsafe { f(self.0, class, &mut name) };
-        (err == JVMTI_ERROR_NONE).then(|| self.take_string(name))
+        let name = self.string(name);
+        if err == JVMTI_ERROR_NONE {
+            name
+        } else {
+            None
+        }
     }
 
     /// (name, signature).
-    pub fn method_name(&self, method: JMethodId) -> Option<(String, String)> {
+    pub fn method_name(&self, method: JMethodId) -> Option<(JvmtiString<'_>, JvmtiString<'_>)> {
         let f = slot!(self.0, 64, GetMethodNameFn)?;
         let mut name = std::ptr::null_mut();
         let mut sig = std::ptr::null_mut();
         // SAFETY: live env, jmethodID from the current event.
         let err = unsafe { f(self.0, method, &mut name, &mut sig, std::ptr::null_mut()) };
+        let (name, sig) = (self.string(name), self.string(sig));
         if err != JVMTI_ERROR_NONE {
             return None;
         }
-        Some((self.take_string(name), self.take_string(sig)))
+        Some((name?, sig?))
     }
 
     pub fn declaring_class(&self, method: JMethodId) -> Option<JClass> {
@@ -250,27 +305,44 @@ impl Jvmti {
         (err == JVMTI_ERROR_NONE && !class.is_null()).then_some(class)
     }
 
-    /// (start bci, line) pairs; empty when the method has none.
-    pub fn line_number_table(&self, method: JMethodId) -> Vec<(i64, i32)> {
-        let Some(f) = slot!(self.0, 70, GetLineNumberTableFn) else {
-            return Vec::new();
-        };
+    /// The method's line table; None when it has none.
+    pub fn line_number_table(&self, method: JMethodId) -> Option<LineTable<'_>> {
+        let f = slot!(self.0, 70, GetLineNumberTableFn)?;
         let mut count = 0;
         let mut table = std::ptr::null_mut();
         // SAFETY: as above.
         let err = unsafe { f(self.0, method, &mut count, &mut table) };
-        if err != JVMTI_ERROR_NONE || table.is_null() {
-            return Vec::new();
+        if table.is_null() {
+            return None;
         }
-        let len = usize::try_from(count).unwrap_or(0);
-        // SAFETY: JVMTI returned `count` entries at `table`.
-        let entries = unsafe { std::slice::from_raw_parts(table, len) };
-        let out = entries
-            .iter()
-            .map(|e| (e.start_location, e.line_number))
-            .collect();
-        self.deallocate(table);
-        out
+        let table = LineTable {
+            jvmti: self,
+            ptr: table,
+            len: usize::try_from(count).unwrap_or(0),
+        };
+        (err == JVMTI_ERROR_NONE).then_some(table)
+    }
+
+    /// A VM system property (`GetSystemProperty`: OnLoad and live phases). Only what the VM
+    /// itself sets is there, e.g. `java.vm.specification.version` and `java.vm.version`, not
+    /// what the class library adds later (`java.version`).
+    pub fn system_property(&self, name: &std::ffi::CStr) -> Option<String> {
+        let f = slot!(self.0, 131, GetSystemPropertyFn)?;
+        let mut value = std::ptr::null_mut();
+        // SAFETY: live env, NUL-terminated name, out-pointer.
+        let err = unsafe { f(self.0, name.as_ptr(), &mut value) };
+        let value = self.string(value)?;
+        (err == JVMTI_ERROR_NONE).then(|| String::from_utf8_lossy(value.bytes()).into_owned())
+    }
+
+    /// Gives the environment back (`DisposeEnvironment`), with its capabilities: for an agent
+    /// that failed before installing any callback.
+    pub fn dispose(&self) -> JvmtiError {
+        match slot!(self.0, 127, DisposeEnvironmentFn) {
+            // SAFETY: live env, not used afterwards by the caller.
+            Some(f) => unsafe { f(self.0) },
+            None => MISSING,
+        }
     }
 
     pub fn set_event_callbacks(&self, callbacks: &EventCallbacks) -> JvmtiError {
