@@ -297,16 +297,14 @@ impl Config {
         // process's functions and threads (SECURITY.md).
         let grpc_listen = match explicit_grpc.as_deref() {
             None | Some("off") | Some("") => None,
-            Some(text) => {
-                Some(GrpcListen {
-                    address: text.parse().map_err(|err| ConfigError::Invalid {
-                        field: "grpc_listen",
-                        flag: Some("grpc-listen"),
-                        reason: format!("{text:?} is not an address:port or \"off\" ({err})"),
-                    })?,
-                    explicit: explicit_grpc.is_some(),
-                })
-            }
+            Some(text) => Some(GrpcListen {
+                address: text.parse().map_err(|err| ConfigError::Invalid {
+                    field: "grpc_listen",
+                    flag: Some("grpc-listen"),
+                    reason: format!("{text:?} is not an address:port or \"off\" ({err})"),
+                })?,
+                explicit: explicit_grpc.is_some(),
+            }),
         };
         let naming = ServiceNaming {
             override_name: check_service_name("service_name", file.service_name)?,

@@ -191,7 +191,12 @@ pub fn render(s: &Snapshot, worker: &WorkerCounters) -> String {
     let refused: Vec<(String, u64)> = crate::sidecar::index::REFUSAL_REASONS
         .iter()
         .zip(&worker.sidecar_records_refused)
-        .map(|(reason, count)| (format!("reason=\"{reason}\""), count.load(Ordering::Relaxed)))
+        .map(|(reason, count)| {
+            (
+                format!("reason=\"{reason}\""),
+                count.load(Ordering::Relaxed),
+            )
+        })
         .collect();
     let refused: Vec<(&str, u64)> = refused.iter().map(|(l, v)| (l.as_str(), *v)).collect();
     metric(

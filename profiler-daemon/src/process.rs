@@ -261,8 +261,8 @@ mod tests {
     #[test]
     fn our_own_mapped_files_open_and_a_deleted_one_only_through_map_files() {
         let me = ProcessInfo::read(std::process::id()).expect("own process is readable");
-        let here = our_own_mapped_files_open_and_a_deleted_one_only_through_map_files
-            as *const () as u64;
+        let here =
+            our_own_mapped_files_open_and_a_deleted_one_only_through_map_files as *const () as u64;
         let mapping = me.mapping(here).expect("test code is mapped").clone();
         let file = me.open_mapped_file(&mapping).expect("our executable opens");
         assert!(file.metadata().expect("meta").len() > 0);
@@ -273,6 +273,6 @@ mod tests {
             *path = PathBuf::from(format!("{} (deleted)", path.display()));
         }
         assert!(me.open_mapped_file(&deleted).is_err());
-        assert_eq!(read_command_line(std::process::id()).is_empty(), false);
+        assert!(!read_command_line(std::process::id()).is_empty());
     }
 }

@@ -160,12 +160,7 @@ fn open_nonblocking(path: &Path, extra_flags: libc::c_int) -> io::Result<File> {
 }
 
 /// `openat2(2)`: `path` relative to `dir`, with `resolve` rules.
-fn openat2(
-    dir: libc::c_int,
-    path: &Path,
-    flags: libc::c_int,
-    resolve: u64,
-) -> io::Result<OwnedFd> {
+fn openat2(dir: libc::c_int, path: &Path, flags: libc::c_int, resolve: u64) -> io::Result<OwnedFd> {
     let path = CString::new(path.as_os_str().as_bytes())?;
     // SAFETY: all-zero is a valid open_how (no mode, no flags).
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
@@ -241,7 +236,13 @@ pub fn open_in_tmp(pid: u32, relative: &Path, expect: Expect) -> Result<File, Re
 /// Opens the file mapped at `start..end` in process `pid` through `/proc/PID/map_files`: the
 /// very inode mapped, whatever its path now names. Needs `CAP_CHECKPOINT_RESTORE` (or
 /// `CAP_SYS_ADMIN`).
-pub fn open_mapped(pid: u32, start: u64, end: u64, dev: u64, expect: Expect) -> Result<File, Refused> {
+pub fn open_mapped(
+    pid: u32,
+    start: u64,
+    end: u64,
+    dev: u64,
+    expect: Expect,
+) -> Result<File, Refused> {
     refuse_user_filesystem_dev(pid, dev)?;
     let file = open_nonblocking(
         Path::new(&format!("/proc/{pid}/map_files/{start:x}-{end:x}")),
@@ -360,7 +361,11 @@ fn mount_of<'a>(mountinfo: &'a str, path: &Path) -> Option<MountLine<'a>> {
         let point = mount.mount_point.as_bytes();
         let covers = point == b"/"
             || (path.starts_with(point) && matches!(path.get(point.len()), None | Some(b'/')));
-        if covers && best.as_ref().is_none_or(|b| point.len() >= b.mount_point.len()) {
+        if covers
+            && best
+                .as_ref()
+                .is_none_or(|b| point.len() >= b.mount_point.len())
+        {
             best = Some(mount);
         }
     }
@@ -381,17 +386,31 @@ mod tests {
 
     #[test]
     fn the_mount_holding_a_path_is_the_longest_covering_one() {
-        assert_eq!(mount_of(MOUNTINFO, Path::new("/tmp")).unwrap().fs_type, "tmpfs");
         assert_eq!(
-            mount_of(MOUNTINFO, Path::new("/tmp/.jvm-profiler-1/records")).unwrap().fs_type,
+            mount_of(MOUNTINFO, Path::new("/tmp"))
+                .expect("a mount")
+                .fs_type,
             "tmpfs"
         );
         assert_eq!(
-            mount_of(MOUNTINFO, Path::new("/tmp/fusey/x")).unwrap().fs_type,
+            mount_of(MOUNTINFO, Path::new("/tmp/.jvm-profiler-1/records"))
+                .expect("a mount")
+                .fs_type,
+            "tmpfs"
+        );
+        assert_eq!(
+            mount_of(MOUNTINFO, Path::new("/tmp/fusey/x"))
+                .expect("a mount")
+                .fs_type,
             "fuse.sshfs"
         );
         // A prefix by characters is not a parent directory.
-        assert_eq!(mount_of(MOUNTINFO, Path::new("/tmpx2")).unwrap().fs_type, "ext4");
+        assert_eq!(
+            mount_of(MOUNTINFO, Path::new("/tmpx2"))
+                .expect("a mount")
+                .fs_type,
+            "ext4"
+        );
         assert!(user_served("fuse.sshfs") && user_served("fuseblk"));
         assert!(!user_served("tmpfs") && !user_served("overlay"));
     }
@@ -404,7 +423,7 @@ mod tests {
             max_size: 100,
         };
         let fifo = dir.path().join("fifo");
-        let c = CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        let c = CString::new(fifo.as_os_str().as_bytes()).expect("test setup");
         // SAFETY: a valid path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         // O_NONBLOCK: opening a FIFO nobody writes to returns at once.
@@ -421,9 +440,9 @@ mod tests {
         ));
 
         let big = dir.path().join("big");
-        let f = File::create(&big).unwrap();
-        f.set_len(10 << 30).unwrap();
-        let f = File::open(&big).unwrap();
+        let f = File::create(&big).expect("test setup");
+        f.set_len(10 << 30).expect("test setup");
+        let f = File::open(&big).expect("test setup");
         assert!(matches!(
             check_regular(&f, any),
             Err(Refused::TooLarge { .. })
@@ -436,7 +455,7 @@ mod tests {
             }
         )
         .is_err_and(|e| e.reason() == "wrong_owner"));
-        std::fs::set_permissions(&big, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(&big, std::fs::Permissions::from_mode(0o600)).expect("test setup");
     }
 
     #[test]
@@ -444,7 +463,10 @@ mod tests {
         let pid = std::process::id();
         let status = read_proc_text(pid, "status", MAX_PROC_FILE).expect("own status");
         assert!(status.contains("Pid:"));
-        assert!(read_proc_file(pid, "status", 10).is_err(), "longer than 10 bytes");
+        assert!(
+            read_proc_file(pid, "status", 10).is_err(),
+            "longer than 10 bytes"
+        );
     }
 
     #[test]
@@ -455,10 +477,10 @@ mod tests {
             .prefix("untrusted-test")
             .tempdir_in("/tmp")
             .expect("tempdir in /tmp");
-        let name = dir.path().file_name().unwrap().to_owned();
-        std::fs::write(dir.path().join("file"), b"abc").unwrap();
-        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("link")).unwrap();
-        std::os::unix::fs::symlink("/etc", dir.path().join("dirlink")).unwrap();
+        let name = dir.path().file_name().expect("test setup").to_owned();
+        std::fs::write(dir.path().join("file"), b"abc").expect("test setup");
+        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("link")).expect("test setup");
+        std::os::unix::fs::symlink("/etc", dir.path().join("dirlink")).expect("test setup");
         let expect = Expect {
             owner: None,
             max_size: 1 << 20,
@@ -466,7 +488,7 @@ mod tests {
         let relative = |leaf: &str| Path::new(&name).join(leaf);
         let mut file = open_in_tmp(pid, &relative("file"), expect).expect("a plain file");
         let mut text = String::new();
-        file.read_to_string(&mut text).unwrap();
+        file.read_to_string(&mut text).expect("test setup");
         assert_eq!(text, "abc");
         for leaf in ["link", "dirlink/passwd"] {
             let err = open_in_tmp(pid, &relative(leaf), expect).expect_err(leaf);
@@ -475,7 +497,9 @@ mod tests {
         let err = open_in_tmp(pid, Path::new("../etc/passwd"), expect).expect_err("escape");
         assert_eq!(err.reason(), "link", "{err}");
         assert_eq!(
-            open_in_tmp(pid, &relative("missing"), expect).unwrap_err().reason(),
+            open_in_tmp(pid, &relative("missing"), expect)
+                .expect_err("refused")
+                .reason(),
             "not_found"
         );
     }

@@ -207,9 +207,9 @@ struct Current {
 
 /// Largest read per poll, so one poll's memory and time stay bounded.
 const MAX_READ_PER_POLL: u64 = 16 << 20;
-/// Default bound on one generation: the agent's default cap, twice over (its hard cap), plus
-/// room for a large replay.
-pub const DEFAULT_MAX_GENERATION_BYTES: u64 = 4 * DEFAULT_MAX_BYTES;
+/// Default bound on one generation: a replay up to the agent's replay hard cap (twice its
+/// default cap), then growth up to its hard cap (twice again), with room to spare.
+pub const DEFAULT_MAX_GENERATION_BYTES: u64 = 8 * DEFAULT_MAX_BYTES;
 
 impl Reader {
     /// Follows `path`, opened plainly (tests, tools): the daemon uses [`Reader::with_opener`].
@@ -321,7 +321,9 @@ pub enum ReadError {
     Io(io::Error),
     Format(DecodeError),
     /// The generation grew past the reader's bound; it is not read further.
-    TooLarge { max: u64 },
+    TooLarge {
+        max: u64,
+    },
 }
 
 impl std::fmt::Display for ReadError {

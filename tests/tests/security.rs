@@ -45,10 +45,7 @@ fn test_user() -> User {
 }
 
 fn jdk17() -> Jdk {
-    jdks()
-        .into_iter()
-        .find(|j| j.major == 17)
-        .expect("JDK 17")
+    jdks().into_iter().find(|j| j.major == 17).expect("JDK 17")
 }
 
 /// Workloads compiled into a directory the test user can read.
@@ -88,7 +85,11 @@ fn start_jvm_as(user: User, classes: &Path, cwd: &Path, workers: &[&str]) -> Wor
 
 fn agent_library() -> PathBuf {
     let path = daemon_binary().with_file_name("libprofiler_jvmti.so");
-    assert!(path.exists(), "no agent at {} (cargo xtask test builds it)", path.display());
+    assert!(
+        path.exists(),
+        "no agent at {} (cargo xtask test builds it)",
+        path.display()
+    );
     path
 }
 
@@ -196,7 +197,12 @@ fn the_attach_child_closes_the_daemons_descriptors_and_drops_its_rights_before_a
     let jvm = start_jvm_as(user, &classes, Path::new("/tmp"), &["split-worker"]);
     let trace = dir.path().join("strace.log");
     let output = Command::new("strace")
-        .args(["-f", "-qq", "-e", "trace=close_range,setresuid,setresgid,setgroups,capset,openat,kill"])
+        .args([
+            "-f",
+            "-qq",
+            "-e",
+            "trace=close_range,setresuid,setresgid,setgroups,capset,openat,kill",
+        ])
         .arg("-o")
         .arg(&trace)
         .arg(daemon_binary())
@@ -221,7 +227,10 @@ fn the_attach_child_closes_the_daemons_descriptors_and_drops_its_rights_before_a
     let caps = position("capset(");
     let trigger = position(&format!(".attach_pid{}", jvm.pid()));
     let signal = position(&format!("kill({}, SIGQUIT)", jvm.pid()));
-    assert!(closed < uid && uid < caps && caps < trigger && trigger < signal, "{log}");
+    assert!(
+        closed < uid && uid < caps && caps < trigger && trigger < signal,
+        "{log}"
+    );
     let trigger_line = log[trigger..].lines().next().unwrap_or_default();
     assert!(
         trigger_line.contains("O_EXCL") && trigger_line.contains("O_NOFOLLOW"),
@@ -304,7 +313,10 @@ fn hostile_records_files_never_stall_profiling() {
     assert!(status.success(), "daemon exit: {status}");
     // No exporter is configured: stopping takes the last interval's writing only, well within
     // the default shutdown_grace_secs (5 s).
-    assert!(stopped_in < Duration::from_secs(5), "stopped in {stopped_in:?}");
+    assert!(
+        stopped_in < Duration::from_secs(5),
+        "stopped in {stopped_in:?}"
+    );
     assert!(
         peak_rss_kb < 128 * 1024,
         "daemon peak RSS {peak_rss_kb} kB >= 128 MB"
@@ -423,7 +435,10 @@ fn a_planted_agent_copy_is_never_loaded() {
         .filter(|n| n.starts_with(".jvm-profiler-agent-"))
         .collect();
     assert!(left.is_empty(), "copies left behind: {left:?}");
-    assert_eq!(std::fs::read(&planted).expect("planted"), vec![0u8; agent.len()]);
+    assert_eq!(
+        std::fs::read(&planted).expect("planted"),
+        vec![0u8; agent.len()]
+    );
     assert!(alive(pid));
 }
 
@@ -435,7 +450,11 @@ fn a_binary_whose_debug_links_name_a_fifo_is_still_symbolized() {
     let binary = compile_c("native_split.c", dir.path()).expect("gcc");
     // The author of a binary chooses the files its debug links name: here a FIFO nobody writes.
     let fifo = dir.path().join("debug-fifo");
-    assert!(Command::new("mkfifo").arg(&fifo).status().expect("mkfifo").success());
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo")
+        .success());
     let mut section = fifo.to_str().expect("utf-8").as_bytes().to_vec();
     section.push(0);
     section.extend_from_slice(&[0xab; 20]);
@@ -456,13 +475,8 @@ fn a_binary_whose_debug_links_name_a_fifo_is_still_symbolized() {
         .status()
         .expect("objcopy");
     assert!(status.success());
-    let workload = Workload::spawn(
-        Command::new(&linked)
-            .arg("30")
-            .uid(user.uid)
-            .gid(user.gid),
-    )
-    .expect("workload starts");
+    let workload = Workload::spawn(Command::new(&linked).arg("30").uid(user.uid).gid(user.gid))
+        .expect("workload starts");
     let out = dir.path().join("profiles");
     std::fs::create_dir(&out).expect("mkdir");
     let pid = workload.pid().to_string();

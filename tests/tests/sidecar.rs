@@ -899,7 +899,11 @@ fn an_agent_on_an_unknown_jvm_version_reads_no_method_ptrs_and_frames_are_named_
             "JDK {}: {status:?}",
             jdk.major
         );
-        assert_ne!(status.flags & STATUS_ASSUMED_UNKNOWN_VERSION, 0, "{status:?}");
+        assert_ne!(
+            status.flags & STATUS_ASSUMED_UNKNOWN_VERSION,
+            0,
+            "{status:?}"
+        );
         assert!(status.error.is_empty(), "JDK {}: {status:?}", jdk.major);
         // The version it saw is still reported.
         assert_eq!(status.jvm_feature_version, jdk.major, "{status:?}");

@@ -237,15 +237,13 @@ fn place_agent(target: &Target, tmp: &OwnedFd, agent: &Path) -> Result<PlacedAge
         copy: Some(c_name),
     };
     // The umask may have narrowed the mode; the JVM's user must read it, nobody else write it.
-    let written = file
-        .write_all(&bytes)
-        .and_then(|()| {
-            // SAFETY: fchmod on our descriptor.
-            match unsafe { libc::fchmod(file.as_raw_fd(), 0o644) } {
-                0 => Ok(()),
-                _ => Err(std::io::Error::last_os_error()),
-            }
-        });
+    let written = file.write_all(&bytes).and_then(|()| {
+        // SAFETY: fchmod on our descriptor.
+        match unsafe { libc::fchmod(file.as_raw_fd(), 0o644) } {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        }
+    });
     if let Err(err) = written {
         placed.remove(tmp);
         bail!("copying the agent into the JVM's /tmp: {err}");
@@ -450,7 +448,9 @@ fn exchange_as(
         -1
     };
     if code == 0 {
-        let (started, reply) = output.split_first().map_or((false, &[][..]), |(s, r)| (*s == 1, r));
+        let (started, reply) = output
+            .split_first()
+            .map_or((false, &[][..]), |(s, r)| (*s == 1, r));
         return Ok((started, reply.to_vec()));
     }
     let errno = output
@@ -540,13 +540,7 @@ unsafe fn drop_capabilities() -> bool {
         inheritable: 0,
     }; 2];
     // SAFETY: capset with a valid header and two data words.
-    unsafe {
-        libc::syscall(
-            libc::SYS_capset,
-            &mut header as *mut Header,
-            data.as_ptr(),
-        ) == 0
-    }
+    unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) == 0 }
 }
 
 /// The forked child: switch credentials, start the listener if needed, connect, send, receive,

@@ -69,6 +69,8 @@ pub struct SidecarIndex {
     drops_counted: u64,
     /// Why the last poll failed (a reason label), until one succeeds.
     refused: Option<&'static str>,
+    /// The agent's latest status record.
+    status: Option<record::AgentStatus>,
 }
 
 /// Every label [`SidecarIndex::refused`] can give.
@@ -101,13 +103,9 @@ impl SidecarIndex {
     pub fn new(pid: u32, nspid: u32, euid: u32) -> Self {
         let inside = profiler_jvmti_records::channel::records_dir(nspid)
             .join(profiler_jvmti_records::channel::RECORDS_FILE);
-        let below_tmp = inside
-            .strip_prefix("/tmp")
-            .unwrap_or(&inside)
-            .to_path_buf();
-        let description = std::path::Path::new(&format!("/proc/{pid}/root")).join(
-            inside.strip_prefix("/").unwrap_or(&inside),
-        );
+        let below_tmp = inside.strip_prefix("/tmp").unwrap_or(&inside).to_path_buf();
+        let description = std::path::Path::new(&format!("/proc/{pid}/root"))
+            .join(inside.strip_prefix("/").unwrap_or(&inside));
         let max = profiler_jvmti_records::channel::DEFAULT_MAX_GENERATION_BYTES;
         // The JVM's user owns the directory: open the file without following anything it
         // could plant there, and never wait on it.
@@ -131,6 +129,7 @@ impl SidecarIndex {
             stats: None,
             drops_counted: 0,
             refused: None,
+            status: None,
         }
     }
 
@@ -197,6 +196,28 @@ impl SidecarIndex {
                     );
                 }
                 self.stats = Some(stats);
+            }
+            Update::Record(Record::AgentStatus(status)) => {
+                // Written at start and in every generation: say it once per change.
+                if self.status.as_ref() != Some(&status) {
+                    let path = self.reader.path().display();
+                    if !status.recording() {
+                        tracing::warn!(
+                            %path,
+                            error = %status.error,
+                            jvm = %status.jvm_version,
+                            "the sidecar agent is loaded but inert: frames are named from memory"
+                        );
+                    } else if status.flags & record::STATUS_METHOD_PTRS == 0 {
+                        tracing::info!(
+                            %path,
+                            jvm = %status.jvm_version,
+                            "the sidecar agent does not know this JVM version: its records are \
+                             not matched to compiled frames, which are named from memory"
+                        );
+                    }
+                    self.status = Some(status);
+                }
             }
             Update::Record(_) => {}
         }

@@ -225,8 +225,16 @@ fn names_other_files(file: &std::fs::File) -> std::io::Result<bool> {
         return Err(bad("not a 64-bit little-endian ELF file"));
     }
     let u16_at = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]) as u64;
-    let u32_at = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as u64;
-    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    let u32_at = |b: &[u8], at: usize| {
+        let mut word = [0u8; 4];
+        word.copy_from_slice(&b[at..at + 4]);
+        u32::from_le_bytes(word) as u64
+    };
+    let u64_at = |b: &[u8], at: usize| {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&b[at..at + 8]);
+        u64::from_le_bytes(word)
+    };
     let (shoff, entsize, count, names_index) = (
         u64_at(&header, 0x28),
         u16_at(&header, 0x3a),
