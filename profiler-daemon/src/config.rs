@@ -46,6 +46,9 @@ pub struct FileConfig {
     pub max_stacks_per_interval: Option<usize>,
     /// Bound on JVMs whose Java frames are unwound; JVMs past it are counted and logged.
     pub max_jvms: Option<u32>,
+    /// Memory for caches the daemon can rebuild (parsed binaries and their symbols), in MiB;
+    /// past it the least recently used are evicted (default 96).
+    pub cache_budget_mib: Option<u64>,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. "127.0.0.1:9464"; default: off).
     pub metrics_listen: Option<String>,
     /// Write an SVG flame graph beside each pprof file (default true).
@@ -135,6 +138,8 @@ pub struct Config {
     pub pids: Vec<u32>,
     pub max_stacks_per_interval: usize,
     pub max_jvms: u32,
+    /// Bytes for the symbolization caches.
+    pub cache_budget_bytes: u64,
     pub annotate_frames: bool,
     pub local_output: LocalOutput,
     pub metrics_listen: Option<SocketAddr>,
@@ -271,6 +276,16 @@ impl Config {
                 reason: format!("{max_jvms} is outside 1..=65536"),
             });
         }
+        let cache_budget_mib = file
+            .cache_budget_mib
+            .unwrap_or(crate::symbolize::cache_budget::DEFAULT_LIMIT_BYTES >> 20);
+        if !(1..=1 << 20).contains(&cache_budget_mib) {
+            return Err(ConfigError::Invalid {
+                field: "cache_budget_mib",
+                flag: None,
+                reason: format!("{cache_budget_mib} is outside 1..=1048576"),
+            });
+        }
         let local_output = LocalOutput {
             flame_graphs: file.flame_graphs.unwrap_or(true),
             retention: Retention {
@@ -373,6 +388,7 @@ impl Config {
             local_output,
             annotate_frames: file.annotate_frames.unwrap_or(true),
             max_jvms,
+            cache_budget_bytes: cache_budget_mib << 20,
             frequency_hz,
             interval: Duration::from_secs(interval_secs),
             duration: duration_secs.map(Duration::from_secs),

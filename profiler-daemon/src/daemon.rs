@@ -138,6 +138,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     let worker_counters = metrics.worker.clone();
     let naming = config.naming.clone();
     let attach = config.attach.clone();
+    let cache_budget = config.cache_budget_bytes;
     // Built on its own thread: blazesym's symbolizer is not Send.
     let pods = match &config.kubernetes_node {
         Some(node) => start_pod_watch(node.clone()).await,
@@ -154,6 +155,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
                 annotate,
                 worker_counters,
             )
+            .with_cache_budget(cache_budget)
             .with_attach(attach)
             .with_pods_if(pods)
             .run(work_rx)

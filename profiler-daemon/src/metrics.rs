@@ -25,6 +25,8 @@ pub struct WorkerCounters {
     pub sidecar_agents: AtomicU64,
     pub sidecar_agent_heap_bytes: AtomicU64,
     pub sidecar_dropped_records: AtomicU64,
+    /// The symbolization caches' memory budget.
+    pub symbol_cache: Arc<crate::symbolize::cache_budget::CacheStats>,
     /// JVMs whose records file was last refused, per `sidecar::index::REFUSAL_REASONS`.
     pub sidecar_records_refused: [AtomicU64; crate::sidecar::index::REFUSAL_REASONS.len()],
 }
@@ -187,6 +189,28 @@ pub fn render(s: &Snapshot, worker: &WorkerCounters) -> String {
         "counter",
         "Records sidecar agents could not write (their JVM's /tmp full or gone).",
         &[("", worker.sidecar_dropped_records.load(Ordering::Relaxed))],
+    );
+    let cache = &worker.symbol_cache;
+    metric(
+        &mut out,
+        "profiler_symbol_cache_bytes",
+        "gauge",
+        "Memory charged to the symbolization caches (parsed binaries, resolved frames).",
+        &[("", cache.charged_bytes.load(Ordering::Relaxed))],
+    );
+    metric(
+        &mut out,
+        "profiler_symbol_cache_limit_bytes",
+        "gauge",
+        "The caches' budget (cache_budget_mib); past it the least recently used are evicted.",
+        &[("", cache.limit_bytes.load(Ordering::Relaxed))],
+    );
+    metric(
+        &mut out,
+        "profiler_symbol_cache_evictions_total",
+        "counter",
+        "Binaries whose cached symbols were dropped to stay within the budget.",
+        &[("", cache.evictions.load(Ordering::Relaxed))],
     );
     let refused: Vec<(String, u64)> = crate::sidecar::index::REFUSAL_REASONS
         .iter()

@@ -67,6 +67,15 @@ impl Worker {
         self
     }
 
+    /// Bounds the symbolization caches to about `limit_bytes` (published in the counters).
+    pub fn with_cache_budget(mut self, limit_bytes: u64) -> Self {
+        self.symbolizers.native = crate::symbolize::native::NativeSymbolizer::with_budget_stats(
+            limit_bytes,
+            self.counters.symbol_cache.clone(),
+        );
+        self
+    }
+
     /// Loads the sidecar agent into the JVMs met, as `policy` says.
     pub fn with_attach(mut self, policy: crate::sidecar::AttachPolicy) -> Self {
         self.symbolizers.attacher = crate::sidecar::Attacher::new(policy);

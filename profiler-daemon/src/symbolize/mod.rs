@@ -5,6 +5,7 @@
 //! address that cannot be named still yields a frame (`module+0xoffset` or `[unknown]`): frames
 //! never disappear from a stack.
 
+pub mod cache_budget;
 pub mod kernel;
 pub mod native;
 

@@ -6,20 +6,27 @@
 //! are files of profiled processes: each is opened by [`ProcessInfo::open_mapped_file`] (the very
 //! file mapped, never a link or special file) and handed to blazesym as `/proc/self/fd/N`, so
 //! blazesym reads exactly what was checked.
+//!
+//! Each binary has its own blazesym symbolizer, so that it can be dropped whole: its mapped file
+//! and parsed DWARF, and the frames resolved from it, are charged to the [`CacheBudget`] and the
+//! least recently used binaries are evicted while the budget is exceeded (they are parsed again
+//! if they show up again).
 
 use std::sync::Arc;
 
 use blazesym::symbolize::{source::Elf, source::Source, Input, Symbolizer};
 use hashbrown::HashMap;
 
+use super::cache_budget::{self, CacheBudget, CacheStats};
 use super::{from_blazesym, ResolvedFrame};
 use crate::process::{Backing, Mapping, ProcessInfo};
 use crate::untrusted;
 
-/// Bounds on what is cached; past them the caches start over, so memory stays bounded on hosts
-/// that run many distinct binaries.
-const MAX_BINARIES: usize = 2_048;
-const MAX_CACHED_FRAMES: usize = 500_000;
+/// Bound on binaries known (their identities, a few hundred bytes each, stay after eviction);
+/// past it everything starts over.
+const MAX_BINARIES: usize = 16_384;
+/// What one cached frame is charged: the `Arc`, its lines and names, and the map entry.
+const FRAME_BYTES: u64 = 256;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum BinaryKey {
@@ -28,24 +35,33 @@ enum BinaryKey {
 }
 
 struct Binary {
-    /// Index into `NativeSymbolizer::keys`, the per-binary part of the frame cache key.
+    /// Index into `NativeSymbolizer::binaries`.
     id: u32,
     /// Whether blazesym may read its DWARF: not when the file names other files (debug links),
     /// which blazesym would open by a path the file's author chose (a FIFO would block it).
     debug_syms: bool,
     /// The file's name in the process's namespace, for frames that cannot be named.
     module: Arc<str>,
+    /// Its own symbolizer (mapped file, parsed symbols and DWARF), while cached.
+    symbolizer: Option<Symbolizer>,
+    /// File offset -> frame, while cached.
+    frames: HashMap<u64, Arc<ResolvedFrame>>,
+    /// Bytes charged to the budget for the two above.
+    charged: u64,
+    /// When it was last used (a `NativeSymbolizer::clock` value).
+    last_used: u64,
 }
 
 pub struct NativeSymbolizer {
-    symbolizer: Symbolizer,
     /// (dev, inode) -> binary; the cheap identity from /proc/PID/maps.
     by_file: HashMap<(u64, u64), u32>,
     /// Build-id (or file) identity -> binary id.
     keys: HashMap<BinaryKey, u32>,
     binaries: Vec<Binary>,
-    frames: HashMap<(u32, u64), Arc<ResolvedFrame>>,
     unknown_anonymous: Arc<ResolvedFrame>,
+    budget: CacheBudget,
+    /// Advances once per `resolve` call: the LRU order.
+    clock: u64,
 }
 
 impl Default for NativeSymbolizer {
@@ -56,14 +72,34 @@ impl Default for NativeSymbolizer {
 
 impl NativeSymbolizer {
     pub fn new() -> Self {
+        Self::with_budget(cache_budget::DEFAULT_LIMIT_BYTES)
+    }
+
+    /// A symbolizer whose caches hold at most about `limit_bytes`.
+    pub fn with_budget(limit_bytes: u64) -> Self {
+        Self::with_budget_stats(limit_bytes, Arc::default())
+    }
+
+    /// The same, publishing its figures into `stats`.
+    pub fn with_budget_stats(limit_bytes: u64, stats: Arc<CacheStats>) -> Self {
         Self {
-            symbolizer: new_blazesym(),
             by_file: HashMap::new(),
             keys: HashMap::new(),
             binaries: Vec::new(),
-            frames: HashMap::new(),
             unknown_anonymous: Arc::new(ResolvedFrame::named("[unknown]", None)),
+            budget: CacheBudget::with_stats(limit_bytes, stats),
+            clock: 0,
         }
+    }
+
+    /// Frames cached over all binaries.
+    pub fn cached_frames(&self) -> usize {
+        self.binaries.iter().map(|b| b.frames.len()).sum()
+    }
+
+    /// The budget's counters, for the metrics endpoint.
+    pub fn cache_stats(&self) -> Arc<CacheStats> {
+        self.budget.stats()
     }
 
     /// Resolves addresses of `process`. Entries are `None` where the address is in no known
@@ -73,9 +109,10 @@ impl NativeSymbolizer {
         process: &ProcessInfo,
         addrs: &[u64],
     ) -> Vec<Option<Arc<ResolvedFrame>>> {
-        if self.binaries.len() > MAX_BINARIES || self.frames.len() > MAX_CACHED_FRAMES {
-            *self = Self::new();
+        if self.binaries.len() > MAX_BINARIES {
+            self.forget_all();
         }
+        self.clock += 1;
         let mut out: Vec<Option<Arc<ResolvedFrame>>> = vec![None; addrs.len()];
         // binary id -> (indexes into `addrs`, file offsets, a mapping of it) still to symbolize.
         let mut pending: HashMap<u32, (Vec<usize>, Vec<u64>, &Mapping)> = HashMap::new();
@@ -88,7 +125,9 @@ impl NativeSymbolizer {
                 Backing::File { .. } => {
                     let binary = self.binary(process, mapping);
                     let offset = mapping.file_offset(addr);
-                    match self.frames.get(&(binary, offset)) {
+                    let entry = &mut self.binaries[binary as usize];
+                    entry.last_used = self.clock;
+                    match entry.frames.get(&offset) {
                         Some(frame) => out[index] = Some(frame.clone()),
                         None => {
                             let entry = pending
@@ -110,13 +149,58 @@ impl NativeSymbolizer {
         }
 
         for (binary, (indexes, offsets, mapping)) in pending {
-            let frames = self.symbolize_binary(process, mapping, binary, &offsets);
+            let (frames, grown) =
+                cache_budget::measure(|| self.symbolize_binary(process, mapping, binary, &offsets));
+            let entry = &mut self.binaries[binary as usize];
+            let mut charge = grown;
             for ((index, offset), frame) in indexes.into_iter().zip(offsets).zip(frames) {
-                self.frames.insert((binary, offset), frame.clone());
+                if entry.frames.insert(offset, frame.clone()).is_none() {
+                    charge += FRAME_BYTES;
+                }
                 out[index] = Some(frame);
             }
+            entry.charged += charge;
+            self.budget.charge(charge);
         }
+        self.evict_over_budget();
         out
+    }
+
+    /// Drops the least recently used binaries' caches while over the budget (the results of
+    /// this call are already out: even a binary bigger than the whole budget is symbolized,
+    /// then dropped).
+    fn evict_over_budget(&mut self) {
+        if !self.budget.over() {
+            return;
+        }
+        let mut cached: Vec<(u64, u32)> = self
+            .binaries
+            .iter()
+            .filter(|b| b.charged > 0 || b.symbolizer.is_some())
+            .map(|b| (b.last_used, b.id))
+            .collect();
+        cached.sort_unstable();
+        for (_, id) in cached {
+            if !self.budget.over() {
+                break;
+            }
+            let entry = &mut self.binaries[id as usize];
+            entry.symbolizer = None;
+            entry.frames = HashMap::new();
+            let charged = std::mem::take(&mut entry.charged);
+            self.budget.release(charged);
+        }
+    }
+
+    /// Forgets every binary (their number passed its bound).
+    fn forget_all(&mut self) {
+        for entry in &mut self.binaries {
+            let charged = std::mem::take(&mut entry.charged);
+            self.budget.release(charged);
+        }
+        self.binaries.clear();
+        self.by_file.clear();
+        self.keys.clear();
     }
 
     /// The binary id of a mapped file, reading its build-id the first time it is seen.
@@ -135,9 +219,13 @@ impl NativeSymbolizer {
                 .flatten()
                 .map(|id| id.to_vec())
         });
-        let debug_syms = file
-            .as_ref()
-            .is_some_and(|file| matches!(names_other_files(file), Ok(false)));
+        // DWARF is read only from a file that names no other files and whose debug sections
+        // fit the budget: parsing them holds about their size, and a budget is only a bound if
+        // one binary cannot pass it alone (past it, names come from the symbol tables).
+        let debug_syms = file.as_ref().is_some_and(|file| {
+            matches!(inspect_elf(file), Ok(ElfFacts { names_other_files: false, debug_bytes })
+                if debug_bytes <= self.budget.limit() / 2)
+        });
         let key = match build_id {
             Some(build_id) if !build_id.is_empty() => BinaryKey::BuildId(build_id),
             _ => BinaryKey::File { dev, inode },
@@ -149,6 +237,10 @@ impl NativeSymbolizer {
                 id,
                 debug_syms,
                 module: Arc::from(path.to_string_lossy().as_ref()),
+                symbolizer: None,
+                frames: HashMap::new(),
+                charged: 0,
+                last_used: self.clock,
             });
         }
         self.by_file.insert((dev, inode), id);
@@ -189,10 +281,10 @@ impl NativeSymbolizer {
         let mut elf = Elf::new(untrusted::fd_path(&file));
         elf.debug_syms = debug_syms;
         let source = Source::Elf(elf);
-        match self
+        let symbolizer = self.binaries[binary as usize]
             .symbolizer
-            .symbolize(&source, Input::FileOffset(offsets))
-        {
+            .get_or_insert_with(new_blazesym);
+        match symbolizer.symbolize(&source, Input::FileOffset(offsets)) {
             Ok(results) => offsets
                 .iter()
                 .zip(results.iter())
@@ -213,9 +305,18 @@ impl NativeSymbolizer {
 /// Sections through which an ELF file names other files to read its debug information from.
 const LINK_SECTIONS: [&[u8]; 3] = [b".gnu_debuglink", b".gnu_debugaltlink", b".debug_sup"];
 
-/// Whether the ELF file `file` has a debug link section, read from its section headers only
-/// (bounded reads: the file is untrusted). Errors for what is not a 64-bit little-endian ELF.
-fn names_other_files(file: &std::fs::File) -> std::io::Result<bool> {
+/// What the section headers of an ELF file say about its debug information.
+#[derive(Debug, PartialEq, Eq)]
+struct ElfFacts {
+    /// It has a debug link section (see [`LINK_SECTIONS`]).
+    names_other_files: bool,
+    /// Total size of its `.debug_*` sections.
+    debug_bytes: u64,
+}
+
+/// Reads [`ElfFacts`] from the section headers only (bounded reads: the file is untrusted).
+/// Errors for what is not a 64-bit little-endian ELF.
+fn inspect_elf(file: &std::fs::File) -> std::io::Result<ElfFacts> {
     use std::os::unix::fs::FileExt as _;
     let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned());
     let mut header = [0u8; 64];
@@ -242,7 +343,10 @@ fn names_other_files(file: &std::fs::File) -> std::io::Result<bool> {
         u16_at(&header, 0x3e),
     );
     if count == 0 {
-        return Ok(false);
+        return Ok(ElfFacts {
+            names_other_files: false,
+            debug_bytes: 0,
+        });
     }
     if entsize < 64 || names_index >= count {
         return Err(bad("bad section header table"));
@@ -255,12 +359,21 @@ fn names_other_files(file: &std::fs::File) -> std::io::Result<bool> {
     let (names_offset, names_size) = (u64_at(names, 0x18), u64_at(names, 0x20));
     let mut strings = vec![0u8; names_size.min(1 << 20) as usize];
     file.read_exact_at(&mut strings, names_offset)?;
-    Ok((0..count).any(|index| {
-        let name_at = u32_at(section(index), 0) as usize;
+    let mut facts = ElfFacts {
+        names_other_files: false,
+        debug_bytes: 0,
+    };
+    for index in 0..count {
+        let header = section(index);
+        let name_at = u32_at(header, 0) as usize;
         let name = strings.get(name_at..).unwrap_or_default();
         let name = &name[..name.iter().position(|b| *b == 0).unwrap_or(name.len())];
-        LINK_SECTIONS.contains(&name)
-    }))
+        facts.names_other_files |= LINK_SECTIONS.contains(&name);
+        if name.starts_with(b".debug_") {
+            facts.debug_bytes = facts.debug_bytes.saturating_add(u64_at(header, 0x20));
+        }
+    }
+    Ok(facts)
 }
 
 fn new_blazesym() -> Symbolizer {
@@ -305,17 +418,19 @@ mod tests {
         assert!(frames[1].is_none(), "address 0 is in no mapping");
 
         // A second lookup is served from the per-binary cache.
-        let cached = symbolizer.frames.len();
+        let cached = symbolizer.cached_frames();
         let again = symbolizer.resolve(&process, &[addr]);
         assert_eq!(again[0], frames[0]);
-        assert_eq!(symbolizer.frames.len(), cached);
+        assert_eq!(symbolizer.cached_frames(), cached);
     }
 
     #[test]
     fn debug_link_sections_are_found_in_the_section_headers() {
         // This test binary embeds its DWARF and names no other file.
         let me = std::fs::File::open("/proc/self/exe").expect("own executable");
-        assert!(!names_other_files(&me).expect("an ELF file"));
+        let facts = inspect_elf(&me).expect("an ELF file");
+        assert!(!facts.names_other_files);
+        assert!(facts.debug_bytes > 1 << 20, "a debug build: {facts:?}");
         // Debian's libc is stripped and links its debug file.
         let process = ProcessInfo::read(std::process::id()).expect("own process");
         let libc = process
@@ -324,9 +439,44 @@ mod tests {
             .find(|m| matches!(&m.backing, Backing::File { path, .. } if path.to_string_lossy().contains("libc.so")))
             .expect("libc is mapped");
         let libc = process.open_mapped_file(libc).expect("libc opens");
-        assert!(names_other_files(&libc).expect("an ELF file"));
+        assert!(inspect_elf(&libc).expect("an ELF file").names_other_files);
         let not_elf = tempfile::tempfile().expect("tempfile");
-        assert!(names_other_files(&not_elf).is_err());
+        assert!(inspect_elf(&not_elf).is_err());
+    }
+
+    #[test]
+    fn over_its_budget_the_least_recently_used_binary_is_evicted_and_results_stay_right() {
+        let process = ProcessInfo::read(std::process::id()).expect("own process");
+        let here = a_function_with_a_distinct_name as *const () as u64 + 1;
+        let libc_addr = libc::getpid as *const () as u64;
+        let mut symbolizer = NativeSymbolizer::with_budget(u64::MAX);
+        let stats = symbolizer.cache_stats();
+        let first = symbolizer.resolve(&process, &[here, libc_addr]);
+        let charged = stats
+            .charged_bytes
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert!(charged >= 2 * FRAME_BYTES, "charged {charged}");
+        assert_eq!(
+            stats.evictions.load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+
+        // A budget nothing fits in: every call's binaries are dropped after use, the oldest
+        // first, and the frames are still named.
+        let mut tight = NativeSymbolizer::with_budget(1);
+        let stats = tight.cache_stats();
+        let again = tight.resolve(&process, &[here]);
+        assert_eq!(again[0], first[0]);
+        assert_eq!(tight.cached_frames(), 0);
+        assert!(stats.evictions.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+        assert_eq!(
+            stats
+                .charged_bytes
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+        let libc_again = tight.resolve(&process, &[libc_addr]);
+        assert_eq!(libc_again[0], first[1]);
     }
 
     #[test]

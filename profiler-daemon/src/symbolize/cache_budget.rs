@@ -1,0 +1,137 @@
+//! One memory budget for the caches the daemon can rebuild (today: parsed binaries and their
+//! resolved frames; native unwind tables will be charged to it too), so that a host where new
+//! large binaries keep appearing cannot grow the daemon without bound.
+//!
+//! A cache charges what an entry costs when it fills it, and evicts its least recently used
+//! entries whole while the total is over the limit. What an entry costs is measured, not
+//! guessed: blazesym reports no sizes, so the daemon's resident memory (`/proc/self/statm`:
+//! heap and mapped file pages alike) is read before and after the work that filled the entry,
+//! and the growth is charged to it. The figures are published as metrics.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Default limit: leaves room for the rest of the daemon under a DaemonSet's 256 MiB.
+pub const DEFAULT_LIMIT_BYTES: u64 = 96 << 20;
+
+/// Counters shared with the metrics endpoint.
+#[derive(Debug, Default)]
+pub struct CacheStats {
+    pub limit_bytes: AtomicU64,
+    pub charged_bytes: AtomicU64,
+    pub evictions: AtomicU64,
+}
+
+/// The budget itself: a limit and a running total, owned by the (single) symbolizer thread.
+#[derive(Debug)]
+pub struct CacheBudget {
+    limit: u64,
+    charged: u64,
+    stats: Arc<CacheStats>,
+}
+
+impl CacheBudget {
+    pub fn new(limit: u64) -> Self {
+        Self::with_stats(limit, Arc::default())
+    }
+
+    /// A budget that publishes into `stats` (shared with the metrics endpoint).
+    pub fn with_stats(limit: u64, stats: Arc<CacheStats>) -> Self {
+        stats.limit_bytes.store(limit, Ordering::Relaxed);
+        Self {
+            limit,
+            charged: 0,
+            stats,
+        }
+    }
+
+    pub fn stats(&self) -> Arc<CacheStats> {
+        self.stats.clone()
+    }
+
+    pub fn charge(&mut self, bytes: u64) {
+        self.charged = self.charged.saturating_add(bytes);
+        self.publish();
+    }
+
+    /// Gives back what an evicted entry was charged.
+    pub fn release(&mut self, bytes: u64) {
+        self.charged = self.charged.saturating_sub(bytes);
+        self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+        self.publish();
+    }
+
+    pub fn over(&self) -> bool {
+        self.charged > self.limit
+    }
+
+    pub fn charged(&self) -> u64 {
+        self.charged
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    fn publish(&self) {
+        self.stats
+            .charged_bytes
+            .store(self.charged, Ordering::Relaxed);
+    }
+}
+
+/// The daemon's resident memory now, in bytes (0 if it cannot be read).
+pub fn resident_bytes() -> u64 {
+    let Ok(statm) = std::fs::read_to_string("/proc/self/statm") else {
+        return 0;
+    };
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|field| field.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no memory preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    pages * page
+}
+
+/// Measures what `work` made the daemon hold: its resident growth, never negative.
+pub fn measure<T>(work: impl FnOnce() -> T) -> (T, u64) {
+    let before = resident_bytes();
+    let result = work();
+    (result, resident_bytes().saturating_sub(before))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn charges_and_releases_are_counted_against_the_limit() {
+        let mut budget = CacheBudget::new(100);
+        let stats = budget.stats();
+        budget.charge(60);
+        assert!(!budget.over());
+        budget.charge(60);
+        assert!(budget.over());
+        assert_eq!(stats.charged_bytes.load(Ordering::Relaxed), 120);
+        budget.release(60);
+        assert!(!budget.over());
+        assert_eq!(stats.evictions.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.limit_bytes.load(Ordering::Relaxed), 100);
+    }
+
+    #[test]
+    fn resident_growth_is_measured() {
+        let (buffer, grown) = measure(|| {
+            let mut buffer = vec![0u8; 32 << 20];
+            // Touch every page so it is resident.
+            for i in (0..buffer.len()).step_by(4096) {
+                buffer[i] = 1;
+            }
+            buffer
+        });
+        assert!(grown >= 24 << 20, "grew {grown} bytes");
+        drop(buffer);
+    }
+}

@@ -1,0 +1,153 @@
+//! The daemon's memory on a busy host: profiling the whole machine while large debug binaries
+//! run, a tight `cache_budget_mib` keeps its symbolization caches, and so its resident memory,
+//! bounded, while their frames are still named.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use profiler_tests::background::BackgroundDaemon;
+use profiler_tests::*;
+
+/// A unit test of the daemon's library that spins in its own (debug, ~300 MB) binary for a
+/// second or two: proptest over arbitrary remote memory.
+const SPINNING_TEST: &str = "hotspot::vmstructs::tests::arbitrary_memory_never_panics";
+
+/// The daemon library's unit-test binary, beside this test's own (`cargo xtask test` builds
+/// both): a large binary full of DWARF.
+fn large_debug_binary() -> PathBuf {
+    let deps = std::env::current_exe()
+        .expect("own path")
+        .parent()
+        .expect("deps directory")
+        .to_path_buf();
+    let mut candidates: Vec<PathBuf> = std::fs::read_dir(&deps)
+        .expect("deps directory")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("profiler_daemon-") && !n.contains('.'))
+        })
+        .collect();
+    candidates.sort_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
+    candidates
+        .into_iter()
+        .rev()
+        .find(|binary| {
+            Command::new(binary)
+                .args(["--list", SPINNING_TEST])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(SPINNING_TEST))
+        })
+        .expect("the daemon library's unit tests are built (cargo xtask test builds them)")
+}
+
+fn peak_rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .expect("VmHWM")
+}
+
+#[test]
+fn a_tight_cache_budget_bounds_memory_on_a_whole_host_run() {
+    let binary = large_debug_binary();
+    let size_mb = std::fs::metadata(&binary).expect("size").len() >> 20;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("config.toml");
+    let budget_mib = 16;
+    std::fs::write(&config, format!("cache_budget_mib = {budget_mib}\n")).expect("config");
+    let out = dir.path().join("profiles");
+    let metrics = free_local_address().expect("a free port");
+    let daemon = BackgroundDaemon::start(
+        &[
+            "--config",
+            config.to_str().expect("utf-8"),
+            "--frequency",
+            "99",
+            "--interval",
+            "2",
+            "--output",
+            out.to_str().expect("utf-8"),
+            "--metrics-listen",
+            &metrics.to_string(),
+        ],
+        dir.path(),
+    )
+    .expect("daemon starts");
+    std::thread::sleep(Duration::from_secs(2));
+    let mut pids = Vec::new();
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(8) {
+        let child = Command::new(&binary)
+            .args(["--exact", SPINNING_TEST])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("test binary runs");
+        pids.push(child.id());
+        let status = Workload(child).0.wait().expect("waits");
+        assert!(status.success());
+    }
+    // Two intervals more, so the last runs are symbolized.
+    std::thread::sleep(Duration::from_secs(5));
+    let page = scrape_metrics(metrics).expect("metrics");
+    let peak_kb = peak_rss_kb(daemon.pid());
+    daemon.terminate();
+    let (status, _) = daemon.wait(Duration::from_secs(30)).expect("daemon exits");
+    assert!(status.success());
+
+    let charged = metric_value(&page, "profiler_symbol_cache_bytes").expect("cache bytes");
+    let evictions =
+        metric_value(&page, "profiler_symbol_cache_evictions_total").expect("evictions");
+    let limit = metric_value(&page, "profiler_symbol_cache_limit_bytes").expect("limit");
+    assert_eq!(limit, budget_mib << 20);
+    assert!(charged <= limit, "charged {charged} > limit {limit}");
+    assert!(
+        evictions > 0,
+        "a whole host does not fit in {budget_mib} MiB"
+    );
+    // Without the budget this run holds 350+ MB of parsed DWARF (the binary is ~300 MB); the
+    // daemon's own part is about 60-80 MB in a debug build.
+    assert!(
+        peak_kb < (budget_mib + 128) << 10,
+        "peak RSS {} MB with a {budget_mib} MiB budget",
+        peak_kb >> 10
+    );
+    // The processes' leaf frames are named (the big binary's from its symbol table at least:
+    // its DWARF is larger than the budget), not left as `module+0x...` offsets.
+    let mut named = 0;
+    let mut total = 0;
+    for pid in &pids {
+        for (_, profile) in profiles_of(&out, *pid).expect("profiles") {
+            for sample in &profile.sample {
+                let frames = sample_frames(&profile, sample);
+                total += count(sample);
+                if frames
+                    .first()
+                    .is_some_and(|leaf| !leaf.name.contains("+0x") && leaf.name != "[unknown]")
+                {
+                    named += count(sample);
+                }
+            }
+        }
+    }
+    assert!(total > 50, "{total} samples of the test binary");
+    assert!(
+        named * 4 > total * 3,
+        "{named} of {total} samples have a named leaf"
+    );
+    println!(
+        "whole host with a {budget_mib} MiB cache budget and a {size_mb} MB debug binary: peak RSS \
+         {} MB, {evictions} evictions, {charged} bytes charged at the end, {named}/{total} samples \
+         with a named leaf",
+        peak_kb >> 10
+    );
+}
