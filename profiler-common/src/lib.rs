@@ -24,7 +24,7 @@ pub enum FrameKind {
     /// An instruction pointer in native code (ELF or anonymous memory).
     Native = 1,
     /// A HotSpot interpreter frame: `addr` is the `Method*`, `aux` the bci (`BCI_UNKNOWN` if the
-    /// bcp was not plausible), `cookie` the low bits of `ConstMethod* >> 3`.
+    /// bcp was not plausible), `cookie` its [`interpreted_cookie`].
     Interpreted = 2,
     /// A frame in a HotSpot code blob (an nmethod, or a stub): `addr` is the `CodeBlob*`, `aux`
     /// the pc's offset from the blob's code start, `cookie` the nmethod's `_compile_id`.
@@ -295,7 +295,27 @@ pub struct HotspotProc {
     pub nmethod_deopt_handler: u16,
     /// Where a deoptimized frame keeps its original pc: `[sp + _orig_pc_offset]`.
     pub nmethod_orig_pc_offset: u16,
+    /// The path from a `ConstMethod` to its class's name, for [`interpreted_cookie`]:
+    /// `ConstMethod::_constants`, `ConstantPool::_pool_holder`, `Klass::_name`.
+    pub const_method_constants: u16,
+    pub constant_pool_holder: u16,
+    pub klass_name: u16,
+    /// Offset in a `Symbol` of the 32-bit word whose upper half is its hash (random, set when
+    /// the symbol is made), or [`NO_SYMBOL_HASH`].
+    pub symbol_hash_word: u16,
     pub _reserved2: u16,
+}
+
+/// [`HotspotProc::symbol_hash_word`] when the layout has no such word.
+pub const NO_SYMBOL_HASH: u16 = u16::MAX;
+
+/// The cookie of an interpreted frame: what distinguishes a method from another one that later
+/// took the same `Method*`. Same-shape classes of a reloaded generation reuse the very same
+/// metaspace addresses for `Method` and `ConstMethod`; their class's name `Symbol` is a new one
+/// with a new random hash (even where it reuses the address). So the cookie mixes the
+/// `ConstMethod*` with that hash; the daemon recomputes it from memory to verify a name.
+pub const fn interpreted_cookie(const_method: u64, name_hash_word: u32) -> u32 {
+    ((const_method >> 3) as u32) ^ (name_hash_word & 0xffff_0000)
 }
 
 #[cfg(feature = "user")]

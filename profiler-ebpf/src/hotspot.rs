@@ -8,7 +8,8 @@ use core::ffi::c_void;
 
 use aya_ebpf::helpers::{bpf_probe_read_user, generated as gen};
 use profiler_common::{
-    hotspot_flags, FrameKind, HotspotProc, UnwindEnd, UserFrame, BCI_UNKNOWN, MAX_CODE_HEAPS,
+    hotspot_flags, interpreted_cookie, FrameKind, HotspotProc, UnwindEnd, UserFrame, BCI_UNKNOWN,
+    MAX_CODE_HEAPS, NO_SYMBOL_HASH,
 };
 
 use crate::memory::{read_u64, stack_pair, stack_u64, StackWindow};
@@ -280,6 +281,26 @@ fn read_blob(hs: &HotspotProc, pc: u64) -> Result<BlobCache, UnwindEnd> {
     })
 }
 
+/// The hash word of the name of the class `const_method` belongs to (0 if unreadable: the
+/// daemon then fails to verify the frame and shows it as unknown).
+#[inline(always)]
+fn class_name_hash_word(hs: &HotspotProc, const_method: u64) -> u32 {
+    if hs.symbol_hash_word == NO_SYMBOL_HASH {
+        return 0;
+    }
+    let name = read_u64(const_method + hs.const_method_constants as u64)
+        .and_then(|cp| read_u64(cp + hs.constant_pool_holder as u64))
+        .and_then(|holder| read_u64(holder + hs.klass_name as u64));
+    match name {
+        // SAFETY: a checked read of user memory.
+        Ok(name) => {
+            unsafe { bpf_probe_read_user((name + hs.symbol_hash_word as u64) as *const u32) }
+                .unwrap_or(0)
+        }
+        Err(_) => 0,
+    }
+}
+
 /// An interpreter frame: Method* and bcp from fixed slots below fp (the live bcp from r13 for
 /// the interrupted frame); the caller's sp is the saved sender sp.
 #[inline(always)]
@@ -317,7 +338,7 @@ fn interpreted_step(
         FrameKind::Interpreted,
         method,
         bci,
-        (const_method >> 3) as u32,
+        interpreted_cookie(const_method, class_name_hash_word(hs, const_method)),
     );
 
     let slot = stack_pair(window, fp)?;

@@ -93,6 +93,9 @@ enum BlobInfo {
         pcs: Vec<(i32, i32)>,
         scopes: Vec<u8>,
         metadata: Vec<u64>,
+        /// Its methods' names, read with the blob (when its first sample arrives): later, a
+        /// `Method*` of an unloaded class may belong to another one.
+        names: HashMap<u64, Option<Arc<MethodInfo>>>,
     },
     Stub {
         name: String,
@@ -264,6 +267,43 @@ impl<M: RemoteMemory> JvmSymbols<M> {
         info
     }
 
+    /// Names the methods of a freshly read nmethod: its own and every one its scopes name,
+    /// each verified by its identity as it is now (while the nmethod lives, its methods do).
+    fn with_names(&mut self, mut blob: BlobInfo) -> BlobInfo {
+        if let BlobInfo::Nmethod {
+            method,
+            pcs,
+            scopes,
+            metadata,
+            names,
+            ..
+        } = &mut blob
+        {
+            let mut wanted = vec![*method];
+            for (pc_offset, _) in pcs.iter() {
+                for (scope_method, _) in scope_chain(
+                    pcs,
+                    scopes,
+                    metadata,
+                    *pc_offset,
+                    false,
+                    self.jvm.facts.unsigned5_excludes_zero,
+                ) {
+                    wanted.push(scope_method);
+                }
+            }
+            wanted.sort_unstable();
+            wanted.dedup();
+            for scope_method in wanted {
+                let info = read_identity(&self.jvm, &self.memory, scope_method)
+                    .ok()
+                    .and_then(|identity| self.method(scope_method, Some(identity.cookie)));
+                names.insert(scope_method, info);
+            }
+        }
+        blob
+    }
+
     fn compiled(&mut self, frame: &UserFrame, top: bool, annotate: bool) -> ResolvedFrame {
         let key = (frame.addr, frame.cookie);
         let blob = match self.blobs.get(&key) {
@@ -271,7 +311,7 @@ impl<M: RemoteMemory> JvmSymbols<M> {
             None => {
                 let info = read_blob(&self.jvm, &self.memory, frame.addr, frame.cookie)
                     .ok()
-                    .map(Arc::new);
+                    .map(|blob| Arc::new(self.with_names(blob)));
                 self.blobs.insert(key, info.clone());
                 info
             }
@@ -285,15 +325,23 @@ impl<M: RemoteMemory> JvmSymbols<M> {
                 pcs,
                 scopes,
                 metadata,
+                names,
             }) => {
                 let kind = if (1..=3).contains(comp_level) {
                     JavaFrameKind::C1
                 } else {
                     JavaFrameKind::Jit
                 };
-                if let Some(resolved) =
-                    self.sidecar_frame(*code_begin, *method, frame.aux, top, kind, annotate)
-                {
+                let root = names.get(method).cloned().flatten();
+                if let Some(resolved) = self.sidecar_frame(
+                    *code_begin,
+                    *method,
+                    root.as_deref(),
+                    frame.aux,
+                    top,
+                    kind,
+                    annotate,
+                ) {
                     return resolved;
                 }
                 let chain = scope_chain(
@@ -307,7 +355,7 @@ impl<M: RemoteMemory> JvmSymbols<M> {
                 let mut lines = Vec::with_capacity(chain.len().max(1));
                 let outer = chain.len().saturating_sub(1);
                 for (index, (scope_method, bci)) in chain.iter().enumerate() {
-                    let info = self.method(*scope_method, None);
+                    let info = names.get(scope_method).cloned().flatten();
                     let frame_kind = if index == outer {
                         kind
                     } else {
@@ -322,8 +370,7 @@ impl<M: RemoteMemory> JvmSymbols<M> {
                 }
                 if lines.is_empty() {
                     // No debug info at this pc (e.g. in the prologue): the method alone.
-                    let info = self.method(*method, None);
-                    lines.push(java_line(info.as_deref(), None, kind, annotate));
+                    lines.push(java_line(root.as_deref(), None, kind, annotate));
                 }
                 ResolvedFrame {
                     lines,
@@ -338,10 +385,12 @@ impl<M: RemoteMemory> JvmSymbols<M> {
 impl<M: RemoteMemory> JvmSymbols<M> {
     /// The frame from the agent's records, if it reported this very nmethod (same code start
     /// and Method*; code reuse changes at least one) and has a chain at this pc.
+    #[allow(clippy::too_many_arguments)]
     fn sidecar_frame(
         &mut self,
         code_begin: u64,
         method: u64,
+        root: Option<&MethodInfo>,
         pc_offset: u32,
         top: bool,
         kind: JavaFrameKind,
@@ -351,6 +400,17 @@ impl<M: RemoteMemory> JvmSymbols<M> {
         sidecar.refresh();
         let nmethod = sidecar.nmethod(code_begin)?;
         if nmethod.method_ptr != method || pc_offset > nmethod.code_size {
+            return None;
+        }
+        // Code and metadata addresses are reused by same-shape classes of a later generation,
+        // and the agent's unload record may not have been read yet: the record must name the
+        // method memory names for this very nmethod (read when its first sample arrived).
+        let recorded = nmethod.root()?;
+        let root = root?;
+        if recorded.class != root.class
+            || recorded.name != root.name
+            || recorded.signature != root.signature
+        {
             return None;
         }
         let chain = nmethod.chain(pc_offset, top);
@@ -479,19 +539,59 @@ pub(crate) fn stable_class_name(internal: &str) -> String {
     name.replace('/', ".")
 }
 
+/// The pointers from a `Method` to its class's name, and the cookie they give.
+struct MethodIdentity {
+    const_method: u64,
+    cp: u64,
+    holder: u64,
+    class_symbol: u64,
+    /// What BPF records for an interpreted frame of this method (see
+    /// [`profiler_common::interpreted_cookie`]).
+    cookie: u32,
+}
+
+fn read_identity(
+    jvm: &Jvm,
+    memory: &dyn RemoteMemory,
+    method: u64,
+) -> Result<MethodIdentity, ReadError> {
+    let const_method = memory.read_ptr(method + offset(jvm, "Method::_constMethod")?)?;
+    let cp = memory.read_ptr(const_method + offset(jvm, "ConstMethod::_constants")?)?;
+    let holder = memory.read_ptr(cp + offset(jvm, "ConstantPool::_pool_holder")?)?;
+    let class_symbol = memory.read_ptr(holder + offset(jvm, "Klass::_name")?)?;
+    let hash_at = super::unwind_info::symbol_hash_word(&jvm.layout);
+    let hash_word = if hash_at == profiler_common::NO_SYMBOL_HASH {
+        0
+    } else {
+        memory.read_u32(class_symbol + hash_at as u64)?
+    };
+    Ok(MethodIdentity {
+        const_method,
+        cp,
+        holder,
+        class_symbol,
+        cookie: profiler_common::interpreted_cookie(const_method, hash_word),
+    })
+}
+
 fn read_method(
     jvm: &Jvm,
     memory: &dyn RemoteMemory,
     method: u64,
     cookie: Option<u32>,
 ) -> Result<MethodInfo, ReadError> {
-    let const_method = memory.read_ptr(method + offset(jvm, "Method::_constMethod")?)?;
-    if cookie.is_some_and(|cookie| cookie != (const_method >> 3) as u32) {
+    let identity = read_identity(jvm, memory, method)?;
+    if cookie.is_some_and(|cookie| cookie != identity.cookie) {
+        // Another method holds this memory now: the sampled one cannot be named.
         return Err(ReadError::Null);
     }
-    let cp = memory.read_ptr(const_method + offset(jvm, "ConstMethod::_constants")?)?;
-    let holder = memory.read_ptr(cp + offset(jvm, "ConstantPool::_pool_holder")?)?;
-    let class_symbol = memory.read_ptr(holder + offset(jvm, "Klass::_name")?)?;
+    let MethodIdentity {
+        const_method,
+        cp,
+        holder,
+        class_symbol,
+        ..
+    } = identity;
     let internal_class = read_symbol(jvm, memory, class_symbol)?;
     let name_index = memory.read_u16(const_method + offset(jvm, "ConstMethod::_name_index")?)?;
     let signature_index =
@@ -701,6 +801,7 @@ fn read_blob(
         pcs,
         scopes,
         metadata,
+        names: HashMap::new(),
     })
 }
 

@@ -107,6 +107,19 @@ pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, Does
             None => offset("nmethod::_deopt_handler_offset")?,
         },
         nmethod_orig_pc_offset: offset("nmethod::_orig_pc_offset")?,
+        const_method_constants: offset("ConstMethod::_constants")?,
+        constant_pool_holder: offset("ConstantPool::_pool_holder")?,
+        klass_name: offset("Klass::_name")?,
+        symbol_hash_word: symbol_hash_word(layout),
         _reserved2: 0,
     })
+}
+
+/// Where a `Symbol`'s hash word is: JDK 11 and later start a symbol with `_hash_and_refcount`
+/// (hash in the upper 16 bits, refcount below), then `_length` at 4, which VMStructs gives.
+pub fn symbol_hash_word(layout: &super::layout::JvmLayout) -> u16 {
+    match layout.offset("Symbol::_length") {
+        Some(4) => 0,
+        _ => profiler_common::NO_SYMBOL_HASH,
+    }
 }

@@ -1,0 +1,160 @@
+//! Names are never wrong: generations of same-shape classes whose names carry the generation
+//! (tests/java/NameChurn.java) are defined, run hot and unloaded while the daemon profiles them,
+//! so metaspace and code-cache addresses are reused all the time. In every sampled stack, every
+//! frame of a generation must carry the same tag; a frame the daemon cannot verify must show as
+//! unknown, never under another generation's name. From memory alone and with the JVMTI sidecar,
+//! on JDK 17, 21 and 25 (`NAMES_JDK=25` runs one).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use profiler_tests::*;
+
+/// What one run saw in the churn thread's samples.
+#[derive(Debug, Default)]
+struct Tally {
+    /// Samples with at least one generation frame.
+    samples: i64,
+    /// Of those, samples whose generation frames carry two or more tags: a wrong name.
+    mixed: i64,
+    /// Java frames in those samples, and how many are named.
+    java_frames: i64,
+    named_java_frames: i64,
+    examples: Vec<String>,
+}
+
+/// The 4-digit generation in `NameChurn$G0042Outer.getAsLong_[j]`.
+fn tag(name: &str) -> Option<&str> {
+    let at = name.find("NameChurn$G")? + "NameChurn$G".len();
+    name.get(at..at + 4)
+}
+
+fn tally(dir: &std::path::Path, pid: u32) -> Tally {
+    let mut tally = Tally::default();
+    for (_, profile) in profiles_of(dir, pid).expect("profiles") {
+        for sample in &profile.sample {
+            if label(&profile, sample, "thread_name") != Some("gen-churn") {
+                continue;
+            }
+            let frames = sample_frames(&profile, sample);
+            let tags: BTreeSet<&str> = frames.iter().filter_map(|f| tag(&f.name)).collect();
+            if tags.is_empty() {
+                continue;
+            }
+            let n = count(sample);
+            tally.samples += n;
+            if tags.len() > 1 {
+                tally.mixed += n;
+                if tally.examples.len() < 5 {
+                    // The generation frames and the one below them (how they were called).
+                    let names: Vec<&str> = frames
+                        .iter()
+                        .take_while(|f| !f.name.starts_with("java.lang.Thread"))
+                        .map(|f| f.name.as_str())
+                        .collect();
+                    tally.examples.push(names.join(" <- "));
+                }
+            }
+            for frame in &frames {
+                let java = frame.name.contains("_[") && !frame.name.ends_with("_[k]")
+                    || frame.name.starts_with("[unknown java");
+                if java {
+                    tally.java_frames += n;
+                    if !frame.name.starts_with("[unknown") {
+                        tally.named_java_frames += n;
+                    }
+                }
+            }
+        }
+    }
+    tally
+}
+
+fn run(jdk: &Jdk, classes: &std::path::Path, with_agent: bool) -> Tally {
+    let agent = daemon_binary().with_file_name("libprofiler_jvmti.so");
+    let agent_arg = format!("-agentpath:{}", agent.display());
+    let mut jvm_args = vec!["-Xmx256m"];
+    if with_agent {
+        jvm_args.push(&agent_arg);
+    }
+    let jvm = start_java(jdk, classes, "NameChurn", &jvm_args).expect("JVM starts");
+    // Let the first generations compile before the window opens.
+    std::thread::sleep(Duration::from_secs(2));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pid = jvm.pid().to_string();
+    let output = run_daemon(
+        &[
+            "--pid",
+            &pid,
+            "--frequency",
+            "99",
+            "--interval",
+            "5",
+            "--duration",
+            "15",
+            "--output",
+            dir.path().to_str().expect("utf-8"),
+        ],
+        Duration::from_secs(60),
+    )
+    .expect("daemon runs");
+    assert!(output.status.success());
+    assert!(
+        std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "the JVM survived"
+    );
+    tally(dir.path(), jvm.pid())
+}
+
+#[test]
+fn generations_of_same_shape_classes_are_never_named_after_each_other() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes = compile_java(&["NameChurn.java"], dir.path()).expect("javac");
+    let mut failures = Vec::new();
+    for jdk in jdks().into_iter().filter(|j| {
+        std::env::var("NAMES_JDK").map_or([17, 21, 25].contains(&j.major), |v| {
+            v == j.major.to_string()
+        })
+    }) {
+        for with_agent in [false, true] {
+            let t = run(&jdk, &classes, with_agent);
+            let source = if with_agent { "sidecar" } else { "memory" };
+            let named = t.named_java_frames as f64 / t.java_frames.max(1) as f64;
+            println!(
+                "JDK {} ({source}): {} churn samples, {} with two generations, {:.1}% of {} Java \
+                 frames named{}",
+                jdk.major,
+                t.samples,
+                t.mixed,
+                100.0 * named,
+                t.java_frames,
+                t.examples
+                    .iter()
+                    .map(|e| format!("\n    mixed: {e}"))
+                    .collect::<String>()
+            );
+            assert!(
+                t.samples > 200,
+                "JDK {}: {} churn samples",
+                jdk.major,
+                t.samples
+            );
+            let floor = if with_agent { 0.95 } else { 0.90 };
+            // The target is 0; today about 0.3% of samples still mix generations (two
+            // interpreted or an interpreted and a compiled frame, see the README's known
+            // limits), against 4-7% from memory and 20-45% with the sidecar before names were
+            // verified by class identity: the bound catches a regression.
+            if t.mixed * 100 > t.samples || named < floor {
+                failures.push(format!(
+                    "JDK {} ({source}): {} mixed of {}, {:.1}% named (floor {:.0}%)",
+                    jdk.major,
+                    t.mixed,
+                    t.samples,
+                    100.0 * named,
+                    100.0 * floor
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
