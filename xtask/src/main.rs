@@ -23,6 +23,16 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
     ("openssl", "openssl"),
 ];
 
+/// Debian packages of the real applications tests/tests/real_apps.rs profiles, by a file each
+/// installs: the H2 database, Clojure, Jetty 9 (embedded) and `ab` to load it over HTTP. Only
+/// libraries and tools: none of them starts a service.
+const REAL_APP_PACKAGES: &[(&str, &str)] = &[
+    ("/usr/share/java/h2.jar", "libh2-java"),
+    ("/usr/share/java/clojure.jar", "clojure"),
+    ("/usr/share/java/jetty9-server.jar", "libjetty9-java"),
+    ("/usr/bin/ab", "apache2-utils"),
+];
+
 #[derive(Parser)]
 #[command(about = "Project automation")]
 struct Cli {
@@ -281,6 +291,7 @@ fn setup_tests(root: &Path) -> Result<()> {
     }
     install_python_packages(root)?;
     install_missing_commands(TEST_PACKAGES)?;
+    install_missing_files(REAL_APP_PACKAGES)?;
     setup_deploy_tests(root)?;
     ensure_test_user()?;
     Ok(())
@@ -360,6 +371,20 @@ fn install_missing_commands(commands: &[(&str, &str)]) -> Result<()> {
                     .arg(format!("command -v {binary}")),
             )
         })
+        .map(|(_, package)| *package)
+        .collect();
+    if !missing.is_empty() {
+        eprintln!("xtask: installing {}", missing.join(" "));
+        apt_install(&missing)?;
+    }
+    Ok(())
+}
+
+/// Installs the Debian package of each (file, package) whose file is missing.
+fn install_missing_files(files: &[(&str, &str)]) -> Result<()> {
+    let missing: Vec<&str> = files
+        .iter()
+        .filter(|(file, _)| !Path::new(file).exists())
         .map(|(_, package)| *package)
         .collect();
     if !missing.is_empty() {
