@@ -84,6 +84,7 @@ pub(crate) fn java_step(
 ) -> Result<UserFrame, UnwindEnd> {
     let hs = &walk.hotspot;
     let (pc, sp, fp) = (walk.pc, walk.sp, walk.fp);
+    let code_range = (hs.code_low, hs.code_high);
     if pc >= hs.interpreter_low && pc < hs.interpreter_high {
         return interpreted_step(walk, window, top);
     }
@@ -158,14 +159,27 @@ pub(crate) fn java_step(
             walk.pc = stack_u64(window, sp)?;
             walk.sp = sp + 8;
         }
+    } else if top && is_code(code_range, stack_u64(window, sp).unwrap_or(0)) {
+        // A frameless stub on top: vtable and itable stubs jump on to their target and push
+        // nothing, so the return address into their (compiled or interpreted) caller is at sp.
+        // A stub that built an rbp frame has the saved rbp there instead, never a code address.
+        walk.pc = stack_u64(window, sp)?;
+        walk.sp = sp + 8;
     } else {
-        // Stubs and adapters without a fixed frame keep rbp as a frame pointer.
+        // Other stubs and adapters without a fixed frame keep rbp as a frame pointer.
         let slot = stack_pair(window, fp)?;
         walk.sp = fp + 16;
         walk.fp = slot[0];
         walk.pc = slot[1];
     }
     Ok(recorded)
+}
+
+/// True for an address in the JVM's code cache (compiled code, stubs, the interpreter), given
+/// as (low, high).
+#[inline(always)]
+fn is_code(range: (u64, u64), addr: u64) -> bool {
+    addr >= range.0 && addr < range.1
 }
 
 /// The top compiled frame may be in its epilogue (`add rsp, N; pop rbp; [safepoint poll]; ret`)
