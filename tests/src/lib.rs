@@ -369,3 +369,42 @@ pub fn jvm_info_json(pid: u32) -> Result<serde_json::Value> {
     }
     Ok(serde_json::from_slice(&output.stdout)?)
 }
+
+/// Spawns `command`, a JVM whose workload prints "ready" first, waits for that line and keeps
+/// draining its stdout (SIGQUIT thread dumps go there) so it never blocks.
+pub fn spawn_until_ready(command: &mut Command) -> Workload {
+    use std::io::BufRead as _;
+    let mut child = command.stdout(Stdio::piped()).spawn().expect("JVM starts");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("reads");
+    let jvm = Workload(child);
+    assert_eq!(line.trim(), "ready", "the JVM starts");
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    jvm
+}
+
+/// `java -cp CLASSES ARGS` of `jdk` in its own mount namespace whose /tmp is a private tmpfs:
+/// the JDK and classes are staged under `/run/<staging>-{jdk,classes}` and bound into that /tmp,
+/// so neither they nor the JVM's /tmp are reachable by the host's paths.
+pub fn in_private_tmp_namespace(jdk: &Jdk, classes: &Path, staging: &str, args: &str) -> Command {
+    let jdk_home = jdk
+        .java
+        .parent()
+        .and_then(|bin| bin.parent())
+        .expect("JDK home");
+    let script = format!(
+        "set -e; mkdir -p /run/{staging}-classes /run/{staging}-jdk; \
+         mount --bind {classes} /run/{staging}-classes; \
+         mount --bind {jdk} /run/{staging}-jdk; \
+         mount -t tmpfs tmpfs /tmp; mkdir /tmp/jdk /tmp/classes; \
+         mount --bind /run/{staging}-jdk /tmp/jdk; \
+         mount --bind /run/{staging}-classes /tmp/classes; \
+         exec /tmp/jdk/bin/java -cp /tmp/classes {args}",
+        classes = classes.display(),
+        jdk = jdk_home.display()
+    );
+    let mut command = Command::new("unshare");
+    command.args(["--mount", "--propagation", "private", "sh", "-c", &script]);
+    command
+}

@@ -2,11 +2,10 @@
 //! `profiler-test` user (created by `cargo xtask test`), which plants links, FIFOs and huge files
 //! where the daemon looks, and a planted library where the agent copy goes.
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use profiler_tests::background::BackgroundDaemon;
@@ -62,25 +61,16 @@ fn classes(dir: &Path) -> PathBuf {
 
 /// A JVM of `user` running `workers` in `cwd`, once it printed "ready".
 fn start_jvm_as(user: User, classes: &Path, cwd: &Path, workers: &[&str]) -> Workload {
-    let mut child = Command::new(jdk17().java)
-        .arg("-cp")
-        .arg(classes)
-        .arg("Workloads")
-        .args(workers)
-        .current_dir(cwd)
-        .uid(user.uid)
-        .gid(user.gid)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("JVM starts");
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    stdout.read_line(&mut line).expect("reads");
-    let jvm = Workload(child);
-    assert_eq!(line.trim(), "ready", "the JVM of {TEST_USER} starts");
-    // SIGQUIT thread dumps go to stdout: keep draining it.
-    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
-    jvm
+    spawn_until_ready(
+        Command::new(jdk17().java)
+            .arg("-cp")
+            .arg(classes)
+            .arg("Workloads")
+            .args(workers)
+            .current_dir(cwd)
+            .uid(user.uid)
+            .gid(user.gid),
+    )
 }
 
 fn agent_library() -> PathBuf {
@@ -371,35 +361,13 @@ fn old_copy_name(agent: &[u8]) -> String {
 fn a_planted_agent_copy_is_never_loaded() {
     let dir = tempfile::tempdir().expect("tempdir");
     let classes = classes(dir.path());
-    let jdk = jdk17();
-    let jdk_home = jdk
-        .java
-        .parent()
-        .and_then(|bin| bin.parent())
-        .expect("JDK home");
     // A JVM in its own mount namespace with a private /tmp: the daemon copies the agent there.
-    let script = format!(
-        "set -e; mkdir -p /run/profiler-security-classes /run/profiler-security-jdk; \
-         mount --bind {classes} /run/profiler-security-classes; \
-         mount --bind {jdk} /run/profiler-security-jdk; \
-         mount -t tmpfs tmpfs /tmp; mkdir /tmp/jdk /tmp/classes; \
-         mount --bind /run/profiler-security-jdk /tmp/jdk; \
-         mount --bind /run/profiler-security-classes /tmp/classes; \
-         exec /tmp/jdk/bin/java -cp /tmp/classes Workloads split-worker",
-        classes = classes.display(),
-        jdk = jdk_home.display()
-    );
-    let mut child = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("JVM starts");
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    stdout.read_line(&mut line).expect("reads");
-    let jvm = Workload(child);
-    assert_eq!(line.trim(), "ready");
-    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    let jvm = spawn_until_ready(&mut in_private_tmp_namespace(
+        &jdk17(),
+        &classes,
+        "profiler-security",
+        "Workloads split-worker",
+    ));
     let pid = jvm.pid();
 
     // Plant a library where the old code would have looked, of the agent's very length.

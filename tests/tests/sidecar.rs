@@ -5,9 +5,8 @@
 //! class churn with the agent loaded, on every JDK at once and profiled, keep the JVMs alive and
 //! the agent's heap and files bounded.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use profiler_jvmti_records::channel::{Reader, Update};
@@ -32,14 +31,7 @@ fn agent_library() -> PathBuf {
 /// Starts `command` (a JVM running Workloads), waits for "ready" and keeps draining its stdout
 /// (SIGQUIT thread dumps go there).
 fn start(command: &mut Command) -> Workload {
-    let mut child = command.stdout(Stdio::piped()).spawn().expect("JVM starts");
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    stdout.read_line(&mut line).expect("reads");
-    let jvm = Workload(child);
-    assert_eq!(line.trim(), "ready");
-    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
-    jvm
+    spawn_until_ready(command)
 }
 
 fn start_workloads(jdk: &Jdk, classes: &Path, jvm_args: &[&str]) -> Workload {
@@ -258,32 +250,13 @@ fn a_jvm_in_its_own_mount_namespace_with_a_private_tmp_is_attached() {
     let dir = tempfile::tempdir().expect("tempdir");
     let classes = compile_java(&["Workloads.java"], dir.path()).expect("javac");
     let jdk = jdks().into_iter().find(|j| j.major == 25).expect("JDK 25");
-    let jdk_home = jdk
-        .java
-        .parent()
-        .and_then(|bin| bin.parent())
-        .expect("JDK home");
-    // As in hotspot.rs: stage the JDK and classes under /run, then hide the host's /tmp behind
-    // a tmpfs, so neither the agent's path nor the JVM's /tmp exist outside the namespace.
-    let script = format!(
-        "set -e; mkdir -p /run/profiler-sidecar-classes /run/profiler-sidecar-jdk; \
-         mount --bind {classes} /run/profiler-sidecar-classes; \
-         mount --bind {jdk} /run/profiler-sidecar-jdk; \
-         mount -t tmpfs tmpfs /tmp; mkdir /tmp/jdk /tmp/classes; \
-         mount --bind /run/profiler-sidecar-jdk /tmp/jdk; \
-         mount --bind /run/profiler-sidecar-classes /tmp/classes; \
-         exec /tmp/jdk/bin/java -cp /tmp/classes Workloads inline-worker",
-        classes = classes.display(),
-        jdk = jdk_home.display()
-    );
-    let jvm = start(Command::new("unshare").args([
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        &script,
-    ]));
+    // As in hotspot.rs: neither the agent's path nor the JVM's /tmp exist outside the namespace.
+    let jvm = start(&mut in_private_tmp_namespace(
+        &jdk,
+        &classes,
+        "profiler-sidecar",
+        "Workloads inline-worker",
+    ));
     std::thread::sleep(Duration::from_secs(2));
     let output = attach(jvm.pid());
     let stdout = String::from_utf8_lossy(&output.stdout);
