@@ -5,6 +5,8 @@
 //! another meaning, only appended to.
 #![no_std]
 
+pub mod x86_frames;
+
 /// Deepest kernel stack we ask `bpf_get_stack` for (the kernel's `perf_event_max_stack` default).
 pub const MAX_KERNEL_FRAMES: usize = 127;
 /// Deepest user stack the BPF unwinder walks. Java stacks of several hundred frames are common
@@ -247,6 +249,9 @@ pub mod hotspot_flags {
     pub const HEAP_BLOCK_USED_32: u8 = 1 << 2;
     /// The nmethod's deopt handler is a 32-bit offset from the nmethod (JDK 23+), not a pointer.
     pub const DEOPT_HANDLER_OFFSET: u8 = 1 << 3;
+    /// The nmethod's verified entry point is a 16-bit offset from its code (JDK 23+), not a
+    /// pointer.
+    pub const VERIFIED_ENTRY_OFFSET: u8 = 1 << 4;
 }
 
 /// What the BPF unwinder needs to know about one JVM process: where its code is and how its
@@ -303,7 +308,10 @@ pub struct HotspotProc {
     /// Offset in a `Symbol` of the 32-bit word whose upper half is its hash (random, set when
     /// the symbol is made), or [`NO_SYMBOL_HASH`].
     pub symbol_hash_word: u16,
-    pub _reserved2: u16,
+    /// `nmethod::_verified_entry_point` (pointer) or `_verified_entry_offset` (see
+    /// `VERIFIED_ENTRY_OFFSET`): where the prologue starts, to decode it when a sample lands
+    /// there. `u16::MAX` if the layout has neither.
+    pub nmethod_verified_entry: u16,
 }
 
 /// [`HotspotProc::symbol_hash_word`] when the layout has no such word.

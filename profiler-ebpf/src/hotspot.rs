@@ -7,6 +7,9 @@
 use core::ffi::c_void;
 
 use aya_ebpf::helpers::{bpf_probe_read_user, generated as gen};
+use profiler_common::x86_frames::{
+    epilogue_state, prologue_state, FrameState, EPILOGUE_BEFORE, EPILOGUE_BYTES, PROLOGUE_BYTES,
+};
 use profiler_common::{
     hotspot_flags, interpreted_cookie, FrameKind, HotspotProc, UnwindEnd, UserFrame, BCI_UNKNOWN,
     MAX_CODE_HEAPS, NO_SYMBOL_HASH,
@@ -24,6 +27,9 @@ const THREAD_BLOCKED: u32 = 10;
 const SEGMAP_HOPS: u32 = 16;
 /// Largest compiled frame accepted, in words (SafepointBlob has a few hundred).
 const MAX_FRAME_WORDS: i64 = 4096;
+/// Slots searched above a compiled frame for a return address when words were pushed below it
+/// (OTel's unwinder looks as far).
+const MAX_EXTRA_WORDS: u64 = 6;
 /// Bytes of a CodeBlob header read at once (every field we use lies below this).
 const BLOB_HEADER_BYTES: usize = 128;
 
@@ -134,31 +140,29 @@ pub(crate) fn java_step(
     let offset = described_pc - code_begin;
     let recorded = frame(FrameKind::Compiled, blob_address, offset as u32, compile_id);
 
-    if top
-        && frame_size > 0
-        && offset as i64 >= frame_complete
-        && epilogue_step(walk, window, pc, sp)?
-    {
-        // Handled: the top frame was in its epilogue, its frame already popped.
-    } else if frame_size > 0 && (!top || offset as i64 >= frame_complete) {
-        // A complete compiled frame: fixed size, return address and saved rbp on top of it.
-        let caller_sp = sp + frame_size as u64 * 8;
-        let slot = stack_pair(window, caller_sp - 16)?;
-        walk.fp = slot[0];
-        walk.pc = slot[1];
-        walk.sp = caller_sp;
+    if top && frame_size > 0 && offset as i64 >= frame_complete {
+        // The top frame may be in its epilogue, its frame partly or wholly popped already.
+        let state = epilogue_state_at(pc).unwrap_or(FrameState::Built);
+        unwind_compiled(walk, window, state, frame_size as u64)?;
+    } else if frame_size > 0 && !top {
+        unwind_compiled(walk, window, FrameState::Built, frame_size as u64)?;
     } else if frame_size > 0 {
-        // The top frame is still in its prologue: the return address is at sp, or above the
-        // pushed rbp once `push rbp` has run (the last instructions before frame_complete).
-        if offset as i64 >= frame_complete - 4 {
-            let slot = stack_pair(window, sp)?;
-            walk.fp = slot[0];
-            walk.pc = slot[1];
-            walk.sp = sp + 16;
+        // The top frame is still in its prologue (or its nmethod entry barrier): decode the
+        // prologue from the verified entry point; a blob without one (a stub) falls back to
+        // "rbp is pushed in the last instructions before frame_complete".
+        let state = prologue_state_at(
+            &walk.hotspot,
+            blob_address,
+            code_begin,
+            frame_complete as u64,
+            pc,
+        )
+        .unwrap_or(if offset as i64 >= frame_complete - 4 {
+            FrameState::RbpPushed
         } else {
-            walk.pc = stack_u64(window, sp)?;
-            walk.sp = sp + 8;
-        }
+            FrameState::NothingPushed
+        });
+        unwind_compiled(walk, window, state, frame_size as u64)?;
     } else if top && is_code(code_range, stack_u64(window, sp).unwrap_or(0)) {
         // A frameless stub on top: vtable and itable stubs jump on to their target and push
         // nothing, so the return address into their (compiled or interpreted) caller is at sp.
@@ -182,40 +186,112 @@ fn is_code(range: (u64, u64), addr: u64) -> bool {
     addr >= range.0 && addr < range.1
 }
 
-/// The top compiled frame may be in its epilogue (`add rsp, N; pop rbp; [safepoint poll]; ret`)
-/// with its frame already popped: recognise the instruction at pc. Returns true if it was, with
-/// the walk moved to the caller.
+/// Moves the walk from a compiled frame of `frame_size` words, as far built as `state` says,
+/// to its caller.
 #[inline(always)]
-fn epilogue_step(
+fn unwind_compiled(
     walk: &mut Walk,
     window: &mut StackWindow,
+    state: FrameState,
+    frame_size: u64,
+) -> Result<(), UnwindEnd> {
+    let sp = walk.sp;
+    match state {
+        FrameState::NothingPushed => {
+            walk.pc = stack_u64(window, sp)?;
+            walk.sp = sp + 8;
+        }
+        FrameState::RbpPushed => {
+            let slot = stack_pair(window, sp)?;
+            walk.fp = slot[0];
+            walk.pc = slot[1];
+            walk.sp = sp + 16;
+        }
+        FrameState::BuiltRbpLive => {
+            let caller_sp = sp + frame_size * 8;
+            walk.pc = stack_u64(window, caller_sp - 8)?;
+            walk.sp = caller_sp;
+        }
+        FrameState::Built => {
+            // Fixed size, return address and saved rbp at its top.
+            let caller_sp = sp + frame_size * 8;
+            let slot = stack_pair(window, caller_sp - 16)?;
+            let code_range = (walk.hotspot.code_low, walk.hotspot.code_high);
+            let extra = if is_code(code_range, slot[1]) {
+                0
+            } else {
+                extra_pushed_words(window, code_range, caller_sp)
+            };
+            let caller_sp = caller_sp + extra * 8;
+            let slot = stack_pair(window, caller_sp - 16)?;
+            walk.fp = slot[0];
+            walk.pc = slot[1];
+            walk.sp = caller_sp;
+        }
+    }
+    Ok(())
+}
+
+/// Words pushed below a compiled frame beyond its fixed size (intrinsics that spill a register
+/// with `push`, method-handle call sites): the caller of a compiled method is always Java code
+/// or the call stub, so the first of the next slots holding a code-cache address is taken as
+/// the return address. 0 when none is found (the walk then ends on the bad address).
+#[inline(always)]
+fn extra_pushed_words(window: &mut StackWindow, code_range: (u64, u64), caller_sp: u64) -> u64 {
+    for words in 1..=MAX_EXTRA_WORDS {
+        match window.word_if_held(caller_sp + words * 8 - 8) {
+            Some(value) if is_code(code_range, value) => return words,
+            Some(_) => {}
+            None => return 0,
+        }
+    }
+    0
+}
+
+/// Whether the instruction at the top frame's `pc` belongs to an epilogue, and how much of the
+/// frame it left. None: not an epilogue (or the code is unreadable): the frame is whole.
+#[inline(always)]
+fn epilogue_state_at(pc: u64) -> Option<FrameState> {
+    // SAFETY: a checked read of user memory (the code around pc).
+    let code = unsafe {
+        bpf_probe_read_user((pc - EPILOGUE_BEFORE as u64) as *const [u8; EPILOGUE_BYTES])
+    }
+    .ok()?;
+    epilogue_state(&code)
+}
+
+/// How far the top frame of an nmethod sampled before `frame_complete` has built its frame,
+/// from the instructions at its verified entry point. None for blobs that are not nmethods
+/// (their "entry point" does not decode as a prologue) or when the layout has no entry point.
+#[inline(always)]
+fn prologue_state_at(
+    hs: &HotspotProc,
+    blob: u64,
+    code_begin: u64,
+    frame_complete: u64,
     pc: u64,
-    sp: u64,
-) -> Result<bool, UnwindEnd> {
-    // SAFETY: a checked read of user memory (the code at pc).
-    let Ok(code) = (unsafe { bpf_probe_read_user(pc as *const [u8; 4]) }) else {
-        return Ok(false);
+) -> Option<FrameState> {
+    if hs.nmethod_verified_entry == u16::MAX {
+        return None;
+    }
+    let field = blob + hs.nmethod_verified_entry as u64;
+    // SAFETY: checked reads of user memory.
+    let entry = if hs.flags & hotspot_flags::VERIFIED_ENTRY_OFFSET != 0 {
+        code_begin + unsafe { bpf_probe_read_user(field as *const u16) }.ok()? as u64
+    } else {
+        unsafe { bpf_probe_read_user(field as *const u64) }.ok()?
     };
-    let at_ret = code[0] == 0xc3;
-    let at_pop_rbp = code[0] == 0x5d;
-    // Safepoint polls after `pop rbp`: `cmp rsp, [r15 + disp]` (JDK 17+), or
-    // `mov r10, [r15 + disp]` then `test [r10], eax` (older).
-    let at_poll = (code[0] == 0x49 && code[1] == 0x3b && (code[2] == 0x67 || code[2] == 0xa7))
-        || (code[0] == 0x4d && code[1] == 0x8b && code[2] == 0x57)
-        || (code[0] == 0x41 && code[1] == 0x85 && code[2] == 0x02);
-    if at_pop_rbp {
-        let slot = stack_pair(window, sp)?;
-        walk.fp = slot[0];
-        walk.pc = slot[1];
-        walk.sp = sp + 16;
-        return Ok(true);
+    if entry < code_begin || entry >= code_begin + frame_complete {
+        return None;
     }
-    if at_ret || at_poll {
-        walk.pc = stack_u64(window, sp)?;
-        walk.sp = sp + 8;
-        return Ok(true);
+    // SAFETY: a checked read of user memory (the prologue's code).
+    let bytes = unsafe { bpf_probe_read_user(entry as *const [u8; PROLOGUE_BYTES]) }.ok()?;
+    let state = prologue_state(&bytes, pc.saturating_sub(entry))?;
+    if pc < entry {
+        // The unverified entry (inline-cache check) before it pushes nothing.
+        return Some(FrameState::NothingPushed);
     }
-    Ok(false)
+    Some(state)
 }
 
 /// What the unwinder needs of one code blob; also the walk's one-entry cache.

@@ -70,6 +70,31 @@ pub(crate) fn stack_pair(window: &mut StackWindow, addr: u64) -> Result<[u64; 2]
     Ok([word(at), word(at + 8)])
 }
 
+impl StackWindow {
+    /// The word at `addr` if the window already holds it: no read of user memory.
+    #[inline(always)]
+    pub(crate) fn word_if_held(&self, addr: u64) -> Option<u64> {
+        if addr < self.base || addr.wrapping_add(8) > self.base.wrapping_add(self.len) {
+            return None;
+        }
+        let at = (addr - self.base) as usize;
+        if at > STACK_WINDOW_BYTES - 8 {
+            return None;
+        }
+        let b = &self.bytes;
+        Some(u64::from_le_bytes([
+            b[at],
+            b[at + 1],
+            b[at + 2],
+            b[at + 3],
+            b[at + 4],
+            b[at + 5],
+            b[at + 6],
+            b[at + 7],
+        ]))
+    }
+}
+
 #[inline(always)]
 pub(crate) fn stack_u64(window: &mut StackWindow, addr: u64) -> Result<u64, UnwindEnd> {
     stack_pair(window, addr).map(|pair| pair[0])

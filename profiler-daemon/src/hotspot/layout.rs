@@ -134,6 +134,14 @@ const FIELDS: &[WantedField] = &[
             "nmethod::_deopt_handler_offset",
         ],
     ),
+    optional(
+        "nmethod::_verified_entry_point",
+        &["nmethod::_verified_entry_point"],
+    ),
+    optional(
+        "nmethod::_verified_entry_offset",
+        &["nmethod::_verified_entry_offset"],
+    ),
     // Method metadata: names, lines.
     required("Method::_constMethod", &["Method::_constMethod"]),
     required("Method::_code", &["Method::_code"]),

@@ -45,6 +45,9 @@ pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, Does
     if layout.offset("nmethod::_deopt_handler_begin").is_none() {
         flags |= hotspot_flags::DEOPT_HANDLER_OFFSET;
     }
+    if layout.offset("nmethod::_verified_entry_point").is_none() {
+        flags |= hotspot_flags::VERIFIED_ENTRY_OFFSET;
+    }
     if layout.width("HeapBlock::_used") == Some(4) {
         flags |= hotspot_flags::HEAP_BLOCK_USED_32;
     }
@@ -111,7 +114,14 @@ pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, Does
         constant_pool_holder: offset("ConstantPool::_pool_holder")?,
         klass_name: offset("Klass::_name")?,
         symbol_hash_word: symbol_hash_word(layout),
-        _reserved2: 0,
+        nmethod_verified_entry: match (
+            layout.offset("nmethod::_verified_entry_point"),
+            layout.offset("nmethod::_verified_entry_offset"),
+        ) {
+            (Some(_), _) => offset("nmethod::_verified_entry_point")?,
+            (None, Some(_)) => offset("nmethod::_verified_entry_offset")?,
+            (None, None) => u16::MAX,
+        },
     })
 }
 
