@@ -164,7 +164,7 @@ mod tests {
     fn bytes<const N: usize>(hex: &str) -> [u8; N] {
         let mut out = [0u8; N];
         for (slot, byte) in out.iter_mut().zip(hex.split_whitespace()) {
-            *slot = u8::from_str_radix(byte, 16).unwrap();
+            *slot = u8::from_str_radix(byte, 16).expect("a hex byte");
         }
         out
     }
