@@ -24,10 +24,10 @@
 //! caller it can walk (seen: SHA-256's stub under `MessageDigest.update` counted in the
 //! servlet's `doGet`).
 //!
-//! Without `PROFILER_REAL_APP_TARGETS=1` only the harness is asserted (the application ran,
-//! both profilers saw at least 500 samples of it, JFR's recording was read whole); with it, the
-//! targets too: at most 1% lost, at least 99% rooted, top leaf methods within 3 standard errors
-//! plus 10 pp of JFR's. `PROFILER_TESTS_SKIP=real-apps` skips these tests where the Debian
+//! Asserted: the harness (the application ran, both profilers saw at least 500 samples of it,
+//! JFR's recording was read whole) and the targets: at most 1% lost, at least 99% rooted, top
+//! leaf methods within 3 standard errors plus 10 pp of JFR's. `PROFILER_REAL_APP_TARGETS=0`
+//! reports missed targets without failing (to survey an application or JDK not yet met). `PROFILER_TESTS_SKIP=real-apps` skips these tests where the Debian
 //! packages are missing (`cargo xtask test` installs them). `PROFILER_REAL_APP_KEEP=DIR` keeps
 //! the recordings, profiles and logs under DIR.
 
@@ -148,7 +148,7 @@ impl WorkDir {
 }
 
 fn targets_asserted() -> bool {
-    std::env::var("PROFILER_REAL_APP_TARGETS").is_ok_and(|v| v == "1")
+    std::env::var("PROFILER_REAL_APP_TARGETS").map_or(true, |v| v != "0")
 }
 
 /// One application: how to start it (after the JVM flags) and drive it.
@@ -311,9 +311,9 @@ fn run_app(app: &App, dir: &Path) {
         eprintln!(
             "--- targets missed ({}) ---\n{}",
             if targets_asserted() {
-                "asserted: PROFILER_REAL_APP_TARGETS=1"
+                "asserted; PROFILER_REAL_APP_TARGETS=0 only reports them"
             } else {
-                "reported only; PROFILER_REAL_APP_TARGETS=1 asserts them"
+                "reported only: PROFILER_REAL_APP_TARGETS=0"
             },
             target_failures.join("\n")
         );
