@@ -308,6 +308,10 @@ pub struct HotspotProc {
     /// Offset in a `Symbol` of the 32-bit word whose upper half is its hash (random, set when
     /// the symbol is made), or [`NO_SYMBOL_HASH`].
     pub symbol_hash_word: u16,
+    /// Offsets in a `Symbol` of its 16-bit length and of its bytes, for the name's tail.
+    pub symbol_length: u16,
+    pub symbol_body: u16,
+    pub _reserved2: [u16; 2],
     /// `nmethod::_verified_entry_point` (pointer) or `_verified_entry_offset` (see
     /// `VERIFIED_ENTRY_OFFSET`): where the prologue starts, to decode it when a sample lands
     /// there. `u16::MAX` if the layout has neither.
@@ -319,11 +323,113 @@ pub const NO_SYMBOL_HASH: u16 = u16::MAX;
 
 /// The cookie of an interpreted frame: what distinguishes a method from another one that later
 /// took the same `Method*`. Same-shape classes of a reloaded generation reuse the very same
-/// metaspace addresses for `Method` and `ConstMethod`; their class's name `Symbol` is a new one
-/// with a new random hash (even where it reuses the address). So the cookie mixes the
-/// `ConstMethod*` with that hash; the daemon recomputes it from memory to verify a name.
-pub const fn interpreted_cookie(const_method: u64, name_hash_word: u32) -> u32 {
-    ((const_method >> 3) as u32) ^ (name_hash_word & 0xffff_0000)
+/// metaspace addresses for `Method` and `ConstMethod`, so the cookie also takes in their class's
+/// name: the 16-bit random hash of its `Symbol` (new for every symbol made, even at a reused
+/// address) and the name's last bytes (where generated names differ: `$$Lambda+0x...`,
+/// `$Proxy12`, `GeneratedMethodAccessor7`). The hash alone was not enough: a class reloaded
+/// hundreds of times meets a colliding 16-bit hash (the birthday bound), and a cached name
+/// of an earlier generation then matched. All of it is mixed, not XORed, so that a difference
+/// in any part changes the whole 32 bits. The daemon recomputes it from memory to verify a
+/// name.
+pub const fn interpreted_cookie(
+    const_method: u64,
+    name_hash_word: u32,
+    name_tail: [u64; 2],
+) -> u32 {
+    let mut h = mix(0, const_method);
+    h = mix(h, (name_hash_word & 0xffff_0000) as u64);
+    h = mix(h, name_tail[0]);
+    h = mix(h, name_tail[1]);
+    ((h >> 32) ^ h) as u32
+}
+
+/// One multiply-rotate round (as in FxHash): cheap in BPF and spreads every input bit.
+const fn mix(hash: u64, word: u64) -> u64 {
+    (hash.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95)
+}
+
+/// How many of a class name's last bytes enter [`interpreted_cookie`].
+pub const NAME_TAIL_BYTES: usize = 16;
+
+/// Where the bytes for [`name_tail`] start within a name of `len` bytes: its last
+/// [`NAME_TAIL_BYTES`], or all of it from the start when it is shorter.
+pub const fn name_tail_start(len: u16) -> u64 {
+    len.saturating_sub(NAME_TAIL_BYTES as u16) as u64
+}
+
+/// The tail of a name of `len` bytes from the [`NAME_TAIL_BYTES`] read at
+/// [`name_tail_start`], as two words; bytes past the name's end (read when it is short) are
+/// zeroed, so that whatever follows the symbol in memory does not matter.
+pub const fn name_tail(bytes: [u8; NAME_TAIL_BYTES], len: u16) -> [u64; 2] {
+    let lo = u64::from_le_bytes([
+        bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
+    ]);
+    let hi = u64::from_le_bytes([
+        bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15],
+    ]);
+    let kept = if len as usize > NAME_TAIL_BYTES {
+        NAME_TAIL_BYTES as u32
+    } else {
+        len as u32
+    };
+    [
+        lo & low_bytes_mask(kept),
+        hi & low_bytes_mask(kept.saturating_sub(8)),
+    ]
+}
+
+/// A mask of the low `bytes` bytes of a word (all of it from 8).
+const fn low_bytes_mask(bytes: u32) -> u64 {
+    if bytes >= 8 {
+        u64::MAX
+    } else {
+        (1u64 << (bytes * 8)) - 1
+    }
+}
+
+#[cfg(test)]
+mod cookie_tests {
+    use super::*;
+
+    fn tail_of(name: &[u8]) -> [u64; 2] {
+        let start = name_tail_start(name.len() as u16) as usize;
+        let mut bytes = [0xaa; NAME_TAIL_BYTES];
+        for (slot, byte) in bytes.iter_mut().zip(&name[start..]) {
+            *slot = *byte;
+        }
+        name_tail(bytes, name.len() as u16)
+    }
+
+    #[test]
+    fn short_names_ignore_what_follows_them() {
+        let mut garbage = [0x55; NAME_TAIL_BYTES];
+        garbage[..3].copy_from_slice(b"Foo");
+        assert_eq!(name_tail(garbage, 3), tail_of(b"Foo"));
+        assert_eq!(tail_of(b"Foo")[1], 0);
+    }
+
+    #[test]
+    fn generations_that_share_memory_and_hash_still_get_different_cookies() {
+        let cm = 0x7f00_1234_5678;
+        let hash = 0xbeef_0003;
+        let a = interpreted_cookie(cm, hash, tail_of(b"NameChurn$G0223Inner"));
+        let b = interpreted_cookie(cm, hash, tail_of(b"NameChurn$G0263Inner"));
+        assert_ne!(a, b);
+        // The refcount half of the hash word does not count; the hash half does.
+        let same = interpreted_cookie(cm, 0xbeef_0009, tail_of(b"NameChurn$G0223Inner"));
+        assert_eq!(a, same);
+        let other_hash = interpreted_cookie(cm, 0xbeee_0003, tail_of(b"NameChurn$G0223Inner"));
+        assert_ne!(a, other_hash);
+    }
+
+    #[test]
+    fn the_tail_is_the_last_bytes_of_a_long_name() {
+        let name = b"java/lang/invoke/LambdaForm$MH+0x00007f0001234567";
+        let tail = tail_of(name);
+        let mut expected = [0u8; NAME_TAIL_BYTES];
+        expected.copy_from_slice(&name[name.len() - NAME_TAIL_BYTES..]);
+        assert_eq!(tail, name_tail(expected, name.len() as u16));
+    }
 }
 
 #[cfg(feature = "user")]

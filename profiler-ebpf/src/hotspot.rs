@@ -11,8 +11,8 @@ use profiler_common::x86_frames::{
     epilogue_state, prologue_state, FrameState, EPILOGUE_BEFORE, EPILOGUE_BYTES, PROLOGUE_BYTES,
 };
 use profiler_common::{
-    hotspot_flags, interpreted_cookie, FrameKind, HotspotProc, UnwindEnd, UserFrame, BCI_UNKNOWN,
-    MAX_CODE_HEAPS, NO_SYMBOL_HASH,
+    hotspot_flags, interpreted_cookie, name_tail, name_tail_start, FrameKind, HotspotProc,
+    UnwindEnd, UserFrame, BCI_UNKNOWN, MAX_CODE_HEAPS, NAME_TAIL_BYTES, NO_SYMBOL_HASH,
 };
 
 use crate::memory::{read_u64, stack_pair, stack_u64, StackWindow};
@@ -371,24 +371,54 @@ fn read_blob(hs: &HotspotProc, pc: u64) -> Result<BlobCache, UnwindEnd> {
     })
 }
 
-/// The hash word of the name of the class `const_method` belongs to (0 if unreadable: the
-/// daemon then fails to verify the frame and shows it as unknown).
+/// The cookie of an interpreted frame of `const_method` (see [`interpreted_cookie`]): its
+/// class's name `Symbol` gives the hash word and the name's tail. A part that cannot be read
+/// counts as zeros: the daemon's recomputation then differs and the frame shows as unknown.
 #[inline(always)]
-fn class_name_hash_word(hs: &HotspotProc, const_method: u64) -> u32 {
-    if hs.symbol_hash_word == NO_SYMBOL_HASH {
-        return 0;
-    }
+fn method_cookie(hs: &HotspotProc, const_method: u64) -> u32 {
     let name = read_u64(const_method + hs.const_method_constants as u64)
         .and_then(|cp| read_u64(cp + hs.constant_pool_holder as u64))
-        .and_then(|holder| read_u64(holder + hs.klass_name as u64));
-    match name {
-        // SAFETY: a checked read of user memory.
-        Ok(name) => {
-            unsafe { bpf_probe_read_user((name + hs.symbol_hash_word as u64) as *const u32) }
-                .unwrap_or(0)
+        .and_then(|holder| read_u64(holder + hs.klass_name as u64))
+        .unwrap_or(0);
+    let (mut hash_word, mut tail) = (0, [0u64; 2]);
+    if name != 0 {
+        // SAFETY: checked reads of user memory.
+        let header = unsafe { bpf_probe_read_user(name as *const [u8; SYMBOL_HEADER_BYTES]) };
+        if let Ok(header) = header {
+            if hs.symbol_hash_word != NO_SYMBOL_HASH {
+                hash_word = header_u32(&header, hs.symbol_hash_word);
+            }
+            let len = header_u16(&header, hs.symbol_length);
+            let start = name + hs.symbol_body as u64 + name_tail_start(len);
+            // SAFETY: as above.
+            if let Ok(bytes) = unsafe { bpf_probe_read_user(start as *const [u8; NAME_TAIL_BYTES]) }
+            {
+                tail = name_tail(bytes, len);
+            }
         }
-        Err(_) => 0,
     }
+    interpreted_cookie(const_method, hash_word, tail)
+}
+
+/// Bytes at the start of a `Symbol` that hold its hash word and length (both below 8).
+const SYMBOL_HEADER_BYTES: usize = 8;
+
+#[inline(always)]
+fn header_u32(header: &[u8; SYMBOL_HEADER_BYTES], offset: u16) -> u32 {
+    let at = offset as usize & (SYMBOL_HEADER_BYTES - 1);
+    if at + 4 > SYMBOL_HEADER_BYTES {
+        return 0;
+    }
+    u32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
+}
+
+#[inline(always)]
+fn header_u16(header: &[u8; SYMBOL_HEADER_BYTES], offset: u16) -> u16 {
+    let at = offset as usize & (SYMBOL_HEADER_BYTES - 1);
+    if at + 2 > SYMBOL_HEADER_BYTES {
+        return 0;
+    }
+    u16::from_le_bytes([header[at], header[at + 1]])
 }
 
 /// An interpreter frame: Method* and bcp from fixed slots below fp (the live bcp from r13 for
@@ -428,7 +458,7 @@ fn interpreted_step(
         FrameKind::Interpreted,
         method,
         bci,
-        interpreted_cookie(const_method, class_name_hash_word(hs, const_method)),
+        method_cookie(hs, const_method),
     );
 
     let slot = stack_pair(window, fp)?;

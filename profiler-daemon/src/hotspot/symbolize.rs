@@ -565,12 +565,21 @@ fn read_identity(
     } else {
         memory.read_u32(class_symbol + hash_at as u64)?
     };
+    // The name's tail, read as BPF reads it (see `profiler_common::name_tail`).
+    let length_at = super::unwind_info::symbol_length(&jvm.layout).ok_or(ReadError::Null)?;
+    let length = memory.read_u16(class_symbol + length_at as u64)?;
+    let mut tail_bytes = [0u8; profiler_common::NAME_TAIL_BYTES];
+    memory.read(
+        class_symbol + offset(jvm, "Symbol::_body")? + profiler_common::name_tail_start(length),
+        &mut tail_bytes,
+    )?;
+    let tail = profiler_common::name_tail(tail_bytes, length);
     Ok(MethodIdentity {
         const_method,
         cp,
         holder,
         class_symbol,
-        cookie: profiler_common::interpreted_cookie(const_method, hash_word),
+        cookie: profiler_common::interpreted_cookie(const_method, hash_word, tail),
     })
 }
 

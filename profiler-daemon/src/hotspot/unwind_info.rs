@@ -114,6 +114,12 @@ pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, Does
         constant_pool_holder: offset("ConstantPool::_pool_holder")?,
         klass_name: offset("Klass::_name")?,
         symbol_hash_word: symbol_hash_word(layout),
+        symbol_length: symbol_length(layout).ok_or(DoesNotFit {
+            what: "Symbol::_length",
+            value: -1,
+        })?,
+        symbol_body: offset("Symbol::_body")?,
+        _reserved2: [0; 2],
         nmethod_verified_entry: match (
             layout.offset("nmethod::_verified_entry_point"),
             layout.offset("nmethod::_verified_entry_offset"),
@@ -123,6 +129,16 @@ pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, Does
             (None, None) => u16::MAX,
         },
     })
+}
+
+/// Where a `Symbol`'s 16-bit length is: `_length`, or the upper half of the little-endian
+/// `_length_and_refcount` word.
+pub fn symbol_length(layout: &super::layout::JvmLayout) -> Option<u16> {
+    let at = match layout.offset("Symbol::_length") {
+        Some(at) => at,
+        None => layout.offset("Symbol::_length_and_refcount")? + 2,
+    };
+    u16::try_from(at).ok().filter(|at| *at < 8)
 }
 
 /// Where a `Symbol`'s hash word is: JDK 11 and later start a symbol with `_hash_and_refcount`
