@@ -139,6 +139,15 @@ impl Worker {
                 }
             }
             if self.exports.is_enabled() {
+                let export = profiles::export_profile(&built, self.exports.threads);
+                let gzipped = match encode_gzipped(&export) {
+                    Ok(bytes) => bytes,
+                    Err(err) => {
+                        self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::error!(pid, %err, "cannot encode the exported profile");
+                        continue;
+                    }
+                };
                 let pods = self.pods.as_ref().and_then(|pods| pods.read().ok());
                 let identity =
                     self.naming

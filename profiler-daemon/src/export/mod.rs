@@ -63,6 +63,8 @@ pub struct Exports {
     pub stream: Option<broadcast::Sender<Arc<ExportedProfile>>>,
     /// Extra static labels for every exported profile (`[pyroscope] labels`).
     pub extra_labels: BTreeMap<String, String>,
+    /// How exported profiles show threads (the same for Pyroscope and the stream).
+    pub threads: crate::profiles::ExportThreads,
 }
 
 impl Exports {
