@@ -428,6 +428,15 @@ pub fn decode(bytes: &[u8]) -> Result<Option<(Option<Record>, usize)>, DecodeErr
     Ok(Some((record, 4 + body_len)))
 }
 
+/// The record at the start of `encoded` if it is a [`Record::ThreadStart`] or
+/// [`Record::ThreadEnd`]; other kinds are not decoded (cheap to ask of every record).
+pub fn thread_event(encoded: &[u8]) -> Option<Record> {
+    match encoded.get(4) {
+        Some(&KIND_THREAD_START) | Some(&KIND_THREAD_END) => decode(encoded).ok()??.0,
+        _ => None,
+    }
+}
+
 fn put_u32(out: &mut Vec<u8>, value: u32) {
     out.extend_from_slice(&value.to_le_bytes());
 }
@@ -612,6 +621,24 @@ mod tests {
         cut[..4].copy_from_slice(&short.to_le_bytes());
         cut.truncate(cut.len() - 3);
         assert!(decode(&cut).is_err());
+    }
+
+    #[test]
+    fn thread_events_are_picked_out_without_decoding_other_kinds() {
+        let mut start = Vec::new();
+        let thread = Record::ThreadStart {
+            tid: 7,
+            name: "worker".into(),
+        };
+        encode(&thread, &mut start);
+        assert_eq!(thread_event(&start), Some(thread));
+        let mut end = Vec::new();
+        encode(&Record::ThreadEnd { tid: 7 }, &mut end);
+        assert_eq!(thread_event(&end), Some(Record::ThreadEnd { tid: 7 }));
+        let mut other = Vec::new();
+        encode(&sample(), &mut other);
+        assert_eq!(thread_event(&other), None);
+        assert_eq!(thread_event(&[]), None);
     }
 
     #[test]
