@@ -588,10 +588,10 @@ impl Agent {
         };
         let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         match event {
-            Record::ThreadStart { tid, .. } => {
-                if threads.len() < MAX_TRACKED_THREADS || threads.contains_key(&tid) {
-                    threads.insert(tid, bytes.to_vec());
-                }
+            Record::ThreadStart { tid, .. }
+                if threads.len() < MAX_TRACKED_THREADS || threads.contains_key(&tid) =>
+            {
+                threads.insert(tid, bytes.to_vec());
             }
             Record::ThreadEnd { tid } => {
                 threads.remove(&tid);
