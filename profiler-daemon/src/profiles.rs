@@ -7,9 +7,10 @@
 //! when the sidecar agent reported it and the sampled `comm` confirms it
 //! ([`crate::sidecar::threads`]), else by `comm` (15 bytes at most).
 //!
-//! - Local files ([`build`]) carry string labels `pid`, `comm`, `thread_name`,
-//!   `thread_name_source` (`sidecar` or `comm`) and a numeric label `thread_id` (host tid).
-//! - Pyroscope and the live stream ([`export_profile`]) carry no sample labels by default:
+//! - Local files and the live stream ([`build`]) carry string labels `pid`, `comm`,
+//!   `thread_name`, `thread_name_source` (`sidecar` or `comm`) and a numeric label `thread_id`
+//!   (host tid). The stream's subscribers get one process's profiles, not series.
+//! - Pyroscope ([`export_profile`]) gets no sample labels by default:
 //!   Pyroscope makes one series per distinct set of string sample labels, so a thread name, a
 //!   pid or a tid there would make a series per thread and per restart. Each stack gets the
 //!   thread as its root frame instead, `[<name> tid=<N>]`, as async-profiler's threads mode
@@ -128,7 +129,7 @@ impl SampleThread {
     }
 }
 
-/// How exported profiles (Pyroscope, live stream) show threads.
+/// How profiles exported to Pyroscope show threads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExportThreads {
     /// Add a string `thread_name` sample label: one Pyroscope series per thread name.
@@ -278,7 +279,7 @@ pub fn build(
     }
 }
 
-/// The profile Pyroscope and the live stream get (see the module documentation): `built`'s,
+/// The profile Pyroscope gets (see the module documentation): `built`'s,
 /// with each thread as the root frame of its stacks and only the labels `threads` asks for.
 pub fn export_profile(built: &BuiltProfile, threads: ExportThreads) -> proto::Profile {
     let mut builder = ProfileBuilder::resume(built.profile.clone());

@@ -268,7 +268,8 @@ fn pushes_labelled_pprof_to_a_grpc_receiver() {
         }
     }
     println!(
-        "{POOL_THREAD} (tid {pool_tid}): {pool_samples} exported samples under its full name,          {truncated} under {:?}; locally {full} with the sidecar's name, {by_comm} with comm",
+        "{POOL_THREAD} (tid {pool_tid}): {pool_samples} exported samples under its full name, \
+         {truncated} under {:?}; locally {full} with the sidecar's name, {by_comm} with comm",
         &POOL_THREAD[..15]
     );
     assert!(
@@ -546,6 +547,11 @@ fn stream_subscribers_get_exactly_the_profiles_they_filter_for() {
                     Some(pid.to_string().as_str()),
                     "{}",
                     path.display()
+                );
+                // The stream carries the local files' labels, thread_id included.
+                assert_eq!(
+                    num_label(profile, sample, "thread_id"),
+                    Some(i64::from(pid))
                 );
             }
         }
