@@ -2,8 +2,14 @@
 //!
 //! This is the userspace hot path: one hash and one table probe per sample, no allocation once a
 //! stack has been seen. Each distinct stack is stored once, as the record itself with its
-//! per-sample fields (time, tid, cpu) zeroed, in a per-process byte arena; records then read back
+//! per-sample fields (time, cpu) zeroed, in a per-process byte arena; records then read back
 //! through the same [`SampleView`] parser.
+//!
+//! The key is the whole header but those fields: the thread (tid and `comm`) is part of it, so
+//! the same stack on two threads of a pool is two entries, and profiles can name each thread.
+//! That costs distinct stacks (at most one per thread running the stack, and in practice far
+//! fewer: most threads of a JVM run few stacks), which `max_stacks_per_interval` bounds as
+//! before.
 
 use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, SystemTime};
@@ -174,12 +180,11 @@ fn stack_hash(hasher: &DefaultHashBuilder, header: &[u8], kernel: &[u8], user: &
     hasher.finish()
 }
 
-/// The header with the fields that differ from sample to sample zeroed, so equal stacks of the
-/// same thread name fold together.
+/// The header with the fields that differ from sample to sample of one thread zeroed, so equal
+/// stacks of the same thread fold together.
 fn normalized_header(header: &SampleHeader) -> SampleHeader {
     SampleHeader {
         ktime_ns: 0,
-        tid: 0,
         cpu: 0,
         ..*header
     }
@@ -198,6 +203,80 @@ mod tests {
 
     fn add(aggregator: &mut Aggregator, bytes: &[u8]) -> Added {
         aggregator.add(&SampleView::parse(bytes).expect("valid record"))
+    }
+
+    /// `record` as sampled on thread `tid`, at time `ktime_ns` on `cpu`.
+    fn on_thread(mut record: Vec<u8>, tid: u32, ktime_ns: u64, cpu: u32) -> Vec<u8> {
+        let put = |record: &mut Vec<u8>, offset: usize, bytes: &[u8]| {
+            record[offset..offset + bytes.len()].copy_from_slice(bytes)
+        };
+        put(
+            &mut record,
+            std::mem::offset_of!(SampleHeader, tid),
+            &tid.to_ne_bytes(),
+        );
+        put(
+            &mut record,
+            std::mem::offset_of!(SampleHeader, ktime_ns),
+            &ktime_ns.to_ne_bytes(),
+        );
+        put(
+            &mut record,
+            std::mem::offset_of!(SampleHeader, cpu),
+            &cpu.to_ne_bytes(),
+        );
+        record
+    }
+
+    #[test]
+    fn threads_stay_apart_and_time_and_cpu_fold() {
+        let mut aggregator = Aggregator::new(100);
+        let stack = encode(7, "pool-1", &[], &[1, 2, 3], UnwindEnd::Complete);
+        // Thread 70 at two times on two CPUs, thread 71 with the same name and stack.
+        assert_eq!(
+            add(&mut aggregator, &on_thread(stack.clone(), 70, 1, 0)),
+            Added::NewProcess
+        );
+        assert_eq!(
+            add(&mut aggregator, &on_thread(stack.clone(), 70, 2, 1)),
+            Added::Folded
+        );
+        assert_eq!(
+            add(&mut aggregator, &on_thread(stack.clone(), 71, 3, 0)),
+            Added::NewStack
+        );
+        assert_eq!(
+            add(&mut aggregator, &on_thread(stack, 71, 4, 3)),
+            Added::Folded
+        );
+        let interval = aggregator.take_interval();
+        let seven = &interval.processes[&7];
+        assert_eq!((seven.samples(), seven.distinct_stacks()), (4, 2));
+        let mut by_tid: Vec<(u32, u64, u32, u64)> = seven
+            .stacks()
+            .map(|(view, count)| {
+                (
+                    view.header.tid,
+                    view.header.ktime_ns,
+                    view.header.cpu,
+                    count,
+                )
+            })
+            .collect();
+        by_tid.sort();
+        assert_eq!(by_tid, vec![(70, 0, 0, 2), (71, 0, 0, 2)]);
+    }
+
+    #[test]
+    fn per_thread_stacks_count_against_the_bound() {
+        let mut aggregator = Aggregator::new(2);
+        let stack = encode(1, "t", &[], &[1], UnwindEnd::Complete);
+        for tid in 10..13 {
+            add(&mut aggregator, &on_thread(stack.clone(), tid, 0, 0));
+        }
+        let interval = aggregator.take_interval();
+        assert_eq!(interval.dropped_over_bound, 1);
+        assert_eq!(interval.processes[&1].distinct_stacks(), 2);
     }
 
     #[test]

@@ -112,6 +112,10 @@ pub struct PyroscopeFile {
     pub max_backoff_secs: Option<u64>,
     /// How long queued profiles are still tried at shutdown in seconds (default 5).
     pub shutdown_grace_secs: Option<u64>,
+    /// Add a string `thread_name` label to every sample: one series per thread name (default
+    /// false: the thread is the root frame of each stack, `[name tid=N]`, and no sample label
+    /// splits series).
+    pub per_thread_series: Option<bool>,
 }
 
 /// Flags that override the file.
@@ -607,6 +611,7 @@ fn resolve_pyroscope(
             DEFAULT_SHUTDOWN_GRACE,
             0..=600,
         )?,
+        per_thread_series: file.per_thread_series.unwrap_or(false),
     })
 }
 
@@ -736,6 +741,17 @@ mod tests {
         let err = resolve_text("[pyroscope]\nurl = \"http://x\"\ntoken = \"t\"")
             .expect_err("unknown key");
         assert!(err.contains("token"), "{err}");
+    }
+
+    #[test]
+    fn per_thread_series_is_off_unless_asked_for() {
+        let url = "[pyroscope]\nurl = \"http://x\"\n";
+        let config = resolve_text(url).expect("valid");
+        assert!(!config.pyroscope.expect("enabled").per_thread_series);
+        let config = resolve_text(&format!("{url}per_thread_series = true")).expect("valid");
+        assert!(config.pyroscope.expect("enabled").per_thread_series);
+        let err = resolve_text(&format!("{url}per_thread_series = \"yes\"")).expect_err("string");
+        assert!(err.contains("per_thread_series"), "{err}");
     }
 
     #[test]

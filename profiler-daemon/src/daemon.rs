@@ -289,6 +289,12 @@ async fn start_exports(
     let (shutdown, stopped) = tokio::sync::watch::channel(false);
     let mut exports = Exports {
         extra_labels: config.labels.clone(),
+        threads: crate::profiles::ExportThreads {
+            per_thread_series: config
+                .pyroscope
+                .as_ref()
+                .is_some_and(|pyroscope| pyroscope.per_thread_series),
+        },
         ..Default::default()
     };
     let mut tasks = Vec::new();

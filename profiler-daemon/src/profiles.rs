@@ -1,4 +1,23 @@
-//! Turns one process's folded stacks into a symbolized pprof profile.
+//! Turns one process's folded stacks into a symbolized pprof profile, and derives from it what
+//! each destination gets.
+//!
+//! # Threads
+//!
+//! Stacks are folded per thread (tid), so every sample names one thread: by its full Java name
+//! when the sidecar agent reported it and the sampled `comm` confirms it
+//! ([`crate::sidecar::threads`]), else by `comm` (15 bytes at most).
+//!
+//! - Local files and the live stream ([`build`]) carry string labels `pid`, `comm`,
+//!   `thread_name`, `thread_name_source` (`sidecar` or `comm`) and a numeric label `thread_id`
+//!   (host tid). The stream's subscribers get one process's profiles, not series.
+//! - Pyroscope ([`export_profile`]) gets no sample labels by default:
+//!   Pyroscope makes one series per distinct set of string sample labels, so a thread name, a
+//!   pid or a tid there would make a series per thread and per restart. Each stack gets the
+//!   thread as its root frame instead, `[<name> tid=<N>]`, as async-profiler's threads mode
+//!   does: visible in every flame graph, and free for the series count. (Numeric labels would
+//!   not split series either, but Pyroscope does not show them.) With
+//!   `[pyroscope] per_thread_series = true` a string `thread_name` label is added: one series
+//!   per thread name.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -10,9 +29,10 @@ use crate::aggregate::ProcessStacks;
 use crate::hotspot::jvm::{Jvm, LayoutCache};
 use crate::hotspot::remote::ProcessMemory;
 use crate::hotspot::symbolize::JavaSymbolizer;
-use crate::pprof::{proto, LocationKey, ProfileBuilder};
+use crate::pprof::{proto, Label, LocationKey, ProfileBuilder};
 use crate::process::ProcessTable;
 use crate::record::comm_to_string;
+use crate::sidecar::threads::NameSource;
 use crate::symbolize::kernel::KernelSymbolizer;
 use crate::symbolize::native::NativeSymbolizer;
 use crate::symbolize::ResolvedFrame;
@@ -87,7 +107,33 @@ pub struct ProfileRequest<'a> {
 pub struct BuiltProfile {
     pub pid: u32,
     pub comm: String,
+    /// The profile of the local files (see the module documentation).
     pub profile: proto::Profile,
+    /// The thread of each of `profile.sample`, in order.
+    pub threads: Vec<SampleThread>,
+}
+
+/// The thread a sample was taken on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SampleThread {
+    /// In the initial pid namespace.
+    pub tid: u32,
+    pub name: String,
+    pub source: NameSource,
+}
+
+impl SampleThread {
+    /// The synthetic root frame of its stacks in exported profiles.
+    pub fn root_frame(&self) -> String {
+        format!("[{} tid={}]", self.name, self.tid)
+    }
+}
+
+/// How profiles exported to Pyroscope show threads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExportThreads {
+    /// Add a string `thread_name` sample label: one Pyroscope series per thread name.
+    pub per_thread_series: bool,
 }
 
 /// The address to look up for user frame `index`: frame 0 is the interrupted instruction, the
@@ -152,6 +198,10 @@ pub fn build(
         .or(thread_comm)
         .unwrap_or_default();
     let pid_label = pid.to_string();
+    // Each thread is named once per profile.
+    let mut thread_names: HashMap<(u32, [u8; profiler_common::COMM_LEN]), SampleThread> =
+        HashMap::new();
+    let mut threads = Vec::with_capacity(stacks.distinct_stacks());
 
     let mut builder = ProfileBuilder::new_cpu(frequency_hz, start, duration);
     let unknown = ResolvedFrame::named("[unknown]", None);
@@ -193,22 +243,65 @@ pub fn build(
             let frame = ResolvedFrame::named(format!("[truncated: {}]", marker.name()), None);
             locations.push(builder.location(LocationKey::Marker(marker as u8), 0, &frame));
         }
-        let thread_name = comm_to_string(view.thread_name());
-        builder.add_sample(
+        let tid = view.header.tid;
+        let thread = thread_names
+            .entry((tid, *view.thread_name()))
+            .or_insert_with(|| {
+                let comm = comm_to_string(view.thread_name());
+                let (name, source) = match symbolizers.java.thread_names(pid) {
+                    Some(names) => names.name_of(tid, &comm),
+                    None => (comm, NameSource::Comm),
+                };
+                SampleThread { tid, name, source }
+            });
+        builder.add_sample_with(
             locations,
             count,
             &[
-                ("pid", &pid_label),
-                ("comm", &comm),
-                ("thread_name", &thread_name),
+                Label::Str("pid", &pid_label),
+                Label::Str("comm", &comm),
+                Label::Str("thread_name", &thread.name),
+                Label::Str("thread_name_source", thread.source.as_str()),
+                Label::Num {
+                    key: "thread_id",
+                    value: i64::from(tid),
+                    unit: "",
+                },
             ],
         );
+        threads.push(thread.clone());
     }
     BuiltProfile {
         pid,
         comm,
         profile: builder.finish(),
+        threads,
     }
+}
+
+/// The profile Pyroscope gets (see the module documentation): `built`'s,
+/// with each thread as the root frame of its stacks and only the labels `threads` asks for.
+pub fn export_profile(built: &BuiltProfile, threads: ExportThreads) -> proto::Profile {
+    let mut builder = ProfileBuilder::resume(built.profile.clone());
+    for (index, thread) in built.threads.iter().enumerate() {
+        let name = builder.string(&thread.name);
+        let key = LocationKey::Thread {
+            tid: thread.tid,
+            name,
+        };
+        let root =
+            builder.location_with(key, 0, || ResolvedFrame::named(thread.root_frame(), None));
+        let label = threads
+            .per_thread_series
+            .then(|| builder.label(&Label::Str("thread_name", &thread.name)));
+        if let Some(sample) = builder.samples_mut().get_mut(index) {
+            // Locations are innermost first: the root goes last.
+            sample.location_id.push(root);
+            sample.label.clear();
+            sample.label.extend(label);
+        }
+    }
+    builder.finish()
 }
 
 /// Which stack ends deserve a visible marker at the root. A frame-pointer walk that runs into
@@ -274,6 +367,145 @@ fn resolve_user(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::aggregate::Aggregator;
+    use crate::record::tests::encode;
+    use crate::record::SampleView;
+
+    /// No such process: frames stay unknown, names come from the records.
+    const PID: u32 = 0x7fff_fff0;
+
+    /// A profile of one stack sampled 3 times on thread 70 and once on 71, both `pool-1`.
+    fn built() -> BuiltProfile {
+        let mut aggregator = Aggregator::new(100);
+        let mut record = encode(PID, "pool-1", &[], &[0x10, 0x20], UnwindEnd::Complete);
+        let tid_at = std::mem::offset_of!(profiler_common::SampleHeader, tid);
+        for tid in [70u32, 70, 70, 71] {
+            record[tid_at..tid_at + 4].copy_from_slice(&tid.to_ne_bytes());
+            aggregator.add(&SampleView::parse(&record).expect("valid"));
+        }
+        let interval = aggregator.take_interval();
+        build(
+            ProfileRequest {
+                pid: PID,
+                stacks: &interval.processes[&PID],
+                frequency_hz: 19,
+                start: SystemTime::UNIX_EPOCH,
+                duration: Duration::from_secs(1),
+            },
+            &mut ProcessTable::default(),
+            &mut Symbolizers::new(false),
+        )
+    }
+
+    fn string(profile: &proto::Profile, index: i64) -> &str {
+        &profile.string_table[index as usize]
+    }
+
+    /// Per sample: (count, string labels, numeric labels, outermost frame's name).
+    #[allow(clippy::type_complexity)]
+    fn summary(profile: &proto::Profile) -> Vec<(i64, Vec<(&str, &str)>, Vec<(&str, i64)>, &str)> {
+        let mut samples: Vec<_> = profile
+            .sample
+            .iter()
+            .map(|sample| {
+                let strings = sample
+                    .label
+                    .iter()
+                    .filter(|l| l.str != 0)
+                    .map(|l| (string(profile, l.key), string(profile, l.str)))
+                    .collect();
+                let numbers = sample
+                    .label
+                    .iter()
+                    .filter(|l| l.str == 0)
+                    .map(|l| (string(profile, l.key), l.num))
+                    .collect();
+                let root = sample
+                    .location_id
+                    .last()
+                    .and_then(|id| profile.location.iter().find(|l| l.id == *id))
+                    .and_then(|l| l.line.first())
+                    .and_then(|line| profile.function.iter().find(|f| f.id == line.function_id))
+                    .map_or("", |f| string(profile, f.name));
+                (sample.value[0], strings, numbers, root)
+            })
+            .collect();
+        samples.sort();
+        samples
+    }
+
+    #[test]
+    fn local_profiles_label_each_thread_with_its_tid() {
+        let built = built();
+        assert_eq!(built.threads.len(), 2);
+        let pid = PID.to_string();
+        let labels = |tid: i64| {
+            (
+                vec![
+                    ("pid", pid.as_str()),
+                    ("comm", "pool-1"),
+                    ("thread_name", "pool-1"),
+                    ("thread_name_source", "comm"),
+                ],
+                vec![("thread_id", tid)],
+            )
+        };
+        let samples = summary(&built.profile);
+        assert_eq!(samples.len(), 2);
+        assert_eq!(
+            (samples[0].0, &samples[0].1, &samples[0].2),
+            (1, &labels(71).0, &labels(71).1)
+        );
+        assert_eq!(
+            (samples[1].0, &samples[1].1, &samples[1].2),
+            (3, &labels(70).0, &labels(70).1)
+        );
+        // No synthetic frames locally: the root is the stack's own outermost frame.
+        assert!(samples.iter().all(|s| s.3 == "[unknown]"));
+    }
+
+    #[test]
+    fn exported_profiles_root_stacks_in_their_thread_and_carry_no_string_labels() {
+        let built = built();
+        let export = export_profile(&built, ExportThreads::default());
+        let samples = summary(&export);
+        assert_eq!(
+            samples,
+            vec![
+                (1, vec![], vec![], "[pool-1 tid=71]"),
+                (3, vec![], vec![], "[pool-1 tid=70]"),
+            ]
+        );
+        // The stack under the root is the local one.
+        for (local, exported) in built.profile.sample.iter().zip(&export.sample) {
+            assert_eq!(
+                exported.location_id[..exported.location_id.len() - 1],
+                local.location_id[..]
+            );
+        }
+        assert_eq!(export.location.len(), built.profile.location.len() + 2);
+
+        let series = export_profile(
+            &built,
+            ExportThreads {
+                per_thread_series: true,
+            },
+        );
+        let samples = summary(&series);
+        assert_eq!(samples[0].1, vec![("thread_name", "pool-1")]);
+        assert_eq!(samples[1].1, vec![("thread_name", "pool-1")]);
+        assert_eq!(samples[0].3, "[pool-1 tid=71]");
+    }
+
+    #[test]
+    fn root_frames_name_the_thread_and_its_tid() {
+        let thread = SampleThread {
+            tid: 4242,
+            name: "http-nio-8080-exec-12".into(),
+            source: NameSource::Sidecar,
+        };
+        assert_eq!(thread.root_frame(), "[http-nio-8080-exec-12 tid=4242]");
+    }
 
     #[test]
     fn java_unwind_failures_and_depth_cuts_are_marked() {

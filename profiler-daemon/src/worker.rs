@@ -139,6 +139,21 @@ impl Worker {
                 }
             }
             if self.exports.is_enabled() {
+                let labelled: Arc<[u8]> = Arc::from(gzipped);
+                // Pyroscope's variant only for Pyroscope (see `profiles`); the stream gets the
+                // local one.
+                let pyroscope = if self.exports.queue.is_some() {
+                    match encode_gzipped(&profiles::export_profile(&built, self.exports.threads)) {
+                        Ok(bytes) => Arc::from(bytes),
+                        Err(err) => {
+                            self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+                            tracing::error!(pid, %err, "cannot encode the exported profile");
+                            continue;
+                        }
+                    }
+                } else {
+                    labelled.clone()
+                };
                 let pods = self.pods.as_ref().and_then(|pods| pods.read().ok());
                 let identity =
                     self.naming
@@ -149,7 +164,8 @@ impl Worker {
                     service_name: identity.service_name,
                     start: interval.start,
                     duration: interval.duration,
-                    pprof_gzip: Arc::from(gzipped),
+                    pprof_gzip: pyroscope,
+                    labelled_pprof_gzip: labelled,
                 }));
             }
         }

@@ -20,6 +20,12 @@ const KIND_COMPILED_METHOD_UNLOAD: u8 = 2;
 const KIND_DYNAMIC_CODE: u8 = 3;
 const KIND_AGENT_STATS: u8 = 4;
 const KIND_AGENT_STATUS: u8 = 5;
+const KIND_THREAD_START: u8 = 6;
+const KIND_THREAD_END: u8 = 7;
+
+/// Longest thread name the agent writes, in bytes (longer ones are cut); readers bound what
+/// they keep to this too.
+pub const MAX_THREAD_NAME_BYTES: usize = 128;
 
 /// Start of every records file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -157,6 +163,20 @@ pub enum Record {
     /// What the agent is doing and why: written when it starts, at the start of each
     /// generation and whenever it changes (the last one read is current).
     AgentStatus(AgentStatus),
+    /// A Java thread runs as native thread `tid` (its id in the JVM's pid namespace, from
+    /// `gettid()`) under `name` (its Java name as the JVM gave it, at most
+    /// [`MAX_THREAD_NAME_BYTES`]). Written when the thread starts, and replayed into every
+    /// generation for the threads alive.
+    ///
+    /// Encoded as kind 6: `u32 tid`, `str name`; fields may be appended later.
+    ThreadStart {
+        tid: u32,
+        name: String,
+    },
+    /// Native thread `tid` (as in [`Record::ThreadStart`]) ended. Kind 7: `u32 tid`.
+    ThreadEnd {
+        tid: u32,
+    },
 }
 
 /// The agent's own accounting, cumulative since it loaded.
@@ -291,6 +311,15 @@ pub fn encode(record: &Record, out: &mut Vec<u8>) {
             put_str(out, &status.jvm_version);
             put_str(out, &status.error);
         }
+        Record::ThreadStart { tid, name } => {
+            out.push(KIND_THREAD_START);
+            put_u32(out, *tid);
+            put_str(out, name);
+        }
+        Record::ThreadEnd { tid } => {
+            out.push(KIND_THREAD_END);
+            put_u32(out, *tid);
+        }
     }
     let body = (out.len() - start - 4) as u32;
     out[start..start + 4].copy_from_slice(&body.to_le_bytes());
@@ -389,9 +418,23 @@ pub fn decode(bytes: &[u8]) -> Result<Option<(Option<Record>, usize)>, DecodeErr
             jvm_version: r.string()?,
             error: r.string()?,
         })),
+        KIND_THREAD_START => Some(Record::ThreadStart {
+            tid: r.u32()?,
+            name: r.string()?,
+        }),
+        KIND_THREAD_END => Some(Record::ThreadEnd { tid: r.u32()? }),
         _ => None,
     };
     Ok(Some((record, 4 + body_len)))
+}
+
+/// The record at the start of `encoded` if it is a [`Record::ThreadStart`] or
+/// [`Record::ThreadEnd`]; other kinds are not decoded (cheap to ask of every record).
+pub fn thread_event(encoded: &[u8]) -> Option<Record> {
+    match encoded.get(4) {
+        Some(&KIND_THREAD_START) | Some(&KIND_THREAD_END) => decode(encoded).ok()??.0,
+        _ => None,
+    }
 }
 
 fn put_u32(out: &mut Vec<u8>, value: u32) {
@@ -521,6 +564,11 @@ mod tests {
                 jvm_version: String::new(),
                 error: "enabling event 68 failed (98)".into(),
             }),
+            Record::ThreadStart {
+                tid: 4242,
+                name: "http-nio-8080-exec-12".into(),
+            },
+            Record::ThreadEnd { tid: 4242 },
         ];
         let mut bytes = Vec::new();
         for record in &records {
@@ -573,6 +621,24 @@ mod tests {
         cut[..4].copy_from_slice(&short.to_le_bytes());
         cut.truncate(cut.len() - 3);
         assert!(decode(&cut).is_err());
+    }
+
+    #[test]
+    fn thread_events_are_picked_out_without_decoding_other_kinds() {
+        let mut start = Vec::new();
+        let thread = Record::ThreadStart {
+            tid: 7,
+            name: "worker".into(),
+        };
+        encode(&thread, &mut start);
+        assert_eq!(thread_event(&start), Some(thread));
+        let mut end = Vec::new();
+        encode(&Record::ThreadEnd { tid: 7 }, &mut end);
+        assert_eq!(thread_event(&end), Some(Record::ThreadEnd { tid: 7 }));
+        let mut other = Vec::new();
+        encode(&sample(), &mut other);
+        assert_eq!(thread_event(&other), None);
+        assert_eq!(thread_event(&[]), None);
     }
 
     #[test]

@@ -231,7 +231,8 @@ fn check_bounded_by(record: &Record, used: usize) -> Result<(), TestCaseError> {
         Record::AgentStatus(status) => {
             prop_assert!(status.jvm_version.len() + status.error.len() <= 3 * used);
         }
-        Record::CompiledMethodUnload { .. } | Record::AgentStats(_) => {}
+        Record::ThreadStart { name, .. } => prop_assert!(name.len() <= 3 * used),
+        Record::CompiledMethodUnload { .. } | Record::AgentStats(_) | Record::ThreadEnd { .. } => {}
     }
     Ok(())
 }
@@ -326,6 +327,8 @@ fn any_record() -> impl Strategy<Value = Record> {
                 })
             }
         ),
+        1 => (any::<u32>(), text()).prop_map(|(tid, name)| Record::ThreadStart { tid, name }),
+        1 => any::<u32>().prop_map(|tid| Record::ThreadEnd { tid }),
     ]
 }
 

@@ -20,6 +20,15 @@
 //! fit is dropped and counted. The agent's thread (`jvm-profiler-sidecar`) does every write,
 //! rotation and replay. Replays (`GenerateEvents`) call the callbacks on the agent's thread
 //! itself: those push to the same queue, and drain it there when it fills, never wait on it.
+//!
+//! # Thread names
+//!
+//! ThreadStart runs on the new thread: its callback writes a `ThreadStart` record with
+//! `gettid()` and the thread's full Java name, ThreadEnd a `ThreadEnd`; the daemon uses them to
+//! name threads beyond the kernel's 15 bytes. The agent's thread keeps the live ones (from the
+//! records it writes, bounded) and replays them into every generation. Threads that started
+//! before the agent (a dynamic attach) or before VM init are not named: JVMTI gives no native
+//! thread id of another thread, and their names are left to the kernel's `comm`.
 
 use std::ffi::{c_char, c_void, CStr};
 use std::io::Write as _;
@@ -52,14 +61,18 @@ const ROTATE_RETRY: Duration = Duration::from_secs(5);
 /// How long VM death waits for the agent's thread to finish a write before removing the files
 /// without it.
 const DEATH_WAIT: Duration = Duration::from_secs(1);
+/// Bound on live threads whose names are replayed into each generation.
+const MAX_TRACKED_THREADS: usize = 16_384;
 
 /// Events whose callbacks do work; disabled when the agent turns inert. VM death stays enabled
 /// so that the files are still removed at exit.
-const WORK_EVENTS: [JInt; 4] = [
+const WORK_EVENTS: [JInt; 6] = [
     ffi::EVENT_COMPILED_METHOD_LOAD,
     ffi::EVENT_COMPILED_METHOD_UNLOAD,
     ffi::EVENT_DYNAMIC_CODE_GENERATED,
     ffi::EVENT_VM_INIT,
+    ffi::EVENT_THREAD_START,
+    ffi::EVENT_THREAD_END,
 ];
 
 struct Agent {
@@ -83,6 +96,9 @@ struct Agent {
     dying: AtomicBool,
     written: AtomicU64,
     dropped: AtomicU64,
+    /// Encoded `ThreadStart` records of live threads by tid, for replays; only the agent's
+    /// thread uses it.
+    threads: Mutex<std::collections::HashMap<u32, Vec<u8>>>,
 }
 
 static AGENT: OnceLock<Agent> = OnceLock::new();
@@ -212,6 +228,7 @@ fn start(vm: *mut JavaVm, options: *const c_char, live: bool) -> Result<(), Stri
         dying: AtomicBool::new(false),
         written: AtomicU64::new(0),
         dropped: AtomicU64::new(0),
+        threads: Mutex::new(std::collections::HashMap::new()),
     };
     if let Err(agent) = AGENT.set(agent) {
         // Lost a race with another start of this library, which owns the same files.
@@ -245,6 +262,14 @@ fn start(vm: *mut JavaVm, options: *const c_char, live: bool) -> Result<(), Stri
         ffi::EVENT_DYNAMIC_CODE_GENERATED,
         on_dynamic_code_generated as ffi::DynamicCodeGeneratedFn as *const c_void,
     );
+    callbacks.set(
+        ffi::EVENT_THREAD_START,
+        on_thread_start as ffi::ThreadEventFn as *const c_void,
+    );
+    callbacks.set(
+        ffi::EVENT_THREAD_END,
+        on_thread_end as ffi::ThreadEventFn as *const c_void,
+    );
     let err = agent.jvmti.set_event_callbacks(&callbacks);
     if err != ffi::JVMTI_ERROR_NONE {
         agent.go_inert(&format!("SetEventCallbacks failed ({err})"));
@@ -256,6 +281,8 @@ fn start(vm: *mut JavaVm, options: *const c_char, live: bool) -> Result<(), Stri
         ffi::EVENT_COMPILED_METHOD_LOAD,
         ffi::EVENT_COMPILED_METHOD_UNLOAD,
         ffi::EVENT_DYNAMIC_CODE_GENERATED,
+        ffi::EVENT_THREAD_START,
+        ffi::EVENT_THREAD_END,
     ];
     if !live {
         // The agent's thread needs a live VM to attach to.
@@ -433,6 +460,32 @@ unsafe extern "C" fn on_dynamic_code_generated(
     })
 }
 
+unsafe extern "C" fn on_thread_start(_: *mut JvmtiEnv, _: *mut c_void, thread: ffi::JThread) {
+    guard((), || {
+        let Some(agent) = active() else { return };
+        // Before VM init (GetThreadInfo is live-phase only) there is no name: nothing written.
+        let Some(name) = agent.jvmti.thread_name(thread) else {
+            return;
+        };
+        agent.submit(Some(describe::thread_start(current_tid(), name.bytes())));
+    })
+}
+
+unsafe extern "C" fn on_thread_end(_: *mut JvmtiEnv, _: *mut c_void, _: ffi::JThread) {
+    guard((), || {
+        let Some(agent) = active() else { return };
+        let mut bytes = Vec::new();
+        record::encode(&Record::ThreadEnd { tid: current_tid() }, &mut bytes);
+        agent.submit(Some(bytes));
+    })
+}
+
+/// The calling thread's id in the JVM's pid namespace.
+fn current_tid() -> u32 {
+    // SAFETY: gettid has no preconditions and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
 fn active() -> Option<&'static Agent> {
     AGENT
         .get()
@@ -523,7 +576,27 @@ impl Agent {
     /// Writes what is queued, in order (agent's thread).
     fn drain(&self) {
         for bytes in self.queue.take_all() {
+            self.track_thread(&bytes);
             self.write(&bytes);
+        }
+    }
+
+    /// Keeps the live threads' records for replays, from the records written (agent's thread).
+    fn track_thread(&self, bytes: &[u8]) {
+        let Some(event) = record::thread_event(bytes) else {
+            return;
+        };
+        let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        match event {
+            Record::ThreadStart { tid, .. }
+                if threads.len() < MAX_TRACKED_THREADS || threads.contains_key(&tid) =>
+            {
+                threads.insert(tid, bytes.to_vec());
+            }
+            Record::ThreadEnd { tid } => {
+                threads.remove(&tid);
+            }
+            _ => {}
         }
     }
 
@@ -602,6 +675,17 @@ impl Agent {
             .jvmti
             .generate_events(ffi::EVENT_DYNAMIC_CODE_GENERATED);
         self.drain();
+        // JVMTI has no replay of thread starts: the agent's own list.
+        let threads: Vec<Vec<u8>> = self
+            .threads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for bytes in threads {
+            self.write(&bytes);
+        }
         if let Some(mut writer) = self.writer() {
             if let Some(writer) = writer.as_mut() {
                 writer.mark_baseline();

@@ -266,6 +266,25 @@ pub fn dynamic_code(
     encode_exact(&Record::DynamicCode { addr, size, name }, &budget)
 }
 
+/// The encoded `ThreadStart` record of native thread `tid` named `name` (modified UTF-8 from
+/// JVMTI, read lossily), cut to [`record::MAX_THREAD_NAME_BYTES`] on a character boundary.
+pub fn thread_start(tid: u32, name: &[u8]) -> Vec<u8> {
+    let name = String::from_utf8_lossy(name);
+    let mut end = name.len().min(record::MAX_THREAD_NAME_BYTES);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut bytes = Vec::new();
+    record::encode(
+        &Record::ThreadStart {
+            tid,
+            name: name[..end].to_owned(),
+        },
+        &mut bytes,
+    );
+    bytes
+}
+
 /// Encodes into a buffer of the size `budget` counted, allocated once (and fallibly: a failed
 /// allocation drops the record rather than aborting the JVM).
 fn encode_exact(record: &Record, budget: &Budget) -> Result<Vec<u8>, OverBudget> {
@@ -507,5 +526,25 @@ mod tests {
             0xdead_beef
         );
         assert_eq!(method_ptr(std::ptr::null_mut(), true), 0);
+    }
+
+    #[test]
+    fn thread_names_are_cut_on_a_character_boundary() {
+        let decode = |bytes: Vec<u8>| record::decode(&bytes).expect("decodes").expect("whole");
+        let (record, _) = decode(thread_start(9, b"http-nio-8080-exec-12"));
+        assert_eq!(
+            record,
+            Some(Record::ThreadStart {
+                tid: 9,
+                name: "http-nio-8080-exec-12".into()
+            })
+        );
+        let long = "\u{e9}".repeat(record::MAX_THREAD_NAME_BYTES);
+        let (record, _) = decode(thread_start(9, long.as_bytes()));
+        let Some(Record::ThreadStart { name, .. }) = record else {
+            panic!("not a thread start")
+        };
+        assert_eq!(name.len(), record::MAX_THREAD_NAME_BYTES);
+        assert!(name.chars().all(|c| c == '\u{e9}'));
     }
 }

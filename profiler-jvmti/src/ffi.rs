@@ -22,6 +22,8 @@ pub const JVMTI_DISABLE: JInt = 0;
 
 pub const EVENT_VM_INIT: JInt = 50;
 pub const EVENT_VM_DEATH: JInt = 51;
+pub const EVENT_THREAD_START: JInt = 52;
+pub const EVENT_THREAD_END: JInt = 53;
 pub const EVENT_COMPILED_METHOD_LOAD: JInt = 68;
 pub const EVENT_COMPILED_METHOD_UNLOAD: JInt = 69;
 pub const EVENT_DYNAMIC_CODE_GENERATED: JInt = 70;
@@ -83,6 +85,17 @@ pub struct JavaVm {
     pub functions: *const *const c_void,
 }
 
+/// `jvmtiThreadInfo`. `thread_group` and `context_class_loader` are JNI local references, freed
+/// when the event callback that asked for them returns.
+#[repr(C)]
+pub struct ThreadInfo {
+    pub name: *mut c_char,
+    pub priority: JInt,
+    pub is_daemon: u8,
+    pub thread_group: *mut c_void,
+    pub context_class_loader: *mut c_void,
+}
+
 /// `JavaVMAttachArgs`.
 #[repr(C)]
 pub struct AttachArgs {
@@ -93,6 +106,8 @@ pub struct AttachArgs {
 
 pub type VmInitFn = unsafe extern "C" fn(*mut JvmtiEnv, *mut c_void, JThread);
 pub type VmDeathFn = unsafe extern "C" fn(*mut JvmtiEnv, *mut c_void);
+/// ThreadStart and ThreadEnd: (env, JNIEnv, thread).
+pub type ThreadEventFn = unsafe extern "C" fn(*mut JvmtiEnv, *mut c_void, JThread);
 pub type CompiledMethodLoadFn = unsafe extern "C" fn(
     *mut JvmtiEnv,
     JMethodId,
@@ -180,6 +195,7 @@ type DisposeEnvironmentFn = unsafe extern "C" fn(*mut JvmtiEnv) -> JvmtiError;
 type SetEventCallbacksFn =
     unsafe extern "C" fn(*mut JvmtiEnv, *const EventCallbacks, JInt) -> JvmtiError;
 type GenerateEventsFn = unsafe extern "C" fn(*mut JvmtiEnv, JInt) -> JvmtiError;
+type GetThreadInfoFn = unsafe extern "C" fn(*mut JvmtiEnv, JThread, *mut ThreadInfo) -> JvmtiError;
 type AddCapabilitiesFn = unsafe extern "C" fn(*mut JvmtiEnv, *const Capabilities) -> JvmtiError;
 
 const MISSING: JvmtiError = u32::MAX;
@@ -255,6 +271,27 @@ impl Jvmti {
 
     fn string(&self, ptr: *mut c_char) -> Option<JvmtiString<'_>> {
         (!ptr.is_null()).then_some(JvmtiString { jvmti: self, ptr })
+    }
+
+    /// The name of `thread` (`GetThreadInfo`; live phase, a thread attached to the VM). Only
+    /// for a thread of an event callback: the info's local references are freed when it returns.
+    pub fn thread_name(&self, thread: JThread) -> Option<JvmtiString<'_>> {
+        let f = slot!(self.0, 9, GetThreadInfoFn)?;
+        let mut info = ThreadInfo {
+            name: std::ptr::null_mut(),
+            priority: 0,
+            is_daemon: 0,
+            thread_group: std::ptr::null_mut(),
+            context_class_loader: std::ptr::null_mut(),
+        };
+        // SAFETY: live env, the event's thread reference, out-pointer to a jvmtiThreadInfo.
+        let err = unsafe { f(self.0, thread, &mut info) };
+        let name = self.string(info.name);
+        if err == JVMTI_ERROR_NONE {
+            name
+        } else {
+            None
+        }
     }
 
     pub fn class_signature(&self, class: JClass) -> Option<JvmtiString<'_>> {

@@ -1,4 +1,5 @@
-// A JVM that stays busy until killed: a hot loop the JIT compiles, on a named thread.
+// A JVM that stays busy until killed: a hot loop the JIT compiles, on a named thread
+// (`spin-worker`, or the system property `spin.thread`).
 public class Spin {
     static volatile long sink;
 
@@ -15,7 +16,7 @@ public class Spin {
             while (true) {
                 sink += work(1_000_000);
             }
-        }, "spin-worker");
+        }, System.getProperty("spin.thread", "spin-worker"));
         worker.setDaemon(true);
         worker.start();
         System.out.println("ready");

@@ -235,6 +235,47 @@ pub fn label<'a>(
         .map(|l| profile.string_table[l.str as usize].as_str())
 }
 
+/// The numeric value of a sample label (`thread_id`, for instance).
+pub fn num_label(profile: &proto::Profile, sample: &proto::Sample, key: &str) -> Option<i64> {
+    sample
+        .label
+        .iter()
+        .find(|l| profile.string_table[l.key as usize] == key && l.str == 0)
+        .map(|l| l.num)
+}
+
+/// The keys of a sample's string labels.
+pub fn string_label_keys<'a>(profile: &'a proto::Profile, sample: &proto::Sample) -> Vec<&'a str> {
+    sample
+        .label
+        .iter()
+        .filter(|l| l.str != 0)
+        .map(|l| profile.string_table[l.key as usize].as_str())
+        .collect()
+}
+
+/// The thread of an exported sample, from its root frame `[<name> tid=<N>]`.
+pub fn root_thread(profile: &proto::Profile, sample: &proto::Sample) -> Option<(String, u32)> {
+    let root = sample_frames(profile, sample).pop()?.name;
+    let inner = root.strip_prefix('[')?.strip_suffix(']')?;
+    let (name, tid) = inner.rsplit_once(" tid=")?;
+    Some((name.to_owned(), tid.parse().ok()?))
+}
+
+/// The JVMTI agent library: `PROFILER_AGENT`, else beside the daemon binary (`cargo xtask
+/// test` builds both into target/debug).
+pub fn agent_library() -> PathBuf {
+    let path = std::env::var_os("PROFILER_AGENT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| daemon_binary().with_file_name("libprofiler_jvmti.so"));
+    assert!(
+        path.exists(),
+        "no agent at {} (cargo xtask test builds it)",
+        path.display()
+    );
+    path
+}
+
 /// Sample count of a sample (value 0 is samples/count).
 pub fn count(sample: &proto::Sample) -> i64 {
     sample.value.first().copied().unwrap_or(0)

@@ -1,6 +1,8 @@
 //! End to end on export: the daemon pushes to a gRPC receiver that shares no code with it
 //! (Python grpcio, stubs generated from our .proto files), survives outages and bad endpoints,
-//! and streams profiles live to subscribers.
+//! and streams profiles live to subscribers. Exported profiles carry no string sample labels
+//! (each would split Pyroscope series) but name each stack's thread in a root frame, with the
+//! full Java name the sidecar agent reported; `per_thread_series` adds the `thread_name` label.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -81,6 +83,31 @@ fn start_times(profiles: &[(PathBuf, proto::Profile)]) -> Vec<i64> {
     profiles.iter().map(|(_, p)| p.time_nanos).collect()
 }
 
+/// A pool thread's Java name, longer than the kernel's 15 bytes (`http-nio-8080-e`).
+const POOL_THREAD: &str = "http-nio-8080-exec-12";
+
+/// Checks that no sample of `profiles` has a string label, and that each has its thread as root
+/// frame; returns (root frame's thread name, tid) -> samples.
+fn exported_threads(
+    profiles: &[(PathBuf, proto::Profile)],
+) -> std::collections::BTreeMap<(String, u32), i64> {
+    let mut threads = std::collections::BTreeMap::new();
+    for (path, profile) in profiles {
+        for sample in &profile.sample {
+            assert_eq!(
+                string_label_keys(profile, sample),
+                Vec::<&str>::new(),
+                "{}: no string sample labels by default",
+                path.display()
+            );
+            let thread = root_thread(profile, sample)
+                .unwrap_or_else(|| panic!("{}: a sample without thread root", path.display()));
+            *threads.entry(thread).or_insert(0) += count(sample);
+        }
+    }
+    threads
+}
+
 /// The `name=value` fields of the daemon's "pyroscope export totals" log line.
 fn export_totals(log: &str) -> std::collections::HashMap<String, u64> {
     let line = log
@@ -102,7 +129,10 @@ fn pushes_labelled_pprof_to_a_grpc_receiver() {
     let native = native_workload(dir.path(), 60);
     let classes = compile_java(&["Spin.java"], dir.path()).expect("javac");
     let jdk = jdks().into_iter().find(|j| j.major == 17).expect("JDK 17");
-    let java = start_java(&jdk, &classes, "Spin", &[]).expect("JVM starts");
+    // The agent loaded at start sees the worker thread start, and reports its full name.
+    let agent = format!("-agentpath:{}", agent_library().display());
+    let thread_name = format!("-Dspin.thread={POOL_THREAD}");
+    let java = start_java(&jdk, &classes, "Spin", &[&agent, &thread_name]).expect("JVM starts");
     let receiver = Receiver::start(0, &dir.path().join("received"), &[]).expect("receiver");
     let config = dir.path().join("config.toml");
     std::fs::write(
@@ -185,6 +215,67 @@ fn pushes_labelled_pprof_to_a_grpc_receiver() {
         java_names.iter().any(|name| name.contains("Spin.")),
         "Java frames named in the exported profile"
     );
+
+    // Threads: the root frame of each exported stack, the labels of each local sample.
+    let native_threads = exported_threads(&native_profiles);
+    let java_threads = exported_threads(&java_profiles);
+    eprintln!("exported threads: native {native_threads:?}, Java {java_threads:?}");
+    assert_eq!(
+        native_threads.keys().collect::<Vec<_>>(),
+        vec![&("native_split".to_string(), native.pid())],
+        "the native program's one thread, its tid its pid"
+    );
+    let pool: Vec<(u32, i64)> = java_threads
+        .iter()
+        .filter(|((name, _), _)| name == POOL_THREAD)
+        .map(|((_, tid), samples)| (*tid, *samples))
+        .collect();
+    let [(pool_tid, pool_samples)] = pool[..] else {
+        panic!("one {POOL_THREAD} thread in the exported roots: {java_threads:?}")
+    };
+    assert!(
+        Path::new(&format!("/proc/{}/task/{pool_tid}", java.pid())).exists(),
+        "the root frame's tid {pool_tid} is a thread of the JVM"
+    );
+    let truncated: i64 = java_threads
+        .iter()
+        .filter(|((name, _), _)| name == &POOL_THREAD[..15])
+        .map(|(_, samples)| samples)
+        .sum();
+    let (mut full, mut by_comm) = (0, 0);
+    for (_, profile) in &local_java {
+        for sample in &profile.sample {
+            let name = label(profile, sample, "thread_name");
+            let tid = num_label(profile, sample, "thread_id");
+            assert!(
+                label(profile, sample, "pid") == Some(java_pid.as_str())
+                    && label(profile, sample, "comm").is_some()
+                    && name.is_some()
+                    && tid.is_some(),
+                "local samples keep pid, comm, thread_name and add thread_id"
+            );
+            if name == Some(POOL_THREAD) {
+                assert_eq!(tid, Some(i64::from(pool_tid)));
+                assert_eq!(
+                    label(profile, sample, "thread_name_source"),
+                    Some("sidecar")
+                );
+                full += count(sample);
+            } else if tid == Some(i64::from(pool_tid)) {
+                assert_eq!(label(profile, sample, "thread_name_source"), Some("comm"));
+                by_comm += count(sample);
+            }
+        }
+    }
+    println!(
+        "{POOL_THREAD} (tid {pool_tid}): {pool_samples} exported samples under its full name, \
+         {truncated} under {:?}; locally {full} with the sidecar's name, {by_comm} with comm",
+        &POOL_THREAD[..15]
+    );
+    assert!(
+        pool_samples > 0 && full > 0,
+        "the pool thread is named in full"
+    );
 }
 
 #[test]
@@ -197,7 +288,7 @@ fn an_outage_delays_profiles_without_losing_reordering_or_duplicating_them() {
     let config = dir.path().join("config.toml");
     std::fs::write(
         &config,
-        "[pyroscope]\nmax_backoff_secs = 2\nshutdown_grace_secs = 10\n",
+        "[pyroscope]\nmax_backoff_secs = 2\nshutdown_grace_secs = 10\nper_thread_series = true\n",
     )
     .expect("config written");
     let out = dir.path().join("profiles");
@@ -223,7 +314,29 @@ fn an_outage_delays_profiles_without_losing_reordering_or_duplicating_them() {
     assert!(status.success(), "daemon failed");
     drop(receiver);
 
-    let received = start_times(&received_profiles(&record_dir, "native_split"));
+    let received_profiles = received_profiles(&record_dir, "native_split");
+    // per_thread_series: the thread's name as the one string label (one series per name), the
+    // thread still as the root frame.
+    let mut labelled = 0;
+    for (path, profile) in &received_profiles {
+        for sample in &profile.sample {
+            assert_eq!(
+                string_label_keys(profile, sample),
+                vec!["thread_name"],
+                "{}",
+                path.display()
+            );
+            assert_eq!(label(profile, sample, "thread_name"), Some("native_split"));
+            assert_eq!(
+                root_thread(profile, sample),
+                Some(("native_split".to_string(), workload.pid()))
+            );
+            labelled += count(sample);
+        }
+    }
+    eprintln!("per_thread_series: {labelled} samples labelled thread_name=native_split");
+    assert!(labelled > 0);
+    let received = start_times(&received_profiles);
     let written = start_times(&profiles_of(&out, workload.pid()).expect("local profiles"));
     let totals = export_totals(&log);
     eprintln!(
@@ -434,6 +547,11 @@ fn stream_subscribers_get_exactly_the_profiles_they_filter_for() {
                     Some(pid.to_string().as_str()),
                     "{}",
                     path.display()
+                );
+                // The stream carries the local files' labels, thread_id included.
+                assert_eq!(
+                    num_label(profile, sample, "thread_id"),
+                    Some(i64::from(pid))
                 );
             }
         }

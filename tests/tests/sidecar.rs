@@ -14,20 +14,6 @@ use profiler_jvmti_records::record::{AgentStats, CompiledMethod, Record};
 use profiler_tests::background::BackgroundDaemon;
 use profiler_tests::*;
 
-/// The agent library: `PROFILER_AGENT`, else beside the daemon binary (`cargo xtask test`
-/// builds both into target/debug).
-fn agent_library() -> PathBuf {
-    let path = std::env::var_os("PROFILER_AGENT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| daemon_binary().with_file_name("libprofiler_jvmti.so"));
-    assert!(
-        path.exists(),
-        "no agent at {} (cargo xtask test builds it)",
-        path.display()
-    );
-    path
-}
-
 /// Starts `command` (a JVM running Workloads), waits for "ready" and keeps draining its stdout
 /// (SIGQUIT thread dumps go there).
 fn start(command: &mut Command) -> Workload {

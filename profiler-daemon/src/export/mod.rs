@@ -1,5 +1,6 @@
 //! Where built profiles go besides the local files: Grafana Pyroscope (`pyroscope`, through a
-//! bounded queue) and the daemon's own live stream (`stream`).
+//! bounded queue) and the daemon's own live stream (`stream`). Pyroscope gets a variant without
+//! high-cardinality sample labels, the stream the local files' profile (see `crate::profiles`).
 //!
 //! ```text
 //! Worker --interval--> Exports --batches by label set--> ExportQueue --> Pyroscope exporter task
@@ -50,7 +51,13 @@ pub struct ExportedProfile {
     pub labels: Vec<(String, String)>,
     pub start: SystemTime,
     pub duration: Duration,
+    /// What Pyroscope gets: threads as root frames, no string sample labels unless
+    /// `per_thread_series` (see `crate::profiles`).
     pub pprof_gzip: Arc<[u8]>,
+    /// What the live stream gets: the local files' profile, with `pid`, `comm`, `thread_name`,
+    /// `thread_name_source` and `thread_id` sample labels. Its subscribers receive one
+    /// process's profiles at a time, not series a label could multiply.
+    pub labelled_pprof_gzip: Arc<[u8]>,
 }
 
 /// How many profiles the live stream buffers for its slowest subscriber.
@@ -63,6 +70,8 @@ pub struct Exports {
     pub stream: Option<broadcast::Sender<Arc<ExportedProfile>>>,
     /// Extra static labels for every exported profile (`[pyroscope] labels`).
     pub extra_labels: BTreeMap<String, String>,
+    /// How profiles exported to Pyroscope show threads.
+    pub threads: crate::profiles::ExportThreads,
 }
 
 impl Exports {
@@ -119,6 +128,7 @@ mod tests {
             start: SystemTime::UNIX_EPOCH,
             duration: Duration::from_secs(1),
             pprof_gzip: Arc::from(vec![1u8, 2, 3]),
+            labelled_pprof_gzip: Arc::from(vec![1u8, 2, 3]),
         })
     }
 

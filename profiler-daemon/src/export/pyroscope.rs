@@ -47,6 +47,9 @@ pub struct PyroscopeConfig {
     pub max_backoff: Duration,
     /// How long queued profiles are still tried at shutdown.
     pub shutdown_grace: Duration,
+    /// A string `thread_name` sample label on exported profiles: one series per thread name
+    /// (see `crate::profiles`).
+    pub per_thread_series: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -356,6 +359,7 @@ mod tests {
             },
             max_backoff: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(1),
+            per_thread_series: false,
         }
     }
 

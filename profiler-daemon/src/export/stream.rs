@@ -166,7 +166,7 @@ fn message(profile: &ExportedProfile, skipped_before: u64) -> ProfileMessage {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i64),
         duration_nanos: profile.duration.as_nanos() as i64,
-        pprof_gzip: profile.pprof_gzip.to_vec(),
+        pprof_gzip: profile.labelled_pprof_gzip.to_vec(),
         skipped_before,
     }
 }

@@ -171,6 +171,13 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
         sidecar.len()
     }
 
+    /// The Java thread names the sidecar agent reported in `pid`, if it has an agent.
+    pub fn thread_names(&mut self, pid: u32) -> Option<&mut crate::sidecar::threads::ThreadNames> {
+        let sidecar = self.jvms.get_mut(&pid)?.sidecar.as_mut()?;
+        sidecar.refresh();
+        Some(&mut sidecar.threads)
+    }
+
     /// What the sidecar agents of all JVMs report about themselves.
     pub fn sidecar_totals(&mut self) -> SidecarTotals {
         let mut totals = SidecarTotals::default();

@@ -15,6 +15,12 @@ pub enum LocationKey {
     User(u64),
     /// A marker frame such as `[truncated: max_depth]`, by marker number.
     Marker(u8),
+    /// A thread as a synthetic root frame `[<name> tid=<N>]`, by tid and name (string index):
+    /// a thread renamed within the interval gets a root per name.
+    Thread {
+        tid: u32,
+        name: i64,
+    },
     /// A HotSpot frame as the BPF unwinder recorded it (see `profiler_common::FrameKind`); the
     /// top frame resolves differently from a return address, hence `top`.
     Java {
@@ -23,6 +29,18 @@ pub enum LocationKey {
         aux: u32,
         cookie: u32,
         top: bool,
+    },
+}
+
+/// One sample label: a string (`str`), or a number (`num`, with an optional unit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Label<'a> {
+    Str(&'a str, &'a str),
+    Num {
+        key: &'a str,
+        value: i64,
+        /// e.g. `bytes`; empty for none.
+        unit: &'a str,
     },
 }
 
@@ -58,6 +76,30 @@ impl ProfileBuilder {
         builder.profile.duration_nanos = duration.as_nanos() as i64;
         builder.profile.default_sample_type = cpu.r#type;
         builder
+    }
+
+    /// Carries on building `profile` (e.g. a copy of a finished one, to derive a variant):
+    /// its strings and functions are interned again; new locations must use keys of their own
+    /// (such as [`LocationKey::Thread`]), as the keys of its locations are not known.
+    pub fn resume(profile: proto::Profile) -> Self {
+        let strings = profile
+            .string_table
+            .iter()
+            .enumerate()
+            .map(|(index, value)| (value.clone(), index as i64))
+            .collect();
+        let functions = profile
+            .function
+            .iter()
+            .map(|f| ((f.name, f.system_name, f.filename), f.id))
+            .collect();
+        Self {
+            period_ns: profile.period,
+            profile,
+            strings,
+            functions,
+            locations: HashMap::new(),
+        }
     }
 
     pub fn string(&mut self, value: &str) -> i64 {
@@ -139,22 +181,47 @@ impl ProfileBuilder {
         id
     }
 
-    /// Adds `count` samples of one stack (location ids, innermost first).
+    /// Adds `count` samples of one stack (location ids, innermost first) with string labels.
     pub fn add_sample(&mut self, location_ids: Vec<u64>, count: u64, labels: &[(&str, &str)]) {
-        let label = labels
-            .iter()
-            .map(|(key, value)| proto::Label {
-                key: self.string(key),
-                str: self.string(value),
-                num: 0,
-                num_unit: 0,
-            })
-            .collect();
+        let labels: Vec<Label<'_>> = labels.iter().map(|(k, v)| Label::Str(k, v)).collect();
+        self.add_sample_with(location_ids, count, &labels);
+    }
+
+    /// Adds `count` samples of one stack (location ids, innermost first).
+    pub fn add_sample_with(&mut self, location_ids: Vec<u64>, count: u64, labels: &[Label<'_>]) {
+        let label = labels.iter().map(|label| self.label(label)).collect();
         self.profile.sample.push(proto::Sample {
             location_id: location_ids,
             value: vec![count as i64, count as i64 * self.period_ns],
             label,
         });
+    }
+
+    /// A label for a sample of this profile.
+    pub fn label(&mut self, label: &Label<'_>) -> proto::Label {
+        match *label {
+            Label::Str(key, value) => proto::Label {
+                key: self.string(key),
+                str: self.string(value),
+                num: 0,
+                num_unit: 0,
+            },
+            Label::Num { key, value, unit } => proto::Label {
+                key: self.string(key),
+                str: 0,
+                num: value,
+                num_unit: if unit.is_empty() {
+                    0
+                } else {
+                    self.string(unit)
+                },
+            },
+        }
+    }
+
+    /// The samples added so far, e.g. to change their labels or locations.
+    pub fn samples_mut(&mut self) -> &mut [proto::Sample] {
+        &mut self.profile.sample
     }
 
     pub fn finish(self) -> proto::Profile {
@@ -215,5 +282,57 @@ mod tests {
             .map(|l| (s(l.key), s(l.str)))
             .collect();
         assert_eq!(labels, vec![("pid", "1"), ("thread_name", "t")]);
+    }
+
+    #[test]
+    fn numeric_labels_and_resumed_builders() {
+        let mut builder = ProfileBuilder::new_cpu(100, SystemTime::UNIX_EPOCH, Duration::ZERO);
+        let main = builder.location(LocationKey::User(1), 1, &ResolvedFrame::named("main", None));
+        builder.add_sample_with(
+            vec![main],
+            2,
+            &[
+                Label::Str("thread_name", "t"),
+                Label::Num {
+                    key: "thread_id",
+                    value: 42,
+                    unit: "",
+                },
+                Label::Num {
+                    key: "size",
+                    value: 7,
+                    unit: "bytes",
+                },
+            ],
+        );
+        let profile = builder.finish();
+        let s = |p: &proto::Profile, i: i64| p.string_table[i as usize].clone();
+        let labels = &profile.sample[0].label;
+        assert_eq!(
+            (s(&profile, labels[1].key), labels[1].num),
+            ("thread_id".into(), 42)
+        );
+        assert_eq!((labels[1].str, labels[1].num_unit), (0, 0));
+        assert_eq!(s(&profile, labels[2].num_unit), "bytes");
+
+        // Resumed: known strings and functions are not added again.
+        let strings = profile.string_table.len();
+        let mut resumed = ProfileBuilder::resume(profile.clone());
+        assert_eq!(resumed.string("thread_name"), labels[0].key);
+        let again = resumed.location(
+            LocationKey::Marker(1),
+            0,
+            &ResolvedFrame::named("main", None),
+        );
+        let root = resumed.location(
+            LocationKey::Thread { tid: 42, name: 0 },
+            0,
+            &ResolvedFrame::named("[t tid=42]", None),
+        );
+        let derived = resumed.finish();
+        assert_eq!(derived.function.len(), 2, "main reused, the root added");
+        assert_eq!(derived.string_table.len(), strings + 1);
+        assert_eq!((again, root), (2, 3));
+        assert_eq!(derived.period, profile.period);
     }
 }

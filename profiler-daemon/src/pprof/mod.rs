@@ -3,7 +3,7 @@
 
 mod builder;
 
-pub use builder::{LocationKey, ProfileBuilder};
+pub use builder::{Label, LocationKey, ProfileBuilder};
 
 /// The protobuf types, generated at build time from `proto/pprof/profile.proto`.
 pub mod proto {

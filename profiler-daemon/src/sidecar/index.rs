@@ -71,6 +71,8 @@ pub struct SidecarIndex {
     refused: Option<&'static str>,
     /// The agent's latest status record.
     status: Option<record::AgentStatus>,
+    /// Java thread names by native thread id (kept across generations: each replays them).
+    pub threads: super::threads::ThreadNames,
 }
 
 /// Every label [`SidecarIndex::refused`] can give.
@@ -130,6 +132,7 @@ impl SidecarIndex {
             drops_counted: 0,
             refused: None,
             status: None,
+            threads: super::threads::ThreadNames::new(pid, nspid),
         }
     }
 
@@ -219,6 +222,8 @@ impl SidecarIndex {
                     self.status = Some(status);
                 }
             }
+            Update::Record(Record::ThreadStart { tid, name }) => self.threads.started(tid, &name),
+            Update::Record(Record::ThreadEnd { tid }) => self.threads.ended(tid),
             Update::Record(_) => {}
         }
     }

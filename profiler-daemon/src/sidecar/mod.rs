@@ -1,10 +1,11 @@
 //! The JVMTI sidecar from the daemon's side: loading the agent (`profiler-jvmti`) into running
 //! JVMs ([`attach`], when [`policy`] says so) and keeping what it recorded at hand for the Java
-//! symbolizer ([`index`]).
+//! symbolizer ([`index`]), and the Java thread names it reported ([`threads`]).
 
 pub mod attach;
 pub mod index;
 pub mod policy;
+pub mod threads;
 
 pub use attach::{attach, Attached};
 pub use index::SidecarIndex;

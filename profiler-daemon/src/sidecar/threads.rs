@@ -1,0 +1,256 @@
+//! Full Java thread names from the sidecar agent, by native thread id.
+//!
+//! The kernel keeps 15 bytes of a thread's name (`comm`): `http-nio-8080-exec-12` is sampled as
+//! `http-nio-8080-e`, like every other thread of its pool. The agent writes a
+//! [`Record::ThreadStart`](profiler_jvmti_records::record::Record::ThreadStart) (tid from
+//! `gettid()` on the new thread, full Java name) for each thread started while it is loaded, and
+//! a `ThreadEnd` when it ends; this map keeps them, bounded, per JVM.
+//!
+//! A name is only used when the sampled `comm` confirms it: HotSpot names a Java thread's native
+//! thread after the first 15 bytes of its Java name, so `comm` must be exactly that prefix.
+//! That rules out a tid the kernel reused for another thread whose end the agent missed, a
+//! thread renamed since (`Thread.setName` on the thread itself renames its native thread
+//! too), and threads the JVM did not name (the `main` thread runs as `java`): those keep
+//! `comm`.
+//!
+//! The agent's tids are those of the JVM's pid namespace; samples carry host tids. For a JVM in
+//! its own pid namespace, a host tid is translated once through `/proc/PID/task/TID/status`
+//! (`NSpid`), and remembered.
+//!
+//! Names are the JVM user's input: cut to [`MAX_THREAD_NAME_BYTES`] on a character boundary,
+//! control characters replaced by `?`.
+
+use std::collections::HashMap;
+
+use profiler_jvmti_records::record::MAX_THREAD_NAME_BYTES;
+
+use crate::untrusted;
+
+/// Bound on names kept per JVM (live threads; a JVM with more is rare). Past it new threads
+/// keep their `comm` until others end.
+pub const MAX_THREADS: usize = 16_384;
+/// Bound on remembered host -> namespace tid translations per JVM; cleared when reached.
+const MAX_TRANSLATIONS: usize = 16_384;
+/// A task's status file is small; anything longer is refused.
+const MAX_STATUS_BYTES: usize = 64 << 10;
+
+/// Where a thread's name in a profile comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NameSource {
+    /// The full Java name, from the sidecar agent.
+    Sidecar,
+    /// The kernel's `comm`, at most 15 bytes.
+    Comm,
+}
+
+impl NameSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sidecar => "sidecar",
+            Self::Comm => "comm",
+        }
+    }
+}
+
+/// The thread names of one JVM.
+pub struct ThreadNames {
+    /// Host pid, to translate host tids; None when the JVM shares the daemon's pid namespace.
+    translate_in: Option<u32>,
+    /// Namespace tid -> sanitized name.
+    names: HashMap<u32, Box<str>>,
+    /// Host tid -> namespace tid (None: the task is gone or unreadable).
+    translated: HashMap<u32, Option<u32>>,
+    /// Names not kept because the map was full.
+    pub refused: u64,
+}
+
+impl ThreadNames {
+    /// For the JVM of host pid `pid`, whose pid in its own namespace is `nspid`.
+    pub fn new(pid: u32, nspid: u32) -> Self {
+        Self {
+            translate_in: (pid != nspid).then_some(pid),
+            names: HashMap::new(),
+            translated: HashMap::new(),
+            refused: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// Thread `tid` (namespace tid) started, or was replayed, under `name`.
+    pub fn started(&mut self, tid: u32, name: &str) {
+        if self.names.len() >= MAX_THREADS && !self.names.contains_key(&tid) {
+            self.refused += 1;
+            return;
+        }
+        self.names.insert(tid, sanitize(name).into_boxed_str());
+    }
+
+    pub fn ended(&mut self, tid: u32) {
+        self.names.remove(&tid);
+    }
+
+    /// Another agent instance: what the previous one said no longer holds.
+    pub fn clear(&mut self) {
+        self.names.clear();
+        self.translated.clear();
+    }
+
+    /// The name of host thread `host_tid` sampled as `comm`: the agent's full name when `comm`
+    /// confirms it, else `comm` itself.
+    pub fn name_of(&mut self, host_tid: u32, comm: &str) -> (String, NameSource) {
+        let full = self
+            .namespace_tid(host_tid)
+            .and_then(|tid| self.names.get(&tid))
+            .filter(|name| confirms(comm, name));
+        match full {
+            Some(name) => (name.to_string(), NameSource::Sidecar),
+            None => (comm.to_string(), NameSource::Comm),
+        }
+    }
+
+    fn namespace_tid(&mut self, host_tid: u32) -> Option<u32> {
+        if self.names.is_empty() {
+            return None;
+        }
+        let Some(pid) = self.translate_in else {
+            return Some(host_tid);
+        };
+        if let Some(&known) = self.translated.get(&host_tid) {
+            return known;
+        }
+        if self.translated.len() >= MAX_TRANSLATIONS {
+            self.translated.clear();
+        }
+        let tid =
+            untrusted::read_proc_text(pid, &format!("task/{host_tid}/status"), MAX_STATUS_BYTES)
+                .ok()
+                .and_then(|status| innermost_nspid(&status));
+        self.translated.insert(host_tid, tid);
+        tid
+    }
+}
+
+/// The last id of the `NSpid:` line of a status file: the id in the innermost namespace.
+fn innermost_nspid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
+/// Whether the kernel's `comm` is what HotSpot makes of `name`: its first 15 bytes (cut
+/// anywhere, even inside a character, hence the lossy end tolerated below).
+fn confirms(comm: &str, name: &str) -> bool {
+    const COMM_BYTES: usize = profiler_common::COMM_LEN - 1;
+    if comm.is_empty() {
+        return false;
+    }
+    if comm.len() < COMM_BYTES {
+        return comm == name;
+    }
+    // A cut inside a multi-byte character shows as U+FFFD at the end of the lossy comm.
+    let comm = comm.trim_end_matches(char::REPLACEMENT_CHARACTER);
+    name.len() > comm.len() && name.starts_with(comm) || name == comm
+}
+
+/// `name` bounded to [`MAX_THREAD_NAME_BYTES`] (on a character boundary) with control
+/// characters replaced by `?`.
+pub fn sanitize(name: &str) -> String {
+    let mut out = String::with_capacity(name.len().min(MAX_THREAD_NAME_BYTES));
+    for c in name.chars() {
+        let c = if c.is_control() { '?' } else { c };
+        if out.len() + c.len_utf8() > MAX_THREAD_NAME_BYTES {
+            break;
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_name_is_used_when_comm_confirms_it() {
+        let mut names = ThreadNames::new(7, 7);
+        names.started(100, "http-nio-8080-exec-12");
+        names.started(101, "short");
+        names.started(102, "main");
+        assert_eq!(
+            names.name_of(100, "http-nio-8080-e"),
+            ("http-nio-8080-exec-12".into(), NameSource::Sidecar)
+        );
+        assert_eq!(
+            names.name_of(101, "short"),
+            ("short".into(), NameSource::Sidecar)
+        );
+        // The main thread's native name is not its Java name.
+        assert_eq!(
+            names.name_of(102, "java"),
+            ("java".into(), NameSource::Comm)
+        );
+        // A reused tid, or a thread renamed since: comm disagrees.
+        assert_eq!(
+            names.name_of(100, "GC Thread#0"),
+            ("GC Thread#0".into(), NameSource::Comm)
+        );
+        // A name shorter than 15 bytes must match exactly.
+        assert_eq!(names.name_of(101, "sho"), ("sho".into(), NameSource::Comm));
+        // Unknown thread.
+        assert_eq!(
+            names.name_of(5, "worker"),
+            ("worker".into(), NameSource::Comm)
+        );
+        names.ended(100);
+        assert_eq!(names.name_of(100, "http-nio-8080-e").1, NameSource::Comm);
+    }
+
+    #[test]
+    fn a_comm_cut_inside_a_character_still_confirms() {
+        // 14 ASCII bytes and a 2-byte character: comm keeps its first byte, read lossily.
+        let name = "pool-worker-ab\u{e9}-1";
+        let comm = String::from_utf8_lossy(&name.as_bytes()[..15]).into_owned();
+        let mut names = ThreadNames::new(1, 1);
+        names.started(3, name);
+        assert_eq!(names.name_of(3, &comm), (name.into(), NameSource::Sidecar));
+    }
+
+    #[test]
+    fn names_are_bounded_and_sanitized() {
+        assert_eq!(sanitize("a\nb\u{1b}[31mc"), "a?b?[31mc");
+        let long = "\u{e9}".repeat(MAX_THREAD_NAME_BYTES);
+        let cut = sanitize(&long);
+        assert!(cut.len() <= MAX_THREAD_NAME_BYTES && cut.len() >= MAX_THREAD_NAME_BYTES - 1);
+        assert!(cut.chars().all(|c| c == '\u{e9}'));
+
+        let mut names = ThreadNames::new(1, 1);
+        for tid in 0..MAX_THREADS as u32 + 10 {
+            names.started(tid, "t");
+        }
+        assert_eq!((names.len(), names.refused), (MAX_THREADS, 10));
+        // A known thread may still be renamed when full.
+        names.started(0, "u");
+        assert_eq!(names.name_of(0, "u").1, NameSource::Sidecar);
+        names.clear();
+        assert!(names.is_empty());
+    }
+
+    #[test]
+    fn the_innermost_namespace_tid_is_read_from_nspid() {
+        let status = "Name:\tjava\nTgid:\t10\nNSpid:\t4711\t12\nUid:\t0\n";
+        assert_eq!(innermost_nspid(status), Some(12));
+        assert_eq!(innermost_nspid("NSpid:\t4711\n"), Some(4711));
+        assert_eq!(innermost_nspid("Name:\tx\n"), None);
+    }
+}
