@@ -9,10 +9,11 @@ use profiler_common::UnwindEnd;
 use crate::aggregate::ProcessStacks;
 use crate::hotspot::jvm::{Jvm, LayoutCache};
 use crate::hotspot::remote::ProcessMemory;
-use crate::hotspot::symbolize::JavaSymbolizer;
+use crate::java_names::UnnamedCounts;
 use crate::pprof::{proto, LocationKey, ProfileBuilder};
 use crate::process::ProcessTable;
 use crate::record::comm_to_string;
+use crate::symbolize::java::JavaSymbolizer;
 use crate::symbolize::kernel::KernelSymbolizer;
 use crate::symbolize::native::NativeSymbolizer;
 use crate::symbolize::ResolvedFrame;
@@ -23,6 +24,8 @@ pub struct Symbolizers {
     pub native: NativeSymbolizer,
     pub kernel: KernelSymbolizer,
     pub java: JavaSymbolizer<ProcessMemory>,
+    /// Java marker frames put in profiles, by reason (shared with the metrics endpoint).
+    pub java_unnamed: Arc<UnnamedCounts>,
     /// VMStructs layouts by libjvm build-id, for JVMs met by the Java symbolizer.
     pub layouts: LayoutCache,
     /// Append frame-kind suffixes (`_[j]`, `_[i]`, `_[0]`, `_[1]`, `_[k]`).
@@ -37,6 +40,7 @@ impl Symbolizers {
             native: NativeSymbolizer::new(),
             kernel: KernelSymbolizer::new(),
             java: JavaSymbolizer::new(annotate),
+            java_unnamed: Arc::default(),
             layouts: LayoutCache::default(),
             annotate,
             attacher: crate::sidecar::Attacher::default(),
@@ -186,7 +190,15 @@ pub fn build(
                     top,
                 };
                 let java = &mut symbolizers.java;
-                locations.push(builder.location_with(key, 0, || java.resolve(pid, &user, top)));
+                let unnamed = &symbolizers.java_unnamed;
+                // Counted once per location of the profile, as it shows them (not per sample).
+                locations.push(builder.location_with(key, 0, || {
+                    let named = java.resolve(pid, &user, top);
+                    for reason in &named.unnamed {
+                        unnamed.add(*reason);
+                    }
+                    named.frame
+                }));
             }
         }
         if let Some(marker) = truncation_marker(view.user_end()) {
