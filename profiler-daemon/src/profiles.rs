@@ -194,9 +194,7 @@ pub fn build(
                 // Counted once per location of the profile, as it shows them (not per sample).
                 locations.push(builder.location_with(key, 0, || {
                     let named = java.resolve(pid, &user, top);
-                    for reason in &named.unnamed {
-                        unnamed.add(*reason);
-                    }
+                    unnamed.add_all(&named.unnamed);
                     named.frame
                 }));
             }

@@ -251,3 +251,269 @@ fn from_record(
         .collect();
     Some(Named::from_lines(lines, true))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::java_names::reason::UnnamedCounts;
+
+    const ROOT: u64 = 0x1000;
+    const INLINED: u64 = 0x2000;
+
+    fn method(class: &str, name: &str) -> Arc<MethodInfo> {
+        Arc::new(MethodInfo::from_internal(
+            class,
+            name.into(),
+            "()J".into(),
+            Some("Gen.java"),
+            vec![(0, 10), (5, 11)],
+        ))
+    }
+
+    /// Memory's names of an nmethod of `ROOT` with `INLINED` inlined.
+    fn memory_names(root: MethodName, inlined: MethodName) -> HashMap<u64, MethodName> {
+        HashMap::from([(ROOT, root), (INLINED, inlined)])
+    }
+
+    fn nmethod(names: &HashMap<u64, MethodName>) -> Result<CodeNames<'_>, UnnamedReason> {
+        Ok(CodeNames::Nmethod(NmethodNames {
+            method: ROOT,
+            comp_level: 4,
+            names,
+        }))
+    }
+
+    /// The agent's record of the nmethod of `ROOT`: `root` inlining `inlined` at pc 0x10.
+    fn record(root: Arc<MethodInfo>, inlined: Arc<MethodInfo>) -> RecordedNmethod {
+        RecordedNmethod {
+            method_ptr: ROOT,
+            code_size: 0x40,
+            methods: vec![root, inlined],
+            pcs: vec![(0x10, vec![(1, 2), (0, 5)]), (0x30, vec![(0, 6)])],
+        }
+    }
+
+    fn memory_chain() -> Vec<(u64, i32)> {
+        vec![(INLINED, 2), (ROOT, 5)]
+    }
+
+    const AT_CALL: CodePc = CodePc {
+        offset: 0x10,
+        top: false,
+    };
+
+    fn functions(named: &Named) -> Vec<&str> {
+        named
+            .frame
+            .lines
+            .iter()
+            .map(|line| line.function.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn a_record_memory_confirms_names_the_frame() {
+        let names = memory_names(Ok(method("G1", "outer")), Ok(method("G1", "inner")));
+        let recorded = record(method("G1", "outer"), method("G1", "agent_inner"));
+        let named = compiled(
+            nmethod(&names),
+            Some(&recorded),
+            || panic!("memory's chain is not needed"),
+            AT_CALL,
+            true,
+        );
+        assert!(named.from_sidecar);
+        assert_eq!(functions(&named), ["G1.agent_inner_[i]", "G1.outer_[j]"]);
+        assert_eq!(named.frame.lines[1].line, 11);
+        assert!(named.unnamed.is_empty());
+        // The interrupted pc at 0x10 is in the region the record at 0x30 ends.
+        let top = compiled(
+            nmethod(&names),
+            Some(&recorded),
+            Vec::new,
+            CodePc {
+                offset: 0x10,
+                top: true,
+            },
+            false,
+        );
+        assert_eq!(functions(&top), ["G1.outer"]);
+    }
+
+    #[test]
+    fn a_record_memory_contradicts_is_never_used() {
+        // The code and Method* were reused by the next generation of a same-shape class: the
+        // record (not yet unloaded) names G1, memory G2.
+        let names = memory_names(Ok(method("G2", "outer")), Ok(method("G2", "inner")));
+        let recorded = record(method("G1", "outer"), method("G1", "inner"));
+        let named = compiled(
+            nmethod(&names),
+            Some(&recorded),
+            memory_chain,
+            AT_CALL,
+            false,
+        );
+        assert!(!named.from_sidecar);
+        assert_eq!(functions(&named), ["G2.inner", "G2.outer"]);
+
+        // A different signature is a different method too.
+        let mut other = MethodInfo::clone(&method("G2", "outer"));
+        other.signature = "()V".into();
+        let recorded = record(Arc::new(other), method("G2", "inner"));
+        let named = compiled(
+            nmethod(&names),
+            Some(&recorded),
+            memory_chain,
+            AT_CALL,
+            false,
+        );
+        assert!(!named.from_sidecar);
+    }
+
+    #[test]
+    fn a_record_memory_cannot_confirm_leaves_markers_not_its_names() {
+        // Memory could not read the nmethod's methods: the record is not checked, so not used.
+        let names = memory_names(
+            Err(UnnamedReason::Unreadable),
+            Err(UnnamedReason::Unreadable),
+        );
+        let recorded = record(method("G1", "outer"), method("G1", "inner"));
+        let named = compiled(
+            nmethod(&names),
+            Some(&recorded),
+            memory_chain,
+            AT_CALL,
+            true,
+        );
+        assert!(!named.from_sidecar);
+        assert_eq!(
+            functions(&named),
+            [
+                "[unknown java method: unreadable]_[i]",
+                "[unknown java method: unreadable]_[j]"
+            ]
+        );
+        assert_eq!(
+            named.unnamed,
+            [UnnamedReason::Unreadable, UnnamedReason::Unreadable]
+        );
+        assert!(named.frame.lines.iter().all(|line| line.file.is_none()));
+    }
+
+    #[test]
+    fn a_record_of_other_code_is_not_used() {
+        let names = memory_names(Ok(method("G1", "outer")), Ok(method("G1", "inner")));
+        // Another Method* at the same code start.
+        let mut recorded = record(method("G1", "outer"), method("G1", "agent_inner"));
+        recorded.method_ptr = 0x9999;
+        let named = compiled(
+            nmethod(&names),
+            Some(&recorded),
+            memory_chain,
+            AT_CALL,
+            false,
+        );
+        assert_eq!(functions(&named), ["G1.inner", "G1.outer"]);
+        // A pc past the recorded code.
+        recorded.method_ptr = ROOT;
+        let past = CodePc {
+            offset: 0x41,
+            top: false,
+        };
+        let named = compiled(nmethod(&names), Some(&recorded), memory_chain, past, false);
+        assert!(!named.from_sidecar);
+        // No record at the pc (past the last one): memory's chain.
+        let last = CodePc {
+            offset: 0x30,
+            top: true,
+        };
+        let named = compiled(nmethod(&names), Some(&recorded), memory_chain, last, false);
+        assert!(!named.from_sidecar);
+    }
+
+    #[test]
+    fn without_debug_info_at_the_pc_the_method_alone_is_shown() {
+        let names = memory_names(Ok(method("G1", "outer")), Ok(method("G1", "inner")));
+        let named = compiled(nmethod(&names), None, Vec::new, AT_CALL, true);
+        assert_eq!(functions(&named), ["G1.outer_[j]"]);
+        assert_eq!(named.frame.lines[0].line, 0);
+        let c1 = HashMap::from([(ROOT, Ok(method("G1", "outer")))]);
+        let named = compiled(
+            Ok(CodeNames::Nmethod(NmethodNames {
+                method: ROOT,
+                comp_level: 3,
+                names: &c1,
+            })),
+            None,
+            memory_chain,
+            AT_CALL,
+            true,
+        );
+        // A scope method missing from the names read with the nmethod is not guessed.
+        assert_eq!(
+            functions(&named),
+            ["[unknown java method: unreadable]_[i]", "G1.outer_[1]"]
+        );
+    }
+
+    #[test]
+    fn stubs_are_named_by_their_blob_and_misses_by_their_reason() {
+        let stub = compiled(
+            Ok(CodeNames::Stub {
+                name: "vtable chunks",
+            }),
+            None,
+            Vec::new,
+            AT_CALL,
+            true,
+        );
+        assert_eq!(functions(&stub), ["[vtable chunks]"]);
+        assert!(stub.unnamed.is_empty());
+        let reused = compiled(
+            Err(UnnamedReason::CodeReused),
+            None,
+            Vec::new,
+            AT_CALL,
+            true,
+        );
+        assert_eq!(
+            functions(&reused),
+            ["[unknown compiled frame: code_reused]"]
+        );
+        let interpreted_miss = interpreted(Err(UnnamedReason::MethodReused), Some(3), true);
+        assert_eq!(
+            functions(&interpreted_miss),
+            ["[unknown java method: method_reused]_[0]"]
+        );
+        let method = method("A", "m");
+        let named = interpreted(Ok(&method), Some(7), false);
+        assert_eq!(functions(&named), ["A.m"]);
+        assert_eq!(named.frame.lines[0].line, 11);
+        assert_eq!(named.frame.lines[0].system_name.as_deref(), Some("A.m()J"));
+    }
+
+    #[test]
+    fn every_reason_increments_its_own_counter() {
+        let counts = UnnamedCounts::default();
+        for reason in UnnamedReason::ALL {
+            let before: Vec<u64> = UnnamedReason::ALL.iter().map(|r| counts.get(*r)).collect();
+            // Each way a miss reaches a profile: a whole frame, a compiled frame, a method.
+            let frame = Named::unknown(Unnamed::Frame, reason);
+            let code = compiled(Err(reason), None, Vec::new, AT_CALL, false);
+            let method = interpreted(Err(reason), None, false);
+            for named in [&frame, &code, &method] {
+                assert_eq!(named.unnamed, [reason]);
+                assert!(functions(named)[0].contains(reason.name()));
+                counts.add_all(&named.unnamed);
+            }
+            for (other, was) in UnnamedReason::ALL.iter().zip(before) {
+                let expected = if *other == reason { was + 3 } else { was };
+                assert_eq!(
+                    counts.get(*other),
+                    expected,
+                    "{reason:?} counted as {other:?}"
+                );
+            }
+        }
+    }
+}

@@ -85,6 +85,13 @@ impl UnnamedCounts {
         self.0[reason as usize].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts the markers of one frame (see `Named::unnamed`).
+    pub fn add_all(&self, reasons: &[UnnamedReason]) {
+        for reason in reasons {
+            self.add(*reason);
+        }
+    }
+
     pub fn get(&self, reason: UnnamedReason) -> u64 {
         self.0[reason as usize].load(Ordering::Relaxed)
     }
