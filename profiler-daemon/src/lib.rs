@@ -7,6 +7,7 @@ pub mod container;
 pub mod daemon;
 pub mod export;
 pub mod hotspot;
+pub mod java_names;
 pub mod jvm_info;
 pub mod kubernetes;
 pub mod metrics;

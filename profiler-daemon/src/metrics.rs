@@ -29,6 +29,8 @@ pub struct WorkerCounters {
     pub symbol_cache: Arc<crate::symbolize::cache_budget::CacheStats>,
     /// JVMs whose records file was last refused, per `sidecar::index::REFUSAL_REASONS`.
     pub sidecar_records_refused: [AtomicU64; crate::sidecar::index::REFUSAL_REASONS.len()],
+    /// Java marker frames put in profiles, by reason.
+    pub java_unnamed: Arc<crate::java_names::UnnamedCounts>,
 }
 
 /// What one scrape reports.
@@ -231,6 +233,24 @@ pub fn render(s: &Snapshot, worker: &WorkerCounters) -> String {
          owner or oversized file in the JVM's /tmp; frames are then named from memory).",
         &refused,
     );
+    let unnamed: Vec<(String, u64)> = crate::java_names::UnnamedReason::ALL
+        .iter()
+        .map(|reason| {
+            (
+                format!("reason=\"{}\"", reason.name()),
+                worker.java_unnamed.get(*reason),
+            )
+        })
+        .collect();
+    let unnamed: Vec<(&str, u64)> = unnamed.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+    metric(
+        &mut out,
+        "profiler_java_frames_unnamed_total",
+        "counter",
+        "Java frames shown as an unknown marker instead of a name, by reason; counted once per \
+         distinct frame of each profile (process and interval), not per sample.",
+        &unnamed,
+    );
     metric(
         &mut out,
         "profiler_jvms",
@@ -415,6 +435,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("profiler_records_total 5"), "{text}");
+        assert!(
+            text.contains("profiler_java_frames_unnamed_total{reason=\"method_reused\"} 0"),
+            "{text}"
+        );
         assert!(text.contains("# TYPE profiler_jvms gauge"), "{text}");
         assert!(
             text.contains("profiler_bpf_map_capacity{map=\"java_threads\"} 65536"),

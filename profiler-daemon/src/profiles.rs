@@ -28,11 +28,12 @@ use profiler_common::UnwindEnd;
 use crate::aggregate::ProcessStacks;
 use crate::hotspot::jvm::{Jvm, LayoutCache};
 use crate::hotspot::remote::ProcessMemory;
-use crate::hotspot::symbolize::JavaSymbolizer;
+use crate::java_names::UnnamedCounts;
 use crate::pprof::{proto, Label, LocationKey, ProfileBuilder};
 use crate::process::ProcessTable;
 use crate::record::comm_to_string;
 use crate::sidecar::threads::NameSource;
+use crate::symbolize::java::JavaSymbolizer;
 use crate::symbolize::kernel::KernelSymbolizer;
 use crate::symbolize::native::NativeSymbolizer;
 use crate::symbolize::ResolvedFrame;
@@ -43,6 +44,8 @@ pub struct Symbolizers {
     pub native: NativeSymbolizer,
     pub kernel: KernelSymbolizer,
     pub java: JavaSymbolizer<ProcessMemory>,
+    /// Java marker frames put in profiles, by reason (shared with the metrics endpoint).
+    pub java_unnamed: Arc<UnnamedCounts>,
     /// VMStructs layouts by libjvm build-id, for JVMs met by the Java symbolizer.
     pub layouts: LayoutCache,
     /// Append frame-kind suffixes (`_[j]`, `_[i]`, `_[0]`, `_[1]`, `_[k]`).
@@ -57,6 +60,7 @@ impl Symbolizers {
             native: NativeSymbolizer::new(),
             kernel: KernelSymbolizer::new(),
             java: JavaSymbolizer::new(annotate),
+            java_unnamed: Arc::default(),
             layouts: LayoutCache::default(),
             annotate,
             attacher: crate::sidecar::Attacher::default(),
@@ -236,7 +240,13 @@ pub fn build(
                     top,
                 };
                 let java = &mut symbolizers.java;
-                locations.push(builder.location_with(key, 0, || java.resolve(pid, &user, top)));
+                let unnamed = &symbolizers.java_unnamed;
+                // Counted once per location of the profile, as it shows them (not per sample).
+                locations.push(builder.location_with(key, 0, || {
+                    let named = java.resolve(pid, &user, top);
+                    unnamed.add_all(&named.unnamed);
+                    named.frame
+                }));
             }
         }
         if let Some(marker) = truncation_marker(view.user_end()) {

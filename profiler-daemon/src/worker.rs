@@ -49,9 +49,11 @@ impl Worker {
         annotate_frames: bool,
         counters: Arc<WorkerCounters>,
     ) -> Self {
+        let mut symbolizers = Symbolizers::new(annotate_frames);
+        symbolizers.java_unnamed = counters.java_unnamed.clone();
         Self {
             processes: ProcessTable::default(),
-            symbolizers: Symbolizers::new(annotate_frames),
+            symbolizers,
             writer,
             exports,
             naming,
@@ -90,6 +92,8 @@ impl Worker {
                 Work::Interval(interval) => self.write_interval(interval),
                 Work::ResolveJava { pid, frames } => {
                     if self.symbolizers.ensure_jvm(pid, &self.processes) {
+                        // Only to read names while they exist: misses are counted when a
+                        // profile shows them.
                         for (frame, top) in frames {
                             self.symbolizers.java.resolve(pid, &frame, top);
                         }

@@ -5,7 +5,7 @@
 //! unknown, never under another generation's name. From memory alone and with the JVMTI sidecar,
 //! on JDK 17, 21 and 25 (`NAMES_JDK=25` runs one).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use profiler_tests::*;
@@ -21,6 +21,32 @@ struct Tally {
     java_frames: i64,
     named_java_frames: i64,
     examples: Vec<String>,
+    /// Marker lines of Java locations in all profiles, by the reason they name: what
+    /// `profiler_java_frames_unnamed_total` counts (once per location of each profile).
+    markers: BTreeMap<String, u64>,
+    /// `profiler_java_frames_unnamed_total` by reason, scraped between the first and the last
+    /// profile.
+    scraped: BTreeMap<String, u64>,
+}
+
+/// Every `profiler_java_frames_unnamed_total` reason.
+const UNNAMED_REASONS: [&str; 7] = [
+    "no_jvm",
+    "bad_frame_kind",
+    "unreadable",
+    "missing_field",
+    "over_bound",
+    "method_reused",
+    "code_reused",
+];
+
+/// The reason in `[unknown java method: method_reused]_[j]`, for a Java marker.
+fn marker_reason(name: &str) -> Option<&str> {
+    if !name.starts_with("[unknown java") && !name.starts_with("[unknown compiled") {
+        return None;
+    }
+    let at = name.find(": ")? + 2;
+    name.get(at..at + name[at..].find(']')?)
 }
 
 /// The 4-digit generation in `NameChurn$G0042Outer.getAsLong_[j]`.
@@ -32,6 +58,18 @@ fn tag(name: &str) -> Option<&str> {
 fn tally(dir: &std::path::Path, pid: u32) -> Tally {
     let mut tally = Tally::default();
     for (_, profile) in profiles_of(dir, pid).expect("profiles") {
+        for location in &profile.location {
+            for line in &location.line {
+                let name = profile
+                    .function
+                    .iter()
+                    .find(|f| f.id == line.function_id)
+                    .map_or("", |f| profile.string_table[f.name as usize].as_str());
+                if let Some(reason) = marker_reason(name) {
+                    *tally.markers.entry(reason.to_owned()).or_default() += 1;
+                }
+            }
+        }
         for sample in &profile.sample {
             if label(&profile, sample, "thread_name") != Some("gen-churn") {
                 continue;
@@ -82,6 +120,12 @@ fn run(jdk: &Jdk, classes: &std::path::Path, with_agent: bool) -> Tally {
     std::thread::sleep(Duration::from_secs(2));
     let dir = tempfile::tempdir().expect("tempdir");
     let pid = jvm.pid().to_string();
+    let metrics = free_local_address().expect("a free port");
+    // After the first profile (at 5 s), before the last (at 10 s).
+    let scrape = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(7500));
+        scrape_metrics(metrics)
+    });
     let output = run_daemon(
         &[
             "--pid",
@@ -92,6 +136,8 @@ fn run(jdk: &Jdk, classes: &std::path::Path, with_agent: bool) -> Tally {
             "5",
             "--duration",
             "10",
+            "--metrics-listen",
+            &metrics.to_string(),
             "--output",
             dir.path().to_str().expect("utf-8"),
         ],
@@ -103,7 +149,20 @@ fn run(jdk: &Jdk, classes: &std::path::Path, with_agent: bool) -> Tally {
         std::path::Path::new(&format!("/proc/{pid}")).exists(),
         "the JVM survived"
     );
-    tally(dir.path(), jvm.pid())
+    let page = scrape
+        .join()
+        .expect("scrape")
+        .expect("metrics endpoint answers");
+    let mut tally = tally(dir.path(), jvm.pid());
+    for reason in UNNAMED_REASONS {
+        let value = metric_value(
+            &page,
+            &format!("profiler_java_frames_unnamed_total{{reason=\"{reason}\"}}"),
+        )
+        .unwrap_or_else(|| panic!("no profiler_java_frames_unnamed_total for {reason}: {page}"));
+        tally.scraped.insert(reason.to_owned(), value);
+    }
+    tally
 }
 
 #[test]
@@ -122,12 +181,15 @@ fn generations_of_same_shape_classes_are_never_named_after_each_other() {
             let named = t.named_java_frames as f64 / t.java_frames.max(1) as f64;
             println!(
                 "JDK {} ({source}): {} churn samples, {} with two generations, {:.1}% of {} Java \
-                 frames named{}",
+                 frames named; markers by reason in the profiles {:?}, counted at the scrape \
+                 {:?}{}",
                 jdk.major,
                 t.samples,
                 t.mixed,
                 100.0 * named,
                 t.java_frames,
+                t.markers,
+                t.scraped,
                 t.examples
                     .iter()
                     .map(|e| format!("\n    mixed: {e}"))
@@ -139,6 +201,24 @@ fn generations_of_same_shape_classes_are_never_named_after_each_other() {
                 jdk.major,
                 t.samples
             );
+            // Every marker names a known reason, and the counter (scraped mid-run) has not
+            // counted more than all the profiles show.
+            for (reason, shown) in &t.markers {
+                let scraped = t.scraped.get(reason).copied();
+                assert!(
+                    scraped.is_some_and(|scraped| scraped <= *shown),
+                    "JDK {} ({source}): marker reason {reason} shown {shown} times, counted \
+                     {scraped:?}",
+                    jdk.major
+                );
+            }
+            for (reason, scraped) in &t.scraped {
+                assert!(
+                    *scraped <= t.markers.get(reason).copied().unwrap_or(0),
+                    "JDK {} ({source}): {reason} counted {scraped} times, shown less",
+                    jdk.major
+                );
+            }
             let floor = if with_agent { 0.95 } else { 0.90 };
             // The target is 0. It used to be about 0.3%: the cookie then mixed only a 16-bit
             // hash of the class name, and among hundreds of generations sharing one Method*

@@ -1,10 +1,11 @@
 //! What the sidecar agent recorded in one JVM, indexed by code address and kept current from its
 //! records file (read incrementally, at most every [`REFRESH_EVERY`]).
 //!
-//! The Java symbolizer asks it first for compiled frames: the agent's inline chains and line
-//! tables were resolved by the JVM itself when the code was installed, so they stay right after
-//! the class metadata moves or is freed. Anything it does not know falls back to reading the
-//! JVM's memory.
+//! A name source of [`crate::java_names`]: this module only parses the agent's records into
+//! [`RecordedNmethod`]s (names normalised as memory's are); which frames they name, and how they
+//! are checked against the JVM's memory, is the naming policy's business. The agent's inline
+//! chains and line tables were resolved by the JVM itself when the code was installed, so they
+//! stay right after the class metadata moves or is freed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 use profiler_jvmti_records::channel::{ReadError, Reader, Update};
 use profiler_jvmti_records::record::{self, AgentStats, Record};
 
-use crate::hotspot::symbolize::{stable_class_name, MethodInfo};
+use crate::java_names::{internal_of_signature, MethodInfo, RecordedNmethod};
 use crate::untrusted::{self, Refused};
 
 const REFRESH_EVERY: Duration = Duration::from_millis(250);
@@ -23,44 +24,10 @@ const LOOK_FOR_AGENT_EVERY: Duration = Duration::from_secs(2);
 /// Bound on indexed nmethods per JVM (a code cache holds far fewer).
 const MAX_NMETHODS: usize = 500_000;
 
-/// One nmethod as the agent described it.
-#[derive(Debug)]
-pub struct SidecarNmethod {
-    /// The `Method*` of the compiled method (0 if the agent could not tell).
-    pub method_ptr: u64,
-    pub code_size: u32,
-    pub methods: Vec<Arc<MethodInfo>>,
-    /// (pc offset from the code start, chain innermost first as (method index, bci)), sorted.
-    pub pcs: Vec<(u32, Vec<(u32, i32)>)>,
-}
-
-impl SidecarNmethod {
-    /// The inline chain at `pc_offset`, innermost first; same pc rule as the memory path: a
-    /// return address matches its record exactly, a sampled pc takes the first record past it.
-    pub fn chain(&self, pc_offset: u32, top: bool) -> Vec<(Arc<MethodInfo>, i32)> {
-        let index = if top {
-            self.pcs.partition_point(|(offset, _)| *offset <= pc_offset)
-        } else {
-            self.pcs.partition_point(|(offset, _)| *offset < pc_offset)
-        };
-        let Some((_, frames)) = self.pcs.get(index) else {
-            return Vec::new();
-        };
-        frames
-            .iter()
-            .filter_map(|(method, bci)| Some((self.methods.get(*method as usize)?.clone(), *bci)))
-            .collect()
-    }
-
-    pub fn root(&self) -> Option<&Arc<MethodInfo>> {
-        self.methods.first()
-    }
-}
-
 /// The sidecar view of one JVM.
 pub struct SidecarIndex {
     reader: Reader,
-    nmethods: HashMap<u64, Arc<SidecarNmethod>>,
+    nmethods: HashMap<u64, Arc<RecordedNmethod>>,
     last_refresh: Option<Instant>,
     /// Whether any records file was seen: the agent is (or was) loaded.
     pub active: bool,
@@ -229,7 +196,7 @@ impl SidecarIndex {
     }
 
     /// The nmethod whose code starts at `code_begin`, if the agent reported it.
-    pub fn nmethod(&self, code_begin: u64) -> Option<&Arc<SidecarNmethod>> {
+    pub fn nmethod(&self, code_begin: u64) -> Option<&Arc<RecordedNmethod>> {
         self.nmethods.get(&code_begin)
     }
 
@@ -260,7 +227,7 @@ impl SidecarIndex {
     }
 }
 
-fn convert(compiled: record::CompiledMethod) -> SidecarNmethod {
+fn convert(compiled: record::CompiledMethod) -> RecordedNmethod {
     let method_ptr = compiled.methods.first().map_or(0, |m| m.method_ptr);
     let methods = compiled
         .methods
@@ -279,7 +246,7 @@ fn convert(compiled: record::CompiledMethod) -> SidecarNmethod {
         })
         .collect();
     pcs.sort_by_key(|(offset, _)| *offset);
-    SidecarNmethod {
+    RecordedNmethod {
         method_ptr,
         code_size: compiled.code_size,
         methods,
@@ -287,27 +254,15 @@ fn convert(compiled: record::CompiledMethod) -> SidecarNmethod {
     }
 }
 
-/// The agent's JVM-form names as the memory path shows them: `Ljava/lang/Thread;` ->
-/// `java.lang.Thread`, the source file qualified with the package directory.
+/// The agent's JVM-form names (`Ljava/lang/Thread;`) as every name source gives them.
 fn method_info(m: record::MethodInfo) -> MethodInfo {
-    let internal = m
-        .class_signature
-        .strip_prefix('L')
-        .and_then(|s| s.strip_suffix(';'))
-        .unwrap_or(&m.class_signature);
-    let file = (!m.source_file.is_empty()).then(|| match internal.rfind('/') {
-        Some(slash) => format!("{}/{}", &internal[..slash], m.source_file),
-        None => m.source_file.clone(),
-    });
-    let mut lines: Vec<(u32, u32)> = m.lines.iter().map(|e| (e.bci, e.line)).collect();
-    lines.sort_by_key(|(bci, _)| *bci);
-    MethodInfo {
-        class: stable_class_name(internal),
-        name: m.name,
-        signature: m.signature,
-        file,
-        lines,
-    }
+    MethodInfo::from_internal(
+        internal_of_signature(&m.class_signature),
+        m.name,
+        m.signature,
+        Some(&m.source_file),
+        m.lines.iter().map(|e| (e.bci, e.line)).collect(),
+    )
 }
 
 #[cfg(test)]

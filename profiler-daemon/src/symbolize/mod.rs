@@ -1,11 +1,13 @@
 //! Turns sampled addresses into function names, files and lines.
 //!
-//! One module per frame source: [`native`] (ELF files, through blazesym) and [`kernel`]
-//! (kallsyms). Both return [`ResolvedFrame`]s and cache them per binary, not per sample. An
-//! address that cannot be named still yields a frame (`module+0xoffset` or `[unknown]`): frames
-//! never disappear from a stack.
+//! One module per frame source: [`native`] (ELF files, through blazesym), [`kernel`]
+//! (kallsyms) and [`java`] (HotSpot frames, named by [`crate::java_names`]). They return
+//! [`ResolvedFrame`]s and cache them per binary or per JVM, not per sample. An address that
+//! cannot be named still yields a frame (`module+0xoffset`, `[unknown]`, or a Java marker naming
+//! the reason): frames never disappear from a stack.
 
 pub mod cache_budget;
+pub mod java;
 pub mod kernel;
 pub mod native;
 

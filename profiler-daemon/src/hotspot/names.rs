@@ -1,0 +1,548 @@
+//! Java names from the JVM's memory (no agent needed): one of the name sources of
+//! [`crate::java_names`].
+//!
+//! - Interpreted frames carry a `Method*` and a bci: names come from the method's constant pool,
+//!   the line from the `ConstMethod`'s compressed line number table.
+//! - Compiled frames carry a `CodeBlob*` and a pc offset: for an nmethod, the `PcDesc` of that pc
+//!   (by [`crate::java_names::record_at`]) gives a scope chain (innermost first) of
+//!   (Method*, bci) pairs: the inlined frames. Other blobs (stubs, adapters) are named by
+//!   `CodeBlob::_name`.
+//!
+//! Everything read is validated and cached per (Method*, cookie) and (CodeBlob*, compile id): a
+//! cookie or compile id mismatch means the memory was reused, and the read fails with the
+//! [`UnnamedReason`] saying so rather than give another method's name. Every read is bounded.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::jvm::Jvm;
+use super::remote::{ReadError, RemoteMemory};
+use super::unsigned5::Reader;
+use crate::java_names::{
+    record_at, CodeNames, MethodInfo, MethodName, NmethodNames, UnnamedReason,
+};
+
+/// Bounds on what is read from a JVM for one method or nmethod.
+const MAX_SYMBOL: usize = 65_535;
+const MAX_LINE_TABLE: usize = 64 * 1024;
+const MAX_DEBUG_INFO: usize = 1 << 20;
+const MAX_SCOPE_DEPTH: usize = 64;
+/// Cached entries per JVM before the caches start over.
+const MAX_CACHED: usize = 100_000;
+
+impl From<ReadError> for UnnamedReason {
+    fn from(_: ReadError) -> Self {
+        Self::Unreadable
+    }
+}
+
+/// What a code blob is.
+#[derive(Clone, Debug)]
+pub enum BlobInfo {
+    Nmethod(MemoryNmethod),
+    Stub { name: String },
+}
+
+/// An nmethod's identity and debug info as read from memory.
+#[derive(Clone, Debug)]
+pub struct MemoryNmethod {
+    method: u64,
+    comp_level: i32,
+    /// Where its instructions start (the sidecar's key).
+    pub code_begin: u64,
+    /// (pc offset, scope decode offset), sorted by pc offset.
+    pcs: Vec<(i32, i32)>,
+    scopes: Vec<u8>,
+    metadata: Vec<u64>,
+    excludes_zero: bool,
+    /// Its methods' names, read with the blob (when its first sample arrives): later, a
+    /// `Method*` of an unloaded class may belong to another one.
+    names: HashMap<u64, MethodName>,
+}
+
+impl BlobInfo {
+    /// What the naming policy needs to know of it.
+    pub fn names(&self) -> CodeNames<'_> {
+        match self {
+            Self::Stub { name } => CodeNames::Stub { name },
+            Self::Nmethod(nmethod) => CodeNames::Nmethod(NmethodNames {
+                method: nmethod.method,
+                comp_level: nmethod.comp_level,
+                names: &nmethod.names,
+            }),
+        }
+    }
+}
+
+impl MemoryNmethod {
+    /// The (Method*, bci) chain at `pc_offset`, innermost first; `top` for the interrupted
+    /// frame.
+    pub fn chain(&self, pc_offset: u32, top: bool) -> Vec<(u64, i32)> {
+        scope_chain(
+            &self.pcs,
+            &self.scopes,
+            &self.metadata,
+            pc_offset as i32,
+            top,
+            self.excludes_zero,
+        )
+    }
+}
+
+/// One JVM's memory as a name source, with its caches.
+pub struct MemoryNames<M: RemoteMemory> {
+    jvm: Jvm,
+    memory: M,
+    methods: HashMap<(u64, u32), MethodName>,
+    blobs: HashMap<(u64, u32), Result<Arc<BlobInfo>, UnnamedReason>>,
+}
+
+impl<M: RemoteMemory> MemoryNames<M> {
+    pub fn new(jvm: Jvm, memory: M) -> Self {
+        Self {
+            jvm,
+            memory,
+            methods: HashMap::new(),
+            blobs: HashMap::new(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.jvm.pid
+    }
+
+    /// Starts the caches over once either holds too many entries.
+    pub fn bound_caches(&mut self) {
+        if self.methods.len() > MAX_CACHED || self.blobs.len() > MAX_CACHED {
+            self.methods.clear();
+            self.blobs.clear();
+        }
+    }
+
+    /// The method at `method`, if it is still the one whose identity gives `cookie` (see
+    /// [`profiler_common::interpreted_cookie`]).
+    pub fn method(&mut self, method: u64, cookie: u32) -> MethodName {
+        let key = (method, cookie);
+        if let Some(cached) = self.methods.get(&key) {
+            return cached.clone();
+        }
+        let info = read_method(&self.jvm, &self.memory, method, cookie).map(Arc::new);
+        self.methods.insert(key, info.clone());
+        info
+    }
+
+    /// The code blob at `blob`, if (an nmethod) it still holds compilation `compile_id`.
+    pub fn code(&mut self, blob: u64, compile_id: u32) -> Result<Arc<BlobInfo>, UnnamedReason> {
+        let key = (blob, compile_id);
+        if let Some(cached) = self.blobs.get(&key) {
+            return cached.clone();
+        }
+        let info = read_blob(&self.jvm, &self.memory, blob, compile_id)
+            .map(|blob| Arc::new(self.with_names(blob)));
+        self.blobs.insert(key, info.clone());
+        info
+    }
+
+    /// Names the methods of a freshly read nmethod: its own and every one its scopes name,
+    /// each verified by its identity as it is now (while the nmethod lives, its methods do).
+    fn with_names(&mut self, mut blob: BlobInfo) -> BlobInfo {
+        if let BlobInfo::Nmethod(nmethod) = &mut blob {
+            let mut wanted = vec![nmethod.method];
+            for (pc_offset, _) in nmethod.pcs.iter() {
+                for (scope_method, _) in scope_chain(
+                    &nmethod.pcs,
+                    &nmethod.scopes,
+                    &nmethod.metadata,
+                    *pc_offset,
+                    false,
+                    nmethod.excludes_zero,
+                ) {
+                    wanted.push(scope_method);
+                }
+            }
+            wanted.sort_unstable();
+            wanted.dedup();
+            for scope_method in wanted {
+                let info = read_identity(&self.jvm, &self.memory, scope_method)
+                    .and_then(|identity| self.method(scope_method, identity.cookie));
+                nmethod.names.insert(scope_method, info);
+            }
+        }
+        blob
+    }
+}
+
+/// The (Method*, bci) chain at a pc offset, innermost first.
+fn scope_chain(
+    pcs: &[(i32, i32)],
+    scopes: &[u8],
+    metadata: &[u64],
+    pc_offset: i32,
+    top: bool,
+    excludes_zero: bool,
+) -> Vec<(u64, i32)> {
+    let Some(&(_, mut decode_offset)) = record_at(pcs, i64::from(pc_offset), top, |(offset, _)| {
+        i64::from(*offset)
+    }) else {
+        return Vec::new();
+    };
+    let mut chain = Vec::new();
+    while decode_offset > 0 && chain.len() < MAX_SCOPE_DEPTH {
+        let mut reader = Reader::new(scopes, decode_offset as usize, excludes_zero);
+        let (Some(sender), Some(method_index), Some(bci_plus_one)) =
+            (reader.read_u32(), reader.read_u32(), reader.read_u32())
+        else {
+            break;
+        };
+        let method = match (method_index as usize)
+            .checked_sub(1)
+            .and_then(|i| metadata.get(i))
+        {
+            Some(&method) if method != 0 => method,
+            _ => break,
+        };
+        chain.push((method, bci_plus_one as i32 - 1));
+        // Senders are written before their callees: offsets strictly decrease.
+        if sender as i32 >= decode_offset {
+            break;
+        }
+        decode_offset = sender as i32;
+    }
+    chain
+}
+
+fn offset(jvm: &Jvm, key: &str) -> Result<u64, UnnamedReason> {
+    jvm.layout.offset(key).ok_or(UnnamedReason::MissingField)
+}
+
+fn read_bytes(memory: &dyn RemoteMemory, address: u64, len: usize) -> Result<Vec<u8>, ReadError> {
+    let mut bytes = vec![0; len];
+    memory.read(address, &mut bytes)?;
+    Ok(bytes)
+}
+
+fn read_symbol(jvm: &Jvm, memory: &dyn RemoteMemory, symbol: u64) -> Result<String, UnnamedReason> {
+    let symbol = symbol & !1;
+    let length = match jvm.layout.offset("Symbol::_length") {
+        Some(at) => memory.read_u16(symbol + at)? as usize,
+        None => {
+            (memory.read_u32(symbol + offset(jvm, "Symbol::_length_and_refcount")?)? >> 16) as usize
+        }
+    };
+    if length > MAX_SYMBOL {
+        return Err(UnnamedReason::OverBound);
+    }
+    let body = read_bytes(memory, symbol + offset(jvm, "Symbol::_body")?, length)?;
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Constant pool slot `index` (a Symbol* for the UTF-8 entries names and signatures use).
+fn constant_pool_symbol(
+    jvm: &Jvm,
+    memory: &dyn RemoteMemory,
+    cp: u64,
+    index: u16,
+) -> Result<String, UnnamedReason> {
+    let base = jvm
+        .layout
+        .size("ConstantPool")
+        .ok_or(UnnamedReason::MissingField)?;
+    let symbol = memory.read_ptr(cp + base + 8 * index as u64)?;
+    read_symbol(jvm, memory, symbol)
+}
+
+/// The pointers from a `Method` to its class's name, and the cookie they give.
+struct MethodIdentity {
+    const_method: u64,
+    cp: u64,
+    holder: u64,
+    class_symbol: u64,
+    /// What BPF records for an interpreted frame of this method (see
+    /// [`profiler_common::interpreted_cookie`]).
+    cookie: u32,
+}
+
+fn read_identity(
+    jvm: &Jvm,
+    memory: &dyn RemoteMemory,
+    method: u64,
+) -> Result<MethodIdentity, UnnamedReason> {
+    let const_method = memory.read_ptr(method + offset(jvm, "Method::_constMethod")?)?;
+    let cp = memory.read_ptr(const_method + offset(jvm, "ConstMethod::_constants")?)?;
+    let holder = memory.read_ptr(cp + offset(jvm, "ConstantPool::_pool_holder")?)?;
+    let class_symbol = memory.read_ptr(holder + offset(jvm, "Klass::_name")?)?;
+    let hash_at = super::unwind_info::symbol_hash_word(&jvm.layout);
+    let hash_word = if hash_at == profiler_common::NO_SYMBOL_HASH {
+        0
+    } else {
+        memory.read_u32(class_symbol + hash_at as u64)?
+    };
+    // The name's tail, read as BPF reads it (see `profiler_common::name_tail`).
+    let length_at =
+        super::unwind_info::symbol_length(&jvm.layout).ok_or(UnnamedReason::MissingField)?;
+    let length = memory.read_u16(class_symbol + length_at as u64)?;
+    let mut tail_bytes = [0u8; profiler_common::NAME_TAIL_BYTES];
+    memory.read(
+        class_symbol + offset(jvm, "Symbol::_body")? + profiler_common::name_tail_start(length),
+        &mut tail_bytes,
+    )?;
+    let tail = profiler_common::name_tail(tail_bytes, length);
+    Ok(MethodIdentity {
+        const_method,
+        cp,
+        holder,
+        class_symbol,
+        cookie: profiler_common::interpreted_cookie(const_method, hash_word, tail),
+    })
+}
+
+fn read_method(
+    jvm: &Jvm,
+    memory: &dyn RemoteMemory,
+    method: u64,
+    cookie: u32,
+) -> Result<MethodInfo, UnnamedReason> {
+    let identity = read_identity(jvm, memory, method)?;
+    if cookie != identity.cookie {
+        // Another method holds this memory now: the sampled one cannot be named.
+        return Err(UnnamedReason::MethodReused);
+    }
+    let MethodIdentity {
+        const_method,
+        cp,
+        holder,
+        class_symbol,
+        ..
+    } = identity;
+    let internal_class = read_symbol(jvm, memory, class_symbol)?;
+    let name_index = memory.read_u16(const_method + offset(jvm, "ConstMethod::_name_index")?)?;
+    let signature_index =
+        memory.read_u16(const_method + offset(jvm, "ConstMethod::_signature_index")?)?;
+    let name = constant_pool_symbol(jvm, memory, cp, name_index)?;
+    let signature = constant_pool_symbol(jvm, memory, cp, signature_index)?;
+
+    let source_index = match jvm.layout.offset("ConstantPool::_source_file_name_index") {
+        Some(at) => memory.read_u16(cp + at).ok(),
+        None => jvm
+            .layout
+            .offset("InstanceKlass::_source_file_name_index")
+            .and_then(|at| memory.read_u16(holder + at).ok()),
+    };
+    let file = source_index
+        .filter(|i| *i != 0)
+        .and_then(|i| constant_pool_symbol(jvm, memory, cp, i).ok());
+    let lines = read_line_table(jvm, memory, const_method).unwrap_or_default();
+    Ok(MethodInfo::from_internal(
+        &internal_class,
+        name,
+        signature,
+        file.as_deref(),
+        lines,
+    ))
+}
+
+fn read_line_table(
+    jvm: &Jvm,
+    memory: &dyn RemoteMemory,
+    const_method: u64,
+) -> Result<Vec<(u32, u32)>, UnnamedReason> {
+    let flags_at = const_method + offset(jvm, "ConstMethod::_flags")?;
+    let flags = match jvm.layout.width("ConstMethod::_flags") {
+        Some(2) => memory.read_u16(flags_at)? as u32,
+        _ => memory.read_u32(flags_at)?,
+    };
+    let has_table = jvm.layout.constant("has_linenumber_table").unwrap_or(1) as u32;
+    if flags & has_table == 0 {
+        return Ok(Vec::new());
+    }
+    let code_size = memory.read_u16(const_method + offset(jvm, "ConstMethod::_code_size")?)? as u64;
+    let start = const_method
+        + jvm
+            .layout
+            .size("ConstMethod")
+            .ok_or(UnnamedReason::MissingField)?
+        + code_size;
+    // The table's length is not stored: read a page's worth (at most to the page end first).
+    let first = (4096 - (start % 4096) as usize).max(64);
+    let mut bytes = read_bytes(memory, start, first).or_else(|_| read_bytes(memory, start, 64))?;
+    let mut table = Vec::new();
+    loop {
+        let mut reader = Reader::new(&bytes, 0, jvm.facts.unsigned5_excludes_zero);
+        let (mut bci, mut line) = (0i64, 0i64);
+        table.clear();
+        let mut complete = false;
+        while let Some(byte) = reader.read_byte() {
+            match byte {
+                0 => {
+                    complete = true;
+                    break;
+                }
+                0xff => {
+                    let (Some(dbci), Some(dline)) = (reader.read_signed(), reader.read_signed())
+                    else {
+                        break;
+                    };
+                    bci += dbci as i64;
+                    line += dline as i64;
+                }
+                packed => {
+                    bci += (packed >> 3) as i64;
+                    line += (packed & 7) as i64;
+                }
+            }
+            table.push((
+                bci.clamp(0, u32::MAX as i64) as u32,
+                line.clamp(0, u32::MAX as i64) as u32,
+            ));
+        }
+        if complete || bytes.len() >= MAX_LINE_TABLE {
+            break;
+        }
+        // The table goes on past what was read: read more.
+        let more = read_bytes(memory, start + bytes.len() as u64, 4096)?;
+        bytes.extend(more);
+    }
+    Ok(table)
+}
+
+fn read_blob(
+    jvm: &Jvm,
+    memory: &dyn RemoteMemory,
+    blob: u64,
+    compile_id: u32,
+) -> Result<BlobInfo, UnnamedReason> {
+    let layout = &jvm.layout;
+    let name_ptr = memory.read_u64(blob + offset(jvm, "CodeBlob::_name")?)?;
+    let name = memory.read_c_string(name_ptr, 128).unwrap_or_default();
+    let is_nmethod = match layout.offset("CodeBlob::_kind") {
+        // JDK 23+: CodeBlobKind::Nmethod is 1.
+        Some(at) => memory.read_u8(blob + at)? == 1,
+        None => name == "nmethod" || name == "native nmethod",
+    };
+    if !is_nmethod {
+        return Ok(BlobInfo::Stub { name });
+    }
+    let id = memory.read_u32(blob + offset(jvm, "nmethod::_compile_id")?)?;
+    if id != compile_id {
+        // The blob was freed and reused since the sample.
+        return Err(UnnamedReason::CodeReused);
+    }
+    let method = memory.read_ptr(blob + offset(jvm, "nmethod::_method")?)?;
+    let comp_level = memory.read_i32(blob + offset(jvm, "nmethod::_comp_level")?)?;
+    // A pointer up to JDK 17, an offset from the blob after (as the BPF unwinder reads it).
+    let code_begin = match layout.offset("CodeBlob::_code_begin") {
+        Some(at) => memory.read_ptr(blob + at)?,
+        None => blob.wrapping_add(
+            memory.read_i32(blob + offset(jvm, "CodeBlob::_code_offset")?)? as i64 as u64,
+        ),
+    };
+
+    // Where the debug info is: inside the blob up to JDK 22, in C-heap "immutable data" after.
+    let (pcs_begin, pcs_end, scopes_begin, scopes_end, metadata_begin, metadata_end) = match layout
+        .offset("nmethod::_immutable_data")
+    {
+        Some(immutable_at) => {
+            let immutable = memory.read_ptr(blob + immutable_at)?;
+            let pcs = memory.read_i32(blob + offset(jvm, "nmethod::_scopes_pcs_offset")?)? as u64;
+            let scopes =
+                memory.read_i32(blob + offset(jvm, "nmethod::_scopes_data_offset")?)? as u64;
+            let size =
+                memory.read_i32(blob + offset(jvm, "nmethod::_immutable_data_size")?)? as u64;
+            let mutable = memory.read_ptr(blob + offset(jvm, "CodeBlob::_mutable_data")?)?;
+            let relocation =
+                memory.read_i32(blob + offset(jvm, "CodeBlob::_relocation_size")?)? as u64;
+            let mutable_size =
+                memory.read_i32(blob + offset(jvm, "CodeBlob::_mutable_data_size")?)? as u64;
+            (
+                immutable + pcs,
+                immutable + scopes,
+                immutable + scopes,
+                immutable + size,
+                mutable + relocation,
+                mutable + mutable_size,
+            )
+        }
+        None => {
+            let pcs = memory.read_i32(blob + offset(jvm, "nmethod::_scopes_pcs_offset")?)? as u64;
+            let deps =
+                memory.read_i32(blob + offset(jvm, "nmethod::_dependencies_offset")?)? as u64;
+            let scopes_begin =
+                memory.read_ptr(blob + offset(jvm, "nmethod::_scopes_data_begin")?)?;
+            let metadata =
+                memory.read_i32(blob + offset(jvm, "nmethod::_metadata_offset")?)? as u64;
+            (
+                blob + pcs,
+                blob + deps,
+                scopes_begin,
+                blob + pcs,
+                blob + metadata,
+                scopes_begin,
+            )
+        }
+    };
+    let length = |begin: u64, end: u64| -> Result<usize, UnnamedReason> {
+        let len = end.checked_sub(begin).ok_or(UnnamedReason::Unreadable)? as usize;
+        if len > MAX_DEBUG_INFO {
+            return Err(UnnamedReason::OverBound);
+        }
+        Ok(len)
+    };
+    let pc_desc_size = layout.size("PcDesc").unwrap_or(16) as usize;
+    let pcs_bytes = read_bytes(memory, pcs_begin, length(pcs_begin, pcs_end)?)?;
+    let pc_offset_at = offset(jvm, "PcDesc::_pc_offset")? as usize;
+    let scope_at = offset(jvm, "PcDesc::_scope_decode_offset")? as usize;
+    let mut pcs: Vec<(i32, i32)> = pcs_bytes
+        .chunks_exact(pc_desc_size.max(8))
+        .filter_map(|desc| {
+            let pc = i32::from_le_bytes(desc.get(pc_offset_at..pc_offset_at + 4)?.try_into().ok()?);
+            let scope = i32::from_le_bytes(desc.get(scope_at..scope_at + 4)?.try_into().ok()?);
+            Some((pc, scope))
+        })
+        .collect();
+    pcs.sort_by_key(|(pc, _)| *pc);
+    let scopes = read_bytes(memory, scopes_begin, length(scopes_begin, scopes_end)?)?;
+    let metadata = read_bytes(
+        memory,
+        metadata_begin,
+        length(metadata_begin, metadata_end)?,
+    )?
+    .chunks_exact(8)
+    .map(|word| u64::from_le_bytes(word.try_into().unwrap_or_default()))
+    .collect();
+    Ok(BlobInfo::Nmethod(MemoryNmethod {
+        method,
+        comp_level,
+        code_begin,
+        pcs,
+        scopes,
+        metadata,
+        excludes_zero: jvm.facts.unsigned5_excludes_zero,
+        names: HashMap::new(),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scope_chains_follow_senders_innermost_first() {
+        // Scope stream (pre-JDK 20 encoding, all values < 192 so one byte each):
+        // offset 1: sender 0, method 1, bci+1 = 6   (outer, bci 5)
+        // offset 4: sender 1, method 2, bci+1 = 3   (inner, bci 2)
+        let scopes = vec![0, 0, 1, 6, 1, 2, 3];
+        let metadata = vec![0xAAAA, 0xBBBB];
+        let pcs = vec![(-1, 0), (10, 4), (20, 1)];
+        // A return address at 10 matches exactly; a sampled pc at 15 takes the next PcDesc (20).
+        assert_eq!(
+            scope_chain(&pcs, &scopes, &metadata, 10, false, false),
+            vec![(0xBBBB, 2), (0xAAAA, 5)]
+        );
+        assert_eq!(
+            scope_chain(&pcs, &scopes, &metadata, 15, true, false),
+            vec![(0xAAAA, 5)]
+        );
+        // Past the last PcDesc: nothing known.
+        assert!(scope_chain(&pcs, &scopes, &metadata, 25, true, false).is_empty());
+    }
+}

@@ -1,0 +1,132 @@
+//! Why a Java frame has no name: one reason per kind of miss, shown in the marker frame that
+//! takes the name's place and counted in `profiler_java_frames_unnamed_total{reason}`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Why a Java frame (or one function of its inline chain) could not be named. A miss is a value,
+/// not an error: the frame stays in the stack as a marker naming the reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum UnnamedReason {
+    /// The process's JVM could not be inspected (libjvm or its VMStructs unreadable): there is
+    /// no layout to read names with.
+    NoJvm = 0,
+    /// The unwinder recorded a frame kind that is not a Java one.
+    BadFrameKind = 1,
+    /// Reading the JVM's memory failed: unmapped, freed, or a null pointer where one must be.
+    Unreadable = 2,
+    /// This JVM does not export a VMStructs field that naming needs.
+    MissingField = 3,
+    /// A symbol or the debug info is larger than the bounds on what is read.
+    OverBound = 4,
+    /// The interpreted frame's `Method*` now holds another method (its cookie differs): the
+    /// memory was reused since the sample.
+    MethodReused = 5,
+    /// The code blob holds another compilation now (its compile id differs): freed and reused
+    /// since the sample.
+    CodeReused = 6,
+}
+
+impl UnnamedReason {
+    /// Every reason, in discriminant order (the counters' index).
+    pub const ALL: [Self; 7] = [
+        Self::NoJvm,
+        Self::BadFrameKind,
+        Self::Unreadable,
+        Self::MissingField,
+        Self::OverBound,
+        Self::MethodReused,
+        Self::CodeReused,
+    ];
+
+    /// The label in markers and metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::NoJvm => "no_jvm",
+            Self::BadFrameKind => "bad_frame_kind",
+            Self::Unreadable => "unreadable",
+            Self::MissingField => "missing_field",
+            Self::OverBound => "over_bound",
+            Self::MethodReused => "method_reused",
+            Self::CodeReused => "code_reused",
+        }
+    }
+}
+
+/// What a marker stands for: the whole frame, one method of it, or a code blob.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unnamed {
+    /// `[unknown java frame: no_jvm]`
+    Frame,
+    /// `[unknown java method: method_reused]`
+    Method,
+    /// `[unknown compiled frame: code_reused]`
+    Compiled,
+}
+
+impl Unnamed {
+    /// The marker shown in the name's place, e.g. `[unknown java method: method_reused]`.
+    pub fn marker(self, reason: UnnamedReason) -> String {
+        let what = match self {
+            Self::Frame => "java frame",
+            Self::Method => "java method",
+            Self::Compiled => "compiled frame",
+        };
+        format!("[unknown {what}: {}]", reason.name())
+    }
+}
+
+/// Markers shown, by reason: an array indexed by the reason, so counting is one atomic add.
+#[derive(Debug, Default)]
+pub struct UnnamedCounts([AtomicU64; UnnamedReason::ALL.len()]);
+
+impl UnnamedCounts {
+    pub fn add(&self, reason: UnnamedReason) {
+        self.0[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts the markers of one frame (see `Named::unnamed`).
+    pub fn add_all(&self, reasons: &[UnnamedReason]) {
+        for reason in reasons {
+            self.add(*reason);
+        }
+    }
+
+    pub fn get(&self, reason: UnnamedReason) -> u64 {
+        self.0[reason as usize].load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_index_their_counters_and_name_their_markers() {
+        let counts = UnnamedCounts::default();
+        for (index, reason) in UnnamedReason::ALL.iter().enumerate() {
+            assert_eq!(*reason as usize, index, "ALL is in discriminant order");
+            for _ in 0..=index {
+                counts.add(*reason);
+            }
+        }
+        for (index, reason) in UnnamedReason::ALL.iter().enumerate() {
+            assert_eq!(counts.get(*reason), index as u64 + 1, "{reason:?}");
+        }
+        let names: std::collections::BTreeSet<_> =
+            UnnamedReason::ALL.iter().map(|r| r.name()).collect();
+        assert_eq!(names.len(), UnnamedReason::ALL.len(), "labels are distinct");
+        assert_eq!(
+            Unnamed::Method.marker(UnnamedReason::MethodReused),
+            "[unknown java method: method_reused]"
+        );
+        assert_eq!(
+            Unnamed::Compiled.marker(UnnamedReason::CodeReused),
+            "[unknown compiled frame: code_reused]"
+        );
+        assert_eq!(
+            Unnamed::Frame.marker(UnnamedReason::NoJvm),
+            "[unknown java frame: no_jvm]"
+        );
+    }
+}

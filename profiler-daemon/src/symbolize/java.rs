@@ -1,0 +1,168 @@
+//! Java frames, per JVM: keeps each JVM's name sources (its memory, and the sidecar agent's
+//! records when the agent is loaded) and asks [`crate::java_names`]' policy to name each frame.
+
+use std::collections::{BTreeMap, HashMap};
+
+use profiler_common::{FrameKind, UserFrame, BCI_UNKNOWN};
+
+use crate::hotspot::jvm::Jvm;
+use crate::hotspot::names::{BlobInfo, MemoryNames};
+use crate::hotspot::remote::RemoteMemory;
+use crate::java_names::{policy, CodePc, Named, Unnamed, UnnamedReason};
+use crate::sidecar::SidecarIndex;
+
+/// One JVM's name sources.
+struct JvmSources<M: RemoteMemory> {
+    memory: MemoryNames<M>,
+    /// The agent's records, if this is a live process whose namespace pid is known.
+    sidecar: Option<SidecarIndex>,
+    /// Whether a frame was named from the sidecar yet (logged once per JVM).
+    sidecar_used: bool,
+}
+
+/// The sidecar agents' own reports, summed over the JVMs tracked.
+#[derive(Clone, Debug, Default)]
+pub struct SidecarTotals {
+    /// Agents that reported their stats.
+    pub agents: u64,
+    pub heap_live_bytes: u64,
+    /// Records the agents could not write since the previous call.
+    pub new_dropped_records: u64,
+    /// JVMs whose records file was last refused or unreadable, by reason.
+    pub refused: BTreeMap<&'static str, u64>,
+}
+
+/// Resolves Java frames of many JVMs.
+pub struct JavaSymbolizer<M: RemoteMemory> {
+    jvms: HashMap<u32, JvmSources<M>>,
+    /// Append async-profiler style kind suffixes (`_[j]`, `_[i]`, `_[0]`, `_[1]`).
+    annotate: bool,
+}
+
+impl<M: RemoteMemory> JavaSymbolizer<M> {
+    pub fn new(annotate: bool) -> Self {
+        Self {
+            jvms: HashMap::new(),
+            annotate,
+        }
+    }
+
+    pub fn has(&self, pid: u32) -> bool {
+        self.jvms.contains_key(&pid)
+    }
+
+    pub fn add(&mut self, jvm: Jvm, memory: M) {
+        let pid = jvm.pid;
+        let sidecar = crate::sidecar::attach::Target::of(pid)
+            .ok()
+            .map(|target| SidecarIndex::new(target.pid, target.nspid, target.euid));
+        self.jvms.insert(
+            pid,
+            JvmSources {
+                memory: MemoryNames::new(jvm, memory),
+                sidecar,
+                sidecar_used: false,
+            },
+        );
+    }
+
+    /// Nmethods the sidecar agent reported in `pid` (0 without an agent).
+    pub fn sidecar_nmethods(&mut self, pid: u32) -> usize {
+        let Some(sidecar) = self.jvms.get_mut(&pid).and_then(|j| j.sidecar.as_mut()) else {
+            return 0;
+        };
+        sidecar.refresh();
+        sidecar.len()
+    }
+
+    /// The Java thread names the sidecar agent reported in `pid`, if it has an agent.
+    pub fn thread_names(&mut self, pid: u32) -> Option<&mut crate::sidecar::threads::ThreadNames> {
+        let sidecar = self.jvms.get_mut(&pid)?.sidecar.as_mut()?;
+        sidecar.refresh();
+        Some(&mut sidecar.threads)
+    }
+
+    /// What the sidecar agents of all JVMs report about themselves.
+    pub fn sidecar_totals(&mut self) -> SidecarTotals {
+        let mut totals = SidecarTotals::default();
+        for sidecar in self.jvms.values_mut().filter_map(|j| j.sidecar.as_mut()) {
+            sidecar.refresh();
+            if let Some(stats) = sidecar.agent_stats() {
+                totals.agents += 1;
+                totals.heap_live_bytes += stats.heap_live_bytes;
+            }
+            totals.new_dropped_records += sidecar.take_new_drops();
+            if let Some(reason) = sidecar.refused() {
+                *totals.refused.entry(reason).or_default() += 1;
+            }
+        }
+        totals
+    }
+
+    pub fn remove(&mut self, pid: u32) {
+        self.jvms.remove(&pid);
+    }
+
+    pub fn pids(&self) -> Vec<u32> {
+        self.jvms.keys().copied().collect()
+    }
+
+    /// Names one Java frame of `pid`. `top` is true for the interrupted frame (its pc is not a
+    /// return address). Misses are marker lines, listed in [`Named::unnamed`] for the caller
+    /// to count.
+    pub fn resolve(&mut self, pid: u32, frame: &UserFrame, top: bool) -> Named {
+        let annotate = self.annotate;
+        let Some(jvm) = self.jvms.get_mut(&pid) else {
+            return Named::unknown(Unnamed::Frame, UnnamedReason::NoJvm);
+        };
+        jvm.memory.bound_caches();
+        match FrameKind::from_u8(frame.kind) {
+            Some(FrameKind::Interpreted) => {
+                let method = jvm.memory.method(frame.addr, frame.cookie);
+                let bci = (frame.aux != BCI_UNKNOWN).then_some(frame.aux);
+                policy::interpreted(method.as_deref().map_err(|r| *r), bci, annotate)
+            }
+            Some(FrameKind::Compiled) => jvm.compiled(frame, top, annotate),
+            Some(FrameKind::Native) | None => {
+                Named::unknown(Unnamed::Frame, UnnamedReason::BadFrameKind)
+            }
+        }
+    }
+}
+
+impl<M: RemoteMemory> JvmSources<M> {
+    fn compiled(&mut self, frame: &UserFrame, top: bool, annotate: bool) -> Named {
+        let code = self.memory.code(frame.addr, frame.cookie);
+        // The agent's record of the nmethod at the same code start, if any.
+        let recorded = match (code.as_deref(), self.sidecar.as_mut()) {
+            (Ok(BlobInfo::Nmethod(nmethod)), Some(sidecar)) => {
+                sidecar.refresh();
+                sidecar.nmethod(nmethod.code_begin).cloned()
+            }
+            _ => None,
+        };
+        let pc = CodePc {
+            offset: frame.aux,
+            top,
+        };
+        let named = policy::compiled(
+            code.as_deref().map(BlobInfo::names).map_err(|r| *r),
+            recorded.as_deref(),
+            || match code.as_deref() {
+                Ok(BlobInfo::Nmethod(nmethod)) => nmethod.chain(pc.offset, pc.top),
+                _ => Vec::new(),
+            },
+            pc,
+            annotate,
+        );
+        if named.from_sidecar && !self.sidecar_used {
+            self.sidecar_used = true;
+            tracing::info!(
+                pid = self.memory.pid(),
+                nmethods = self.sidecar.as_ref().map_or(0, SidecarIndex::len),
+                "java frames named from the sidecar agent's records"
+            );
+        }
+        named
+    }
+}
