@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
@@ -433,6 +434,7 @@ fn build_daemon(root: &Path, release: bool) -> Result<PathBuf> {
 }
 
 fn test(root: &Path, filter: Option<&str>) -> Result<()> {
+    let command_started = Instant::now();
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc_geteuid() } != 0 {
         bail!("the end-to-end tests load BPF programs and profile other processes: run `cargo xtask test` as root");
@@ -456,19 +458,63 @@ fn test(root: &Path, filter: Option<&str>) -> Result<()> {
             "--",
         ])
         .args(&filter_args))?;
-    // End-to-end: one at a time, since each profiles the machine and measures CPU shares.
+    // End-to-end: one group (test file) at a time, since each profiles the machine and measures
+    // CPU shares; every group runs even if one fails, and each one's time is printed at the end
+    // (CI must stay under its time budget as groups are added).
     run(Command::new("cargo")
         .current_dir(root)
-        .args([
-            "test",
-            "--no-fail-fast",
-            "--package",
-            "profiler-tests",
-            "--",
-        ])
-        .args(&filter_args)
-        .args(["--test-threads=1", "--nocapture"])
-        .env("PROFILER_DAEMON", &daemon))
+        .args(["test", "--package", "profiler-tests", "--no-run"]))?;
+    let mut groups = Vec::new();
+    for group in e2e_groups(root)? {
+        let started = Instant::now();
+        let passed = Command::new("cargo")
+            .current_dir(root)
+            .args(["test", "--package", "profiler-tests", "--test", &group, "--"])
+            .args(&filter_args)
+            .args(["--test-threads=1", "--nocapture"])
+            .env("PROFILER_DAEMON", &daemon)
+            .status()
+            .with_context(|| format!("starting the {group} tests"))?
+            .success();
+        groups.push((group, started.elapsed(), passed));
+    }
+    eprintln!("\nend-to-end test groups (tests/tests/*.rs):");
+    for (group, took, passed) in &groups {
+        let verdict = if *passed { "ok" } else { "FAILED" };
+        eprintln!("  {group:<14} {:>7.1} s  {verdict}", took.as_secs_f64());
+    }
+    let total: Duration = groups.iter().map(|(_, took, _)| *took).sum();
+    eprintln!(
+        "  {:<14} {:>7.1} s; whole command {:.1} min",
+        "all groups",
+        total.as_secs_f64(),
+        command_started.elapsed().as_secs_f64() / 60.0
+    );
+    let failed: Vec<&str> = groups
+        .iter()
+        .filter(|(_, _, passed)| !passed)
+        .map(|(group, _, _)| group.as_str())
+        .collect();
+    if !failed.is_empty() {
+        bail!("end-to-end test groups failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// The end-to-end test groups: the files of tests/tests, by name.
+fn e2e_groups(root: &Path) -> Result<Vec<String>> {
+    let dir = root.join("tests/tests");
+    let mut groups = Vec::new();
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "rs") {
+            if let Some(stem) = path.file_stem().and_then(|s| s.to_str()) {
+                groups.push(stem.to_owned());
+            }
+        }
+    }
+    groups.sort();
+    Ok(groups)
 }
 
 extern "C" {
