@@ -290,8 +290,9 @@ impl Config {
                 reason: format!("{cache_budget_mib} is outside 1..=1048576"),
             });
         }
-        let local_output = LocalOutput {
-            flame_graphs: file.flame_graphs.unwrap_or(true),
+        let mut local_output = LocalOutput {
+            // Set below, once it is known whether profiles go to a backend.
+            flame_graphs: false,
             retention: Retention {
                 max_age: Some(
                     file.retention_max_age_secs
@@ -338,10 +339,13 @@ impl Config {
         }
         let labels = file.labels.unwrap_or_default();
         check_labels(&labels)?;
+        let flame_graphs = file.flame_graphs;
         let pyroscope = match (flags.pyroscope_url, file.pyroscope) {
             (None, None) => None,
             (url, table) => Some(resolve_pyroscope(url, table.unwrap_or_default())?),
         };
+        // An SVG per process per interval costs CPU; with a backend, people look there.
+        local_output.flame_graphs = flame_graphs.unwrap_or(pyroscope.is_none());
         let attach = crate::sidecar::AttachPolicy {
             mode: match (flags.attach, file.attach) {
                 (Some(flag), _) => flag.parse().map_err(|reason| ConfigError::Invalid {
@@ -705,6 +709,19 @@ mod tests {
     fn resolve_text(text: &str) -> Result<Config, String> {
         let file = FileConfig::parse(text)?;
         Config::resolve(file, Overrides::default()).map_err(|err| err.to_string())
+    }
+
+    #[test]
+    fn flame_graphs_are_drawn_by_default_only_without_a_backend() {
+        let local = resolve_text("").expect("valid");
+        assert!(local.local_output.flame_graphs);
+        let exported =
+            resolve_text("[pyroscope]\nurl = \"http://127.0.0.1:4040\"\n").expect("valid");
+        assert!(!exported.local_output.flame_graphs);
+        let asked =
+            resolve_text("flame_graphs = true\n[pyroscope]\nurl = \"http://127.0.0.1:4040\"\n")
+                .expect("valid");
+        assert!(asked.local_output.flame_graphs);
     }
 
     #[test]
