@@ -2,8 +2,10 @@
 //!
 //! - Interpreted frames: the method memory read for the sampled `Method*` and cookie.
 //! - Compiled frames: a stub by its blob name; an nmethod from the agent's record when it is this
-//!   very nmethod (same `Method*`, pc inside its code) and the record's compiled method is the
-//!   one memory names for this nmethod; else from memory's scope chain, each method named as it
+//!   very nmethod (same `Method*`, pc inside its code), the record's compiled method is the
+//!   one memory names for this nmethod, and its scope chain at the pc is memory's (same methods
+//!   and bcis: another compilation of the same method at a reused address inlines differently);
+//!   else from memory's scope chain, each method named as it
 //!   was read with the nmethod. A record that disagrees with memory, or that memory cannot
 //!   confirm, is never used: the memory names are, or a marker.
 //! - Every miss is a marker line naming its [`UnnamedReason`], reported in [`Named::unnamed`].
@@ -189,12 +191,20 @@ pub fn compiled(
         }
     };
     let root = name_of(nmethod.method);
-    if let Some(named) = recorded
-        .and_then(|recorded| from_record(recorded, nmethod.method, root.ok(), pc, kind, annotate))
-    {
+    let chain = memory_chain();
+    if let Some(named) = recorded.and_then(|recorded| {
+        from_record(
+            recorded,
+            nmethod.method,
+            root.ok(),
+            (&chain, &name_of),
+            pc,
+            kind,
+            annotate,
+        )
+    }) {
         return named;
     }
-    let chain = memory_chain();
     let mut lines = Vec::with_capacity(chain.len().max(1));
     let outer = chain.len().saturating_sub(1);
     for (index, (method, bci)) in chain.iter().enumerate() {
@@ -217,14 +227,24 @@ pub fn compiled(
     Named::from_lines(lines, false)
 }
 
+/// Memory's scope chain at the pc, innermost first, and its names of the nmethod's methods.
+type MemoryChain<'a, 'n> = (
+    &'a [(u64, i32)],
+    &'a dyn Fn(u64) -> Result<&'n MethodInfo, UnnamedReason>,
+);
+
 /// The frame from the agent's record, if it is this very nmethod and memory confirms it. Code
-/// and metadata addresses are reused by same-shape classes of a later generation, and the
-/// agent's unload record may not have been read yet: the record's compiled method must be the
-/// one memory names for this nmethod (`root`, read when its first sample arrived).
+/// and metadata addresses are reused by same-shape classes of a later generation, the same
+/// method is recompiled at a freed address, and the agent's unload record may not have been
+/// read yet: the record's compiled method must be the one memory names for this nmethod
+/// (`root`, read when its first sample arrived), and its scope chain at the pc must be memory's
+/// (same methods, same bcis). So a record can never contradict memory; what it adds is the
+/// agent's view of names and lines.
 fn from_record(
     recorded: &RecordedNmethod,
     method: u64,
     root: Option<&MethodInfo>,
+    (memory_chain, memory_name): MemoryChain<'_, '_>,
     pc: CodePc,
     kind: JavaFrameKind,
     annotate: bool,
@@ -236,6 +256,17 @@ fn from_record(
         return None;
     }
     let chain = recorded.chain(pc.offset, pc.top);
+    let agrees = chain.len() == memory_chain.len()
+        && chain
+            .iter()
+            .zip(memory_chain)
+            .all(|((info, bci), (memory_method, memory_bci))| {
+                bci == memory_bci
+                    && memory_name(*memory_method).is_ok_and(|named| named.same_method(info))
+            });
+    if !agrees {
+        return None;
+    }
     let outer = chain.len().checked_sub(1)?;
     let lines = chain
         .iter()
@@ -314,16 +345,16 @@ mod tests {
     #[test]
     fn a_record_memory_confirms_names_the_frame() {
         let names = memory_names(Ok(method("G1", "outer")), Ok(method("G1", "inner")));
-        let recorded = record(method("G1", "outer"), method("G1", "agent_inner"));
+        let recorded = record(method("G1", "outer"), method("G1", "inner"));
         let named = compiled(
             nmethod(&names),
             Some(&recorded),
-            || panic!("memory's chain is not needed"),
+            memory_chain,
             AT_CALL,
             true,
         );
         assert!(named.from_sidecar);
-        assert_eq!(functions(&named), ["G1.agent_inner_[i]", "G1.outer_[j]"]);
+        assert_eq!(functions(&named), ["G1.inner_[i]", "G1.outer_[j]"]);
         assert_eq!(named.frame.lines[1].line, 11);
         assert!(named.unnamed.is_empty());
         // The interrupted pc at 0x10 is in the region the record at 0x30 ends.
@@ -338,6 +369,27 @@ mod tests {
             false,
         );
         assert_eq!(functions(&top), ["G1.outer"]);
+    }
+
+    #[test]
+    fn a_record_of_another_compilation_of_the_same_method_is_never_used() {
+        // The same method recompiled at a freed address: the root agrees, the inlining at the
+        // pc does not (another inlined method, or the same at another bci).
+        let names = memory_names(Ok(method("G1", "outer")), Ok(method("G1", "inner")));
+        let recorded = record(method("G1", "outer"), method("G1", "other_inner"));
+        let named = compiled(
+            nmethod(&names),
+            Some(&recorded),
+            memory_chain,
+            AT_CALL,
+            true,
+        );
+        assert!(!named.from_sidecar);
+        assert_eq!(functions(&named), ["G1.inner_[i]", "G1.outer_[j]"]);
+        let recorded = record(method("G1", "outer"), method("G1", "inner"));
+        let shifted = || vec![(INLINED, 3), (ROOT, 5)];
+        let named = compiled(nmethod(&names), Some(&recorded), shifted, AT_CALL, true);
+        assert!(!named.from_sidecar);
     }
 
     #[test]
