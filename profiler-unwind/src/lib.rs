@@ -32,6 +32,9 @@ mod native;
 mod walk;
 pub mod x86_frames;
 
+#[cfg(test)]
+mod tests;
+
 pub use hotspot::BlobCache;
 pub use memory::{FrameSink, JavaThreads, ReadError, StackWindow, UserMemory, STACK_WINDOW_BYTES};
 pub use walk::{unwind_step, walk_stack, UserRegs, Walk, END_UNSET, MAX_WALK_STEPS};
