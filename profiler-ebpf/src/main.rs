@@ -3,7 +3,9 @@
 //!
 //! The user stack is walked here, frame by frame in a `bpf_loop` callback, rather than with
 //! `bpf_get_stack(BPF_F_USER_STACK)`: the HotSpot unwinder extends this walk with per-frame
-//! rules that the kernel's frame-pointer walker cannot apply.
+//! rules that the kernel's frame-pointer walker cannot apply. The walk itself is
+//! `profiler_unwind` (shared with its host tests); this program gives it user memory, the
+//! `JAVA_THREADS` map and the sample record (`memory.rs`, `RecordFrames`).
 //!
 //! Aggregation happens in the daemon. One record per sample keeps the kernel side simple and
 //! its cost flat; at the rates this profiler runs (19 to 1000 Hz per CPU) the ring buffer carries
