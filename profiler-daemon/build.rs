@@ -55,12 +55,14 @@ fn build_ebpf() -> anyhow::Result<()> {
     };
     let ebpf_dir = package_dir("profiler-ebpf")?;
     let common_dir = package_dir("profiler-common")?;
+    let unwind_dir = package_dir("profiler-unwind")?;
     println!("cargo:rerun-if-changed={}", common_dir.display());
+    println!("cargo:rerun-if-changed={}", unwind_dir.display());
     let out_dir = std::path::PathBuf::from(std::env::var_os("OUT_DIR").context("OUT_DIR")?);
     let object = out_dir.join("profiler");
 
     let mut key = Fnv::default();
-    for dir in [&ebpf_dir, &common_dir] {
+    for dir in [&ebpf_dir, &common_dir, &unwind_dir] {
         hash_tree(dir, &mut key)?;
     }
     let workspace = metadata.workspace_root.as_std_path();

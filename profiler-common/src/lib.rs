@@ -5,8 +5,6 @@
 //! another meaning, only appended to.
 #![no_std]
 
-pub mod x86_frames;
-
 /// Deepest kernel stack we ask `bpf_get_stack` for (the kernel's `perf_event_max_stack` default).
 pub const MAX_KERNEL_FRAMES: usize = 127;
 /// Deepest user stack the BPF unwinder walks. Java stacks of several hundred frames are common

@@ -3,7 +3,9 @@
 //!
 //! The user stack is walked here, frame by frame in a `bpf_loop` callback, rather than with
 //! `bpf_get_stack(BPF_F_USER_STACK)`: the HotSpot unwinder extends this walk with per-frame
-//! rules that the kernel's frame-pointer walker cannot apply.
+//! rules that the kernel's frame-pointer walker cannot apply. The walk itself is
+//! `profiler_unwind` (shared with its host tests); this program gives it user memory, the
+//! `JAVA_THREADS` map and the sample record (`memory.rs`, `RecordFrames`).
 //!
 //! Aggregation happens in the daemon. One record per sample keeps the kernel side simple and
 //! its cost flat; at the rates this profiler runs (19 to 1000 Hz per CPU) the ring buffer carries
@@ -12,13 +14,9 @@
 #![no_std]
 #![no_main]
 
-mod hotspot;
 mod memory;
-mod native;
 
-use hotspot::{java_step, resume_at_anchor, BlobCache};
-use memory::{StackWindow, STACK_WINDOW};
-use native::native_step;
+use memory::{CurrentTask, STACK_WINDOW};
 
 use core::{ffi::c_void, ptr::read_volatile};
 
@@ -34,11 +32,11 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    Counter, FrameKind, HotspotProc, SampleHeader, SampleRecord, UnwindEnd, UserFrame, COMM_LEN,
-    DEFAULT_MAX_JVMS, FRAMES_BYTES, HEADER_BYTES, KERNEL_FRAME_BYTES, MAX_JAVA_THREADS,
-    MAX_KERNEL_FRAMES, MAX_TARGET_PIDS, MAX_USER_FRAMES, RECORD_BYTES, SAMPLE_RING_BYTES,
-    USER_FRAME_BYTES,
+    Counter, HotspotProc, SampleHeader, SampleRecord, UnwindEnd, UserFrame, COMM_LEN,
+    DEFAULT_MAX_JVMS, FRAMES_BYTES, HEADER_BYTES, KERNEL_FRAME_BYTES, MAX_KERNEL_FRAMES,
+    MAX_TARGET_PIDS, MAX_USER_FRAMES, RECORD_BYTES, SAMPLE_RING_BYTES, USER_FRAME_BYTES,
 };
+use profiler_unwind::{unwind_step, FrameSink, UserRegs, Walk, MAX_WALK_STEPS};
 
 /// Set by the daemon at load time: non-zero when only the pids in `TARGET_PIDS` are sampled.
 #[no_mangle]
@@ -61,18 +59,10 @@ static TARGET_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGET_PIDS
 #[map]
 static HOTSPOT_PROCS: HashMap<u32, HotspotProc> = HashMap::with_max_entries(DEFAULT_MAX_JVMS, 0);
 
-/// Host tid -> `JavaThread*` of every Java thread of the JVMs above; written by the daemon. Lets
-/// the walk resume at a thread's last Java frame when native code without frame pointers (a
-/// JNI library, libc) hides the way back.
-#[map]
-pub(crate) static JAVA_THREADS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_JAVA_THREADS, 0);
-
 /// x86_64: the low two bits of `cs` are the privilege level; 3 is user mode.
 const USER_MODE_CS_MASK: u64 = 3;
 /// The daemon drains the ring on a timer: no wake-up per sample.
 const BPF_RB_NO_WAKEUP: u64 = 1;
-/// Marks `Walk::end` as "not decided yet".
-const END_UNSET: u8 = u8::MAX;
 
 #[inline(always)]
 fn count(counter: Counter) {
@@ -86,15 +76,6 @@ fn count(counter: Counter) {
 pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
     try_sample_cpu(&ctx);
     0
-}
-
-/// The registers the user stack walk starts from.
-struct UserRegs {
-    ip: u64,
-    sp: u64,
-    fp: u64,
-    /// The interpreter keeps the live bcp in r13 (x86_64).
-    r13: u64,
 }
 
 /// Where the interrupted task was in user space. A sample that landed in user mode has the user
@@ -154,37 +135,22 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
     let user = user_regs(ctx);
     let kernel_bytes = kernel_stack(ctx, record);
 
-    let Some(walk) = WALK.get_ptr_mut(0) else {
+    let Some(state) = WALK.get_ptr_mut(0) else {
         count(Counter::ScratchMissing);
         return;
     };
     // SAFETY: a per-CPU map value, used by this program on this CPU only.
-    let walk = unsafe { &mut *walk };
-    walk.base = kernel_bytes as u32;
-    walk.frames = 0;
-    walk.end = END_UNSET;
-    walk.skip = 0;
-    walk.java_seen = 0;
-    walk.tid = pid_tgid as u32;
-    walk.blob_cache.blob = 0;
+    let state = unsafe { &mut *state };
+    state.base = kernel_bytes as u32;
+    let walk = &mut state.walk;
     if let Some(window) = STACK_WINDOW.get_ptr_mut(0) {
         // SAFETY: a per-CPU map value, used by this program on this CPU only.
-        unsafe { (*window).len = 0 };
+        unsafe { (*window).clear() };
     }
     match user {
         Some(regs) => {
-            walk.pc = regs.ip;
-            walk.sp = regs.sp;
-            walk.fp = regs.fp;
-            walk.r13 = regs.r13;
             // SAFETY: the value is copied out at once.
-            match unsafe { HOTSPOT_PROCS.get(&pid) } {
-                Some(hotspot) => {
-                    walk.hotspot = *hotspot;
-                    walk.is_jvm = 1;
-                }
-                None => walk.is_jvm = 0,
-            }
+            walk.start(pid_tgid as u32, regs, unsafe { HOTSPOT_PROCS.get(&pid) });
             // SAFETY: bpf_loop calls `unwind_steps`, which finds its state in WALK.
             unsafe {
                 gen::bpf_loop(
@@ -194,14 +160,15 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
                     0,
                 )
             };
-            if walk.end == END_UNSET {
-                walk.end = UnwindEnd::MaxDepth as u8;
-            }
+            walk.finish();
             if walk.end == UnwindEnd::MaxDepth as u8 {
                 count(Counter::UserStackTruncated);
             }
         }
-        None => walk.end = UnwindEnd::NoUserContext as u8,
+        None => {
+            walk.frames = 0;
+            walk.end = UnwindEnd::NoUserContext as u8;
+        }
     }
 
     let user_frames = (walk.frames as usize).min(MAX_USER_FRAMES);
@@ -257,53 +224,31 @@ fn kernel_stack(ctx: &PerfEventContext, record: &mut SampleRecord) -> usize {
     (written as usize).min(MAX_KERNEL_FRAMES * KERNEL_FRAME_BYTES) & !(KERNEL_FRAME_BYTES - 1)
 }
 
-/// State of the user stack walk, in a per-CPU map so the `bpf_loop` callback reaches it (and
+/// The walk of the current sample, in a per-CPU map so the `bpf_loop` callback reaches it (and
 /// the JVM's layout copied into it) with one array lookup.
 #[repr(C)]
-struct Walk {
-    /// The frame to unwind next: its pc, sp and fp.
-    pc: u64,
-    sp: u64,
-    fp: u64,
-    /// r13 at the sample (the interpreter's bcp, for the top frame).
-    r13: u64,
+struct SampleWalk {
+    walk: Walk,
     /// Byte offset in the record's frame area where user frames start.
     base: u32,
-    /// Frames recorded so far.
-    frames: u32,
-    /// The `UnwindEnd` once the walk has stopped, else `END_UNSET`.
-    end: u8,
-    /// Non-zero when `hotspot` describes this process.
-    is_jvm: u8,
-    /// Non-zero when the current frame is not recorded (the call stub).
-    skip: u8,
-    /// Non-zero once a Java frame was walked, or the thread's anchor was used.
-    java_seen: u8,
-    _reserved: [u8; 4],
-    /// Host tid of the sampled thread.
-    tid: u32,
-    _reserved2: u32,
-    /// The last code blob read during this walk.
-    blob_cache: BlobCache,
-    hotspot: HotspotProc,
+    _reserved: u32,
 }
 
 #[map]
-static WALK: PerCpuArray<Walk> = PerCpuArray::with_max_entries(1, 0);
+static WALK: PerCpuArray<SampleWalk> = PerCpuArray::with_max_entries(1, 0);
 
-/// Steps of the walk: frames recorded plus the few that are skipped.
-const MAX_WALK_STEPS: u32 = MAX_USER_FRAMES as u32 + 16;
 /// Frames unwound per `bpf_loop` iteration: amortises the callback and map lookups.
 const STEPS_PER_CALLBACK: u32 = 4;
 
 /// `STEPS_PER_CALLBACK` unwinding steps. Returns 1 to stop the loop.
 #[inline(never)]
 extern "C" fn unwind_steps(_index: u64, _ctx: *mut c_void) -> i64 {
-    let Some(walk) = WALK.get_ptr_mut(0) else {
+    let Some(state) = WALK.get_ptr_mut(0) else {
         return 1;
     };
     // SAFETY: per-CPU state of this sample.
-    let walk = unsafe { &mut *walk };
+    let state = unsafe { &mut *state };
+    let walk = &mut state.walk;
     let Some(record) = SCRATCH.get_ptr_mut(0) else {
         walk.end = UnwindEnd::ReadFailed as u8;
         return 1;
@@ -316,74 +261,38 @@ extern "C" fn unwind_steps(_index: u64, _ctx: *mut c_void) -> i64 {
     };
     // SAFETY: as above.
     let window = unsafe { &mut *window };
+    let mut frames = RecordFrames {
+        record,
+        base: state.base,
+    };
     for _ in 0..STEPS_PER_CALLBACK {
-        if unwind_step(walk, record, window) {
+        if unwind_step(walk, window, &CurrentTask, &mut frames) {
             return 1;
         }
     }
     0
 }
 
-/// One unwinding step: records the current frame, then moves to its caller. True to stop.
-#[inline(always)]
-fn unwind_step(walk: &mut Walk, record: &mut SampleRecord, window: &mut StackWindow) -> bool {
-    if walk.pc == 0 {
-        walk.end = UnwindEnd::Complete as u8;
-        return true;
-    }
-    let top = walk.frames == 0;
-    let in_code_cache =
-        walk.is_jvm != 0 && walk.pc >= walk.hotspot.code_low && walk.pc < walk.hotspot.code_high;
-    walk.skip = 0;
-    if in_code_cache {
-        walk.java_seen = 1;
-    }
-    let step = if in_code_cache {
-        java_step(walk, window, top)
-    } else {
-        native_step(walk, window)
-    };
-    let frame = match step {
-        Ok(frame) => frame,
-        Err(end) => {
-            walk.end = end as u8;
-            return true;
-        }
-    };
-    if walk.skip == 0 {
-        let offset = walk.base as usize + walk.frames as usize * USER_FRAME_BYTES;
+/// The user frames of the sample record, after its kernel frames.
+struct RecordFrames<'a> {
+    record: &'a mut SampleRecord,
+    /// Byte offset in the record's frame area where user frames start.
+    base: u32,
+}
+
+impl FrameSink for RecordFrames<'_> {
+    #[inline(always)]
+    fn record(&mut self, index: u32, frame: UserFrame) -> bool {
+        let offset = self.base as usize + index as usize * USER_FRAME_BYTES;
         if offset > FRAMES_BYTES - USER_FRAME_BYTES {
-            walk.end = UnwindEnd::MaxDepth as u8;
-            return true;
+            return false;
         }
         // SAFETY: `offset` is bounds-checked against the frame area above.
         unsafe {
-            let slot = record.frames.as_mut_ptr().add(offset) as *mut UserFrame;
+            let slot = self.record.frames.as_mut_ptr().add(offset) as *mut UserFrame;
             slot.write_unaligned(frame);
         }
-        walk.frames += 1;
-        if walk.frames as usize >= MAX_USER_FRAMES {
-            walk.end = UnwindEnd::MaxDepth as u8;
-            return true;
-        }
-    }
-    if walk.end != END_UNSET && walk.end != UnwindEnd::MaxDepth as u8 && resume_at_anchor(walk) {
-        walk.end = END_UNSET;
-    }
-    if walk.end != END_UNSET {
-        return true;
-    }
-    false
-}
-
-#[inline(always)]
-fn frame(kind: FrameKind, addr: u64, aux: u32, cookie: u32) -> UserFrame {
-    UserFrame {
-        addr,
-        aux,
-        cookie,
-        kind: kind as u8,
-        _reserved: [0; 7],
+        true
     }
 }
 

@@ -4,19 +4,16 @@
 //! threads in native or VM code resumed at their `JavaFrameAnchor`. Every loop is bounded and every
 //! read checked; a frame that does not make sense ends the walk with a reason.
 
-use core::ffi::c_void;
-
-use aya_ebpf::helpers::{bpf_probe_read_user, generated as gen};
-use profiler_common::x86_frames::{
-    epilogue_state, prologue_state, FrameState, EPILOGUE_BEFORE, EPILOGUE_BYTES, PROLOGUE_BYTES,
-};
 use profiler_common::{
     hotspot_flags, interpreted_cookie, name_tail, name_tail_start, FrameKind, HotspotProc,
     UnwindEnd, UserFrame, BCI_UNKNOWN, MAX_CODE_HEAPS, NAME_TAIL_BYTES, NO_SYMBOL_HASH,
 };
 
-use crate::memory::{read_u64, stack_pair, stack_u64, StackWindow};
-use crate::{frame, Walk, JAVA_THREADS};
+use crate::memory::{read_u64, JavaThreads, StackWindow, UserMemory};
+use crate::walk::{frame, Walk};
+use crate::x86_frames::{
+    epilogue_state, prologue_state, FrameState, EPILOGUE_BEFORE, EPILOGUE_BYTES, PROLOGUE_BYTES,
+};
 
 /// `JavaThread::_thread_state` values of a thread outside Java code, whose anchor is valid.
 const THREAD_IN_NATIVE: u32 = 4;
@@ -37,39 +34,37 @@ const BLOB_HEADER_BYTES: usize = 128;
 /// frame: if it is in native or VM code, its `JavaFrameAnchor` holds its last Java frame.
 /// Returns true if the walk continues from there.
 #[inline(always)]
-pub(crate) fn resume_at_anchor(walk: &mut Walk) -> bool {
+pub(crate) fn resume_at_anchor<P: UserMemory + JavaThreads>(walk: &mut Walk, process: &P) -> bool {
     if walk.is_jvm == 0 || walk.java_seen != 0 {
         return false;
     }
     walk.java_seen = 1;
-    // SAFETY: the value is copied out at once.
-    let Some(&thread) = (unsafe { JAVA_THREADS.get(&walk.tid) }) else {
+    let Some(thread) = process.java_thread(walk.tid) else {
         return false;
     };
     let hs = &walk.hotspot;
-    // SAFETY: checked reads of user memory.
-    let state =
-        unsafe { bpf_probe_read_user((thread + hs.java_thread_state as u64) as *const u32) }
-            .unwrap_or(0);
+    let state = process
+        .read_u32(thread + hs.java_thread_state as u64)
+        .unwrap_or(0);
     if state != THREAD_IN_NATIVE && state != THREAD_IN_VM && state != THREAD_BLOCKED {
         return false;
     }
     let anchor = thread + hs.java_thread_anchor as u64;
     // The anchor's sp is written last: once it is set, pc and fp are valid.
-    let Ok(sp) = read_u64(anchor + hs.anchor_sp as u64) else {
+    let Ok(sp) = read_u64(process, anchor + hs.anchor_sp as u64) else {
         return false;
     };
     if sp == 0 {
         return false;
     }
-    let pc = match read_u64(anchor + hs.anchor_pc as u64) {
-        Ok(0) | Err(_) => read_u64(sp - 8).unwrap_or(0),
+    let pc = match read_u64(process, anchor + hs.anchor_pc as u64) {
+        Ok(0) | Err(_) => read_u64(process, sp - 8).unwrap_or(0),
         Ok(pc) => pc,
     };
     let fp = if hs.anchor_fp == u16::MAX {
         0
     } else {
-        read_u64(anchor + hs.anchor_fp as u64).unwrap_or(0)
+        read_u64(process, anchor + hs.anchor_fp as u64).unwrap_or(0)
     };
     if pc == 0 {
         return false;
@@ -83,21 +78,22 @@ pub(crate) fn resume_at_anchor(walk: &mut Walk) -> bool {
 /// One HotSpot frame: interpreted (the interpreter's code range), the call stub (skipped), or a
 /// code blob found through its heap's segment map (nmethods and stubs).
 #[inline(always)]
-pub(crate) fn java_step(
+pub(crate) fn java_step<M: UserMemory>(
     walk: &mut Walk,
     window: &mut StackWindow,
+    memory: &M,
     top: bool,
 ) -> Result<UserFrame, UnwindEnd> {
     let hs = &walk.hotspot;
     let (pc, sp, fp) = (walk.pc, walk.sp, walk.fp);
     let code_range = (hs.code_low, hs.code_high);
     if pc >= hs.interpreter_low && pc < hs.interpreter_high {
-        return interpreted_step(walk, window, top);
+        return interpreted_step(walk, window, memory, top);
     }
     if pc == hs.call_stub_return {
         // The call stub is an rbp frame; its caller is native code (JavaCalls::call_helper).
         walk.skip = 1;
-        let slot = stack_pair(window, fp)?;
+        let slot = window.pair(memory, fp)?;
         walk.sp = fp + 16;
         walk.fp = slot[0];
         walk.pc = slot[1];
@@ -109,7 +105,7 @@ pub(crate) fn java_step(
     let blob = if cached.blob != 0 && pc >= cached.code_begin && pc < cached.end {
         cached
     } else {
-        let found = read_blob(hs, pc)?;
+        let found = read_blob(hs, memory, pc)?;
         walk.blob_cache = found;
         found
     };
@@ -131,7 +127,7 @@ pub(crate) fn java_step(
     // the debug info describes) was saved in the frame.
     let mut described_pc = pc;
     if !top && deopt_handler != 0 && pc == deopt_handler {
-        if let Ok(original) = stack_u64(window, sp.wrapping_add(orig_pc_offset as i64 as u64)) {
+        if let Ok(original) = window.u64(memory, sp.wrapping_add(orig_pc_offset as i64 as u64)) {
             if original >= code_begin && original < end {
                 described_pc = original;
             }
@@ -142,16 +138,17 @@ pub(crate) fn java_step(
 
     if top && frame_size > 0 && offset as i64 >= frame_complete {
         // The top frame may be in its epilogue, its frame partly or wholly popped already.
-        let state = epilogue_state_at(pc).unwrap_or(FrameState::Built);
-        unwind_compiled(walk, window, state, frame_size as u64)?;
+        let state = epilogue_state_at(memory, pc).unwrap_or(FrameState::Built);
+        unwind_compiled(walk, window, memory, state, frame_size as u64)?;
     } else if frame_size > 0 && !top {
-        unwind_compiled(walk, window, FrameState::Built, frame_size as u64)?;
+        unwind_compiled(walk, window, memory, FrameState::Built, frame_size as u64)?;
     } else if frame_size > 0 {
         // The top frame is still in its prologue (or its nmethod entry barrier): decode the
         // prologue from the verified entry point; a blob without one (a stub) falls back to
         // "rbp is pushed in the last instructions before frame_complete".
         let state = prologue_state_at(
             &walk.hotspot,
+            memory,
             blob_address,
             code_begin,
             frame_complete as u64,
@@ -162,16 +159,16 @@ pub(crate) fn java_step(
         } else {
             FrameState::NothingPushed
         });
-        unwind_compiled(walk, window, state, frame_size as u64)?;
-    } else if top && is_code(code_range, stack_u64(window, sp).unwrap_or(0)) {
+        unwind_compiled(walk, window, memory, state, frame_size as u64)?;
+    } else if top && is_code(code_range, window.u64(memory, sp).unwrap_or(0)) {
         // A frameless stub on top: vtable and itable stubs jump on to their target and push
         // nothing, so the return address into their (compiled or interpreted) caller is at sp.
         // A stub that built an rbp frame has the saved rbp there instead, never a code address.
-        walk.pc = stack_u64(window, sp)?;
+        walk.pc = window.u64(memory, sp)?;
         walk.sp = sp + 8;
     } else {
         // Other stubs and adapters without a fixed frame keep rbp as a frame pointer.
-        let slot = stack_pair(window, fp)?;
+        let slot = window.pair(memory, fp)?;
         walk.sp = fp + 16;
         walk.fp = slot[0];
         walk.pc = slot[1];
@@ -189,33 +186,34 @@ fn is_code(range: (u64, u64), addr: u64) -> bool {
 /// Moves the walk from a compiled frame of `frame_size` words, as far built as `state` says,
 /// to its caller.
 #[inline(always)]
-fn unwind_compiled(
+fn unwind_compiled<M: UserMemory>(
     walk: &mut Walk,
     window: &mut StackWindow,
+    memory: &M,
     state: FrameState,
     frame_size: u64,
 ) -> Result<(), UnwindEnd> {
     let sp = walk.sp;
     match state {
         FrameState::NothingPushed => {
-            walk.pc = stack_u64(window, sp)?;
+            walk.pc = window.u64(memory, sp)?;
             walk.sp = sp + 8;
         }
         FrameState::RbpPushed => {
-            let slot = stack_pair(window, sp)?;
+            let slot = window.pair(memory, sp)?;
             walk.fp = slot[0];
             walk.pc = slot[1];
             walk.sp = sp + 16;
         }
         FrameState::BuiltRbpLive => {
             let caller_sp = sp + frame_size * 8;
-            walk.pc = stack_u64(window, caller_sp - 8)?;
+            walk.pc = window.u64(memory, caller_sp - 8)?;
             walk.sp = caller_sp;
         }
         FrameState::Built => {
             // Fixed size, return address and saved rbp at its top.
             let caller_sp = sp + frame_size * 8;
-            let slot = stack_pair(window, caller_sp - 16)?;
+            let slot = window.pair(memory, caller_sp - 16)?;
             let code_range = (walk.hotspot.code_low, walk.hotspot.code_high);
             let extra = if is_code(code_range, slot[1]) {
                 0
@@ -223,7 +221,7 @@ fn unwind_compiled(
                 extra_pushed_words(window, code_range, caller_sp)
             };
             let caller_sp = caller_sp + extra * 8;
-            let slot = stack_pair(window, caller_sp - 16)?;
+            let slot = window.pair(memory, caller_sp - 16)?;
             walk.fp = slot[0];
             walk.pc = slot[1];
             walk.sp = caller_sp;
@@ -251,12 +249,10 @@ fn extra_pushed_words(window: &mut StackWindow, code_range: (u64, u64), caller_s
 /// Whether the instruction at the top frame's `pc` belongs to an epilogue, and how much of the
 /// frame it left. None: not an epilogue (or the code is unreadable): the frame is whole.
 #[inline(always)]
-fn epilogue_state_at(pc: u64) -> Option<FrameState> {
-    // SAFETY: a checked read of user memory (the code around pc).
-    let code = unsafe {
-        bpf_probe_read_user((pc - EPILOGUE_BEFORE as u64) as *const [u8; EPILOGUE_BYTES])
-    }
-    .ok()?;
+fn epilogue_state_at<M: UserMemory>(memory: &M, pc: u64) -> Option<FrameState> {
+    let code = memory
+        .read_array::<EPILOGUE_BYTES>(pc - EPILOGUE_BEFORE as u64)
+        .ok()?;
     epilogue_state(&code)
 }
 
@@ -264,8 +260,9 @@ fn epilogue_state_at(pc: u64) -> Option<FrameState> {
 /// from the instructions at its verified entry point. None for blobs that are not nmethods
 /// (their "entry point" does not decode as a prologue) or when the layout has no entry point.
 #[inline(always)]
-fn prologue_state_at(
+fn prologue_state_at<M: UserMemory>(
     hs: &HotspotProc,
+    memory: &M,
     blob: u64,
     code_begin: u64,
     frame_complete: u64,
@@ -275,17 +272,15 @@ fn prologue_state_at(
         return None;
     }
     let field = blob + hs.nmethod_verified_entry as u64;
-    // SAFETY: checked reads of user memory.
     let entry = if hs.flags & hotspot_flags::VERIFIED_ENTRY_OFFSET != 0 {
-        code_begin + unsafe { bpf_probe_read_user(field as *const u16) }.ok()? as u64
+        code_begin + memory.read_u16(field).ok()? as u64
     } else {
-        unsafe { bpf_probe_read_user(field as *const u64) }.ok()?
+        memory.read_u64(field).ok()?
     };
     if entry < code_begin || entry >= code_begin + frame_complete {
         return None;
     }
-    // SAFETY: a checked read of user memory (the prologue's code).
-    let bytes = unsafe { bpf_probe_read_user(entry as *const [u8; PROLOGUE_BYTES]) }.ok()?;
+    let bytes = memory.read_array::<PROLOGUE_BYTES>(entry).ok()?;
     let state = prologue_state(&bytes, pc.saturating_sub(entry))?;
     if pc < entry {
         // The unverified entry (inline-cache check) before it pushes nothing.
@@ -296,34 +291,26 @@ fn prologue_state_at(
 
 /// What the unwinder needs of one code blob; also the walk's one-entry cache.
 #[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct BlobCache {
-    pub(crate) blob: u64,
-    pub(crate) code_begin: u64,
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlobCache {
+    pub blob: u64,
+    pub code_begin: u64,
     /// End of the blob (`blob + _size`).
-    pub(crate) end: u64,
-    pub(crate) frame_size: i32,
-    pub(crate) frame_complete: i32,
-    pub(crate) compile_id: u32,
-    pub(crate) orig_pc_offset: i32,
+    pub end: u64,
+    pub frame_size: i32,
+    pub frame_complete: i32,
+    pub compile_id: u32,
+    pub orig_pc_offset: i32,
     /// Where a deoptimized frame returns to (0 if unknown).
-    pub(crate) deopt_handler: u64,
+    pub deopt_handler: u64,
 }
 
 /// Finds the blob containing `pc` and reads its header.
 #[inline(always)]
-fn read_blob(hs: &HotspotProc, pc: u64) -> Result<BlobCache, UnwindEnd> {
-    let blob = find_blob(hs, pc)?;
+fn read_blob<M: UserMemory>(hs: &HotspotProc, memory: &M, pc: u64) -> Result<BlobCache, UnwindEnd> {
+    let blob = find_blob(hs, memory, pc)?;
     let mut header = [0u8; BLOB_HEADER_BYTES];
-    // SAFETY: a checked read of user memory into a stack buffer.
-    let read = unsafe {
-        gen::bpf_probe_read_user(
-            header.as_mut_ptr() as *mut c_void,
-            BLOB_HEADER_BYTES as u32,
-            blob as *const c_void,
-        )
-    };
-    if read < 0 {
+    if !memory.read_into(blob, &mut header) {
         return Err(UnwindEnd::JavaReadFailed);
     }
     let code_begin = if hs.flags & hotspot_flags::CODE_OFFSET != 0 {
@@ -337,28 +324,28 @@ fn read_blob(hs: &HotspotProc, pc: u64) -> Result<BlobCache, UnwindEnd> {
         header_i32(&header, hs.blob_frame_complete)
     };
     let size = header_i32(&header, hs.blob_size);
-    // SAFETY: a checked read of user memory; a stub has no compile id, and userspace checks it.
-    let compile_id =
-        unsafe { bpf_probe_read_user((blob + hs.nmethod_compile_id as u64) as *const u32) }
-            .unwrap_or(0);
-    // SAFETY: checked reads of user memory; meaningless for stubs, which never match them.
+    // A stub has no compile id, and userspace checks it.
+    let compile_id = memory
+        .read_u32(blob + hs.nmethod_compile_id as u64)
+        .unwrap_or(0);
+    // Meaningless for stubs, which never match them.
     let deopt_handler = if hs.flags & hotspot_flags::DEOPT_HANDLER_OFFSET != 0 {
-        let offset =
-            unsafe { bpf_probe_read_user((blob + hs.nmethod_deopt_handler as u64) as *const i32) }
-                .unwrap_or(0);
+        let offset = memory
+            .read_u32(blob + hs.nmethod_deopt_handler as u64)
+            .unwrap_or(0) as i32;
         if offset > 0 {
             blob + offset as u64
         } else {
             0
         }
     } else {
-        unsafe { bpf_probe_read_user((blob + hs.nmethod_deopt_handler as u64) as *const u64) }
+        memory
+            .read_u64(blob + hs.nmethod_deopt_handler as u64)
             .unwrap_or(0)
     };
-    // SAFETY: as above.
-    let orig_pc_offset =
-        unsafe { bpf_probe_read_user((blob + hs.nmethod_orig_pc_offset as u64) as *const i32) }
-            .unwrap_or(0);
+    let orig_pc_offset = memory
+        .read_u32(blob + hs.nmethod_orig_pc_offset as u64)
+        .unwrap_or(0) as i32;
     Ok(BlobCache {
         blob,
         code_begin,
@@ -375,24 +362,22 @@ fn read_blob(hs: &HotspotProc, pc: u64) -> Result<BlobCache, UnwindEnd> {
 /// class's name `Symbol` gives the hash word and the name's tail. A part that cannot be read
 /// counts as zeros: the daemon's recomputation then differs and the frame shows as unknown.
 #[inline(always)]
-fn method_cookie(hs: &HotspotProc, const_method: u64) -> u32 {
-    let name = read_u64(const_method + hs.const_method_constants as u64)
-        .and_then(|cp| read_u64(cp + hs.constant_pool_holder as u64))
-        .and_then(|holder| read_u64(holder + hs.klass_name as u64))
+fn method_cookie<M: UserMemory>(hs: &HotspotProc, memory: &M, const_method: u64) -> u32 {
+    let name = read_u64(memory, const_method + hs.const_method_constants as u64)
+        .and_then(|cp| read_u64(memory, cp + hs.constant_pool_holder as u64))
+        .and_then(|holder| read_u64(memory, holder + hs.klass_name as u64))
         .unwrap_or(0);
     let (mut hash_word, mut tail) = (0, [0u64; 2]);
     if name != 0 {
-        // SAFETY: checked reads of user memory.
-        let header = unsafe { bpf_probe_read_user(name as *const [u8; SYMBOL_HEADER_BYTES]) };
-        if let Ok(header) = header {
+        // Read as one word and taken apart by shifts: indexing a stack array by a variable
+        // offset can compile to pointer arithmetic the verifier refuses.
+        if let Ok(header) = memory.read_u64(name) {
             if hs.symbol_hash_word != NO_SYMBOL_HASH {
-                hash_word = header_u32(&header, hs.symbol_hash_word);
+                hash_word = header_field(header, hs.symbol_hash_word, 4) as u32;
             }
-            let len = header_u16(&header, hs.symbol_length);
+            let len = header_field(header, hs.symbol_length, 2) as u16;
             let start = name + hs.symbol_body as u64 + name_tail_start(len);
-            // SAFETY: as above.
-            if let Ok(bytes) = unsafe { bpf_probe_read_user(start as *const [u8; NAME_TAIL_BYTES]) }
-            {
+            if let Ok(bytes) = memory.read_array::<NAME_TAIL_BYTES>(start) {
                 tail = name_tail(bytes, len);
             }
         }
@@ -401,32 +386,26 @@ fn method_cookie(hs: &HotspotProc, const_method: u64) -> u32 {
 }
 
 /// Bytes at the start of a `Symbol` that hold its hash word and length (both below 8).
-const SYMBOL_HEADER_BYTES: usize = 8;
+const SYMBOL_HEADER_BYTES: u64 = 8;
 
+/// The little-endian field of `bytes` (2 or 4) bytes at `offset` in a `Symbol`'s first word; 0
+/// if it does not fit in that word.
 #[inline(always)]
-fn header_u32(header: &[u8; SYMBOL_HEADER_BYTES], offset: u16) -> u32 {
-    let at = offset as usize & (SYMBOL_HEADER_BYTES - 1);
-    if at + 4 > SYMBOL_HEADER_BYTES {
+fn header_field(header: u64, offset: u16, bytes: u64) -> u64 {
+    let at = offset as u64 & (SYMBOL_HEADER_BYTES - 1);
+    if at + bytes > SYMBOL_HEADER_BYTES {
         return 0;
     }
-    u32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
-}
-
-#[inline(always)]
-fn header_u16(header: &[u8; SYMBOL_HEADER_BYTES], offset: u16) -> u16 {
-    let at = offset as usize & (SYMBOL_HEADER_BYTES - 1);
-    if at + 2 > SYMBOL_HEADER_BYTES {
-        return 0;
-    }
-    u16::from_le_bytes([header[at], header[at + 1]])
+    (header >> (at * 8)) & ((1 << (bytes * 8)) - 1)
 }
 
 /// An interpreter frame: Method* and bcp from fixed slots below fp (the live bcp from r13 for
 /// the interrupted frame); the caller's sp is the saved sender sp.
 #[inline(always)]
-fn interpreted_step(
+fn interpreted_step<M: UserMemory>(
     walk: &mut Walk,
     window: &mut StackWindow,
+    memory: &M,
     top: bool,
 ) -> Result<UserFrame, UnwindEnd> {
     let hs = &walk.hotspot;
@@ -434,16 +413,16 @@ fn interpreted_step(
     if fp < sp || fp - sp > 1 << 20 {
         return Err(UnwindEnd::BadJavaFrame);
     }
-    let method = stack_u64(window, slot_address(fp, hs.interpreter_method_slot))?;
-    let const_method = read_u64(method + hs.method_const_method as u64)?;
-    // SAFETY: a checked read of user memory.
-    let code_size = unsafe {
-        bpf_probe_read_user((const_method + hs.const_method_code_size as u64) as *const u16)
-    }
-    .map_err(|_| UnwindEnd::JavaReadFailed)? as u64;
+    let method = window.u64(memory, slot_address(fp, hs.interpreter_method_slot))?;
+    let const_method = read_u64(memory, method + hs.method_const_method as u64)?;
+    let code_size = memory
+        .read_u16(const_method + hs.const_method_code_size as u64)
+        .map_err(|_| UnwindEnd::JavaReadFailed)? as u64;
     let code_start = const_method + hs.const_method_size as u64;
     let in_code = |bcp: u64| bcp >= code_start && bcp < code_start + code_size.max(1);
-    let saved_bcp = stack_u64(window, slot_address(fp, hs.interpreter_bcp_slot)).unwrap_or(0);
+    let saved_bcp = window
+        .u64(memory, slot_address(fp, hs.interpreter_bcp_slot))
+        .unwrap_or(0);
     let bcp = if top && in_code(walk.r13) {
         walk.r13
     } else {
@@ -458,11 +437,11 @@ fn interpreted_step(
         FrameKind::Interpreted,
         method,
         bci,
-        method_cookie(hs, const_method),
+        method_cookie(hs, memory, const_method),
     );
 
-    let slot = stack_pair(window, fp)?;
-    let sender_sp = stack_u64(window, fp.wrapping_sub(8))?;
+    let slot = window.pair(memory, fp)?;
+    let sender_sp = window.u64(memory, fp.wrapping_sub(8))?;
     walk.fp = slot[0];
     walk.pc = slot[1];
     walk.sp = sender_sp;
@@ -513,7 +492,7 @@ fn header_i16(header: &[u8; BLOB_HEADER_BYTES], offset: u16) -> i16 {
 /// The CodeBlob containing `pc`, through its heap's segment map (HotSpot's
 /// `CodeHeap::find_start`): each map byte says how many segments back the block starts.
 #[inline(always)]
-fn find_blob(hs: &HotspotProc, pc: u64) -> Result<u64, UnwindEnd> {
+fn find_blob<M: UserMemory>(hs: &HotspotProc, memory: &M, pc: u64) -> Result<u64, UnwindEnd> {
     let mut heap = None;
     for i in 0..MAX_CODE_HEAPS {
         if i < hs.heap_count as usize && pc >= hs.heaps[i].low && pc < hs.heaps[i].high {
@@ -527,8 +506,8 @@ fn find_blob(hs: &HotspotProc, pc: u64) -> Result<u64, UnwindEnd> {
     let mut index = (pc - heap.low) >> shift;
     let mut found = false;
     for _ in 0..SEGMAP_HOPS {
-        // SAFETY: a checked read of user memory.
-        let hop = unsafe { bpf_probe_read_user((heap.segmap + index) as *const u8) }
+        let hop = memory
+            .read_u8(heap.segmap + index)
             .map_err(|_| UnwindEnd::JavaReadFailed)?;
         if hop == 0xff {
             return Err(UnwindEnd::NoCodeBlob);
@@ -546,8 +525,8 @@ fn find_blob(hs: &HotspotProc, pc: u64) -> Result<u64, UnwindEnd> {
         return Err(UnwindEnd::NoCodeBlob);
     }
     let block = heap.low + (index << shift);
-    // SAFETY: a checked read of user memory.
-    let used = unsafe { bpf_probe_read_user((block + hs.heap_block_used as u64) as *const u8) }
+    let used = memory
+        .read_u8(block + hs.heap_block_used as u64)
         .map_err(|_| UnwindEnd::JavaReadFailed)?;
     if used == 0 {
         return Err(UnwindEnd::NoCodeBlob);

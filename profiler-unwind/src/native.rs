@@ -2,21 +2,22 @@
 
 use profiler_common::{FrameKind, UnwindEnd, UserFrame};
 
-use crate::memory::{stack_pair, StackWindow};
-use crate::{frame, Walk};
+use crate::memory::{StackWindow, UserMemory};
+use crate::walk::{frame, Walk};
 
 /// A frame-pointer step: [fp] is the caller's saved fp, [fp + 8] the return address.
 #[inline(always)]
-pub(crate) fn native_step(
+pub(crate) fn native_step<M: UserMemory>(
     walk: &mut Walk,
     window: &mut StackWindow,
+    memory: &M,
 ) -> Result<UserFrame, UnwindEnd> {
     let recorded = frame(FrameKind::Native, walk.pc, 0, 0);
     if walk.fp == 0 {
         walk.end = UnwindEnd::Complete as u8;
         return Ok(recorded);
     }
-    let Ok(slot) = stack_pair(window, walk.fp) else {
+    let Ok(slot) = window.pair(memory, walk.fp) else {
         walk.end = UnwindEnd::ReadFailed as u8;
         return Ok(recorded);
     };

@@ -1,0 +1,155 @@
+//! What the walker needs from where it runs: reads of the sampled process's memory, the
+//! JavaThread of a tid, and somewhere to put frames. The thread's stack is read through a
+//! window: frames are contiguous, so one read of up to a page serves many frames (a deep Java
+//! stack costs a few reads, not hundreds).
+
+use profiler_common::{UnwindEnd, UserFrame};
+
+/// A read of the sampled process's memory that failed (unmapped, paged out); on the BPF side,
+/// the helper's error code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadError(pub i32);
+
+/// Reads of the sampled process's memory. Any read may fail, never fault. The BPF side
+/// implements them with `bpf_probe_read_user`.
+///
+/// The results are `Result<T, ReadError>` rather than `Option<T>` on purpose: that is the layout
+/// of aya's `bpf_probe_read_user` result (`Result<T, i32>`), a byte array 4-aligned beside the
+/// error. In an `Option` the array sits at offset 1: the BPF program then copied it byte by byte
+/// (7% more instructions) and indexed one such copy in a way the verifier refused.
+pub trait UserMemory {
+    fn read_u8(&self, addr: u64) -> Result<u8, ReadError>;
+    fn read_u16(&self, addr: u64) -> Result<u16, ReadError>;
+    fn read_u32(&self, addr: u64) -> Result<u32, ReadError>;
+    fn read_u64(&self, addr: u64) -> Result<u64, ReadError>;
+    /// Two consecutive words at `addr`, in one read.
+    fn read_pair(&self, addr: u64) -> Result<[u64; 2], ReadError>;
+    /// `N` bytes at `addr`.
+    fn read_array<const N: usize>(&self, addr: u64) -> Result<[u8; N], ReadError>;
+    /// Fills `dst` from `addr`; false if any of it could not be read (`dst` is then
+    /// unspecified).
+    fn read_into(&self, addr: u64, dst: &mut [u8]) -> bool;
+}
+
+/// The `JavaThread*` of a thread, by host tid (the daemon's view of the JVM's threads).
+pub trait JavaThreads {
+    fn java_thread(&self, tid: u32) -> Option<u64>;
+}
+
+/// Where the walk puts the frames it records.
+pub trait FrameSink {
+    /// Stores frame number `index` (innermost first); false if there is no room for it.
+    fn record(&mut self, index: u32, frame: UserFrame) -> bool;
+}
+
+/// Bytes of the stack a [`StackWindow`] holds: one page.
+pub const STACK_WINDOW_BYTES: usize = 4096;
+
+/// A copy of the part of the sampled thread's stack the walk is in.
+#[repr(C)]
+pub struct StackWindow {
+    pub base: u64,
+    pub len: u64,
+    pub bytes: [u8; STACK_WINDOW_BYTES],
+}
+
+impl StackWindow {
+    /// An empty window (the BPF side finds its window in a per-CPU map and calls
+    /// [`StackWindow::clear`] instead).
+    pub const fn new() -> Self {
+        Self {
+            base: 0,
+            len: 0,
+            bytes: [0; STACK_WINDOW_BYTES],
+        }
+    }
+
+    /// Forgets what the window holds: a new sample, maybe of another thread.
+    #[inline(always)]
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// The word at `addr` if the window already holds it: no read of user memory.
+    #[inline(always)]
+    pub fn word_if_held(&self, addr: u64) -> Option<u64> {
+        if addr < self.base || addr.wrapping_add(8) > self.base.wrapping_add(self.len) {
+            return None;
+        }
+        let at = (addr - self.base) as usize;
+        if at > STACK_WINDOW_BYTES - 8 {
+            return None;
+        }
+        Some(self.word(at))
+    }
+
+    #[inline(always)]
+    fn word(&self, at: usize) -> u64 {
+        let b = &self.bytes;
+        u64::from_le_bytes([
+            b[at],
+            b[at + 1],
+            b[at + 2],
+            b[at + 3],
+            b[at + 4],
+            b[at + 5],
+            b[at + 6],
+            b[at + 7],
+        ])
+    }
+
+    /// The two words at `addr` on the sampled thread's stack, refilling the window from `addr`
+    /// to the end of its page when it does not hold them.
+    #[inline(always)]
+    pub fn pair<M: UserMemory>(&mut self, memory: &M, addr: u64) -> Result<[u64; 2], UnwindEnd> {
+        if addr < self.base || addr.wrapping_add(16) > self.base.wrapping_add(self.len) {
+            // Refill from `addr` to the end of its page: never crosses into an unmapped page.
+            let len = 4096 - (addr & 0xfff);
+            if len < 16 {
+                return read_pair(memory, addr);
+            }
+            let len = (len as usize).min(STACK_WINDOW_BYTES);
+            let Some(dst) = self.bytes.get_mut(..len) else {
+                return Err(UnwindEnd::JavaReadFailed);
+            };
+            if !memory.read_into(addr, dst) {
+                self.len = 0;
+                return Err(UnwindEnd::JavaReadFailed);
+            }
+            self.base = addr;
+            self.len = len as u64;
+        }
+        let at = (addr - self.base) as usize;
+        if at > STACK_WINDOW_BYTES - 16 {
+            return Err(UnwindEnd::JavaReadFailed);
+        }
+        Ok([self.word(at), self.word(at + 8)])
+    }
+
+    /// The word at `addr` on the sampled thread's stack (see [`StackWindow::pair`]).
+    #[inline(always)]
+    pub fn u64<M: UserMemory>(&mut self, memory: &M, addr: u64) -> Result<u64, UnwindEnd> {
+        self.pair(memory, addr).map(|pair| pair[0])
+    }
+}
+
+impl Default for StackWindow {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The word at `addr`, outside the stack window.
+#[inline(always)]
+pub(crate) fn read_u64<M: UserMemory>(memory: &M, addr: u64) -> Result<u64, UnwindEnd> {
+    memory.read_u64(addr).map_err(|_| UnwindEnd::JavaReadFailed)
+}
+
+/// The two words at `addr`, outside the stack window (a pair the window cannot hold: it
+/// straddles a page boundary).
+#[inline(always)]
+fn read_pair<M: UserMemory>(memory: &M, addr: u64) -> Result<[u64; 2], UnwindEnd> {
+    memory
+        .read_pair(addr)
+        .map_err(|_| UnwindEnd::JavaReadFailed)
+}

@@ -1,0 +1,579 @@
+//! A synthetic JVM process for the walker: memory as address ranges of bytes, and a code cache,
+//! metadata and threads laid out by a [`HotspotProc`] built here. Nothing is read from a real
+//! process; instruction bytes come from the recordings in `x86_frames`'s tests.
+
+use profiler_common::{
+    hotspot_flags, interpreted_cookie, name_tail, name_tail_start, CodeHeapRange, FrameKind,
+    HotspotProc, UnwindEnd, UserFrame, BCI_UNKNOWN, NAME_TAIL_BYTES,
+};
+
+use crate::{
+    walk_stack, FrameSink, JavaThreads, ReadError, StackWindow, UserMemory, UserRegs, Walk,
+};
+
+/// Memory of the fake process: disjoint regions, each readable as a whole.
+#[derive(Default)]
+pub(crate) struct FakeMemory {
+    regions: Vec<(u64, Vec<u8>)>,
+    threads: Vec<(u32, u64)>,
+}
+
+impl FakeMemory {
+    /// Maps `len` zero bytes at `start`.
+    pub(crate) fn map(&mut self, start: u64, len: usize) {
+        assert!(
+            self.regions
+                .iter()
+                .all(|(s, b)| start + len as u64 <= *s || start >= s + b.len() as u64),
+            "overlapping regions at {start:#x}"
+        );
+        self.regions.push((start, vec![0; len]));
+    }
+
+    /// Unmaps the region that starts at `start`.
+    pub(crate) fn unmap(&mut self, start: u64) {
+        self.regions.retain(|(s, _)| *s != start);
+    }
+
+    fn region(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        self.regions.iter().find_map(|(start, bytes)| {
+            let at = addr.checked_sub(*start)? as usize;
+            bytes.get(at..at.checked_add(len)?)
+        })
+    }
+
+    pub(crate) fn write(&mut self, addr: u64, data: &[u8]) {
+        let slot = self
+            .regions
+            .iter_mut()
+            .find_map(|(start, bytes)| {
+                let at = addr.checked_sub(*start)? as usize;
+                bytes.get_mut(at..at + data.len())
+            })
+            .unwrap_or_else(|| panic!("write of {} bytes at {addr:#x}: not mapped", data.len()));
+        slot.copy_from_slice(data);
+    }
+
+    pub(crate) fn put_u8(&mut self, addr: u64, value: u8) {
+        self.write(addr, &[value]);
+    }
+
+    pub(crate) fn put_u16(&mut self, addr: u64, value: u16) {
+        self.write(addr, &value.to_le_bytes());
+    }
+
+    pub(crate) fn put_u32(&mut self, addr: u64, value: u32) {
+        self.write(addr, &value.to_le_bytes());
+    }
+
+    pub(crate) fn put_u64(&mut self, addr: u64, value: u64) {
+        self.write(addr, &value.to_le_bytes());
+    }
+
+    pub(crate) fn add_thread(&mut self, tid: u32, java_thread: u64) {
+        self.threads.push((tid, java_thread));
+    }
+
+    fn bytes<const N: usize>(&self, addr: u64) -> Result<[u8; N], ReadError> {
+        let mut out = [0u8; N];
+        let bytes = self.region(addr, N).ok_or(ReadError(-14))?;
+        out.copy_from_slice(bytes);
+        Ok(out)
+    }
+}
+
+impl UserMemory for FakeMemory {
+    fn read_u8(&self, addr: u64) -> Result<u8, ReadError> {
+        self.bytes::<1>(addr).map(u8::from_le_bytes)
+    }
+
+    fn read_u16(&self, addr: u64) -> Result<u16, ReadError> {
+        self.bytes(addr).map(u16::from_le_bytes)
+    }
+
+    fn read_u32(&self, addr: u64) -> Result<u32, ReadError> {
+        self.bytes(addr).map(u32::from_le_bytes)
+    }
+
+    fn read_u64(&self, addr: u64) -> Result<u64, ReadError> {
+        self.bytes(addr).map(u64::from_le_bytes)
+    }
+
+    fn read_pair(&self, addr: u64) -> Result<[u64; 2], ReadError> {
+        Ok([self.read_u64(addr)?, self.read_u64(addr + 8)?])
+    }
+
+    fn read_array<const N: usize>(&self, addr: u64) -> Result<[u8; N], ReadError> {
+        self.bytes(addr)
+    }
+
+    fn read_into(&self, addr: u64, dst: &mut [u8]) -> bool {
+        match self.region(addr, dst.len()) {
+            Some(bytes) => {
+                dst.copy_from_slice(bytes);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl JavaThreads for FakeMemory {
+    fn java_thread(&self, tid: u32) -> Option<u64> {
+        self.threads
+            .iter()
+            .find_map(|&(t, thread)| (t == tid).then_some(thread))
+    }
+}
+
+/// Frames as the BPF program's sample record would hold them.
+#[derive(Default)]
+pub(crate) struct Frames(pub(crate) Vec<UserFrame>);
+
+impl FrameSink for Frames {
+    fn record(&mut self, index: u32, frame: UserFrame) -> bool {
+        assert_eq!(index as usize, self.0.len(), "frames recorded in order");
+        self.0.push(frame);
+        true
+    }
+}
+
+/// Where things are in the fake process.
+pub(crate) const CODE_LOW: u64 = 0x7f00_0000_0000;
+pub(crate) const CODE_HIGH: u64 = CODE_LOW + 0x10_0000;
+pub(crate) const INTERPRETER_LOW: u64 = CODE_LOW + 0x1000;
+pub(crate) const INTERPRETER_HIGH: u64 = CODE_LOW + 0x9000;
+/// `StubRoutines::_call_stub_return_address` (not in any blob: the walker tests it first).
+pub(crate) const CALL_STUB_RETURN: u64 = CODE_LOW + 0xa040;
+pub(crate) const HEAP_LOW: u64 = CODE_LOW + 0x1_0000;
+pub(crate) const HEAP_HIGH: u64 = CODE_HIGH;
+const LOG2_SEGMENT: u32 = 7;
+const SEGMAP: u64 = 0x7e00_0000_0000;
+const METADATA: u64 = 0x6000_0000_0000;
+const THREADS: u64 = 0x5000_0000_0000;
+/// The thread's stack: 16 pages, the walk runs towards `STACK_TOP`.
+pub(crate) const STACK: u64 = 0x7ffc_0000_0000;
+pub(crate) const STACK_TOP: u64 = STACK + 0x1_0000;
+/// Native code (never read: native frames are walked by frame pointer only).
+pub(crate) const CALL_HELPER: u64 = 0x5555_0000_1234;
+pub(crate) const THREAD_START: u64 = 0x5555_0000_5678;
+pub(crate) const LIBC_READ: u64 = 0x7f55_0001_2345;
+
+/// Offsets of the fake layout (chosen here; the real ones come from VMStructs).
+const BLOB_HEADER: u64 = 128;
+const HEAP_BLOCK_HEADER: u64 = 16;
+pub(crate) const METHOD_SLOT: i8 = -3;
+pub(crate) const BCP_SLOT: i8 = -7;
+const JAVA_THREAD_STATE: u64 = 0x80;
+const JAVA_THREAD_ANCHOR: u64 = 0x100;
+const CONST_METHOD_SIZE: u64 = 48;
+
+/// Which generation of the `CodeBlob`/`nmethod` layout the fake JVM has.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// JDK 17: `_code_begin`, `_deopt_handler_begin` and `_verified_entry_point` are pointers,
+    /// `_frame_complete_offset` 32 bits.
+    Pointers,
+    /// JDK 23+: 32-bit code and deopt handler offsets, 16-bit frame-complete and verified
+    /// entry offsets.
+    Offsets,
+}
+
+/// A code blob placed in the fake code cache.
+#[derive(Clone, Copy)]
+pub(crate) struct Blob {
+    pub(crate) addr: u64,
+    pub(crate) code_begin: u64,
+    pub(crate) compile_id: u32,
+}
+
+impl Blob {
+    pub(crate) fn pc(&self, offset: u64) -> u64 {
+        self.code_begin + offset
+    }
+
+    /// The frame the walker records for a pc at `offset`.
+    pub(crate) fn frame(&self, offset: u64) -> UserFrame {
+        frame(
+            FrameKind::Compiled,
+            self.addr,
+            offset as u32,
+            self.compile_id,
+        )
+    }
+}
+
+/// What to put in a blob.
+pub(crate) struct BlobSpec<'a> {
+    pub(crate) code_len: u64,
+    /// In words, the return address and saved rbp included; 0 for stubs without a fixed frame.
+    pub(crate) frame_size: i32,
+    pub(crate) frame_complete: i32,
+    pub(crate) compile_id: u32,
+    /// From the code's start.
+    pub(crate) verified_entry: Option<u64>,
+    pub(crate) deopt_handler: Option<u64>,
+    pub(crate) orig_pc_offset: i32,
+    /// Instruction bytes at offsets from the code's start.
+    pub(crate) code: &'a [(u64, &'a str)],
+}
+
+impl BlobSpec<'_> {
+    /// A stub: no fixed frame, no nmethod fields.
+    pub(crate) fn stub() -> Self {
+        Self {
+            code_len: 0x80,
+            frame_size: 0,
+            frame_complete: 0,
+            compile_id: 0,
+            verified_entry: None,
+            deopt_handler: None,
+            orig_pc_offset: 0,
+            code: &[],
+        }
+    }
+
+    /// An nmethod with a frame of `frame_size` words, complete at 0x40.
+    pub(crate) fn nmethod(frame_size: i32, compile_id: u32) -> Self {
+        Self {
+            code_len: 0x400,
+            frame_size,
+            frame_complete: 0x40,
+            compile_id,
+            verified_entry: Some(0x20),
+            deopt_handler: None,
+            orig_pc_offset: 0,
+            code: &[],
+        }
+    }
+}
+
+/// A `Method` in the fake metaspace.
+#[derive(Clone, Copy)]
+pub(crate) struct Method {
+    pub(crate) addr: u64,
+    /// Where its bytecodes start.
+    pub(crate) code: u64,
+    pub(crate) cookie: u32,
+}
+
+impl Method {
+    pub(crate) fn frame(&self, bci: u32) -> UserFrame {
+        frame(FrameKind::Interpreted, self.addr, bci, self.cookie)
+    }
+}
+
+pub(crate) fn native(pc: u64) -> UserFrame {
+    frame(FrameKind::Native, pc, 0, 0)
+}
+
+fn frame(kind: FrameKind, addr: u64, aux: u32, cookie: u32) -> UserFrame {
+    UserFrame {
+        addr,
+        aux,
+        cookie,
+        kind: kind as u8,
+        _reserved: [0; 7],
+    }
+}
+
+/// The fake JVM: its memory, its layout, and bump allocators for blobs and metadata.
+pub(crate) struct Jvm {
+    pub(crate) memory: FakeMemory,
+    pub(crate) hs: HotspotProc,
+    layout: Layout,
+    next_block: u64,
+    next_metadata: u64,
+}
+
+impl Jvm {
+    pub(crate) fn new(layout: Layout) -> Self {
+        let mut memory = FakeMemory::default();
+        memory.map(CODE_LOW, (CODE_HIGH - CODE_LOW) as usize);
+        let segments = ((HEAP_HIGH - HEAP_LOW) >> LOG2_SEGMENT) as usize;
+        memory.map(SEGMAP, segments);
+        memory.write(SEGMAP, &vec![0xff; segments]);
+        memory.map(METADATA, 0x1_0000);
+        memory.map(THREADS, 0x1000);
+        memory.map(STACK, (STACK_TOP - STACK) as usize);
+        let offsets = layout == Layout::Offsets;
+        let flags = if offsets {
+            hotspot_flags::CODE_OFFSET
+                | hotspot_flags::FRAME_COMPLETE_16
+                | hotspot_flags::DEOPT_HANDLER_OFFSET
+                | hotspot_flags::VERIFIED_ENTRY_OFFSET
+        } else {
+            0
+        };
+        let mut heaps = [CodeHeapRange::default(); profiler_common::MAX_CODE_HEAPS];
+        heaps[0] = CodeHeapRange {
+            low: HEAP_LOW,
+            high: HEAP_HIGH,
+            segmap: SEGMAP,
+            log2_segment_size: LOG2_SEGMENT,
+            _reserved: 0,
+        };
+        let hs = HotspotProc {
+            code_low: CODE_LOW,
+            code_high: CODE_HIGH,
+            interpreter_low: INTERPRETER_LOW,
+            interpreter_high: INTERPRETER_HIGH,
+            call_stub_return: CALL_STUB_RETURN,
+            heaps,
+            heap_count: 1,
+            flags,
+            interpreter_method_slot: METHOD_SLOT,
+            interpreter_bcp_slot: BCP_SLOT,
+            entry_frame_call_wrapper_slot: -6,
+            heap_block_size: HEAP_BLOCK_HEADER as u16,
+            heap_block_used: 8,
+            blob_size: 4,
+            blob_frame_size: 12,
+            blob_frame_complete: 8,
+            blob_code: 16,
+            nmethod_compile_id: 40,
+            nmethod_method: 32,
+            method_const_method: 8,
+            java_thread_anchor: JAVA_THREAD_ANCHOR as u16,
+            java_thread_state: JAVA_THREAD_STATE as u16,
+            anchor_sp: 0,
+            anchor_pc: 8,
+            anchor_fp: 16,
+            call_wrapper_anchor: 0,
+            const_method_size: CONST_METHOD_SIZE as u16,
+            const_method_code_size: 16,
+            nmethod_deopt_handler: 48,
+            nmethod_orig_pc_offset: 56,
+            const_method_constants: 8,
+            constant_pool_holder: 24,
+            klass_name: 16,
+            symbol_hash_word: 0,
+            symbol_length: 4,
+            symbol_body: 6,
+            nmethod_verified_entry: 64,
+            ..HotspotProc::default()
+        };
+        Self {
+            memory,
+            hs,
+            layout,
+            next_block: HEAP_LOW,
+            next_metadata: METADATA,
+        }
+    }
+
+    /// Places a blob in the code heap: a used `HeapBlock`, its segments marked in the map as
+    /// HotSpot does (0 at the block's first segment, then the distance back to it).
+    pub(crate) fn add_blob(&mut self, spec: &BlobSpec) -> Blob {
+        let block = self.next_block;
+        let size = BLOB_HEADER + spec.code_len;
+        let segments = (HEAP_BLOCK_HEADER + size).div_ceil(1 << LOG2_SEGMENT);
+        assert!(segments < 0xff, "a fake blob spans under 255 segments");
+        self.next_block += segments << LOG2_SEGMENT;
+        let first = (block - HEAP_LOW) >> LOG2_SEGMENT;
+        for i in 0..segments {
+            self.memory.put_u8(SEGMAP + first + i, i as u8);
+        }
+        let m = &mut self.memory;
+        m.put_u64(block, segments);
+        m.put_u8(block + self.hs.heap_block_used as u64, 1);
+        let blob = block + HEAP_BLOCK_HEADER;
+        let code_begin = blob + BLOB_HEADER;
+        let hs = &self.hs;
+        m.put_u32(blob + hs.blob_size as u64, size as u32);
+        m.put_u32(blob + hs.blob_frame_size as u64, spec.frame_size as u32);
+        m.put_u32(blob + hs.nmethod_compile_id as u64, spec.compile_id);
+        m.put_u32(
+            blob + hs.nmethod_orig_pc_offset as u64,
+            spec.orig_pc_offset as u32,
+        );
+        match self.layout {
+            Layout::Pointers => {
+                m.put_u64(blob + hs.blob_code as u64, code_begin);
+                m.put_u32(
+                    blob + hs.blob_frame_complete as u64,
+                    spec.frame_complete as u32,
+                );
+                if let Some(handler) = spec.deopt_handler {
+                    m.put_u64(blob + hs.nmethod_deopt_handler as u64, code_begin + handler);
+                }
+                if let Some(entry) = spec.verified_entry {
+                    m.put_u64(blob + hs.nmethod_verified_entry as u64, code_begin + entry);
+                }
+            }
+            Layout::Offsets => {
+                m.put_u32(blob + hs.blob_code as u64, BLOB_HEADER as u32);
+                m.put_u16(
+                    blob + hs.blob_frame_complete as u64,
+                    spec.frame_complete as u16,
+                );
+                if let Some(handler) = spec.deopt_handler {
+                    let from_blob = BLOB_HEADER + handler;
+                    m.put_u32(blob + hs.nmethod_deopt_handler as u64, from_blob as u32);
+                }
+                if let Some(entry) = spec.verified_entry {
+                    m.put_u16(blob + hs.nmethod_verified_entry as u64, entry as u16);
+                }
+            }
+        }
+        for (offset, hex) in spec.code {
+            m.write(code_begin + offset, &hex_bytes(hex));
+        }
+        Blob {
+            addr: blob,
+            code_begin,
+            compile_id: spec.compile_id,
+        }
+    }
+
+    fn alloc_metadata(&mut self, len: u64) -> u64 {
+        let at = self.next_metadata;
+        self.next_metadata += len.next_multiple_of(16);
+        at
+    }
+
+    /// A method of class `class_name` (its `Symbol` hash word `hash_word`) with `code_size`
+    /// bytes of bytecode.
+    pub(crate) fn add_method(
+        &mut self,
+        class_name: &[u8],
+        hash_word: u32,
+        code_size: u16,
+    ) -> Method {
+        let symbol = self.alloc_metadata(6 + class_name.len() as u64);
+        let klass = self.alloc_metadata(32);
+        let pool = self.alloc_metadata(32);
+        let const_method = self.alloc_metadata(CONST_METHOD_SIZE + code_size as u64);
+        let method = self.alloc_metadata(32);
+        let hs = self.hs;
+        let m = &mut self.memory;
+        m.put_u32(symbol + hs.symbol_hash_word as u64, hash_word);
+        m.put_u16(symbol + hs.symbol_length as u64, class_name.len() as u16);
+        m.write(symbol + hs.symbol_body as u64, class_name);
+        m.put_u64(klass + hs.klass_name as u64, symbol);
+        m.put_u64(pool + hs.constant_pool_holder as u64, klass);
+        m.put_u64(const_method + hs.const_method_constants as u64, pool);
+        m.put_u16(const_method + hs.const_method_code_size as u64, code_size);
+        m.put_u64(method + hs.method_const_method as u64, const_method);
+        Method {
+            addr: method,
+            code: const_method + CONST_METHOD_SIZE,
+            cookie: interpreted_cookie(const_method, hash_word, tail_of(class_name)),
+        }
+    }
+
+    /// An interpreter frame at `fp`: the `Method*`, the saved bcp (`bci` into the method's code,
+    /// or a raw value), the sender sp, the caller's fp and the return address.
+    pub(crate) fn interpreter_frame(&mut self, fp: u64, frame: InterpreterFrame) {
+        let m = &mut self.memory;
+        m.put_u64(fp, frame.saved_fp);
+        m.put_u64(fp + 8, frame.return_address);
+        m.put_u64(fp - 8, frame.sender_sp);
+        m.put_u64(slot(fp, METHOD_SLOT), frame.method.addr);
+        m.put_u64(slot(fp, BCP_SLOT), frame.bcp);
+    }
+
+    /// A compiled frame of `frame_size` words at `sp` (saved rbp and return address at its top);
+    /// returns the caller's sp.
+    pub(crate) fn compiled_frame(
+        &mut self,
+        sp: u64,
+        frame_size: u64,
+        saved_fp: u64,
+        return_address: u64,
+    ) -> u64 {
+        let caller_sp = sp + frame_size * 8;
+        self.memory.put_u64(caller_sp - 16, saved_fp);
+        self.memory.put_u64(caller_sp - 8, return_address);
+        caller_sp
+    }
+
+    /// A frame-pointer frame at `fp` (the call stub's, or native code's).
+    pub(crate) fn fp_frame(&mut self, fp: u64, saved_fp: u64, return_address: u64) {
+        self.memory.put_u64(fp, saved_fp);
+        self.memory.put_u64(fp + 8, return_address);
+    }
+
+    /// The call stub's frame at `fp` and the two native frames above it (`JavaCalls::call_helper`
+    /// and the thread's start, whose saved fp is null): what every Java stack ends with. Returns
+    /// the frames the walker records for them.
+    pub(crate) fn entry_frames(&mut self, fp: u64) -> Vec<UserFrame> {
+        let helper_fp = fp + 0x100;
+        let start_fp = fp + 0x200;
+        self.fp_frame(fp, helper_fp, CALL_HELPER);
+        self.fp_frame(helper_fp, start_fp, THREAD_START);
+        self.fp_frame(start_fp, 0, 0);
+        vec![native(CALL_HELPER), native(THREAD_START)]
+    }
+
+    /// A Java thread of host tid `tid` in `state`, its anchor holding (sp, pc, fp).
+    pub(crate) fn add_java_thread(&mut self, tid: u32, state: u32, anchor: (u64, u64, u64)) {
+        let thread = THREADS + tid as u64 * 0x200 % 0x800;
+        let hs = self.hs;
+        let a = thread + hs.java_thread_anchor as u64;
+        let m = &mut self.memory;
+        m.put_u32(thread + hs.java_thread_state as u64, state);
+        m.put_u64(a + hs.anchor_sp as u64, anchor.0);
+        m.put_u64(a + hs.anchor_pc as u64, anchor.1);
+        m.put_u64(a + hs.anchor_fp as u64, anchor.2);
+        m.add_thread(tid, thread);
+    }
+
+    /// Walks thread `tid` from `regs` as the BPF program would.
+    pub(crate) fn walk(&self, tid: u32, regs: UserRegs) -> (Vec<UserFrame>, UnwindEnd) {
+        walk_process(&self.memory, Some(&self.hs), tid, regs)
+    }
+}
+
+/// What an interpreter frame holds.
+pub(crate) struct InterpreterFrame {
+    pub(crate) method: Method,
+    pub(crate) bcp: u64,
+    pub(crate) sender_sp: u64,
+    pub(crate) saved_fp: u64,
+    pub(crate) return_address: u64,
+}
+
+/// Walks `memory` from `regs`, `hotspot` describing the process if it is a JVM.
+pub(crate) fn walk_process(
+    memory: &FakeMemory,
+    hotspot: Option<&HotspotProc>,
+    tid: u32,
+    regs: UserRegs,
+) -> (Vec<UserFrame>, UnwindEnd) {
+    let mut walk = Walk::default();
+    let mut window = Box::new(StackWindow::new());
+    let mut frames = Frames::default();
+    walk.start(tid, regs, hotspot);
+    walk_stack(&mut walk, &mut window, memory, &mut frames);
+    let end = UnwindEnd::from_u8(walk.end).expect("the walk ends with an UnwindEnd");
+    assert_eq!(walk.frames as usize, frames.0.len());
+    (frames.0, end)
+}
+
+pub(crate) fn regs(ip: u64, sp: u64, fp: u64) -> UserRegs {
+    UserRegs { ip, sp, fp, r13: 0 }
+}
+
+fn slot(fp: u64, slot: i8) -> u64 {
+    fp.wrapping_add((slot as i64 * 8) as u64)
+}
+
+/// A class name's tail as [`interpreted_cookie`] takes it, computed from the name itself.
+fn tail_of(name: &[u8]) -> [u64; 2] {
+    let start = name_tail_start(name.len() as u16) as usize;
+    let mut bytes = [0u8; NAME_TAIL_BYTES];
+    for (slot, byte) in bytes.iter_mut().zip(&name[start..]) {
+        *slot = *byte;
+    }
+    name_tail(bytes, name.len() as u16)
+}
+
+pub(crate) fn hex_bytes(hex: &str) -> Vec<u8> {
+    hex.split_whitespace()
+        .map(|byte| u8::from_str_radix(byte, 16).expect("a hex byte"))
+        .collect()
+}
+
+/// The bci the walker records when the bcp is implausible.
+pub(crate) const NO_BCI: u32 = BCI_UNKNOWN;
