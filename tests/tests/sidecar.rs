@@ -2,10 +2,9 @@
 //! into a running JVM, in the host namespace and in a mount namespace with a private /tmp; the
 //! agent's records decode and name an inlined chain with its source lines; a JVM started with
 //! -XX:+DisableAttachMechanism is refused with a clear message and keeps running; `attach =
-//! "auto"` loads the agent (unless denied) and a thread that ran before it is named in full;
-//! minutes of
-//! class churn with the agent loaded, on every JDK at once and profiled, keep the JVMs alive and
-//! the agent's heap and files bounded.
+//! "auto"` loads the agent (unless denied), and a thread that ran before it is named in full;
+//! minutes of class churn with the agent loaded, on every JDK at once and profiled, keep the
+//! JVMs alive and the agent's heap and files bounded.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
