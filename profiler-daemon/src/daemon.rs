@@ -20,6 +20,7 @@ use crate::config::Config;
 use crate::export::pyroscope::{ExporterError, PyroscopeExporter};
 use crate::export::queue::ExportQueue;
 use crate::export::{stream, Exports};
+use crate::hotspot::thread_directory::ThreadDirectory;
 use crate::hotspot::tracker::{self, JvmTracker, TrackerCounts};
 use crate::metrics::{Metrics, Snapshot};
 use crate::output::LocalWriter;
@@ -109,10 +110,12 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         }
     })?;
     let mut sampler = Sampler::start(config.frequency_hz, &config.pids, config.max_jvms)?;
+    let java_threads = ThreadDirectory::default();
     let tracker = spawn_jvm_tracker(
         sampler.take_hotspot_maps()?,
         config.max_jvms as usize,
         config.pids.clone(),
+        java_threads.clone(),
     )?;
     tracing::info!(
         frequency_hz = config.frequency_hz,
@@ -157,6 +160,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
             )
             .with_cache_budget(cache_budget)
             .with_attach(attach)
+            .with_thread_directory(java_threads)
             .with_pods_if(pods)
             .run(work_rx)
         })
@@ -377,6 +381,7 @@ fn spawn_jvm_tracker(
     maps: tracker::BpfMaps,
     max_jvms: usize,
     pids: Vec<u32>,
+    directory: ThreadDirectory,
 ) -> Result<TrackerThread, DaemonError> {
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(Mutex::new(TrackerCounts::default()));
@@ -384,7 +389,7 @@ fn spawn_jvm_tracker(
     let handle = std::thread::Builder::new()
         .name("jvm-tracker".into())
         .spawn(move || {
-            let mut tracker = JvmTracker::new(maps, max_jvms, pids);
+            let mut tracker = JvmTracker::new(maps, max_jvms, pids).with_directory(directory);
             while !stop_flag.load(Ordering::Relaxed) {
                 tracker.scan();
                 if let Ok(mut counts) = shared_counts.lock() {

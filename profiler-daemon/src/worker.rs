@@ -79,6 +79,15 @@ impl Worker {
     }
 
     /// Loads the sidecar agent into the JVMs met, as `policy` says.
+    /// Names threads the sidecar agents list by `JavaThread*` from the JVM tracker's reads.
+    pub fn with_thread_directory(
+        mut self,
+        threads: crate::hotspot::thread_directory::ThreadDirectory,
+    ) -> Self {
+        self.symbolizers.java.set_thread_directory(threads);
+        self
+    }
+
     pub fn with_attach(mut self, policy: crate::sidecar::AttachPolicy) -> Self {
         self.symbolizers.attacher = crate::sidecar::Attacher::new(policy);
         self

@@ -22,6 +22,7 @@ const KIND_AGENT_STATS: u8 = 4;
 const KIND_AGENT_STATUS: u8 = 5;
 const KIND_THREAD_START: u8 = 6;
 const KIND_THREAD_END: u8 = 7;
+const KIND_LIVE_THREAD: u8 = 8;
 
 /// Longest thread name the agent writes, in bytes (longer ones are cut); readers bound what
 /// they keep to this too.
@@ -177,6 +178,24 @@ pub enum Record {
     ThreadEnd {
         tid: u32,
     },
+    /// A Java thread that was alive when the agent listed the JVM's threads (when it loads, and
+    /// into every generation), known by its HotSpot `JavaThread*` (the `eetop` field of its
+    /// `java.lang.Thread`), since JVMTI gives no native thread id of another thread. Covers
+    /// the threads that started before the agent (a dynamic attach) or before VM init, which
+    /// have no [`Record::ThreadStart`]; threads that do have one are listed too. `name` as in
+    /// [`Record::ThreadStart`].
+    ///
+    /// The daemon finds the thread's tid by the `JavaThread*` in the JVM's own thread list.
+    /// A `JavaThread*` is the address of freed and reused memory once its thread ends: a
+    /// reader must not trust the pair for longer than the thread lives, and must let a
+    /// [`Record::ThreadStart`] of the same tid win.
+    ///
+    /// Encoded as kind 8: `u64 java_thread` (never 0), `str name`; fields may be appended
+    /// later. Readers older than this kind skip it.
+    LiveThread {
+        java_thread: u64,
+        name: String,
+    },
 }
 
 /// The agent's own accounting, cumulative since it loaded.
@@ -320,6 +339,11 @@ pub fn encode(record: &Record, out: &mut Vec<u8>) {
             out.push(KIND_THREAD_END);
             put_u32(out, *tid);
         }
+        Record::LiveThread { java_thread, name } => {
+            out.push(KIND_LIVE_THREAD);
+            put_u64(out, *java_thread);
+            put_str(out, name);
+        }
     }
     let body = (out.len() - start - 4) as u32;
     out[start..start + 4].copy_from_slice(&body.to_le_bytes());
@@ -423,6 +447,10 @@ pub fn decode(bytes: &[u8]) -> Result<Option<(Option<Record>, usize)>, DecodeErr
             name: r.string()?,
         }),
         KIND_THREAD_END => Some(Record::ThreadEnd { tid: r.u32()? }),
+        KIND_LIVE_THREAD => Some(Record::LiveThread {
+            java_thread: r.u64()?,
+            name: r.string()?,
+        }),
         _ => None,
     };
     Ok(Some((record, 4 + body_len)))
@@ -569,6 +597,10 @@ mod tests {
                 name: "http-nio-8080-exec-12".into(),
             },
             Record::ThreadEnd { tid: 4242 },
+            Record::LiveThread {
+                java_thread: 0x7f3a_5c01_2800,
+                name: "http-nio-8080-exec-3".into(),
+            },
         ];
         let mut bytes = Vec::new();
         for record in &records {
@@ -638,6 +670,17 @@ mod tests {
         let mut other = Vec::new();
         encode(&sample(), &mut other);
         assert_eq!(thread_event(&other), None);
+        // Listed threads are not tracked by tid: the agent lists them anew for each generation.
+        let mut listed = Vec::new();
+        encode(
+            &Record::LiveThread {
+                java_thread: 0x1000,
+                name: "worker".into(),
+            },
+            &mut listed,
+        );
+        assert_eq!(listed[4], 8, "kind");
+        assert_eq!(thread_event(&listed), None);
         assert_eq!(thread_event(&[]), None);
     }
 

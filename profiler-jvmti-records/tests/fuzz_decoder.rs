@@ -231,7 +231,9 @@ fn check_bounded_by(record: &Record, used: usize) -> Result<(), TestCaseError> {
         Record::AgentStatus(status) => {
             prop_assert!(status.jvm_version.len() + status.error.len() <= 3 * used);
         }
-        Record::ThreadStart { name, .. } => prop_assert!(name.len() <= 3 * used),
+        Record::ThreadStart { name, .. } | Record::LiveThread { name, .. } => {
+            prop_assert!(name.len() <= 3 * used)
+        }
         Record::CompiledMethodUnload { .. } | Record::AgentStats(_) | Record::ThreadEnd { .. } => {}
     }
     Ok(())
@@ -329,6 +331,8 @@ fn any_record() -> impl Strategy<Value = Record> {
         ),
         1 => (any::<u32>(), text()).prop_map(|(tid, name)| Record::ThreadStart { tid, name }),
         1 => any::<u32>().prop_map(|tid| Record::ThreadEnd { tid }),
+        1 => (any::<u64>(), text())
+            .prop_map(|(java_thread, name)| Record::LiveThread { java_thread, name }),
     ]
 }
 

@@ -26,9 +26,15 @@
 //! ThreadStart runs on the new thread: its callback writes a `ThreadStart` record with
 //! `gettid()` and the thread's full Java name, ThreadEnd a `ThreadEnd`; the daemon uses them to
 //! name threads beyond the kernel's 15 bytes. The agent's thread keeps the live ones (from the
-//! records it writes, bounded) and replays them into every generation. Threads that started
-//! before the agent (a dynamic attach) or before VM init are not named: JVMTI gives no native
-//! thread id of another thread, and their names are left to the kernel's `comm`.
+//! records it writes, bounded) and replays them into every generation.
+//!
+//! Threads that started before the agent (a dynamic attach) or before VM init had no
+//! ThreadStart, and JVMTI gives no native thread id of another thread. So when its thread
+//! starts, and into every generation, the agent lists the live threads (`GetAllThreads`) and
+//! writes a `LiveThread` record for each: its full name and its `JavaThread*`, read through
+//! JNI from the `long eetop` field of `java.lang.Thread` (JDK 11 to 25 have it; 0 once the
+//! thread has exited, and such threads are skipped). The daemon finds the native thread of a
+//! `JavaThread*` in the JVM's own thread list. A JVM without the field gets no such records.
 
 use std::ffi::{c_char, c_void, CStr};
 use std::io::Write as _;
@@ -45,7 +51,7 @@ use profiler_jvmti_records::record::{
 };
 
 use crate::describe::{self, JvmtiSource, MAX_RECORD_BYTES};
-use crate::ffi::{self, JInt, JMethodId, JavaVm, Jvmti, JvmtiEnv, Vm};
+use crate::ffi::{self, JInt, JMethodId, JavaVm, Jni, Jvmti, JvmtiEnv, Vm};
 use crate::heap;
 use crate::options::Options;
 use crate::queue::{Queue, MAX_QUEUED_BYTES, MAX_QUEUED_RECORDS};
@@ -63,6 +69,8 @@ const ROTATE_RETRY: Duration = Duration::from_secs(5);
 const DEATH_WAIT: Duration = Duration::from_secs(1);
 /// Bound on live threads whose names are replayed into each generation.
 const MAX_TRACKED_THREADS: usize = 16_384;
+/// Local references the listing of live threads expects to hold at once (a hint: more fit).
+const LISTING_LOCAL_REFS: ffi::JInt = 64;
 
 /// Events whose callbacks do work; disabled when the agent turns inert. VM death stays enabled
 /// so that the files are still removed at exit.
@@ -99,6 +107,8 @@ struct Agent {
     /// Encoded `ThreadStart` records of live threads by tid, for replays; only the agent's
     /// thread uses it.
     threads: Mutex<std::collections::HashMap<u32, Vec<u8>>>,
+    /// Whether the JVM was found without `java.lang.Thread.eetop` (logged once).
+    no_eetop_logged: AtomicBool,
 }
 
 static AGENT: OnceLock<Agent> = OnceLock::new();
@@ -229,6 +239,7 @@ fn start(vm: *mut JavaVm, options: *const c_char, live: bool) -> Result<(), Stri
         written: AtomicU64::new(0),
         dropped: AtomicU64::new(0),
         threads: Mutex::new(std::collections::HashMap::new()),
+        no_eetop_logged: AtomicBool::new(false),
     };
     if let Err(agent) = AGENT.set(agent) {
         // Lost a race with another start of this library, which owns the same files.
@@ -660,9 +671,48 @@ impl Agent {
         self.counts()
     }
 
+    /// Writes a `LiveThread` record for every live Java thread whose `JavaThread*` it can read
+    /// (agent's thread): see the module documentation.
+    fn list_live_threads(&self, jni: &Jni) {
+        // GetAllThreads and GetThreadInfo hand out local references, which a thread that never
+        // returns to Java keeps until it pops a frame.
+        if !jni.push_local_frame(LISTING_LOCAL_REFS) {
+            return;
+        }
+        guard((), || self.list_live_threads_in_frame(jni));
+        jni.pop_local_frame();
+    }
+
+    fn list_live_threads_in_frame(&self, jni: &Jni) {
+        let eetop = jni
+            .find_class(c"java/lang/Thread")
+            .and_then(|class| jni.field_id(class, c"eetop", c"J"));
+        let Some(eetop) = eetop else {
+            if !self.no_eetop_logged.swap(true, Ordering::Relaxed) {
+                log("java.lang.Thread has no eetop field: threads started before the agent keep their kernel names");
+            }
+            return;
+        };
+        let Some(threads) = self.jvmti.all_threads() else {
+            return;
+        };
+        for &thread in threads.threads().iter().take(MAX_TRACKED_THREADS) {
+            // SAFETY: `eetop` is a long field of java.lang.Thread, `thread` a Thread.
+            let java_thread = unsafe { jni.long_field(thread, eetop) }.unwrap_or(0);
+            // 0: the thread has exited (or not started).
+            if java_thread != 0 {
+                if let Some(name) = self.jvmti.thread_name(thread) {
+                    self.write(&describe::live_thread(java_thread as u64, name.bytes()));
+                }
+            }
+            jni.delete_local_ref(thread);
+        }
+    }
+
     /// Replays every live nmethod and stub into the current generation (agent's thread: the
-    /// callbacks run here, and push to the queue, which is drained as it fills and at the end).
-    fn replay(&self) {
+    /// callbacks run here, and push to the queue, which is drained as it fills and at the end),
+    /// then the live threads.
+    fn replay(&self, jni: &Jni) {
         // What is queued now is growth of the generation, not the replay.
         self.drain();
         if let Some(mut writer) = self.writer() {
@@ -686,6 +736,7 @@ impl Agent {
         for bytes in threads {
             self.write(&bytes);
         }
+        self.list_live_threads(jni);
         if let Some(mut writer) = self.writer() {
             if let Some(writer) = writer.as_mut() {
                 writer.mark_baseline();
@@ -703,16 +754,16 @@ impl Agent {
     fn run(&self, initial_replay: bool) {
         self.agent_thread.store(current_thread(), Ordering::Relaxed);
         // GenerateEvents needs a thread attached to the VM.
-        if !self
+        let Some(jni) = self
             .vm
             .attach_current_thread_as_daemon(c"jvm-profiler-sidecar")
-        {
+        else {
             // Without replays a generation would lack the code compiled before it.
             self.go_inert("cannot attach its thread to the VM");
             return;
-        }
+        };
         // Attached: this thread must not end (see below), even after a panic.
-        guard((), || self.work(initial_replay));
+        guard((), || self.work(&jni, initial_replay));
         guard((), || self.go_inert("internal error in the agent's thread"));
         loop {
             std::thread::sleep(Duration::from_secs(60));
@@ -720,9 +771,14 @@ impl Agent {
     }
 
     /// The agent thread's work; returns only by panicking.
-    fn work(&self, initial_replay: bool) {
-        if initial_replay && !self.stopped.load(Ordering::Acquire) {
-            self.replay();
+    fn work(&self, jni: &Jni, initial_replay: bool) {
+        if !self.stopped.load(Ordering::Acquire) {
+            if initial_replay {
+                self.replay(jni);
+            } else {
+                // Loaded at startup: the threads that started before VM init have no name.
+                self.list_live_threads(jni);
+            }
         }
         self.write_status();
         let mut reported = self.write_stats();
@@ -748,7 +804,7 @@ impl Agent {
                 continue;
             }
             if self.rotate() {
-                self.replay();
+                self.replay(jni);
                 // Every generation carries the status and stats: a reader may skip older ones.
                 self.write_status();
                 reported = self.write_stats();

@@ -269,20 +269,40 @@ pub fn dynamic_code(
 /// The encoded `ThreadStart` record of native thread `tid` named `name` (modified UTF-8 from
 /// JVMTI, read lossily), cut to [`record::MAX_THREAD_NAME_BYTES`] on a character boundary.
 pub fn thread_start(tid: u32, name: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    record::encode(
+        &Record::ThreadStart {
+            tid,
+            name: thread_name(name),
+        },
+        &mut bytes,
+    );
+    bytes
+}
+
+/// The encoded `LiveThread` record of the thread whose `JavaThread*` is `java_thread`, its
+/// name as in [`thread_start`].
+pub fn live_thread(java_thread: u64, name: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    record::encode(
+        &Record::LiveThread {
+            java_thread,
+            name: thread_name(name),
+        },
+        &mut bytes,
+    );
+    bytes
+}
+
+/// A JVM thread name read lossily, cut to [`record::MAX_THREAD_NAME_BYTES`] on a character
+/// boundary.
+fn thread_name(name: &[u8]) -> String {
     let name = String::from_utf8_lossy(name);
     let mut end = name.len().min(record::MAX_THREAD_NAME_BYTES);
     while !name.is_char_boundary(end) {
         end -= 1;
     }
-    let mut bytes = Vec::new();
-    record::encode(
-        &Record::ThreadStart {
-            tid,
-            name: name[..end].to_owned(),
-        },
-        &mut bytes,
-    );
-    bytes
+    name[..end].to_owned()
 }
 
 /// Encodes into a buffer of the size `budget` counted, allocated once (and fallibly: a failed
@@ -546,5 +566,11 @@ mod tests {
         };
         assert_eq!(name.len(), record::MAX_THREAD_NAME_BYTES);
         assert!(name.chars().all(|c| c == '\u{e9}'));
+        let (record, _) = decode(live_thread(0x7f00_2800, long.as_bytes()));
+        let Some(Record::LiveThread { java_thread, name }) = record else {
+            panic!("not a live thread")
+        };
+        assert_eq!(java_thread, 0x7f00_2800);
+        assert_eq!(name.len(), record::MAX_THREAD_NAME_BYTES);
     }
 }

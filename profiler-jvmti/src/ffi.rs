@@ -11,6 +11,8 @@ pub type JLong = i64;
 pub type JMethodId = *mut c_void;
 pub type JClass = *mut c_void;
 pub type JThread = *mut c_void;
+pub type JObject = *mut c_void;
+pub type JFieldId = *mut c_void;
 pub type JvmtiError = u32;
 
 pub const JNI_OK: JInt = 0;
@@ -197,6 +199,8 @@ type SetEventCallbacksFn =
 type GenerateEventsFn = unsafe extern "C" fn(*mut JvmtiEnv, JInt) -> JvmtiError;
 type GetThreadInfoFn = unsafe extern "C" fn(*mut JvmtiEnv, JThread, *mut ThreadInfo) -> JvmtiError;
 type AddCapabilitiesFn = unsafe extern "C" fn(*mut JvmtiEnv, *const Capabilities) -> JvmtiError;
+type GetAllThreadsFn =
+    unsafe extern "C" fn(*mut JvmtiEnv, *mut JInt, *mut *mut JThread) -> JvmtiError;
 
 const MISSING: JvmtiError = u32::MAX;
 
@@ -241,6 +245,26 @@ impl Drop for LineTable<'_> {
     }
 }
 
+/// The thread references `GetAllThreads` returned; the array is freed when dropped.
+pub struct ThreadArray<'a> {
+    jvmti: &'a Jvmti,
+    ptr: *mut JThread,
+    len: usize,
+}
+
+impl ThreadArray<'_> {
+    pub fn threads(&self) -> &[JThread] {
+        // SAFETY: JVMTI returned `len` references at the non-null `ptr`, alive until dropped.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for ThreadArray<'_> {
+    fn drop(&mut self) {
+        self.jvmti.deallocate(self.ptr);
+    }
+}
+
 impl Jvmti {
     pub fn enable_event(&self, event: JInt) -> JvmtiError {
         self.set_event_mode(JVMTI_ENABLE, event)
@@ -273,8 +297,9 @@ impl Jvmti {
         (!ptr.is_null()).then_some(JvmtiString { jvmti: self, ptr })
     }
 
-    /// The name of `thread` (`GetThreadInfo`; live phase, a thread attached to the VM). Only
-    /// for a thread of an event callback: the info's local references are freed when it returns.
+    /// The name of `thread` (`GetThreadInfo`; live phase, a thread attached to the VM). The
+    /// info's local references are the calling thread's: freed when an event callback returns,
+    /// else call it inside a [`Jni::push_local_frame`].
     pub fn thread_name(&self, thread: JThread) -> Option<JvmtiString<'_>> {
         let f = slot!(self.0, 9, GetThreadInfoFn)?;
         let mut info = ThreadInfo {
@@ -292,6 +317,26 @@ impl Jvmti {
         } else {
             None
         }
+    }
+
+    /// The JVM's live platform threads (`GetAllThreads`; live phase), as JNI local references
+    /// of the calling thread: call it inside a [`Jni::push_local_frame`] on a thread that does
+    /// not return to Java. The array is freed when dropped, not the references.
+    pub fn all_threads(&self) -> Option<ThreadArray<'_>> {
+        let f = slot!(self.0, 4, GetAllThreadsFn)?;
+        let mut count = 0;
+        let mut threads = std::ptr::null_mut();
+        // SAFETY: live env, out-pointers.
+        let err = unsafe { f(self.0, &mut count, &mut threads) };
+        if threads.is_null() {
+            return None;
+        }
+        let array = ThreadArray {
+            jvmti: self,
+            ptr: threads,
+            len: usize::try_from(count).unwrap_or(0),
+        };
+        (err == JVMTI_ERROR_NONE).then_some(array)
     }
 
     pub fn class_signature(&self, class: JClass) -> Option<JvmtiString<'_>> {
@@ -443,11 +488,12 @@ impl Vm {
         (rc == JNI_OK && !env.is_null()).then(|| Jvmti(env.cast()))
     }
 
-    /// Attaches the calling native thread as a daemon thread named `name`.
-    pub fn attach_current_thread_as_daemon(&self, name: &std::ffi::CStr) -> bool {
+    /// Attaches the calling native thread as a daemon thread named `name`; its JNI
+    /// environment, valid on this thread only.
+    pub fn attach_current_thread_as_daemon(&self, name: &std::ffi::CStr) -> Option<Jni> {
         let f = self.function(7);
         if f.is_null() {
-            return false;
+            return None;
         }
         // SAFETY: slot 7 is AttachCurrentThreadAsDaemon.
         let f: AttachFn = unsafe { std::mem::transmute::<*const c_void, AttachFn>(f) };
@@ -458,6 +504,128 @@ impl Vm {
         };
         let mut env = std::ptr::null_mut();
         // SAFETY: valid VM pointer, out-pointer and args.
-        unsafe { f(self.0, &mut env, &mut args) == JNI_OK }
+        let rc = unsafe { f(self.0, &mut env, &mut args) };
+        (rc == JNI_OK && !env.is_null()).then(|| Jni(env.cast()))
+    }
+}
+
+/// `JNIEnv`: a pointer to a function table (0-based slots, as `jni.h` lists them).
+#[repr(C)]
+pub struct JniEnv {
+    pub functions: *const *const c_void,
+}
+
+type FindClassFn = unsafe extern "C" fn(*mut JniEnv, *const c_char) -> JClass;
+type ExceptionClearFn = unsafe extern "C" fn(*mut JniEnv);
+type PushLocalFrameFn = unsafe extern "C" fn(*mut JniEnv, JInt) -> JInt;
+type PopLocalFrameFn = unsafe extern "C" fn(*mut JniEnv, JObject) -> JObject;
+type DeleteLocalRefFn = unsafe extern "C" fn(*mut JniEnv, JObject);
+type GetFieldIdFn =
+    unsafe extern "C" fn(*mut JniEnv, JClass, *const c_char, *const c_char) -> JFieldId;
+type GetLongFieldFn = unsafe extern "C" fn(*mut JniEnv, JObject, JFieldId) -> JLong;
+type ExceptionCheckFn = unsafe extern "C" fn(*mut JniEnv) -> u8;
+
+/// A JNI environment: only used on the thread it belongs to (not `Send`).
+pub struct Jni(*mut JniEnv);
+
+macro_rules! jni_slot {
+    ($env:expr, $n:expr, $ty:ty) => {{
+        // SAFETY: the caller holds its own thread's live JNIEnv, whose table (JNI 1.8) has
+        // more than 229 slots; slot $n has type $ty per jni.h.
+        let f = unsafe { *(*$env).functions.add($n) };
+        if f.is_null() {
+            None
+        } else {
+            // SAFETY: non-null function pointer of the documented type.
+            Some(unsafe { std::mem::transmute::<*const c_void, $ty>(f) })
+        }
+    }};
+}
+
+impl Jni {
+    /// Clears a pending exception, if any (a failed lookup throws one).
+    fn clear_exception(&self) {
+        let pending = jni_slot!(self.0, 228, ExceptionCheckFn)
+            // SAFETY: live env of this thread.
+            .is_some_and(|f| unsafe { f(self.0) } != 0);
+        if pending {
+            if let Some(f) = jni_slot!(self.0, 17, ExceptionClearFn) {
+                // SAFETY: as above.
+                unsafe { f(self.0) };
+            }
+        }
+    }
+
+    /// Opens a frame for at least `capacity` local references; false if the JVM could not
+    /// (then nothing is to be popped).
+    pub fn push_local_frame(&self, capacity: JInt) -> bool {
+        let Some(f) = jni_slot!(self.0, 19, PushLocalFrameFn) else {
+            return false;
+        };
+        // SAFETY: live env of this thread.
+        let ok = unsafe { f(self.0, capacity) } == JNI_OK;
+        if !ok {
+            self.clear_exception();
+        }
+        ok
+    }
+
+    /// Frees every local reference made since the matching [`Self::push_local_frame`].
+    pub fn pop_local_frame(&self) {
+        if let Some(f) = jni_slot!(self.0, 20, PopLocalFrameFn) {
+            // SAFETY: live env of this thread, a frame pushed by it; no result kept.
+            unsafe { f(self.0, std::ptr::null_mut()) };
+        }
+    }
+
+    pub fn delete_local_ref(&self, object: JObject) {
+        if object.is_null() {
+            return;
+        }
+        if let Some(f) = jni_slot!(self.0, 23, DeleteLocalRefFn) {
+            // SAFETY: live env of this thread, a local reference of it.
+            unsafe { f(self.0, object) };
+        }
+    }
+
+    /// The class `name` (JVM form, e.g. `java/lang/Thread`) as a local reference; None (and no
+    /// pending exception) if it cannot be found.
+    pub fn find_class(&self, name: &std::ffi::CStr) -> Option<JClass> {
+        let f = jni_slot!(self.0, 6, FindClassFn)?;
+        // SAFETY: live env of this thread, NUL-terminated name.
+        let class = unsafe { f(self.0, name.as_ptr()) };
+        if class.is_null() {
+            self.clear_exception();
+            return None;
+        }
+        Some(class)
+    }
+
+    /// The instance field `name` of type `signature` of `class`; None (and no pending
+    /// exception: `NoSuchFieldError` is cleared) if it has none.
+    pub fn field_id(
+        &self,
+        class: JClass,
+        name: &std::ffi::CStr,
+        signature: &std::ffi::CStr,
+    ) -> Option<JFieldId> {
+        let f = jni_slot!(self.0, 94, GetFieldIdFn)?;
+        // SAFETY: live env of this thread, a class reference, NUL-terminated strings.
+        let field = unsafe { f(self.0, class, name.as_ptr(), signature.as_ptr()) };
+        if field.is_null() {
+            self.clear_exception();
+            return None;
+        }
+        Some(field)
+    }
+
+    /// The `long` field `field` of `object`.
+    ///
+    /// # Safety
+    /// `field` must be a `long` instance field ID of `object`'s class (or a superclass).
+    pub unsafe fn long_field(&self, object: JObject, field: JFieldId) -> Option<JLong> {
+        let f = jni_slot!(self.0, 101, GetLongFieldFn)?;
+        // SAFETY: live env of this thread; the caller vouches for object and field.
+        Some(unsafe { f(self.0, object, field) })
     }
 }

@@ -1,9 +1,10 @@
 //! The JVMTI sidecar end to end (JDK 11, 17, 21, 25): `profiler-daemon attach` loads the agent
 //! into a running JVM, in the host namespace and in a mount namespace with a private /tmp; the
 //! agent's records decode and name an inlined chain with its source lines; a JVM started with
-//! -XX:+DisableAttachMechanism is refused with a clear message and keeps running; minutes of
-//! class churn with the agent loaded, on every JDK at once and profiled, keep the JVMs alive and
-//! the agent's heap and files bounded.
+//! -XX:+DisableAttachMechanism is refused with a clear message and keeps running; `attach =
+//! "auto"` loads the agent (unless denied), and a thread that ran before it is named in full;
+//! minutes of class churn with the agent loaded, on every JDK at once and profiled, keep the
+//! JVMs alive and the agent's heap and files bounded.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -417,13 +418,23 @@ fn the_daemon_names_inlined_frames_from_the_sidecar_and_reports_both_paths() {
     }
 }
 
+/// A pool thread's Java name, longer than the kernel's 15 bytes (`http-nio-8080-e`).
+const POOL_THREAD: &str = "http-nio-8080-exec-12";
+
+/// The attached JVM's pool thread started long before the agent: it has no ThreadStart, only
+/// the agent's listing of live threads by `JavaThread*`.
 #[test]
 fn attach_auto_loads_the_agent_unless_denied() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let classes = compile_java(&["Workloads.java"], dir.path()).expect("javac");
+    let classes = compile_java(&["Workloads.java", "Spin.java"], dir.path()).expect("javac");
     let jdk = jdks().into_iter().find(|j| j.major == 17).expect("JDK 17");
     for deny in [false, true] {
-        let jvm = start_workloads(&jdk, &classes, &[]);
+        let jvm = if deny {
+            start_workloads(&jdk, &classes, &[])
+        } else {
+            let thread_name = format!("-Dspin.thread={POOL_THREAD}");
+            start_java(&jdk, &classes, "Spin", &[&thread_name]).expect("JVM starts")
+        };
         let pid = jvm.pid().to_string();
         let config = dir.path().join(format!("config-{deny}.toml"));
         let deny_list = if deny {
@@ -474,6 +485,26 @@ fn attach_auto_loads_the_agent_unless_denied() {
             assert!(
                 log.contains("java frames named from the sidecar agent's records"),
                 "the sidecar was not used"
+            );
+            let (mut full, mut other) = (0, Vec::new());
+            for (_, profile) in profiles_of(&out, jvm.pid()).expect("profiles") {
+                for sample in &profile.sample {
+                    let name = label(&profile, sample, "thread_name");
+                    let source = label(&profile, sample, "thread_name_source");
+                    if name == Some(POOL_THREAD) {
+                        assert_eq!(source, Some("sidecar"), "{POOL_THREAD}'s name source");
+                        full += count(sample);
+                    } else {
+                        other.push((name.map(str::to_owned), source.map(str::to_owned)));
+                    }
+                }
+            }
+            other.sort();
+            other.dedup();
+            println!("{POOL_THREAD}: {full} samples under its full name; others: {other:?}");
+            assert!(
+                full > 0,
+                "the pool thread that ran before the attach is named in full"
             );
         }
     }

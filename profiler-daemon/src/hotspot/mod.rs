@@ -12,6 +12,7 @@
 //! - [`jvm`]: one JVM: version, layout, code heaps, interpreter, call stub.
 //! - [`unwind_info`]: the `#[repr(C)]` record the BPF side reads.
 //! - [`tracker`]: JVMs coming and going, pushed to and removed from the BPF map.
+//! - [`thread_directory`]: each JVM's Java threads by `JavaThread*`, as the tracker read them.
 //! - [`names`]: Java names from the JVM's memory, a name source of [`crate::java_names`].
 //!
 //! Not supported yet: JDK 8's single code heap layout (`CodeCache::_heap`), aarch64.
@@ -21,6 +22,7 @@ pub mod layout;
 pub mod libjvm;
 pub mod names;
 pub mod remote;
+pub mod thread_directory;
 pub mod tracker;
 pub mod unsigned5;
 pub mod unwind_info;

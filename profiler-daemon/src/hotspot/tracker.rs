@@ -6,7 +6,8 @@
 //! VM has initialised (code heaps set up; until then it is "pending" and retried each scan), its
 //! layout pushed into the `HOTSPOT_PROCS` map, refreshed every few seconds, and removed when the
 //! process exits. Pids are recycled quickly (pid_max is often 32768): a process is identified by
-//! pid and start time.
+//! pid and start time. Each JVM's Java threads also go to a [`ThreadDirectory`], for the
+//! symbolizer to find a thread's tid by its `JavaThread*`.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -16,6 +17,7 @@ use profiler_common::HotspotProc;
 
 use super::jvm::{Jvm, JvmError, LayoutCache};
 use super::remote::ProcessMemory;
+use super::thread_directory::ThreadDirectory;
 use super::unwind_info::hotspot_proc;
 use crate::process::ProcessInfo;
 
@@ -124,6 +126,7 @@ pub struct JvmTracker<S: LayoutSink> {
     boot_time: Option<u64>,
     ticks_per_second: u64,
     threads_not_pushed: u64,
+    directory: ThreadDirectory,
 }
 
 impl<S: LayoutSink> JvmTracker<S> {
@@ -137,7 +140,14 @@ impl<S: LayoutSink> JvmTracker<S> {
             boot_time: procfs::boot_time_secs().ok(),
             ticks_per_second: procfs::ticks_per_second(),
             threads_not_pushed: 0,
+            directory: ThreadDirectory::default(),
         }
+    }
+
+    /// Publishes each JVM's Java threads to `directory` too.
+    pub fn with_directory(mut self, directory: ThreadDirectory) -> Self {
+        self.directory = directory;
+        self
     }
 
     pub fn counts(&self) -> TrackerCounts {
@@ -217,6 +227,7 @@ impl<S: LayoutSink> JvmTracker<S> {
     }
 
     fn forget(&mut self, pid: u32, old: Tracked) {
+        self.directory.remove(pid);
         if let State::Ready { threads, .. } = old.state {
             self.sink.remove(pid);
             for tid in threads.keys() {
@@ -385,11 +396,16 @@ impl<S: LayoutSink> JvmTracker<S> {
         };
         let list = jvm.java_thread_list(&memory).ok().flatten();
         if list.is_some() && list == *thread_list && threads_read.elapsed() < FULL_THREAD_READ {
+            self.directory.confirm(pid);
             return;
         }
         let Ok(current) = jvm.java_threads(&memory) else {
             return;
         };
+        self.directory.publish(
+            pid,
+            current.iter().map(|&(ns_tid, thread)| (thread, ns_tid)),
+        );
         *thread_list = list;
         *threads_read = Instant::now();
         if other_pid_namespace.is_none() {

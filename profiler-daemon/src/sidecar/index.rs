@@ -38,7 +38,8 @@ pub struct SidecarIndex {
     refused: Option<&'static str>,
     /// The agent's latest status record.
     status: Option<record::AgentStatus>,
-    /// Java thread names by native thread id (kept across generations: each replays them).
+    /// Java thread names by native thread id (kept across generations: each replays them), and
+    /// listed threads waiting for theirs.
     pub threads: super::threads::ThreadNames,
 }
 
@@ -191,6 +192,9 @@ impl SidecarIndex {
             }
             Update::Record(Record::ThreadStart { tid, name }) => self.threads.started(tid, &name),
             Update::Record(Record::ThreadEnd { tid }) => self.threads.ended(tid),
+            Update::Record(Record::LiveThread { java_thread, name }) => {
+                self.threads.listed(java_thread, &name, Instant::now())
+            }
             Update::Record(_) => {}
         }
     }

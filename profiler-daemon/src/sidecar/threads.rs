@@ -13,6 +13,18 @@
 //! too), and threads the JVM did not name (the `main` thread runs as `java`): those keep
 //! `comm`.
 //!
+//! Threads that started before the agent (a dynamic attach, e.g. an application server's pool
+//! threads) or before VM init have no `ThreadStart`: the agent lists the live threads with a
+//! [`Record::LiveThread`](profiler_jvmti_records::record::Record::LiveThread) each, naming
+//! a thread by its `JavaThread*`. Those wait here, pending, until the JVM tracker's
+//! [`JvmThreads`] (the JVM's own thread list: `JavaThread*` -> tid) says which tid runs the
+//! thread, and only a set known current after the record was read resolves them: a
+//! `JavaThread*` is reused memory once its thread ends. A listed name never replaces a
+//! `ThreadStart` name of the same tid (the thread itself said that one), and is used under the
+//! same `comm` rule; a `ThreadEnd` removes it like any other. A pointer that set does not
+//! know belongs to a thread that has ended: dropped. One the tracker never resolves (a JVM it
+//! does not read) is dropped after [`PENDING_FOR`].
+//!
 //! The agent's tids are those of the JVM's pid namespace; samples carry host tids. For a JVM in
 //! its own pid namespace, a host tid is translated once through `/proc/PID/task/TID/status`
 //! (`NSpid`), and remembered.
@@ -21,9 +33,11 @@
 //! control characters replaced by `?`.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use profiler_jvmti_records::record::MAX_THREAD_NAME_BYTES;
 
+use crate::hotspot::thread_directory::JvmThreads;
 use crate::untrusted;
 
 /// Bound on names kept per JVM (live threads; a JVM with more is rare). Past it new threads
@@ -33,6 +47,8 @@ pub const MAX_THREADS: usize = 16_384;
 const MAX_TRANSLATIONS: usize = 16_384;
 /// A task's status file is small; anything longer is refused.
 const MAX_STATUS_BYTES: usize = 64 << 10;
+/// How long a listed thread waits for the tracker to know its `JavaThread*`.
+pub const PENDING_FOR: Duration = Duration::from_secs(60);
 
 /// Where a thread's name in a profile comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -52,12 +68,30 @@ impl NameSource {
     }
 }
 
+/// A thread's full name, and whether it came from a `ThreadStart` (else from a listing).
+struct Known {
+    name: Box<str>,
+    started: bool,
+}
+
+/// A listed thread whose tid is not known yet.
+struct Pending {
+    name: Box<str>,
+    /// When the daemon read its record.
+    read_at: Instant,
+}
+
 /// The thread names of one JVM.
 pub struct ThreadNames {
     /// Host pid, to translate host tids; None when the JVM shares the daemon's pid namespace.
     translate_in: Option<u32>,
     /// Namespace tid -> sanitized name.
-    names: HashMap<u32, Box<str>>,
+    names: HashMap<u32, Known>,
+    /// Listed threads by `JavaThread*`, until their tid is known.
+    pending: HashMap<u64, Pending>,
+    /// [`JvmThreads::current_at`] of the set `pending` was last resolved against, unless a
+    /// thread was listed since.
+    resolved_at: Option<Instant>,
     /// Host tid -> namespace tid (None: the task is gone or unreadable).
     translated: HashMap<u32, Option<u32>>,
     /// Names not kept because the map was full.
@@ -70,6 +104,8 @@ impl ThreadNames {
         Self {
             translate_in: (pid != nspid).then_some(pid),
             names: HashMap::new(),
+            pending: HashMap::new(),
+            resolved_at: None,
             translated: HashMap::new(),
             refused: 0,
         }
@@ -85,20 +121,74 @@ impl ThreadNames {
 
     /// Thread `tid` (namespace tid) started, or was replayed, under `name`.
     pub fn started(&mut self, tid: u32, name: &str) {
+        self.insert(tid, name, true);
+    }
+
+    fn insert(&mut self, tid: u32, name: &str, started: bool) {
         if self.names.len() >= MAX_THREADS && !self.names.contains_key(&tid) {
             self.refused += 1;
             return;
         }
-        self.names.insert(tid, sanitize(name).into_boxed_str());
+        let name = sanitize(name).into_boxed_str();
+        self.names.insert(tid, Known { name, started });
     }
 
     pub fn ended(&mut self, tid: u32) {
         self.names.remove(&tid);
     }
 
+    /// The agent listed the thread whose `JavaThread*` is `java_thread` under `name`; its tid
+    /// is found by [`Self::resolve`].
+    pub fn listed(&mut self, java_thread: u64, name: &str, read_at: Instant) {
+        if java_thread == 0 {
+            return;
+        }
+        if self.pending.len() >= MAX_THREADS && !self.pending.contains_key(&java_thread) {
+            self.refused += 1;
+            return;
+        }
+        let name = sanitize(name).into_boxed_str();
+        self.pending.insert(java_thread, Pending { name, read_at });
+        self.resolved_at = None;
+    }
+
+    /// Listed threads waiting for their tid.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Gives the listed threads the tids `threads` (the JVM's thread list) says run them: see
+    /// the module documentation. Cheap when nothing changed since the last call.
+    pub fn resolve(&mut self, threads: &JvmThreads, now: Instant) {
+        if self.pending.is_empty() || self.resolved_at == Some(threads.current_at) {
+            return;
+        }
+        self.resolved_at = Some(threads.current_at);
+        let pending = std::mem::take(&mut self.pending);
+        for (java_thread, listed) in pending {
+            if threads.current_at < listed.read_at {
+                // The set may predate the record: the pointer may have been another thread's.
+                if now.saturating_duration_since(listed.read_at) < PENDING_FOR {
+                    self.pending.insert(java_thread, listed);
+                }
+                continue;
+            }
+            let Some(&tid) = threads.by_java_thread.get(&java_thread) else {
+                // Not among the threads alive after it was listed: it has ended.
+                continue;
+            };
+            if self.names.get(&tid).is_some_and(|known| known.started) {
+                continue;
+            }
+            self.insert(tid, &listed.name, false);
+        }
+    }
+
     /// Another agent instance: what the previous one said no longer holds.
     pub fn clear(&mut self) {
         self.names.clear();
+        self.pending.clear();
+        self.resolved_at = None;
         self.translated.clear();
     }
 
@@ -108,9 +198,9 @@ impl ThreadNames {
         let full = self
             .namespace_tid(host_tid)
             .and_then(|tid| self.names.get(&tid))
-            .filter(|name| confirms(comm, name));
+            .filter(|known| confirms(comm, &known.name));
         match full {
-            Some(name) => (name.to_string(), NameSource::Sidecar),
+            Some(known) => (known.name.to_string(), NameSource::Sidecar),
             None => (comm.to_string(), NameSource::Comm),
         }
     }
@@ -244,6 +334,107 @@ mod tests {
         assert_eq!(names.name_of(0, "u").1, NameSource::Sidecar);
         names.clear();
         assert!(names.is_empty());
+    }
+
+    fn set(at: Instant, threads: &[(u64, u32)]) -> JvmThreads {
+        JvmThreads {
+            by_java_thread: std::sync::Arc::new(threads.iter().copied().collect()),
+            current_at: at,
+        }
+    }
+
+    #[test]
+    fn a_listed_thread_is_named_once_a_current_thread_list_gives_its_tid() {
+        let t0 = Instant::now();
+        let read = t0 + Duration::from_secs(1);
+        let mut names = ThreadNames::new(7, 7);
+        names.listed(0x7000, "http-nio-8080-exec-12", read);
+        names.listed(0, "no pointer", read);
+        assert_eq!(names.pending(), 1);
+        assert_eq!(names.name_of(40, "http-nio-8080-e").1, NameSource::Comm);
+        // A set read before the record may show a previous owner of the pointer: it waits.
+        names.resolve(&set(t0, &[(0x7000, 41)]), read);
+        assert_eq!(names.pending(), 1);
+        assert_eq!(names.name_of(41, "http-nio-8080-e").1, NameSource::Comm);
+        // Known current after it was read: resolved, and used under the comm rule.
+        let later = read + Duration::from_millis(500);
+        names.resolve(&set(later, &[(0x7000, 40), (0x8000, 42)]), later);
+        assert_eq!(names.pending(), 0);
+        assert_eq!(
+            names.name_of(40, "http-nio-8080-e"),
+            ("http-nio-8080-exec-12".into(), NameSource::Sidecar)
+        );
+        assert_eq!(names.name_of(40, "renamed").1, NameSource::Comm);
+        // It ends like any other.
+        names.ended(40);
+        assert_eq!(names.name_of(40, "http-nio-8080-e").1, NameSource::Comm);
+    }
+
+    #[test]
+    fn a_pointer_the_current_list_does_not_know_has_ended() {
+        let read = Instant::now();
+        let later = read + Duration::from_millis(300);
+        let mut names = ThreadNames::new(7, 7);
+        names.listed(0x7000, "batch-importer-thread-1", read);
+        names.resolve(&set(later, &[(0x9000, 50)]), later);
+        assert_eq!(names.pending(), 0);
+        assert_eq!(names.name_of(50, "batch-importer-").1, NameSource::Comm);
+    }
+
+    #[test]
+    fn a_listed_name_never_replaces_a_thread_start_name() {
+        // The pointer of a listed pool thread that ended was reused by a newer pool thread,
+        // which named itself in its ThreadStart: same first 15 bytes, so comm cannot tell.
+        let read = Instant::now();
+        let later = read + Duration::from_millis(300);
+        let mut names = ThreadNames::new(7, 7);
+        names.started(60, "http-nio-8080-exec-12");
+        names.listed(0x7000, "http-nio-8080-exec-1", read);
+        names.resolve(&set(later, &[(0x7000, 60)]), later);
+        assert_eq!(
+            names.name_of(60, "http-nio-8080-e").0,
+            "http-nio-8080-exec-12"
+        );
+        // A ThreadStart replaces a listed name (a later listing of the same thread does too).
+        names.listed(0x7100, "scheduler-worker-3", later);
+        let last = later + Duration::from_millis(300);
+        names.resolve(&set(last, &[(0x7100, 61)]), last);
+        assert_eq!(names.name_of(61, "scheduler-worke").0, "scheduler-worker-3");
+        names.started(61, "scheduler-worker-4");
+        assert_eq!(names.name_of(61, "scheduler-worke").0, "scheduler-worker-4");
+        names.listed(0x7100, "scheduler-worker-5", last);
+        let next = last + Duration::from_millis(300);
+        names.resolve(&set(next, &[(0x7100, 61)]), next);
+        assert_eq!(names.name_of(61, "scheduler-worke").0, "scheduler-worker-4");
+    }
+
+    #[test]
+    fn listed_threads_are_bounded_sanitized_and_expire() {
+        let read = Instant::now();
+        let mut names = ThreadNames::new(7, 7);
+        names.listed(0x10, "evil\n\u{1b}[2Jname-that-is-long", read);
+        let later = read + Duration::from_millis(300);
+        names.resolve(&set(later, &[(0x10, 70)]), later);
+        assert_eq!(
+            names.name_of(70, "evil??[2Jname-t"),
+            ("evil??[2Jname-that-is-long".into(), NameSource::Sidecar)
+        );
+        // The same set again is not looked at twice; a thread listed since is.
+        names.listed(0x20, "waiting-for-a-newer-list", later);
+        names.resolve(&set(read, &[(0x20, 71)]), later);
+        assert_eq!(names.pending(), 1);
+        names.resolve(&set(read, &[(0x20, 71)]), later + PENDING_FOR);
+        assert_eq!(names.pending(), 1, "the same set is not looked at again");
+        names.listed(0x30, "another", later + PENDING_FOR / 2);
+        names.resolve(&set(read, &[]), later + PENDING_FOR);
+        assert_eq!(names.pending(), 1, "0x20 expired, 0x30 waits");
+        for pointer in 1..=MAX_THREADS as u64 + 5 {
+            names.listed(pointer << 8, "t", later);
+        }
+        assert_eq!(names.pending(), MAX_THREADS);
+        assert_eq!(names.refused, 6);
+        names.clear();
+        assert_eq!(names.pending(), 0);
     }
 
     #[test]

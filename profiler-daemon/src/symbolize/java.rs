@@ -8,6 +8,7 @@ use profiler_common::{FrameKind, UserFrame, BCI_UNKNOWN};
 use crate::hotspot::jvm::Jvm;
 use crate::hotspot::names::{BlobInfo, MemoryNames};
 use crate::hotspot::remote::RemoteMemory;
+use crate::hotspot::thread_directory::ThreadDirectory;
 use crate::java_names::{policy, CodePc, Named, Unnamed, UnnamedReason};
 use crate::sidecar::SidecarIndex;
 
@@ -37,6 +38,8 @@ pub struct JavaSymbolizer<M: RemoteMemory> {
     jvms: HashMap<u32, JvmSources<M>>,
     /// Append async-profiler style kind suffixes (`_[j]`, `_[i]`, `_[0]`, `_[1]`).
     annotate: bool,
+    /// Each JVM's Java threads as the JVM tracker read them (empty without a tracker).
+    threads: ThreadDirectory,
 }
 
 impl<M: RemoteMemory> JavaSymbolizer<M> {
@@ -44,7 +47,13 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
         Self {
             jvms: HashMap::new(),
             annotate,
+            threads: ThreadDirectory::default(),
         }
+    }
+
+    /// Finds the tids of threads the sidecar agents list by `JavaThread*` in `threads`.
+    pub fn set_thread_directory(&mut self, threads: ThreadDirectory) {
+        self.threads = threads;
     }
 
     pub fn has(&self, pid: u32) -> bool {
@@ -75,10 +84,16 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
         sidecar.len()
     }
 
-    /// The Java thread names the sidecar agent reported in `pid`, if it has an agent.
+    /// The Java thread names the sidecar agent reported in `pid`, if it has an agent; threads
+    /// it listed by `JavaThread*` are given their tids from the JVM tracker's latest read.
     pub fn thread_names(&mut self, pid: u32) -> Option<&mut crate::sidecar::threads::ThreadNames> {
         let sidecar = self.jvms.get_mut(&pid)?.sidecar.as_mut()?;
         sidecar.refresh();
+        if sidecar.threads.pending() > 0 {
+            if let Some(threads) = self.threads.get(pid) {
+                sidecar.threads.resolve(&threads, std::time::Instant::now());
+            }
+        }
         Some(&mut sidecar.threads)
     }
 
