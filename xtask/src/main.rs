@@ -461,15 +461,25 @@ fn test(root: &Path, filter: Option<&str>) -> Result<()> {
     // End-to-end: one group (test file) at a time, since each profiles the machine and measures
     // CPU shares; every group runs even if one fails, and each one's time is printed at the end
     // (CI must stay under its time budget as groups are added).
-    run(Command::new("cargo")
-        .current_dir(root)
-        .args(["test", "--package", "profiler-tests", "--no-run"]))?;
+    run(Command::new("cargo").current_dir(root).args([
+        "test",
+        "--package",
+        "profiler-tests",
+        "--no-run",
+    ]))?;
     let mut groups = Vec::new();
     for group in e2e_groups(root)? {
         let started = Instant::now();
         let passed = Command::new("cargo")
             .current_dir(root)
-            .args(["test", "--package", "profiler-tests", "--test", &group, "--"])
+            .args([
+                "test",
+                "--package",
+                "profiler-tests",
+                "--test",
+                &group,
+                "--",
+            ])
             .args(&filter_args)
             .args(["--test-threads=1", "--nocapture"])
             .env("PROFILER_DAEMON", &daemon)
