@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
 
+use crate::cgroup::MemoryCgroup;
 use crate::daemon_binary;
 
 pub struct BackgroundDaemon {
@@ -17,9 +18,26 @@ pub struct BackgroundDaemon {
 impl BackgroundDaemon {
     /// Starts `profiler-daemon run ARGS`, logging to `log_dir/daemon.log`.
     pub fn start(args: &[&str], log_dir: &Path) -> Result<Self> {
+        Self::start_in(None, args, log_dir)
+    }
+
+    /// The same, the daemon a member of `cgroup` from its first instruction (a shell joins it,
+    /// then execs the daemon), so that every byte it is charged is charged there.
+    pub fn start_in(cgroup: Option<&MemoryCgroup>, args: &[&str], log_dir: &Path) -> Result<Self> {
         let log = log_dir.join("daemon.log");
         let file = std::fs::File::create(&log)?;
-        let child = Command::new(daemon_binary())
+        let mut command = match cgroup {
+            None => Command::new(daemon_binary()),
+            Some(cgroup) => {
+                let mut shell = Command::new("sh");
+                shell
+                    .args(["-c", "echo $$ > \"$0\" && exec \"$@\""])
+                    .arg(cgroup.procs_file())
+                    .arg(daemon_binary());
+                shell
+            }
+        };
+        let child = command
             .arg("run")
             .args(args)
             .env("RUST_LOG", "info")

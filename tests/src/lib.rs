@@ -12,6 +12,7 @@ use anyhow::{bail, Context as _, Result};
 use profiler_daemon::pprof::{decode, proto};
 
 pub mod background;
+pub mod cgroup;
 pub mod receiver;
 
 /// The daemon binary under test.
