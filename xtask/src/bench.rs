@@ -1772,7 +1772,14 @@ impl BpfReport {
         write_header(
             &mut out,
             &format!("cargo xtask bench{quick} {command}"),
-            &self.plan,
+            (
+                &self.plan,
+                &format!(
+                    "{} rounds, {} s windows",
+                    self.plan.bpf_rounds,
+                    self.plan.bpf_window.as_secs()
+                ),
+            ),
             self.minutes,
             &self.machine,
             &self.load_at_end,
@@ -2082,10 +2089,11 @@ fn verdict(met: bool, target: &str) -> String {
 }
 
 /// The run, the revision and the machine, above a report's table.
+/// `windows`: how much the plan measures, said of a quick run.
 fn write_header(
     out: &mut String,
     command: &str,
-    plan: &Plan,
+    (plan, windows): (&Plan, &str),
     minutes: f64,
     m: &Machine,
     load_at_end: &str,
@@ -2093,10 +2101,8 @@ fn write_header(
     if plan.name == QUICK.name {
         let _ = writeln!(
             out,
-            "**Quick run** ({} pairs, {} s windows): checks that the bench works; the figures \
-             are indicative only. `cargo xtask bench` makes the full run.\n",
-            plan.pairs,
-            plan.window.as_secs()
+            "**Quick run** ({windows}): checks that the bench works; the figures are \
+             indicative only. Without `--quick`, the full run.\n",
         );
     }
     let _ = writeln!(
@@ -2169,7 +2175,14 @@ impl Report {
         write_header(
             &mut out,
             "cargo xtask bench",
-            &self.plan,
+            (
+                &self.plan,
+                &format!(
+                    "{} pairs, {} s windows",
+                    self.plan.pairs,
+                    self.plan.window.as_secs()
+                ),
+            ),
             self.minutes,
             &self.machine,
             &self.load_at_end,
