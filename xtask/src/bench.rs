@@ -3,8 +3,8 @@
 //!
 //! 1. Overhead: throughput of Java (JDK 17, 21) and C workloads with no profiler, our daemon at
 //!    19 / 99 / 999 Hz and `perf record -F 99 -g`, in alternating windows.
-//! 2. BPF run time per sample for native, 30-frame and 200-frame Java stacks (`bpftool`, with
-//!    `kernel.bpf_stats_enabled=1`).
+//! 2. BPF run time per sample for native, 30-frame and 200-frame Java stacks, JIT-compiled and
+//!    interpreted (`bpftool`, with `kernel.bpf_stats_enabled=1`).
 //! 3. The daemon's CPU, peak RSS and profiles per second with 1 JVM and with 20 small JVMs.
 //! 4. Samples handled and CPU against frequency x busy CPUs x processes, and what is lost first.
 //! 5. The JVMTI sidecar agent's cost to the JVM it is loaded in.
@@ -12,6 +12,10 @@
 //!    bound, and how fast a backlog goes out ([`export`]).
 //!
 //! Every figure is measured and compared with the issue's targets; nothing is asserted.
+//!
+//! `--section bpf` runs section 2 alone (written to `target/bench/`); with `--baseline-daemon
+//! PATH` it measures an older daemon binary, and so the BPF program it embeds, side by side with
+//! this one in alternating windows on the same workload processes, and prints the ratios.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -45,8 +49,30 @@ const MAX_HZ: u32 = 999;
 const SMALL_JVMS: usize = 20;
 /// Flags of the "small" JVMs of section 3: a small heap and the serial collector.
 const SMALL_JVM_FLAGS: &[&str] = &["-Xmx32m", "-XX:+UseSerialGC"];
-/// Java stack depths of section 2.
-const JAVA_DEPTHS: [u32; 2] = [30, 200];
+/// The Java stack depth the BPF cost target is stated at (section 2).
+const TARGET_JAVA_DEPTH: u32 = 200;
+/// Section 2's stacks after the filtered path: native, then Java compiled by the JIT and Java
+/// run by the interpreter only (`-Xint`: every frame an interpreted one, whose name cookie
+/// costs reads of its method's class).
+const BPF_STACKS: [BpfWorkload; 5] = [
+    BpfWorkload::Native,
+    BpfWorkload::Java {
+        depth: 30,
+        interpreted: false,
+    },
+    BpfWorkload::Java {
+        depth: TARGET_JAVA_DEPTH,
+        interpreted: false,
+    },
+    BpfWorkload::Java {
+        depth: 30,
+        interpreted: true,
+    },
+    BpfWorkload::Java {
+        depth: TARGET_JAVA_DEPTH,
+        interpreted: true,
+    },
+];
 
 /// Sections 1 and 2: the daemon's default interval, so that windows fall between profile writes
 /// (what building profiles costs is measured in section 3).
@@ -77,9 +103,32 @@ pub struct BenchArgs {
     /// Two pairs and short windows (about 5 minutes): checks the bench; figures are indicative only.
     #[arg(long)]
     quick: bool,
+    /// Run only this section; its table goes to target/bench/ (docs/benchmarks.md is left alone).
+    #[arg(long, value_enum)]
+    section: Option<Section>,
+    /// Section 2 side by side with this older daemon binary (A; its eBPF object is embedded, so
+    /// an older daemon is an older BPF program) against this build's (B), in alternating windows
+    /// on the same workload processes. Needs `--section bpf`.
+    #[arg(long, value_name = "PATH", requires = "section")]
+    baseline_daemon: Option<PathBuf>,
+}
+
+impl BenchArgs {
+    /// Whether section 5 runs, which loads the sidecar agent.
+    pub fn needs_agent(&self) -> bool {
+        self.section.is_none()
+    }
+}
+
+/// A section that can run alone.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Section {
+    /// 2: the BPF program's run time per sample.
+    Bpf,
 }
 
 /// How long and how often to measure.
+#[derive(Clone, Copy)]
 struct Plan {
     name: &'static str,
     /// Pairs (no profiler, profiler) per setting in section 1.
@@ -90,6 +139,8 @@ struct Plan {
     warmup: Duration,
     /// Section 2's window per stack kind.
     bpf_window: Duration,
+    /// Section 2 with a baseline daemon: windows per daemon and stack kind.
+    bpf_rounds: usize,
     /// Sections 3 and 4's window per run.
     cost_window: Duration,
 }
@@ -100,6 +151,7 @@ const FULL: Plan = Plan {
     window: Duration::from_secs(4),
     warmup: Duration::from_secs(8),
     bpf_window: Duration::from_secs(8),
+    bpf_rounds: 3,
     cost_window: Duration::from_secs(10),
 };
 
@@ -109,6 +161,7 @@ const QUICK: Plan = Plan {
     window: Duration::from_secs(2),
     warmup: Duration::from_secs(4),
     bpf_window: Duration::from_secs(3),
+    bpf_rounds: 2,
     cost_window: Duration::from_secs(5),
 };
 
@@ -122,6 +175,9 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
     let bench = Bench::prepare(root, daemon, plan)?;
     let machine = Machine::describe(root, &bench.jdks)?;
     let _stats = BpfStatsEnabled::switch_on()?;
+    if let Some(Section::Bpf) = args.section {
+        return run_bpf_section(&bench, machine, args);
+    }
 
     let overhead = bench.measure_overheads()?;
     let bpf = bench.measure_bpf_costs()?;
@@ -150,6 +206,42 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
+    fs::write(&path, markdown).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("bench: wrote {}", path.display());
+    Ok(())
+}
+
+/// Section 2 alone, or side by side with a baseline daemon; written to target/bench/.
+fn run_bpf_section(bench: &Bench, machine: Machine, args: &BenchArgs) -> Result<()> {
+    let result = match &args.baseline_daemon {
+        Some(baseline) => {
+            if !baseline.is_file() {
+                bail!("no baseline daemon at {}", baseline.display());
+            }
+            BpfResult::Compared {
+                baseline: baseline.clone(),
+                rows: bench.compare_bpf_costs(baseline)?,
+            }
+        }
+        None => BpfResult::Single(bench.measure_bpf_costs()?),
+    };
+    let report = BpfReport {
+        machine,
+        plan: bench.plan,
+        minutes: bench.started.elapsed().as_secs_f64() / 60.0,
+        load_at_end: load_average()?,
+        cpus: bench.cpus,
+        result,
+    };
+    let markdown = report.to_markdown();
+    println!("{markdown}");
+    let name = match (&report.result, args.quick) {
+        (BpfResult::Single(_), false) => "bpf.md",
+        (BpfResult::Single(_), true) => "bpf-quick.md",
+        (BpfResult::Compared { .. }, false) => "bpf-vs-baseline.md",
+        (BpfResult::Compared { .. }, true) => "bpf-vs-baseline-quick.md",
+    };
+    let path = bench.work_dir.join(name);
     fs::write(&path, markdown).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("bench: wrote {}", path.display());
     Ok(())
@@ -855,6 +947,19 @@ impl Bench {
         ready: Ready,
         extra_args: &[String],
     ) -> Result<Daemon> {
+        self.start_daemon_binary(&self.daemon, hz, interval_secs, pids, ready, extra_args)
+    }
+
+    /// `start_daemon` with another daemon binary (section 2's baseline).
+    fn start_daemon_binary(
+        &self,
+        binary: &Path,
+        hz: u32,
+        interval_secs: u32,
+        pids: &[u32],
+        ready: Ready,
+        extra_args: &[String],
+    ) -> Result<Daemon> {
         let output = self.work_dir.join("profiles");
         if output.exists() {
             fs::remove_dir_all(&output)
@@ -863,7 +968,7 @@ impl Bench {
         let metrics = free_local_address()?;
         let log = self.work_dir.join("daemon.log");
         let log_file = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let mut command = Command::new(&self.daemon);
+        let mut command = Command::new(binary);
         command
             .arg("run")
             .args(["--frequency", &hz.to_string()])
@@ -1066,8 +1171,8 @@ impl Bench {
         // Runs on other processes' samples and on idle CPUs take the program's short filtered
         // path. Measured alone first (the daemon profiles only a sleeping process), so that they
         // can be taken out of the workloads' averages.
-        let sleeper = Guarded::spawn("sleep", Command::new("sleep").arg("3600"))?;
-        let filtered = self.measure_bpf_window(sleeper.pid(), 0)?;
+        let sleeper = self.start_bpf_target(BpfWorkload::Sleeper)?;
+        let filtered = self.measure_bpf_window(&self.daemon, &sleeper, Stop::Orderly)?;
         drop(sleeper);
         self.progress(format_args!(
             "2. filtered path: {:.2} us per run over {} runs",
@@ -1076,29 +1181,13 @@ impl Bench {
         ));
 
         let mut stacks = Vec::new();
-        let native = self.start_throughput(&Program::Native, self.cpus)?;
-        let window = self.measure_bpf_window(native.pid(), 0)?;
-        stacks.push(BpfCost::new(
-            "native stack (C workload)",
-            None,
-            window,
-            filtered.ns_per_run,
-        ));
-        drop(native);
-        let jdk = &self.jdks[0];
-        for depth in JAVA_DEPTHS {
-            let args = ["deep".to_owned(), depth.to_string(), self.cpus.to_string()];
-            let workload = Workload::start(
-                &format!("Java deep {depth}"),
-                self.java_command(jdk, &[], &args),
-            )?;
-            // Recursion and leaf compiled: the stacks are the steady-state mix of JIT frames.
-            thread::sleep(self.plan.warmup / 2);
-            let window = self.measure_bpf_window(workload.pid(), 1)?;
-            let label = format!("{depth}-frame Java stack (JDK {})", jdk.major);
+        for workload in BPF_STACKS {
+            let target = self.start_bpf_target(workload)?;
+            let window = self.measure_bpf_window(&self.daemon, &target, Stop::Orderly)?;
+            drop(target);
             stacks.push(BpfCost::new(
-                &label,
-                Some(depth),
+                workload,
+                &self.bpf_label(workload),
                 window,
                 filtered.ns_per_run,
             ));
@@ -1115,13 +1204,112 @@ impl Bench {
         Ok(BpfCosts { filtered, stacks })
     }
 
-    /// BPF runs over one window with the daemon at `MAX_HZ` profiling only `pid`.
-    fn measure_bpf_window(&self, pid: u32, jvms: usize) -> Result<BpfWindow> {
-        let ready = Ready::Sampling { jvms };
-        let daemon = self.start_daemon(MAX_HZ, SAMPLING_INTERVAL_SECS, &[pid], ready, &[])?;
+    /// Section 2 with two daemons: for each stack kind, one workload process and windows that
+    /// alternate between the baseline daemon (A) and this one (B), in an order rotated per
+    /// round (A B, B A, A B, ...) so that drift in the workload or the machine falls on both
+    /// alike. The filtered path comes first, so each daemon's workload figures take out its own
+    /// filtered runs.
+    fn compare_bpf_costs(&self, baseline: &Path) -> Result<Vec<BpfComparison>> {
+        let daemons = [baseline, self.daemon.as_path()];
+        let mut filtered_ns = [0.0; 2];
+        let mut rows = Vec::new();
+        for workload in [BpfWorkload::Sleeper].into_iter().chain(BPF_STACKS) {
+            let label = self.bpf_label(workload);
+            let target = self.start_bpf_target(workload)?;
+            let mut windows: [Vec<BpfWindow>; 2] = [Vec::new(), Vec::new()];
+            for round in 0..self.plan.bpf_rounds {
+                for k in 0..2 {
+                    let side = (k + round) % 2;
+                    // Killed, not stopped: an orderly stop (about 2 s) per window adds minutes.
+                    let window = self.measure_bpf_window(daemons[side], &target, Stop::Kill)?;
+                    self.progress(format_args!(
+                        "2. {label} round {}/{}, {}: {:.2} us per run over {} runs, workload \
+                         share {:.0}%",
+                        round + 1,
+                        self.plan.bpf_rounds,
+                        SIDES[side],
+                        window.ns_per_run / 1000.0,
+                        window.runs,
+                        window.profiled_share * 100.0
+                    ));
+                    windows[side].push(window);
+                }
+            }
+            drop(target);
+            let per_window = |side: usize| -> Vec<Option<f64>> {
+                windows[side]
+                    .iter()
+                    .map(|w| match workload {
+                        BpfWorkload::Sleeper => Some(w.ns_per_run),
+                        _ => BpfCost::new(workload, &label, *w, filtered_ns[side]).ns_per_sample,
+                    })
+                    .collect()
+            };
+            let ns = [per_window(0), per_window(1)];
+            let row = BpfComparison {
+                label,
+                ns,
+                shares: [0, 1].map(|side| median(windows[side].iter().map(|w| w.profiled_share))),
+            };
+            if let BpfWorkload::Sleeper = workload {
+                filtered_ns = [0, 1].map(|side| row.median_ns(side).unwrap_or(0.0));
+            }
+            self.progress(format_args!("2. {}", row.summary()));
+            rows.push(row);
+        }
+        Ok(rows)
+    }
+
+    fn bpf_label(&self, workload: BpfWorkload) -> String {
+        workload.label(self.jdks[0].major)
+    }
+
+    /// Starts what section 2 profiles; a JVM whose code is compiled is given half the warm-up.
+    fn start_bpf_target(&self, workload: BpfWorkload) -> Result<BpfTarget> {
+        let (depth, interpreted) = match workload {
+            BpfWorkload::Sleeper => {
+                let sleeper = Guarded::spawn("sleep", Command::new("sleep").arg("3600"))?;
+                return Ok(BpfTarget::Sleeper(sleeper));
+            }
+            BpfWorkload::Native => {
+                let native = self.start_throughput(&Program::Native, self.cpus)?;
+                return Ok(BpfTarget::Workload(native, workload));
+            }
+            BpfWorkload::Java { depth, interpreted } => (depth, interpreted),
+        };
+        let jdk = &self.jdks[0];
+        let flags: &[&str] = if interpreted { &["-Xint"] } else { &[] };
+        let args = ["deep".to_owned(), depth.to_string(), self.cpus.to_string()];
+        let java = Workload::start(
+            &self.bpf_label(workload),
+            self.java_command(jdk, flags, &args),
+        )?;
+        if !interpreted {
+            // Recursion and leaf compiled: the stacks are the steady-state mix of JIT frames.
+            thread::sleep(self.plan.warmup / 2);
+        }
+        Ok(BpfTarget::Workload(java, workload))
+    }
+
+    /// BPF runs over one window with `daemon` at `MAX_HZ` profiling only `target`.
+    fn measure_bpf_window(
+        &self,
+        daemon: &Path,
+        target: &BpfTarget,
+        stop: Stop,
+    ) -> Result<BpfWindow> {
+        let ready = Ready::Sampling {
+            jvms: target.jvms(),
+        };
+        let pids = [target.pid()];
+        let running =
+            self.start_daemon_binary(daemon, MAX_HZ, SAMPLING_INTERVAL_SECS, &pids, ready, &[])?;
         thread::sleep(DAEMON_SETTLE);
-        let window = daemon.measure(self.plan.bpf_window, self.ticks_per_second)?;
-        daemon.stop()?;
+        let window = running.measure(self.plan.bpf_window, self.ticks_per_second)?;
+        match stop {
+            Stop::Orderly => running.stop()?,
+            Stop::Kill => drop(running),
+        }
         let samples = window.delta(SAMPLES)?;
         Ok(BpfWindow {
             runs: window.cpu.bpf_runs,
@@ -1279,7 +1467,78 @@ impl SettingOverhead {
     }
 }
 
+/// What section 2 profiles.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum BpfWorkload {
+    /// A sleeping process: every run takes the filtered path.
+    Sleeper,
+    /// The C throughput workload.
+    Native,
+    /// `Bench.java deep`: one thread per CPU recursing `depth` frames, then spinning in a leaf.
+    Java { depth: u32, interpreted: bool },
+}
+
+impl BpfWorkload {
+    fn label(self, jdk: u32) -> String {
+        match self {
+            BpfWorkload::Sleeper => "filtered path (other processes, idle CPUs)".to_owned(),
+            BpfWorkload::Native => "native stack (C workload)".to_owned(),
+            BpfWorkload::Java {
+                depth,
+                interpreted: false,
+            } => format!("{depth}-frame Java stack (JDK {jdk})"),
+            BpfWorkload::Java {
+                depth,
+                interpreted: true,
+            } => format!("{depth}-frame interpreted Java stack (JDK {jdk}, -Xint)"),
+        }
+    }
+
+    /// Frames of a JIT-compiled Java stack (what the target is stated for).
+    fn compiled_java_depth(self) -> Option<u32> {
+        match self {
+            BpfWorkload::Java {
+                depth,
+                interpreted: false,
+            } => Some(depth),
+            _ => None,
+        }
+    }
+}
+
+/// A process section 2 profiles, kept running over all its windows (killed when dropped).
+enum BpfTarget {
+    Sleeper(Guarded),
+    Workload(Workload, BpfWorkload),
+}
+
+impl BpfTarget {
+    fn pid(&self) -> u32 {
+        match self {
+            BpfTarget::Sleeper(process) => process.pid(),
+            BpfTarget::Workload(workload, _) => workload.pid(),
+        }
+    }
+
+    /// JVMs the daemon must have found before it is measured.
+    fn jvms(&self) -> usize {
+        usize::from(matches!(
+            self,
+            BpfTarget::Workload(_, BpfWorkload::Java { .. })
+        ))
+    }
+}
+
+/// How a measured daemon ends.
+#[derive(Clone, Copy, Debug)]
+enum Stop {
+    /// SIGINT, and its exit status checked.
+    Orderly,
+    Kill,
+}
+
 /// The BPF program's runs over one window.
+#[derive(Clone, Copy, Debug)]
 struct BpfWindow {
     runs: u64,
     ns_per_run: f64,
@@ -1292,8 +1551,7 @@ const MIN_PROFILED_SHARE: f64 = 0.05;
 
 struct BpfCost {
     label: String,
-    /// Frames of the Java stack sampled; None for the native workload.
-    java_depth: Option<u32>,
+    workload: BpfWorkload,
     window: BpfWindow,
     /// Per sample of the workload: the window's run time minus its filtered runs (at the
     /// separately measured filtered cost), over the workload's runs.
@@ -1301,7 +1559,7 @@ struct BpfCost {
 }
 
 impl BpfCost {
-    fn new(label: &str, java_depth: Option<u32>, window: BpfWindow, filtered_ns: f64) -> Self {
+    fn new(workload: BpfWorkload, label: &str, window: BpfWindow, filtered_ns: f64) -> Self {
         let runs = window.runs as f64;
         let profiled_runs = runs * window.profiled_share;
         let ns_per_sample = (window.profiled_share >= MIN_PROFILED_SHARE).then(|| {
@@ -1309,7 +1567,7 @@ impl BpfCost {
         });
         Self {
             label: label.to_owned(),
-            java_depth,
+            workload,
             window,
             ns_per_sample,
         }
@@ -1327,6 +1585,255 @@ struct BpfCosts {
     /// Runs on other processes' samples and idle CPUs.
     filtered: BpfWindow,
     stacks: Vec<BpfCost>,
+}
+
+impl BpfCosts {
+    fn rows(&self, rows: &mut Vec<Row>, notes: &mut Vec<String>) {
+        let filtered = &self.filtered;
+        rows.push(Row {
+            section: "2",
+            measurement: "BPF run time per sample".to_owned(),
+            setting: "filtered path (other processes, idle CPUs)".to_owned(),
+            result: format!(
+                "{:.2} us ({} runs)",
+                filtered.ns_per_run / 1000.0,
+                thousands(filtered.runs as f64)
+            ),
+            target: String::new(),
+        });
+        for cost in &self.stacks {
+            let checked = cost.workload.compiled_java_depth() == Some(TARGET_JAVA_DEPTH);
+            let met = cost
+                .ns_per_sample
+                .is_some_and(|ns| ns / 1000.0 <= MAX_BPF_US_200_FRAMES);
+            rows.push(Row {
+                section: "2",
+                measurement: "BPF run time per sample".to_owned(),
+                setting: format!("{}, {MAX_HZ} Hz", cost.label),
+                result: format!(
+                    "{} per sample of the workload (all {} runs: {:.2} us, workload share {:.0}%)",
+                    cost.us_per_sample_text(),
+                    thousands(cost.window.runs as f64),
+                    cost.window.ns_per_run / 1000.0,
+                    cost.window.profiled_share * 100.0
+                ),
+                target: if checked {
+                    verdict(met, &format!("<= {MAX_BPF_US_200_FRAMES} us"))
+                } else {
+                    String::new()
+                },
+            });
+            if checked && !met {
+                notes.push(self.note(cost));
+            }
+        }
+    }
+
+    fn note(&self, deepest: &BpfCost) -> String {
+        let Some(deepest_ns) = deepest.ns_per_sample else {
+            return format!(
+                "{}: the workload had {:.0}% of the BPF runs, too few to separate its cost from \
+                 the filtered runs'; rerun on a quieter machine.",
+                deepest.label,
+                deepest.window.profiled_share * 100.0
+            );
+        };
+        let deepest_depth = deepest.workload.compiled_java_depth();
+        let shallow = self
+            .stacks
+            .iter()
+            .filter_map(|c| Some((c.workload.compiled_java_depth()?, c.ns_per_sample?)))
+            .find(|(depth, _)| Some(*depth) < deepest_depth);
+        let slope = match (shallow, deepest_depth) {
+            (Some((depth, ns)), Some(deepest_depth)) => format!(
+                " (about {:.0} ns per extra Java frame, against the {depth}-frame stack)",
+                (deepest_ns - ns) / f64::from(deepest_depth - depth)
+            ),
+            _ => String::new(),
+        };
+        format!(
+            "{}: {:.1} us per sample. The cost grows with the frames walked{slope}: each JIT \
+             frame is a code-blob lookup through the code heap's segment map plus reads of the \
+             thread's stack. Would fix it: caching code-blob lookups across samples (a BPF LRU \
+             map keyed by pc), or a lower bound on the Java walk's depth.",
+            deepest.label,
+            deepest_ns / 1000.0
+        )
+    }
+}
+
+/// Sides of a section-2 comparison, in the order of `BpfComparison`'s arrays.
+const SIDES: [&str; 2] = ["A (baseline)", "B (this build)"];
+
+/// One row of section 2 measured with the baseline daemon (index 0) and this build's (1).
+struct BpfComparison {
+    label: String,
+    /// Per window, in round order: ns per sample of the workload (the filtered row: per run);
+    /// None where the workload's share of the runs was too small to tell.
+    ns: [Vec<Option<f64>>; 2],
+    /// Median workload share of the runs.
+    shares: [f64; 2],
+}
+
+impl BpfComparison {
+    fn median_ns(&self, side: usize) -> Option<f64> {
+        let known: Vec<f64> = self.ns[side].iter().flatten().copied().collect();
+        (!known.is_empty()).then(|| median(known.into_iter()))
+    }
+
+    /// B over A, of the medians.
+    fn ratio(&self) -> Option<f64> {
+        Some(self.median_ns(1)? / self.median_ns(0)?)
+    }
+
+    /// B over A per round (the two windows of a round are adjacent): the spread of the ratio.
+    fn round_ratios(&self) -> Vec<f64> {
+        self.ns[0]
+            .iter()
+            .zip(&self.ns[1])
+            .filter_map(|(a, b)| Some((*b)? / (*a)?))
+            .collect()
+    }
+
+    /// "median us (min-max over windows)" of one side.
+    fn side_text(&self, side: usize) -> String {
+        let known: Vec<f64> = self.ns[side].iter().flatten().copied().collect();
+        let Some(mid) = self.median_ns(side) else {
+            return "n/a".to_owned();
+        };
+        let (lo, hi) = min_max(&known);
+        let missing = self.ns[side].len() - known.len();
+        let missing = if missing > 0 {
+            format!(", {missing} window(s) n/a")
+        } else {
+            String::new()
+        };
+        format!(
+            "{:.2} ({:.2}-{:.2}{missing})",
+            mid / 1000.0,
+            lo / 1000.0,
+            hi / 1000.0
+        )
+    }
+
+    fn ratio_text(&self) -> String {
+        let Some(ratio) = self.ratio() else {
+            return "n/a".to_owned();
+        };
+        let (lo, hi) = min_max(&self.round_ratios());
+        format!("{ratio:.2} ({lo:.2}-{hi:.2})")
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "{}: A {} us, B {} us, B/A {}",
+            self.label,
+            self.side_text(0),
+            self.side_text(1),
+            self.ratio_text()
+        )
+    }
+}
+
+/// What `--section bpf` measured.
+enum BpfResult {
+    Single(BpfCosts),
+    Compared {
+        baseline: PathBuf,
+        rows: Vec<BpfComparison>,
+    },
+}
+
+/// Section 2 run alone.
+struct BpfReport {
+    machine: Machine,
+    plan: Plan,
+    minutes: f64,
+    load_at_end: String,
+    cpus: usize,
+    result: BpfResult,
+}
+
+impl BpfReport {
+    fn to_markdown(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "# Benchmarks: section 2, BPF run time per sample\n");
+        let command = match &self.result {
+            BpfResult::Single(_) => "--section bpf".to_owned(),
+            BpfResult::Compared { baseline, .. } => {
+                format!("--section bpf --baseline-daemon {}", baseline.display())
+            }
+        };
+        let quick = if self.plan.name == QUICK.name {
+            " --quick"
+        } else {
+            ""
+        };
+        write_header(
+            &mut out,
+            &format!("cargo xtask bench{quick} {command}"),
+            (
+                &self.plan,
+                &format!(
+                    "{} rounds, {} s windows",
+                    self.plan.bpf_rounds,
+                    self.plan.bpf_window.as_secs()
+                ),
+            ),
+            self.minutes,
+            &self.machine,
+            &self.load_at_end,
+        );
+        match &self.result {
+            BpfResult::Single(costs) => {
+                let mut rows = Vec::new();
+                let mut notes = Vec::new();
+                costs.rows(&mut rows, &mut notes);
+                write_rows(&mut out, &rows, &notes);
+            }
+            BpfResult::Compared { baseline, rows } => {
+                let _ = writeln!(
+                    out,
+                    "A: the baseline daemon `{}`; B: this build's. BPF run time in us per sample \
+                     of the workload (the filtered row: per run), median over {} windows each \
+                     (range); B/A of the medians (range of the per-round ratios).\n",
+                    baseline.display(),
+                    self.plan.bpf_rounds
+                );
+                let _ = writeln!(
+                    out,
+                    "| stack, {MAX_HZ} Hz | A us | B us | B/A | workload share A / B |"
+                );
+                let _ = writeln!(out, "|---|---|---|---|---|");
+                for row in rows {
+                    let _ = writeln!(
+                        out,
+                        "| {} | {} | {} | {} | {:.0}% / {:.0}% |",
+                        row.label,
+                        row.side_text(0),
+                        row.side_text(1),
+                        row.ratio_text(),
+                        row.shares[0] * 100.0,
+                        row.shares[1] * 100.0
+                    );
+                }
+            }
+        }
+        let _ = writeln!(out, "\n## How it measures\n");
+        let _ = writeln!(out, "{}", bpf_method(&self.plan, self.cpus));
+        if let BpfResult::Compared { .. } = self.result {
+            let _ = writeln!(
+                out,
+                "\nSide by side: one workload process per row, kept running over all its \
+                 windows (the JIT state is the same for both daemons); {rounds} rounds of one \
+                 window per daemon, A B then B A alternately, each window a freshly started \
+                 daemon, killed after it. Each daemon's own filtered-path median is taken out of \
+                 its workload windows.",
+                rounds = self.plan.bpf_rounds
+            );
+        }
+        out
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -1581,6 +2088,77 @@ fn verdict(met: bool, target: &str) -> String {
     }
 }
 
+/// The run, the revision and the machine, above a report's table.
+/// `windows`: how much the plan measures, said of a quick run.
+fn write_header(
+    out: &mut String,
+    command: &str,
+    (plan, windows): (&Plan, &str),
+    minutes: f64,
+    m: &Machine,
+    load_at_end: &str,
+) {
+    if plan.name == QUICK.name {
+        let _ = writeln!(
+            out,
+            "**Quick run** ({windows}): checks that the bench works; the figures are \
+             indicative only. Without `--quick`, the full run.\n",
+        );
+    }
+    let _ = writeln!(
+        out,
+        "Written by `{command}` ({} run, {minutes:.1} min) for revision `{}`.\n",
+        plan.name, m.revision
+    );
+    let _ = writeln!(
+        out,
+        "Machine: Linux {}, {}, {} CPUs, {:.0} GiB RAM. Load average (1, 5, 15 min) at the \
+         start: {}; at the end: {load_at_end} (the bench itself keeps about {} busy).  ",
+        m.kernel, m.cpu_model, m.cpus, m.memory_gib, m.load_at_start, m.cpus
+    );
+    let jdks: Vec<String> = m
+        .jdks
+        .iter()
+        .map(|(major, version)| format!("JDK {major}: `{version}`"))
+        .collect();
+    let _ = writeln!(out, "{}.\n", jdks.join("; "));
+}
+
+/// How section 2 measures, as its numbered paragraph.
+fn bpf_method(plan: &Plan, cpus: usize) -> String {
+    format!(
+        "2. `run_time_ns / run_cnt` of the daemon's perf_event program (found through the \
+         daemon's file descriptors; `bpftool prog show --json`; `kernel.bpf_stats_enabled=1` for \
+         the whole bench), over {bpf} s at {MAX_HZ} Hz with one busy thread per CPU ({cpus}). \
+         Runs on other processes and idle CPUs take the filtered path, measured first with the \
+         daemon profiling only a sleeping process; the workload's share of the runs comes from \
+         the daemon's counters, and its per-sample figure is the window's run time less the \
+         filtered runs at that cost. Java: `Bench.java deep` on JDK 17, the recursion and leaf \
+         JIT-compiled after {warmup} s, or with `-Xint` (interpreted frames only).",
+        bpf = plan.bpf_window.as_secs(),
+        warmup = (plan.warmup / 2).as_secs(),
+    )
+}
+
+/// The table, then the missed targets.
+fn write_rows(out: &mut String, rows: &[Row], notes: &[String]) {
+    let _ = writeln!(out, "| # | measurement | setting | result | target |");
+    let _ = writeln!(out, "|---|---|---|---|---|");
+    for row in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} |",
+            row.section, row.measurement, row.setting, row.result, row.target
+        );
+    }
+    if !notes.is_empty() {
+        let _ = writeln!(out, "\n## Missed targets\n");
+        for note in notes {
+            let _ = writeln!(out, "- {note}");
+        }
+    }
+}
+
 impl Report {
     fn to_markdown(&self) -> String {
         let mut rows = Vec::new();
@@ -1593,49 +2171,23 @@ impl Report {
         self.export.rows(&mut rows);
 
         let mut out = String::new();
-        let m = &self.machine;
         let _ = writeln!(out, "# Benchmarks\n");
-        if self.plan.name == QUICK.name {
-            let _ = writeln!(
-                out,
-                "**Quick run** ({} pairs, {} s windows): checks that the bench works; the figures \
-                 are indicative only. `cargo xtask bench` makes the full run.\n",
-                self.plan.pairs,
-                self.plan.window.as_secs()
-            );
-        }
-        let _ = writeln!(
-            out,
-            "Written by `cargo xtask bench` ({} run, {:.1} min) for revision `{}`.\n",
-            self.plan.name, self.minutes, m.revision
+        write_header(
+            &mut out,
+            "cargo xtask bench",
+            (
+                &self.plan,
+                &format!(
+                    "{} pairs, {} s windows",
+                    self.plan.pairs,
+                    self.plan.window.as_secs()
+                ),
+            ),
+            self.minutes,
+            &self.machine,
+            &self.load_at_end,
         );
-        let _ = writeln!(
-            out,
-            "Machine: Linux {}, {}, {} CPUs, {:.0} GiB RAM. Load average (1, 5, 15 min) at the \
-             start: {}; at the end: {} (the bench itself keeps about {} busy).  ",
-            m.kernel, m.cpu_model, m.cpus, m.memory_gib, m.load_at_start, self.load_at_end, m.cpus
-        );
-        let jdks: Vec<String> = m
-            .jdks
-            .iter()
-            .map(|(major, version)| format!("JDK {major}: `{version}`"))
-            .collect();
-        let _ = writeln!(out, "{}.\n", jdks.join("; "));
-        let _ = writeln!(out, "| # | measurement | setting | result | target |");
-        let _ = writeln!(out, "|---|---|---|---|---|");
-        for row in &rows {
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {} | {} |",
-                row.section, row.measurement, row.setting, row.result, row.target
-            );
-        }
-        if !notes.is_empty() {
-            let _ = writeln!(out, "\n## Missed targets\n");
-            for note in &notes {
-                let _ = writeln!(out, "- {note}");
-            }
-        }
+        write_rows(&mut out, &rows, &notes);
         let _ = writeln!(out, "\n## How it measures\n");
         let _ = write!(out, "{}", self.method());
         out
@@ -1657,13 +2209,7 @@ impl Report {
              sampling, so its start-up is left out. \"CPU used\": the profiler's process CPU \
              (`/proc/PID/stat`) and its BPF run time, in % of all {cpus} CPUs: what it takes \
              from a workload that keeps every CPU busy.\n\
-             2. `run_time_ns / run_cnt` of the daemon's perf_event program (found through the \
-             daemon's file descriptors; `bpftool prog show --json`; `kernel.bpf_stats_enabled=1` \
-             for the whole bench), over {bpf} s at {bpf_hz} Hz with one busy thread per CPU. Runs \
-             on other processes and idle CPUs take the filtered path, measured first with the \
-             daemon profiling only a sleeping process; the workload's share of the runs comes \
-             from the daemon's counters, and its per-sample figure is the window's run time less \
-             the filtered runs at that cost.\n\
+             {section2}\n\
              3, 4. The daemon with `--interval {cost}` and `--pid` of the workload JVMs, measured \
              for {cost_window} s after its first profile: CPU from `/proc/PID/stat` (utime + \
              stime, 10 ms ticks), peak RSS `VmHWM` from `/proc/PID/status`, samples handled \
@@ -1690,8 +2236,7 @@ impl Report {
             pairs = p.pairs,
             settle = DAEMON_SETTLE.as_secs_f64(),
             cpus = self.cpus,
-            bpf = p.bpf_window.as_secs(),
-            bpf_hz = MAX_HZ,
+            section2 = bpf_method(p, self.cpus),
             cost = COST_INTERVAL_SECS,
             cost_window = p.cost_window.as_secs(),
             small = SMALL_JVM_FLAGS.join(" "),
@@ -1773,45 +2318,7 @@ impl Report {
     }
 
     fn bpf_rows(&self, rows: &mut Vec<Row>, notes: &mut Vec<String>) {
-        let filtered = &self.bpf.filtered;
-        rows.push(Row {
-            section: "2",
-            measurement: "BPF run time per sample".to_owned(),
-            setting: "filtered path (other processes, idle CPUs)".to_owned(),
-            result: format!(
-                "{:.2} us ({} runs)",
-                filtered.ns_per_run / 1000.0,
-                thousands(filtered.runs as f64)
-            ),
-            target: String::new(),
-        });
-        let deepest = JAVA_DEPTHS[JAVA_DEPTHS.len() - 1];
-        for cost in &self.bpf.stacks {
-            let checked = cost.java_depth == Some(deepest);
-            let met = cost
-                .ns_per_sample
-                .is_some_and(|ns| ns / 1000.0 <= MAX_BPF_US_200_FRAMES);
-            rows.push(Row {
-                section: "2",
-                measurement: "BPF run time per sample".to_owned(),
-                setting: format!("{}, {MAX_HZ} Hz", cost.label),
-                result: format!(
-                    "{} per sample of the workload (all {} runs: {:.2} us, workload share {:.0}%)",
-                    cost.us_per_sample_text(),
-                    thousands(cost.window.runs as f64),
-                    cost.window.ns_per_run / 1000.0,
-                    cost.window.profiled_share * 100.0
-                ),
-                target: if checked {
-                    verdict(met, &format!("<= {MAX_BPF_US_200_FRAMES} us"))
-                } else {
-                    String::new()
-                },
-            });
-            if checked && !met {
-                notes.push(self.bpf_note(cost));
-            }
-        }
+        self.bpf.rows(rows, notes);
     }
 
     fn cost_rows(&self, rows: &mut Vec<Row>, notes: &mut Vec<String>) {
@@ -1948,38 +2455,6 @@ impl Report {
                 format!("{reached}; the per-sample cost is within the noise, so no extrapolation")
             }
         }
-    }
-
-    fn bpf_note(&self, deepest: &BpfCost) -> String {
-        let Some(deepest_ns) = deepest.ns_per_sample else {
-            return format!(
-                "{}: the workload had {:.0}% of the BPF runs, too few to separate its cost from \
-                 the filtered runs'; rerun on a quieter machine.",
-                deepest.label,
-                deepest.window.profiled_share * 100.0
-            );
-        };
-        let shallow = self
-            .bpf
-            .stacks
-            .iter()
-            .filter(|c| c.java_depth.is_some() && c.java_depth < deepest.java_depth)
-            .find_map(|c| Some((c.java_depth?, c.ns_per_sample?)));
-        let slope = match (shallow, deepest.java_depth) {
-            (Some((depth, ns)), Some(deepest_depth)) => format!(
-                " (about {:.0} ns per extra Java frame, against the {depth}-frame stack)",
-                (deepest_ns - ns) / f64::from(deepest_depth - depth)
-            ),
-            _ => String::new(),
-        };
-        format!(
-            "{}: {:.1} us per sample. The cost grows with the frames walked{slope}: each JIT \
-             frame is a code-blob lookup through the code heap's segment map plus reads of the \
-             thread's stack. Would fix it: caching code-blob lookups across samples (a BPF LRU \
-             map keyed by pc), or a lower bound on the Java walk's depth.",
-            deepest.label,
-            deepest_ns / 1000.0
-        )
     }
 }
 
@@ -2122,6 +2597,25 @@ mod tests {
     }
 
     #[test]
+    fn compares_medians_and_pairs_rounds() {
+        let row = BpfComparison {
+            label: "test".to_owned(),
+            ns: [
+                vec![Some(1000.0), Some(1200.0), Some(1100.0)],
+                vec![Some(2000.0), None, Some(2400.0)],
+            ],
+            shares: [0.9, 0.9],
+        };
+        assert_eq!(row.median_ns(0), Some(1100.0));
+        assert_eq!(row.median_ns(1), Some(2200.0));
+        assert!((row.ratio().expect("both sides") - 2.0).abs() < 1e-9);
+        // The round without a B figure has no ratio.
+        assert_eq!(row.round_ratios().len(), 2);
+        assert_eq!(row.side_text(1), "2.20 (2.00-2.40, 1 window(s) n/a)");
+        assert_eq!(row.ratio_text(), "2.00 (2.00-2.18)");
+    }
+
+    #[test]
     fn takes_filtered_runs_out_of_the_bpf_average() {
         // Half the runs at 1 us (filtered), half at 9 us (workload): average 5 us.
         let window = BpfWindow {
@@ -2129,7 +2623,7 @@ mod tests {
             ns_per_run: 5000.0,
             profiled_share: 0.5,
         };
-        let cost = BpfCost::new("test", None, window, 1000.0);
+        let cost = BpfCost::new(BpfWorkload::Native, "test", window, 1000.0);
         let ns = cost.ns_per_sample.expect("share high enough");
         assert!((ns - 9000.0).abs() < 1e-6);
     }

@@ -123,8 +123,10 @@ fn main() -> Result<()> {
             setup_build()?;
             setup_tests(&root)?;
             let daemon = build_daemon(&root, true)?;
-            // The sidecar agent beside the release daemon (section 5).
-            build_agent(&root, true)?;
+            if args.needs_agent() {
+                // The sidecar agent beside the release daemon (section 5).
+                build_agent(&root, true)?;
+            }
             bench::run(&root, &daemon, &args)
         }
     }
