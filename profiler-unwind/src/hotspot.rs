@@ -433,15 +433,17 @@ fn interpreted_step<M: UserMemory>(
     } else {
         BCI_UNKNOWN
     };
-    let recorded = frame(
-        FrameKind::Interpreted,
-        method,
-        bci,
-        method_cookie(hs, memory, const_method),
-    );
+    let cookie = if walk.cookie_const_method == const_method {
+        walk.cookie
+    } else {
+        method_cookie(hs, memory, const_method)
+    };
+    let recorded = frame(FrameKind::Interpreted, method, bci, cookie);
 
     let slot = window.pair(memory, fp)?;
     let sender_sp = window.u64(memory, fp.wrapping_sub(8))?;
+    walk.cookie = cookie;
+    walk.cookie_const_method = const_method;
     walk.fp = slot[0];
     walk.pc = slot[1];
     walk.sp = sender_sp;

@@ -46,7 +46,10 @@ pub struct Walk {
     pub java_seen: u8,
     /// Host tid of the sampled thread.
     pub tid: u32,
-    pub _reserved: u32,
+    /// The cookie of the last interpreted method of this walk, and its `ConstMethod*` (0 for
+    /// none): recursion and loops repeat methods, and a cookie costs five dependent reads.
+    pub cookie: u32,
+    pub cookie_const_method: u64,
     /// The last code blob read during this walk.
     pub blob_cache: BlobCache,
     pub hotspot: HotspotProc,
@@ -63,6 +66,7 @@ impl Walk {
         self.java_seen = 0;
         self.tid = tid;
         self.blob_cache.blob = 0;
+        self.cookie_const_method = 0;
         self.pc = regs.ip;
         self.sp = regs.sp;
         self.fp = regs.fp;

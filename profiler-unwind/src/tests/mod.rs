@@ -136,6 +136,49 @@ fn interpreted_frames_then_the_call_stub_into_native_code() {
 }
 
 #[test]
+fn recursion_reuses_an_interpreted_cookie_and_alternation_does_not_mix_them() {
+    // A, A, B, A: the walk keeps the last method's cookie; each frame must still carry its own.
+    let mut jvm = Jvm::new(Layout::Offsets);
+    let a = jvm.add_method(b"com/example/Recursive", 0x5555_0001, 40);
+    let b = jvm.add_method(b"com/example/Other", 0x6666_0001, 40);
+    let fps = [
+        STACK + 0x8100,
+        STACK + 0x8300,
+        STACK + 0x8500,
+        STACK + 0x8700,
+    ];
+    let stub_fp = STACK + 0x8900;
+    let methods = [a, a, b, a];
+    for (index, (fp, method)) in fps.iter().zip(methods).enumerate() {
+        let last = index == fps.len() - 1;
+        jvm.interpreter_frame(
+            *fp,
+            InterpreterFrame {
+                method,
+                bcp: method.code + index as u64,
+                sender_sp: fp + 16,
+                saved_fp: if last { stub_fp } else { fps[index + 1] },
+                return_address: if last {
+                    CALL_STUB_RETURN
+                } else {
+                    INTERPRETER_PC
+                },
+            },
+        );
+    }
+    let natives = jvm.entry_frames(stub_fp);
+    let mut start = regs(INTERPRETER_LOW + 0x500, STACK + 0x8000, fps[0]);
+    start.r13 = a.code;
+    let walked = jvm.walk(TID, start);
+    expect(
+        walked,
+        &[a.frame(0), a.frame(1), b.frame(2), a.frame(3)],
+        &natives,
+        UnwindEnd::Complete,
+    );
+}
+
+#[test]
 fn an_implausible_bcp_is_recorded_as_an_unknown_bci() {
     let mut jvm = Jvm::new(Layout::Pointers);
     let leaf = jvm.add_method(b"Leaf", 0x0101_0001, 10);
