@@ -328,6 +328,21 @@ mod tests {
         vec![(INLINED, 2), (ROOT, 5)]
     }
 
+    /// The frame of the nmethod `names` describe, sampled at the call at 0x10, with `recorded`.
+    fn at_call(
+        names: &HashMap<u64, MethodName>,
+        recorded: &RecordedNmethod,
+        annotate: bool,
+    ) -> Named {
+        compiled(
+            nmethod(names),
+            Some(recorded),
+            memory_chain,
+            AT_CALL,
+            annotate,
+        )
+    }
+
     const AT_CALL: CodePc = CodePc {
         offset: 0x10,
         top: false,
@@ -346,13 +361,7 @@ mod tests {
     fn a_record_memory_confirms_names_the_frame() {
         let names = memory_names(Ok(method("G1", "outer")), Ok(method("G1", "inner")));
         let recorded = record(method("G1", "outer"), method("G1", "inner"));
-        let named = compiled(
-            nmethod(&names),
-            Some(&recorded),
-            memory_chain,
-            AT_CALL,
-            true,
-        );
+        let named = at_call(&names, &recorded, true);
         assert!(named.from_sidecar);
         assert_eq!(functions(&named), ["G1.inner_[i]", "G1.outer_[j]"]);
         assert_eq!(named.frame.lines[1].line, 11);
@@ -377,13 +386,7 @@ mod tests {
         // pc does not (another inlined method, or the same at another bci).
         let names = memory_names(Ok(method("G1", "outer")), Ok(method("G1", "inner")));
         let recorded = record(method("G1", "outer"), method("G1", "other_inner"));
-        let named = compiled(
-            nmethod(&names),
-            Some(&recorded),
-            memory_chain,
-            AT_CALL,
-            true,
-        );
+        let named = at_call(&names, &recorded, true);
         assert!(!named.from_sidecar);
         assert_eq!(functions(&named), ["G1.inner_[i]", "G1.outer_[j]"]);
         let recorded = record(method("G1", "outer"), method("G1", "inner"));
@@ -398,13 +401,7 @@ mod tests {
         // record (not yet unloaded) names G1, memory G2.
         let names = memory_names(Ok(method("G2", "outer")), Ok(method("G2", "inner")));
         let recorded = record(method("G1", "outer"), method("G1", "inner"));
-        let named = compiled(
-            nmethod(&names),
-            Some(&recorded),
-            memory_chain,
-            AT_CALL,
-            false,
-        );
+        let named = at_call(&names, &recorded, false);
         assert!(!named.from_sidecar);
         assert_eq!(functions(&named), ["G2.inner", "G2.outer"]);
 
@@ -412,13 +409,7 @@ mod tests {
         let mut other = MethodInfo::clone(&method("G2", "outer"));
         other.signature = "()V".into();
         let recorded = record(Arc::new(other), method("G2", "inner"));
-        let named = compiled(
-            nmethod(&names),
-            Some(&recorded),
-            memory_chain,
-            AT_CALL,
-            false,
-        );
+        let named = at_call(&names, &recorded, false);
         assert!(!named.from_sidecar);
     }
 
@@ -430,13 +421,7 @@ mod tests {
             Err(UnnamedReason::Unreadable),
         );
         let recorded = record(method("G1", "outer"), method("G1", "inner"));
-        let named = compiled(
-            nmethod(&names),
-            Some(&recorded),
-            memory_chain,
-            AT_CALL,
-            true,
-        );
+        let named = at_call(&names, &recorded, true);
         assert!(!named.from_sidecar);
         assert_eq!(
             functions(&named),
@@ -458,13 +443,7 @@ mod tests {
         // Another Method* at the same code start.
         let mut recorded = record(method("G1", "outer"), method("G1", "agent_inner"));
         recorded.method_ptr = 0x9999;
-        let named = compiled(
-            nmethod(&names),
-            Some(&recorded),
-            memory_chain,
-            AT_CALL,
-            false,
-        );
+        let named = at_call(&names, &recorded, false);
         assert_eq!(functions(&named), ["G1.inner", "G1.outer"]);
         // A pc past the recorded code.
         recorded.method_ptr = ROOT;
