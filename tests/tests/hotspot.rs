@@ -216,26 +216,9 @@ fn a_jvm_in_its_own_mount_namespace_is_read() {
     let dir = tempfile::tempdir().expect("tempdir");
     let classes = compile_java(&["Spin.java"], dir.path()).expect("javac");
     let jdk = jdks().into_iter().find(|j| j.major == 21).expect("JDK 21");
-    let jdk_home = jdk
-        .java
-        .parent()
-        .and_then(|bin| bin.parent())
-        .expect("JDK home");
-    // A private /tmp (tmpfs) holding the JDK (bind mount) and the classes: neither path exists
-    // outside the namespace, so the daemon must go through /proc/PID/root.
-    let script = format!(
-        // Both may live under /tmp (the checkout itself may): stage them under /run before the
-        // tmpfs hides the host's /tmp. The mounts are private to the namespace.
-        "set -e; mkdir -p /run/profiler-test-classes /run/profiler-test-jdk; \
-         mount --bind {classes} /run/profiler-test-classes; mount --bind {jdk} /run/profiler-test-jdk; \
-         mount -t tmpfs tmpfs /tmp; mkdir /tmp/jdk /tmp/classes; \
-         mount --bind /run/profiler-test-jdk /tmp/jdk; mount --bind /run/profiler-test-classes /tmp/classes; \
-         exec /tmp/jdk/bin/java -cp /tmp/classes Spin",
-        classes = classes.display(),
-        jdk = jdk_home.display()
-    );
-    let mut child = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+    // A private /tmp (tmpfs) holding the JDK and the classes: neither path exists outside the
+    // namespace, so the daemon must go through /proc/PID/root.
+    let mut child = in_private_tmp_namespace(&jdk, &classes, "profiler-test", "Spin")
         .stdout(Stdio::piped())
         .spawn()
         .expect("unshare runs");

@@ -7,6 +7,7 @@ use profiler_common::{
     HotspotProc, UnwindEnd, UserFrame, BCI_UNKNOWN, NAME_TAIL_BYTES,
 };
 
+use crate::walk::frame;
 use crate::{
     walk_stack, FrameSink, JavaThreads, ReadError, StackWindow, UserMemory, UserRegs, Walk,
 };
@@ -265,16 +266,6 @@ impl Method {
 
 pub(crate) fn native(pc: u64) -> UserFrame {
     frame(FrameKind::Native, pc, 0, 0)
-}
-
-fn frame(kind: FrameKind, addr: u64, aux: u32, cookie: u32) -> UserFrame {
-    UserFrame {
-        addr,
-        aux,
-        cookie,
-        kind: kind as u8,
-        _reserved: [0; 7],
-    }
 }
 
 /// The fake JVM: its memory, its layout, and bump allocators for blobs and metadata.
