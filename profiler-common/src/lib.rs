@@ -12,6 +12,8 @@ pub const MAX_KERNEL_FRAMES: usize = 127;
 pub const MAX_USER_FRAMES: usize = 1024;
 /// Size of the ring buffer the samples go through (a power of two, in bytes).
 pub const SAMPLE_RING_BYTES: u32 = 8 << 20;
+/// Filled this far, the ring buffer wakes the daemon instead of waiting for its next drain.
+pub const SAMPLE_RING_WAKEUP_BYTES: u64 = SAMPLE_RING_BYTES as u64 / 4;
 /// Most processes the `--pid` filter can name.
 pub const MAX_TARGET_PIDS: u32 = 4096;
 /// Length of a task's `comm`, NUL padded.

@@ -41,6 +41,8 @@ pub struct Snapshot {
     pub malformed_records: u64,
     pub dropped_work: u64,
     pub dropped_over_stack_bound: u64,
+    /// Drains the BPF side asked for because the ring buffer was filling up.
+    pub ring_wakeups: u64,
     pub unwind_ends: [u64; UnwindEnd::ALL.len()],
     pub jvms: TrackerCounts,
     pub intervals: u64,
@@ -118,6 +120,13 @@ pub fn render(s: &Snapshot, worker: &WorkerCounters) -> String {
         "counter",
         "Samples not in any profile, by reason (idle and filtered are expected).",
         &dropped,
+    );
+    metric(
+        &mut out,
+        "profiler_ring_wakeups_total",
+        "counter",
+        "Ring-buffer drains before the drain period because the ring was a quarter full; often means the ring is small for the sample rate.",
+        &[("", s.ring_wakeups)],
     );
     metric(
         &mut out,

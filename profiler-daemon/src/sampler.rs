@@ -185,8 +185,16 @@ impl Sampler {
         self.cpus
     }
 
+    /// A second descriptor of the ring buffer, to wait on: it turns readable when the BPF side
+    /// wakes us because the ring is filling up (see `SAMPLE_RING_WAKEUP_BYTES`).
+    pub fn ring_wakeups(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        use std::os::fd::AsFd;
+        self.ring.as_fd().try_clone_to_owned()
+    }
+
     /// Passes every record waiting in the ring buffer to `consume`. The BPF side does not wake
-    /// us per sample; the caller drains on a timer, so a batch costs no syscall per sample.
+    /// us per sample; the caller drains on a timer (and on the ring's wake-ups when it fills),
+    /// so a batch costs no syscall per sample.
     pub fn drain(&mut self, mut consume: impl FnMut(&[u8])) -> usize {
         let mut records = 0;
         while let Some(item) = self.ring.next() {

@@ -20,12 +20,17 @@ pub enum Work {
     /// A process had its first sample of the interval: read its mappings while it is alive.
     ProcessSeen(u32),
     Interval(IntervalStacks),
-    /// Java frames of a stack just seen, to name while their methods still exist; each with
-    /// whether it is the top frame.
-    ResolveJava {
-        pid: u32,
-        frames: Vec<(profiler_common::UserFrame, bool)>,
-    },
+    /// The Java frames of the stacks first seen in one drain of the ring buffer: their methods
+    /// and code are read now, while they still exist (a class may be unloaded before the
+    /// interval ends), and named at the interval from what was read.
+    PrefetchJava(Vec<JavaFrameSeen>),
+}
+
+/// A Java frame of a newly seen stack.
+#[derive(Clone, Copy)]
+pub struct JavaFrameSeen {
+    pub pid: u32,
+    pub frame: profiler_common::UserFrame,
 }
 
 pub struct Worker {
@@ -99,15 +104,24 @@ impl Worker {
             match item {
                 Work::ProcessSeen(pid) => self.processes.observe(pid),
                 Work::Interval(interval) => self.write_interval(interval),
-                Work::ResolveJava { pid, frames } => {
-                    if self.symbolizers.ensure_jvm(pid, &self.processes) {
-                        // Only to read names while they exist: misses are counted when a
-                        // profile shows them.
-                        for (frame, top) in frames {
-                            self.symbolizers.java.resolve(pid, &frame, top);
-                        }
-                    }
-                }
+                Work::PrefetchJava(frames) => self.prefetch_java(frames),
+            }
+        }
+    }
+
+    /// Reads what naming `frames` needs into the Java symbolizer's caches. Misses are not
+    /// counted here: they are, when a profile shows them.
+    fn prefetch_java(&mut self, mut frames: Vec<JavaFrameSeen>) {
+        // New stacks share most of their frames.
+        frames.sort_unstable_by_key(|seen| (seen.pid, seen.frame.addr, seen.frame.cookie));
+        frames.dedup_by_key(|seen| (seen.pid, seen.frame.addr, seen.frame.cookie));
+        let mut known_jvm = None;
+        for JavaFrameSeen { pid, frame } in frames {
+            if known_jvm.is_none_or(|(known, _)| known != pid) {
+                known_jvm = Some((pid, self.symbolizers.ensure_jvm(pid, &self.processes)));
+            }
+            if known_jvm.is_some_and(|(_, readable)| readable) {
+                self.symbolizers.java.prefetch(pid, &frame);
             }
         }
     }

@@ -34,7 +34,8 @@ use aya_ebpf::{
 use profiler_common::{
     Counter, HotspotProc, SampleHeader, SampleRecord, UnwindEnd, UserFrame, COMM_LEN,
     DEFAULT_MAX_JVMS, FRAMES_BYTES, HEADER_BYTES, KERNEL_FRAME_BYTES, MAX_KERNEL_FRAMES,
-    MAX_TARGET_PIDS, MAX_USER_FRAMES, RECORD_BYTES, SAMPLE_RING_BYTES, USER_FRAME_BYTES,
+    MAX_TARGET_PIDS, MAX_USER_FRAMES, RECORD_BYTES, SAMPLE_RING_BYTES, SAMPLE_RING_WAKEUP_BYTES,
+    USER_FRAME_BYTES,
 };
 use profiler_unwind::{unwind_step, FrameSink, UserRegs, Walk, MAX_WALK_STEPS};
 
@@ -61,8 +62,10 @@ static HOTSPOT_PROCS: HashMap<u32, HotspotProc> = HashMap::with_max_entries(DEFA
 
 /// x86_64: the low two bits of `cs` are the privilege level; 3 is user mode.
 const USER_MODE_CS_MASK: u64 = 3;
-/// The daemon drains the ring on a timer: no wake-up per sample.
+/// `bpf_ringbuf_output` flags (uapi `BPF_RB_*`) and the `bpf_ringbuf_query` item read.
 const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+const BPF_RB_AVAIL_DATA: u64 = 0;
 
 #[inline(always)]
 fn count(counter: Counter) {
@@ -193,7 +196,13 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
     // SAFETY: `len` is within the record, which is plain bytes.
     let bytes =
         unsafe { core::slice::from_raw_parts(record as *const SampleRecord as *const u8, len) };
-    match SAMPLES.output::<[u8]>(bytes, BPF_RB_NO_WAKEUP) {
+    // The daemon drains on a slow timer; it is woken early only when the ring fills up.
+    let wakeup = if SAMPLES.query(BPF_RB_AVAIL_DATA) >= SAMPLE_RING_WAKEUP_BYTES {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    match SAMPLES.output::<[u8]>(bytes, wakeup) {
         Ok(()) => count(Counter::Sent),
         Err(_) => count(Counter::RingFull),
     }

@@ -1,15 +1,18 @@
 //! Finding a process's libjvm.so and the `gHotSpot*` symbols that locate its VMStructs tables.
 
+use std::cell::Cell;
 use std::fs::File;
-use std::io::Read as _;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use object::{Object, ObjectSegment, ObjectSymbol};
+use object::read::ReadCache;
+use object::{Object, ObjectSegment, ObjectSymbol, ReadRef};
 
 use crate::process::{Backing, Mapping, ProcessInfo};
 
-/// Largest libjvm.so read (about 20 MB stripped, a few hundred MB with debug info).
-const MAX_LIBJVM_BYTES: u64 = 1 << 30;
+/// Most bytes read from one libjvm.so file (its headers, notes and dynamic symbol table take a
+/// few hundred KB; the file is 20-30 MB stripped, hundreds of MB with debug info).
+const MAX_BYTES_READ: u64 = 16 << 20;
 
 /// The 24 exported symbols, in the order [`ExportedSymbols::values`] stores them.
 pub const SYMBOL_NAMES: [&str; 24] = [
@@ -72,7 +75,9 @@ impl LibJvmMapping {
         let maps = crate::process::read_all_mappings(process.pid).ok()?;
         maps.into_iter().find_map(|map| match map.pathname {
             procfs::process::MMapPath::Path(path)
-                if map.offset == 0 && path.file_name().is_some_and(|n| n == "libjvm.so") =>
+                if map.offset == 0
+                    && path.file_name().is_some_and(|n| n == "libjvm.so")
+                    && maps_code_of(process, map.dev, map.inode) =>
             {
                 Some(Self {
                     region: Mapping {
@@ -94,6 +99,18 @@ impl LibJvmMapping {
     }
 }
 
+/// Whether `process` runs code of the file (`dev`, `inode`): a JVM loaded libjvm, while a
+/// program that only reads the file (a symbolizer, this daemon) maps it without execute.
+fn maps_code_of(process: &ProcessInfo, dev: (i32, i32), inode: u64) -> bool {
+    let dev = libc::makedev(dev.0 as u32, dev.1 as u32);
+    process.mappings.iter().any(|mapping| {
+        matches!(
+            mapping.backing,
+            Backing::File { dev: d, inode: i, .. } if d == dev && i == inode
+        )
+    })
+}
+
 /// What the libjvm file itself says: build-id, symbol values and where its first segment loads.
 #[derive(Clone, Debug)]
 pub struct ExportedSymbols {
@@ -106,31 +123,19 @@ pub struct ExportedSymbols {
 }
 
 impl ExportedSymbols {
-    /// Reads the file `file` (libjvm as mapped at `path`), bounded in size.
-    pub fn read(mut file: File, path: &Path) -> Result<Self, LibJvmError> {
-        let read_error = |source| LibJvmError::Read {
-            path: path.to_owned(),
-            source,
-        };
-        let mut bytes = Vec::new();
-        (&mut file)
-            .take(MAX_LIBJVM_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(read_error)?;
-        if bytes.len() as u64 > MAX_LIBJVM_BYTES {
-            return Err(read_error(std::io::Error::other(format!(
-                "over {MAX_LIBJVM_BYTES} bytes"
-            ))));
-        }
-        Self::parse(&bytes, path)
+    /// Reads the file `file` (libjvm as mapped at `path`): only the headers, notes and dynamic
+    /// symbols, a few hundred KB of a 20 MB file, and never more than [`MAX_BYTES_READ`].
+    pub fn read(file: File, path: &Path) -> Result<Self, LibJvmError> {
+        let reader = BoundedReads::new(ReadCache::new(file), MAX_BYTES_READ);
+        Self::parse(&reader, path)
     }
 
-    pub fn parse(bytes: &[u8], path: &Path) -> Result<Self, LibJvmError> {
+    pub fn parse<'data, R: ReadRef<'data>>(data: R, path: &Path) -> Result<Self, LibJvmError> {
         let parse_error = |message: String| LibJvmError::Parse {
             path: path.to_owned(),
             message,
         };
-        let file = object::File::parse(bytes).map_err(|err| parse_error(err.to_string()))?;
+        let file = object::File::parse(data).map_err(|err| parse_error(err.to_string()))?;
         let build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec);
         let first_segment_vaddr = file
             .segments()
@@ -173,4 +178,118 @@ pub fn read_exported_symbols(
             source: std::io::Error::other(refused),
         })?;
     ExportedSymbols::read(file, &mapping.path)
+}
+
+/// Reads of a file through `object`'s cache, refused once they would pass `budget` bytes in
+/// all: the file is the profiled process's, and its headers choose what is read.
+struct BoundedReads {
+    cache: ReadCache<File>,
+    budget: u64,
+    used: Cell<u64>,
+}
+
+impl BoundedReads {
+    fn new(cache: ReadCache<File>, budget: u64) -> Self {
+        Self {
+            cache,
+            budget,
+            used: Cell::new(0),
+        }
+    }
+
+    fn charge(&self, size: u64) -> Result<(), ()> {
+        let used = self.used.get().saturating_add(size);
+        if used > self.budget {
+            return Err(());
+        }
+        self.used.set(used);
+        Ok(())
+    }
+}
+
+impl<'a> ReadRef<'a> for &'a BoundedReads {
+    fn len(self) -> Result<u64, ()> {
+        (&self.cache).len()
+    }
+
+    fn read_bytes_at(self, offset: u64, size: u64) -> Result<&'a [u8], ()> {
+        // Charged before the cache allocates `size` bytes (repeated reads are charged again:
+        // the budget only has to stop a file that asks for too much).
+        self.charge(size)?;
+        (&self.cache).read_bytes_at(offset, size)
+    }
+
+    fn read_bytes_at_until(self, range: Range<u64>, delimiter: u8) -> Result<&'a [u8], ()> {
+        // The cache reads at most 4 KiB per string.
+        self.charge(4096)?;
+        (&self.cache).read_bytes_at_until(range, delimiter)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use object::ObjectSection as _;
+
+    use super::*;
+
+    /// A shared library exporting the 24 symbols (values 100, 101, ...) and, in its data,
+    /// `padding_mb` megabytes that reading the symbols must not touch.
+    fn fake_libjvm(dir: &Path, padding_mb: usize) -> PathBuf {
+        let mut source = String::new();
+        for (index, name) in SYMBOL_NAMES.iter().enumerate() {
+            source.push_str(&format!(
+                "__attribute__((used)) long {name} = {};\n",
+                100 + index
+            ));
+        }
+        source.push_str(&format!(
+            "__attribute__((used)) char padding[{padding_mb} << 20] = {{1}};\n"
+        ));
+        let c_file = dir.join("fake.c");
+        std::fs::write(&c_file, source).expect("write the C source");
+        let library = dir.join("libjvm.so");
+        let status = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&library)
+            .arg(&c_file)
+            .status()
+            .expect("run cc (a C compiler is needed by the tests; `cargo xtask test` installs it)");
+        assert!(status.success(), "cc failed");
+        library
+    }
+
+    #[test]
+    fn finds_the_symbols_reading_a_small_part_of_a_large_file() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let library = fake_libjvm(dir.path(), 2 * (MAX_BYTES_READ as usize >> 20));
+        let size = std::fs::metadata(&library).expect("stat").len();
+        assert!(size > 2 * MAX_BYTES_READ, "the fixture is {size} bytes");
+
+        let file = File::open(&library).expect("open");
+        let symbols = ExportedSymbols::read(file, &library).expect("symbols read");
+        // Each symbol's value is its address in the file: check it holds the number 100 + i.
+        let bytes = std::fs::read(&library).expect("read whole");
+        let elf = object::File::parse(&*bytes).expect("parse");
+        for (index, address) in symbols.values.iter().enumerate() {
+            let section = elf
+                .sections()
+                .find(|s| (s.address()..s.address() + s.size()).contains(address))
+                .expect("symbol in a section");
+            let data = section.data().expect("section data");
+            let at = (address - section.address()) as usize;
+            let value = i64::from_ne_bytes(data[at..at + 8].try_into().expect("8 bytes"));
+            assert_eq!(value, 100 + index as i64, "{}", SYMBOL_NAMES[index]);
+        }
+        assert!(symbols.build_id.is_some());
+    }
+
+    #[test]
+    fn refuses_a_file_whose_headers_ask_for_more_than_the_budget() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let library = fake_libjvm(dir.path(), 1);
+        let file = File::open(&library).expect("open");
+        let reader = BoundedReads::new(ReadCache::new(file), 512);
+        let err = ExportedSymbols::parse(&reader, &library).expect_err("over the budget");
+        assert!(matches!(err, LibJvmError::Parse { .. }), "{err}");
+    }
 }

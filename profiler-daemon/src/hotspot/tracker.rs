@@ -27,6 +27,11 @@ pub const SCAN_PERIOD: Duration = Duration::from_millis(500);
 const FULL_THREAD_READ: Duration = Duration::from_secs(10);
 /// A non-JVM process is re-checked while younger than this.
 const YOUNG: Duration = Duration::from_secs(30);
+/// A pending JVM is retried at every scan this many times, then every [`SLOW_RETRY_EVERY`].
+const FAST_RETRIES: u32 = 20;
+const SLOW_RETRY_EVERY: u32 = 20;
+/// `task_struct` flag of kernel threads (`PF_KTHREAD`), in /proc/PID/stat's `flags`.
+const PF_KTHREAD: u32 = 0x0020_0000;
 /// A ready JVM's code cache is re-read this often.
 const REFRESH: Duration = Duration::from_secs(5);
 
@@ -127,6 +132,7 @@ pub struct JvmTracker<S: LayoutSink> {
     ticks_per_second: u64,
     threads_not_pushed: u64,
     directory: ThreadDirectory,
+    own_pid: u32,
 }
 
 impl<S: LayoutSink> JvmTracker<S> {
@@ -141,6 +147,7 @@ impl<S: LayoutSink> JvmTracker<S> {
             ticks_per_second: procfs::ticks_per_second(),
             threads_not_pushed: 0,
             directory: ThreadDirectory::default(),
+            own_pid: std::process::id(),
         }
     }
 
@@ -189,7 +196,15 @@ impl<S: LayoutSink> JvmTracker<S> {
         let mut alive = HashMap::new();
         for process in processes {
             let pid = process.pid as u32;
+            if pid == self.own_pid {
+                // This daemon maps libjvm.so when it symbolizes a JVM, but runs none.
+                continue;
+            }
             let Ok(stat) = process.stat() else { continue };
+            if stat.flags & PF_KTHREAD != 0 {
+                // Never a JVM; its name changes with the work it runs.
+                continue;
+            }
             alive.insert(pid, ());
             let known = self
                 .tracked
@@ -280,7 +295,16 @@ impl<S: LayoutSink> JvmTracker<S> {
                 };
                 self.advance(pid, age, ready_count);
             }
-            State::Pending { .. } => self.advance(pid, age, ready_count),
+            State::Pending { attempts, .. } => {
+                // A JVM starts in well under FAST_RETRIES scans; one that does not (or a
+                // process that only looks like one) is retried seldom after that.
+                if *attempts >= FAST_RETRIES && (*attempts - FAST_RETRIES) % SLOW_RETRY_EVERY != 0
+                {
+                    *attempts += 1;
+                    return;
+                }
+                self.advance(pid, age, ready_count)
+            }
             State::Ready { refreshed, .. } => {
                 if refreshed.elapsed() >= REFRESH {
                     self.refresh(pid);
@@ -317,6 +341,9 @@ impl<S: LayoutSink> JvmTracker<S> {
                         tracing::warn!(pid, %err, "cannot read this JVM's layout: its Java frames will stay unnamed");
                         tracked.state = State::Failed;
                     } else {
+                        if *attempts % 20 == 1 {
+                            tracing::debug!(pid, attempts = *attempts, %err, "JVM not readable yet");
+                        }
                         *last_error = err.to_string();
                     }
                     return;

@@ -122,6 +122,24 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
         self.jvms.keys().copied().collect()
     }
 
+    /// Reads what naming `frame` of `pid` takes (its method, or its code blob and the methods
+    /// inlined in it) into the caches, without naming it.
+    pub fn prefetch(&mut self, pid: u32, frame: &UserFrame) {
+        let Some(jvm) = self.jvms.get_mut(&pid) else {
+            return;
+        };
+        jvm.memory.bound_caches();
+        match FrameKind::from_u8(frame.kind) {
+            Some(FrameKind::Interpreted) => {
+                let _ = jvm.memory.method(frame.addr, frame.cookie);
+            }
+            Some(FrameKind::Compiled) => {
+                let _ = jvm.memory.code(frame.addr, frame.cookie);
+            }
+            Some(FrameKind::Native) | None => {}
+        }
+    }
+
     /// Names one Java frame of `pid`. `top` is true for the interrupted frame (its pc is not a
     /// return address). Misses are marker lines, listed in [`Named::unnamed`] for the caller
     /// to count.
