@@ -130,10 +130,12 @@ pub enum Counter {
     ScratchMissing = 6,
     /// Samples sent to the daemon.
     Sent = 7,
+    /// Process events (exec, exit) lost because their ring buffer was full.
+    ProcessEventsLost = 8,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 8;
+    pub const COUNT: u32 = 9;
     pub const ALL: [Self; Self::COUNT as usize] = [
         Self::Samples,
         Self::Idle,
@@ -143,6 +145,7 @@ impl Counter {
         Self::UserStackTruncated,
         Self::ScratchMissing,
         Self::Sent,
+        Self::ProcessEventsLost,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -155,7 +158,54 @@ impl Counter {
             Self::UserStackTruncated => "user_stack_truncated",
             Self::ScratchMissing => "scratch_missing",
             Self::Sent => "sent",
+            Self::ProcessEventsLost => "process_events_lost",
         }
+    }
+}
+
+/// Size of the ring buffer of process events (a power of two, in bytes): 16 K events of 8
+/// bytes (plus the ring's 8-byte headers), ample for a node's exec rate over the daemon's
+/// half-second polls.
+pub const PROCESS_EVENT_RING_BYTES: u32 = 256 << 10;
+
+/// What a process did, as the BPF tracepoints saw it.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcessEventKind {
+    /// It replaced its program (`execve`): a new image, maybe a JVM starting.
+    Exec = 1,
+    /// Its main thread exited (the process is gone, or a zombie until its last thread ends).
+    Exit = 2,
+}
+
+impl ProcessEventKind {
+    pub fn from_u32(value: u32) -> Option<Self> {
+        match value {
+            1 => Some(Self::Exec),
+            2 => Some(Self::Exit),
+            _ => None,
+        }
+    }
+}
+
+/// One record of the process event ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessEvent {
+    /// A [`ProcessEventKind`].
+    pub kind: u32,
+    /// Process id (tgid) in the initial PID namespace.
+    pub pid: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<ProcessEvent>() == 8);
+
+impl ProcessEvent {
+    /// The event in a ring-buffer record, if the record has the size of one.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        let kind = u32::from_ne_bytes(bytes.get(0..4)?.try_into().ok()?);
+        let pid = u32::from_ne_bytes(bytes.get(4..8)?.try_into().ok()?);
+        (bytes.len() == 8).then_some(Self { kind, pid })
     }
 }
 

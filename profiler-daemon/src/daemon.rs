@@ -12,6 +12,7 @@ use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use aya::maps::{MapData, RingBuf};
 use profiler_common::{Counter, FrameKind, UnwindEnd};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -35,6 +36,11 @@ use crate::worker::{JavaFrameSeen, Work, Worker};
 /// otherwise idle daemon. Bursts do not wait for it: the BPF side wakes us when the ring is a
 /// quarter full (at 1000 Hz on 64 CPUs and 1 KiB records, after about 30 ms).
 const DRAIN_PERIOD: Duration = Duration::from_millis(250);
+/// While Java names perish (the worker found methods of new stacks already unloaded, within
+/// [`PERISHING_FOR`]), a drain that finds new Java stacks is followed by another this soon, so
+/// that their methods are read while they exist. Otherwise the slower period costs no names.
+const JAVA_DRAIN_PERIOD: Duration = Duration::from_millis(50);
+const PERISHING_FOR: Duration = Duration::from_secs(10);
 /// How often the metrics endpoint's snapshot is refreshed.
 const METRICS_PERIOD: Duration = Duration::from_secs(1);
 /// Work items queued for the worker before the loop starts dropping them.
@@ -120,6 +126,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     let java_threads = ThreadDirectory::default();
     let tracker = spawn_jvm_tracker(
         sampler.take_hotspot_maps()?,
+        sampler.take_process_events()?,
         config.max_jvms as usize,
         config.pids.clone(),
         java_threads.clone(),
@@ -201,6 +208,8 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     );
     let mut last_counters = sampler.counters();
     let mut intervals = 0;
+    let mut last_misses = 0;
+    let mut perishing_since = None;
     let mut publish = tokio::time::interval(METRICS_PERIOD);
     let cpus = sampler.cpus();
 
@@ -223,7 +232,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
             _ = flush.tick() => {
                 drain_ring(&mut sampler, &mut aggregator, &work_tx, &mut stats);
                 let counters = sampler.counters();
-                end_interval(&mut aggregator, &work_tx, &mut stats, &counters.since(&last_counters), &tracker.counts());
+                end_interval(&mut aggregator, &work_tx, &mut stats, &counters.since(&last_counters), &tracker);
                 last_counters = counters;
                 intervals += 1;
                 continue;
@@ -232,7 +241,15 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
             _ = sigint.recv() => { tracing::info!("SIGINT: writing the current interval, then exiting"); true }
             _ = &mut stop => { tracing::info!("duration reached"); true }
         };
-        drain_ring(&mut sampler, &mut aggregator, &work_tx, &mut stats);
+        let found_java = drain_ring(&mut sampler, &mut aggregator, &work_tx, &mut stats);
+        let misses = metrics.worker.java_prefetch_misses.load(Ordering::Relaxed);
+        if misses != last_misses {
+            last_misses = misses;
+            perishing_since = Some(tokio::time::Instant::now());
+        }
+        if found_java && perishing_since.is_some_and(|at| at.elapsed() < PERISHING_FOR) {
+            drain.reset_after(JAVA_DRAIN_PERIOD);
+        }
         if finishing {
             let counters = sampler.counters();
             end_interval(
@@ -240,7 +257,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
                 &work_tx,
                 &mut stats,
                 &counters.since(&last_counters),
-                &tracker.counts(),
+                &tracker,
             );
             intervals += 1;
             break;
@@ -387,12 +404,20 @@ async fn start_pod_watch(node: String) -> Option<crate::kubernetes::SharedPodInd
 struct TrackerThread {
     stop: Arc<AtomicBool>,
     counts: Arc<Mutex<TrackerCounts>>,
+    /// The pids of each interval's samples.
+    sampled: SyncSender<Vec<u32>>,
     handle: std::thread::JoinHandle<()>,
 }
 
 impl TrackerThread {
     fn counts(&self) -> TrackerCounts {
         self.counts.lock().map(|c| *c).unwrap_or_default()
+    }
+
+    /// Tells the tracker which processes were sampled (it checks those it does not know).
+    fn tell_sampled(&self, pids: Vec<u32>) {
+        // A full queue means the tracker is behind: it will see these at its next rescan.
+        let _ = self.sampled.try_send(pids);
     }
 
     fn stop(self) {
@@ -403,29 +428,41 @@ impl TrackerThread {
 
 fn spawn_jvm_tracker(
     maps: tracker::BpfMaps,
+    mut process_events: RingBuf<MapData>,
     max_jvms: usize,
     pids: Vec<u32>,
     directory: ThreadDirectory,
 ) -> Result<TrackerThread, DaemonError> {
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(Mutex::new(TrackerCounts::default()));
+    let (sampled, sampled_rx) = sync_channel::<Vec<u32>>(4);
     let (stop_flag, shared_counts) = (stop.clone(), counts.clone());
     let handle = std::thread::Builder::new()
         .name("jvm-tracker".into())
         .spawn(move || {
             let mut tracker = JvmTracker::new(maps, max_jvms, pids).with_directory(directory);
+            let mut events = Vec::new();
             while !stop_flag.load(Ordering::Relaxed) {
-                tracker.scan();
+                // Reading an empty ring is two loads from shared memory: no syscall.
+                events.clear();
+                while let Some(item) = process_events.next() {
+                    if let Some(event) = profiler_common::ProcessEvent::from_bytes(&item) {
+                        events.push(event);
+                    }
+                }
+                let sampled: Vec<u32> = sampled_rx.try_iter().flatten().collect();
+                tracker.tick(&events, &sampled);
                 if let Ok(mut counts) = shared_counts.lock() {
                     *counts = tracker.counts();
                 }
-                std::thread::sleep(tracker::SCAN_PERIOD);
+                std::thread::sleep(tracker::TICK_PERIOD);
             }
         })
         .map_err(|err| DaemonError::Worker(err.to_string()))?;
     Ok(TrackerThread {
         stop,
         counts,
+        sampled,
         handle,
     })
 }
@@ -434,13 +471,15 @@ fn spawn_jvm_tracker(
 /// sends several, and the worker queue's bound applies to them as to any work.
 const MAX_PREFETCH_FRAMES: usize = 16 * 1024;
 
+/// Takes every record in the ring; true if new stacks with Java frames were found.
 fn drain_ring(
     sampler: &mut Sampler,
     aggregator: &mut Aggregator,
     work: &SyncSender<Work>,
     stats: &mut LoopStats,
-) {
+) -> bool {
     let mut java_frames = Vec::new();
+    let mut sent_java = false;
     sampler.drain(|bytes| {
         stats.records += 1;
         let view = match SampleView::parse(bytes) {
@@ -471,13 +510,20 @@ fn drain_ring(
                     .map(|frame| JavaFrameSeen { pid, frame }),
             );
             if java_frames.len() >= MAX_PREFETCH_FRAMES {
-                send(work, Work::PrefetchJava(std::mem::take(&mut java_frames)), stats);
+                sent_java = true;
+                send(
+                    work,
+                    Work::PrefetchJava(std::mem::take(&mut java_frames)),
+                    stats,
+                );
             }
         }
     });
+    let found_java = sent_java || !java_frames.is_empty();
     if !java_frames.is_empty() {
         send(work, Work::PrefetchJava(java_frames), stats);
     }
+    found_java
 }
 
 fn end_interval(
@@ -485,9 +531,11 @@ fn end_interval(
     work: &SyncSender<Work>,
     stats: &mut LoopStats,
     kernel: &KernelCounters,
-    jvms: &TrackerCounts,
+    tracker: &TrackerThread,
 ) {
     let interval = aggregator.take_interval();
+    tracker.tell_sampled(interval.processes.keys().copied().collect());
+    let jvms = tracker.counts();
     stats.dropped_over_stack_bound += interval.dropped_over_bound;
     tracing::info!(
         processes = interval.processes.len(),

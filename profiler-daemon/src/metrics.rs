@@ -31,6 +31,9 @@ pub struct WorkerCounters {
     pub sidecar_records_refused: [AtomicU64; crate::sidecar::index::REFUSAL_REASONS.len()],
     /// Java marker frames put in profiles, by reason.
     pub java_unnamed: Arc<crate::java_names::UnnamedCounts>,
+    /// Java frames of new stacks whose method or code was already gone or reused when the
+    /// worker read it: names perishing (class unloading), so the loop drains sooner.
+    pub java_prefetch_misses: AtomicU64,
 }
 
 /// What one scrape reports.
@@ -254,6 +257,14 @@ pub fn render(s: &Snapshot, worker: &WorkerCounters) -> String {
     let unnamed: Vec<(&str, u64)> = unnamed.iter().map(|(l, v)| (l.as_str(), *v)).collect();
     metric(
         &mut out,
+        "profiler_java_prefetch_misses_total",
+        "counter",
+        "Java frames of new stacks whose method or code was gone or reused by the time it was \
+         read (class unloading); while they occur the ring is drained every 50 ms.",
+        &[("", worker.java_prefetch_misses.load(Ordering::Relaxed))],
+    );
+    metric(
+        &mut out,
         "profiler_java_frames_unnamed_total",
         "counter",
         "Java frames shown as an unknown marker instead of a name, by reason; counted once per \
@@ -301,6 +312,30 @@ pub fn render(s: &Snapshot, worker: &WorkerCounters) -> String {
         "counter",
         "Java threads left out of the BPF map (full): their Java frames are not unwound.",
         &[("", s.jvms.java_threads_not_pushed)],
+    );
+    metric(
+        &mut out,
+        "profiler_process_events_total",
+        "counter",
+        "Process events the JVM tracker took from the BPF tracepoints, by kind (whole-host mode).",
+        &[
+            ("kind=\"exec\"", s.jvms.exec_events),
+            ("kind=\"exit\"", s.jvms.exit_events),
+        ],
+    );
+    metric(
+        &mut out,
+        "profiler_process_events_lost_total",
+        "counter",
+        "Process events lost to a full ring buffer (the next /proc rescan makes up for them).",
+        &[("", k(Counter::ProcessEventsLost))],
+    );
+    metric(
+        &mut out,
+        "profiler_proc_rescans_total",
+        "counter",
+        "Full listings of /proc by the JVM tracker (once a minute, besides events).",
+        &[("", s.jvms.rescans)],
     );
     metric(
         &mut out,

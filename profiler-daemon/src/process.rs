@@ -130,7 +130,7 @@ impl ProcessInfo {
 }
 
 /// `/proc/PID/stat`, bounded.
-fn read_stat(pid: u32) -> procfs::ProcResult<Stat> {
+pub fn read_stat(pid: u32) -> procfs::ProcResult<Stat> {
     let bytes = untrusted::read_proc_file(pid, "stat", 64 << 10)?;
     Stat::from_read(&bytes[..])
 }

@@ -3,7 +3,7 @@
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::programs::PerfEvent;
+use aya::programs::{PerfEvent, RawTracePoint};
 use aya::{Ebpf, EbpfLoader};
 use profiler_common::Counter;
 
@@ -11,6 +11,12 @@ use crate::hotspot::tracker::BpfMaps;
 
 /// The object built from `profiler-ebpf` by build.rs.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
+
+/// The process-event programs (`profiler-ebpf/src/process_events.rs`) and their tracepoints.
+const PROCESS_EVENT_PROGRAMS: [(&str, &str); 2] = [
+    ("process_exec", "sched_process_exec"),
+    ("process_exit", "sched_process_exit"),
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum SamplerError {
@@ -138,6 +144,24 @@ impl Sampler {
                 .map_err(|source| SamplerError::Attach { cpu, source })?;
         }
 
+        // Process events feed the JVM tracker when it watches the whole host; with `--pid` it
+        // only looks at the pids named.
+        if pids.is_empty() {
+            for (name, tracepoint) in PROCESS_EVENT_PROGRAMS {
+                let program: &mut RawTracePoint = ebpf
+                    .program_mut(name)
+                    .ok_or(SamplerError::MissingProgram(name))?
+                    .try_into()
+                    .map_err(|source| SamplerError::Program { name, source })?;
+                program
+                    .load()
+                    .map_err(|source| SamplerError::Program { name, source })?;
+                program
+                    .attach(tracepoint)
+                    .map_err(|source| SamplerError::Program { name, source })?;
+            }
+        }
+
         let ring = ebpf
             .take_map("SAMPLES")
             .ok_or(SamplerError::MissingMap("SAMPLES"))?;
@@ -179,6 +203,19 @@ impl Sampler {
             source,
         })?;
         Ok(BpfMaps { procs, threads })
+    }
+
+    /// The ring buffer of process events (exec, exit), for the JVM tracker (can be taken once;
+    /// it stays empty with `--pid`).
+    pub fn take_process_events(&mut self) -> Result<RingBuf<MapData>, SamplerError> {
+        let ring = self
+            .ebpf
+            .take_map("PROCESS_EVENTS")
+            .ok_or(SamplerError::MissingMap("PROCESS_EVENTS"))?;
+        RingBuf::try_from(ring).map_err(|source| SamplerError::Map {
+            name: "PROCESS_EVENTS",
+            source,
+        })
     }
 
     pub fn cpus(&self) -> usize {

@@ -120,8 +120,12 @@ impl Worker {
             if known_jvm.is_none_or(|(known, _)| known != pid) {
                 known_jvm = Some((pid, self.symbolizers.ensure_jvm(pid, &self.processes)));
             }
-            if known_jvm.is_some_and(|(_, readable)| readable) {
-                self.symbolizers.java.prefetch(pid, &frame);
+            if known_jvm.is_some_and(|(_, readable)| readable)
+                && !self.symbolizers.java.prefetch(pid, &frame)
+            {
+                self.counters
+                    .java_prefetch_misses
+                    .fetch_add(1, Ordering::Relaxed);
             }
         }
     }

@@ -15,6 +15,7 @@
 #![no_main]
 
 mod memory;
+mod process_events;
 
 use memory::{CurrentTask, STACK_WINDOW};
 
@@ -63,12 +64,12 @@ static HOTSPOT_PROCS: HashMap<u32, HotspotProc> = HashMap::with_max_entries(DEFA
 /// x86_64: the low two bits of `cs` are the privilege level; 3 is user mode.
 const USER_MODE_CS_MASK: u64 = 3;
 /// `bpf_ringbuf_output` flags (uapi `BPF_RB_*`) and the `bpf_ringbuf_query` item read.
-const BPF_RB_NO_WAKEUP: u64 = 1;
+pub(crate) const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const BPF_RB_AVAIL_DATA: u64 = 0;
 
 #[inline(always)]
-fn count(counter: Counter) {
+pub(crate) fn count(counter: Counter) {
     if let Some(value) = COUNTERS.get_ptr_mut(counter as u32) {
         // SAFETY: a per-CPU slot; nothing else on this CPU runs this program concurrently.
         unsafe { *value += 1 };

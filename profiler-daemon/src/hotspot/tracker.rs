@@ -1,19 +1,27 @@
 //! Finds JVMs as they start and exit, and keeps the BPF map of their unwinding layouts current.
 //!
-//! Every scan (twice a second) lists /proc. A process seen for the first time is checked for a
-//! mapped libjvm.so; one that is not a JVM yet is checked again while it is young (the launcher
-//! maps libjvm a moment after exec) or when its name changes (exec). A JVM is read as soon as its
-//! VM has initialised (code heaps set up; until then it is "pending" and retried each scan), its
-//! layout pushed into the `HOTSPOT_PROCS` map, refreshed every few seconds, and removed when the
-//! process exits. Pids are recycled quickly (pid_max is often 32768): a process is identified by
-//! pid and start time. Each JVM's Java threads also go to a [`ThreadDirectory`], for the
-//! symbolizer to find a thread's tid by its `JavaThread*`.
+//! The tracker learns about processes from events rather than by listing /proc: the BPF
+//! tracepoints report each exec and exit, and the sampling loop reports the processes sampled
+//! in each interval. It wakes twice a second ([`TICK_PERIOD`]) and reads /proc only for:
+//! - a process that just exec'd, checked for a mapped libjvm.so at growing ages (the launcher
+//!   maps libjvm a moment after exec) while it is young;
+//! - a sampled process it does not know, or has not checked for a minute (a program may load
+//!   libjvm late, through the invocation API);
+//! - the JVMs: a JVM is read as soon as its VM has initialised (code heaps set up; until then
+//!   it is "pending" and retried), its layout pushed into the `HOTSPOT_PROCS` map, refreshed
+//!   every few seconds, its Java threads kept current, and removed when the process exits.
+//!
+//! Every [`RESCAN_PERIOD`] it lists /proc anyway, for what events cannot tell: events lost to
+//! a full ring (counted), and processes that were there before the daemon. With `--pid`, only
+//! the processes named are looked at, every tick. Pids are recycled quickly (pid_max is often
+//! 32768): a process is identified by pid and start time. Each JVM's Java threads also go to a
+//! [`ThreadDirectory`], for the symbolizer to find a thread's tid by its `JavaThread*`.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use profiler_common::HotspotProc;
+use profiler_common::{HotspotProc, ProcessEvent, ProcessEventKind};
 
 use super::jvm::{Jvm, JvmError, LayoutCache};
 use super::remote::ProcessMemory;
@@ -21,13 +29,25 @@ use super::thread_directory::ThreadDirectory;
 use super::unwind_info::hotspot_proc;
 use crate::process::ProcessInfo;
 
-/// How often /proc is scanned.
-pub const SCAN_PERIOD: Duration = Duration::from_millis(500);
+/// How often the tracker wakes to take events and check what is due.
+pub const TICK_PERIOD: Duration = Duration::from_millis(500);
+/// How often every process is listed regardless of events.
+pub const RESCAN_PERIOD: Duration = Duration::from_secs(60);
 /// How often a JVM's Java threads are read in full even if its thread list looks unchanged.
 const FULL_THREAD_READ: Duration = Duration::from_secs(10);
-/// A non-JVM process is re-checked while younger than this.
-const YOUNG: Duration = Duration::from_secs(30);
-/// A pending JVM is retried at every scan this many times, then every [`SLOW_RETRY_EVERY`].
+/// The ages (since start or exec) at which a process not yet a JVM is checked for libjvm.
+const YOUNG_CHECKS: [Duration; 9] = [
+    Duration::ZERO,
+    Duration::from_millis(200),
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+    Duration::from_secs(8),
+    Duration::from_secs(15),
+    Duration::from_secs(30),
+];
+/// A pending JVM is retried at every tick this many times, then every [`SLOW_RETRY_EVERY`].
 const FAST_RETRIES: u32 = 20;
 const SLOW_RETRY_EVERY: u32 = 20;
 /// `task_struct` flag of kernel threads (`PF_KTHREAD`), in /proc/PID/stat's `flags`.
@@ -74,7 +94,13 @@ impl LayoutSink for BpfMaps {
 
 enum State {
     NotJvm {
+        /// Its name at the last check: a change means an exec the events did not report.
         comm: String,
+        /// When it started, or exec'd: the young checks are timed from it.
+        born: Instant,
+        /// Young checks done (an index into [`YOUNG_CHECKS`]).
+        young_checks: usize,
+        checked: Instant,
     },
     /// A JVM still starting (or briefly unreadable): retried each scan.
     Pending {
@@ -105,6 +131,34 @@ struct Tracked {
     state: State,
 }
 
+impl Tracked {
+    /// Whether a tick should look at it without being told.
+    fn due(&self) -> bool {
+        match &self.state {
+            State::NotJvm {
+                born, young_checks, ..
+            } => YOUNG_CHECKS
+                .get(*young_checks)
+                .is_some_and(|age| born.elapsed() >= *age),
+            State::Pending { .. } | State::Ready { .. } => true,
+            State::Failed | State::OverBound => false,
+        }
+    }
+}
+
+/// Why a process is looked at.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Visit {
+    /// It just exec'd: its young checks are timed from now.
+    Exec,
+    /// A tick found it due, an exit event named it, or `--pid` lists it.
+    Due,
+    /// It was sampled.
+    Sampled,
+    /// The periodic listing of /proc.
+    Rescan,
+}
+
 /// Tallies exported with the daemon's counters.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TrackerCounts {
@@ -119,6 +173,11 @@ pub struct TrackerCounts {
     pub java_threads: u64,
     /// Java threads that could not be pushed (map full): their Java frames are not unwound.
     pub java_threads_not_pushed: u64,
+    /// Process events taken from the BPF side, by kind.
+    pub exec_events: u64,
+    pub exit_events: u64,
+    /// Full listings of /proc.
+    pub rescans: u64,
 }
 
 pub struct JvmTracker<S: LayoutSink> {
@@ -133,6 +192,10 @@ pub struct JvmTracker<S: LayoutSink> {
     threads_not_pushed: u64,
     directory: ThreadDirectory,
     own_pid: u32,
+    rescanned: Option<Instant>,
+    exec_events: u64,
+    exit_events: u64,
+    rescans: u64,
 }
 
 impl<S: LayoutSink> JvmTracker<S> {
@@ -148,6 +211,10 @@ impl<S: LayoutSink> JvmTracker<S> {
             threads_not_pushed: 0,
             directory: ThreadDirectory::default(),
             own_pid: std::process::id(),
+            rescanned: None,
+            exec_events: 0,
+            exit_events: 0,
+            rescans: 0,
         }
     }
 
@@ -162,6 +229,9 @@ impl<S: LayoutSink> JvmTracker<S> {
             layouts_cached: self.layouts.len() as u64,
             jvm_map_capacity: self.max_jvms as u64,
             java_threads_not_pushed: self.threads_not_pushed,
+            exec_events: self.exec_events,
+            exit_events: self.exit_events,
+            rescans: self.rescans,
             ..Default::default()
         };
         for tracked in self.tracked.values() {
@@ -179,59 +249,73 @@ impl<S: LayoutSink> JvmTracker<S> {
         counts
     }
 
-    /// One pass over /proc.
-    pub fn scan(&mut self) {
-        // With `--pid`, only those: enumerating /proc opens every process's directory.
-        let processes: Vec<procfs::process::Process> = if self.pids.is_empty() {
-            let Ok(all) = procfs::process::all_processes() else {
-                return;
-            };
-            all.flatten().collect()
-        } else {
-            self.pids
-                .iter()
-                .filter_map(|pid| procfs::process::Process::new(*pid as i32).ok())
-                .collect()
-        };
-        let mut alive = HashMap::new();
-        for process in processes {
-            let pid = process.pid as u32;
-            if pid == self.own_pid {
-                // This daemon maps libjvm.so when it symbolizes a JVM, but runs none.
-                continue;
+    /// One wake-up: takes the process events and the pids sampled since the last tick, and
+    /// looks at what they name and at what is due.
+    pub fn tick(&mut self, events: &[ProcessEvent], sampled: &[u32]) {
+        if !self.pids.is_empty() {
+            for pid in self.pids.clone() {
+                self.visit(pid, Visit::Due);
             }
-            let Ok(stat) = process.stat() else { continue };
-            if stat.flags & PF_KTHREAD != 0 {
-                // Never a JVM; its name changes with the work it runs.
-                continue;
-            }
-            alive.insert(pid, ());
-            let known = self
-                .tracked
-                .get(&pid)
-                .is_some_and(|t| t.start_time == stat.starttime);
-            if !known {
-                if let Some(old) = self.tracked.remove(&pid) {
-                    self.forget(pid, old);
+            return;
+        }
+        for event in events {
+            match ProcessEventKind::from_u32(event.kind) {
+                Some(ProcessEventKind::Exec) => {
+                    self.exec_events += 1;
+                    // A new program: whatever the pid was before is gone.
+                    if let Some(old) = self.tracked.remove(&event.pid) {
+                        self.forget(event.pid, old);
+                    }
+                    self.visit(event.pid, Visit::Exec);
                 }
-                self.tracked.insert(
-                    pid,
-                    Tracked {
-                        start_time: stat.starttime,
-                        state: State::NotJvm {
-                            comm: String::new(),
-                        },
-                    },
-                );
-                self.check(pid, &stat.comm, stat.starttime, true);
-            } else {
-                self.check(pid, &stat.comm, stat.starttime, false);
+                Some(ProcessEventKind::Exit) => {
+                    self.exit_events += 1;
+                    // Forgotten if gone; a zombie main thread with live threads stays.
+                    if self.tracked.contains_key(&event.pid) {
+                        self.visit(event.pid, Visit::Due);
+                    }
+                }
+                None => {}
             }
+        }
+        for &pid in sampled {
+            self.visit(pid, Visit::Sampled);
+        }
+        if self
+            .rescanned
+            .is_none_or(|at| at.elapsed() >= RESCAN_PERIOD)
+        {
+            self.rescan();
+            return;
+        }
+        let due: Vec<u32> = self
+            .tracked
+            .iter()
+            .filter(|(_, tracked)| tracked.due())
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in due {
+            self.visit(pid, Visit::Due);
+        }
+    }
+
+    /// Lists every process: finds those no event announced and forgets those gone unannounced.
+    fn rescan(&mut self) {
+        self.rescanned = Some(Instant::now());
+        self.rescans += 1;
+        let Ok(all) = procfs::process::all_processes() else {
+            return;
+        };
+        let mut alive = std::collections::HashSet::new();
+        for process in all.flatten() {
+            let pid = process.pid as u32;
+            alive.insert(pid);
+            self.visit(pid, Visit::Rescan);
         }
         let gone: Vec<u32> = self
             .tracked
             .keys()
-            .filter(|pid| !alive.contains_key(pid))
+            .filter(|pid| !alive.contains(*pid))
             .copied()
             .collect();
         for pid in gone {
@@ -239,6 +323,57 @@ impl<S: LayoutSink> JvmTracker<S> {
                 self.forget(pid, old);
             }
         }
+    }
+
+    /// Looks at one process: starts tracking it if new, forgets it if gone, and checks it.
+    fn visit(&mut self, pid: u32, why: Visit) {
+        if pid == self.own_pid {
+            // This daemon maps libjvm.so when it symbolizes a JVM, but runs none.
+            return;
+        }
+        let stat = match crate::process::read_stat(pid) {
+            Ok(stat) => stat,
+            Err(_) => {
+                if let Some(old) = self.tracked.remove(&pid) {
+                    self.forget(pid, old);
+                }
+                return;
+            }
+        };
+        if stat.flags & PF_KTHREAD != 0 {
+            // Never a JVM; its name changes with the work it runs.
+            return;
+        }
+        let known = self
+            .tracked
+            .get(&pid)
+            .is_some_and(|t| t.start_time == stat.starttime);
+        if known {
+            self.check(pid, &stat.comm, stat.starttime, why);
+            return;
+        }
+        if let Some(old) = self.tracked.remove(&pid) {
+            self.forget(pid, old);
+        }
+        let now = Instant::now();
+        // The start time is the fork's (and /proc's clock is coarse): an exec is now.
+        let born = match why {
+            Visit::Exec => now,
+            _ => now.checked_sub(self.age(stat.starttime)).unwrap_or(now),
+        };
+        self.tracked.insert(
+            pid,
+            Tracked {
+                start_time: stat.starttime,
+                state: State::NotJvm {
+                    comm: String::new(),
+                    born,
+                    young_checks: 0,
+                    checked: now,
+                },
+            },
+        );
+        self.check(pid, &stat.comm, stat.starttime, why);
     }
 
     fn forget(&mut self, pid: u32, old: Tracked) {
@@ -264,7 +399,7 @@ impl<S: LayoutSink> JvmTracker<S> {
         Duration::from_secs_f64((now - started).max(0.0))
     }
 
-    fn check(&mut self, pid: u32, comm: &str, start_time: u64, first: bool) {
+    fn check(&mut self, pid: u32, comm: &str, start_time: u64, why: Visit) {
         let age = self.age(start_time);
         let ready_count = self
             .tracked
@@ -276,12 +411,35 @@ impl<S: LayoutSink> JvmTracker<S> {
         };
         match &mut tracked.state {
             State::Failed | State::OverBound => {}
-            State::NotJvm { comm: last_comm } => {
-                let changed = last_comm != comm;
-                if !(first || changed || age < YOUNG) {
+            State::NotJvm {
+                comm: last_comm,
+                born,
+                young_checks,
+                checked,
+            } => {
+                let first = last_comm.is_empty();
+                let changed = !first && last_comm != comm;
+                if changed {
+                    // An exec the events did not report: young again.
+                    *born = Instant::now();
+                    *young_checks = 0;
+                }
+                let young_due = YOUNG_CHECKS
+                    .get(*young_checks)
+                    .is_some_and(|at| born.elapsed() >= *at);
+                let sampled_due = why == Visit::Sampled && checked.elapsed() >= RESCAN_PERIOD;
+                if !(first || young_due || sampled_due) {
                     return;
                 }
+                // Past every young check whose time has come.
+                while YOUNG_CHECKS
+                    .get(*young_checks)
+                    .is_some_and(|at| born.elapsed() >= *at)
+                {
+                    *young_checks += 1;
+                }
                 *last_comm = comm.to_owned();
+                *checked = Instant::now();
                 let Ok(process) = ProcessInfo::read(pid) else {
                     return;
                 };
@@ -298,7 +456,8 @@ impl<S: LayoutSink> JvmTracker<S> {
             State::Pending { attempts, .. } => {
                 // A JVM starts in well under FAST_RETRIES scans; one that does not (or a
                 // process that only looks like one) is retried seldom after that.
-                if *attempts >= FAST_RETRIES && (*attempts - FAST_RETRIES) % SLOW_RETRY_EVERY != 0
+                if *attempts >= FAST_RETRIES
+                    && !(*attempts - FAST_RETRIES).is_multiple_of(SLOW_RETRY_EVERY)
                 {
                     *attempts += 1;
                     return;
@@ -543,4 +702,118 @@ fn is_final(err: &JvmError) -> bool {
         err,
         JvmError::Layout(_) | JvmError::LibJvm(super::libjvm::LibJvmError::MissingSymbol { .. })
     ) || err.is_permission_denied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records nothing: these tests meet no JVM.
+    struct NoMaps;
+
+    impl LayoutSink for NoMaps {
+        fn put(&mut self, _: u32, _: &HotspotProc) -> Result<(), String> {
+            Ok(())
+        }
+        fn remove(&mut self, _: u32) {}
+        fn put_thread(&mut self, _: u32, _: u64) -> Result<(), String> {
+            Ok(())
+        }
+        fn remove_thread(&mut self, _: u32) {}
+    }
+
+    fn event(kind: ProcessEventKind, pid: u32) -> ProcessEvent {
+        ProcessEvent {
+            kind: kind as u32,
+            pid,
+        }
+    }
+
+    fn not_jvm(born: Instant, young_checks: usize) -> Tracked {
+        Tracked {
+            start_time: 0,
+            state: State::NotJvm {
+                comm: "x".into(),
+                born,
+                young_checks,
+                checked: born,
+            },
+        }
+    }
+
+    #[test]
+    fn young_processes_are_due_at_growing_ages_then_never() {
+        let now = Instant::now();
+        let at = |age_ms: u64| now - Duration::from_millis(age_ms);
+        assert!(not_jvm(at(0), 0).due());
+        assert!(!not_jvm(at(100), 1).due(), "second check at 200 ms");
+        assert!(not_jvm(at(250), 1).due());
+        assert!(!not_jvm(at(3_000), 5).due(), "sixth check at 4 s");
+        assert!(not_jvm(at(31_000), YOUNG_CHECKS.len() - 1).due());
+        assert!(
+            !not_jvm(at(600_000), YOUNG_CHECKS.len()).due(),
+            "checks done"
+        );
+    }
+
+    #[test]
+    fn events_start_and_end_tracking_without_listing_proc() {
+        let mut tracker = JvmTracker::new(NoMaps, 4, Vec::new());
+        // As if listed a moment ago: this test sees events only.
+        tracker.rescanned = Some(Instant::now());
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let pid = child.id();
+
+        tracker.tick(&[event(ProcessEventKind::Exec, pid)], &[]);
+        assert!(tracker.tracked.contains_key(&pid), "tracked after its exec");
+        assert!(
+            matches!(
+                tracker.tracked[&pid].state,
+                State::NotJvm {
+                    young_checks: 1,
+                    ..
+                }
+            ),
+            "checked once, young"
+        );
+
+        child.kill().expect("kill");
+        child.wait().expect("reap");
+        tracker.tick(&[event(ProcessEventKind::Exit, pid)], &[]);
+        assert!(
+            !tracker.tracked.contains_key(&pid),
+            "forgotten after its exit"
+        );
+        let counts = tracker.counts();
+        assert_eq!((counts.exec_events, counts.exit_events), (1, 1));
+        assert_eq!(counts.rescans, 0);
+    }
+
+    #[test]
+    fn sampled_processes_are_tracked_and_kernel_threads_and_the_daemon_are_not() {
+        let mut tracker = JvmTracker::new(NoMaps, 4, Vec::new());
+        tracker.rescanned = Some(Instant::now());
+        let own = std::process::id();
+        // pid 2 is kthreadd, the kernel threads' parent, in the initial pid namespace.
+        tracker.tick(&[event(ProcessEventKind::Exec, own)], &[2, 1]);
+        assert!(!tracker.tracked.contains_key(&own));
+        assert!(!tracker.tracked.contains_key(&2));
+        assert!(
+            tracker.tracked.contains_key(&1),
+            "init, sampled, is tracked"
+        );
+    }
+
+    #[test]
+    fn a_rescan_lists_every_process_once_a_period() {
+        let mut tracker = JvmTracker::new(NoMaps, 4, Vec::new());
+        tracker.tick(&[], &[]);
+        assert_eq!(tracker.counts().rescans, 1);
+        assert!(tracker.tracked.contains_key(&1));
+        tracker.tick(&[], &[]);
+        assert_eq!(tracker.counts().rescans, 1, "not again within the period");
+    }
 }

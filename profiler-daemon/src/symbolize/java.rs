@@ -123,21 +123,24 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
     }
 
     /// Reads what naming `frame` of `pid` takes (its method, or its code blob and the methods
-    /// inlined in it) into the caches, without naming it.
-    pub fn prefetch(&mut self, pid: u32, frame: &UserFrame) {
+    /// inlined in it) into the caches, without naming it. False if it came too late: the
+    /// method or code was already freed or reused.
+    pub fn prefetch(&mut self, pid: u32, frame: &UserFrame) -> bool {
         let Some(jvm) = self.jvms.get_mut(&pid) else {
-            return;
+            return true;
         };
         jvm.memory.bound_caches();
-        match FrameKind::from_u8(frame.kind) {
-            Some(FrameKind::Interpreted) => {
-                let _ = jvm.memory.method(frame.addr, frame.cookie);
-            }
-            Some(FrameKind::Compiled) => {
-                let _ = jvm.memory.code(frame.addr, frame.cookie);
-            }
-            Some(FrameKind::Native) | None => {}
-        }
+        let missed = match FrameKind::from_u8(frame.kind) {
+            Some(FrameKind::Interpreted) => jvm.memory.method(frame.addr, frame.cookie).err(),
+            Some(FrameKind::Compiled) => jvm.memory.code(frame.addr, frame.cookie).err(),
+            Some(FrameKind::Native) | None => None,
+        };
+        !matches!(
+            missed,
+            Some(
+                UnnamedReason::Unreadable | UnnamedReason::MethodReused | UnnamedReason::CodeReused
+            )
+        )
     }
 
     /// Names one Java frame of `pid`. `top` is true for the interrupted frame (its pc is not a

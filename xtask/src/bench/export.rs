@@ -119,7 +119,7 @@ impl Bench {
         let extra = ["--config".to_owned(), config.display().to_string()];
         let ready = Ready::Profiling { jvms: pids.len() };
         let daemon = self.start_daemon(EXPORT_HZ, EXPORT_INTERVAL_SECS, pids, ready, &extra)?;
-        let window = daemon.measure(self.plan.cost_window, self.ticks_per_second)?;
+        let window = daemon.measure(self.plan.cost_window)?;
         let per_second = |key: &str| -> Result<f64> { Ok(window.delta(key)? / window.cpu.seconds) };
         let daemon_pid = daemon.process.pid();
         let rss_mb_steady = rss_mb(daemon_pid)?;

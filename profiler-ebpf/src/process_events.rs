@@ -1,0 +1,48 @@
+//! Process events for the daemon's JVM tracker: which processes exec a new program and which
+//! exit, so that it reads `/proc` for those only instead of rescanning every process.
+//!
+//! Raw tracepoints run in the context of the process concerned, so the current task's ids are
+//! the event's. The daemon polls this ring on its own timer: no wake-up per event.
+
+use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid, macros::map, macros::raw_tracepoint, maps::RingBuf,
+    programs::RawTracePointContext,
+};
+use profiler_common::{Counter, ProcessEvent, ProcessEventKind, PROCESS_EVENT_RING_BYTES};
+
+use crate::{count, BPF_RB_NO_WAKEUP};
+
+#[map]
+static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(PROCESS_EVENT_RING_BYTES, 0);
+
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
+    let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    send(ProcessEventKind::Exec, pid);
+    0
+}
+
+/// Runs for every exiting thread; only the main thread's exit stands for the process.
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn process_exit(_ctx: RawTracePointContext) -> i32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    if pid == tid {
+        send(ProcessEventKind::Exit, pid);
+    }
+    0
+}
+
+#[inline(always)]
+fn send(kind: ProcessEventKind, pid: u32) {
+    let event = ProcessEvent {
+        kind: kind as u32,
+        pid,
+    };
+    if PROCESS_EVENTS
+        .output::<ProcessEvent>(&event, BPF_RB_NO_WAKEUP)
+        .is_err()
+    {
+        count(Counter::ProcessEventsLost);
+    }
+}
