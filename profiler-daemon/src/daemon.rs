@@ -37,10 +37,11 @@ use crate::worker::{JavaFrameSeen, Work, Worker};
 /// quarter full (at 1000 Hz on 64 CPUs and 1 KiB records, after about 30 ms).
 const DRAIN_PERIOD: Duration = Duration::from_millis(250);
 /// While Java names perish (the worker found methods of new stacks already unloaded, within
-/// [`PERISHING_FOR`]), a drain that finds new Java stacks is followed by another this soon, so
-/// that their methods are read while they exist. Otherwise the slower period costs no names.
+/// [`PERISHING_FOR`]; and at start-up), a drain that finds new Java stacks is followed by
+/// another this soon, so that their methods are read while they exist. Otherwise the slower
+/// period costs no names and saves the wake-ups.
 const JAVA_DRAIN_PERIOD: Duration = Duration::from_millis(50);
-const PERISHING_FOR: Duration = Duration::from_secs(10);
+const PERISHING_FOR: Duration = Duration::from_secs(30);
 /// How often the metrics endpoint's snapshot is refreshed.
 const METRICS_PERIOD: Duration = Duration::from_secs(1);
 /// Work items queued for the worker before the loop starts dropping them.
@@ -209,7 +210,8 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     let mut last_counters = sampler.counters();
     let mut intervals = 0;
     let mut last_misses = 0;
-    let mut perishing_since = None;
+    // Start-up is when most new stacks come, from JVMs met for the first time: read them soon.
+    let mut perishing_since = tokio::time::Instant::now();
     let mut publish = tokio::time::interval(METRICS_PERIOD);
     let cpus = sampler.cpus();
 
@@ -245,9 +247,9 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         let misses = metrics.worker.java_prefetch_misses.load(Ordering::Relaxed);
         if misses != last_misses {
             last_misses = misses;
-            perishing_since = Some(tokio::time::Instant::now());
+            perishing_since = tokio::time::Instant::now();
         }
-        if found_java && perishing_since.is_some_and(|at| at.elapsed() < PERISHING_FOR) {
+        if found_java && perishing_since.elapsed() < PERISHING_FOR {
             drain.reset_after(JAVA_DRAIN_PERIOD);
         }
         if finishing {

@@ -1412,13 +1412,11 @@ impl Bench {
 
     /// The daemon profiling `pids`, or the whole host if there are none.
     fn measure_daemon_cost(&self, scenario: Scenario, pids: &[u32]) -> Result<CostRun> {
-        // An idle host may have nothing to write a profile of.
-        let ready = if pids.is_empty() {
-            Ready::Sampling { jvms: 0 }
-        } else {
-            Ready::Profiling {
-                jvms: scenario.jvms,
-            }
+        // Measured from its first profile, so that start-up (the first /proc listing, loading
+        // kernel symbols, the first symbolization with cold caches) is behind it. An idle host
+        // has profiles to write too: the bench's own processes, the system's daemons.
+        let ready = Ready::Profiling {
+            jvms: scenario.jvms,
         };
         let daemon = self.start_daemon(scenario.hz, COST_INTERVAL_SECS, pids, ready, &[])?;
         thread::sleep(PAUSE);

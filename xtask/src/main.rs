@@ -68,7 +68,7 @@ enum Task {
     Image(image::ImageArgs),
     /// Install the daemon as a systemd service (binary, unit, default config).
     Install(install::InstallArgs),
-    /// Measure what the profiler costs (under 15 minutes on 2 CPUs); writes docs/benchmarks.md.
+    /// Measure what the profiler costs (about 21 minutes on 2 CPUs); writes docs/benchmarks.md.
     Bench(bench::BenchArgs),
 }
 

@@ -69,15 +69,31 @@ pub struct LibJvmMapping {
 }
 
 impl LibJvmMapping {
+    /// Where `process` maps libjvm.so, if it runs it.
     pub fn find(process: &ProcessInfo) -> Option<Self> {
-        // Executable mappings only are kept by ProcessInfo; libjvm's first segment (offset 0)
-        // is read-only, so look at the full maps for it.
-        let maps = crate::process::read_all_mappings(process.pid).ok()?;
-        maps.into_iter().find_map(|map| match map.pathname {
+        Self::find_in(process.pid)
+    }
+
+    /// Where process `pid` maps libjvm.so, if it runs it: one read of its maps, the cheap test
+    /// of whether a process is a JVM.
+    pub fn find_in(pid: u32) -> Option<Self> {
+        let maps = crate::process::read_all_mappings(pid).ok()?;
+        let maps = maps.0;
+        let dev_of = |dev: (i32, i32)| libc::makedev(dev.0 as u32, dev.1 as u32);
+        // A JVM runs the file's code; a program that only reads it (a symbolizer, this daemon)
+        // maps it without execute.
+        let runs_code_of = |dev: u64, inode: u64| {
+            maps.iter().any(|map| {
+                map.perms.contains(procfs::process::MMPermissions::EXECUTE)
+                    && map.inode == inode
+                    && dev_of(map.dev) == dev
+            })
+        };
+        maps.iter().find_map(|map| match &map.pathname {
             procfs::process::MMapPath::Path(path)
                 if map.offset == 0
                     && path.file_name().is_some_and(|n| n == "libjvm.so")
-                    && maps_code_of(process, map.dev, map.inode) =>
+                    && runs_code_of(dev_of(map.dev), map.inode) =>
             {
                 Some(Self {
                     region: Mapping {
@@ -86,29 +102,17 @@ impl LibJvmMapping {
                         offset: 0,
                         backing: Backing::File {
                             path: path.clone(),
-                            dev: libc::makedev(map.dev.0 as u32, map.dev.1 as u32),
+                            dev: dev_of(map.dev),
                             inode: map.inode,
                         },
                     },
-                    path,
+                    path: path.clone(),
                     start: map.address.0,
                 })
             }
             _ => None,
         })
     }
-}
-
-/// Whether `process` runs code of the file (`dev`, `inode`): a JVM loaded libjvm, while a
-/// program that only reads the file (a symbolizer, this daemon) maps it without execute.
-fn maps_code_of(process: &ProcessInfo, dev: (i32, i32), inode: u64) -> bool {
-    let dev = libc::makedev(dev.0 as u32, dev.1 as u32);
-    process.mappings.iter().any(|mapping| {
-        matches!(
-            mapping.backing,
-            Backing::File { dev: d, inode: i, .. } if d == dev && i == inode
-        )
-    })
 }
 
 /// What the libjvm file itself says: build-id, symbol values and where its first segment loads.

@@ -295,7 +295,16 @@ impl<S: LayoutSink> JvmTracker<S> {
             .map(|(pid, _)| *pid)
             .collect();
         for pid in due {
-            self.visit(pid, Visit::Due);
+            let ready = self
+                .tracked
+                .get(&pid)
+                .is_some_and(|tracked| matches!(tracked.state, State::Ready { .. }));
+            if ready {
+                // Its exit comes as an event (or with the next rescan): no /proc read here.
+                self.keep_current(pid);
+            } else {
+                self.visit(pid, Visit::Due);
+            }
         }
     }
 
@@ -440,10 +449,8 @@ impl<S: LayoutSink> JvmTracker<S> {
                 }
                 *last_comm = comm.to_owned();
                 *checked = Instant::now();
-                let Ok(process) = ProcessInfo::read(pid) else {
-                    return;
-                };
-                if super::libjvm::LibJvmMapping::find(&process).is_none() {
+                // One read of its maps; the rest of /proc only for a JVM.
+                if super::libjvm::LibJvmMapping::find_in(pid).is_none() {
                     return;
                 }
                 tracked.state = State::Pending {
@@ -464,13 +471,19 @@ impl<S: LayoutSink> JvmTracker<S> {
                 }
                 self.advance(pid, age, ready_count)
             }
-            State::Ready { refreshed, .. } => {
-                if refreshed.elapsed() >= REFRESH {
-                    self.refresh(pid);
-                }
-                self.sync_threads(pid);
-            }
+            State::Ready { .. } => self.keep_current(pid),
         }
+    }
+
+    /// A ready JVM's layout (every [`REFRESH`]) and Java threads (every tick), brought up to date.
+    fn keep_current(&mut self, pid: u32) {
+        let refresh_due = self.tracked.get(&pid).is_some_and(|tracked| {
+            matches!(&tracked.state, State::Ready { refreshed, .. } if refreshed.elapsed() >= REFRESH)
+        });
+        if refresh_due {
+            self.refresh(pid);
+        }
+        self.sync_threads(pid);
     }
 
     /// Moves a pending JVM towards ready.
