@@ -105,7 +105,7 @@ impl Jvm {
         memory: &dyn RemoteMemory,
         cache: &mut LayoutCache,
     ) -> Result<Self, JvmError> {
-        let mapping = LibJvmMapping::find(process).ok_or(LibJvmError::NotAJvm)?;
+        let mapping = LibJvmMapping::find_in(process.pid).ok_or(LibJvmError::NotAJvm)?;
         let symbols = read_exported_symbols(process, &mapping)?;
         let bias = mapping.start.wrapping_sub(symbols.first_segment_vaddr);
         let (symbols, layout) = match symbols

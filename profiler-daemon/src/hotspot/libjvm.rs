@@ -69,11 +69,6 @@ pub struct LibJvmMapping {
 }
 
 impl LibJvmMapping {
-    /// Where `process` maps libjvm.so, if it runs it.
-    pub fn find(process: &ProcessInfo) -> Option<Self> {
-        Self::find_in(process.pid)
-    }
-
     /// Where process `pid` maps libjvm.so, if it runs it: one read of its maps, the cheap test
     /// of whether a process is a JVM.
     pub fn find_in(pid: u32) -> Option<Self> {

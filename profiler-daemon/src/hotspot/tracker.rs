@@ -131,15 +131,20 @@ struct Tracked {
     state: State,
 }
 
+/// Whether the young check number `done` of a process born at `born` has come.
+fn young_check_due(born: Instant, done: usize) -> bool {
+    YOUNG_CHECKS
+        .get(done)
+        .is_some_and(|age| born.elapsed() >= *age)
+}
+
 impl Tracked {
     /// Whether a tick should look at it without being told.
     fn due(&self) -> bool {
         match &self.state {
             State::NotJvm {
                 born, young_checks, ..
-            } => YOUNG_CHECKS
-                .get(*young_checks)
-                .is_some_and(|age| born.elapsed() >= *age),
+            } => young_check_due(*born, *young_checks),
             State::Pending { .. } | State::Ready { .. } => true,
             State::Failed | State::OverBound => false,
         }
@@ -151,12 +156,11 @@ impl Tracked {
 enum Visit {
     /// It just exec'd: its young checks are timed from now.
     Exec,
-    /// A tick found it due, an exit event named it, or `--pid` lists it.
+    /// A tick found it due, an exit event named it, `--pid` lists it, or the periodic listing
+    /// of /proc met it.
     Due,
     /// It was sampled.
     Sampled,
-    /// The periodic listing of /proc.
-    Rescan,
 }
 
 /// Tallies exported with the daemon's counters.
@@ -319,7 +323,7 @@ impl<S: LayoutSink> JvmTracker<S> {
         for process in all.flatten() {
             let pid = process.pid as u32;
             alive.insert(pid);
-            self.visit(pid, Visit::Rescan);
+            self.visit(pid, Visit::Due);
         }
         let gone: Vec<u32> = self
             .tracked
@@ -433,18 +437,13 @@ impl<S: LayoutSink> JvmTracker<S> {
                     *born = Instant::now();
                     *young_checks = 0;
                 }
-                let young_due = YOUNG_CHECKS
-                    .get(*young_checks)
-                    .is_some_and(|at| born.elapsed() >= *at);
+                let young_due = young_check_due(*born, *young_checks);
                 let sampled_due = why == Visit::Sampled && checked.elapsed() >= RESCAN_PERIOD;
                 if !(first || young_due || sampled_due) {
                     return;
                 }
                 // Past every young check whose time has come.
-                while YOUNG_CHECKS
-                    .get(*young_checks)
-                    .is_some_and(|at| born.elapsed() >= *at)
-                {
+                while young_check_due(*born, *young_checks) {
                     *young_checks += 1;
                 }
                 *last_comm = comm.to_owned();
