@@ -3,9 +3,9 @@
 //! slow symbol loading never delays draining the ring buffer.
 
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::aggregate::IntervalStacks;
 use crate::export::identity::ServiceNaming;
@@ -25,6 +25,11 @@ pub enum Work {
     /// interval ends), and named at the interval from what was read.
     PrefetchJava(Vec<JavaFrameSeen>),
 }
+
+/// How often the agents' records are read while the interval runs. Reading them first when a
+/// profile is built would be too late for the threads an agent lists by `JavaThread*`: those
+/// resolve only against a thread set the tracker read after the record.
+const READ_SIDECARS_EVERY: Duration = Duration::from_millis(500);
 
 /// A Java frame of a newly seen stack.
 #[derive(Clone, Copy)]
@@ -100,11 +105,18 @@ impl Worker {
 
     /// Runs until the sending side is dropped.
     pub fn run(mut self, work: Receiver<Work>) {
-        while let Ok(item) = work.recv() {
-            match item {
-                Work::ProcessSeen(pid) => self.processes.observe(pid),
-                Work::Interval(interval) => self.write_interval(interval),
-                Work::PrefetchJava(frames) => self.prefetch_java(frames),
+        let mut sidecars_read = Instant::now();
+        loop {
+            match work.recv_timeout(READ_SIDECARS_EVERY) {
+                Ok(Work::ProcessSeen(pid)) => self.processes.observe(pid),
+                Ok(Work::Interval(interval)) => self.write_interval(interval),
+                Ok(Work::PrefetchJava(frames)) => self.prefetch_java(frames),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            if sidecars_read.elapsed() >= READ_SIDECARS_EVERY {
+                self.symbolizers.java.read_sidecars();
+                sidecars_read = Instant::now();
             }
         }
     }

@@ -97,6 +97,13 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
         Some(&mut sidecar.threads)
     }
 
+    /// Reads the new records of every JVM's agent (each index limits how often it reads).
+    pub fn read_sidecars(&mut self) {
+        for sidecar in self.jvms.values_mut().filter_map(|j| j.sidecar.as_mut()) {
+            sidecar.refresh();
+        }
+    }
+
     /// What the sidecar agents of all JVMs report about themselves.
     pub fn sidecar_totals(&mut self) -> SidecarTotals {
         let mut totals = SidecarTotals::default();
