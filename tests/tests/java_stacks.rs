@@ -324,11 +324,14 @@ fn class_churn_and_deoptimization_crash_nothing() {
             "JDK {}: workers not sampled",
             jdk.major
         );
-        // A full GC every few milliseconds unloads the generated classes before some samples are
-        // named: those frames must show as unknown (never misnamed, never a crash). The JVMTI
-        // sidecar is what names them all; here they only have to stay a minority.
+        // A GC every few hundred milliseconds unloads the generated classes, some before their
+        // samples are read: those frames must show as unknown (never misnamed, never a crash).
+        // The daemon drains every 10 ms while it sees names perish, and tries a failed read
+        // again when a profile is built (a new class often holds the same method at the same
+        // address): 0.2-0.3% unknown measured on JDK 17-25 (11-20% when failures were cached
+        // for good). The JVMTI sidecar is what names them all.
         assert!(
-            (unknown as f64) < 0.2 * total as f64,
+            (unknown as f64) < 0.05 * total as f64,
             "JDK {}: {unknown} of {total} samples have unnamed Java frames",
             jdk.major
         );

@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::jvm::Jvm;
 use super::remote::{ReadError, RemoteMemory};
@@ -29,6 +30,34 @@ const MAX_DEBUG_INFO: usize = 1 << 20;
 const MAX_SCOPE_DEPTH: usize = 64;
 /// Cached entries per JVM before the caches start over.
 const MAX_CACHED: usize = 100_000;
+/// How long a failed read stands before it is tried again. A failure is not final: the memory
+/// of an unloaded class is soon given to a class loaded anew, and under class churn that is
+/// often the same method again at the same address (same cookie). Kept for good, one failure
+/// would name every later frame at that address unknown.
+const RETRY_FAILED_AFTER: Duration = Duration::from_millis(500);
+
+/// A cached read: successes stand until the caches start over, failures for
+/// [`RETRY_FAILED_AFTER`].
+struct Cached<T> {
+    value: Result<T, UnnamedReason>,
+    read_at: Instant,
+}
+
+impl<T: Clone> Cached<T> {
+    fn new(value: Result<T, UnnamedReason>) -> Self {
+        Self {
+            value,
+            read_at: Instant::now(),
+        }
+    }
+
+    /// The cached value, unless it is a failure old enough to try again at `now`.
+    fn current(&self, now: Instant) -> Option<Result<T, UnnamedReason>> {
+        let stands =
+            self.value.is_ok() || now.saturating_duration_since(self.read_at) < RETRY_FAILED_AFTER;
+        stands.then(|| self.value.clone())
+    }
+}
 
 impl From<ReadError> for UnnamedReason {
     fn from(_: ReadError) -> Self {
@@ -93,8 +122,8 @@ impl MemoryNmethod {
 pub struct MemoryNames<M: RemoteMemory> {
     jvm: Jvm,
     memory: M,
-    methods: HashMap<(u64, u32), MethodName>,
-    blobs: HashMap<(u64, u32), Result<Arc<BlobInfo>, UnnamedReason>>,
+    methods: HashMap<(u64, u32), Cached<Arc<MethodInfo>>>,
+    blobs: HashMap<(u64, u32), Cached<Arc<BlobInfo>>>,
 }
 
 impl<M: RemoteMemory> MemoryNames<M> {
@@ -123,23 +152,27 @@ impl<M: RemoteMemory> MemoryNames<M> {
     /// [`profiler_common::interpreted_cookie`]).
     pub fn method(&mut self, method: u64, cookie: u32) -> MethodName {
         let key = (method, cookie);
-        if let Some(cached) = self.methods.get(&key) {
-            return cached.clone();
+        if let Some(cached) = self
+            .methods
+            .get(&key)
+            .and_then(|c| c.current(Instant::now()))
+        {
+            return cached;
         }
         let info = read_method(&self.jvm, &self.memory, method, cookie).map(Arc::new);
-        self.methods.insert(key, info.clone());
+        self.methods.insert(key, Cached::new(info.clone()));
         info
     }
 
     /// The code blob at `blob`, if (an nmethod) it still holds compilation `compile_id`.
     pub fn code(&mut self, blob: u64, compile_id: u32) -> Result<Arc<BlobInfo>, UnnamedReason> {
         let key = (blob, compile_id);
-        if let Some(cached) = self.blobs.get(&key) {
-            return cached.clone();
+        if let Some(cached) = self.blobs.get(&key).and_then(|c| c.current(Instant::now())) {
+            return cached;
         }
         let info = read_blob(&self.jvm, &self.memory, blob, compile_id)
             .map(|blob| Arc::new(self.with_names(blob)));
-        self.blobs.insert(key, info.clone());
+        self.blobs.insert(key, Cached::new(info.clone()));
         info
     }
 
@@ -524,6 +557,21 @@ fn read_blob(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failed_reads_are_tried_again_and_names_stand() {
+        let failed = Cached::<u32>::new(Err(UnnamedReason::Unreadable));
+        let named = Cached::new(Ok(7));
+        let soon = failed.read_at + RETRY_FAILED_AFTER / 2;
+        let later = failed.read_at + RETRY_FAILED_AFTER;
+        assert_eq!(failed.current(soon), Some(Err(UnnamedReason::Unreadable)));
+        assert_eq!(
+            failed.current(later),
+            None,
+            "a failure must not stand for good"
+        );
+        assert_eq!(named.current(later + RETRY_FAILED_AFTER * 100), Some(Ok(7)));
+    }
 
     #[test]
     fn scope_chains_follow_senders_innermost_first() {
