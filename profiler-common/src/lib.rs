@@ -10,10 +10,30 @@ pub const MAX_KERNEL_FRAMES: usize = 127;
 /// Deepest user stack the BPF unwinder walks. Java stacks of several hundred frames are common
 /// (frameworks, recursion); the per-CPU scratch record must stay under the 32 KiB value limit.
 pub const MAX_USER_FRAMES: usize = 1024;
-/// Size of the ring buffer the samples go through (a power of two, in bytes).
-pub const SAMPLE_RING_BYTES: u32 = 8 << 20;
-/// Filled this far, the ring buffer wakes the daemon instead of waiting for its next drain.
-pub const SAMPLE_RING_WAKEUP_BYTES: u64 = SAMPLE_RING_BYTES as u64 / 4;
+/// Size the BPF object declares for the sample ring buffer; the daemon sizes the real one at
+/// load time with [`sample_ring_bytes`].
+pub const DEFAULT_SAMPLE_RING_BYTES: u32 = 8 << 20;
+/// Bounds of [`sample_ring_bytes`].
+pub const MIN_SAMPLE_RING_BYTES: u32 = 1 << 20;
+pub const MAX_SAMPLE_RING_BYTES: u32 = 64 << 20;
+
+/// The sample ring buffer's size for `cpus` CPUs sampled at `frequency_hz`: about a second of
+/// 1 KiB records, as a power of two within [`MIN_SAMPLE_RING_BYTES`, `MAX_SAMPLE_RING_BYTES`].
+/// The daemon drains it every 250 ms and is woken when it is a quarter full, so a second leaves
+/// room for a slow drain. The ring is memory charged to the daemon (and mapped twice into it):
+/// a fixed 8 MiB cost 16 MB of RSS on a 2-CPU node that fills 0.2 MB a second.
+pub const fn sample_ring_bytes(cpus: u32, frequency_hz: u64) -> u32 {
+    let per_second = (cpus as u64)
+        .saturating_mul(frequency_hz)
+        .saturating_mul(1024);
+    if per_second <= MIN_SAMPLE_RING_BYTES as u64 {
+        return MIN_SAMPLE_RING_BYTES;
+    }
+    if per_second >= MAX_SAMPLE_RING_BYTES as u64 {
+        return MAX_SAMPLE_RING_BYTES;
+    }
+    per_second.next_power_of_two() as u32
+}
 /// Most processes the `--pid` filter can name.
 pub const MAX_TARGET_PIDS: u32 = 4096;
 /// Length of a task's `comm`, NUL padded.
@@ -274,6 +294,24 @@ const _: () = assert!(
 pub const MAX_CODE_HEAPS: usize = 4;
 /// Bound on Java threads (host tid -> `JavaThread*`) described to the BPF side, over all JVMs.
 pub const MAX_JAVA_THREADS: u32 = 65_536;
+/// Java threads described per JVM named with `--pid`.
+pub const JAVA_THREADS_PER_TARGET: u32 = 16_384;
+
+/// Size of the BPF map of Java threads (set at load time): [`MAX_JAVA_THREADS`] for the whole
+/// host, [`JAVA_THREADS_PER_TARGET`] per pid with `--pid`. The map is preallocated (perf-event
+/// programs need that before Linux 6.1), so every slot costs about 80 bytes of charged memory
+/// used or not: 5 MB for the whole host, 1.3 MB for one JVM.
+pub const fn java_thread_slots(target_pids: usize) -> u32 {
+    if target_pids == 0 {
+        return MAX_JAVA_THREADS;
+    }
+    let slots = (target_pids as u64).saturating_mul(JAVA_THREADS_PER_TARGET as u64);
+    if slots > MAX_JAVA_THREADS as u64 {
+        MAX_JAVA_THREADS
+    } else {
+        slots as u32
+    }
+}
 /// Default bound on JVMs described to the BPF side (the `HOTSPOT_PROCS` map size).
 pub const DEFAULT_MAX_JVMS: u32 = 256;
 
@@ -489,4 +527,27 @@ mod user {
     // SAFETY: plain old data, no padding the kernel could leave uninitialised that we rely on.
     unsafe impl aya::Pod for super::SampleHeader {}
     unsafe impl aya::Pod for super::UserFrame {}
+}
+
+#[cfg(test)]
+mod map_size_tests {
+    use super::*;
+
+    #[test]
+    fn maps_are_sized_for_the_node_and_targets() {
+        assert_eq!(sample_ring_bytes(2, 99), MIN_SAMPLE_RING_BYTES);
+        // 64 CPUs at 99 Hz fill 6.5 MB a second.
+        assert_eq!(sample_ring_bytes(64, 99), 8 << 20);
+        assert_eq!(sample_ring_bytes(128, 99), 16 << 20);
+        assert_eq!(sample_ring_bytes(128, 999), MAX_SAMPLE_RING_BYTES);
+        assert_eq!(sample_ring_bytes(u32::MAX, u64::MAX), MAX_SAMPLE_RING_BYTES);
+        assert_eq!(java_thread_slots(0), MAX_JAVA_THREADS);
+        assert_eq!(java_thread_slots(1), JAVA_THREADS_PER_TARGET);
+        assert_eq!(java_thread_slots(1000), MAX_JAVA_THREADS);
+        for (cpus, hz) in [(1, 1), (3, 250), (48, 497), (96, 1000)] {
+            let bytes = sample_ring_bytes(cpus, hz);
+            assert!(bytes.is_power_of_two(), "{cpus} CPUs at {hz} Hz: {bytes}");
+            assert!(u64::from(bytes) >= (u64::from(cpus) * hz * 1024).min(64 << 20));
+        }
+    }
 }

@@ -300,10 +300,7 @@ pub fn render(s: &Snapshot, worker: &WorkerCounters) -> String {
         "Capacity of the BPF maps the daemon fills.",
         &[
             ("map=\"hotspot_procs\"", s.jvms.jvm_map_capacity),
-            (
-                "map=\"java_threads\"",
-                profiler_common::MAX_JAVA_THREADS as u64,
-            ),
+            ("map=\"java_threads\"", s.jvms.java_thread_map_capacity),
         ],
     );
     metric(
@@ -469,6 +466,7 @@ mod tests {
         };
         snapshot.kernel.0[Counter::RingFull as usize] = 3;
         snapshot.unwind_ends[UnwindEnd::NoCodeBlob as usize] = 2;
+        snapshot.jvms.java_thread_map_capacity = 16_384;
         let text = render(&snapshot, &WorkerCounters::default());
         assert!(
             text.contains("profiler_samples_not_profiled_total{reason=\"ring_full\"} 3"),
@@ -485,7 +483,7 @@ mod tests {
         );
         assert!(text.contains("# TYPE profiler_jvms gauge"), "{text}");
         assert!(
-            text.contains("profiler_bpf_map_capacity{map=\"java_threads\"} 65536"),
+            text.contains("profiler_bpf_map_capacity{map=\"java_threads\"} 16384"),
             "{text}"
         );
     }

@@ -95,10 +95,21 @@ impl Sampler {
     /// Loads and attaches the sampler. `pids` empty means every process.
     pub fn start(frequency_hz: u64, pids: &[u32], max_jvms: u32) -> Result<Self, SamplerError> {
         let filter: u8 = u8::from(!pids.is_empty());
+        let cpus = aya::util::online_cpus()
+            .map_err(|(path, source)| SamplerError::OnlineCpus { path, source })?;
+        let ring_bytes = profiler_common::sample_ring_bytes(cpus.len() as u32, frequency_hz);
+        let ring_wakeup_bytes = u64::from(ring_bytes / 4);
         let mut ebpf = EbpfLoader::new()
             .override_global("FILTER_PIDS", &filter, true)
+            .override_global("RING_WAKEUP_BYTES", &ring_wakeup_bytes, true)
             .map_max_entries("HOTSPOT_PROCS", max_jvms)
+            .map_max_entries("SAMPLES", ring_bytes)
+            .map_max_entries(
+                "JAVA_THREADS",
+                profiler_common::java_thread_slots(pids.len()),
+            )
             .load(EBPF_OBJECT)?;
+        tracing::debug!(ring_bytes, cpus = cpus.len(), "sample ring sized");
 
         if !pids.is_empty() {
             let map = ebpf
@@ -131,8 +142,6 @@ impl Sampler {
             name: "sample_cpu",
             source,
         })?;
-        let cpus = aya::util::online_cpus()
-            .map_err(|(path, source)| SamplerError::OnlineCpus { path, source })?;
         for &cpu in &cpus {
             program
                 .attach(
@@ -223,7 +232,7 @@ impl Sampler {
     }
 
     /// A second descriptor of the ring buffer, to wait on: it turns readable when the BPF side
-    /// wakes us because the ring is filling up (see `SAMPLE_RING_WAKEUP_BYTES`).
+    /// wakes us because the ring is filling up (a quarter of the ring, `RING_WAKEUP_BYTES` in the BPF program).
     pub fn ring_wakeups(&self) -> std::io::Result<std::os::fd::OwnedFd> {
         use std::os::fd::AsFd;
         self.ring.as_fd().try_clone_to_owned()

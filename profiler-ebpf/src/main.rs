@@ -34,9 +34,8 @@ use aya_ebpf::{
 };
 use profiler_common::{
     Counter, HotspotProc, SampleHeader, SampleRecord, UnwindEnd, UserFrame, COMM_LEN,
-    DEFAULT_MAX_JVMS, FRAMES_BYTES, HEADER_BYTES, KERNEL_FRAME_BYTES, MAX_KERNEL_FRAMES,
-    MAX_TARGET_PIDS, MAX_USER_FRAMES, RECORD_BYTES, SAMPLE_RING_BYTES, SAMPLE_RING_WAKEUP_BYTES,
-    USER_FRAME_BYTES,
+    DEFAULT_MAX_JVMS, DEFAULT_SAMPLE_RING_BYTES, FRAMES_BYTES, HEADER_BYTES, KERNEL_FRAME_BYTES,
+    MAX_KERNEL_FRAMES, MAX_TARGET_PIDS, MAX_USER_FRAMES, RECORD_BYTES, USER_FRAME_BYTES,
 };
 use profiler_unwind::{unwind_step, FrameSink, UserRegs, Walk, MAX_WALK_STEPS};
 
@@ -44,8 +43,14 @@ use profiler_unwind::{unwind_step, FrameSink, UserRegs, Walk, MAX_WALK_STEPS};
 #[no_mangle]
 static FILTER_PIDS: u8 = 0;
 
+/// Set by the daemon at load time with the ring's size: filled this far, the ring wakes the
+/// daemon instead of waiting for its next drain (a quarter of the ring).
+#[no_mangle]
+static RING_WAKEUP_BYTES: u64 = DEFAULT_SAMPLE_RING_BYTES as u64 / 4;
+
+/// Sized by the daemon at load time (`profiler_common::sample_ring_bytes`).
 #[map]
-static SAMPLES: RingBuf = RingBuf::with_byte_size(SAMPLE_RING_BYTES, 0);
+static SAMPLES: RingBuf = RingBuf::with_byte_size(DEFAULT_SAMPLE_RING_BYTES, 0);
 
 #[map]
 static SCRATCH: PerCpuArray<SampleRecord> = PerCpuArray::with_max_entries(1, 0);
@@ -198,7 +203,9 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
     let bytes =
         unsafe { core::slice::from_raw_parts(record as *const SampleRecord as *const u8, len) };
     // The daemon drains on a slow timer; it is woken early only when the ring fills up.
-    let wakeup = if SAMPLES.query(BPF_RB_AVAIL_DATA) >= SAMPLE_RING_WAKEUP_BYTES {
+    // SAFETY: a global the loader sets once; read-only afterwards.
+    let wakeup_bytes = unsafe { read_volatile(&RING_WAKEUP_BYTES) };
+    let wakeup = if SAMPLES.query(BPF_RB_AVAIL_DATA) >= wakeup_bytes {
         BPF_RB_FORCE_WAKEUP
     } else {
         BPF_RB_NO_WAKEUP

@@ -49,6 +49,15 @@ impl MemoryCgroup {
         })
     }
 
+    /// What the cgroup is charged now, in bytes.
+    pub fn current(&self) -> Result<u64> {
+        self.read_number(if self.v2 {
+            "memory.current"
+        } else {
+            "memory.usage_in_bytes"
+        })
+    }
+
     /// Processes of the cgroup the kernel killed for want of memory.
     pub fn oom_kills(&self) -> Result<u64> {
         let file = if self.v2 {

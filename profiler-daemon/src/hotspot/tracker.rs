@@ -173,8 +173,9 @@ pub struct TrackerCounts {
     pub layouts_cached: u64,
     /// Entries of the BPF JVM map, and its capacity (`max_jvms`).
     pub jvm_map_capacity: u64,
-    /// Java threads in the BPF thread map.
+    /// Java threads in the BPF thread map, and its capacity.
     pub java_threads: u64,
+    pub java_thread_map_capacity: u64,
     /// Java threads that could not be pushed (map full): their Java frames are not unwound.
     pub java_threads_not_pushed: u64,
     /// Process events taken from the BPF side, by kind.
@@ -232,6 +233,9 @@ impl<S: LayoutSink> JvmTracker<S> {
         let mut counts = TrackerCounts {
             layouts_cached: self.layouts.len() as u64,
             jvm_map_capacity: self.max_jvms as u64,
+            java_thread_map_capacity: u64::from(profiler_common::java_thread_slots(
+                self.pids.len(),
+            )),
             java_threads_not_pushed: self.threads_not_pushed,
             exec_events: self.exec_events,
             exit_events: self.exit_events,
@@ -257,8 +261,12 @@ impl<S: LayoutSink> JvmTracker<S> {
     /// looks at what they name and at what is due.
     pub fn tick(&mut self, events: &[ProcessEvent], sampled: &[u32]) {
         if !self.pids.is_empty() {
+            // No events with `--pid`: a ready JVM is kept current from its memory alone, and
+            // /proc read again only when that fails (it exited, or its pid was reused).
             for pid in self.pids.clone() {
-                self.visit(pid, Visit::Due);
+                if !(self.is_ready(pid) && self.keep_current(pid)) {
+                    self.visit(pid, Visit::Due);
+                }
             }
             return;
         }
@@ -299,17 +307,18 @@ impl<S: LayoutSink> JvmTracker<S> {
             .map(|(pid, _)| *pid)
             .collect();
         for pid in due {
-            let ready = self
-                .tracked
-                .get(&pid)
-                .is_some_and(|tracked| matches!(tracked.state, State::Ready { .. }));
-            if ready {
-                // Its exit comes as an event (or with the next rescan): no /proc read here.
-                self.keep_current(pid);
-            } else {
+            // A ready JVM's exit comes as an event (or with the next rescan): no /proc read
+            // here unless its memory cannot be read.
+            if !(self.is_ready(pid) && self.keep_current(pid)) {
                 self.visit(pid, Visit::Due);
             }
         }
+    }
+
+    fn is_ready(&self, pid: u32) -> bool {
+        self.tracked
+            .get(&pid)
+            .is_some_and(|tracked| matches!(tracked.state, State::Ready { .. }))
     }
 
     /// Lists every process: finds those no event announced and forgets those gone unannounced.
@@ -470,19 +479,22 @@ impl<S: LayoutSink> JvmTracker<S> {
                 }
                 self.advance(pid, age, ready_count)
             }
-            State::Ready { .. } => self.keep_current(pid),
+            State::Ready { .. } => {
+                self.keep_current(pid);
+            }
         }
     }
 
-    /// A ready JVM's layout (every [`REFRESH`]) and Java threads (every tick), brought up to date.
-    fn keep_current(&mut self, pid: u32) {
+    /// A ready JVM's layout (every [`REFRESH`]) and Java threads (every tick), brought up to
+    /// date. False if its memory could not be read.
+    fn keep_current(&mut self, pid: u32) -> bool {
         let refresh_due = self.tracked.get(&pid).is_some_and(|tracked| {
             matches!(&tracked.state, State::Ready { refreshed, .. } if refreshed.elapsed() >= REFRESH)
         });
         if refresh_due {
             self.refresh(pid);
         }
-        self.sync_threads(pid);
+        self.sync_threads(pid)
     }
 
     /// Moves a pending JVM towards ready.
@@ -575,11 +587,12 @@ impl<S: LayoutSink> JvmTracker<S> {
 
     /// Brings the BPF map of this JVM's Java threads up to date (threads start and end often).
     /// Skipped while the JVM's thread list is the one read last time, but for a full read every
-    /// [`FULL_THREAD_READ`] in case a new list was allocated where the old one was.
-    fn sync_threads(&mut self, pid: u32) {
+    /// [`FULL_THREAD_READ`] in case a new list was allocated where the old one was. False if
+    /// the JVM's memory could not be read.
+    fn sync_threads(&mut self, pid: u32) -> bool {
         let memory = ProcessMemory::new(pid);
         let Some(tracked) = self.tracked.get_mut(&pid) else {
-            return;
+            return false;
         };
         let State::Ready {
             jvm,
@@ -590,15 +603,17 @@ impl<S: LayoutSink> JvmTracker<S> {
             ..
         } = &mut tracked.state
         else {
-            return;
+            return false;
         };
-        let list = jvm.java_thread_list(&memory).ok().flatten();
+        let Ok(list) = jvm.java_thread_list(&memory) else {
+            return false;
+        };
         if list.is_some() && list == *thread_list && threads_read.elapsed() < FULL_THREAD_READ {
             self.directory.confirm(pid);
-            return;
+            return true;
         }
         let Ok(current) = jvm.java_threads(&memory) else {
-            return;
+            return false;
         };
         self.directory.publish(
             pid,
@@ -638,6 +653,7 @@ impl<S: LayoutSink> JvmTracker<S> {
             }
         }
         *threads = current;
+        true
     }
 
     /// Re-reads a ready JVM's code cache and updates the map if it changed.
