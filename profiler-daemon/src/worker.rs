@@ -107,7 +107,13 @@ impl Worker {
     pub fn run(mut self, work: Receiver<Work>) {
         let mut sidecars_read = Instant::now();
         loop {
-            match work.recv_timeout(READ_SIDECARS_EVERY) {
+            // No timer without JVMs: an idle node's daemon wakes only for work.
+            let item = if self.symbolizers.java.is_empty() {
+                work.recv().map_err(|_| RecvTimeoutError::Disconnected)
+            } else {
+                work.recv_timeout(READ_SIDECARS_EVERY)
+            };
+            match item {
                 Ok(Work::ProcessSeen(pid)) => self.processes.observe(pid),
                 Ok(Work::Interval(interval)) => self.write_interval(interval),
                 Ok(Work::PrefetchJava(frames)) => self.prefetch_java(frames),

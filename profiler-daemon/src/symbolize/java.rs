@@ -56,6 +56,11 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
         self.threads = threads;
     }
 
+    /// True while it knows no JVM.
+    pub fn is_empty(&self) -> bool {
+        self.jvms.is_empty()
+    }
+
     pub fn has(&self, pid: u32) -> bool {
         self.jvms.contains_key(&pid)
     }
