@@ -326,6 +326,11 @@ fn systemd_unit_installs_verifies_and_is_sandboxed() {
     let unit_path = dest.join("etc/systemd/system/jvm-profiler.service");
     let config_path = dest.join("etc/jvm-profiler/config.toml");
     assert!(binary.exists() && unit_path.exists() && config_path.exists());
+    // `attach = "auto"` looks for the agent beside the binary.
+    assert!(
+        dest.join("usr/local/bin/libprofiler_jvmti.so").exists(),
+        "the sidecar agent is not installed beside the daemon"
+    );
     assert_eq!(
         std::fs::read(&config_path).expect("config"),
         std::fs::read(root().join("deploy/config.toml")).expect("default config")

@@ -1,5 +1,5 @@
-//! `cargo xtask install`: the daemon as a systemd service on this host (binary in
-//! /usr/local/bin, unit in /etc/systemd/system, default config in /etc/jvm-profiler).
+//! `cargo xtask install`: the daemon as a systemd service on this host (binary and its sidecar
+//! agent in /usr/local/bin, unit in /etc/systemd/system, default config in /etc/jvm-profiler).
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
@@ -34,6 +34,24 @@ pub fn install(root: &Path, daemon: &Path, destdir: Option<&Path>) -> Result<()>
     std::fs::rename(&staged, &binary)
         .with_context(|| format!("installing {}", binary.display()))?;
     eprintln!("xtask: installed {}", binary.display());
+
+    // The sidecar agent goes beside the binary, where `attach = "auto"` looks for it.
+    let agent = daemon.with_file_name(crate::image::AGENT);
+    if agent.exists() {
+        let installed = binary.with_file_name(crate::image::AGENT);
+        let staged = installed.with_extension("new");
+        crate::image::copy_stripped(&agent, &staged)?;
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o644))?;
+        std::fs::rename(&staged, &installed)
+            .with_context(|| format!("installing {}", installed.display()))?;
+        eprintln!("xtask: installed {}", installed.display());
+    } else {
+        eprintln!(
+            "xtask: no {} beside the daemon: `attach = \"auto\"` will not find the sidecar agent \
+             (build it with `cargo build --release --package profiler-jvmti`)",
+            agent.display()
+        );
+    }
 
     let unit = dest.join(UNIT);
     install_file(&root.join("deploy/systemd/jvm-profiler.service"), &unit)?;

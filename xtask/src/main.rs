@@ -48,7 +48,7 @@ enum Task {
         #[arg(long)]
         tests: bool,
     },
-    /// Build the daemon (and the eBPF object it embeds).
+    /// Build the daemon (and the eBPF object it embeds) and the JVMTI sidecar agent beside it.
     Build {
         #[arg(long)]
         release: bool,
@@ -85,11 +85,14 @@ fn main() -> Result<()> {
         }
         Task::Build { release } => {
             setup_build()?;
-            build_daemon(&root, release).map(|_| ())
+            build_daemon(&root, release)?;
+            build_agent(&root, release)
         }
         Task::Run { args } => {
             setup_build()?;
             let daemon = build_daemon(&root, true)?;
+            // `--attach auto` finds the agent beside the daemon.
+            build_agent(&root, true)?;
             let mut command = Command::new(daemon);
             command.arg("run");
             if !args
@@ -116,6 +119,9 @@ fn main() -> Result<()> {
             image::build(&root, &daemon)
         }
         Task::Install(args) => {
+            if args.daemon.is_none() {
+                build_agent(&root, true)?;
+            }
             let daemon = daemon_or_release(&root, args.daemon)?;
             install::install(&root, &daemon, args.destdir.as_deref())
         }

@@ -70,6 +70,8 @@ pub struct Attacher {
     policy: AttachPolicy,
     /// (pid, start time) of JVMs already considered: one attempt per JVM.
     tried: HashSet<(u32, u64)>,
+    /// Pids an attach was started for: their agent's records are expected soon.
+    started: HashSet<u32>,
     in_flight: Arc<AtomicUsize>,
 }
 
@@ -138,14 +140,25 @@ impl Attacher {
                     in_flight.fetch_sub(1, Ordering::AcqRel);
                 }
             });
-        if spawned.is_err() {
-            in_flight.fetch_sub(1, Ordering::AcqRel);
+        match spawned {
+            Ok(_) => {
+                self.started.insert(pid);
+            }
+            Err(_) => {
+                in_flight.fetch_sub(1, Ordering::AcqRel);
+            }
         }
+    }
+
+    /// Whether an attach to `pid` was started (it may still be under way, or have failed).
+    pub fn started(&self, pid: u32) -> bool {
+        self.started.contains(&pid)
     }
 
     /// Forgets JVMs that exited (pids are reused).
     pub fn retain(&mut self, alive: impl Fn(u32) -> bool) {
         self.tried.retain(|(pid, _)| alive(*pid));
+        self.started.retain(|pid| alive(*pid));
     }
 }
 

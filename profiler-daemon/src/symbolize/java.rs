@@ -102,10 +102,16 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
         Some(&mut sidecar.threads)
     }
 
-    /// Reads the new records of every JVM's agent (each index limits how often it reads).
-    pub fn read_sidecars(&mut self) {
-        for sidecar in self.jvms.values_mut().filter_map(|j| j.sidecar.as_mut()) {
-            sidecar.refresh();
+    /// Reads the new records of the JVMs whose agent is loaded, or `expected` to be soon (each
+    /// index limits how often it reads). Others are looked at when their profile is built:
+    /// looking for an agent that nobody loads costs a path walk per JVM.
+    pub fn read_sidecars(&mut self, expected: impl Fn(u32) -> bool) {
+        for (&pid, jvm) in &mut self.jvms {
+            if let Some(sidecar) = jvm.sidecar.as_mut() {
+                if sidecar.active || expected(pid) {
+                    sidecar.refresh();
+                }
+            }
         }
     }
 
