@@ -246,7 +246,11 @@ pub struct SampleHeader {
     pub user_frames: u16,
     /// An [`UnwindEnd`].
     pub user_end: u8,
-    pub _reserved: [u8; 7],
+    /// Zero. Scalars rather than a byte array: the BPF program zeroes an array with a call to
+    /// a byte-at-a-time `memset`, a scalar with one store.
+    pub _reserved_8: u8,
+    pub _reserved_16: u16,
+    pub _reserved_32: u32,
     /// The thread's name (`comm`), NUL padded.
     pub comm: [u8; COMM_LEN],
 }
@@ -263,7 +267,26 @@ pub struct UserFrame {
     pub cookie: u32,
     /// A [`FrameKind`].
     pub kind: u8,
-    pub _reserved: [u8; 7],
+    /// Zero; scalars for the reason given at [`SampleHeader`]'s (the walk builds one frame per
+    /// step).
+    pub _reserved_8: u8,
+    pub _reserved_16: u16,
+    pub _reserved_32: u32,
+}
+
+impl UserFrame {
+    #[inline(always)]
+    pub const fn new(kind: FrameKind, addr: u64, aux: u32, cookie: u32) -> Self {
+        Self {
+            addr,
+            aux,
+            cookie,
+            kind: kind as u8,
+            _reserved_8: 0,
+            _reserved_16: 0,
+            _reserved_32: 0,
+        }
+    }
 }
 
 /// The per-CPU scratch record the BPF program fills before copying its used prefix to the

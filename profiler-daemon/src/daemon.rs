@@ -36,6 +36,10 @@ use crate::worker::{JavaFrameSeen, Work, Worker};
 /// otherwise idle daemon. Bursts do not wait for it: the BPF side wakes us when the ring is a
 /// quarter full (at 1000 Hz on 64 CPUs and 1 KiB records, after about 30 ms).
 const DRAIN_PERIOD: Duration = Duration::from_millis(250);
+/// After a drain that found nothing (an idle host, or `--pid` targets that sleep), the next one
+/// comes this late: on a virtual machine a wake-up costs about 0.1 ms of CPU, and an idle
+/// daemon's CPU is mostly its wake-ups. The first samples after a quiet spell wait at most this.
+const IDLE_DRAIN_PERIOD: Duration = Duration::from_secs(1);
 /// At start-up (the first [`PERISHING_FOR`]), when most new stacks come from JVMs met for the
 /// first time, a drain that finds new Java stacks is followed by another this soon, so that
 /// their methods are read while they exist.
@@ -47,7 +51,8 @@ const STARTUP_JAVA_DRAIN_PERIOD: Duration = Duration::from_millis(50);
 /// saves the wake-ups.
 const PERISHING_JAVA_DRAIN_PERIOD: Duration = Duration::from_millis(10);
 const PERISHING_FOR: Duration = Duration::from_secs(30);
-/// How often the metrics endpoint's snapshot is refreshed.
+/// How often the metrics endpoint's snapshot is refreshed, at the next wake-up after it is due
+/// (no wake-up of its own: at most [`IDLE_DRAIN_PERIOD`] late).
 const METRICS_PERIOD: Duration = Duration::from_secs(1);
 /// Work items queued for the worker before the loop starts dropping them.
 const WORK_QUEUE: usize = 4096;
@@ -217,10 +222,21 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     let mut last_misses = 0;
     let started = tokio::time::Instant::now();
     let mut missed_at: Option<tokio::time::Instant> = None;
-    let mut publish = tokio::time::interval(METRICS_PERIOD);
+    let mut published: Option<tokio::time::Instant> = None;
     let cpus = sampler.cpus();
 
     loop {
+        if published.is_none_or(|at| at.elapsed() >= METRICS_PERIOD) {
+            published = Some(tokio::time::Instant::now());
+            metrics.publish(snapshot(
+                &stats,
+                sampler.counters(),
+                tracker.counts(),
+                intervals,
+                cpus,
+                frequency_hz,
+            ));
+        }
         let finishing = tokio::select! {
             _ = drain.tick() => false,
             ready = ring_wakeups.readable() => {
@@ -231,10 +247,6 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
                 stats.ring_wakeups += 1;
                 drain.reset();
                 false
-            }
-            _ = publish.tick() => {
-                metrics.publish(snapshot(&stats, sampler.counters(), tracker.counts(), intervals, cpus, frequency_hz));
-                continue;
             }
             _ = flush.tick() => {
                 drain_ring(&mut sampler, &mut aggregator, &work_tx, &mut stats);
@@ -248,7 +260,11 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
             _ = sigint.recv() => { tracing::info!("SIGINT: writing the current interval, then exiting"); true }
             _ = &mut stop => { tracing::info!("duration reached"); true }
         };
+        let records_before = stats.records;
         let found_java = drain_ring(&mut sampler, &mut aggregator, &work_tx, &mut stats);
+        if stats.records == records_before {
+            drain.reset_after(IDLE_DRAIN_PERIOD);
+        }
         let misses = metrics.worker.java_prefetch_misses.load(Ordering::Relaxed);
         if misses != last_misses {
             last_misses = misses;

@@ -112,7 +112,9 @@ pub(crate) mod tests {
             kernel_frames: kernel.len() as u16,
             user_frames: user.len() as u16,
             user_end: end as u8,
-            _reserved: [0; 7],
+            _reserved_8: 0,
+            _reserved_16: 0,
+            _reserved_32: 0,
             comm: name,
         };
         let mut bytes = Vec::new();
@@ -124,13 +126,7 @@ pub(crate) mod tests {
             bytes.extend_from_slice(&ip.to_ne_bytes());
         }
         for &addr in user {
-            let frame = UserFrame {
-                addr,
-                aux: 0,
-                cookie: 0,
-                kind: FrameKind::Native as u8,
-                _reserved: [0; 7],
-            };
+            let frame = UserFrame::new(FrameKind::Native, addr, 0, 0);
             // SAFETY: as above.
             bytes.extend_from_slice(unsafe {
                 std::slice::from_raw_parts(&frame as *const _ as *const u8, USER_FRAME_BYTES)

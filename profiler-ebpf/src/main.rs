@@ -191,7 +191,9 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
         kernel_frames: (kernel_bytes / KERNEL_FRAME_BYTES) as u16,
         user_frames: user_frames as u16,
         user_end: walk.end,
-        _reserved: [0; 7],
+        _reserved_8: 0,
+        _reserved_16: 0,
+        _reserved_32: 0,
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
     };
 
@@ -301,13 +303,15 @@ impl FrameSink for RecordFrames<'_> {
     #[inline(always)]
     fn record(&mut self, index: u32, frame: UserFrame) -> bool {
         let offset = self.base as usize + index as usize * USER_FRAME_BYTES;
-        if offset > FRAMES_BYTES - USER_FRAME_BYTES {
+        if offset > FRAMES_BYTES - USER_FRAME_BYTES || !offset.is_multiple_of(8) {
             return false;
         }
-        // SAFETY: `offset` is bounds-checked against the frame area above.
+        // SAFETY: `offset` is bounds-checked against the frame area above, and 8-aligned like
+        // the frame area itself (after the 48-byte header of an 8-aligned map value): stored
+        // as three words, where an unaligned store was 24 byte stores.
         unsafe {
             let slot = self.record.frames.as_mut_ptr().add(offset) as *mut UserFrame;
-            slot.write_unaligned(frame);
+            slot.write(frame);
         }
         true
     }

@@ -3,6 +3,7 @@
 //! thread's stack is read through. None of these reads can fault; a failed one is a value.
 
 use core::ffi::c_void;
+use core::mem::MaybeUninit;
 
 use aya_ebpf::{
     helpers::{bpf_probe_read_user, generated as gen},
@@ -62,7 +63,7 @@ impl UserMemory for CurrentTask {
     }
 
     #[inline(always)]
-    fn read_into(&self, addr: u64, dst: &mut [u8]) -> bool {
+    fn read_into(&self, addr: u64, dst: &mut [MaybeUninit<u8>]) -> bool {
         // SAFETY: a checked read of user memory into `dst`, of its length.
         let read = unsafe {
             gen::bpf_probe_read_user(

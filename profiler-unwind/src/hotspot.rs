@@ -4,6 +4,8 @@
 //! threads in native or VM code resumed at their `JavaFrameAnchor`. Every loop is bounded and every
 //! read checked; a frame that does not make sense ends the walk with a reason.
 
+use core::mem::MaybeUninit;
+
 use profiler_common::{
     hotspot_flags, interpreted_cookie, name_tail, name_tail_start, FrameKind, HotspotProc,
     UnwindEnd, UserFrame, BCI_UNKNOWN, MAX_CODE_HEAPS, NAME_TAIL_BYTES, NO_SYMBOL_HASH,
@@ -212,16 +214,13 @@ fn unwind_compiled<M: UserMemory>(
         }
         FrameState::Built => {
             // Fixed size, return address and saved rbp at its top.
-            let caller_sp = sp + frame_size * 8;
-            let slot = window.pair(memory, caller_sp - 16)?;
+            let mut caller_sp = sp + frame_size * 8;
+            let mut slot = window.pair(memory, caller_sp - 16)?;
             let code_range = (walk.hotspot.code_low, walk.hotspot.code_high);
-            let extra = if is_code(code_range, slot[1]) {
-                0
-            } else {
-                extra_pushed_words(window, code_range, caller_sp)
-            };
-            let caller_sp = caller_sp + extra * 8;
-            let slot = window.pair(memory, caller_sp - 16)?;
+            if !is_code(code_range, slot[1]) {
+                caller_sp += extra_pushed_words(window, code_range, caller_sp) * 8;
+                slot = window.pair(memory, caller_sp - 16)?;
+            }
             walk.fp = slot[0];
             walk.pc = slot[1];
             walk.sp = caller_sp;
@@ -309,10 +308,12 @@ pub struct BlobCache {
 #[inline(always)]
 fn read_blob<M: UserMemory>(hs: &HotspotProc, memory: &M, pc: u64) -> Result<BlobCache, UnwindEnd> {
     let blob = find_blob(hs, memory, pc)?;
-    let mut header = [0u8; BLOB_HEADER_BYTES];
+    let mut header = [MaybeUninit::<u8>::uninit(); BLOB_HEADER_BYTES];
     if !memory.read_into(blob, &mut header) {
         return Err(UnwindEnd::JavaReadFailed);
     }
+    // SAFETY: the read filled every byte.
+    let header: [u8; BLOB_HEADER_BYTES] = unsafe { core::mem::transmute(header) };
     let code_begin = if hs.flags & hotspot_flags::CODE_OFFSET != 0 {
         blob.wrapping_add(header_i32(&header, hs.blob_code) as i64 as u64)
     } else {

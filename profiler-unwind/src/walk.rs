@@ -73,7 +73,7 @@ impl Walk {
         self.r13 = regs.r13;
         match hotspot {
             Some(hotspot) => {
-                self.hotspot = *hotspot;
+                copy_layout(&mut self.hotspot, hotspot);
                 self.is_jvm = 1;
             }
             None => self.is_jvm = 0,
@@ -161,11 +161,23 @@ pub fn walk_stack<P: UserMemory + JavaThreads, S: FrameSink>(
 
 #[inline(always)]
 pub(crate) fn frame(kind: FrameKind, addr: u64, aux: u32, cookie: u32) -> UserFrame {
-    UserFrame {
-        addr,
-        aux,
-        cookie,
-        kind: kind as u8,
-        _reserved: [0; 7],
+    UserFrame::new(kind, addr, aux, cookie)
+}
+
+/// Copies a JVM's layout word by word. A plain struct copy becomes, in the BPF program, a call
+/// to a byte-at-a-time `memmove`: about 1,900 instructions for its 232 bytes, 0.4 us of every
+/// Java sample. Volatile accesses keep the compiler from turning this loop back into one.
+#[inline(always)]
+fn copy_layout(dst: &mut HotspotProc, src: &HotspotProc) {
+    const WORDS: usize = core::mem::size_of::<HotspotProc>() / 8;
+    const _: () = assert!(
+        core::mem::size_of::<HotspotProc>().is_multiple_of(8)
+            && core::mem::align_of::<HotspotProc>() == 8
+    );
+    let dst = dst as *mut HotspotProc as *mut u64;
+    let src = src as *const HotspotProc as *const u64;
+    for word in 0..WORDS {
+        // SAFETY: both point to a whole HotspotProc, 8-aligned, `WORDS` words long.
+        unsafe { dst.add(word).write_volatile(src.add(word).read_volatile()) };
     }
 }

@@ -2,6 +2,8 @@
 //! metadata and threads laid out by a [`HotspotProc`] built here. Nothing is read from a real
 //! process; instruction bytes come from the recordings in `x86_frames`'s tests.
 
+use core::mem::MaybeUninit;
+
 use profiler_common::{
     hotspot_flags, interpreted_cookie, name_tail, name_tail_start, CodeHeapRange, FrameKind,
     HotspotProc, UnwindEnd, UserFrame, BCI_UNKNOWN, NAME_TAIL_BYTES,
@@ -108,10 +110,12 @@ impl UserMemory for FakeMemory {
         self.bytes(addr)
     }
 
-    fn read_into(&self, addr: u64, dst: &mut [u8]) -> bool {
+    fn read_into(&self, addr: u64, dst: &mut [MaybeUninit<u8>]) -> bool {
         match self.region(addr, dst.len()) {
             Some(bytes) => {
-                dst.copy_from_slice(bytes);
+                for (to, from) in dst.iter_mut().zip(bytes) {
+                    to.write(*from);
+                }
                 true
             }
             None => false,
