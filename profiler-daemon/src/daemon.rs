@@ -262,21 +262,17 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         };
         let records_before = stats.records;
         let found_java = drain_ring(&mut sampler, &mut aggregator, &work_tx, &mut stats);
-        if stats.records == records_before {
-            drain.reset_after(IDLE_DRAIN_PERIOD);
-        }
         let misses = metrics.worker.java_prefetch_misses.load(Ordering::Relaxed);
         if misses != last_misses {
             last_misses = misses;
             missed_at = Some(tokio::time::Instant::now());
         }
-        if found_java {
-            if missed_at.is_some_and(|at| at.elapsed() < PERISHING_FOR) {
-                drain.reset_after(PERISHING_JAVA_DRAIN_PERIOD);
-            } else if started.elapsed() < PERISHING_FOR {
-                drain.reset_after(STARTUP_JAVA_DRAIN_PERIOD);
-            }
-        }
+        drain.reset_after(next_drain(Drained {
+            records: stats.records != records_before,
+            new_java_stacks: found_java,
+            names_perishing: missed_at.is_some_and(|at| at.elapsed() < PERISHING_FOR),
+            starting: started.elapsed() < PERISHING_FOR,
+        }));
         if finishing {
             let counters = sampler.counters();
             end_interval(
@@ -499,6 +495,39 @@ fn spawn_jvm_tracker(
 const MAX_PREFETCH_FRAMES: usize = 16 * 1024;
 
 /// Takes every record in the ring; true if new stacks with Java frames were found.
+/// What a drain found, and in which phase of the daemon.
+#[derive(Clone, Copy, Debug)]
+struct Drained {
+    records: bool,
+    new_java_stacks: bool,
+    names_perishing: bool,
+    starting: bool,
+}
+
+/// How long until the next drain. While names perish, every new stack is read within
+/// [`STARTUP_JAVA_DRAIN_PERIOD`] at most, even after a drain without one: the slow periods would
+/// let an nmethod be freed (and its `Method*`s reused) before its first sample is named.
+fn next_drain(drained: Drained) -> Duration {
+    match drained {
+        Drained {
+            names_perishing: true,
+            new_java_stacks: true,
+            ..
+        } => PERISHING_JAVA_DRAIN_PERIOD,
+        Drained {
+            names_perishing: true,
+            ..
+        }
+        | Drained {
+            starting: true,
+            new_java_stacks: true,
+            ..
+        } => STARTUP_JAVA_DRAIN_PERIOD,
+        Drained { records: false, .. } => IDLE_DRAIN_PERIOD,
+        _ => DRAIN_PERIOD,
+    }
+}
+
 fn drain_ring(
     sampler: &mut Sampler,
     aggregator: &mut Aggregator,
@@ -631,5 +660,51 @@ fn send(work: &SyncSender<Work>, item: Work, stats: &mut LoopStats) {
             }
         }
         Err(TrySendError::Disconnected(_)) => stats.dropped_work += 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drained(records: bool, new_java_stacks: bool, names_perishing: bool) -> Drained {
+        Drained {
+            records,
+            new_java_stacks,
+            names_perishing,
+            starting: false,
+        }
+    }
+
+    #[test]
+    fn perishing_names_keep_drains_fast_even_after_an_empty_drain() {
+        assert_eq!(
+            next_drain(drained(true, true, true)),
+            PERISHING_JAVA_DRAIN_PERIOD
+        );
+        assert_eq!(
+            next_drain(drained(true, false, true)),
+            STARTUP_JAVA_DRAIN_PERIOD
+        );
+        assert_eq!(
+            next_drain(drained(false, false, true)),
+            STARTUP_JAVA_DRAIN_PERIOD
+        );
+    }
+
+    #[test]
+    fn quiet_drains_slow_down() {
+        assert_eq!(next_drain(drained(true, false, false)), DRAIN_PERIOD);
+        assert_eq!(next_drain(drained(false, false, false)), IDLE_DRAIN_PERIOD);
+        let starting = Drained {
+            starting: true,
+            ..drained(true, true, false)
+        };
+        assert_eq!(next_drain(starting), STARTUP_JAVA_DRAIN_PERIOD);
+        let starting_quiet = Drained {
+            starting: true,
+            ..drained(false, false, false)
+        };
+        assert_eq!(next_drain(starting_quiet), IDLE_DRAIN_PERIOD);
     }
 }

@@ -110,6 +110,9 @@ const FIELDS: &[WantedField] = &[
         &["nmethod::_scopes_data_offset"],
     ),
     optional("nmethod::_immutable_data", &["nmethod::_immutable_data"]),
+    // Up to JDK 19, an unloaded nmethod stays in the code heap (state 3 or 4) after its
+    // classes' metadata is freed.
+    optional("nmethod::_state", &["nmethod::_state"]),
     optional(
         "nmethod::_immutable_data_size",
         &["nmethod::_immutable_data_size"],

@@ -171,7 +171,14 @@ impl<M: RemoteMemory> MemoryNames<M> {
             return cached;
         }
         let info = read_blob(&self.jvm, &self.memory, blob, compile_id)
-            .map(|blob| Arc::new(self.with_names(blob)));
+            .map(|blob| self.with_names(blob))
+            // The names were read while the nmethod lived only if it still does now (see
+            // `nmethod_alive`); otherwise a `Method*` may have held a later class's method.
+            .and_then(|read| match read {
+                BlobInfo::Nmethod(_) => nmethod_alive(&self.jvm, &self.memory, blob, compile_id)
+                    .map(|()| Arc::new(read)),
+                BlobInfo::Stub { .. } => Ok(Arc::new(read)),
+            });
         self.blobs.insert(key, Cached::new(info.clone()));
         info
     }
@@ -365,6 +372,11 @@ fn read_method(
         .filter(|i| *i != 0)
         .and_then(|i| constant_pool_symbol(jvm, memory, cp, i).ok());
     let lines = read_line_table(jvm, memory, const_method).unwrap_or_default();
+    // The class may have been unloaded while its names were read, and the memory given to
+    // another one: the names stand only if the identity is still the sampled one.
+    if read_identity(jvm, memory, method)?.cookie != cookie {
+        return Err(UnnamedReason::MethodReused);
+    }
     Ok(MethodInfo::from_internal(
         &internal_class,
         name,
@@ -438,6 +450,44 @@ fn read_line_table(
     Ok(table)
 }
 
+/// Whether the nmethod at `blob` still is compilation `compile_id` and alive: its code-heap
+/// block is in use, and (up to JDK 19) it is neither unloaded nor a zombie. A freed blob keeps
+/// its compile id until the memory is reused, and an nmethod's `Method*`s are freed with its
+/// classes: HotSpot frees or unloads the nmethod first, in the same safepoint, so names read
+/// between two passing checks belong to this compilation.
+fn nmethod_alive(
+    jvm: &Jvm,
+    memory: &dyn RemoteMemory,
+    blob: u64,
+    compile_id: u32,
+) -> Result<(), UnnamedReason> {
+    let layout = &jvm.layout;
+    let block = blob
+        .checked_sub(
+            layout
+                .size("HeapBlock")
+                .ok_or(UnnamedReason::MissingField)?,
+        )
+        .ok_or(UnnamedReason::Unreadable)?;
+    let used_at = block + offset(jvm, "HeapBlock::_used")?;
+    let used = match layout.width("HeapBlock::_used") {
+        Some(4) => memory.read_u32(used_at)? != 0,
+        _ => memory.read_u8(used_at)? != 0,
+    };
+    let id = memory.read_u32(blob + offset(jvm, "nmethod::_compile_id")?)?;
+    // `signed char` in every JDK: 3 and 4 are unloaded and zombie (JDK 11-19); JDK 20+ has no
+    // state past not_entrant (2).
+    let dead_state = match layout.offset("nmethod::_state") {
+        Some(at) => (memory.read_u8(blob + at)? as i8) >= 3,
+        None => false,
+    };
+    if !used || id != compile_id || dead_state {
+        // Freed, unloaded, or reused by another blob since the sample.
+        return Err(UnnamedReason::CodeReused);
+    }
+    Ok(())
+}
+
 fn read_blob(
     jvm: &Jvm,
     memory: &dyn RemoteMemory,
@@ -455,11 +505,7 @@ fn read_blob(
     if !is_nmethod {
         return Ok(BlobInfo::Stub { name });
     }
-    let id = memory.read_u32(blob + offset(jvm, "nmethod::_compile_id")?)?;
-    if id != compile_id {
-        // The blob was freed and reused since the sample.
-        return Err(UnnamedReason::CodeReused);
-    }
+    nmethod_alive(jvm, memory, blob, compile_id)?;
     let method = memory.read_ptr(blob + offset(jvm, "nmethod::_method")?)?;
     let comp_level = memory.read_i32(blob + offset(jvm, "nmethod::_comp_level")?)?;
     // A pointer up to JDK 17, an offset from the blob after (as the BPF unwinder reads it).

@@ -104,6 +104,12 @@ impl SidecarIndex {
         }
     }
 
+    /// Whether the records were never looked for: an agent loaded before the daemon met the
+    /// JVM (`-agentpath`, or a previous daemon's attach) is found by the first look.
+    pub fn never_read(&self) -> bool {
+        self.last_refresh.is_none()
+    }
+
     /// Reads what the agent appended since the last call (rate-limited).
     pub fn refresh(&mut self) {
         let every = if self.active {

@@ -103,12 +103,13 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
     }
 
     /// Reads the new records of the JVMs whose agent is loaded, or `expected` to be soon (each
-    /// index limits how often it reads). Others are looked at when their profile is built:
-    /// looking for an agent that nobody loads costs a path walk per JVM.
+    /// index limits how often it reads), and looks once for the records of each new JVM (its
+    /// agent may have been loaded before the daemon met it). Others are looked at when their
+    /// profile is built: looking for an agent that nobody loads costs a path walk per JVM.
     pub fn read_sidecars(&mut self, expected: impl Fn(u32) -> bool) {
         for (&pid, jvm) in &mut self.jvms {
             if let Some(sidecar) = jvm.sidecar.as_mut() {
-                if sidecar.active || expected(pid) {
+                if sidecar.active || sidecar.never_read() || expected(pid) {
                     sidecar.refresh();
                 }
             }
