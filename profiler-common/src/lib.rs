@@ -5,6 +5,9 @@
 //! another meaning, only appended to.
 #![no_std]
 
+pub mod cfi;
+pub mod metric;
+
 /// Deepest kernel stack we ask `bpf_get_stack` for (the kernel's `perf_event_max_stack` default).
 pub const MAX_KERNEL_FRAMES: usize = 127;
 /// Deepest user stack the BPF unwinder walks. Java stacks of several hundred frames are common
@@ -276,6 +279,11 @@ pub struct UserFrame {
 
 impl UserFrame {
     #[inline(always)]
+    /// What produced it (`None`: a value this build does not know, from a newer BPF side).
+    pub const fn kind(&self) -> Option<FrameKind> {
+        FrameKind::from_u8(self.kind)
+    }
+
     pub const fn new(kind: FrameKind, addr: u64, aux: u32, cookie: u32) -> Self {
         Self {
             addr,
@@ -387,7 +395,11 @@ pub struct HotspotProc {
     pub interpreter_method_slot: i8,
     pub interpreter_bcp_slot: i8,
     pub entry_frame_call_wrapper_slot: i8,
-    pub _reserved: [u8; 3],
+    /// `JavaThreadState` values (VMStructs constants) of a thread outside Java code, whose
+    /// `JavaFrameAnchor` is then valid: in native code, in the VM, blocked.
+    pub thread_in_native: u8,
+    pub thread_in_vm: u8,
+    pub thread_blocked: u8,
     /// Byte offsets (see HotSpot's VMStructs for each name).
     pub heap_block_size: u16,
     pub heap_block_used: u16,

@@ -562,7 +562,7 @@ fn drain_ring(
             let pid = view.pid();
             java_frames.extend(
                 view.user_frames()
-                    .filter(|frame| frame.kind != FrameKind::Native as u8)
+                    .filter(|frame| frame.kind() != Some(FrameKind::Native))
                     .map(|frame| JavaFrameSeen { pid, frame }),
             );
             if java_frames.len() >= MAX_PREFETCH_FRAMES {

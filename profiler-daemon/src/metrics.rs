@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use profiler_common::metric::{self, bpf_map, export_dropped, jvm_state, not_profiled};
 use profiler_common::{Counter, UnwindEnd};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -75,10 +76,18 @@ impl Metrics {
     }
 }
 
-fn metric(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(&str, u64)]) {
+/// One metric: `samples` are (labels, value), labels empty or as [`labelled`] writes them.
+fn metric<L: AsRef<str>>(
+    out: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    samples: &[(L, u64)],
+) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
     for (labels, value) in samples {
+        let labels = labels.as_ref();
         if labels.is_empty() {
             let _ = writeln!(out, "{name} {value}");
         } else {
@@ -87,119 +96,121 @@ fn metric(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(&str
     }
 }
 
+/// Samples of one label `key`, each (value of the label, count).
+fn labelled(key: &str, samples: &[(&str, u64)]) -> Vec<(String, u64)> {
+    samples
+        .iter()
+        .map(|(value, count)| (format!("{key}=\"{value}\""), *count))
+        .collect()
+}
+
 pub fn render(s: &Snapshot, worker: &WorkerCounters) -> String {
     let mut out = String::new();
     let k = |c: Counter| s.kernel.get(c);
     metric(
         &mut out,
-        "profiler_bpf_samples_total",
+        metric::BPF_SAMPLES,
         "counter",
         "Runs of the BPF sampling program.",
         &[("", k(Counter::Samples))],
     );
     metric(
         &mut out,
-        "profiler_bpf_samples_sent_total",
+        metric::BPF_SAMPLES_SENT,
         "counter",
         "Samples sent to the daemon.",
         &[("", k(Counter::Sent))],
     );
-    let dropped: Vec<(String, u64)> = [
-        ("idle", k(Counter::Idle)),
-        ("filtered", k(Counter::Filtered)),
-        ("ring_full", k(Counter::RingFull)),
-        ("scratch_missing", k(Counter::ScratchMissing)),
-        ("malformed", s.malformed_records),
-        ("queue_full", s.dropped_work),
-        ("stack_bound", s.dropped_over_stack_bound),
-    ]
-    .into_iter()
-    .map(|(reason, value)| (format!("reason=\"{reason}\""), value))
-    .collect();
-    let dropped: Vec<(&str, u64)> = dropped.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+    let dropped = labelled(
+        "reason",
+        &[
+            (Counter::Idle.name(), k(Counter::Idle)),
+            (Counter::Filtered.name(), k(Counter::Filtered)),
+            (Counter::RingFull.name(), k(Counter::RingFull)),
+            (Counter::ScratchMissing.name(), k(Counter::ScratchMissing)),
+            (not_profiled::MALFORMED, s.malformed_records),
+            (not_profiled::WORK_QUEUE_FULL, s.dropped_work),
+            (not_profiled::STACK_BOUND, s.dropped_over_stack_bound),
+        ],
+    );
     metric(
         &mut out,
-        "profiler_samples_not_profiled_total",
+        metric::SAMPLES_NOT_PROFILED,
         "counter",
         "Samples not in any profile, by reason (idle and filtered are expected).",
         &dropped,
     );
     metric(
         &mut out,
-        "profiler_ring_wakeups_total",
+        metric::RING_WAKEUPS,
         "counter",
         "Ring-buffer drains before the drain period because the ring was a quarter full; often means the ring is small for the sample rate.",
         &[("", s.ring_wakeups)],
     );
     metric(
         &mut out,
-        "profiler_kernel_stack_failures_total",
+        metric::KERNEL_STACK_FAILURES,
         "counter",
         "Kernel stacks bpf_get_stack could not read.",
         &[("", k(Counter::KernelStackFailed))],
     );
-    let ends: Vec<(String, u64)> = UnwindEnd::ALL
+    let ends: Vec<(&str, u64)> = UnwindEnd::ALL
         .iter()
-        .map(|end| {
-            (
-                format!("reason=\"{}\"", end.name()),
-                s.unwind_ends[*end as usize],
-            )
-        })
+        .map(|end| (end.name(), s.unwind_ends[*end as usize]))
         .collect();
-    let ends: Vec<(&str, u64)> = ends.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+    let ends = labelled("reason", &ends);
     metric(
         &mut out,
-        "profiler_unwind_ends_total",
+        metric::UNWIND_ENDS,
         "counter",
         "How user stack walks ended, by reason.",
         &ends,
     );
     metric(
         &mut out,
-        "profiler_records_total",
+        metric::RECORDS,
         "counter",
         "Sample records read from the ring buffer.",
         &[("", s.records)],
     );
     metric(
         &mut out,
-        "profiler_intervals_total",
+        metric::INTERVALS,
         "counter",
         "Profiling intervals completed.",
         &[("", s.intervals)],
     );
     metric(
         &mut out,
-        "profiler_profiles_written_total",
+        metric::PROFILES_WRITTEN,
         "counter",
         "pprof files written.",
         &[("", worker.profiles_written.load(Ordering::Relaxed))],
     );
     metric(
         &mut out,
-        "profiler_profile_write_errors_total",
+        metric::PROFILE_WRITE_ERRORS,
         "counter",
         "pprof files that could not be written.",
         &[("", worker.write_errors.load(Ordering::Relaxed))],
     );
     metric(
         &mut out,
-        "profiler_sidecar_agents",
+        metric::SIDECAR_AGENTS,
         "gauge",
         "JVMs whose sidecar agent reports to the daemon.",
         &[("", worker.sidecar_agents.load(Ordering::Relaxed))],
     );
     metric(
         &mut out,
-        "profiler_sidecar_agent_heap_bytes",
+        metric::SIDECAR_AGENT_HEAP_BYTES,
         "gauge",
         "Heap the sidecar agents hold, summed over the JVMs.",
         &[("", worker.sidecar_agent_heap_bytes.load(Ordering::Relaxed))],
     );
     metric(
         &mut out,
-        "profiler_sidecar_dropped_records_total",
+        metric::SIDECAR_DROPPED_RECORDS,
         "counter",
         "Records sidecar agents could not write (their JVM's /tmp full or gone).",
         &[("", worker.sidecar_dropped_records.load(Ordering::Relaxed))],
@@ -207,65 +218,55 @@ pub fn render(s: &Snapshot, worker: &WorkerCounters) -> String {
     let cache = &worker.symbol_cache;
     metric(
         &mut out,
-        "profiler_symbol_cache_bytes",
+        metric::SYMBOL_CACHE_BYTES,
         "gauge",
         "Memory charged to the symbolization caches (parsed binaries, resolved frames).",
         &[("", cache.charged_bytes.load(Ordering::Relaxed))],
     );
     metric(
         &mut out,
-        "profiler_symbol_cache_limit_bytes",
+        metric::SYMBOL_CACHE_LIMIT_BYTES,
         "gauge",
         "The caches' budget (cache_budget_mib); past it the least recently used are evicted.",
         &[("", cache.limit_bytes.load(Ordering::Relaxed))],
     );
     metric(
         &mut out,
-        "profiler_symbol_cache_evictions_total",
+        metric::SYMBOL_CACHE_EVICTIONS,
         "counter",
         "Binaries whose cached symbols were dropped to stay within the budget.",
         &[("", cache.evictions.load(Ordering::Relaxed))],
     );
-    let refused: Vec<(String, u64)> = crate::sidecar::index::REFUSAL_REASONS
+    let refused: Vec<(&str, u64)> = crate::sidecar::index::REFUSAL_REASONS
         .iter()
         .zip(&worker.sidecar_records_refused)
-        .map(|(reason, count)| {
-            (
-                format!("reason=\"{reason}\""),
-                count.load(Ordering::Relaxed),
-            )
-        })
+        .map(|(reason, count)| (*reason, count.load(Ordering::Relaxed)))
         .collect();
-    let refused: Vec<(&str, u64)> = refused.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+    let refused = labelled("reason", &refused);
     metric(
         &mut out,
-        "profiler_sidecar_records_refused",
+        metric::SIDECAR_RECORDS_REFUSED,
         "gauge",
         "JVMs whose sidecar records file was not read, by reason (a link, special file, foreign \
          owner or oversized file in the JVM's /tmp; frames are then named from memory).",
         &refused,
     );
-    let unnamed: Vec<(String, u64)> = crate::java_names::UnnamedReason::ALL
+    let unnamed: Vec<(&str, u64)> = crate::java_names::UnnamedReason::ALL
         .iter()
-        .map(|reason| {
-            (
-                format!("reason=\"{}\"", reason.name()),
-                worker.java_unnamed.get(*reason),
-            )
-        })
+        .map(|reason| (reason.name(), worker.java_unnamed.get(*reason)))
         .collect();
-    let unnamed: Vec<(&str, u64)> = unnamed.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+    let unnamed = labelled("reason", &unnamed);
     metric(
         &mut out,
-        "profiler_java_prefetch_misses_total",
+        metric::JAVA_PREFETCH_MISSES,
         "counter",
         "Java frames of new stacks whose method or code was gone or reused by the time it was \
-         read (class unloading); while they occur the ring is drained every 50 ms.",
+         read (class unloading); while they occur the ring is drained every 10 to 50 ms.",
         &[("", worker.java_prefetch_misses.load(Ordering::Relaxed))],
     );
     metric(
         &mut out,
-        "profiler_java_frames_unnamed_total",
+        metric::JAVA_FRAMES_UNNAMED,
         "counter",
         "Java frames shown as an unknown marker instead of a name, by reason; counted once per \
          distinct frame of each profile (process and interval), not per sample.",
@@ -273,77 +274,86 @@ pub fn render(s: &Snapshot, worker: &WorkerCounters) -> String {
     );
     metric(
         &mut out,
-        "profiler_jvms",
+        metric::JVMS,
         "gauge",
         "JVMs by state (ready: layout in the BPF map).",
-        &[
-            ("state=\"ready\"", s.jvms.jvms_ready),
-            ("state=\"pending\"", s.jvms.jvms_pending),
-            ("state=\"failed\"", s.jvms.jvms_failed),
-            ("state=\"over_bound\"", s.jvms.jvms_over_bound),
-        ],
+        &labelled(
+            "state",
+            &[
+                (jvm_state::READY, s.jvms.jvms_ready),
+                (jvm_state::PENDING, s.jvms.jvms_pending),
+                (jvm_state::FAILED, s.jvms.jvms_failed),
+                (jvm_state::OVER_BOUND, s.jvms.jvms_over_bound),
+            ],
+        ),
     );
     metric(
         &mut out,
-        "profiler_bpf_map_entries",
+        metric::BPF_MAP_ENTRIES,
         "gauge",
         "Entries of the BPF maps the daemon fills.",
-        &[
-            ("map=\"hotspot_procs\"", s.jvms.jvms_ready),
-            ("map=\"java_threads\"", s.jvms.java_threads),
-        ],
+        &labelled(
+            "map",
+            &[
+                (bpf_map::HOTSPOT_PROCS, s.jvms.jvms_ready),
+                (bpf_map::JAVA_THREADS, s.jvms.java_threads),
+            ],
+        ),
     );
     metric(
         &mut out,
-        "profiler_bpf_map_capacity",
+        metric::BPF_MAP_CAPACITY,
         "gauge",
         "Capacity of the BPF maps the daemon fills.",
-        &[
-            ("map=\"hotspot_procs\"", s.jvms.jvm_map_capacity),
-            ("map=\"java_threads\"", s.jvms.java_thread_map_capacity),
-        ],
+        &labelled(
+            "map",
+            &[
+                (bpf_map::HOTSPOT_PROCS, s.jvms.jvm_map_capacity),
+                (bpf_map::JAVA_THREADS, s.jvms.java_thread_map_capacity),
+            ],
+        ),
     );
     metric(
         &mut out,
-        "profiler_java_threads_not_pushed_total",
+        metric::JAVA_THREADS_NOT_PUSHED,
         "counter",
         "Java threads left out of the BPF map (full): their Java frames are not unwound.",
         &[("", s.jvms.java_threads_not_pushed)],
     );
     metric(
         &mut out,
-        "profiler_process_events_total",
+        metric::PROCESS_EVENTS,
         "counter",
         "Process events the JVM tracker took from the BPF tracepoints, by kind (whole-host mode).",
-        &[
-            ("kind=\"exec\"", s.jvms.exec_events),
-            ("kind=\"exit\"", s.jvms.exit_events),
-        ],
+        &labelled(
+            "kind",
+            &[("exec", s.jvms.exec_events), ("exit", s.jvms.exit_events)],
+        ),
     );
     metric(
         &mut out,
-        "profiler_process_events_lost_total",
+        metric::PROCESS_EVENTS_LOST,
         "counter",
         "Process events lost to a full ring buffer (the next /proc rescan makes up for them).",
         &[("", k(Counter::ProcessEventsLost))],
     );
     metric(
         &mut out,
-        "profiler_proc_rescans_total",
+        metric::PROC_RESCANS,
         "counter",
         "Full listings of /proc by the JVM tracker (once a minute, besides events).",
         &[("", s.jvms.rescans)],
     );
     metric(
         &mut out,
-        "profiler_cpus",
+        metric::CPUS,
         "gauge",
         "CPUs sampled.",
         &[("", s.cpus as u64)],
     );
     metric(
         &mut out,
-        "profiler_frequency_hertz",
+        metric::FREQUENCY_HERTZ,
         "gauge",
         "Sampling frequency per CPU.",
         &[("", s.frequency_hz)],
@@ -355,67 +365,73 @@ fn render_export(out: &mut String, c: &ExportCounters) {
     let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
     metric(
         out,
-        "profiler_export_profiles_total",
+        metric::EXPORT_PROFILES,
         "counter",
         "Profiles delivered to Pyroscope.",
         &[("", get(&c.exported_profiles))],
     );
     metric(
         out,
-        "profiler_export_requests_total",
+        metric::EXPORT_REQUESTS,
         "counter",
         "Push requests Pyroscope accepted.",
         &[("", get(&c.exported_requests))],
     );
     metric(
         out,
-        "profiler_export_bytes_total",
+        metric::EXPORT_BYTES,
         "counter",
         "Gzipped profile bytes delivered to Pyroscope.",
         &[("", get(&c.exported_bytes))],
     );
     metric(
         out,
-        "profiler_export_retries_total",
+        metric::EXPORT_RETRIES,
         "counter",
         "Push attempts that failed and were retried.",
         &[("", get(&c.failed_attempts))],
     );
     metric(
         out,
-        "profiler_export_dropped_profiles_total",
+        metric::EXPORT_DROPPED_PROFILES,
         "counter",
         "Profiles never delivered to Pyroscope, by reason.",
-        &[
-            ("reason=\"queue_full\"", get(&c.dropped_queue_full)),
-            ("reason=\"shutdown\"", get(&c.dropped_at_shutdown)),
-            ("reason=\"rejected\"", get(&c.rejected)),
-        ],
+        &labelled(
+            "reason",
+            &[
+                (
+                    export_dropped::EXPORT_QUEUE_FULL,
+                    get(&c.dropped_queue_full),
+                ),
+                (export_dropped::SHUTDOWN, get(&c.dropped_at_shutdown)),
+                (export_dropped::REJECTED, get(&c.rejected)),
+            ],
+        ),
     );
     metric(
         out,
-        "profiler_export_queue_profiles",
+        metric::EXPORT_QUEUE_PROFILES,
         "gauge",
         "Profiles waiting for Pyroscope (or being sent).",
         &[("", get(&c.queued_profiles))],
     );
     metric(
         out,
-        "profiler_export_queue_bytes",
+        metric::EXPORT_QUEUE_BYTES,
         "gauge",
         "Bytes of profiles waiting for Pyroscope.",
         &[("", get(&c.queued_bytes))],
     );
     metric(
         out,
-        "profiler_stream_subscribers",
+        metric::STREAM_SUBSCRIBERS,
         "gauge",
         "Live-stream subscribers connected.",
         &[("", get(&c.stream_subscribers))],
     );
     metric(
         out,
-        "profiler_stream_skipped_profiles_total",
+        metric::STREAM_SKIPPED_PROFILES,
         "counter",
         "Profiles live-stream subscribers missed because they read too slowly.",
         &[("", get(&c.stream_skipped))],
@@ -485,6 +501,46 @@ mod tests {
         assert!(
             text.contains("profiler_bpf_map_capacity{map=\"java_threads\"} 16384"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn every_reason_of_the_contract_is_a_label() {
+        let text = render(&Snapshot::default(), &WorkerCounters::default());
+        let has = |name: &str, key: &str, value: &str| {
+            assert!(
+                text.contains(&format!("{name}{{{key}=\"{value}\"}} 0")),
+                "{name} {value} in {text}"
+            );
+        };
+        for end in UnwindEnd::ALL {
+            has(metric::UNWIND_ENDS, "reason", end.name());
+        }
+        for counter in [
+            Counter::Idle,
+            Counter::Filtered,
+            Counter::RingFull,
+            Counter::ScratchMissing,
+        ] {
+            has(metric::SAMPLES_NOT_PROFILED, "reason", counter.name());
+        }
+        for reason in [
+            not_profiled::MALFORMED,
+            not_profiled::WORK_QUEUE_FULL,
+            not_profiled::STACK_BOUND,
+        ] {
+            has(metric::SAMPLES_NOT_PROFILED, "reason", reason);
+        }
+        for reason in crate::java_names::UnnamedReason::ALL {
+            has(metric::JAVA_FRAMES_UNNAMED, "reason", reason.name());
+        }
+        // The two queues have different reasons: samples for the worker, profiles for export.
+        assert!(!text.contains("profiler_samples_not_profiled_total{reason=\"queue_full\"}"));
+        let mut export = String::new();
+        render_export(&mut export, &ExportCounters::default());
+        assert!(
+            export.contains("profiler_export_dropped_profiles_total{reason=\"queue_full\"} 0"),
+            "{export}"
         );
     }
 }

@@ -23,6 +23,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use hashbrown::HashMap;
+
+use crate::frame_kind::ShownKind;
 use profiler_common::UnwindEnd;
 
 use crate::aggregate::ProcessStacks;
@@ -171,7 +173,7 @@ pub fn build(
     for (view, _) in stacks.stacks() {
         kernel_addrs.extend(view.kernel_ips());
         for (index, frame) in view.user_frames().enumerate() {
-            if frame.kind == FrameKind::Native as u8 {
+            if frame.kind() == Some(FrameKind::Native) {
                 user_addrs.push(lookup_address(index, frame.addr));
             } else {
                 has_java = true;
@@ -218,7 +220,7 @@ pub fn build(
             let id = builder.location_with(key, ip, || {
                 let frame = kernel_frames.get(&ip).map_or(&unknown, |f| f.as_ref());
                 if symbolizers.annotate {
-                    with_suffix(frame, "_[k]")
+                    with_suffix(frame, ShownKind::Kernel.suffix())
                 } else {
                     frame.clone()
                 }
@@ -226,7 +228,7 @@ pub fn build(
             locations.push(id);
         }
         for (index, user) in view.user_frames().enumerate() {
-            if user.kind == FrameKind::Native as u8 {
+            if user.kind() == Some(FrameKind::Native) {
                 let addr = lookup_address(index, user.addr);
                 let frame = user_frames.get(&addr).map_or(&unknown, |f| f.as_ref());
                 locations.push(builder.location(LocationKey::User(addr), addr, frame));

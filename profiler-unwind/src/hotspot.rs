@@ -17,11 +17,6 @@ use crate::x86_frames::{
     epilogue_state, prologue_state, FrameState, EPILOGUE_BEFORE, EPILOGUE_BYTES, PROLOGUE_BYTES,
 };
 
-/// `JavaThread::_thread_state` values of a thread outside Java code, whose anchor is valid.
-const THREAD_IN_NATIVE: u32 = 4;
-const THREAD_IN_VM: u32 = 6;
-const THREAD_BLOCKED: u32 = 10;
-
 /// Bound on segment-map hops to a blob's start (HotSpot blobs need at most a few; OTel uses 12).
 const SEGMAP_HOPS: u32 = 16;
 /// Largest compiled frame accepted, in words (SafepointBlob has a few hundred).
@@ -48,7 +43,11 @@ pub(crate) fn resume_at_anchor<P: UserMemory + JavaThreads>(walk: &mut Walk, pro
     let state = process
         .read_u32(thread + hs.java_thread_state as u64)
         .unwrap_or(0);
-    if state != THREAD_IN_NATIVE && state != THREAD_IN_VM && state != THREAD_BLOCKED {
+    // Out of Java code (the JVM's own state values, pushed with its layout), the anchor is valid.
+    if state != hs.thread_in_native as u32
+        && state != hs.thread_in_vm as u32
+        && state != hs.thread_blocked as u32
+    {
         return false;
     }
     let anchor = thread + hs.java_thread_anchor as u64;

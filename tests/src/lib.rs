@@ -4,6 +4,8 @@
 //! These tests need root (they load BPF programs) and the daemon binary, whose path
 //! `cargo xtask test` passes in `PROFILER_DAEMON`.
 
+/// The daemon's metric names and the enums its reason labels come from.
+pub use profiler_common::{metric, Counter, UnwindEnd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
@@ -146,6 +148,11 @@ pub fn scrape_metrics(address: std::net::SocketAddr) -> Result<String> {
 
 /// Value of a metric in a Prometheus text exposition; `name` includes its labels, if any
 /// (`profiler_x_total{reason="y"}`).
+/// `name{label="value"}`: the key of a labelled metric for [`metric_value`].
+pub fn labelled(name: &str, label: &str, value: &str) -> String {
+    format!("{name}{{{label}=\"{value}\"}}")
+}
+
 pub fn metric_value(text: &str, name: &str) -> Option<u64> {
     text.lines().find_map(|line| {
         line.strip_prefix(name)?

@@ -129,10 +129,9 @@ fn a_tight_cache_budget_bounds_memory_on_a_whole_host_run() {
     );
     assert!(status.success());
 
-    let charged = metric_value(&page, "profiler_symbol_cache_bytes").expect("cache bytes");
-    let evictions =
-        metric_value(&page, "profiler_symbol_cache_evictions_total").expect("evictions");
-    let limit = metric_value(&page, "profiler_symbol_cache_limit_bytes").expect("limit");
+    let charged = metric_value(&page, metric::SYMBOL_CACHE_BYTES).expect("cache bytes");
+    let evictions = metric_value(&page, metric::SYMBOL_CACHE_EVICTIONS).expect("evictions");
+    let limit = metric_value(&page, metric::SYMBOL_CACHE_LIMIT_BYTES).expect("limit");
     assert_eq!(limit, budget_mib << 20);
     assert!(charged <= limit, "charged {charged} > limit {limit}");
     assert!(

@@ -164,7 +164,7 @@ fn run(jdk: &Jdk, classes: &std::path::Path, with_agent: bool) -> Tally {
     for reason in UNNAMED_REASONS {
         let value = metric_value(
             &page,
-            &format!("profiler_java_frames_unnamed_total{{reason=\"{reason}\"}}"),
+            &labelled(metric::JAVA_FRAMES_UNNAMED, "reason", reason),
         )
         .unwrap_or_else(|| panic!("no profiler_java_frames_unnamed_total for {reason}: {page}"));
         tally.scraped.insert(reason.to_owned(), value);

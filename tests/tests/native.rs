@@ -308,41 +308,33 @@ fn metrics_endpoint_reports_what_the_sampler_counted() {
         .expect("daemon starts");
     std::thread::sleep(Duration::from_secs(3));
     let response = scrape_metrics(address).expect("metrics endpoint answers");
-    let samples =
-        metric_value(&response, "profiler_bpf_samples_sent_total").expect("samples metric");
+    let samples = metric_value(&response, metric::BPF_SAMPLES_SENT).expect("samples metric");
     assert!(samples > 50, "{response}");
-    let end = |reason: &str| {
+    let end = |end: UnwindEnd| {
         metric_value(
             &response,
-            &format!("profiler_unwind_ends_total{{reason=\"{reason}\"}}"),
+            &labelled(metric::UNWIND_ENDS, "reason", end.name()),
         )
-        .unwrap_or_else(|| panic!("no unwind end {reason}: {response}"))
+        .unwrap_or_else(|| panic!("no unwind end {end:?}: {response}"))
     };
     // Every sample the daemon read ended its user walk somewhere (the snapshot's sent counter
     // also counts the ring's undrained tail). For this frame-pointer workload, spinning in user
     // space, that is the end of a native stack: glibc's start-up code past main
     // (`not_monotonic`, `read_failed`) or a zero frame pointer (`complete`); never the depth
     // bound, a missing user context or a Java reason.
-    let all_ends: u64 = [
-        "complete",
-        "max_depth",
-        "read_failed",
-        "not_monotonic",
-        "no_user_context",
-        "no_code_blob",
-        "bad_java_frame",
-        "java_read_failed",
-    ]
-    .map(end)
-    .iter()
-    .sum();
-    let native_ends = end("complete") + end("not_monotonic") + end("read_failed");
+    let all_ends: u64 = UnwindEnd::ALL.map(end).iter().sum();
+    let native_ends =
+        end(UnwindEnd::Complete) + end(UnwindEnd::NotMonotonic) + end(UnwindEnd::ReadFailed);
     assert!(all_ends > 50 && all_ends <= samples, "{response}");
     assert_eq!(native_ends, all_ends, "{response}");
     assert_eq!(
         metric_value(
             &response,
-            "profiler_samples_not_profiled_total{reason=\"ring_full\"}"
+            &labelled(
+                metric::SAMPLES_NOT_PROFILED,
+                "reason",
+                Counter::RingFull.name()
+            )
         ),
         Some(0),
         "{response}"

@@ -361,7 +361,9 @@ impl Drop for Jvm {
 fn unwind_ends(page: &str) -> BTreeMap<String, u64> {
     page.lines()
         .filter_map(|line| {
-            let rest = line.strip_prefix("profiler_unwind_ends_total{reason=\"")?;
+            let rest = line
+                .strip_prefix(metric::UNWIND_ENDS)?
+                .strip_prefix("{reason=\"")?;
             let (reason, value) = rest.split_once("\"} ")?;
             Some((reason.to_owned(), value.trim().parse().ok()?))
         })

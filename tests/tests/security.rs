@@ -313,7 +313,7 @@ fn hostile_records_files_never_stall_profiling() {
     );
 
     for (reason, expected) in [("not_regular", 1), ("link", 1), ("too_large", 1)] {
-        let name = format!("profiler_sidecar_records_refused{{reason=\"{reason}\"}}");
+        let name = labelled(metric::SIDECAR_RECORDS_REFUSED, "reason", reason);
         assert_eq!(
             metric_value(&page, &name),
             Some(expected),

@@ -699,9 +699,9 @@ fn class_churn_with_the_agent_loaded_for_minutes_keeps_jvms_alive_and_agent_memo
             profiles.len()
         );
     }
-    let agents = metric_value(&page, "profiler_sidecar_agents");
+    let agents = metric_value(&page, metric::SIDECAR_AGENTS);
     assert_eq!(agents, Some(churning.len() as u64), "{page}");
-    let heap = metric_value(&page, "profiler_sidecar_agent_heap_bytes").unwrap_or(0);
+    let heap = metric_value(&page, metric::SIDECAR_AGENT_HEAP_BYTES).unwrap_or(0);
     assert!(
         heap > 0 && heap < churning.len() as u64 * MAX_LIVE_HEAP,
         "{page}"
@@ -713,7 +713,7 @@ fn class_churn_with_the_agent_loaded_for_minutes_keeps_jvms_alive_and_agent_memo
         .filter_map(|one| one.stats)
         .map(|stats| stats.records_dropped)
         .sum();
-    let reported = metric_value(&page, "profiler_sidecar_dropped_records_total");
+    let reported = metric_value(&page, metric::SIDECAR_DROPPED_RECORDS);
     assert!(
         reported.is_some_and(|n| n <= dropped),
         "{reported:?} dropped records reported, the agents counted {dropped}: {page}"

@@ -37,6 +37,7 @@ mod cgroup;
 use cgroup::MemoryCgroup;
 
 use anyhow::{anyhow, bail, Context as _, Result};
+use profiler_common::{metric, Counter};
 
 mod export;
 mod overhead;
@@ -678,44 +679,52 @@ impl CpuReading {
 /// Prometheus text metrics, keyed by name with labels (`name{label="value"}`).
 struct Metrics(BTreeMap<String, f64>);
 
-const SAMPLES: &str = "profiler_bpf_samples_total";
-const SAMPLES_SENT: &str = "profiler_bpf_samples_sent_total";
-const RECORDS: &str = "profiler_records_total";
-const PROFILES_WRITTEN: &str = "profiler_profiles_written_total";
-const INTERVALS: &str = "profiler_intervals_total";
-const JVMS_READY: &str = "profiler_jvms{state=\"ready\"}";
+const SAMPLES: &str = metric::BPF_SAMPLES;
+const SAMPLES_SENT: &str = metric::BPF_SAMPLES_SENT;
+const RECORDS: &str = metric::RECORDS;
+const PROFILES_WRITTEN: &str = metric::PROFILES_WRITTEN;
+const INTERVALS: &str = metric::INTERVALS;
+
+/// The key of metric `name` with one label, as [`Metrics`] holds it.
+fn labelled(name: &str, label: &str, value: &str) -> String {
+    format!("{name}{{{label}=\"{value}\"}}")
+}
+
+fn jvms_ready() -> String {
+    labelled(metric::JVMS, "state", metric::jvm_state::READY)
+}
 
 /// Where samples or work can be lost, in pipeline order, with what each loss means.
-const LOSSES: &[(&str, &str)] = &[
-    (
-        "profiler_samples_not_profiled_total{reason=\"scratch_missing\"}",
-        "BPF per-CPU scratch missing",
-    ),
-    (
-        "profiler_samples_not_profiled_total{reason=\"ring_full\"}",
-        "ring buffer full",
-    ),
-    (
-        "profiler_samples_not_profiled_total{reason=\"malformed\"}",
-        "malformed records",
-    ),
-    (
-        "profiler_samples_not_profiled_total{reason=\"queue_full\"}",
-        "symbolizer queue full",
-    ),
-    (
-        "profiler_samples_not_profiled_total{reason=\"stack_bound\"}",
-        "stack table full (max_stacks_per_interval)",
-    ),
-    (
-        "profiler_jvms{state=\"over_bound\"}",
-        "JVM map full (max_jvms)",
-    ),
-    (
-        "profiler_profile_write_errors_total",
-        "profile write errors",
-    ),
-];
+fn loss_metrics() -> [(String, &'static str); 7] {
+    let not_profiled = |reason| labelled(metric::SAMPLES_NOT_PROFILED, "reason", reason);
+    [
+        (
+            not_profiled(Counter::ScratchMissing.name()),
+            "BPF per-CPU scratch missing",
+        ),
+        (not_profiled(Counter::RingFull.name()), "ring buffer full"),
+        (
+            not_profiled(metric::not_profiled::MALFORMED),
+            "malformed records",
+        ),
+        (
+            not_profiled(metric::not_profiled::WORK_QUEUE_FULL),
+            "symbolizer queue full",
+        ),
+        (
+            not_profiled(metric::not_profiled::STACK_BOUND),
+            "stack table full (max_stacks_per_interval)",
+        ),
+        (
+            labelled(metric::JVMS, "state", metric::jvm_state::OVER_BOUND),
+            "JVM map full (max_jvms)",
+        ),
+        (
+            metric::PROFILE_WRITE_ERRORS.to_owned(),
+            "profile write errors",
+        ),
+    ]
+}
 
 impl Metrics {
     fn parse(text: &str) -> Self {
@@ -828,7 +837,7 @@ impl Daemon {
                 );
             }
             if let Ok(metrics) = scrape(self.metrics) {
-                let ready = metrics.get(JVMS_READY)?;
+                let ready = metrics.get(&jvms_ready())?;
                 let samples = metrics.get(SAMPLES)?;
                 let profiles = metrics.get(PROFILES_WRITTEN)?;
                 let intervals = metrics.get(INTERVALS)?;
@@ -1493,8 +1502,8 @@ impl Bench {
 
         let per_second = |key: &str| -> Result<f64> { Ok(window.delta(key)? / window.cpu.seconds) };
         let mut losses = Vec::new();
-        for (key, meaning) in LOSSES {
-            let total = window.metrics_after.get(key)?;
+        for (key, meaning) in loss_metrics() {
+            let total = window.metrics_after.get(&key)?;
             if total > 0.0 {
                 losses.push(format!("{meaning}: {}", thousands(total)));
             }
@@ -2575,7 +2584,7 @@ mod tests {
                     profiler_jvms{state=\"ready\"} 3\n";
         let metrics = Metrics::parse(text);
         assert_eq!(metrics.get(RECORDS).expect("records"), 42.0);
-        assert_eq!(metrics.get(JVMS_READY).expect("jvms"), 3.0);
+        assert_eq!(metrics.get(&jvms_ready()).expect("jvms"), 3.0);
         assert!(metrics.get("missing").is_err());
     }
 

@@ -281,6 +281,7 @@ const CONSTANTS: &[(&str, &[&str], Option<i64>)] = &[
     ("_thread_in_native", &["_thread_in_native"], Some(4)),
     ("_thread_in_vm", &["_thread_in_vm"], Some(6)),
     ("_thread_in_Java", &["_thread_in_Java"], Some(8)),
+    ("_thread_blocked", &["_thread_blocked"], Some(10)),
     (
         "has_linenumber_table",
         &[

@@ -54,6 +54,11 @@ pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, Does
     let call_wrapper = layout
         .constant("frame::entry_frame_call_wrapper_offset")
         .unwrap_or(-6);
+    // Every constant has an x86_64 default in the layout: a missing one is a programming error.
+    let thread_state = |key: &'static str| {
+        let value = layout.constant(key).unwrap_or(-1);
+        u8::try_from(value).map_err(|_| DoesNotFit { what: key, value })
+    };
     Ok(HotspotProc {
         code_low: code.low_bound,
         code_high: code.high_bound,
@@ -69,7 +74,9 @@ pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, Does
             what: "frame::entry_frame_call_wrapper_offset",
             value: call_wrapper,
         })?,
-        _reserved: [0; 3],
+        thread_in_native: thread_state("_thread_in_native")?,
+        thread_in_vm: thread_state("_thread_in_vm")?,
+        thread_blocked: thread_state("_thread_blocked")?,
         heap_block_size: layout
             .size("HeapBlock")
             .and_then(|s| u16::try_from(s).ok())

@@ -28,6 +28,6 @@ pub mod recorded;
 
 pub use method::{internal_of_signature, source_path, stable_class_name, MethodInfo};
 pub use pc::record_at;
-pub use policy::{CodeNames, CodePc, JavaFrameKind, MethodName, Named, NmethodNames};
+pub use policy::{CodeNames, CodePc, MethodName, Named, NmethodNames};
 pub use reason::{Unnamed, UnnamedCounts, UnnamedReason};
 pub use recorded::RecordedNmethod;

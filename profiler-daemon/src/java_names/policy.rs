@@ -16,41 +16,11 @@ use std::sync::Arc;
 use super::method::MethodInfo;
 use super::reason::{Unnamed, UnnamedReason};
 use super::recorded::RecordedNmethod;
+use crate::frame_kind::ShownKind;
 use crate::symbolize::{ResolvedFrame, SourceLine};
 
 /// A method's names, or why there are none.
 pub type MethodName = Result<Arc<MethodInfo>, UnnamedReason>;
-
-/// How a Java frame ran, shown as async-profiler's suffixes when annotation is on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum JavaFrameKind {
-    Interpreted,
-    /// C1 (tiers 1 to 3).
-    C1,
-    /// C2 (tier 4), or any other compiler.
-    Jit,
-    Inlined,
-}
-
-impl JavaFrameKind {
-    pub fn suffix(self) -> &'static str {
-        match self {
-            Self::Interpreted => "_[0]",
-            Self::C1 => "_[1]",
-            Self::Jit => "_[j]",
-            Self::Inlined => "_[i]",
-        }
-    }
-
-    /// The kind of an nmethod compiled at `comp_level`.
-    pub fn of_level(comp_level: i32) -> Self {
-        if (1..=3).contains(&comp_level) {
-            Self::C1
-        } else {
-            Self::Jit
-        }
-    }
-}
 
 /// A named (or marked) Java frame.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -110,7 +80,7 @@ pub struct NmethodNames<'a> {
 fn java_line(
     method: Result<&MethodInfo, UnnamedReason>,
     bci: Option<u32>,
-    kind: JavaFrameKind,
+    kind: ShownKind,
     annotate: bool,
 ) -> (SourceLine, Option<UnnamedReason>) {
     let suffix = if annotate { kind.suffix() } else { "" };
@@ -146,7 +116,7 @@ pub fn interpreted(
     annotate: bool,
 ) -> Named {
     Named::from_lines(
-        vec![java_line(method, bci, JavaFrameKind::Interpreted, annotate)],
+        vec![java_line(method, bci, ShownKind::Interpreted, annotate)],
         false,
     )
 }
@@ -181,7 +151,7 @@ pub fn compiled(
         }
         Ok(CodeNames::Nmethod(nmethod)) => nmethod,
     };
-    let kind = JavaFrameKind::of_level(nmethod.comp_level);
+    let kind = ShownKind::of_level(nmethod.comp_level);
     let name_of = |method: u64| -> Result<&MethodInfo, UnnamedReason> {
         match nmethod.names.get(&method) {
             Some(Ok(info)) => Ok(info.as_ref()),
@@ -211,7 +181,7 @@ pub fn compiled(
         let frame_kind = if index == outer {
             kind
         } else {
-            JavaFrameKind::Inlined
+            ShownKind::Inlined
         };
         lines.push(java_line(
             name_of(*method),
@@ -246,7 +216,7 @@ fn from_record(
     root: Option<&MethodInfo>,
     (memory_chain, memory_name): MemoryChain<'_, '_>,
     pc: CodePc,
-    kind: JavaFrameKind,
+    kind: ShownKind,
     annotate: bool,
 ) -> Option<Named> {
     if recorded.method_ptr != method || pc.offset > recorded.code_size {
@@ -275,7 +245,7 @@ fn from_record(
             let frame_kind = if index == outer {
                 kind
             } else {
-                JavaFrameKind::Inlined
+                ShownKind::Inlined
             };
             java_line(Ok(info), u32::try_from(*bci).ok(), frame_kind, annotate)
         })

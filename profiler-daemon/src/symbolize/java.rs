@@ -149,7 +149,7 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
             return true;
         };
         jvm.memory.bound_caches();
-        let missed = match FrameKind::from_u8(frame.kind) {
+        let missed = match frame.kind() {
             Some(FrameKind::Interpreted) => jvm.memory.method(frame.addr, frame.cookie).err(),
             Some(FrameKind::Compiled) => jvm.memory.code(frame.addr, frame.cookie).err(),
             Some(FrameKind::Native) | None => None,
@@ -171,7 +171,7 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
             return Named::unknown(Unnamed::Frame, UnnamedReason::NoJvm);
         };
         jvm.memory.bound_caches();
-        match FrameKind::from_u8(frame.kind) {
+        match frame.kind() {
             Some(FrameKind::Interpreted) => {
                 let method = jvm.memory.method(frame.addr, frame.cookie);
                 let bci = (frame.aux != BCI_UNKNOWN).then_some(frame.aux);

@@ -513,7 +513,15 @@ fn anchor_case(
     anchor_offset: Option<u64>,
     registered: bool,
 ) -> ((Vec<UserFrame>, UnwindEnd), Vec<UserFrame>) {
-    let mut jvm = Jvm::new(Layout::Pointers);
+    anchor_case_in(Jvm::new(Layout::Pointers), state, anchor_offset, registered)
+}
+
+fn anchor_case_in(
+    mut jvm: Jvm,
+    state: u32,
+    anchor_offset: Option<u64>,
+    registered: bool,
+) -> ((Vec<UserFrame>, UnwindEnd), Vec<UserFrame>) {
     let a = jvm.add_blob(&BlobSpec::nmethod(6, 3));
     let sp = STACK + 0x8000;
     let (interp_fp, rest) = interpreted_caller(&mut jvm, sp + 6 * 8);
@@ -535,6 +543,19 @@ fn a_thread_in_native_or_vm_code_resumes_at_its_java_frame_anchor() {
         let (walked, expected) = anchor_case(state, Some(0x158), true);
         expect(walked, &expected, &[], UnwindEnd::Complete);
     }
+}
+
+#[test]
+fn thread_states_are_the_ones_the_jvm_exports() {
+    // A build whose in-native value is 5: 5 resumes at the anchor, HotSpot's usual 4 does not.
+    let mut jvm = Jvm::new(Layout::Pointers);
+    jvm.hs.thread_in_native = 5;
+    let (walked, expected) = anchor_case_in(jvm, 5, Some(0x158), true);
+    expect(walked, &expected, &[], UnwindEnd::Complete);
+    let mut jvm = Jvm::new(Layout::Pointers);
+    jvm.hs.thread_in_native = 5;
+    let (walked, _) = anchor_case_in(jvm, THREAD_IN_NATIVE, Some(0x158), true);
+    expect(walked, &[native(LIBC_READ)], &[], UnwindEnd::ReadFailed);
 }
 
 #[test]

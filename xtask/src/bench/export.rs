@@ -14,9 +14,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
 
+use profiler_common::metric;
+
 use super::{
-    free_local_address, rss_mb, scrape, thousands, Bench, CpuUse, Guarded, Metrics, Ready, Row,
-    PROFILES_WRITTEN,
+    free_local_address, labelled, rss_mb, scrape, thousands, Bench, CpuUse, Guarded, Metrics,
+    Ready, Row, PROFILES_WRITTEN,
 };
 
 const EXPORT_HZ: u32 = 99;
@@ -32,12 +34,19 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Export counters are read live at each scrape (not once a second): fine polling is exact.
 const FINE_POLL: Duration = Duration::from_millis(10);
 
-const EXPORTED: &str = "profiler_export_profiles_total";
-const REQUESTS: &str = "profiler_export_requests_total";
-const BYTES: &str = "profiler_export_bytes_total";
-const QUEUED: &str = "profiler_export_queue_profiles";
-const QUEUED_BYTES: &str = "profiler_export_queue_bytes";
-const DROPPED_QUEUE_FULL: &str = "profiler_export_dropped_profiles_total{reason=\"queue_full\"}";
+const EXPORTED: &str = metric::EXPORT_PROFILES;
+const REQUESTS: &str = metric::EXPORT_REQUESTS;
+const BYTES: &str = metric::EXPORT_BYTES;
+const QUEUED: &str = metric::EXPORT_QUEUE_PROFILES;
+const QUEUED_BYTES: &str = metric::EXPORT_QUEUE_BYTES;
+
+fn dropped_queue_full() -> String {
+    labelled(
+        metric::EXPORT_DROPPED_PROFILES,
+        "reason",
+        metric::export_dropped::EXPORT_QUEUE_FULL,
+    )
+}
 
 pub(super) struct ExportRun {
     jvms: usize,
@@ -135,7 +144,7 @@ impl Bench {
         drop(receiver);
         let outage = Instant::now();
         let at_bound = wait_for(daemon.metrics, FILL_TIMEOUT, |m| {
-            Ok(m.get(QUEUED)? >= QUEUE_BOUND as f64 && m.get(DROPPED_QUEUE_FULL)? > 0.0)
+            Ok(m.get(QUEUED)? >= QUEUE_BOUND as f64 && m.get(&dropped_queue_full())? > 0.0)
         })
         .context("the export queue never reached its bound")?;
         let rss_mb_at_bound = rss_mb(daemon_pid)?;
@@ -168,7 +177,7 @@ impl Bench {
             rss_mb_steady,
             queued_at_bound: at_bound.get(QUEUED)?,
             queued_mb_at_bound: at_bound.get(QUEUED_BYTES)? / 1e6,
-            dropped_at_bound: at_bound.get(DROPPED_QUEUE_FULL)?,
+            dropped_at_bound: at_bound.get(&dropped_queue_full())?,
             rss_mb_at_bound,
             outage_seconds,
             backlog_delivered: drained.get(EXPORTED)? - before.get(EXPORTED)?,

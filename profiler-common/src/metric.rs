@@ -1,0 +1,85 @@
+//! The names of the daemon's metrics (its `/metrics` endpoint), written once for the daemon that
+//! serves them and the tests and bench that read them. Reason labels come from the enums that
+//! count them: [`crate::Counter::name`], [`crate::UnwindEnd::name`], and the values below for
+//! what only the daemon counts.
+
+pub const BPF_SAMPLES: &str = "profiler_bpf_samples_total";
+pub const BPF_SAMPLES_SENT: &str = "profiler_bpf_samples_sent_total";
+/// Labelled `reason`: [`crate::Counter::Idle`], `Filtered`, `RingFull` and `ScratchMissing` by
+/// their names, and [`not_profiled`]'s values.
+pub const SAMPLES_NOT_PROFILED: &str = "profiler_samples_not_profiled_total";
+pub const RING_WAKEUPS: &str = "profiler_ring_wakeups_total";
+pub const KERNEL_STACK_FAILURES: &str = "profiler_kernel_stack_failures_total";
+/// Labelled `reason`: every [`crate::UnwindEnd::name`].
+pub const UNWIND_ENDS: &str = "profiler_unwind_ends_total";
+pub const RECORDS: &str = "profiler_records_total";
+pub const INTERVALS: &str = "profiler_intervals_total";
+pub const PROFILES_WRITTEN: &str = "profiler_profiles_written_total";
+pub const PROFILE_WRITE_ERRORS: &str = "profiler_profile_write_errors_total";
+pub const SIDECAR_AGENTS: &str = "profiler_sidecar_agents";
+pub const SIDECAR_AGENT_HEAP_BYTES: &str = "profiler_sidecar_agent_heap_bytes";
+pub const SIDECAR_DROPPED_RECORDS: &str = "profiler_sidecar_dropped_records_total";
+pub const SYMBOL_CACHE_BYTES: &str = "profiler_symbol_cache_bytes";
+pub const SYMBOL_CACHE_LIMIT_BYTES: &str = "profiler_symbol_cache_limit_bytes";
+pub const SYMBOL_CACHE_EVICTIONS: &str = "profiler_symbol_cache_evictions_total";
+/// Labelled `reason`: the sidecar index's refusal reasons.
+pub const SIDECAR_RECORDS_REFUSED: &str = "profiler_sidecar_records_refused";
+pub const JAVA_PREFETCH_MISSES: &str = "profiler_java_prefetch_misses_total";
+/// Labelled `reason`: the daemon's `UnnamedReason` names.
+pub const JAVA_FRAMES_UNNAMED: &str = "profiler_java_frames_unnamed_total";
+/// Labelled `state`: [`jvm_state`]'s values.
+pub const JVMS: &str = "profiler_jvms";
+/// Labelled `map`: [`bpf_map`]'s values.
+pub const BPF_MAP_ENTRIES: &str = "profiler_bpf_map_entries";
+pub const BPF_MAP_CAPACITY: &str = "profiler_bpf_map_capacity";
+pub const JAVA_THREADS_NOT_PUSHED: &str = "profiler_java_threads_not_pushed_total";
+/// Labelled `kind`: `exec`, `exit`.
+pub const PROCESS_EVENTS: &str = "profiler_process_events_total";
+pub const PROCESS_EVENTS_LOST: &str = "profiler_process_events_lost_total";
+pub const PROC_RESCANS: &str = "profiler_proc_rescans_total";
+pub const CPUS: &str = "profiler_cpus";
+pub const FREQUENCY_HERTZ: &str = "profiler_frequency_hertz";
+pub const EXPORT_PROFILES: &str = "profiler_export_profiles_total";
+pub const EXPORT_REQUESTS: &str = "profiler_export_requests_total";
+pub const EXPORT_BYTES: &str = "profiler_export_bytes_total";
+pub const EXPORT_RETRIES: &str = "profiler_export_retries_total";
+/// Labelled `reason`: [`export_dropped`]'s values.
+pub const EXPORT_DROPPED_PROFILES: &str = "profiler_export_dropped_profiles_total";
+pub const EXPORT_QUEUE_PROFILES: &str = "profiler_export_queue_profiles";
+pub const EXPORT_QUEUE_BYTES: &str = "profiler_export_queue_bytes";
+pub const STREAM_SUBSCRIBERS: &str = "profiler_stream_subscribers";
+pub const STREAM_SKIPPED_PROFILES: &str = "profiler_stream_skipped_profiles_total";
+
+/// [`SAMPLES_NOT_PROFILED`] reasons the daemon counts (the kernel side's are
+/// [`crate::Counter`] names).
+pub mod not_profiled {
+    /// A record the daemon could not parse.
+    pub const MALFORMED: &str = "malformed";
+    /// The sampling loop's queue to the symbolizing worker was full.
+    pub const WORK_QUEUE_FULL: &str = "work_queue_full";
+    /// A process's interval reached `max_stacks_per_interval`.
+    pub const STACK_BOUND: &str = "stack_bound";
+}
+
+/// [`JVMS`] states.
+pub mod jvm_state {
+    /// Its layout is in the BPF map.
+    pub const READY: &str = "ready";
+    pub const PENDING: &str = "pending";
+    pub const FAILED: &str = "failed";
+    pub const OVER_BOUND: &str = "over_bound";
+}
+
+/// [`BPF_MAP_ENTRIES`] and [`BPF_MAP_CAPACITY`] maps.
+pub mod bpf_map {
+    pub const HOTSPOT_PROCS: &str = "hotspot_procs";
+    pub const JAVA_THREADS: &str = "java_threads";
+}
+
+/// [`EXPORT_DROPPED_PROFILES`] reasons.
+pub mod export_dropped {
+    /// The export queue was at its bound.
+    pub const EXPORT_QUEUE_FULL: &str = "queue_full";
+    pub const SHUTDOWN: &str = "shutdown";
+    pub const REJECTED: &str = "rejected";
+}

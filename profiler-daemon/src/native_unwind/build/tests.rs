@@ -1,0 +1,213 @@
+use std::path::PathBuf;
+
+use gimli::{EhFrameHdr, UnwindSection as _};
+use object::{Object as _, ObjectSection as _};
+use profiler_common::cfi::find_cfi_row;
+
+use super::*;
+
+/// System files with large, compiler-written tables: the C library, an interpreter and a JVM.
+fn system_files() -> Vec<PathBuf> {
+    let mut files = vec![
+        PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6"),
+        std::fs::canonicalize("/usr/bin/python3").expect("python3 (Debian's) is installed"),
+    ];
+    let jvm = std::fs::read_dir("/usr/lib/jvm")
+        .expect("a Debian JDK is installed (the tests' setup installs one)")
+        .filter_map(|entry| Some(entry.ok()?.path().join("lib/server/libjvm.so")))
+        .find(|path| path.exists())
+        .expect("a Debian JDK's libjvm.so");
+    files.push(jvm);
+    files
+}
+
+/// The rule gimli evaluates directly for `address` (through `.eh_frame_hdr`'s search table),
+/// in the table's terms; `None` where no FDE covers it.
+fn direct_rule(data: &[u8], address: u64) -> Option<CfiRow> {
+    let file = object::File::parse(data).expect("ELF");
+    let eh_frame = file.section_by_name(".eh_frame").expect(".eh_frame");
+    let hdr = file
+        .section_by_name(".eh_frame_hdr")
+        .expect(".eh_frame_hdr");
+    let bases = BaseAddresses::default()
+        .set_eh_frame(eh_frame.address())
+        .set_eh_frame_hdr(hdr.address())
+        .set_text(file.section_by_name(".text").expect(".text").address());
+    let section = EhFrame::new(eh_frame.data().expect("data"), gimli::LittleEndian);
+    let header = EhFrameHdr::new(hdr.data().expect("data"), gimli::LittleEndian)
+        .parse(&bases, 8)
+        .expect("header");
+    let table = header.table().expect("search table");
+    let fde = table
+        .fde_for_address(&section, &bases, address, EhFrame::cie_from_offset)
+        .ok()?;
+    let mut context = Box::new(UnwindContext::new());
+    let row = fde
+        .unwind_info_for_address(&section, &bases, &mut context, address)
+        .ok()?;
+    Some(compact_rule(row, &section))
+}
+
+#[test]
+fn table_lookups_match_direct_evaluation_of_system_libraries() {
+    for path in system_files() {
+        let data = std::fs::read(&path).expect("readable");
+        let table = build_table(&data, BuildLimits::default()).expect("table builds");
+        assert_eq!(table.source, CfiSource::EhFrame, "{}", path.display());
+        let rows = &table.rows;
+        assert!(rows.len() > 1000, "{}: {} rows", path.display(), rows.len());
+        assert!(
+            rows.windows(2)
+                .all(|w| w[0].pc < w[1].pc && !w[0].same_rule(&w[1])),
+            "{}: rows sorted, strictly increasing and merged",
+            path.display()
+        );
+        let (first, last) = (rows[0].pc as u64, rows[rows.len() - 1].pc as u64);
+        // Random addresses over the covered range (a fixed LCG: reproducible).
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut compared = 0;
+        for _ in 0..3000 {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let address = first + (state >> 11) % (last - first);
+            let found = find_cfi_row(rows.len() as u32, address as u32, |i| {
+                rows.get(i as usize).copied()
+            })
+            .expect("inside the table");
+            let expected = direct_rule(&data, address).unwrap_or(CfiRow::new(
+                0,
+                CfaKind::None,
+                0,
+                RBP_UNCHANGED,
+            ));
+            assert!(
+                found.same_rule(&expected),
+                "{} at {address:#x}: table {found:?}, direct {expected:?}",
+                path.display()
+            );
+            compared += 1;
+        }
+        // Compilers' rules fit the table: rsp- or rbp-based rows, gaps between functions
+        // (padding), almost nothing the walker cannot follow.
+        let mut kinds = std::collections::BTreeMap::new();
+        for row in rows {
+            *kinds.entry(row.kind()).or_insert(0usize) += 1;
+        }
+        let count = |kind| kinds.get(&Some(kind)).copied().unwrap_or(0);
+        let plain = count(CfaKind::Rsp) + count(CfaKind::Rbp);
+        assert!(plain * 10 > rows.len() * 7, "{}: {kinds:?}", path.display());
+        assert!(
+            count(CfaKind::Unsupported) * 100 < rows.len(),
+            "{}: {kinds:?}",
+            path.display()
+        );
+        eprintln!(
+            "{}: {} rows {kinds:?}, {} skipped FDEs, {compared} lookups matched",
+            path.display(),
+            rows.len(),
+            table.skipped_fdes
+        );
+    }
+}
+
+#[test]
+fn plt_entries_get_their_expression_rule() {
+    // libc's PLT: the entries' CFA is an expression of rsp and the pc.
+    let data = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("libc");
+    let file = object::File::parse(&*data).expect("ELF");
+    let plt = file.section_by_name(".plt").expect(".plt");
+    let table = build_table(&data, BuildLimits::default()).expect("table");
+    let row = find_cfi_row(table.rows.len() as u32, plt.address() as u32 + 0x20, |i| {
+        table.rows.get(i as usize).copied()
+    })
+    .expect("a row");
+    assert_eq!(row.kind(), Some(CfaKind::Plt), "{row:?}");
+    assert_eq!(row.cfa_offset, 11);
+}
+
+#[test]
+fn plt_expressions_are_recognised_exactly() {
+    let mut expression = PLT_EXPRESSION_HEAD.to_vec();
+    expression.push(DW_OP_LIT0 + 11);
+    expression.extend(PLT_EXPRESSION_TAIL);
+    assert_eq!(plt_threshold(&expression), Some(11));
+    expression[7] = 0x2b; // gt, not ge
+    assert_eq!(plt_threshold(&expression), None);
+    assert_eq!(plt_threshold(&PLT_EXPRESSION_HEAD), None);
+    assert_eq!(plt_threshold(&[]), None);
+}
+
+#[test]
+fn gaps_between_functions_have_no_rule_and_equal_rules_merge() {
+    let rsp8 = CfiRow::new(0, CfaKind::Rsp, 8, RBP_UNCHANGED);
+    let rsp16 = CfiRow::new(0, CfaKind::Rsp, 16, -2);
+    let spans = vec![
+        Span {
+            start: 0x2000,
+            end: 0x2010,
+            row: rsp8,
+        },
+        Span {
+            start: 0x1000,
+            end: 0x1004,
+            row: rsp8,
+        },
+        Span {
+            start: 0x1004,
+            end: 0x1020,
+            row: rsp16,
+        },
+        // The next function starts where this one ends with the same rule: merged.
+        Span {
+            start: 0x1020,
+            end: 0x1030,
+            row: rsp16,
+        },
+        // Empty spans are dropped.
+        Span {
+            start: 0x1800,
+            end: 0x1800,
+            row: rsp16,
+        },
+    ];
+    let rows = merge(spans).expect("merges");
+    let none = CfiRow::new(0, CfaKind::None, 0, RBP_UNCHANGED);
+    assert_eq!(
+        rows,
+        [
+            CfiRow { pc: 0x1000, ..rsp8 },
+            CfiRow {
+                pc: 0x1004,
+                ..rsp16
+            },
+            CfiRow { pc: 0x1030, ..none },
+            CfiRow { pc: 0x2000, ..rsp8 },
+            CfiRow { pc: 0x2010, ..none },
+        ]
+    );
+}
+
+#[test]
+fn hostile_files_are_refused_or_bounded_never_a_panic() {
+    assert!(matches!(
+        build_table(b"not an ELF file", BuildLimits::default()),
+        Err(BuildError::Elf(_))
+    ));
+    let data = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("libc");
+    assert!(matches!(
+        build_table(&data, BuildLimits { max_rows: 100 }),
+        Err(BuildError::TooLarge { max_rows: 100 })
+    ));
+    // Corrupted call frame information: every byte of .eh_frame flipped in turn (a sample).
+    let file = object::File::parse(&*data).expect("ELF");
+    let (offset, size) = file
+        .section_by_name(".eh_frame")
+        .and_then(|s| s.file_range())
+        .expect(".eh_frame in the file");
+    let mut corrupted = data.clone();
+    for i in (0..size as usize).step_by(997) {
+        corrupted[offset as usize + i] ^= 0xa5;
+        let _ = build_table(&corrupted, BuildLimits::default());
+    }
+}
