@@ -1,0 +1,157 @@
+//! Where a process's executable mapping puts a file's code: the bias between the process's pcs
+//! and the file's ELF virtual addresses (what unwind table rows hold), and the key a file's table
+//! is shared under.
+//!
+//! The key is a hash of the call frame information itself (its bytes and where the file says it
+//! lies), keyed with a secret drawn at start-up: a table is shared only by files whose unwind
+//! input is identical, so a container that ships a fake binary under a host library's path or
+//! build-id gets a table of its own, and cannot craft a collision with a key it does not know.
+
+use std::hash::{BuildHasher, Hasher};
+
+use object::{Object as _, ObjectSection as _, ObjectSegment as _};
+
+/// One executable mapping of a file in a process, as `/proc/PID/maps` lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CodeMapping {
+    pub start: u64,
+    pub end: u64,
+    /// Offset in the file of the byte mapped at `start`.
+    pub file_offset: u64,
+}
+
+/// `pc - bias` is the file's ELF virtual address of a pc in `mapping` of the ELF file `file`,
+/// or `None` if no loadable segment of the file holds the mapped offset.
+pub fn load_bias(file: &object::File<'_>, mapping: CodeMapping) -> Option<u64> {
+    // The segment mapped at `start` is the one containing its file offset: its byte p_offset
+    // lies at p_vaddr + bias, so the byte at `file_offset` lies at
+    // file_offset - p_offset + p_vaddr + bias = start.
+    file.segments().find_map(|segment| {
+        let (offset, size) = segment.file_range();
+        let contains = offset <= mapping.file_offset && mapping.file_offset < offset + size.max(1);
+        contains.then(|| {
+            mapping
+                .start
+                .wrapping_sub(mapping.file_offset)
+                .wrapping_add(offset)
+                .wrapping_sub(segment.address())
+        })
+    })
+}
+
+/// The identity of a file's unwind input: equal keys, equal tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TableKey(pub u64, pub u64);
+
+/// Hashes unwind input with a secret per-daemon key.
+#[derive(Clone, Debug)]
+pub struct TableKeys {
+    first: std::collections::hash_map::RandomState,
+    second: std::collections::hash_map::RandomState,
+}
+
+impl Default for TableKeys {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TableKeys {
+    pub fn new() -> Self {
+        Self {
+            first: std::collections::hash_map::RandomState::new(),
+            second: std::collections::hash_map::RandomState::new(),
+        }
+    }
+
+    /// The key of `file`'s unwind table: its `.eh_frame` (or `.debug_frame`) bytes and
+    /// address, and the section addresses its pointers are relative to. `None` without call
+    /// frame information.
+    pub fn key(&self, file: &object::File<'_>) -> Option<TableKey> {
+        let section = file
+            .section_by_name(".eh_frame")
+            .or_else(|| file.section_by_name(".debug_frame"))?;
+        let bytes = section.data().ok()?;
+        let address = |name: &str| file.section_by_name(name).map_or(0, |s| s.address());
+        let hash = |state: &std::collections::hash_map::RandomState| {
+            let mut hasher = state.build_hasher();
+            hasher.write(section.name().unwrap_or("").as_bytes());
+            hasher.write_u64(section.address());
+            hasher.write_u64(address(".text"));
+            hasher.write_u64(address(".got"));
+            hasher.write_usize(bytes.len());
+            hasher.write(bytes);
+            hasher.finish()
+        };
+        Some(TableKey(hash(&self.first), hash(&self.second)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This process's executable mappings of `path`.
+    fn own_code_mappings(path: &str) -> Vec<CodeMapping> {
+        std::fs::read_to_string("/proc/self/maps")
+            .expect("maps")
+            .lines()
+            .filter(|line| line.ends_with(path))
+            .filter_map(|line| {
+                let mut fields = line.split_whitespace();
+                let (start, end) = fields.next()?.split_once('-')?;
+                let perms = fields.next()?;
+                let offset = fields.next()?;
+                if !perms.contains('x') {
+                    return None;
+                }
+                Some(CodeMapping {
+                    start: u64::from_str_radix(start, 16).ok()?,
+                    end: u64::from_str_radix(end, 16).ok()?,
+                    file_offset: u64::from_str_radix(offset, 16).ok()?,
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_libc_function_maps_back_to_its_symbol_address() {
+        let path = std::fs::canonicalize("/lib/x86_64-linux-gnu/libc.so.6").expect("libc");
+        let path = path.to_str().expect("utf-8");
+        let data = std::fs::read(path).expect("readable");
+        let file = object::File::parse(&*data).expect("ELF");
+        let mappings = own_code_mappings(path);
+        assert!(!mappings.is_empty(), "this test links libc dynamically");
+        let getpid = libc::getpid as *const () as u64;
+        let mapping = mappings
+            .iter()
+            .find(|m| m.start <= getpid && getpid < m.end)
+            .expect("getpid in libc's code");
+        let bias = load_bias(&file, *mapping).expect("a segment holds the mapping");
+        let symbol = file
+            .dynamic_symbols()
+            .find(|s| object::ObjectSymbol::name(s) == Ok("getpid"))
+            .expect("getpid in .dynsym");
+        assert_eq!(getpid - bias, object::ObjectSymbol::address(&symbol));
+    }
+
+    #[test]
+    fn tables_are_shared_only_by_identical_unwind_input() {
+        let keys = TableKeys::new();
+        let libc = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("libc");
+        let key = |data: &[u8]| keys.key(&object::File::parse(data).expect("ELF"));
+        assert_eq!(key(&libc), key(&libc.clone()));
+        // Same build-id, same path, one byte of .eh_frame changed: another table.
+        let file = object::File::parse(&*libc).expect("ELF");
+        let (offset, size) = file
+            .section_by_name(".eh_frame")
+            .and_then(|s| s.file_range())
+            .expect(".eh_frame");
+        let mut changed = libc.clone();
+        changed[(offset + size / 2) as usize] ^= 1;
+        assert_ne!(key(&libc), key(&changed));
+        // Another daemon (another secret) keys the same file differently.
+        let other = TableKeys::new();
+        assert_ne!(key(&libc), other.key(&file));
+    }
+}
