@@ -10,8 +10,9 @@ use aya_ebpf::{
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
+use profiler_common::cfi::CfiRow;
 use profiler_common::MAX_JAVA_THREADS;
-use profiler_unwind::{JavaThreads, ReadError, StackWindow, UserMemory};
+use profiler_unwind::{JavaThreads, NativeTables, ReadError, StackWindow, UserMemory};
 
 #[map]
 pub(crate) static STACK_WINDOW: PerCpuArray<StackWindow> = PerCpuArray::with_max_entries(1, 0);
@@ -73,6 +74,15 @@ impl UserMemory for CurrentTask {
             )
         };
         read >= 0
+    }
+}
+
+/// Native unwind tables are not loaded into the kernel yet (docs/native-unwinding.md): every
+/// native frame takes the frame-pointer step, as before the tables existed.
+impl NativeTables for CurrentTask {
+    #[inline(always)]
+    fn cfi_row(&self, _pc: u64) -> Option<CfiRow> {
+        None
     }
 }
 

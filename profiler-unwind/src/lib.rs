@@ -36,5 +36,7 @@ pub mod x86_frames;
 mod tests;
 
 pub use hotspot::BlobCache;
-pub use memory::{FrameSink, JavaThreads, ReadError, StackWindow, UserMemory, STACK_WINDOW_BYTES};
+pub use memory::{
+    FrameSink, JavaThreads, NativeTables, ReadError, StackWindow, UserMemory, STACK_WINDOW_BYTES,
+};
 pub use walk::{unwind_step, walk_stack, UserRegs, Walk, END_UNSET, MAX_WALK_STEPS};

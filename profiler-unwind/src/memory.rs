@@ -1,10 +1,11 @@
 //! What the walker needs from where it runs: reads of the sampled process's memory, the
-//! JavaThread of a tid, and somewhere to put frames. The thread's stack is read through a
+//! JavaThread of a tid, native unwind tables, and somewhere to put frames. The thread's stack is read through a
 //! window: frames are contiguous, so one read of up to a page serves many frames (a deep Java
 //! stack costs a few reads, not hundreds).
 
 use core::mem::MaybeUninit;
 
+use profiler_common::cfi::CfiRow;
 use profiler_common::{UnwindEnd, UserFrame};
 
 /// A read of the sampled process's memory that failed (unmapped, paged out); on the BPF side,
@@ -37,6 +38,12 @@ pub trait UserMemory {
 /// The `JavaThread*` of a thread, by host tid (the daemon's view of the JVM's threads).
 pub trait JavaThreads {
     fn java_thread(&self, tid: u32) -> Option<u64>;
+}
+
+/// The sampled process's native unwind tables (see `profiler_common::cfi`).
+pub trait NativeTables {
+    /// The row covering `pc`, an address in the process, if a table of its file is loaded.
+    fn cfi_row(&self, pc: u64) -> Option<CfiRow>;
 }
 
 /// Where the walk puts the frames it records.

@@ -4,7 +4,7 @@
 use profiler_common::{FrameKind, HotspotProc, UnwindEnd, UserFrame, MAX_USER_FRAMES};
 
 use crate::hotspot::{java_step, resume_at_anchor, BlobCache};
-use crate::memory::{FrameSink, JavaThreads, StackWindow, UserMemory};
+use crate::memory::{FrameSink, JavaThreads, NativeTables, StackWindow, UserMemory};
 use crate::native::native_step;
 
 /// Marks [`Walk::end`] as "not decided yet".
@@ -91,7 +91,7 @@ impl Walk {
 
 /// One unwinding step: records the current frame, then moves to its caller. True to stop.
 #[inline(always)]
-pub fn unwind_step<P: UserMemory + JavaThreads, S: FrameSink>(
+pub fn unwind_step<P: UserMemory + JavaThreads + NativeTables, S: FrameSink>(
     walk: &mut Walk,
     window: &mut StackWindow,
     process: &P,
@@ -145,7 +145,7 @@ pub fn unwind_step<P: UserMemory + JavaThreads, S: FrameSink>(
 
 /// A whole walk, for host use: the BPF program runs the same steps from a `bpf_loop`
 /// callback instead (a plain loop this long would not pass the verifier).
-pub fn walk_stack<P: UserMemory + JavaThreads, S: FrameSink>(
+pub fn walk_stack<P: UserMemory + JavaThreads + NativeTables, S: FrameSink>(
     walk: &mut Walk,
     window: &mut StackWindow,
     process: &P,

@@ -4,6 +4,7 @@
 
 use core::mem::MaybeUninit;
 
+use profiler_common::cfi::{find_cfi_row, CfiRow};
 use profiler_common::{
     hotspot_flags, interpreted_cookie, name_tail, name_tail_start, CodeHeapRange, FrameKind,
     HotspotProc, UnwindEnd, UserFrame, BCI_UNKNOWN, NAME_TAIL_BYTES,
@@ -11,7 +12,8 @@ use profiler_common::{
 
 use crate::walk::frame;
 use crate::{
-    walk_stack, FrameSink, JavaThreads, ReadError, StackWindow, UserMemory, UserRegs, Walk,
+    walk_stack, FrameSink, JavaThreads, NativeTables, ReadError, StackWindow, UserMemory, UserRegs,
+    Walk,
 };
 
 /// Memory of the fake process: disjoint regions, each readable as a whole.
@@ -19,6 +21,8 @@ use crate::{
 pub(crate) struct FakeMemory {
     regions: Vec<(u64, Vec<u8>)>,
     threads: Vec<(u32, u64)>,
+    /// Native code with unwind tables: (start, end, bias, rows), as the daemon would load them.
+    tables: Vec<(u64, u64, u64, Vec<CfiRow>)>,
 }
 
 impl FakeMemory {
@@ -77,6 +81,11 @@ impl FakeMemory {
         self.threads.push((tid, java_thread));
     }
 
+    /// Code at [start, end) whose pcs minus `bias` are the addresses `rows` cover.
+    pub(crate) fn add_table(&mut self, start: u64, end: u64, bias: u64, rows: Vec<CfiRow>) {
+        self.tables.push((start, end, bias, rows));
+    }
+
     fn bytes<const N: usize>(&self, addr: u64) -> Result<[u8; N], ReadError> {
         let mut out = [0u8; N];
         let bytes = self.region(addr, N).ok_or(ReadError(-14))?;
@@ -120,6 +129,17 @@ impl UserMemory for FakeMemory {
             }
             None => false,
         }
+    }
+}
+
+impl NativeTables for FakeMemory {
+    fn cfi_row(&self, pc: u64) -> Option<CfiRow> {
+        let (_, _, bias, rows) = self
+            .tables
+            .iter()
+            .find(|(start, end, _, _)| *start <= pc && pc < *end)?;
+        let pc = u32::try_from(pc - bias).ok()?;
+        find_cfi_row(rows.len() as u32, pc, |i| rows.get(i as usize).copied())
     }
 }
 

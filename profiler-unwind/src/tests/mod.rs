@@ -2,6 +2,7 @@
 //! stack of several frames whose exact recorded frames and end are asserted, then the ways a
 //! walk fails. See `fake.rs` for the fake process.
 
+mod cfi;
 mod fake;
 
 use fake::*;

@@ -1,0 +1,156 @@
+//! Native frames walked by unwind table rows (`profiler_common::cfi`), with frame pointers as
+//! the fallback where no row applies.
+
+use profiler_common::cfi::{CfaKind, CfiRow, RBP_UNCHANGED};
+use profiler_common::UnwindEnd;
+
+use super::expect;
+use super::fake::*;
+use super::TID;
+use crate::UserRegs;
+
+/// A library mapped at `LIB` whose ELF addresses start at 0 (bias = LIB).
+const LIB: u64 = 0x7f10_0000_0000;
+/// An executable without a table (frame pointers only).
+const MAIN_RETURN: u64 = 0x40_1234;
+
+fn row(pc: u32, kind: CfaKind, cfa_offset: u16, rbp_slot: i8) -> CfiRow {
+    CfiRow::new(pc, kind, cfa_offset, rbp_slot)
+}
+
+/// The library's table: a frameless leaf, a function that pushes rbx (no frame pointer), one
+/// that builds an rbp frame, a gap, `_start`, a PLT entry.
+fn library_rows() -> Vec<CfiRow> {
+    vec![
+        // leaf: 0x1000..0x1010, nothing pushed.
+        row(0x1000, CfaKind::Rsp, 8, RBP_UNCHANGED),
+        // hot: 0x1100..0x1140, `push rbx` then the body, `pop rbx` at 0x1130.
+        row(0x1101, CfaKind::Rsp, 16, RBP_UNCHANGED),
+        row(0x1130, CfaKind::Rsp, 8, RBP_UNCHANGED),
+        // run_loop: 0x1200..0x1240, `push rbp; mov rbp, rsp`.
+        row(0x1201, CfaKind::Rsp, 16, -2),
+        row(0x1204, CfaKind::Rbp, 16, -2),
+        row(0x1240, CfaKind::None, 0, RBP_UNCHANGED),
+        // _start: the outermost frame.
+        row(0x1300, CfaKind::Outermost, 0, RBP_UNCHANGED),
+        row(0x1310, CfaKind::None, 0, RBP_UNCHANGED),
+        // A PLT entry: push at +6, jump at +11.
+        row(0x2000, CfaKind::Plt, 11, RBP_UNCHANGED),
+        row(0x2010, CfaKind::None, 0, RBP_UNCHANGED),
+    ]
+}
+
+/// leaf <- hot <- run_loop <- main (frame pointers, no table) <- _start. Returns the memory,
+/// the registers at the sample, and the frames a table walk records.
+fn frameless_stack(with_tables: bool) -> (FakeMemory, UserRegs, Vec<u64>) {
+    let mut memory = FakeMemory::default();
+    memory.map(STACK, (STACK_TOP - STACK) as usize);
+    if with_tables {
+        memory.add_table(LIB, LIB + 0x10_0000, LIB, library_rows());
+    }
+    let s = STACK + 0x8000;
+    // leaf (sp = s): returns into hot.
+    memory.put_u64(s, LIB + 0x1120);
+    // hot (sp = s + 8): rbx pushed at s + 8, returns into run_loop.
+    memory.put_u64(s + 8, 0xdead);
+    memory.put_u64(s + 16, LIB + 0x1220);
+    // run_loop (sp = s + 24): locals, then its rbp frame at s + 32: main's fp and the return.
+    let main_fp = STACK + 0x9000;
+    memory.put_u64(s + 32, main_fp);
+    memory.put_u64(s + 40, MAIN_RETURN);
+    // main (frame pointers): returns into _start.
+    memory.put_u64(main_fp, 0);
+    memory.put_u64(main_fp + 8, LIB + 0x1305);
+    let regs = regs(LIB + 0x1008, s, s + 32);
+    let frames = vec![
+        LIB + 0x1008,
+        LIB + 0x1120,
+        LIB + 0x1220,
+        MAIN_RETURN,
+        LIB + 0x1305,
+    ];
+    (memory, regs, frames)
+}
+
+#[test]
+fn a_frameless_leaf_keeps_its_callers_with_tables() {
+    let (memory, regs, frames) = frameless_stack(true);
+    let walked = walk_process(&memory, None, TID, regs);
+    expect(walked, &frames.map_native(), &[], UnwindEnd::Complete);
+}
+
+#[test]
+fn without_tables_frame_pointers_skip_the_frameless_callers() {
+    // What every frame-pointer profiler shows: the leaf, then straight to run_loop's caller.
+    let (memory, regs, frames) = frameless_stack(false);
+    let walked = walk_process(&memory, None, TID, regs);
+    let skipped = [frames[0], frames[3], frames[4]];
+    expect(walked, &skipped.map(native), &[], UnwindEnd::Complete);
+}
+
+#[test]
+fn return_addresses_take_the_row_of_their_call() {
+    // hot ends with a call (to a function that does not return): its return address is the
+    // first byte of run_loop, whose row (CFA = rsp + 8) is not the call's (CFA = rsp + 16, rbx
+    // pushed). The call's row must apply.
+    let rows = vec![
+        row(0x1000, CfaKind::Rsp, 8, RBP_UNCHANGED),
+        row(0x1101, CfaKind::Rsp, 16, RBP_UNCHANGED),
+        row(0x1200, CfaKind::Rsp, 8, RBP_UNCHANGED),
+        row(0x1201, CfaKind::Rsp, 16, -2),
+        row(0x1204, CfaKind::Rbp, 16, -2),
+        row(0x1240, CfaKind::None, 0, RBP_UNCHANGED),
+        row(0x1300, CfaKind::Outermost, 0, RBP_UNCHANGED),
+    ];
+    let (mut memory, regs, mut frames) = frameless_stack(false);
+    memory.add_table(LIB, LIB + 0x10_0000, LIB, rows);
+    let s = STACK + 0x8000;
+    memory.put_u64(s, LIB + 0x1200);
+    frames[1] = LIB + 0x1200;
+    let walked = walk_process(&memory, None, TID, regs);
+    expect(walked, &frames.map_native(), &[], UnwindEnd::Complete);
+}
+
+#[test]
+fn plt_entries_unwind_before_and_after_their_push() {
+    for (offset, cfa) in [(0x2004u64, 8u64), (0x200b, 16)] {
+        let mut memory = FakeMemory::default();
+        memory.map(STACK, (STACK_TOP - STACK) as usize);
+        memory.add_table(LIB, LIB + 0x10_0000, LIB, library_rows());
+        let s = STACK + 0x8000;
+        memory.put_u64(s + cfa - 8, LIB + 0x1305);
+        let walked = walk_process(&memory, None, TID, regs(LIB + offset, s, 0));
+        expect(
+            walked,
+            &[native(LIB + offset), native(LIB + 0x1305)],
+            &[],
+            UnwindEnd::Complete,
+        );
+    }
+}
+
+#[test]
+fn a_rule_whose_caller_is_not_above_ends_the_walk() {
+    // run_loop's rbp rule with an rbp below sp: the CFA would go down the stack.
+    let mut memory = FakeMemory::default();
+    memory.map(STACK, (STACK_TOP - STACK) as usize);
+    memory.add_table(LIB, LIB + 0x10_0000, LIB, library_rows());
+    let s = STACK + 0x8000;
+    let walked = walk_process(&memory, None, TID, regs(LIB + 0x1210, s, s - 0x100));
+    expect(
+        walked,
+        &[native(LIB + 0x1210)],
+        &[],
+        UnwindEnd::NotMonotonic,
+    );
+}
+
+trait MapNative {
+    fn map_native(&self) -> Vec<profiler_common::UserFrame>;
+}
+
+impl MapNative for Vec<u64> {
+    fn map_native(&self) -> Vec<profiler_common::UserFrame> {
+        self.iter().map(|pc| native(*pc)).collect()
+    }
+}
