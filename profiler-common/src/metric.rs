@@ -16,6 +16,8 @@ pub const RECORDS: &str = "profiler_records_total";
 pub const INTERVALS: &str = "profiler_intervals_total";
 pub const PROFILES_WRITTEN: &str = "profiler_profiles_written_total";
 pub const PROFILE_WRITE_ERRORS: &str = "profiler_profile_write_errors_total";
+/// Labelled `thread`: `symbolizer`, `jvm_tracker`.
+pub const THREAD_PANICS: &str = "profiler_thread_panics_total";
 pub const SIDECAR_AGENTS: &str = "profiler_sidecar_agents";
 pub const SIDECAR_AGENT_HEAP_BYTES: &str = "profiler_sidecar_agent_heap_bytes";
 pub const SIDECAR_DROPPED_RECORDS: &str = "profiler_sidecar_dropped_records_total";

@@ -465,6 +465,7 @@ fn spawn_jvm_tracker(
         .spawn(move || {
             let mut tracker = JvmTracker::new(maps, max_jvms, pids).with_directory(directory);
             let mut events = Vec::new();
+            let mut panics = 0;
             while !stop_flag.load(Ordering::Relaxed) {
                 // Reading an empty ring is two loads from shared memory: no syscall.
                 events.clear();
@@ -474,9 +475,23 @@ fn spawn_jvm_tracker(
                     }
                 }
                 let sampled: Vec<u32> = sampled_rx.try_iter().flatten().collect();
-                tracker.tick(&events, &sampled);
+                // The tracker reads every JVM's memory and /proc entries: a bug that input
+                // trips costs this tick, not the node's JVM tracking.
+                let ticked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    tracker.tick(&events, &sampled)
+                }));
+                if ticked.is_err() {
+                    panics += 1;
+                    tracing::error!(
+                        "the JVM tracker panicked (a bug; please report it with the log above): \
+                         that tick is lost, tracking goes on"
+                    );
+                }
                 if let Ok(mut counts) = shared_counts.lock() {
-                    *counts = tracker.counts();
+                    *counts = TrackerCounts {
+                        panics,
+                        ..tracker.counts()
+                    };
                 }
                 std::thread::sleep(tracker::TICK_PERIOD);
             }

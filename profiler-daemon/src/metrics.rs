@@ -32,6 +32,8 @@ pub struct WorkerCounters {
     pub sidecar_records_refused: [AtomicU64; crate::sidecar::index::REFUSAL_REASONS.len()],
     /// Java marker frames put in profiles, by reason.
     pub java_unnamed: Arc<crate::java_names::UnnamedCounts>,
+    /// Panics caught in the worker (each cost one work item; the symbolizers start over).
+    pub panics: AtomicU64,
     /// Java frames of new stacks whose method or code was already gone or reused when the
     /// worker read it: names perishing (class unloading), so the loop drains sooner.
     pub java_prefetch_misses: AtomicU64,
@@ -186,6 +188,20 @@ pub fn render(s: &Snapshot, worker: &WorkerCounters) -> String {
         "counter",
         "pprof files written.",
         &[("", worker.profiles_written.load(Ordering::Relaxed))],
+    );
+    metric(
+        &mut out,
+        metric::THREAD_PANICS,
+        "counter",
+        "Panics caught in the daemon's threads, by thread (a bug: each cost one work item or \
+         tick; the thread goes on with fresh state).",
+        &labelled(
+            "thread",
+            &[
+                ("symbolizer", worker.panics.load(Ordering::Relaxed)),
+                ("jvm_tracker", s.jvms.panics),
+            ],
+        ),
     );
     metric(
         &mut out,

@@ -19,6 +19,10 @@ use crate::profiles::{self, ProfileRequest, Symbolizers};
 pub enum Work {
     /// A process had its first sample of the interval: read its mappings while it is alive.
     ProcessSeen(u32),
+    /// Panics in the worker: how the tests check that a panic costs one work item, not the
+    /// node's profiling.
+    #[cfg(test)]
+    Panic,
     Interval(IntervalStacks),
     /// The Java frames of the stacks first seen in one drain of the ring buffer: their methods
     /// and code are read now, while they still exist (a class may be unloaded before the
@@ -48,6 +52,9 @@ pub struct Worker {
     frequency_hz: u64,
     /// Shared with the metrics endpoint.
     counters: Arc<WorkerCounters>,
+    /// What the symbolizers were built with, to build them anew after a panic.
+    cache_budget: Option<u64>,
+    thread_directory: Option<crate::hotspot::thread_directory::ThreadDirectory>,
 }
 
 impl Worker {
@@ -70,6 +77,8 @@ impl Worker {
             pods: None,
             frequency_hz,
             counters,
+            cache_budget: None,
+            thread_directory: None,
         }
     }
 
@@ -81,6 +90,7 @@ impl Worker {
 
     /// Bounds the symbolization caches to about `limit_bytes` (published in the counters).
     pub fn with_cache_budget(mut self, limit_bytes: u64) -> Self {
+        self.cache_budget = Some(limit_bytes);
         self.symbolizers.native = crate::symbolize::native::NativeSymbolizer::with_budget_stats(
             limit_bytes,
             self.counters.symbol_cache.clone(),
@@ -94,7 +104,8 @@ impl Worker {
         mut self,
         threads: crate::hotspot::thread_directory::ThreadDirectory,
     ) -> Self {
-        self.symbolizers.java.set_thread_directory(threads);
+        self.symbolizers.java.set_thread_directory(threads.clone());
+        self.thread_directory = Some(threads);
         self
     }
 
@@ -113,21 +124,67 @@ impl Worker {
             } else {
                 work.recv_timeout(READ_SIDECARS_EVERY)
             };
-            match item {
-                Ok(Work::ProcessSeen(pid)) => self.processes.observe(pid),
-                Ok(Work::Interval(interval)) => self.write_interval(interval),
-                Ok(Work::PrefetchJava(frames)) => self.prefetch_java(frames),
-                Err(RecvTimeoutError::Timeout) => {}
+            let item = match item {
+                Ok(item) => Some(item),
+                Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => break,
-            }
-            if sidecars_read.elapsed() >= READ_SIDECARS_EVERY {
-                let attacher = &self.symbolizers.attacher;
-                self.symbolizers
-                    .java
-                    .read_sidecars(|pid| attacher.started(pid));
+            };
+            let read_sidecars = sidecars_read.elapsed() >= READ_SIDECARS_EVERY;
+            if read_sidecars {
                 sidecars_read = Instant::now();
             }
+            // Everything here reads what profiled processes wrote (their memory, files and
+            // records): a bug that input trips must cost this item, not the node's profiling.
+            let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                if let Some(item) = item {
+                    self.handle(item);
+                }
+                if read_sidecars {
+                    let attacher = &self.symbolizers.attacher;
+                    self.symbolizers
+                        .java
+                        .read_sidecars(|pid| attacher.started(pid));
+                }
+            }));
+            if handled.is_err() {
+                self.counters.panics.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
+                    "the symbolizer panicked (a bug; please report it with the log above): its \
+                     caches start over and it goes on; that work item is lost"
+                );
+                self.restart_symbolizers();
+            }
         }
+    }
+
+    fn handle(&mut self, item: Work) {
+        match item {
+            Work::ProcessSeen(pid) => self.processes.observe(pid),
+            Work::Interval(interval) => self.write_interval(interval),
+            Work::PrefetchJava(frames) => self.prefetch_java(frames),
+            #[cfg(test)]
+            Work::Panic => panic!("a test asked the worker to panic"),
+        }
+    }
+
+    /// Builds the symbolizers and the process table anew, as configured: after a panic their
+    /// state may be half updated. The agent attacher keeps its record of the JVMs it attached.
+    fn restart_symbolizers(&mut self) {
+        let attacher = std::mem::take(&mut self.symbolizers.attacher);
+        let mut symbolizers = Symbolizers::new(self.symbolizers.annotate);
+        symbolizers.java_unnamed = self.counters.java_unnamed.clone();
+        symbolizers.attacher = attacher;
+        if let Some(limit_bytes) = self.cache_budget {
+            symbolizers.native = crate::symbolize::native::NativeSymbolizer::with_budget_stats(
+                limit_bytes,
+                self.counters.symbol_cache.clone(),
+            );
+        }
+        if let Some(threads) = &self.thread_directory {
+            symbolizers.java.set_thread_directory(threads.clone());
+        }
+        self.symbolizers = symbolizers;
+        self.processes = ProcessTable::default();
     }
 
     /// Reads what naming `frames` needs into the Java symbolizer's caches. Misses are not
@@ -265,5 +322,50 @@ impl Worker {
             elapsed_ms = began.elapsed().as_millis() as u64,
             "interval written"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc::sync_channel;
+
+    use super::*;
+    use crate::output::LocalOutput;
+
+    #[test]
+    fn a_panic_costs_one_work_item_and_the_worker_goes_on() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().to_owned();
+        let counters = Arc::new(WorkerCounters::default());
+        let shared = counters.clone();
+        let (work, work_rx) = sync_channel(8);
+        // Built on its own thread, as the daemon does: blazesym's symbolizer is not Send.
+        let thread = std::thread::spawn(move || {
+            let options = LocalOutput {
+                flame_graphs: false,
+                retention: crate::output::retention::Retention {
+                    max_age: None,
+                    max_bytes: None,
+                },
+            };
+            let writer = LocalWriter::new(&path, options).expect("writer");
+            Worker::new(
+                writer,
+                Exports::default(),
+                ServiceNaming::default(),
+                99,
+                true,
+                shared,
+            )
+            .with_cache_budget(1 << 20)
+            .run(work_rx)
+        });
+        work.send(Work::Panic).expect("worker alive");
+        work.send(Work::ProcessSeen(std::process::id()))
+            .expect("worker alive after a panic");
+        work.send(Work::Panic).expect("worker alive");
+        drop(work);
+        thread.join().expect("the worker thread ends normally");
+        assert_eq!(counters.panics.load(Ordering::Relaxed), 2);
     }
 }

@@ -183,6 +183,8 @@ pub struct TrackerCounts {
     pub exit_events: u64,
     /// Full listings of /proc.
     pub rescans: u64,
+    /// Panics caught around the tracker's ticks (counted by the thread that runs it).
+    pub panics: u64,
 }
 
 pub struct JvmTracker<S: LayoutSink> {
