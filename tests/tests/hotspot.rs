@@ -31,7 +31,7 @@ fn field(info: &Value, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("no field {key} in {}", info["layout"]))
 }
 
-/// Offsets recorded in hotspot-notes.md for the builds this project's machines carry, checked
+/// Offsets recorded in docs/hotspot-vmstructs.md for the builds this project's machines carry, checked
 /// against what jvm-info derived from that build's VMStructs.
 fn known_offsets(major: u64) -> &'static [(&'static str, u64)] {
     match major {

@@ -2,8 +2,9 @@
 //! each JVM's layout, and describe it to the BPF unwinder.
 //!
 //! Sources: HotSpot's `vmStructs.cpp` (what is exported), `heap.{hpp,cpp}` (code heaps and
-//! segment maps), `frame_x86.hpp` (interpreter frame slots), `nmethod.hpp`; the project's
-//! `hotspot-notes.md` records the offsets seen on JDK 11, 17, 21 and 25.
+//! segment maps), `frame_x86.hpp` (interpreter frame slots), `nmethod.hpp`. What the daemon
+//! relies on, and the offsets seen on JDK 11, 17, 21 and 25: `docs/hotspot-vmstructs.md`,
+//! `docs/hotspot-unwinding.md`, `docs/java-naming.md`.
 //!
 //! - [`remote`]: bounded reads of the target's memory (`process_vm_readv`, or a fake).
 //! - [`libjvm`]: libjvm.so in a process, and its exported `gHotSpot*` symbols.
