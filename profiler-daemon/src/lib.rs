@@ -16,6 +16,7 @@ pub mod native_unwind;
 pub mod output;
 pub mod pprof;
 pub mod privileges;
+pub mod proc_status;
 pub mod process;
 pub mod profiles;
 pub mod record;

@@ -20,13 +20,8 @@ pub struct MissingPrivileges {
 fn effective_capabilities() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|line| line.strip_prefix("CapEff:"))
-                .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        })
-        .unwrap_or(0)
+        .and_then(|status| crate::proc_status::parse(&status))
+        .map_or(0, |status| status.capeff)
 }
 
 fn has(caps: u64, cap: u32) -> bool {

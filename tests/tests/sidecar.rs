@@ -233,6 +233,31 @@ fn attach_to_a_jvm_with_disable_attach_mechanism_fails_clearly() {
 }
 
 #[test]
+fn a_stale_attach_socket_left_by_a_dead_process_is_replaced() {
+    // A JVM killed without cleaning up leaves /tmp/.java_pid<PID>; a later JVM with that pid
+    // must still be attached (the stale socket refuses connections).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes = compile_java(&["Workloads.java"], dir.path()).expect("javac");
+    let jdk = jdks().into_iter().find(|j| j.major == 17).expect("JDK 17");
+    let mut jvm = start_workloads(&jdk, &classes, &[]);
+    let socket = format!("/tmp/.java_pid{}", jvm.pid());
+    let _ = std::fs::remove_file(&socket);
+    drop(std::os::unix::net::UnixListener::bind(&socket).expect("a socket file"));
+    assert!(
+        std::os::unix::net::UnixStream::connect(&socket).is_err(),
+        "the planted socket is stale"
+    );
+    let output = attach(jvm.pid());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        jvm.0.try_wait().expect("try_wait").is_none(),
+        "the JVM survived"
+    );
+    println!("{}", String::from_utf8_lossy(&output.stdout).trim());
+}
+
+#[test]
 fn a_jvm_in_its_own_mount_namespace_with_a_private_tmp_is_attached() {
     let dir = tempfile::tempdir().expect("tempdir");
     let classes = compile_java(&["Workloads.java"], dir.path()).expect("javac");

@@ -712,15 +712,11 @@ fn host_tids(pid: u32) -> Option<HashMap<u32, u32>> {
         ) else {
             continue;
         };
-        let Some(line) = status.lines().find_map(|l| l.strip_prefix("NSpid:")) else {
+        let Some(ids) = crate::proc_status::parse(&status).and_then(|s| s.nspid) else {
             continue;
         };
-        let ids: Vec<u32> = line
-            .split_whitespace()
-            .filter_map(|v| v.parse().ok())
-            .collect();
-        if let (Some(host), Some(inner)) = (ids.first(), ids.last()) {
-            map.insert(*inner, *host);
+        if let (Some(&host), Some(&inner)) = (ids.first(), ids.last()) {
+            map.insert(inner as u32, host as u32);
         }
     }
     Some(map)

@@ -5,7 +5,8 @@
 //! `.attach_pid<nspid>` (owned by its euid, in its working directory or /tmp) and a SIGQUIT. It
 //! accepts a peer only with its own euid/egid (`SO_PEERCRED`). The request is
 //! `1\0load\0PATH\0true\0OPTIONS\0`; the path is resolved inside the JVM's namespace, so the
-//! agent is copied there first when the JVM has its own mount namespace.
+//! agent is copied there first when the JVM has its own mount namespace. A socket that refuses
+//! connections was left by a dead process with the same pid: the listener is started anyway.
 //!
 //! Everything in the JVM's directories belongs to the JVM's user, who may plant symlinks, FIFOs
 //! or mounts there. So the daemon, which runs as root, never creates, opens or removes a file
@@ -57,30 +58,20 @@ impl Target {
     }
 
     fn parse_status(pid: u32, status: &str) -> Result<Self> {
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|line| line.strip_prefix(name))
-                .map(|rest| rest.split_whitespace().collect::<Vec<_>>())
-                .ok_or_else(|| anyhow!("/proc/{pid}/status has no {name}"))
-        };
-        let number = |s: Option<&&str>, what: &str| -> Result<u32> {
-            s.and_then(|s| s.parse().ok())
-                .ok_or_else(|| anyhow!("/proc/{pid}/status: bad {what}"))
-        };
+        let status = crate::proc_status::parse(status)
+            .ok_or_else(|| anyhow!("/proc/{pid}/status: unreadable"))?;
         // NSpid lists the pid from the outermost namespace in; kernels before 4.1 lack it.
-        let nspid = match field("NSpid:") {
-            Ok(ids) => number(ids.last(), "NSpid")?,
-            Err(_) => pid,
+        let nspid = match status.nspid.as_deref() {
+            Some([.., inner]) => {
+                u32::try_from(*inner).map_err(|_| anyhow!("/proc/{pid}/status: bad NSpid"))?
+            }
+            _ => pid,
         };
-        // Uid:/Gid: are real, effective, saved, filesystem.
-        let euid = number(field("Uid:")?.get(1), "Uid")?;
-        let egid = number(field("Gid:")?.get(1), "Gid")?;
         Ok(Self {
             pid,
             nspid,
-            euid,
-            egid,
+            euid: status.euid,
+            egid: status.egid,
         })
     }
 
@@ -136,12 +127,17 @@ pub fn attach(pid: u32, agent: &Path, options: &str) -> Result<Attached> {
     // SIGQUIT kills a JVM that does not handle it yet (still starting) or at all (-Xrs); the
     // child only signals when the socket is missing, but it cannot read /proc as the JVM's user
     // in every setup, so the daemon checks first.
-    let listening = socket_exists(&tmp, &target.socket_name());
-    if !listening {
+    // A socket that is there may be a stale one a dead process with this pid left: the child
+    // then starts the listener too, if the JVM handles SIGQUIT now.
+    let may_signal = if socket_exists(&tmp, &target.socket_name()) {
+        untrusted::read_proc_text(pid, "status", untrusted::MAX_PROC_FILE)
+            .is_ok_and(|status| catches_sigquit(&status))
+    } else {
         wait_for_sigquit_handler(pid)?;
-    }
+        true
+    };
     let request = load_request(&placed.inside, options)?;
-    let outcome = exchange_as(&target, &tmp, cwd.as_ref(), &request);
+    let outcome = exchange_as(&target, &tmp, cwd.as_ref(), &request, may_signal);
     // Loaded or not, the copy is no longer needed: a JVM that mapped it keeps its inode.
     placed.remove(&tmp);
     let (started_listener, reply) = outcome?;
@@ -288,7 +284,7 @@ fn unique_suffix() -> String {
 /// True if `name` in the directory `dir` is a socket (not followed if a link).
 fn socket_exists(dir: &OwnedFd, name: &str) -> bool {
     // SAFETY: a directory descriptor we own.
-    CString::new(name).is_ok_and(|name| unsafe { is_socket_at(dir.as_raw_fd(), &name) })
+    CString::new(name).is_ok_and(|name| unsafe { socket_inode(dir.as_raw_fd(), &name) }.is_some())
 }
 
 /// Waits (briefly) until `pid` catches SIGQUIT, per the `SigCgt` mask of /proc/PID/status.
@@ -311,11 +307,8 @@ fn wait_for_sigquit_handler(pid: u32) -> Result<()> {
 }
 
 fn catches_sigquit(status: &str) -> bool {
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("SigCgt:"))
-        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
-        .is_some_and(|mask| mask & (1 << (libc::SIGQUIT - 1)) != 0)
+    crate::proc_status::parse(status)
+        .is_some_and(|status| status.sigcgt & (1 << (libc::SIGQUIT - 1)) != 0)
 }
 
 fn load_request(agent: &Path, options: &str) -> Result<Vec<u8>> {
@@ -366,6 +359,8 @@ struct ChildPlan<'a> {
     request: &'a [u8],
     /// The pipe's write end: the child's report.
     out: RawFd,
+    /// Whether the JVM handles SIGQUIT (else signalling it would kill it).
+    may_signal: bool,
 }
 
 /// Starts the JVM's listener if needed and sends `request`, as the JVM's euid/egid, from a
@@ -379,6 +374,7 @@ fn exchange_as(
     tmp: &OwnedFd,
     cwd: Option<&OwnedFd>,
     request: &[u8],
+    may_signal: bool,
 ) -> Result<(bool, Vec<u8>)> {
     let via_fd = format!("/proc/self/fd/{}/{}", tmp.as_raw_fd(), target.socket_name());
     // SAFETY: all-zero is a valid sockaddr_un.
@@ -407,6 +403,7 @@ fn exchange_as(
         address,
         request,
         out: write_end,
+        may_signal,
     };
     let mut keep = [plan.tmp, plan.cwd.unwrap_or(plan.tmp), plan.out];
     keep.sort_unstable();
@@ -574,7 +571,21 @@ unsafe fn child_attach(plan: &ChildPlan<'_>, reply: &mut [u8]) -> libc::c_int {
         if !drop_capabilities() {
             return fail(STEP_CREDENTIALS);
         }
-        let started = !is_socket_at(plan.tmp, &plan.socket);
+        // A socket already there is either the JVM's listener or a stale one a dead process
+        // with the same pid left behind (a killed JVM does not remove it): refused, it is
+        // stale, and the listener must be started as if there were none.
+        let mut stale = None;
+        let mut fd = -1;
+        if let Some(inode) = socket_inode(plan.tmp, &plan.socket) {
+            fd = connect_to(plan);
+            if fd < 0 {
+                if *libc::__errno_location() != libc::ECONNREFUSED || !plan.may_signal {
+                    return fail(STEP_CONNECT);
+                }
+                stale = Some(inode);
+            }
+        }
+        let started = fd < 0;
         if started {
             // HotSpot looks in its working directory first, then in /tmp.
             let mut trigger_dir = -1;
@@ -600,9 +611,14 @@ unsafe fn child_attach(plan: &ChildPlan<'_>, reply: &mut [u8]) -> libc::c_int {
                 return fail(STEP_TRIGGER);
             }
             let signalled = libc::kill(target.pid as libc::pid_t, libc::SIGQUIT) == 0;
+            // The listener's socket: a new one (the JVM replaces a stale file).
+            let listening = || {
+                let inode = socket_inode(plan.tmp, &plan.socket);
+                inode.is_some() && inode != stale
+            };
             let mut waited = Duration::ZERO;
             let mut pause = Duration::from_millis(10);
-            while signalled && !is_socket_at(plan.tmp, &plan.socket) && waited < LISTENER_WAIT {
+            while signalled && !listening() && waited < LISTENER_WAIT {
                 let ts = libc::timespec {
                     tv_sec: 0,
                     tv_nsec: pause.as_nanos() as libc::c_long,
@@ -615,34 +631,13 @@ unsafe fn child_attach(plan: &ChildPlan<'_>, reply: &mut [u8]) -> libc::c_int {
             if !signalled {
                 return fail(STEP_SIGNAL);
             }
-            if !is_socket_at(plan.tmp, &plan.socket) {
+            if !listening() {
                 return fail(STEP_LISTENER);
             }
-        }
-        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return fail(STEP_CONNECT);
-        }
-        let timeout = libc::timeval {
-            tv_sec: REQUEST_TIMEOUT.as_secs() as libc::time_t,
-            tv_usec: 0,
-        };
-        for option in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                option,
-                (&timeout as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            );
-        }
-        if libc::connect(
-            fd,
-            (&plan.address as *const libc::sockaddr_un).cast(),
-            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
-        ) != 0
-        {
-            return fail(STEP_CONNECT);
+            fd = connect_to(plan);
+            if fd < 0 {
+                return fail(STEP_CONNECT);
+            }
         }
         let request = plan.request;
         let mut sent = 0;
@@ -683,16 +678,58 @@ unsafe fn child_attach(plan: &ChildPlan<'_>, reply: &mut [u8]) -> libc::c_int {
     }
 }
 
-/// `fstatat` without following: true if `name` in `dir` is a socket. Async-signal-safe.
+/// `fstatat` without following: the inode of `name` in `dir` if it is a socket.
+/// Async-signal-safe.
 ///
 /// # Safety
 /// `dir` must be a directory descriptor.
-unsafe fn is_socket_at(dir: RawFd, name: &CString) -> bool {
+unsafe fn socket_inode(dir: RawFd, name: &CString) -> Option<u64> {
     // SAFETY: all-zero is a valid stat buffer; a raw fstatat.
     unsafe {
         let mut stat: libc::stat = std::mem::zeroed();
-        libc::fstatat(dir, name.as_ptr(), &mut stat, libc::AT_SYMLINK_NOFOLLOW) == 0
-            && stat.st_mode & libc::S_IFMT == libc::S_IFSOCK
+        let found = libc::fstatat(dir, name.as_ptr(), &mut stat, libc::AT_SYMLINK_NOFOLLOW) == 0
+            && stat.st_mode & libc::S_IFMT == libc::S_IFSOCK;
+        found.then_some(stat.st_ino)
+    }
+}
+
+/// A connected socket to the JVM's listener with the request timeouts set, or -1 with `errno`
+/// from `connect`. Async-signal-safe.
+///
+/// # Safety
+/// Raw system calls on memory prepared before the fork.
+unsafe fn connect_to(plan: &ChildPlan<'_>) -> RawFd {
+    // SAFETY: raw socket calls on our own descriptors and prepared memory.
+    unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return -1;
+        }
+        let timeout = libc::timeval {
+            tv_sec: REQUEST_TIMEOUT.as_secs() as libc::time_t,
+            tv_usec: 0,
+        };
+        for option in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                option,
+                (&timeout as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            );
+        }
+        if libc::connect(
+            fd,
+            (&plan.address as *const libc::sockaddr_un).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        ) != 0
+        {
+            let errno = *libc::__errno_location();
+            libc::close(fd);
+            *libc::__errno_location() = errno;
+            return -1;
+        }
+        fd
     }
 }
 
@@ -772,16 +809,25 @@ mod tests {
 
     #[test]
     fn sigquit_handling_is_read_from_the_caught_mask() {
-        assert!(catches_sigquit("SigIgn:\t0\nSigCgt:\t0000000000000004\n"));
-        assert!(!catches_sigquit("SigCgt:\t0000000000000002\n"));
+        use crate::proc_status::test_status;
+        assert!(catches_sigquit(&test_status(&[
+            "SigIgn:\t0000000000000000",
+            "SigCgt:\t0000000000000004"
+        ])));
+        assert!(!catches_sigquit(&test_status(&[
+            "SigCgt:\t0000000000000002"
+        ])));
         assert!(!catches_sigquit("Name:\tjava\n"));
     }
 
     #[test]
     fn status_gives_nspid_and_effective_ids() {
-        let status = "Name:\tjava\nUid:\t1000\t1001\t1001\t1001\nGid:\t50\t51\t51\t51\n\
-                      NSpid:\t4242\t7\n";
-        let target = Target::parse_status(4242, status).expect("parses");
+        let status = crate::proc_status::test_status(&[
+            "Uid:\t1000\t1001\t1001\t1001",
+            "Gid:\t50\t51\t51\t51",
+            "NSpid:\t4242\t7",
+        ]);
+        let target = Target::parse_status(4242, &status).expect("parses");
         assert_eq!(
             target,
             Target {

@@ -229,13 +229,8 @@ impl ThreadNames {
 
 /// The last id of the `NSpid:` line of a status file: the id in the innermost namespace.
 fn innermost_nspid(status: &str) -> Option<u32> {
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("NSpid:"))?
-        .split_whitespace()
-        .last()?
-        .parse()
-        .ok()
+    let ids = crate::proc_status::parse(status)?.nspid?;
+    u32::try_from(*ids.last()?).ok()
 }
 
 /// Whether the kernel's `comm` is what HotSpot makes of `name`: its first 15 bytes (cut
@@ -439,9 +434,12 @@ mod tests {
 
     #[test]
     fn the_innermost_namespace_tid_is_read_from_nspid() {
-        let status = "Name:\tjava\nTgid:\t10\nNSpid:\t4711\t12\nUid:\t0\n";
-        assert_eq!(innermost_nspid(status), Some(12));
-        assert_eq!(innermost_nspid("NSpid:\t4711\n"), Some(4711));
+        use crate::proc_status::test_status;
+        assert_eq!(
+            innermost_nspid(&test_status(&["NSpid:\t4711\t12"])),
+            Some(12)
+        );
+        assert_eq!(innermost_nspid(&test_status(&["NSpid:\t4711"])), Some(4711));
         assert_eq!(innermost_nspid("Name:\tx\n"), None);
     }
 }
