@@ -91,12 +91,57 @@ pub fn find_cfi_row(
     pc: u32,
     mut row_at: impl FnMut(u32) -> Option<CfiRow>,
 ) -> Option<CfiRow> {
+    let index = last_at_or_before(len, CFI_SEARCH_STEPS, &mut Transparent, |i| {
+        row_at(i).map(|row| row.pc <= pc)
+    })?;
+    row_at(index)
+}
+
+/// Probes of [`find_cfi_row`].
+pub const CFI_SEARCH_STEPS: u32 = 24;
+
+/// Hides a search's bounds from the BPF verifier between probes.
+///
+/// The verifier follows every path through a loop and prunes a path only when an earlier one
+/// reached the same point with bounds that include its own. A binary search's bounds differ on
+/// every path, so three nested searches per frame exceed its budget of a million instructions.
+/// Written to memory and read back (a per-CPU map slot), they are unknown values again at each
+/// probe, and every path after the first prunes. The host passes them through unchanged.
+pub trait Opaque {
+    fn opaque(&mut self, value: u32) -> u32;
+}
+
+/// [`Opaque`] for the host: values unchanged.
+pub struct Transparent;
+
+impl Opaque for Transparent {
+    #[inline(always)]
+    fn opaque(&mut self, value: u32) -> u32 {
+        value
+    }
+}
+
+/// The index of the last of `len` sorted entries for which `at_or_before` holds, by a binary
+/// search of at most `steps` probes (the BPF verifier needs a bound it can see). `None` if it
+/// holds for none, if an entry cannot be read, or if `steps` did not suffice.
+#[inline(always)]
+fn last_at_or_before(
+    len: u32,
+    steps: u32,
+    opaque: &mut impl Opaque,
+    mut at_or_before: impl FnMut(u32) -> Option<bool>,
+) -> Option<u32> {
     let (mut low, mut high) = (0u32, len);
-    // Invariant: rows below `low` start at or before pc; rows from `high` start after it.
+    // Invariant: entries below `low` are at or before the key; from `high` they are after it.
     let mut step = 0;
-    while low < high && step < CFI_SEARCH_STEPS {
+    while step < steps {
+        low = opaque.opaque(low);
+        high = opaque.opaque(high);
+        if low >= high {
+            break;
+        }
         let mid = low + (high - low) / 2;
-        if row_at(mid)?.pc <= pc {
+        if at_or_before(mid)? {
             low = mid + 1;
         } else {
             high = mid;
@@ -106,11 +151,145 @@ pub fn find_cfi_row(
     if low == 0 || low < high {
         return None;
     }
-    row_at(low - 1)
+    Some(low - 1)
 }
 
-/// Probes of [`find_cfi_row`].
-pub const CFI_SEARCH_STEPS: u32 = 24;
+/// Rows per block: a table is stored as blocks of this many rows, one BPF hash map value each,
+/// so that map memory grows with the tables loaded instead of being reserved up front.
+pub const CFI_BLOCK_ROWS: usize = 4096;
+
+/// Blocks one table may have (a table of more rows is not loaded): 4 M rows, more than the
+/// largest binaries seen (a 130 MB `librustc_driver` has about 1.3 M).
+pub const MAX_CFI_BLOCKS: usize = 1024;
+
+/// A block of a table's rows (`CFI_BLOCKS`, keyed by [`cfi_block_key`]).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CfiBlock {
+    pub rows: [CfiRow; CFI_BLOCK_ROWS],
+}
+
+/// The key of block `block` of table `table` in `CFI_BLOCKS`.
+#[inline(always)]
+pub const fn cfi_block_key(table: u32, block: u32) -> u64 {
+    ((table as u64) << 32) | block as u64
+}
+
+/// A table's index (`CFI_TABLES`, keyed by table id): which block holds a pc.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CfiTableIndex {
+    /// Blocks in use (at least 1).
+    pub blocks: u32,
+    /// Rows in the last block (the others are full).
+    pub last_block_rows: u32,
+    /// The first row's pc of each block.
+    pub first_pcs: [u32; MAX_CFI_BLOCKS],
+}
+
+/// Tables loaded at once (`CFI_TABLES`' size).
+pub const MAX_CFI_TABLES: u32 = 8192;
+
+/// Processes with tables at once (`CFI_PROCS`' size).
+pub const MAX_CFI_PROCESSES: u32 = 16384;
+
+/// `CFI_BLOCKS`' size in the object; the daemon sets it from its memory budget at load time.
+pub const DEFAULT_CFI_BLOCKS: u32 = 1024;
+
+/// Executable mappings with a table kept per process (more are left to frame pointers, and
+/// counted by the daemon).
+pub const MAX_CFI_MAPPINGS: usize = 256;
+
+/// One executable mapping of a process whose file has a table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CfiMapping {
+    pub start: u64,
+    pub end: u64,
+    /// `pc - bias` is the file's ELF virtual address that rows hold.
+    pub bias: u64,
+    /// The table's id (`CFI_TABLES`).
+    pub table: u32,
+    pub _reserved: u32,
+}
+
+/// A process's mappings with tables (`CFI_PROCS`, keyed by pid), sorted by `start`, not
+/// overlapping.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CfiProcess {
+    pub count: u32,
+    pub _reserved: u32,
+    pub mappings: [CfiMapping; MAX_CFI_MAPPINGS],
+}
+
+/// The mapping of `process` holding `pc`: at most [`CFI_MAPPING_SEARCH_STEPS`] probes.
+#[inline(always)]
+pub fn find_cfi_mapping(
+    process: &CfiProcess,
+    pc: u64,
+    opaque: &mut impl Opaque,
+) -> Option<CfiMapping> {
+    let count = (process.count as usize).min(MAX_CFI_MAPPINGS) as u32;
+    let index = last_at_or_before(count, CFI_MAPPING_SEARCH_STEPS, opaque, |i| {
+        process.mappings.get(i as usize).map(|m| m.start <= pc)
+    })?;
+    let mapping = *process.mappings.get(index as usize)?;
+    (pc < mapping.end).then_some(mapping)
+}
+
+/// Probes of [`find_cfi_mapping`] (2^9 > [`MAX_CFI_MAPPINGS`]).
+pub const CFI_MAPPING_SEARCH_STEPS: u32 = 9;
+
+/// The block of `index` whose rows cover `pc` (the last one starting at or before it): at most
+/// [`CFI_BLOCK_SEARCH_STEPS`] probes.
+#[inline(always)]
+pub fn find_cfi_block(index: &CfiTableIndex, pc: u32, opaque: &mut impl Opaque) -> Option<u32> {
+    let blocks = (index.blocks as usize).min(MAX_CFI_BLOCKS) as u32;
+    last_at_or_before(blocks, CFI_BLOCK_SEARCH_STEPS, opaque, |i| {
+        index.first_pcs.get(i as usize).map(|first| *first <= pc)
+    })
+}
+
+/// Probes of [`find_cfi_block`] (2^11 > [`MAX_CFI_BLOCKS`]).
+pub const CFI_BLOCK_SEARCH_STEPS: u32 = 11;
+
+/// The row of the `len` first rows of `block` covering `pc`: at most
+/// [`CFI_BLOCK_ROW_SEARCH_STEPS`] probes.
+#[inline(always)]
+pub fn find_cfi_row_in_block(
+    block: &CfiBlock,
+    len: u32,
+    pc: u32,
+    opaque: &mut impl Opaque,
+) -> Option<CfiRow> {
+    let len = (len as usize).min(CFI_BLOCK_ROWS) as u32;
+    let index = last_at_or_before(len, CFI_BLOCK_ROW_SEARCH_STEPS, opaque, |i| {
+        block.rows.get(i as usize).map(|row| row.pc <= pc)
+    })?;
+    block.rows.get(index as usize).copied()
+}
+
+/// Probes of [`find_cfi_row_in_block`] (2^13 > [`CFI_BLOCK_ROWS`]).
+pub const CFI_BLOCK_ROW_SEARCH_STEPS: u32 = 13;
+
+/// The rows of the table whose blocks are `index`, covering `pc`: its block, then the row in it.
+/// `block_at` reads a block by number (the BPF map, or a slice in tests).
+#[inline(always)]
+pub fn find_cfi_row_in_table<'a>(
+    index: &CfiTableIndex,
+    pc: u32,
+    opaque: &mut impl Opaque,
+    block_at: impl FnOnce(u32) -> Option<&'a CfiBlock>,
+) -> Option<CfiRow> {
+    let block = find_cfi_block(index, pc, opaque)?;
+    let len = if block + 1 == index.blocks {
+        index.last_block_rows
+    } else {
+        CFI_BLOCK_ROWS as u32
+    };
+    find_cfi_row_in_block(block_at(block)?, len, pc, opaque)
+}
 
 #[cfg(test)]
 mod tests {

@@ -562,6 +562,10 @@ mod user {
     // SAFETY: plain old data, no padding the kernel could leave uninitialised that we rely on.
     unsafe impl aya::Pod for super::SampleHeader {}
     unsafe impl aya::Pod for super::UserFrame {}
+    // SAFETY: plain old data without padding (sizes are multiples of their alignment).
+    unsafe impl aya::Pod for super::cfi::CfiProcess {}
+    unsafe impl aya::Pod for super::cfi::CfiTableIndex {}
+    unsafe impl aya::Pod for super::cfi::CfiBlock {}
 }
 
 #[cfg(test)]

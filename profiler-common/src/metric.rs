@@ -21,6 +21,15 @@ pub const THREAD_PANICS: &str = "profiler_thread_panics_total";
 pub const SIDECAR_AGENTS: &str = "profiler_sidecar_agents";
 pub const SIDECAR_AGENT_HEAP_BYTES: &str = "profiler_sidecar_agent_heap_bytes";
 pub const SIDECAR_DROPPED_RECORDS: &str = "profiler_sidecar_dropped_records_total";
+pub const UNWIND_TABLES: &str = "profiler_unwind_tables";
+pub const UNWIND_TABLE_BYTES: &str = "profiler_unwind_table_bytes";
+pub const UNWIND_TABLE_LIMIT_BYTES: &str = "profiler_unwind_table_limit_bytes";
+pub const UNWIND_TABLE_PROCESSES: &str = "profiler_unwind_table_processes";
+pub const UNWIND_TABLE_BUILDS: &str = "profiler_unwind_table_builds_total";
+pub const UNWIND_TABLE_BUILD_MILLISECONDS: &str = "profiler_unwind_table_build_milliseconds_total";
+pub const UNWIND_TABLE_EVICTIONS: &str = "profiler_unwind_table_evictions_total";
+/// Labelled `reason`: the daemon's `NotLoaded` names.
+pub const UNWIND_TABLES_NOT_LOADED: &str = "profiler_unwind_tables_not_loaded_total";
 pub const SYMBOL_CACHE_BYTES: &str = "profiler_symbol_cache_bytes";
 pub const SYMBOL_CACHE_LIMIT_BYTES: &str = "profiler_symbol_cache_limit_bytes";
 pub const SYMBOL_CACHE_EVICTIONS: &str = "profiler_symbol_cache_evictions_total";

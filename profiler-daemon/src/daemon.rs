@@ -26,6 +26,7 @@ use crate::export::{stream, Exports};
 use crate::hotspot::thread_directory::ThreadDirectory;
 use crate::hotspot::tracker::{self, JvmTracker, TrackerCounts};
 use crate::metrics::{Metrics, Snapshot};
+use crate::native_unwind;
 use crate::output::LocalWriter;
 use crate::privileges::{self, MissingPrivileges};
 use crate::record::SampleView;
@@ -133,7 +134,13 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
             source,
         }
     })?;
-    let mut sampler = Sampler::start(config.frequency_hz, &config.pids, config.max_jvms)?;
+    let table_budget = native_unwind::loader::table_budget(config.cache_budget_bytes);
+    let mut sampler = Sampler::start(
+        config.frequency_hz,
+        &config.pids,
+        config.max_jvms,
+        native_unwind::loader::block_capacity(table_budget),
+    )?;
     let java_threads = ThreadDirectory::default();
     let tracker = spawn_jvm_tracker(
         sampler.take_hotspot_maps()?,
@@ -152,6 +159,15 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     );
 
     let metrics = Metrics::default();
+    let unwind_tables = spawn_unwind_tables(
+        sampler.take_unwind_maps()?,
+        table_budget,
+        metrics.unwind_tables.clone(),
+    )?;
+    // Targets named on the command line get their tables before their first sample.
+    if !config.pids.is_empty() {
+        let _ = unwind_tables.try_send(config.pids.clone());
+    }
     if let Some(address) = config.metrics_listen {
         let listener = tokio::net::TcpListener::bind(address)
             .await
@@ -166,7 +182,8 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     let worker_counters = metrics.worker.clone();
     let naming = config.naming.clone();
     let attach = config.attach.clone();
-    let cache_budget = config.cache_budget_bytes;
+    // The unwind tables take their share of the one budget; the symbolization caches the rest.
+    let cache_budget = config.cache_budget_bytes - table_budget;
     // Built on its own thread: blazesym's symbolizer is not Send.
     let pods = match &config.kubernetes_node {
         Some(node) => start_pod_watch(node.clone()).await,
@@ -249,7 +266,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
                 false
             }
             _ = flush.tick() => {
-                drain_ring(&mut sampler, &mut aggregator, &work_tx, &mut stats);
+                drain_ring(&mut sampler, &mut aggregator, &work_tx, &unwind_tables, &mut stats);
                 let counters = sampler.counters();
                 end_interval(&mut aggregator, &work_tx, &mut stats, &counters.since(&last_counters), &tracker);
                 last_counters = counters;
@@ -261,7 +278,13 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
             _ = &mut stop => { tracing::info!("duration reached"); true }
         };
         let records_before = stats.records;
-        let found_java = drain_ring(&mut sampler, &mut aggregator, &work_tx, &mut stats);
+        let found_java = drain_ring(
+            &mut sampler,
+            &mut aggregator,
+            &work_tx,
+            &unwind_tables,
+            &mut stats,
+        );
         let misses = metrics.worker.java_prefetch_misses.load(Ordering::Relaxed);
         if misses != last_misses {
             last_misses = misses;
@@ -449,6 +472,23 @@ impl TrackerThread {
     }
 }
 
+/// The unwind tables' loader thread (`native_unwind::loader`); it ends when the sender is
+/// dropped.
+fn spawn_unwind_tables(
+    maps: native_unwind::loader::BpfTableMaps,
+    budget_bytes: u64,
+    stats: Arc<native_unwind::loader::TableStats>,
+) -> Result<SyncSender<Vec<u32>>, DaemonError> {
+    let (sampled, sampled_rx) = sync_channel::<Vec<u32>>(16);
+    std::thread::Builder::new()
+        .name("unwind-tables".into())
+        .spawn(move || {
+            native_unwind::loader::UnwindTables::new(maps, budget_bytes, stats).run(sampled_rx)
+        })
+        .map_err(|err| DaemonError::Worker(err.to_string()))?;
+    Ok(sampled)
+}
+
 fn spawn_jvm_tracker(
     maps: tracker::BpfMaps,
     mut process_events: RingBuf<MapData>,
@@ -547,9 +587,11 @@ fn drain_ring(
     sampler: &mut Sampler,
     aggregator: &mut Aggregator,
     work: &SyncSender<Work>,
+    unwind_tables: &SyncSender<Vec<u32>>,
     stats: &mut LoopStats,
 ) -> bool {
     let mut java_frames = Vec::new();
+    let mut new_processes = Vec::new();
     let mut sent_java = false;
     sampler.drain(|bytes| {
         stats.records += 1;
@@ -570,6 +612,7 @@ fn drain_ring(
         let added = aggregator.add(&view);
         if added == Added::NewProcess {
             send(work, Work::ProcessSeen(view.pid()), stats);
+            new_processes.push(view.pid());
         }
         // The Java frames of a new stack are read soon, in one batch per drain: the methods of
         // short-lived classes may be unloaded (their memory reused) before the interval ends.
@@ -590,6 +633,11 @@ fn drain_ring(
             }
         }
     });
+    // A full queue means the loader is behind (building tables): these processes come again
+    // at their first sample of the next interval.
+    if !new_processes.is_empty() {
+        let _ = unwind_tables.try_send(new_processes);
+    }
     let found_java = sent_java || !java_frames.is_empty();
     if !java_frames.is_empty() {
         send(work, Work::PrefetchJava(java_frames), stats);

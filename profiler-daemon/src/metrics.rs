@@ -61,6 +61,7 @@ pub struct Metrics {
     snapshot: Arc<Mutex<Snapshot>>,
     pub worker: Arc<WorkerCounters>,
     pub export: Arc<ExportCounters>,
+    pub unwind_tables: Arc<crate::native_unwind::loader::TableStats>,
 }
 
 impl Metrics {
@@ -73,6 +74,7 @@ impl Metrics {
     pub fn render(&self) -> String {
         let snapshot = self.snapshot.lock().map(|s| s.clone()).unwrap_or_default();
         let mut text = render(&snapshot, &self.worker);
+        render_unwind_tables(&mut text, &self.unwind_tables);
         render_export(&mut text, &self.export);
         text
     }
@@ -375,6 +377,71 @@ pub fn render(s: &Snapshot, worker: &WorkerCounters) -> String {
         &[("", s.frequency_hz)],
     );
     out
+}
+
+fn render_unwind_tables(out: &mut String, t: &crate::native_unwind::loader::TableStats) {
+    use crate::native_unwind::loader::NotLoaded;
+    let get = |value: &AtomicU64| value.load(Ordering::Relaxed);
+    metric(
+        out,
+        metric::UNWIND_TABLES,
+        "gauge",
+        "Native unwind tables loaded in the BPF maps (one per distinct .eh_frame).",
+        &[("", get(&t.tables))],
+    );
+    metric(
+        out,
+        metric::UNWIND_TABLE_BYTES,
+        "gauge",
+        "Memory of the unwind tables in the BPF maps (charged to the daemon's cgroup, not in its RSS).",
+        &[("", get(&t.bytes))],
+    );
+    metric(
+        out,
+        metric::UNWIND_TABLE_LIMIT_BYTES,
+        "gauge",
+        "The unwind tables' budget (a third of cache_budget_mib).",
+        &[("", get(&t.limit_bytes))],
+    );
+    metric(
+        out,
+        metric::UNWIND_TABLE_PROCESSES,
+        "gauge",
+        "Processes whose executable mappings are in the BPF maps with their tables.",
+        &[("", get(&t.processes))],
+    );
+    metric(
+        out,
+        metric::UNWIND_TABLE_BUILDS,
+        "counter",
+        "Unwind tables built from a file's call frame information.",
+        &[("", get(&t.builds))],
+    );
+    metric(
+        out,
+        metric::UNWIND_TABLE_BUILD_MILLISECONDS,
+        "counter",
+        "Time spent building unwind tables.",
+        &[("", get(&t.build_micros) / 1_000)],
+    );
+    metric(
+        out,
+        metric::UNWIND_TABLE_EVICTIONS,
+        "counter",
+        "Unwind tables dropped to make room within the budget.",
+        &[("", get(&t.evictions))],
+    );
+    let reasons: Vec<(&str, u64)> = NotLoaded::ALL
+        .iter()
+        .map(|reason| (reason.name(), t.not_loaded(*reason)))
+        .collect();
+    metric(
+        out,
+        metric::UNWIND_TABLES_NOT_LOADED,
+        "counter",
+        "Files or mappings left to frame pointers, by reason.",
+        &labelled("reason", &reasons),
+    );
 }
 
 fn render_export(out: &mut String, c: &ExportCounters) {

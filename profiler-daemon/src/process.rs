@@ -80,7 +80,7 @@ impl ProcessInfo {
     pub fn read(pid: u32) -> procfs::ProcResult<Self> {
         let stat = read_stat(pid)?;
         let mappings = read_mappings(pid)?;
-        let shares_our_root = same_file(Path::new(&format!("/proc/{pid}/root")), Path::new("/"));
+        let shares_our_root = shares_our_root(pid);
         Ok(Self {
             pid,
             comm: stat.comm.clone(),
@@ -103,30 +103,40 @@ impl ProcessInfo {
     /// process exited) by its path in ours if it shared our root. Never a link, a special file,
     /// a file on a filesystem the process's user serves, or one past the size bound.
     pub fn open_mapped_file(&self, mapping: &Mapping) -> Result<File, Refused> {
-        let Backing::File { path, dev, .. } = &mapping.backing else {
-            return Err(Refused::NotFound);
-        };
-        let expect = Expect {
-            owner: None,
-            max_size: MAX_ELF_BYTES,
-        };
-        match untrusted::open_mapped(self.pid, mapping.start, mapping.end, *dev, expect) {
-            Ok(file) => return Ok(file),
-            // What the file is, not how it was reached: another path finds the same.
-            Err(
-                refused @ (Refused::UserFilesystem(_)
-                | Refused::NotRegular(_)
-                | Refused::TooLarge { .. }),
-            ) => return Err(refused),
-            Err(_) => {}
-        }
-        if path.to_string_lossy().ends_with(" (deleted)") {
-            // Removed or replaced on disk (a package upgrade): only the mapping still reaches
-            // the file the process runs; a new file at the old path would give wrong names.
-            return Err(Refused::NotFound);
-        }
-        untrusted::open_by_mapped_path(self.pid, path, *dev, self.shares_our_root, expect)
+        open_mapped_file(self.pid, self.shares_our_root, mapping)
     }
+}
+
+/// [`ProcessInfo::open_mapped_file`] for a process known by its pid and whether it shares our
+/// root.
+pub fn open_mapped_file(
+    pid: u32,
+    shares_our_root: bool,
+    mapping: &Mapping,
+) -> Result<File, Refused> {
+    let Backing::File { path, dev, .. } = &mapping.backing else {
+        return Err(Refused::NotFound);
+    };
+    let expect = Expect {
+        owner: None,
+        max_size: MAX_ELF_BYTES,
+    };
+    match untrusted::open_mapped(pid, mapping.start, mapping.end, *dev, expect) {
+        Ok(file) => return Ok(file),
+        // What the file is, not how it was reached: another path finds the same.
+        Err(
+            refused @ (Refused::UserFilesystem(_)
+            | Refused::NotRegular(_)
+            | Refused::TooLarge { .. }),
+        ) => return Err(refused),
+        Err(_) => {}
+    }
+    if path.to_string_lossy().ends_with(" (deleted)") {
+        // Removed or replaced on disk (a package upgrade): only the mapping still reaches
+        // the file the process runs; a new file at the old path would give wrong names.
+        return Err(Refused::NotFound);
+    }
+    untrusted::open_by_mapped_path(pid, path, *dev, shares_our_root, expect)
 }
 
 /// `/proc/PID/stat`, bounded.
@@ -153,7 +163,8 @@ pub fn read_all_mappings(pid: u32) -> procfs::ProcResult<MemoryMaps> {
     MemoryMaps::from_buf_read(&bytes[..])
 }
 
-fn read_mappings(pid: u32) -> procfs::ProcResult<Vec<Mapping>> {
+/// The executable mappings of `pid`, sorted by address.
+pub fn read_mappings(pid: u32) -> procfs::ProcResult<Vec<Mapping>> {
     let mut mappings: Vec<Mapping> = read_all_mappings(pid)?
         .into_iter()
         .filter(|map| map.perms.contains(procfs::process::MMPermissions::EXECUTE))
@@ -174,6 +185,11 @@ fn read_mappings(pid: u32) -> procfs::ProcResult<Vec<Mapping>> {
         .collect();
     mappings.sort_by_key(|m| m.start);
     Ok(mappings)
+}
+
+/// Whether process `pid` sees the same root directory as the daemon.
+pub fn shares_our_root(pid: u32) -> bool {
+    same_file(Path::new(&format!("/proc/{pid}/root")), Path::new("/"))
 }
 
 fn same_file(a: &Path, b: &Path) -> bool {

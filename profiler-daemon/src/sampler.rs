@@ -8,6 +8,7 @@ use aya::{Ebpf, EbpfLoader};
 use profiler_common::Counter;
 
 use crate::hotspot::tracker::BpfMaps;
+use crate::native_unwind::loader::BpfTableMaps;
 
 /// The object built from `profiler-ebpf` by build.rs.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
@@ -93,7 +94,13 @@ pub struct Sampler {
 
 impl Sampler {
     /// Loads and attaches the sampler. `pids` empty means every process.
-    pub fn start(frequency_hz: u64, pids: &[u32], max_jvms: u32) -> Result<Self, SamplerError> {
+    /// `cfi_blocks` bounds the unwind tables' blocks (`native_unwind::loader::block_capacity`).
+    pub fn start(
+        frequency_hz: u64,
+        pids: &[u32],
+        max_jvms: u32,
+        cfi_blocks: u32,
+    ) -> Result<Self, SamplerError> {
         let filter: u8 = u8::from(!pids.is_empty());
         let cpus = aya::util::online_cpus()
             .map_err(|(path, source)| SamplerError::OnlineCpus { path, source })?;
@@ -104,6 +111,7 @@ impl Sampler {
             .override_global("RING_WAKEUP_BYTES", &ring_wakeup_bytes, true)
             .map_max_entries("HOTSPOT_PROCS", max_jvms)
             .map_max_entries("SAMPLES", ring_bytes)
+            .map_max_entries("CFI_BLOCKS", cfi_blocks)
             .map_max_entries(
                 "JAVA_THREADS",
                 profiler_common::java_thread_slots(pids.len()),
@@ -153,22 +161,20 @@ impl Sampler {
                 .map_err(|source| SamplerError::Attach { cpu, source })?;
         }
 
-        // Process events feed the JVM tracker when it watches the whole host; with `--pid` it
-        // only looks at the pids named.
-        if pids.is_empty() {
-            for (name, tracepoint) in PROCESS_EVENT_PROGRAMS {
-                let program: &mut RawTracePoint = ebpf
-                    .program_mut(name)
-                    .ok_or(SamplerError::MissingProgram(name))?
-                    .try_into()
-                    .map_err(|source| SamplerError::Program { name, source })?;
-                program
-                    .load()
-                    .map_err(|source| SamplerError::Program { name, source })?;
-                program
-                    .attach(tracepoint)
-                    .map_err(|source| SamplerError::Program { name, source })?;
-            }
+        // Process events feed the JVM tracker when it watches the whole host (with `--pid` the
+        // programs send none), and drop unwind tables of processes that exec or exit.
+        for (name, tracepoint) in PROCESS_EVENT_PROGRAMS {
+            let program: &mut RawTracePoint = ebpf
+                .program_mut(name)
+                .ok_or(SamplerError::MissingProgram(name))?
+                .try_into()
+                .map_err(|source| SamplerError::Program { name, source })?;
+            program
+                .load()
+                .map_err(|source| SamplerError::Program { name, source })?;
+            program
+                .attach(tracepoint)
+                .map_err(|source| SamplerError::Program { name, source })?;
         }
 
         let ring = ebpf
@@ -212,6 +218,26 @@ impl Sampler {
             source,
         })?;
         Ok(BpfMaps { procs, threads })
+    }
+
+    /// The native unwind tables' maps, for their loader (can be taken once).
+    pub fn take_unwind_maps(&mut self) -> Result<BpfTableMaps, SamplerError> {
+        Ok(BpfTableMaps {
+            procs: self.take_hash_map("CFI_PROCS")?,
+            tables: self.take_hash_map("CFI_TABLES")?,
+            blocks: self.take_hash_map("CFI_BLOCKS")?,
+        })
+    }
+
+    fn take_hash_map<K: aya::Pod, V: aya::Pod>(
+        &mut self,
+        name: &'static str,
+    ) -> Result<BpfHashMap<MapData, K, V>, SamplerError> {
+        let map = self
+            .ebpf
+            .take_map(name)
+            .ok_or(SamplerError::MissingMap(name))?;
+        BpfHashMap::try_from(map).map_err(|source| SamplerError::Map { name, source })
     }
 
     /// The ring buffer of process events (exec, exit), for the JVM tracker (can be taken once;

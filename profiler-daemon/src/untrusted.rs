@@ -18,13 +18,17 @@
 //! (a page fault served by its own FUSE daemon) can stall them. SECURITY.md lists this residual
 //! risk.
 
+use std::cell::Cell;
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read as _};
+use std::ops::Range;
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
 use std::path::Path;
+
+use object::read::{ReadCache, ReadRef};
 
 /// Largest `/proc/PID/*` text file read (maps of a process at the default `vm.max_map_count`
 /// take about 7 MB).
@@ -370,6 +374,52 @@ fn mount_of<'a>(mountinfo: &'a str, path: &Path) -> Option<MountLine<'a>> {
         }
     }
     best
+}
+
+/// Reads of a file through `object`'s cache, refused once they would pass `budget` bytes in
+/// all: the file is the profiled process's, and its headers choose what is read.
+pub struct BoundedReads {
+    cache: ReadCache<File>,
+    budget: u64,
+    used: Cell<u64>,
+}
+
+impl BoundedReads {
+    pub fn new(cache: ReadCache<File>, budget: u64) -> Self {
+        Self {
+            cache,
+            budget,
+            used: Cell::new(0),
+        }
+    }
+
+    fn charge(&self, size: u64) -> Result<(), ()> {
+        let used = self.used.get().saturating_add(size);
+        if used > self.budget {
+            return Err(());
+        }
+        self.used.set(used);
+        Ok(())
+    }
+}
+
+impl<'a> ReadRef<'a> for &'a BoundedReads {
+    fn len(self) -> Result<u64, ()> {
+        (&self.cache).len()
+    }
+
+    fn read_bytes_at(self, offset: u64, size: u64) -> Result<&'a [u8], ()> {
+        // Charged before the cache allocates `size` bytes (repeated reads are charged again:
+        // the budget only has to stop a file that asks for too much).
+        self.charge(size)?;
+        (&self.cache).read_bytes_at(offset, size)
+    }
+
+    fn read_bytes_at_until(self, range: Range<u64>, delimiter: u8) -> Result<&'a [u8], ()> {
+        // The cache reads at most 4 KiB per string.
+        self.charge(4096)?;
+        (&self.cache).read_bytes_at_until(range, delimiter)
+    }
 }
 
 #[cfg(test)]

@@ -284,8 +284,9 @@ extern "C" fn unwind_steps(_index: u64, _ctx: *mut c_void) -> i64 {
         record,
         base: state.base,
     };
+    let task = CurrentTask::new((bpf_get_current_pid_tgid() >> 32) as u32);
     for _ in 0..STEPS_PER_CALLBACK {
-        if unwind_step(walk, window, &CurrentTask, &mut frames) {
+        if unwind_step(walk, window, &task, &mut frames) {
             return 1;
         }
     }

@@ -1,5 +1,6 @@
 //! Process events for the daemon's JVM tracker: which processes exec a new program and which
-//! exit, so that it reads `/proc` for those only instead of rescanning every process.
+//! exit, so that it reads `/proc` for those only instead of rescanning every process. They also
+//! drop the process's native unwind tables at once.
 //!
 //! Raw tracepoints run in the context of the process concerned, so the current task's ids are
 //! the event's. The daemon polls this ring on its own timer: no wake-up per event.
@@ -10,6 +11,7 @@ use aya_ebpf::{
 };
 use profiler_common::{Counter, ProcessEvent, ProcessEventKind, PROCESS_EVENT_RING_BYTES};
 
+use crate::memory::CFI_PROCS;
 use crate::{count, BPF_RB_NO_WAKEUP};
 
 #[map]
@@ -18,6 +20,8 @@ static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(PROCESS_EVENT_RING_BYTE
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
 pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
     let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // The old program's unwind tables must not walk the new one's stacks.
+    let _ = CFI_PROCS.remove(&pid);
     send(ProcessEventKind::Exec, pid);
     0
 }
@@ -28,6 +32,7 @@ pub fn process_exit(_ctx: RawTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
     if pid == tid {
+        let _ = CFI_PROCS.remove(&pid);
         send(ProcessEventKind::Exit, pid);
     }
     0
@@ -35,6 +40,12 @@ pub fn process_exit(_ctx: RawTracePointContext) -> i32 {
 
 #[inline(always)]
 fn send(kind: ProcessEventKind, pid: u32) {
+    // With `--pid` the tracker watches only the pids named: no events (the programs still run,
+    // for the unwind tables above).
+    // SAFETY: a read-only global the loader may have rewritten; volatile so it is not folded.
+    if unsafe { core::ptr::read_volatile(&crate::FILTER_PIDS) } != 0 {
+        return;
+    }
     let event = ProcessEvent {
         kind: kind as u32,
         pid,

@@ -58,10 +58,16 @@ pub fn workloads_dir() -> PathBuf {
 
 /// Compiles a C workload with frame pointers and debug info into `out_dir`.
 pub fn compile_c(source: &str, out_dir: &Path) -> Result<PathBuf> {
+    compile_c_with(source, out_dir, &["-O1", "-g", "-fno-omit-frame-pointer"])
+}
+
+/// [`compile_c`] with other compiler flags.
+pub fn compile_c_with(source: &str, out_dir: &Path, flags: &[&str]) -> Result<PathBuf> {
     let src = workloads_dir().join(source);
     let binary = out_dir.join(source.trim_end_matches(".c"));
     let status = Command::new("gcc")
-        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-o"])
+        .args(flags)
+        .arg("-o")
         .arg(&binary)
         .arg(&src)
         .status()

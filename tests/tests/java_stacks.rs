@@ -338,3 +338,100 @@ fn class_churn_and_deoptimization_crash_nothing() {
     }
     eprintln!("--- summary ---\n{}", report.join("\n"));
 }
+
+/// Java -> a JNI library without frame pointers -> Java (JDK 17): the library's own frames
+/// appear between the Java frames above and below them, where the walk used to jump from the
+/// library to the thread's `JavaFrameAnchor` and lose them.
+#[test]
+fn jni_library_frames_without_frame_pointers_sit_between_java_frames() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes = compile_java(&["JniCallback.java"], dir.path()).expect("javac");
+    let include = std::path::Path::new("/usr/lib/jvm/java-17-openjdk-amd64/include");
+    let library = dir.path().join("libjni_callback.so");
+    let status = std::process::Command::new("gcc")
+        .args([
+            "-O2",
+            "-g",
+            "-fomit-frame-pointer",
+            "-shared",
+            "-fPIC",
+            "-I",
+        ])
+        .arg(include)
+        .arg("-I")
+        .arg(include.join("linux"))
+        .arg("-o")
+        .arg(&library)
+        .arg(workloads_dir().join("jni_callback.c"))
+        .status()
+        .expect("gcc runs");
+    assert!(status.success(), "gcc failed");
+    let jdk = jdks()
+        .into_iter()
+        .find(|jdk| jdk.major == 17)
+        .expect("JDK 17");
+    let property = format!("-Djni.lib={}", library.display());
+    let jvm = start_java(&jdk, &classes, "JniCallback", &[&property]).expect("JVM starts");
+    std::thread::sleep(Duration::from_secs(3));
+    let out = dir.path().join("profiles");
+    let output = run_daemon(
+        &[
+            "--pid",
+            &jvm.pid().to_string(),
+            "--frequency",
+            "499",
+            "--duration",
+            "6",
+            "--output",
+            out.to_str().expect("utf-8"),
+        ],
+        Duration::from_secs(90),
+    )
+    .expect("daemon runs");
+    assert!(output.status.success(), "daemon failed: {output:?}");
+    let profiles = profiles_of(&out, jvm.pid()).expect("profiles readable");
+
+    // Per leaf (the library's spin, the Java callback): samples, and those whose stack has the
+    // library's frames and, below them, the Java caller.
+    let mut tallies: HashMap<&str, (i64, i64)> = HashMap::new();
+    for (_, profile) in &profiles {
+        for sample in &profile.sample {
+            let names: Vec<String> = sample_frames(profile, sample)
+                .into_iter()
+                .map(|frame| base_name(&frame.name).to_owned())
+                .collect();
+            let Some(leaf) = ["native_spin", "JniCallback.javaCallback"]
+                .into_iter()
+                .find(|leaf| names.first().is_some_and(|name| name == leaf))
+            else {
+                continue;
+            };
+            let position = |wanted: &str| names.iter().position(|name| name == wanted);
+            let whole = match (
+                position("native_middle"),
+                position("Java_JniCallback_nativeOuter"),
+                position("JniCallback.javaCaller"),
+                position("JniCallback.main"),
+            ) {
+                (Some(middle), Some(outer), Some(caller), Some(main)) => {
+                    middle < outer && outer < caller && caller < main
+                }
+                _ => false,
+            };
+            let tally = tallies.entry(leaf).or_default();
+            tally.0 += count(sample);
+            if whole {
+                tally.1 += count(sample);
+            }
+        }
+    }
+    for leaf in ["native_spin", "JniCallback.javaCallback"] {
+        let (samples, whole) = tallies.get(leaf).copied().unwrap_or_default();
+        eprintln!("{leaf}: {whole} of {samples} samples with the library's frames between Java's");
+        assert!(samples > 200, "{leaf}: too few samples ({samples})");
+        assert!(
+            whole as f64 >= 0.95 * samples as f64,
+            "{leaf}: only {whole} of {samples} samples have the library's frames in place"
+        );
+    }
+}

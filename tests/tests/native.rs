@@ -349,3 +349,168 @@ fn metrics_endpoint_reports_what_the_sampler_counted() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--metrics-listen"));
 }
+
+/// Profiles `workload` (by pid) for `seconds` at 199 Hz in intervals of 3 s, and returns its
+/// profiles but the first interval's (tables load at start; the steady state is measured).
+fn profile_steady_state(
+    target: u32,
+    seconds: u32,
+    out: &std::path::Path,
+) -> Vec<(std::path::PathBuf, profiler_daemon::pprof::proto::Profile)> {
+    let pid = target.to_string();
+    let output = run_daemon(
+        &[
+            "--pid",
+            &pid,
+            "--frequency",
+            "199",
+            "--interval",
+            "3",
+            "--duration",
+            &seconds.to_string(),
+            "--output",
+            out.to_str().expect("utf-8"),
+        ],
+        Duration::from_secs(120),
+    )
+    .expect("daemon runs");
+    assert!(output.status.success(), "daemon failed: {output:?}");
+    let mut profiles = profiles_of(out, target).expect("profiles readable");
+    assert!(profiles.len() >= 3, "{} profiles", profiles.len());
+    profiles.sort_by_key(|(_, profile)| profile.time_nanos);
+    profiles.remove(0);
+    profiles
+}
+
+/// The shared leaf's callers: hot_a's share of the samples under hot_a or hot_b, the share of
+/// samples that reach main, and the samples counted.
+fn shared_leaf_split(
+    profiles: &[(std::path::PathBuf, profiler_daemon::pprof::proto::Profile)],
+) -> (f64, f64, i64) {
+    let a = inclusive_share(profiles, "hot_a");
+    let b = inclusive_share(profiles, "hot_b");
+    let main = inclusive_share(profiles, "main");
+    let total: i64 = profiles
+        .iter()
+        .flat_map(|(_, p)| p.sample.iter())
+        .map(count)
+        .sum();
+    (a / (a + b).max(f64::MIN_POSITIVE), main, total)
+}
+
+/// A leaf that builds no frame hides its caller from a frame-pointer walk; the unwind tables
+/// find it, in a binary with frame pointers elsewhere and in one built without any.
+#[test]
+fn a_frameless_leaf_keeps_its_callers_with_and_without_frame_pointers() {
+    for (build, flags) in [
+        (
+            "frame pointers, frameless leaf",
+            &["-O1", "-g", "-fno-omit-frame-pointer"][..],
+        ),
+        (
+            "-O2 -fomit-frame-pointer",
+            &["-O2", "-g", "-fomit-frame-pointer"][..],
+        ),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let binary = compile_c_with("shared_leaf.c", dir.path(), flags).expect("compiles");
+        let workload = Workload::spawn(Command::new(&binary).arg("30")).expect("starts");
+        let profiles = profile_steady_state(workload.pid(), 9, &dir.path().join("profiles"));
+        let (a_share, rooted, total) = shared_leaf_split(&profiles);
+        eprintln!(
+            "{build}: hot_a {:.1}% of the leaf's callers (70% expected), {:.2}% of {total} \
+             samples reach main",
+            a_share * 100.0,
+            rooted * 100.0
+        );
+        assert!(total > 600, "{build}: too few samples: {total}");
+        assert!(
+            (a_share - 0.70).abs() <= 0.02,
+            "{build}: hot_a's share {a_share:.3}, expected 0.70 +- 0.02"
+        );
+        assert!(
+            rooted >= 0.99,
+            "{build}: only {rooted:.4} of stacks reach main"
+        );
+    }
+}
+
+/// Debian's own binaries, built without frame pointers: an interpreter and a compressor. Their
+/// main thread's stacks reach libc's `__libc_start_main` (the binaries are stripped: their own
+/// `main` has no name).
+#[test]
+fn debian_binaries_without_frame_pointers_unwind_to_their_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("input");
+    // Compressible but not trivial: xz -9 spends its time in liblzma's match finder.
+    let text: String = (0..400_000u32)
+        .map(|i| format!("{} {}\n", i.wrapping_mul(2_654_435_761) % 1000, i % 7))
+        .collect();
+    std::fs::write(&input, text.repeat(4)).expect("input written");
+    let python = "import json\nwhile True:\n    json.loads(json.dumps([{'k': i, 'v': [i] * 8} for i in range(500)]))\n";
+    // One long-running xz, fed the same text over and over.
+    let xz = format!(
+        "while true; do cat {}; done | xz -9 -T1 -c > /dev/null",
+        input.display()
+    );
+    for (name, command) in [
+        (
+            "python3",
+            Command::new("python3").args(["-c", python]).to_owned(),
+        ),
+        ("xz", Command::new("sh").args(["-c", &xz]).to_owned()),
+    ] {
+        let mut command = command;
+        // A group of its own: the shell's pipeline is killed with it.
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let workload = Workload::spawn(&mut command).expect("starts");
+        let _group = KillGroup(workload.pid());
+        std::thread::sleep(Duration::from_millis(500));
+        // The shell's child does the work: profile it (xz), or the interpreter itself.
+        let target = if name == "xz" {
+            child_named(workload.pid(), "xz").expect("xz runs under the shell")
+        } else {
+            workload.pid()
+        };
+        let profiles =
+            profile_steady_state(target, 9, &dir.path().join(format!("profiles-{name}")));
+        let rooted = inclusive_share(&profiles, "__libc_start_main");
+        let total: i64 = profiles
+            .iter()
+            .flat_map(|(_, p)| p.sample.iter())
+            .map(count)
+            .sum();
+        eprintln!(
+            "{name}: {:.2}% of {total} samples reach __libc_start_main",
+            rooted * 100.0
+        );
+        assert!(total > 300, "{name}: too few samples: {total}");
+        assert!(
+            rooted >= 0.99,
+            "{name}: only {rooted:.4} of stacks are rooted"
+        );
+    }
+}
+
+/// The first child of `parent` whose command name is `name`.
+fn child_named(parent: u32, name: &str) -> Option<u32> {
+    let children =
+        std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).ok()?;
+    children
+        .split_whitespace()
+        .filter_map(|pid| pid.parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim() == name)
+        })
+}
+
+/// Kills a process group when dropped.
+struct KillGroup(u32);
+
+impl Drop for KillGroup {
+    fn drop(&mut self) {
+        // SAFETY: signals a process group this test started.
+        unsafe { libc::kill(-(self.0 as i32), libc::SIGKILL) };
+    }
+}

@@ -60,13 +60,21 @@ const MAX_HZ: u32 = 999;
 const SMALL_JVMS: usize = 20;
 /// Flags of the "small" JVMs of section 3: a small heap and the serial collector.
 const SMALL_JVM_FLAGS: &[&str] = &["-Xmx32m", "-XX:+UseSerialGC"];
+/// The native stack depth the unwind tables' BPF cost target is stated at (section 2).
+const NATIVE_DEPTH: u32 = 30;
 /// The Java stack depth the BPF cost target is stated at (section 2).
 const TARGET_JAVA_DEPTH: u32 = 200;
 /// Section 2's stacks after the filtered path: native, then Java compiled by the JIT and Java
 /// run by the interpreter only (`-Xint`: every frame an interpreted one, whose name cookie
 /// costs reads of its method's class).
-const BPF_STACKS: [BpfWorkload; 5] = [
+const BPF_STACKS: [BpfWorkload; 7] = [
     BpfWorkload::Native,
+    BpfWorkload::NativeDeep {
+        unwind_tables: false,
+    },
+    BpfWorkload::NativeDeep {
+        unwind_tables: true,
+    },
     BpfWorkload::Java {
         depth: 30,
         interpreted: false,
@@ -976,6 +984,9 @@ struct Bench {
     work_dir: PathBuf,
     classes: PathBuf,
     native: PathBuf,
+    /// `deep_native.c` with frame pointers, and without (section 2).
+    native_deep_fp: PathBuf,
+    native_deep_cfi: PathBuf,
     jdks: Vec<Jdk>,
     cpus: usize,
     plan: Plan,
@@ -1025,7 +1036,22 @@ impl Bench {
                 .arg(sources.join("throughput.c")),
         )
         .context("compiling the C workload")?;
+        let deep = |name: &str, frame_pointers: &str| -> Result<PathBuf> {
+            let binary = work_dir.join(name);
+            super::run(
+                Command::new("gcc")
+                    .args(["-O2", "-g", frame_pointers, "-pthread", "-o"])
+                    .arg(&binary)
+                    .arg(sources.join("deep_native.c")),
+            )
+            .context("compiling the deep C workload")?;
+            Ok(binary)
+        };
+        let native_deep_fp = deep("deep_native_fp", "-fno-omit-frame-pointer")?;
+        let native_deep_cfi = deep("deep_native_cfi", "-fomit-frame-pointer")?;
         Ok(Self {
+            native_deep_fp,
+            native_deep_cfi,
             daemon: daemon.to_owned(),
             work_dir,
             classes,
@@ -1367,6 +1393,17 @@ impl Bench {
                 let native = self.start_throughput(&Program::Native, self.cpus)?;
                 return Ok(BpfTarget::Workload(native, workload));
             }
+            BpfWorkload::NativeDeep { unwind_tables } => {
+                let binary = if unwind_tables {
+                    &self.native_deep_cfi
+                } else {
+                    &self.native_deep_fp
+                };
+                let mut command = Command::new(binary);
+                command.args([NATIVE_DEPTH.to_string(), self.cpus.to_string()]);
+                let native = Workload::start(&self.bpf_label(workload), command)?;
+                return Ok(BpfTarget::Workload(native, workload));
+            }
             BpfWorkload::Java { depth, interpreted } => (depth, interpreted),
         };
         let jdk = &self.jdks[0];
@@ -1541,6 +1578,9 @@ enum BpfWorkload {
     Sleeper,
     /// The C throughput workload.
     Native,
+    /// `deep_native.c`: one thread per CPU 30 frames deep, built with frame pointers, or without
+    /// them (walked by the unwind tables).
+    NativeDeep { unwind_tables: bool },
     /// `Bench.java deep`: one thread per CPU recursing `depth` frames, then spinning in a leaf.
     Java { depth: u32, interpreted: bool },
 }
@@ -1550,6 +1590,12 @@ impl BpfWorkload {
         match self {
             BpfWorkload::Sleeper => "filtered path (other processes, idle CPUs)".to_owned(),
             BpfWorkload::Native => "native stack (C workload)".to_owned(),
+            BpfWorkload::NativeDeep {
+                unwind_tables: false,
+            } => format!("{NATIVE_DEPTH}-frame native stack, frame pointers"),
+            BpfWorkload::NativeDeep {
+                unwind_tables: true,
+            } => format!("{NATIVE_DEPTH}-frame native stack, unwind tables (no frame pointers)"),
             BpfWorkload::Java {
                 depth,
                 interpreted: false,

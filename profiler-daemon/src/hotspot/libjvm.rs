@@ -1,14 +1,13 @@
 //! Finding a process's libjvm.so and the `gHotSpot*` symbols that locate its VMStructs tables.
 
-use std::cell::Cell;
 use std::fs::File;
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use object::read::ReadCache;
 use object::{Object, ObjectSegment, ObjectSymbol, ReadRef};
 
 use crate::process::{Backing, Mapping, ProcessInfo};
+use crate::untrusted::BoundedReads;
 
 /// Most bytes read from one libjvm.so file (its headers, notes and dynamic symbol table take a
 /// few hundred KB; the file is 20-30 MB stripped, hundreds of MB with debug info).
@@ -177,52 +176,6 @@ pub fn read_exported_symbols(
             source: std::io::Error::other(refused),
         })?;
     ExportedSymbols::read(file, &mapping.path)
-}
-
-/// Reads of a file through `object`'s cache, refused once they would pass `budget` bytes in
-/// all: the file is the profiled process's, and its headers choose what is read.
-struct BoundedReads {
-    cache: ReadCache<File>,
-    budget: u64,
-    used: Cell<u64>,
-}
-
-impl BoundedReads {
-    fn new(cache: ReadCache<File>, budget: u64) -> Self {
-        Self {
-            cache,
-            budget,
-            used: Cell::new(0),
-        }
-    }
-
-    fn charge(&self, size: u64) -> Result<(), ()> {
-        let used = self.used.get().saturating_add(size);
-        if used > self.budget {
-            return Err(());
-        }
-        self.used.set(used);
-        Ok(())
-    }
-}
-
-impl<'a> ReadRef<'a> for &'a BoundedReads {
-    fn len(self) -> Result<u64, ()> {
-        (&self.cache).len()
-    }
-
-    fn read_bytes_at(self, offset: u64, size: u64) -> Result<&'a [u8], ()> {
-        // Charged before the cache allocates `size` bytes (repeated reads are charged again:
-        // the budget only has to stop a file that asks for too much).
-        self.charge(size)?;
-        (&self.cache).read_bytes_at(offset, size)
-    }
-
-    fn read_bytes_at_until(self, range: Range<u64>, delimiter: u8) -> Result<&'a [u8], ()> {
-        // The cache reads at most 4 KiB per string.
-        self.charge(4096)?;
-        (&self.cache).read_bytes_at_until(range, delimiter)
-    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use gimli::{
     BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, Register, RegisterRule, UnwindContext,
     UnwindSection, UnwindTableRow,
 };
-use object::{Object as _, ObjectSection as _};
+use object::{Object as _, ObjectSection as _, ReadRef};
 use profiler_common::cfi::{CfaKind, CfiRow, RBP_UNCHANGED};
 
 type Reader<'a> = gimli::EndianSlice<'a, gimli::LittleEndian>;
@@ -74,8 +74,12 @@ pub enum BuildError {
     AddressTooHigh { address: u64 },
 }
 
-/// The unwind table of the ELF file in `data`.
-pub fn build_table(data: &[u8], limits: BuildLimits) -> Result<UnwindTable, BuildError> {
+/// The unwind table of the ELF file in `data` (a slice, or reads of the file: only its headers
+/// and call frame information are read).
+pub fn build_table<'data, R: ReadRef<'data>>(
+    data: R,
+    limits: BuildLimits,
+) -> Result<UnwindTable, BuildError> {
     let file = object::File::parse(data)?;
     if file.architecture() != object::Architecture::X86_64 {
         return Err(BuildError::NotX86_64);

@@ -9,7 +9,7 @@
 
 use std::hash::{BuildHasher, Hasher};
 
-use object::{Object as _, ObjectSection as _, ObjectSegment as _};
+use object::{Object as _, ObjectSection as _, ObjectSegment as _, ReadRef};
 
 /// One executable mapping of a file in a process, as `/proc/PID/maps` lists it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,21 +20,52 @@ pub struct CodeMapping {
     pub file_offset: u64,
 }
 
+/// A loadable segment of an ELF file: where its bytes are in the file and in its address space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadSegment {
+    pub file_offset: u64,
+    pub file_size: u64,
+    pub address: u64,
+}
+
+/// The loadable segments of `file`.
+pub fn load_segments<'data, R: ReadRef<'data>>(file: &object::File<'data, R>) -> Vec<LoadSegment> {
+    file.segments()
+        .map(|segment| {
+            let (file_offset, file_size) = segment.file_range();
+            LoadSegment {
+                file_offset,
+                file_size,
+                address: segment.address(),
+            }
+        })
+        .collect()
+}
+
 /// `pc - bias` is the file's ELF virtual address of a pc in `mapping` of the ELF file `file`,
 /// or `None` if no loadable segment of the file holds the mapped offset.
-pub fn load_bias(file: &object::File<'_>, mapping: CodeMapping) -> Option<u64> {
+pub fn load_bias<'data, R: ReadRef<'data>>(
+    file: &object::File<'data, R>,
+    mapping: CodeMapping,
+) -> Option<u64> {
+    load_bias_in(&load_segments(file), mapping)
+}
+
+/// [`load_bias`] from the file's segments.
+pub fn load_bias_in(segments: &[LoadSegment], mapping: CodeMapping) -> Option<u64> {
     // The segment mapped at `start` is the one containing its file offset: its byte p_offset
     // lies at p_vaddr + bias, so the byte at `file_offset` lies at
     // file_offset - p_offset + p_vaddr + bias = start.
-    file.segments().find_map(|segment| {
-        let (offset, size) = segment.file_range();
-        let contains = offset <= mapping.file_offset && mapping.file_offset < offset + size.max(1);
+    segments.iter().find_map(|segment| {
+        let (offset, size) = (segment.file_offset, segment.file_size);
+        let contains = offset <= mapping.file_offset
+            && mapping.file_offset < offset.saturating_add(size.max(1));
         contains.then(|| {
             mapping
                 .start
                 .wrapping_sub(mapping.file_offset)
                 .wrapping_add(offset)
-                .wrapping_sub(segment.address())
+                .wrapping_sub(segment.address)
         })
     })
 }
@@ -67,7 +98,7 @@ impl TableKeys {
     /// The key of `file`'s unwind table: its `.eh_frame` (or `.debug_frame`) bytes and
     /// address, and the section addresses its pointers are relative to. `None` without call
     /// frame information.
-    pub fn key(&self, file: &object::File<'_>) -> Option<TableKey> {
+    pub fn key<'data, R: ReadRef<'data>>(&self, file: &object::File<'data, R>) -> Option<TableKey> {
         let section = file
             .section_by_name(".eh_frame")
             .or_else(|| file.section_by_name(".debug_frame"))?;

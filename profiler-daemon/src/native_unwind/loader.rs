@@ -1,0 +1,581 @@
+//! Keeps the BPF side's native unwind tables current, on a thread of its own ("unwind-tables"):
+//! the sampling loop tells it which processes were sampled, and it loads, for each, the tables of
+//! the files its executable mappings hold, and the mappings themselves (`CFI_PROCS`).
+//!
+//! - **Shared.** A table is built once per distinct unwind input ([`TableKeys`]) and used by
+//!   every process that maps such a file; files are recognised by device, inode, size and
+//!   modification time, so a file seen before is not read again.
+//! - **Bounded.** Tables live under a memory budget (a share of `cache_budget_mib`); when a new
+//!   one does not fit, the least recently used tables no live process uses are evicted, and if
+//!   that is not enough the new one is not loaded (its code falls back to frame pointers), and
+//!   counted. Each file's reads and rows are bounded too ([`BuildLimits`], [`MAX_READ_BYTES`]).
+//! - **Never in the way.** Building runs here, never on the sampling loop; samples taken before a
+//!   process's tables are loaded are walked by frame pointers. A process that execs or exits
+//!   loses its entry in the kernel at once (`process_events.rs`); this thread notices the
+//!   missing entry, or changed mappings (a library loaded later), at the process's next sample
+//!   report and loads it again.
+
+use std::os::unix::fs::MetadataExt as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use hashbrown::HashMap;
+use object::read::ReadCache;
+use profiler_common::cfi::{cfi_block_key, CfiBlock, CfiMapping, CfiProcess, CfiTableIndex};
+use profiler_common::cfi::{MAX_CFI_BLOCKS, MAX_CFI_MAPPINGS};
+
+use super::blocks::{split_into_blocks, TableBlocks};
+use super::build::{build_table, BuildError, BuildLimits};
+use super::mapping::{load_bias_in, load_segments, CodeMapping, LoadSegment, TableKey, TableKeys};
+use crate::process::{self, Backing, Mapping};
+use crate::untrusted::BoundedReads;
+
+/// Most bytes read from one file to key and build its table (headers and `.eh_frame`; a
+/// 130 MB `librustc_driver` has 14 MB of `.eh_frame`).
+pub const MAX_READ_BYTES: u64 = 128 << 20;
+
+/// How often processes known to have tables are checked for having exited.
+const LIVENESS_PERIOD: Duration = Duration::from_secs(10);
+
+/// How long a table that did not fit the budget, or a file that could not be read, waits before
+/// it is tried again.
+const RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// Files not mapped by any process seen for this long are forgotten.
+const FORGET_FILES_AFTER: Duration = Duration::from_secs(600);
+
+/// The share of `cache_budget_mib` given to unwind tables (the rest is the symbolization
+/// caches').
+pub fn table_budget(cache_budget_bytes: u64) -> u64 {
+    cache_budget_bytes / 3
+}
+
+/// `CFI_BLOCKS`' capacity for a table budget.
+pub fn block_capacity(table_budget_bytes: u64) -> u32 {
+    (table_budget_bytes / std::mem::size_of::<CfiBlock>() as u64).clamp(1, u32::MAX as u64) as u32
+}
+
+/// Why a file's mapping got no table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotLoaded {
+    /// No `.eh_frame` or `.debug_frame`, or not x86_64 ELF.
+    NoCfi,
+    /// The file could not be opened or read safely, or its call frame information is broken.
+    Unreadable,
+    /// More rows than a table may have.
+    TooLarge,
+    /// The budget was full of tables live processes use.
+    Budget,
+    /// The kernel refused a map update (a map full, memory).
+    MapFull,
+    /// The process has more mappings with tables than its entry holds.
+    TooManyMappings,
+}
+
+impl NotLoaded {
+    pub const ALL: [Self; 6] = [
+        Self::NoCfi,
+        Self::Unreadable,
+        Self::TooLarge,
+        Self::Budget,
+        Self::MapFull,
+        Self::TooManyMappings,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::NoCfi => "no_cfi",
+            Self::Unreadable => "unreadable",
+            Self::TooLarge => "too_large",
+            Self::Budget => "budget",
+            Self::MapFull => "map_full",
+            Self::TooManyMappings => "too_many_mappings",
+        }
+    }
+}
+
+/// Figures shared with the metrics endpoint.
+#[derive(Debug, Default)]
+pub struct TableStats {
+    pub tables: AtomicU64,
+    pub bytes: AtomicU64,
+    pub limit_bytes: AtomicU64,
+    pub processes: AtomicU64,
+    pub builds: AtomicU64,
+    pub build_micros: AtomicU64,
+    pub evictions: AtomicU64,
+    pub not_loaded: [AtomicU64; NotLoaded::ALL.len()],
+}
+
+impl TableStats {
+    fn count(&self, reason: NotLoaded) {
+        self.not_loaded[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn not_loaded(&self, reason: NotLoaded) -> u64 {
+        self.not_loaded[reason as usize].load(Ordering::Relaxed)
+    }
+}
+
+/// The BPF maps the tables go to (a fake in tests).
+pub trait TableMaps {
+    /// Writes a table's blocks, then its index (a walk that finds the index finds its blocks).
+    fn put_table(&mut self, id: u32, table: &TableBlocks) -> Result<(), String>;
+    fn remove_table(&mut self, id: u32, blocks: u32);
+    fn put_process(&mut self, pid: u32, process: &CfiProcess) -> Result<(), String>;
+    fn remove_process(&mut self, pid: u32);
+    /// Whether the kernel still has the process's entry (it drops it on exec and exit).
+    fn has_process(&self, pid: u32) -> bool;
+}
+
+/// The sampler's `CFI_PROCS`, `CFI_TABLES` and `CFI_BLOCKS`.
+pub struct BpfTableMaps {
+    pub procs: BpfHashMap<MapData, u32, CfiProcess>,
+    pub tables: BpfHashMap<MapData, u32, CfiTableIndex>,
+    pub blocks: BpfHashMap<MapData, u64, CfiBlock>,
+}
+
+impl TableMaps for BpfTableMaps {
+    fn put_table(&mut self, id: u32, table: &TableBlocks) -> Result<(), String> {
+        for (number, block) in table.blocks.iter().enumerate() {
+            if let Err(err) = self
+                .blocks
+                .insert(cfi_block_key(id, number as u32), &**block, 0)
+            {
+                self.remove_table(id, number as u32);
+                return Err(err.to_string());
+            }
+        }
+        if let Err(err) = self.tables.insert(id, &*table.index, 0) {
+            self.remove_table(id, table.blocks.len() as u32);
+            return Err(err.to_string());
+        }
+        Ok(())
+    }
+
+    fn remove_table(&mut self, id: u32, blocks: u32) {
+        let _ = self.tables.remove(&id);
+        for number in 0..blocks {
+            let _ = self.blocks.remove(&cfi_block_key(id, number));
+        }
+    }
+
+    fn put_process(&mut self, pid: u32, process: &CfiProcess) -> Result<(), String> {
+        self.procs
+            .insert(pid, process, 0)
+            .map_err(|err| err.to_string())
+    }
+
+    fn remove_process(&mut self, pid: u32) {
+        let _ = self.procs.remove(&pid);
+    }
+
+    fn has_process(&self, pid: u32) -> bool {
+        self.procs.get(&pid, 0).is_ok()
+    }
+}
+
+/// A file as the host knows it: equal ids, same bytes (unless rewritten in place within the
+/// same second, which `mtime`'s nanoseconds make unlikely).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct FileId {
+    dev: u64,
+    inode: u64,
+    size: u64,
+    mtime_ns: i128,
+}
+
+/// What a file's headers said: the key of its table and its loadable segments.
+struct FileLayout {
+    key: Option<TableKey>,
+    segments: Vec<LoadSegment>,
+    last_used: Instant,
+}
+
+enum TableState {
+    Loaded(LoadedTable),
+    /// Not loaded; tried again after `retry` (never for what cannot change).
+    Failed {
+        retry: Option<Instant>,
+    },
+}
+
+struct LoadedTable {
+    id: u32,
+    blocks: u32,
+    bytes: u64,
+    /// Processes whose entry uses it.
+    users: u32,
+    last_used: Instant,
+}
+
+/// A process whose entry is in `CFI_PROCS`.
+struct LoadedProcess {
+    start_time: u64,
+    /// Its file-backed executable mappings when loaded: reloaded when they change.
+    mappings: Vec<(u64, u64, u64)>,
+    tables: Vec<TableKey>,
+}
+
+pub struct UnwindTables<M: TableMaps> {
+    maps: M,
+    keys: TableKeys,
+    limits: BuildLimits,
+    budget_bytes: u64,
+    used_bytes: u64,
+    files: HashMap<FileId, FileLayout>,
+    tables: HashMap<TableKey, TableState>,
+    processes: HashMap<u32, LoadedProcess>,
+    free_ids: Vec<u32>,
+    next_id: u32,
+    stats: Arc<TableStats>,
+}
+
+impl<M: TableMaps> UnwindTables<M> {
+    pub fn new(maps: M, budget_bytes: u64, stats: Arc<TableStats>) -> Self {
+        stats.limit_bytes.store(budget_bytes, Ordering::Relaxed);
+        Self {
+            maps,
+            keys: TableKeys::new(),
+            limits: BuildLimits {
+                max_rows: MAX_CFI_BLOCKS * profiler_common::cfi::CFI_BLOCK_ROWS,
+            },
+            budget_bytes,
+            used_bytes: 0,
+            files: HashMap::new(),
+            tables: HashMap::new(),
+            processes: HashMap::new(),
+            free_ids: Vec::new(),
+            next_id: 1,
+            stats,
+        }
+    }
+
+    /// Runs until the sending side is dropped: loads the processes reported, and checks those
+    /// it knows for having exited every [`LIVENESS_PERIOD`].
+    pub fn run(mut self, sampled: Receiver<Vec<u32>>) {
+        let mut checked = Instant::now();
+        loop {
+            match sampled.recv_timeout(LIVENESS_PERIOD) {
+                Ok(mut pids) => {
+                    pids.extend(sampled.try_iter().flatten());
+                    pids.sort_unstable();
+                    pids.dedup();
+                    for pid in pids {
+                        self.observe_guarded(pid);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            if checked.elapsed() >= LIVENESS_PERIOD {
+                checked = Instant::now();
+                self.forget_exited();
+            }
+        }
+    }
+
+    /// [`Self::observe`], a panic costing this process's tables rather than the thread.
+    fn observe_guarded(&mut self, pid: u32) {
+        let observed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.observe(pid)));
+        if observed.is_err() {
+            tracing::error!(
+                pid,
+                "building unwind tables panicked (a bug; please report it with the log above): \
+                 this process is walked by frame pointers"
+            );
+            self.forget(pid);
+        }
+    }
+
+    /// A process was sampled: loads its tables and mappings unless they are current.
+    pub fn observe(&mut self, pid: u32) {
+        let Ok(stat) = process::read_stat(pid) else {
+            self.forget(pid);
+            return;
+        };
+        let Ok(mappings) = process::read_mappings(pid) else {
+            self.forget(pid);
+            return;
+        };
+        let files: Vec<&Mapping> = mappings
+            .iter()
+            .filter(|m| matches!(m.backing, Backing::File { .. }))
+            .collect();
+        let signature: Vec<(u64, u64, u64)> =
+            files.iter().map(|m| (m.start, m.end, m.offset)).collect();
+        if let Some(known) = self.processes.get(&pid) {
+            if known.start_time == stat.starttime
+                && known.mappings == signature
+                && self.maps.has_process(pid)
+            {
+                let now = Instant::now();
+                for key in &known.tables {
+                    if let Some(TableState::Loaded(table)) = self.tables.get_mut(key) {
+                        table.last_used = now;
+                    }
+                }
+                return;
+            }
+        }
+        self.forget(pid);
+        let shares_our_root = process::shares_our_root(pid);
+        let mut entry = Box::new(CfiProcess {
+            count: 0,
+            _reserved: 0,
+            mappings: [CfiMapping::default(); MAX_CFI_MAPPINGS],
+        });
+        let mut tables = Vec::new();
+        for mapping in files {
+            let Some((table, bias, key)) = self.table_of(pid, shares_our_root, mapping) else {
+                continue;
+            };
+            if entry.count as usize >= MAX_CFI_MAPPINGS {
+                self.stats.count(NotLoaded::TooManyMappings);
+                break;
+            }
+            entry.mappings[entry.count as usize] = CfiMapping {
+                start: mapping.start,
+                end: mapping.end,
+                bias,
+                table,
+                _reserved: 0,
+            };
+            entry.count += 1;
+            tables.push(key);
+        }
+        if entry.count == 0 {
+            return;
+        }
+        if let Err(err) = self.maps.put_process(pid, &entry) {
+            tracing::debug!(pid, %err, "unwind mappings not written");
+            self.stats.count(NotLoaded::MapFull);
+            return;
+        }
+        for key in &tables {
+            if let Some(TableState::Loaded(table)) = self.tables.get_mut(key) {
+                table.users += 1;
+            }
+        }
+        self.processes.insert(
+            pid,
+            LoadedProcess {
+                start_time: stat.starttime,
+                mappings: signature,
+                tables,
+            },
+        );
+        self.publish();
+    }
+
+    /// The table id, bias and key for one mapping, loading the table if needed.
+    fn table_of(
+        &mut self,
+        pid: u32,
+        shares_our_root: bool,
+        mapping: &Mapping,
+    ) -> Option<(u32, u64, TableKey)> {
+        let file = process::open_mapped_file(pid, shares_our_root, mapping).ok()?;
+        let meta = file.metadata().ok()?;
+        let Backing::File { dev, inode, .. } = mapping.backing else {
+            return None;
+        };
+        let id = FileId {
+            dev,
+            inode,
+            size: meta.len(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+        };
+        let now = Instant::now();
+        let reads = BoundedReads::new(ReadCache::new(file), MAX_READ_BYTES);
+        if !self.files.contains_key(&id) {
+            let layout = match object::File::parse(&reads) {
+                Ok(elf) => FileLayout {
+                    key: self.keys.key(&elf),
+                    segments: load_segments(&elf),
+                    last_used: now,
+                },
+                Err(_) => FileLayout {
+                    key: None,
+                    segments: Vec::new(),
+                    last_used: now,
+                },
+            };
+            self.files.insert(id, layout);
+        }
+        let layout = self.files.get_mut(&id)?;
+        layout.last_used = now;
+        let key = layout.key?;
+        let bias = load_bias_in(
+            &layout.segments,
+            CodeMapping {
+                start: mapping.start,
+                end: mapping.end,
+                file_offset: mapping.offset,
+            },
+        )?;
+        let table = self.load_table(key, &reads)?;
+        Some((table, bias, key))
+    }
+
+    /// The id of the table keyed `key`, built from `reads` and loaded if it is not yet.
+    fn load_table(&mut self, key: TableKey, reads: &BoundedReads) -> Option<u32> {
+        let now = Instant::now();
+        match self.tables.get_mut(&key) {
+            Some(TableState::Loaded(table)) => {
+                table.last_used = now;
+                return Some(table.id);
+            }
+            Some(TableState::Failed { retry, .. }) if retry.is_none_or(|at| now < at) => {
+                return None
+            }
+            _ => {}
+        }
+        let started = Instant::now();
+        let built = build_table(reads, self.limits);
+        self.stats.builds.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .build_micros
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        let result = match built {
+            Ok(table) => split_into_blocks(&table.rows).ok_or(NotLoaded::TooLarge),
+            Err(BuildError::TooLarge { .. } | BuildError::AddressTooHigh { .. }) => {
+                Err(NotLoaded::TooLarge)
+            }
+            Err(BuildError::NoCallFrameInfo | BuildError::NotX86_64) => Err(NotLoaded::NoCfi),
+            Err(BuildError::Elf(_) | BuildError::Cfi(_)) => Err(NotLoaded::Unreadable),
+        };
+        let blocks = match result {
+            Ok(blocks) => blocks,
+            Err(reason) => {
+                self.fail(key, reason, None);
+                return None;
+            }
+        };
+        let bytes = blocks.map_bytes();
+        if !self.make_room(bytes) {
+            self.fail(key, NotLoaded::Budget, Some(now + RETRY_AFTER));
+            return None;
+        }
+        let id = self.free_ids.pop().unwrap_or_else(|| {
+            self.next_id += 1;
+            self.next_id - 1
+        });
+        if let Err(err) = self.maps.put_table(id, &blocks) {
+            tracing::debug!(%err, "unwind table not written");
+            self.free_ids.push(id);
+            self.fail(key, NotLoaded::MapFull, Some(now + RETRY_AFTER));
+            return None;
+        }
+        tracing::debug!(
+            rows = blocks.index.blocks,
+            bytes,
+            took_ms = started.elapsed().as_millis() as u64,
+            "unwind table loaded"
+        );
+        self.used_bytes += bytes;
+        self.tables.insert(
+            key,
+            TableState::Loaded(LoadedTable {
+                id,
+                blocks: blocks.index.blocks,
+                bytes,
+                users: 0,
+                last_used: now,
+            }),
+        );
+        self.publish();
+        Some(id)
+    }
+
+    fn fail(&mut self, key: TableKey, reason: NotLoaded, retry: Option<Instant>) {
+        self.stats.count(reason);
+        self.tables.insert(key, TableState::Failed { retry });
+    }
+
+    /// Evicts the least recently used tables no process uses until `bytes` more fit.
+    fn make_room(&mut self, bytes: u64) -> bool {
+        while self.used_bytes + bytes > self.budget_bytes {
+            let victim = self
+                .tables
+                .iter()
+                .filter_map(|(key, state)| match state {
+                    TableState::Loaded(table) if table.users == 0 => Some((*key, table.last_used)),
+                    _ => None,
+                })
+                .min_by_key(|(_, last_used)| *last_used)
+                .map(|(key, _)| key);
+            let Some(victim) = victim else {
+                return false;
+            };
+            self.evict(victim);
+        }
+        true
+    }
+
+    fn evict(&mut self, key: TableKey) {
+        if let Some(TableState::Loaded(table)) = self.tables.remove(&key) {
+            self.maps.remove_table(table.id, table.blocks);
+            self.free_ids.push(table.id);
+            self.used_bytes -= table.bytes;
+            self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+            self.publish();
+        }
+    }
+
+    /// Drops a process's entry and its uses of tables.
+    fn forget(&mut self, pid: u32) {
+        let Some(known) = self.processes.remove(&pid) else {
+            return;
+        };
+        self.maps.remove_process(pid);
+        for key in known.tables {
+            if let Some(TableState::Loaded(table)) = self.tables.get_mut(&key) {
+                table.users = table.users.saturating_sub(1);
+            }
+        }
+        self.publish();
+    }
+
+    /// Forgets processes that exited (or whose pid now runs another process), and files no
+    /// process has mapped for a while.
+    pub fn forget_exited(&mut self) {
+        let gone: Vec<u32> = self
+            .processes
+            .iter()
+            .filter(|(pid, known)| {
+                process::read_stat(**pid).map_or(true, |stat| stat.starttime != known.start_time)
+            })
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in gone {
+            self.forget(pid);
+        }
+        let now = Instant::now();
+        self.files
+            .retain(|_, layout| now.duration_since(layout.last_used) < FORGET_FILES_AFTER);
+        self.tables.retain(|_, state| match state {
+            TableState::Failed { retry: Some(at) } => now < *at,
+            _ => true,
+        });
+    }
+
+    fn publish(&self) {
+        let loaded = self
+            .tables
+            .values()
+            .filter(|state| matches!(state, TableState::Loaded(_)))
+            .count();
+        self.stats.tables.store(loaded as u64, Ordering::Relaxed);
+        self.stats.bytes.store(self.used_bytes, Ordering::Relaxed);
+        self.stats
+            .processes
+            .store(self.processes.len() as u64, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests;

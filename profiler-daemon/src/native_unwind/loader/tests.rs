@@ -1,0 +1,137 @@
+use std::collections::HashMap as StdHashMap;
+
+use profiler_common::cfi::{
+    find_cfi_mapping, find_cfi_row, find_cfi_row_in_table, CfiRow, Transparent,
+};
+
+use super::*;
+
+/// The maps, in memory.
+#[derive(Default)]
+struct FakeMaps {
+    tables: StdHashMap<u32, (Box<CfiTableIndex>, Vec<Box<CfiBlock>>)>,
+    procs: StdHashMap<u32, Box<CfiProcess>>,
+}
+
+impl TableMaps for FakeMaps {
+    fn put_table(&mut self, id: u32, table: &TableBlocks) -> Result<(), String> {
+        let blocks = table.blocks.iter().map(|b| Box::new(**b)).collect();
+        self.tables.insert(id, (Box::new(*table.index), blocks));
+        Ok(())
+    }
+
+    fn remove_table(&mut self, id: u32, _blocks: u32) {
+        self.tables.remove(&id);
+    }
+
+    fn put_process(&mut self, pid: u32, process: &CfiProcess) -> Result<(), String> {
+        self.procs.insert(pid, Box::new(*process));
+        Ok(())
+    }
+
+    fn remove_process(&mut self, pid: u32) {
+        self.procs.remove(&pid);
+    }
+
+    fn has_process(&self, pid: u32) -> bool {
+        self.procs.contains_key(&pid)
+    }
+}
+
+impl FakeMaps {
+    /// The row the BPF walker would find for `pc` in process `pid`.
+    fn row(&self, pid: u32, pc: u64) -> Option<CfiRow> {
+        let mapping = find_cfi_mapping(self.procs.get(&pid)?, pc, &mut Transparent)?;
+        let (index, blocks) = self.tables.get(&mapping.table)?;
+        let address = u32::try_from(pc - mapping.bias).ok()?;
+        find_cfi_row_in_table(index, address, &mut Transparent, |b| {
+            blocks.get(b as usize).map(|b| &**b)
+        })
+    }
+}
+
+/// libc's own table, searched directly, at the ELF address of `getpid`.
+fn libc_row_at(address: u64) -> CfiRow {
+    let path = std::fs::canonicalize("/lib/x86_64-linux-gnu/libc.so.6").expect("libc");
+    let data = std::fs::read(path).expect("libc readable");
+    let table = build_table(&*data, BuildLimits::default()).expect("libc table");
+    find_cfi_row(table.rows.len() as u32, address as u32, |i| {
+        table.rows.get(i as usize).copied()
+    })
+    .expect("a row for getpid")
+}
+
+fn getpid_elf_address() -> u64 {
+    let data = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("libc");
+    let file = object::File::parse(&*data).expect("ELF");
+    object::Object::dynamic_symbols(&file)
+        .find(|s| object::ObjectSymbol::name(s) == Ok("getpid"))
+        .map(|s| object::ObjectSymbol::address(&s))
+        .expect("getpid in .dynsym")
+}
+
+#[test]
+fn a_process_gets_its_files_tables_and_the_walker_finds_libc_rows() {
+    let stats = Arc::new(TableStats::default());
+    let mut tables = UnwindTables::new(FakeMaps::default(), 256 << 20, stats.clone());
+    let pid = std::process::id();
+    tables.observe(pid);
+    let entry = tables.maps.procs.get(&pid).expect("our entry");
+    assert!(
+        entry.count >= 2,
+        "libc and the test binary: {}",
+        entry.count
+    );
+    let starts: Vec<u64> = entry.mappings[..entry.count as usize]
+        .iter()
+        .map(|m| m.start)
+        .collect();
+    assert!(starts.windows(2).all(|w| w[0] < w[1]), "sorted");
+
+    // Our getpid's address maps to the row libc's table has at its ELF address.
+    let getpid = libc::getpid as *const () as u64;
+    let found = tables.maps.row(pid, getpid).expect("a row for our getpid");
+    assert_eq!(found, libc_row_at(getpid_elf_address()));
+
+    // Seen again unchanged: nothing is built again.
+    let builds = stats.builds.load(Ordering::Relaxed);
+    tables.observe(pid);
+    assert_eq!(stats.builds.load(Ordering::Relaxed), builds);
+    assert_eq!(stats.processes.load(Ordering::Relaxed), 1);
+    assert!(stats.bytes.load(Ordering::Relaxed) > 0);
+
+    // The kernel dropped the entry (an exec): loaded again from the tables already built.
+    tables.maps.remove_process(pid);
+    tables.observe(pid);
+    assert!(tables.maps.has_process(pid));
+    assert_eq!(stats.builds.load(Ordering::Relaxed), builds);
+}
+
+#[test]
+fn tables_past_the_budget_are_not_loaded_and_counted() {
+    let stats = Arc::new(TableStats::default());
+    // Room for one 32 KiB block and the index: libc (7 blocks) does not fit.
+    let mut tables = UnwindTables::new(FakeMaps::default(), 40 << 10, stats.clone());
+    tables.observe(std::process::id());
+    assert!(stats.not_loaded(NotLoaded::Budget) > 0);
+    assert!(stats.bytes.load(Ordering::Relaxed) <= 40 << 10);
+    let getpid = libc::getpid as *const () as u64;
+    assert!(tables.maps.row(std::process::id(), getpid).is_none());
+}
+
+#[test]
+fn unused_tables_are_evicted_least_recently_used_first() {
+    let stats = Arc::new(TableStats::default());
+    let mut tables = UnwindTables::new(FakeMaps::default(), 256 << 20, stats.clone());
+    let pid = std::process::id();
+    tables.observe(pid);
+    let loaded = stats.tables.load(Ordering::Relaxed);
+    assert!(loaded >= 2);
+    // The process goes away: its tables stay, unused, until room is needed.
+    tables.forget(pid);
+    assert_eq!(stats.tables.load(Ordering::Relaxed), loaded);
+    assert!(tables.make_room(tables.budget_bytes));
+    assert_eq!(stats.tables.load(Ordering::Relaxed), 0);
+    assert_eq!(stats.evictions.load(Ordering::Relaxed), loaded);
+    assert!(tables.maps.tables.is_empty());
+}
