@@ -52,7 +52,7 @@ fn direct_rule(data: &[u8], address: u64) -> Option<CfiRow> {
 fn table_lookups_match_direct_evaluation_of_system_libraries() {
     for path in system_files() {
         let data = std::fs::read(&path).expect("readable");
-        let table = build_table(&data, BuildLimits::default()).expect("table builds");
+        let table = build_table(&data[..], BuildLimits::default()).expect("table builds");
         assert_eq!(table.source, CfiSource::EhFrame, "{}", path.display());
         let rows = &table.rows;
         assert!(rows.len() > 1000, "{}: {} rows", path.display(), rows.len());
@@ -117,7 +117,7 @@ fn plt_entries_get_their_expression_rule() {
     let data = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("libc");
     let file = object::File::parse(&*data).expect("ELF");
     let plt = file.section_by_name(".plt").expect(".plt");
-    let table = build_table(&data, BuildLimits::default()).expect("table");
+    let table = build_table(&data[..], BuildLimits::default()).expect("table");
     let row = find_cfi_row(table.rows.len() as u32, plt.address() as u32 + 0x20, |i| {
         table.rows.get(i as usize).copied()
     })
@@ -191,12 +191,12 @@ fn gaps_between_functions_have_no_rule_and_equal_rules_merge() {
 #[test]
 fn hostile_files_are_refused_or_bounded_never_a_panic() {
     assert!(matches!(
-        build_table(b"not an ELF file", BuildLimits::default()),
+        build_table(&b"not an ELF file"[..], BuildLimits::default()),
         Err(BuildError::Elf(_))
     ));
     let data = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("libc");
     assert!(matches!(
-        build_table(&data, BuildLimits { max_rows: 100 }),
+        build_table(&data[..], BuildLimits { max_rows: 100 }),
         Err(BuildError::TooLarge { max_rows: 100 })
     ));
     // Corrupted call frame information: every byte of .eh_frame flipped in turn (a sample).
@@ -208,6 +208,6 @@ fn hostile_files_are_refused_or_bounded_never_a_panic() {
     let mut corrupted = data.clone();
     for i in (0..size as usize).step_by(997) {
         corrupted[offset as usize + i] ^= 0xa5;
-        let _ = build_table(&corrupted, BuildLimits::default());
+        let _ = build_table(&corrupted[..], BuildLimits::default());
     }
 }
