@@ -97,6 +97,18 @@ impl NotLoaded {
     }
 }
 
+/// Adds `mapping` to `process`'s mappings, kept sorted by address (the BPF side searches them).
+fn insert_sorted(process: &mut CfiProcess, mapping: CfiMapping) {
+    let count = process.count as usize;
+    if count >= MAX_CFI_MAPPINGS {
+        return;
+    }
+    let at = process.mappings[..count].partition_point(|m| m.start < mapping.start);
+    process.mappings.copy_within(at..count, at + 1);
+    process.mappings[at] = mapping;
+    process.count += 1;
+}
+
 /// Figures shared with the metrics endpoint.
 #[derive(Debug, Default)]
 pub struct TableStats {
@@ -329,7 +341,12 @@ impl<M: TableMaps> UnwindTables<M> {
             mappings: [CfiMapping::default(); MAX_CFI_MAPPINGS],
         });
         let mut tables = Vec::new();
+        // Small mappings first (their tables build fast), and the entry written after each
+        // table built: a JNI library's frames need not wait for libjvm's table.
+        let mut files = files;
+        files.sort_by_key(|m| m.end - m.start);
         for mapping in files {
+            let builds = self.stats.builds.load(Ordering::Relaxed);
             let Some((table, bias, key)) = self.table_of(pid, shares_our_root, mapping) else {
                 continue;
             };
@@ -337,15 +354,21 @@ impl<M: TableMaps> UnwindTables<M> {
                 self.stats.count(NotLoaded::TooManyMappings);
                 break;
             }
-            entry.mappings[entry.count as usize] = CfiMapping {
-                start: mapping.start,
-                end: mapping.end,
-                bias,
-                table,
-                _reserved: 0,
-            };
-            entry.count += 1;
+            insert_sorted(
+                &mut entry,
+                CfiMapping {
+                    start: mapping.start,
+                    end: mapping.end,
+                    bias,
+                    table,
+                    _reserved: 0,
+                },
+            );
             tables.push(key);
+            let built = self.stats.builds.load(Ordering::Relaxed) != builds;
+            if built && self.maps.put_process(pid, &entry).is_err() {
+                break;
+            }
         }
         if entry.count == 0 {
             return;
@@ -353,6 +376,7 @@ impl<M: TableMaps> UnwindTables<M> {
         if let Err(err) = self.maps.put_process(pid, &entry) {
             tracing::debug!(pid, %err, "unwind mappings not written");
             self.stats.count(NotLoaded::MapFull);
+            self.maps.remove_process(pid);
             return;
         }
         for key in &tables {
@@ -471,7 +495,7 @@ impl<M: TableMaps> UnwindTables<M> {
             return None;
         }
         tracing::debug!(
-            rows = blocks.index.blocks,
+            blocks = blocks.index.blocks,
             bytes,
             took_ms = started.elapsed().as_millis() as u64,
             "unwind table loaded"
