@@ -132,7 +132,15 @@ fn a_tight_cache_budget_bounds_memory_on_a_whole_host_run() {
     let charged = metric_value(&page, metric::SYMBOL_CACHE_BYTES).expect("cache bytes");
     let evictions = metric_value(&page, metric::SYMBOL_CACHE_EVICTIONS).expect("evictions");
     let limit = metric_value(&page, metric::SYMBOL_CACHE_LIMIT_BYTES).expect("limit");
-    assert_eq!(limit, budget_mib << 20);
+    // One budget: the unwind tables' share and the symbolization caches' add up to it.
+    let table_limit =
+        metric_value(&page, metric::UNWIND_TABLE_LIMIT_BYTES).expect("unwind table limit");
+    let table_bytes = metric_value(&page, metric::UNWIND_TABLE_BYTES).expect("unwind table bytes");
+    assert_eq!(limit + table_limit, budget_mib << 20);
+    assert!(
+        table_bytes <= table_limit,
+        "unwind tables {table_bytes} > their limit {table_limit}"
+    );
     assert!(charged <= limit, "charged {charged} > limit {limit}");
     assert!(
         evictions > 0,

@@ -7,20 +7,30 @@
 //! file mapped, never a link or special file) and handed to blazesym as `/proc/self/fd/N`, so
 //! blazesym reads exactly what was checked.
 //!
+//! A stripped binary is named from its separate debug file where the host has one: looked up by
+//! build-id only, under the daemon's own debug directories (`/usr/lib/debug/.build-id/xx/yyyy.debug`,
+//! what Debian's `-dbgsym` packages install), never by a debug link name the binary chose.
+//!
 //! Each binary has its own blazesym symbolizer, so that it can be dropped whole: its mapped file
 //! and parsed DWARF, and the frames resolved from it, are charged to the [`CacheBudget`] and the
 //! least recently used binaries are evicted while the budget is exceeded (they are parsed again
 //! if they show up again).
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use blazesym::symbolize::{source::Elf, source::Source, Input, Symbolizer};
 use hashbrown::HashMap;
+use object::read::ReadCache;
 
 use super::cache_budget::{self, CacheBudget, CacheStats};
 use super::{from_blazesym, ResolvedFrame};
+use crate::native_unwind::mapping::{load_segments, LoadSegment};
 use crate::process::{Backing, Mapping, ProcessInfo};
 use crate::untrusted;
+
+/// Where separate debug files are looked up by build-id (the host's, not a container's).
+pub const DEFAULT_DEBUG_DIRS: [&str; 1] = ["/usr/lib/debug"];
 
 /// Bound on binaries known (their identities, a few hundred bytes each, stay after eviction);
 /// past it everything starts over.
@@ -42,6 +52,8 @@ struct Binary {
     debug_syms: bool,
     /// The file's name in the process's namespace, for frames that cannot be named.
     module: Arc<str>,
+    /// Its separate debug file, when it has no usable DWARF of its own and the host has one.
+    debug_file: Option<DebugFile>,
     /// Its own symbolizer (mapped file, parsed symbols and DWARF), while cached.
     symbolizer: Option<Symbolizer>,
     /// File offset -> frame, while cached.
@@ -50,6 +62,13 @@ struct Binary {
     charged: u64,
     /// When it was last used (a `NativeSymbolizer::clock` value).
     last_used: u64,
+}
+
+/// A binary's separate debug file: same build-id, same segments, symbols and DWARF.
+struct DebugFile {
+    path: PathBuf,
+    /// The binary's loadable segments: file offsets in the binary to addresses in both files.
+    segments: Vec<LoadSegment>,
 }
 
 pub struct NativeSymbolizer {
@@ -62,6 +81,8 @@ pub struct NativeSymbolizer {
     budget: CacheBudget,
     /// Advances once per `resolve` call: the LRU order.
     clock: u64,
+    /// Where debug files are looked up by build-id.
+    debug_dirs: Vec<PathBuf>,
 }
 
 impl Default for NativeSymbolizer {
@@ -89,7 +110,14 @@ impl NativeSymbolizer {
             unknown_anonymous: Arc::new(ResolvedFrame::named("[unknown]", None)),
             budget: CacheBudget::with_stats(limit_bytes, stats),
             clock: 0,
+            debug_dirs: DEFAULT_DEBUG_DIRS.iter().map(PathBuf::from).collect(),
         }
+    }
+
+    /// Looks debug files up under `dirs` instead of [`DEFAULT_DEBUG_DIRS`].
+    pub fn with_debug_dirs(mut self, dirs: Vec<PathBuf>) -> Self {
+        self.debug_dirs = dirs;
+        self
     }
 
     /// Frames cached over all binaries.
@@ -222,10 +250,26 @@ impl NativeSymbolizer {
         // DWARF is read only from a file that names no other files and whose debug sections
         // fit the budget: parsing them holds about their size, and a budget is only a bound if
         // one binary cannot pass it alone (past it, names come from the symbol tables).
-        let debug_syms = file.as_ref().is_some_and(|file| {
-            matches!(inspect_elf(file), Ok(ElfFacts { names_other_files: false, debug_bytes })
-                if debug_bytes <= self.budget.limit() / 2)
-        });
+        let facts = file.as_ref().and_then(|file| inspect_elf(file).ok());
+        let debug_syms = matches!(facts, Some(ElfFacts { names_other_files: false, debug_bytes })
+                if debug_bytes <= self.budget.limit() / 2);
+        let has_own_dwarf = debug_syms && facts.is_some_and(|facts| facts.debug_bytes > 0);
+        let debug_file = match (&file, &build_id) {
+            (Some(file), Some(build_id)) if !has_own_dwarf => {
+                self.find_debug_file(build_id).and_then(|path| {
+                    let reads = untrusted::BoundedReads::new(
+                        ReadCache::new(file.try_clone().ok()?),
+                        1 << 20,
+                    );
+                    let elf = object::File::parse(&reads).ok()?;
+                    Some(DebugFile {
+                        path,
+                        segments: load_segments(&elf),
+                    })
+                })
+            }
+            _ => None,
+        };
         let key = match build_id {
             Some(build_id) if !build_id.is_empty() => BinaryKey::BuildId(build_id),
             _ => BinaryKey::File { dev, inode },
@@ -237,6 +281,7 @@ impl NativeSymbolizer {
                 id,
                 debug_syms,
                 module: Arc::from(path.to_string_lossy().as_ref()),
+                debug_file,
                 symbolizer: None,
                 frames: HashMap::new(),
                 charged: 0,
@@ -245,6 +290,24 @@ impl NativeSymbolizer {
         }
         self.by_file.insert((dev, inode), id);
         id
+    }
+
+    /// The debug file of build-id `build_id` under the debug directories: a regular file (the
+    /// directories are the host's, root's to write), of the same build-id, whose DWARF fits half
+    /// the budget.
+    fn find_debug_file(&self, build_id: &[u8]) -> Option<PathBuf> {
+        let (first, rest) = build_id.split_first()?;
+        if rest.len() < 4 {
+            return None;
+        }
+        let rest: String = rest.iter().map(|byte| format!("{byte:02x}")).collect();
+        self.debug_dirs.iter().find_map(|dir| {
+            let path = dir
+                .join(".build-id")
+                .join(format!("{first:02x}"))
+                .join(format!("{rest}.debug"));
+            debug_file_fits(&path, build_id, self.budget.limit() / 2).then_some(path)
+        })
     }
 
     fn symbolize_binary(
@@ -276,15 +339,34 @@ impl NativeSymbolizer {
                 return named_by_offset();
             }
         };
-        // blazesym caches parsed files by path and checks the inode behind it on every use, so a
-        // descriptor number reused for another file is never mistaken for this one.
-        let mut elf = Elf::new(untrusted::fd_path(&file));
-        elf.debug_syms = debug_syms;
-        let source = Source::Elf(elf);
+        // A debug file is read for the binary: its addresses are the binary's, found from the
+        // file offsets through the binary's segments.
+        let (source, addresses);
+        let input = match &self.binaries[binary as usize].debug_file {
+            Some(debug_file) => {
+                let mut elf = Elf::new(debug_file.path.clone());
+                elf.debug_syms = true;
+                source = Source::Elf(elf);
+                addresses = offsets
+                    .iter()
+                    .map(|offset| address_of_offset(&debug_file.segments, *offset).unwrap_or(0))
+                    .collect::<Vec<u64>>();
+                Input::VirtOffset(&addresses[..])
+            }
+            None => {
+                // blazesym caches parsed files by path and checks the inode behind it on every
+                // use, so a descriptor number reused for another file is never mistaken for
+                // this one.
+                let mut elf = Elf::new(untrusted::fd_path(&file));
+                elf.debug_syms = debug_syms;
+                source = Source::Elf(elf);
+                Input::FileOffset(offsets)
+            }
+        };
         let symbolizer = self.binaries[binary as usize]
             .symbolizer
             .get_or_insert_with(new_blazesym);
-        match symbolizer.symbolize(&source, Input::FileOffset(offsets)) {
+        match symbolizer.symbolize(&source, input) {
             Ok(results) => offsets
                 .iter()
                 .zip(results.iter())
@@ -300,6 +382,36 @@ impl NativeSymbolizer {
             }
         }
     }
+}
+
+/// The address of file offset `offset` of a binary with `segments`.
+fn address_of_offset(segments: &[LoadSegment], offset: u64) -> Option<u64> {
+    segments.iter().find_map(|segment| {
+        (segment.file_offset <= offset && offset < segment.file_offset + segment.file_size)
+            .then(|| offset - segment.file_offset + segment.address)
+    })
+}
+
+/// Whether `path` is a regular file with build-id `build_id` and at most `max_debug_bytes` of
+/// DWARF (what parsing it holds in memory).
+fn debug_file_fits(path: &Path, build_id: &[u8], max_debug_bytes: u64) -> bool {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    // Non-blocking: even in the host's debug directories, a FIFO must not stall the symbolizer.
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+    else {
+        return false;
+    };
+    if !file.metadata().is_ok_and(|meta| meta.is_file()) {
+        return false;
+    }
+    let same_build_id = blazesym::helper::read_elf_build_id(path)
+        .ok()
+        .flatten()
+        .is_some_and(|id| *id == *build_id);
+    same_build_id && inspect_elf(&file).is_ok_and(|facts| facts.debug_bytes <= max_debug_bytes)
 }
 
 /// Sections through which an ELF file names other files to read its debug information from.
@@ -450,7 +562,9 @@ mod tests {
         let process = ProcessInfo::read(std::process::id()).expect("own process");
         let here = a_function_with_a_distinct_name as *const () as u64 + 1;
         let libc_addr = libc::getpid as *const () as u64;
-        let mut symbolizer = NativeSymbolizer::with_budget(u64::MAX);
+        // Without debug files: libc's name from its debug file (libc6-dbg) would differ from its
+        // `.dynsym` name under the tight budget below, where no DWARF fits.
+        let mut symbolizer = NativeSymbolizer::with_budget(u64::MAX).with_debug_dirs(Vec::new());
         let stats = symbolizer.cache_stats();
         let first = symbolizer.resolve(&process, &[here, libc_addr]);
         let charged = stats
@@ -464,7 +578,7 @@ mod tests {
 
         // A budget nothing fits in: every call's binaries are dropped after use, the oldest
         // first, and the frames are still named.
-        let mut tight = NativeSymbolizer::with_budget(1);
+        let mut tight = NativeSymbolizer::with_budget(1).with_debug_dirs(Vec::new());
         let stats = tight.cache_stats();
         let again = tight.resolve(&process, &[here]);
         let function = |frames: &[Option<Arc<ResolvedFrame>>]| {
@@ -483,6 +597,95 @@ mod tests {
         );
         let libc_again = tight.resolve(&process, &[libc_addr]);
         assert_eq!(function(&libc_again), function(&first[1..]));
+    }
+
+    /// A stripped program whose debug file sits under a debug directory by build-id is named
+    /// from it, with lines; without the directory it is not.
+    #[test]
+    fn a_stripped_binary_is_named_from_its_debug_file_by_build_id() {
+        use object::{Object as _, ObjectSymbol as _};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let source = dir.path().join("stripped.c");
+        std::fs::write(
+            &source,
+            "#include <unistd.h>\n\
+             __attribute__((noinline)) void a_function_only_the_debug_file_names(void) {\n\
+                 for (;;) pause();\n\
+             }\n\
+             int main(void) { a_function_only_the_debug_file_names(); return 0; }\n",
+        )
+        .expect("source written");
+        let binary = dir.path().join("stripped");
+        let debug = dir.path().join("stripped.debug");
+        let run = |command: &mut std::process::Command| {
+            let status = command.status().expect("a build tool runs (gcc, binutils)");
+            assert!(status.success(), "{command:?}");
+        };
+        run(std::process::Command::new("cc")
+            .args(["-g", "-O1", "-Wl,--build-id", "-o"])
+            .arg(&binary)
+            .arg(&source));
+        run(std::process::Command::new("objcopy")
+            .arg("--only-keep-debug")
+            .arg(&binary)
+            .arg(&debug));
+        run(std::process::Command::new("strip")
+            .arg("--strip-all")
+            .arg(&binary));
+        let build_id = blazesym::helper::read_elf_build_id(&binary)
+            .expect("readable")
+            .expect("a build-id")
+            .to_vec();
+        let debug_dirs = dir.path().join("debug");
+        let by_id = debug_dirs
+            .join(".build-id")
+            .join(format!("{:02x}", build_id[0]));
+        std::fs::create_dir_all(&by_id).expect("debug directory");
+        let rest: String = build_id[1..].iter().map(|b| format!("{b:02x}")).collect();
+        std::fs::copy(&debug, by_id.join(format!("{rest}.debug"))).expect("debug file placed");
+
+        // The function's address in the running program, from the debug file's symbols.
+        let debug_data = std::fs::read(&debug).expect("debug file");
+        let debug_elf = object::File::parse(&*debug_data).expect("ELF");
+        let address = debug_elf
+            .symbols()
+            .find(|s| s.name() == Ok("a_function_only_the_debug_file_names"))
+            .expect("the symbol in the debug file")
+            .address();
+        let mut child = std::process::Command::new(&binary).spawn().expect("starts");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let process = ProcessInfo::read(child.id()).expect("the child");
+        let binary_data = std::fs::read(&binary).expect("binary");
+        let segments = load_segments(&object::File::parse(&*binary_data).expect("ELF"));
+        let segment = segments
+            .iter()
+            .find(|s| s.address <= address && address < s.address + s.file_size)
+            .expect("a segment holds the function");
+        let offset = address - segment.address + segment.file_offset;
+        let mapping = process
+            .mappings
+            .iter()
+            .find(|m| m.offset <= offset && offset < m.offset + (m.end - m.start))
+            .expect("the function's page is mapped");
+        let pc = mapping.start + (offset - mapping.offset) + 1;
+
+        let named = |dirs: Vec<PathBuf>| {
+            let mut symbolizer = NativeSymbolizer::with_budget(u64::MAX).with_debug_dirs(dirs);
+            symbolizer.resolve(&process, &[pc])[0]
+                .as_ref()
+                .map(|frame| (frame.function().to_owned(), frame.lines[0].line))
+        };
+        let with_debug_file = named(vec![debug_dirs]);
+        let without = named(Vec::new());
+        let _ = child.kill();
+        let _ = child.wait();
+        let (function, line) = with_debug_file.expect("mapped");
+        assert_eq!(function, "a_function_only_the_debug_file_names");
+        assert!(line > 0, "DWARF lines from the debug file");
+        assert_ne!(
+            without.map(|(function, _)| function).as_deref(),
+            Some("a_function_only_the_debug_file_names")
+        );
     }
 
     #[test]
