@@ -3,6 +3,7 @@
 //! the `CFI_*` maps, and the per-CPU window the thread's stack is read through. None of these
 //! reads can fault; a failed one is a value.
 
+use core::cell::Cell;
 use core::ffi::c_void;
 use core::mem::MaybeUninit;
 
@@ -68,24 +69,53 @@ impl Opaque for OpaqueSlot {
 
 /// The sampled process, as the current task sees it.
 pub(crate) struct CurrentTask {
-    /// Its mappings with unwind tables, if the daemon loaded any, and the searches' slot.
-    cfi: Option<(&'static CfiProcess, *mut u32)>,
+    pid: u32,
+    /// Its mappings with unwind tables and the searches' slot, once looked up: at the first
+    /// native frame of a batch of steps, so that Java frames pay no lookup.
+    cfi: Cell<CfiLookup>,
+}
+
+#[derive(Clone, Copy)]
+enum CfiLookup {
+    NotYet,
+    None,
+    Found(&'static CfiProcess, *mut u32),
 }
 
 impl CurrentTask {
-    /// The current task, with the unwind tables of process `pid` (looked up once per batch of
-    /// steps: a hash lookup per frame would cost more than the walk's other reads).
     #[inline(always)]
     pub(crate) fn new(pid: u32) -> Self {
-        let (Some(found), Some(slot)) = (CFI_PROCS.get_ptr(&pid), CFI_OPAQUE.get_ptr_mut(0)) else {
-            return Self { cfi: None };
-        };
-        // Through an opaque copy: otherwise the compiler may compute field addresses from the
-        // lookup's result before its null check, which the verifier refuses.
-        let found = core::hint::black_box(found);
-        // SAFETY: non-null, a map value only read; the daemon replaces entries whole.
         Self {
-            cfi: Some((unsafe { &*found }, slot)),
+            pid,
+            cfi: Cell::new(CfiLookup::NotYet),
+        }
+    }
+
+    /// The process's mappings with tables, looked up once per batch of steps.
+    #[inline(always)]
+    fn cfi(&self) -> Option<(&'static CfiProcess, *mut u32)> {
+        let lookup = match self.cfi.get() {
+            CfiLookup::NotYet => {
+                let lookup = match (CFI_PROCS.get_ptr(&self.pid), CFI_OPAQUE.get_ptr_mut(0)) {
+                    (Some(found), Some(slot)) => {
+                        // Through an opaque copy: otherwise the compiler may compute field
+                        // addresses from the lookup's result before its null check, which the
+                        // verifier refuses.
+                        let found = core::hint::black_box(found);
+                        // SAFETY: non-null, a map value only read; the daemon replaces entries
+                        // whole.
+                        CfiLookup::Found(unsafe { &*found }, slot)
+                    }
+                    _ => CfiLookup::None,
+                };
+                self.cfi.set(lookup);
+                lookup
+            }
+            known => known,
+        };
+        match lookup {
+            CfiLookup::Found(process, slot) => Some((process, slot)),
+            _ => None,
         }
     }
 }
@@ -146,7 +176,7 @@ impl UserMemory for CurrentTask {
 impl NativeTables for CurrentTask {
     #[inline(always)]
     fn cfi_row(&self, pc: u64) -> Option<CfiRow> {
-        let (process, slot) = self.cfi?;
+        let (process, slot) = self.cfi()?;
         let opaque = &mut OpaqueSlot(slot);
         let mapping = find_cfi_mapping(process, pc, opaque)?;
         let address = u32::try_from(pc.wrapping_sub(mapping.bias)).ok()?;

@@ -314,7 +314,12 @@ fn metrics_endpoint_reports_what_the_sampler_counted() {
         .arg(dir.path().join("profiles"))
         .spawn()
         .expect("daemon starts");
-    std::thread::sleep(Duration::from_secs(3));
+    // Once it serves (after loading the BPF program), a second of samples.
+    let serving = std::time::Instant::now();
+    while scrape_metrics(address).is_err() && serving.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
     let response = scrape_metrics(address).expect("metrics endpoint answers");
     let samples = metric_value(&response, metric::BPF_SAMPLES_SENT).expect("samples metric");
     assert!(samples > 50, "{response}");
