@@ -28,6 +28,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Build the native unwind table of ELF files as the daemon would: rows, memory in the BPF
+    /// maps, build time, and what it could not express.
+    UnwindInfo {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
     /// Receive profiles live from a running daemon's stream (its --grpc-listen address).
     Subscribe(SubscribeArgs),
     /// Load the JVMTI sidecar agent into a running JVM (HotSpot dynamic attach).
@@ -114,6 +120,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run(args),
         Command::JvmInfo { pid, json } => jvm_info(pid, json),
+        Command::UnwindInfo { files } => unwind_info(&files),
         Command::Subscribe(args) => subscribe(args),
         Command::Attach {
             pid,
@@ -213,6 +220,24 @@ fn jvm_info(pid: u32, json: bool) -> ExitCode {
             eprintln!("error: {err}");
             ExitCode::FAILURE
         }
+    }
+}
+
+fn unwind_info(files: &[PathBuf]) -> ExitCode {
+    let mut failed = false;
+    for path in files {
+        match profiler_daemon::native_unwind::describe(path) {
+            Ok(report) => println!("{}: {report}", path.display()),
+            Err(err) => {
+                eprintln!("{}: {err}", path.display());
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }
 

@@ -53,6 +53,13 @@ pub fn table_budget(cache_budget_bytes: u64) -> u64 {
     cache_budget_bytes / 3
 }
 
+/// The bounds of one file's table: what the maps can hold.
+pub fn build_limits() -> BuildLimits {
+    BuildLimits {
+        max_rows: MAX_CFI_BLOCKS * profiler_common::cfi::CFI_BLOCK_ROWS,
+    }
+}
+
 /// `CFI_BLOCKS`' capacity for a table budget.
 pub fn block_capacity(table_budget_bytes: u64) -> u32 {
     (table_budget_bytes / std::mem::size_of::<CfiBlock>() as u64).clamp(1, u32::MAX as u64) as u32
@@ -151,6 +158,8 @@ pub struct BpfTableMaps {
 }
 
 impl TableMaps for BpfTableMaps {
+    // Blocks are 32 KiB and indexes 4 KiB: borrowed, not copied onto the stack.
+    #[allow(clippy::needless_borrows_for_generic_args)]
     fn put_table(&mut self, id: u32, table: &TableBlocks) -> Result<(), String> {
         for (number, block) in table.blocks.iter().enumerate() {
             if let Err(err) = self
@@ -252,9 +261,7 @@ impl<M: TableMaps> UnwindTables<M> {
         Self {
             maps,
             keys: TableKeys::new(),
-            limits: BuildLimits {
-                max_rows: MAX_CFI_BLOCKS * profiler_common::cfi::CFI_BLOCK_ROWS,
-            },
+            limits: build_limits(),
             budget_bytes,
             used_bytes: 0,
             files: HashMap::new(),

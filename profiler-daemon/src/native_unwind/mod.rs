@@ -15,3 +15,73 @@ pub mod mapping;
 
 pub use build::{build_table, BuildError, BuildLimits, CfiSource, UnwindTable};
 pub use mapping::{load_bias, CodeMapping, TableKey, TableKeys};
+
+/// What the daemon's table of one file is: for `profiler-daemon unwind-info` and the bench.
+#[derive(Debug)]
+pub struct TableReport {
+    pub file_bytes: u64,
+    pub rows: usize,
+    pub map_bytes: u64,
+    pub build: std::time::Duration,
+    pub unsupported_rows: usize,
+    pub skipped_fdes: usize,
+    pub source: CfiSource,
+}
+
+impl std::fmt::Display for TableReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} MB file, {} rows from {}, {} KiB in the BPF maps, built in {} ms; {} rows \
+             left to frame pointers (rules a row cannot express), {} FDEs skipped",
+            self.file_bytes >> 20,
+            self.rows,
+            match self.source {
+                CfiSource::EhFrame => ".eh_frame",
+                CfiSource::DebugFrame => ".debug_frame",
+            },
+            self.map_bytes >> 10,
+            self.build.as_millis(),
+            self.unsupported_rows,
+            self.skipped_fdes,
+        )
+    }
+}
+
+/// Builds `path`'s table as the loader does (the same bounded reads and limits) and reports it.
+pub fn describe(path: &std::path::Path) -> Result<TableReport, String> {
+    let file = std::fs::File::open(path).map_err(|err| err.to_string())?;
+    let file_bytes = file.metadata().map_err(|err| err.to_string())?.len();
+    let reads = crate::untrusted::BoundedReads::new(
+        object::read::ReadCache::new(file),
+        loader::MAX_READ_BYTES,
+    );
+    let started = std::time::Instant::now();
+    let table = build_table(&reads, loader::build_limits()).map_err(|err| err.to_string())?;
+    let blocks = blocks::split_into_blocks(&table.rows).ok_or("no rows, or too many")?;
+    Ok(TableReport {
+        file_bytes,
+        rows: table.rows.len(),
+        map_bytes: blocks.map_bytes(),
+        build: started.elapsed(),
+        unsupported_rows: table
+            .rows
+            .iter()
+            .filter(|row| row.kind() == Some(profiler_common::cfi::CfaKind::Unsupported))
+            .count(),
+        skipped_fdes: table.skipped_fdes,
+        source: table.source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn describes_libc_and_refuses_what_is_not_elf() {
+        let report = super::describe(std::path::Path::new("/lib/x86_64-linux-gnu/libc.so.6"))
+            .expect("libc's table");
+        assert!(report.rows > 10_000, "{report}");
+        assert!(report.map_bytes >= report.rows as u64 * 8, "{report}");
+        assert!(super::describe(std::path::Path::new("/proc/self/status")).is_err());
+    }
+}
