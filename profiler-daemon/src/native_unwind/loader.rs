@@ -104,6 +104,21 @@ impl NotLoaded {
     }
 }
 
+/// What identifies a process's file mappings: their ranges and offsets.
+fn signature_of(files: &[&Mapping]) -> Vec<(u64, u64, u64)> {
+    files.iter().map(|m| (m.start, m.end, m.offset)).collect()
+}
+
+/// The signature of `pid`'s file mappings now, if it is readable.
+fn file_mappings(pid: u32) -> Option<Vec<(u64, u64, u64)>> {
+    let mappings = process::read_mappings(pid).ok()?;
+    let files: Vec<&Mapping> = mappings
+        .iter()
+        .filter(|m| matches!(m.backing, Backing::File { .. }))
+        .collect();
+    Some(signature_of(&files))
+}
+
 /// Adds `mapping` to `process`'s mappings, kept sorted by address (the BPF side searches them).
 fn insert_sorted(process: &mut CfiProcess, mapping: CfiMapping) {
     let count = process.count as usize;
@@ -324,8 +339,7 @@ impl<M: TableMaps> UnwindTables<M> {
             .iter()
             .filter(|m| matches!(m.backing, Backing::File { .. }))
             .collect();
-        let signature: Vec<(u64, u64, u64)> =
-            files.iter().map(|m| (m.start, m.end, m.offset)).collect();
+        let signature = signature_of(&files);
         if let Some(known) = self.processes.get(&pid) {
             if known.start_time == stat.starttime
                 && known.mappings == signature
@@ -383,6 +397,12 @@ impl<M: TableMaps> UnwindTables<M> {
         if let Err(err) = self.maps.put_process(pid, &entry) {
             tracing::debug!(pid, %err, "unwind mappings not written");
             self.stats.count(NotLoaded::MapFull);
+            self.maps.remove_process(pid);
+            return;
+        }
+        // An exec while the tables were built: the kernel dropped the entry before it was
+        // written, and the new program must not be walked with the old one's mappings.
+        if file_mappings(pid).is_none_or(|now| now != signature) {
             self.maps.remove_process(pid);
             return;
         }
