@@ -1,7 +1,9 @@
 // Section 2's deep native stacks: one thread per CPU recurses `depth` frames (default 30), then
-// spins in a leaf, so every sample walks that many native frames. Built twice by the bench: with
-// frame pointers (walked by them) and with -fomit-frame-pointer (walked by the unwind tables).
+// spins in a leaf, so every sample walks that many native frames; prints "ready" once started.
+// Built twice by the bench: with frame pointers (walked by them) and with -fomit-frame-pointer
+// (walked by the unwind tables).
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 static int depth = 30;
@@ -39,6 +41,9 @@ int main(int argc, char **argv) {
         pthread_t thread;
         pthread_create(&thread, NULL, run, NULL);
     }
+    // The bench waits for this line before it measures.
+    printf("ready\n");
+    fflush(stdout);
     run(NULL);
     return 0;
 }
