@@ -104,6 +104,14 @@ impl NotLoaded {
     }
 }
 
+/// The file-backed ones among a process's executable mappings (the others have no table).
+fn file_backed(mappings: &[Mapping]) -> Vec<&Mapping> {
+    mappings
+        .iter()
+        .filter(|m| matches!(m.backing, Backing::File { .. }))
+        .collect()
+}
+
 /// What identifies a process's file mappings: their ranges and offsets.
 fn signature_of(files: &[&Mapping]) -> Vec<(u64, u64, u64)> {
     files.iter().map(|m| (m.start, m.end, m.offset)).collect()
@@ -112,11 +120,7 @@ fn signature_of(files: &[&Mapping]) -> Vec<(u64, u64, u64)> {
 /// The signature of `pid`'s file mappings now, if it is readable.
 fn file_mappings(pid: u32) -> Option<Vec<(u64, u64, u64)>> {
     let mappings = process::read_mappings(pid).ok()?;
-    let files: Vec<&Mapping> = mappings
-        .iter()
-        .filter(|m| matches!(m.backing, Backing::File { .. }))
-        .collect();
-    Some(signature_of(&files))
+    Some(signature_of(&file_backed(&mappings)))
 }
 
 /// Adds `mapping` to `process`'s mappings, kept sorted by address (the BPF side searches them).
@@ -248,6 +252,15 @@ struct LoadedTable {
     last_used: Instant,
 }
 
+/// A mapping's table, as [`UnwindTables::table_of`] found it.
+struct MappedTable {
+    id: u32,
+    bias: u64,
+    key: TableKey,
+    /// Built for this mapping (the process's entry is then written at once).
+    built: bool,
+}
+
 /// A process whose entry is in `CFI_PROCS`.
 struct LoadedProcess {
     start_time: u64,
@@ -335,10 +348,7 @@ impl<M: TableMaps> UnwindTables<M> {
             self.forget(pid);
             return;
         };
-        let files: Vec<&Mapping> = mappings
-            .iter()
-            .filter(|m| matches!(m.backing, Backing::File { .. }))
-            .collect();
+        let mut files = file_backed(&mappings);
         let signature = signature_of(&files);
         if let Some(known) = self.processes.get(&pid) {
             if known.start_time == stat.starttime
@@ -364,30 +374,27 @@ impl<M: TableMaps> UnwindTables<M> {
         let mut tables = Vec::new();
         // Small mappings first (their tables build fast), and the entry written after each
         // table built: a JNI library's frames need not wait for libjvm's table.
-        let mut files = files;
         files.sort_by_key(|m| m.end - m.start);
         for mapping in files {
-            let builds = self.stats.builds.load(Ordering::Relaxed);
-            let Some((table, bias, key)) = self.table_of(pid, shares_our_root, mapping) else {
-                continue;
-            };
             if entry.count as usize >= MAX_CFI_MAPPINGS {
                 self.stats.count(NotLoaded::TooManyMappings);
                 break;
             }
+            let Some(found) = self.table_of(pid, shares_our_root, mapping) else {
+                continue;
+            };
             insert_sorted(
                 &mut entry,
                 CfiMapping {
                     start: mapping.start,
                     end: mapping.end,
-                    bias,
-                    table,
+                    bias: found.bias,
+                    table: found.id,
                     _reserved: 0,
                 },
             );
-            tables.push(key);
-            let built = self.stats.builds.load(Ordering::Relaxed) != builds;
-            if built && self.maps.put_process(pid, &entry).is_err() {
+            tables.push(found.key);
+            if found.built && self.maps.put_process(pid, &entry).is_err() {
                 break;
             }
         }
@@ -428,7 +435,7 @@ impl<M: TableMaps> UnwindTables<M> {
         pid: u32,
         shares_our_root: bool,
         mapping: &Mapping,
-    ) -> Option<(u32, u64, TableKey)> {
+    ) -> Option<MappedTable> {
         let file = process::open_mapped_file(pid, shares_our_root, mapping).ok()?;
         let meta = file.metadata().ok()?;
         let Backing::File { dev, inode, .. } = mapping.backing else {
@@ -468,17 +475,23 @@ impl<M: TableMaps> UnwindTables<M> {
                 file_offset: mapping.offset,
             },
         )?;
-        let table = self.load_table(key, &reads)?;
-        Some((table, bias, key))
+        let (id, built) = self.load_table(key, &reads)?;
+        Some(MappedTable {
+            id,
+            bias,
+            key,
+            built,
+        })
     }
 
-    /// The id of the table keyed `key`, built from `reads` and loaded if it is not yet.
-    fn load_table(&mut self, key: TableKey, reads: &BoundedReads) -> Option<u32> {
+    /// The id of the table keyed `key`, built from `reads` and loaded if it is not yet, and
+    /// whether it was built now.
+    fn load_table(&mut self, key: TableKey, reads: &BoundedReads) -> Option<(u32, bool)> {
         let now = Instant::now();
         match self.tables.get_mut(&key) {
             Some(TableState::Loaded(table)) => {
                 table.last_used = now;
-                return Some(table.id);
+                return Some((table.id, false));
             }
             Some(TableState::Failed { retry, .. }) if retry.is_none_or(|at| now < at) => {
                 return None
@@ -539,7 +552,7 @@ impl<M: TableMaps> UnwindTables<M> {
             }),
         );
         self.publish();
-        Some(id)
+        Some((id, true))
     }
 
     fn fail(&mut self, key: TableKey, reason: NotLoaded, retry: Option<Instant>) {

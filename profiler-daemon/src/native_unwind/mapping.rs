@@ -56,17 +56,16 @@ pub fn load_bias_in(segments: &[LoadSegment], mapping: CodeMapping) -> Option<u6
     // The segment mapped at `start` is the one containing its file offset: its byte p_offset
     // lies at p_vaddr + bias, so the byte at `file_offset` lies at
     // file_offset - p_offset + p_vaddr + bias = start.
+    let address = address_of_offset(segments, mapping.file_offset)?;
+    Some(mapping.start.wrapping_sub(address))
+}
+
+/// The ELF virtual address of the byte at `offset` in a file with `segments`.
+pub fn address_of_offset(segments: &[LoadSegment], offset: u64) -> Option<u64> {
     segments.iter().find_map(|segment| {
-        let (offset, size) = (segment.file_offset, segment.file_size);
-        let contains = offset <= mapping.file_offset
-            && mapping.file_offset < offset.saturating_add(size.max(1));
-        contains.then(|| {
-            mapping
-                .start
-                .wrapping_sub(mapping.file_offset)
-                .wrapping_add(offset)
-                .wrapping_sub(segment.address)
-        })
+        let end = segment.file_offset.saturating_add(segment.file_size.max(1));
+        (segment.file_offset <= offset && offset < end)
+            .then(|| offset - segment.file_offset + segment.address)
     })
 }
 

@@ -25,7 +25,7 @@ use object::read::ReadCache;
 
 use super::cache_budget::{self, CacheBudget, CacheStats};
 use super::{from_blazesym, ResolvedFrame};
-use crate::native_unwind::mapping::{load_segments, LoadSegment};
+use crate::native_unwind::mapping::{address_of_offset, load_segments, LoadSegment};
 use crate::process::{Backing, Mapping, ProcessInfo};
 use crate::untrusted;
 
@@ -382,14 +382,6 @@ impl NativeSymbolizer {
             }
         }
     }
-}
-
-/// The address of file offset `offset` of a binary with `segments`.
-fn address_of_offset(segments: &[LoadSegment], offset: u64) -> Option<u64> {
-    segments.iter().find_map(|segment| {
-        (segment.file_offset <= offset && offset < segment.file_offset + segment.file_size)
-            .then(|| offset - segment.file_offset + segment.address)
-    })
 }
 
 /// Whether `path` is a regular file with build-id `build_id` and at most `max_debug_bytes` of
