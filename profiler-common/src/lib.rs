@@ -155,10 +155,18 @@ pub enum Counter {
     Sent = 7,
     /// Process events (exec, exit) lost because their ring buffer was full.
     ProcessEventsLost = 8,
+    /// Switches off the CPU of profiled threads (off-CPU profiling on).
+    OffCpuSwitches = 9,
+    /// Those whose stack was taken and sent.
+    OffCpuSampled = 10,
+    /// Sampled switches lost: the off-CPU ring was full (the stack or the wait's end).
+    OffCpuRingFull = 11,
+    /// Switches not tracked: the per-thread state map was full.
+    OffCpuThreadsFull = 12,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 9;
+    pub const COUNT: u32 = 13;
     pub const ALL: [Self; Self::COUNT as usize] = [
         Self::Samples,
         Self::Idle,
@@ -169,6 +177,10 @@ impl Counter {
         Self::ScratchMissing,
         Self::Sent,
         Self::ProcessEventsLost,
+        Self::OffCpuSwitches,
+        Self::OffCpuSampled,
+        Self::OffCpuRingFull,
+        Self::OffCpuThreadsFull,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -182,6 +194,10 @@ impl Counter {
             Self::ScratchMissing => "scratch_missing",
             Self::Sent => "sent",
             Self::ProcessEventsLost => "process_events_lost",
+            Self::OffCpuSwitches => "off_cpu_switches",
+            Self::OffCpuSampled => "off_cpu_sampled",
+            Self::OffCpuRingFull => "off_cpu_ring_full",
+            Self::OffCpuThreadsFull => "off_cpu_threads_full",
         }
     }
 }
@@ -249,14 +265,111 @@ pub struct SampleHeader {
     pub user_frames: u16,
     /// An [`UnwindEnd`].
     pub user_end: u8,
-    /// Zero. Scalars rather than a byte array: the BPF program zeroes an array with a call to
-    /// a byte-at-a-time `memset`, a scalar with one store.
-    pub _reserved_8: u8,
-    pub _reserved_16: u16,
-    pub _reserved_32: u32,
+    /// A [`SampleKind`]. (Scalars rather than byte arrays here: the BPF program zeroes an
+    /// array with a call to a byte-at-a-time `memset`, a scalar with one store.)
+    pub kind: u8,
+    /// Off-CPU records: the task's state when it left the CPU (the scheduler's `prev_state`,
+    /// low 16 bits: 0 runnable, i.e. preempted; 1 interruptible sleep; 2 uninterruptible).
+    /// Zero in CPU samples.
+    pub task_state: u16,
+    /// Off-CPU records: the probability this switch was sampled, in units of
+    /// 2^-[`OFF_CPU_PROBABILITY_BITS`] (a wait's time is weighted by its inverse). Zero in
+    /// CPU samples.
+    pub probability: u32,
     /// The thread's name (`comm`), NUL padded.
     pub comm: [u8; COMM_LEN],
 }
+
+/// What a sample record stands for.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SampleKind {
+    /// The CPU-clock event fired while the thread ran: `ktime_ns` is when.
+    Cpu = 0,
+    /// The thread left the CPU (`sched_switch`) and this switch was sampled: `ktime_ns` is
+    /// when; the stack is where it waits. How long it waited comes later, in an
+    /// [`OffCpuEnd`] with the same thread and `ktime_ns`.
+    OffCpu = 1,
+}
+
+impl SampleKind {
+    pub const fn from_u8(value: u8) -> Option<Self> {
+        match value {
+            0 => Some(Self::Cpu),
+            1 => Some(Self::OffCpu),
+            _ => None,
+        }
+    }
+}
+
+/// [`SampleHeader::probability`] of a switch sampled for sure: probabilities are in units of
+/// 2^-`OFF_CPU_PROBABILITY_BITS`.
+pub const OFF_CPU_PROBABILITY_BITS: u32 = 24;
+pub const OFF_CPU_PROBABILITY_ONE: u32 = 1 << OFF_CPU_PROBABILITY_BITS;
+
+/// The end of a sampled wait, sent when the thread is back on a CPU: the off-CPU ring carries
+/// these and [`SampleKind::OffCpu`] sample records, told apart by length (an `OffCpuEnd` is
+/// shorter than any sample header). The ring keeps the order in which they were written, and
+/// a thread's wait starts on one CPU before it can end on any, so its end always follows its
+/// stack.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffCpuEnd {
+    /// The `ktime_ns` of the wait's stack record: with `tid`, which wait ended.
+    pub out_ktime_ns: u64,
+    /// From leaving the CPU to being woken (0 for a thread that was preempted: it never
+    /// waited for anything but a CPU).
+    pub blocked_ns: u64,
+    /// From being woken (or preempted) to running again: the run-queue delay.
+    pub runqueue_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+}
+
+pub const OFF_CPU_END_BYTES: usize = core::mem::size_of::<OffCpuEnd>();
+const _: () = assert!(OFF_CPU_END_BYTES == 32 && OFF_CPU_END_BYTES < HEADER_BYTES);
+
+impl OffCpuEnd {
+    /// The end in a ring record, if the record has its size.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() != OFF_CPU_END_BYTES {
+            return None;
+        }
+        let word = |at: usize| u64::from_ne_bytes(bytes[at..at + 8].try_into().unwrap_or([0; 8]));
+        let half = |at: usize| u32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap_or([0; 4]));
+        Some(Self {
+            out_ktime_ns: word(0),
+            blocked_ns: word(8),
+            runqueue_ns: word(16),
+            pid: half(24),
+            tid: half(28),
+        })
+    }
+}
+
+/// What the off-CPU programs keep per thread (key: the address of its `task_struct`, which
+/// the scheduler's tracepoints pass for the thread coming back, so no task field is read).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffCpuThread {
+    /// When it last left the CPU: the length of its last run-and-wait cycle sets the
+    /// probability that its next switch is sampled.
+    pub last_out_ns: u64,
+    /// When the wait whose stack was sent started; 0 when no sampled wait is open.
+    pub sampled_out_ns: u64,
+    /// When that wait was woken; 0 until then (and for a preempted thread).
+    pub woken_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+}
+
+/// Size of the off-CPU ring buffer when off-CPU profiling is on (a power of two).
+pub const OFF_CPU_RING_BYTES: u32 = 4 << 20;
+/// Most threads whose switches the off-CPU programs track at once (whole host); a thread's
+/// entry goes when it exits.
+pub const MAX_OFF_CPU_THREADS: u32 = 65_536;
+/// The `sched_switch` `prev_state` bit of a task that is exiting: its last switch is no wait.
+pub const TASK_DEAD: u32 = 0x80;
 
 /// One user-space frame as the BPF unwinder found it.
 #[repr(C)]
@@ -566,6 +679,7 @@ mod user {
     unsafe impl aya::Pod for super::cfi::CfiProcess {}
     unsafe impl aya::Pod for super::cfi::CfiTableIndex {}
     unsafe impl aya::Pod for super::cfi::CfiBlock {}
+    unsafe impl aya::Pod for super::OffCpuThread {}
 }
 
 #[cfg(test)]

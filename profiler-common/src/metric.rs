@@ -48,6 +48,14 @@ pub const JAVA_THREADS_NOT_PUSHED: &str = "profiler_java_threads_not_pushed_tota
 pub const PROCESS_EVENTS: &str = "profiler_process_events_total";
 pub const PROCESS_EVENTS_LOST: &str = "profiler_process_events_lost_total";
 pub const PROC_RESCANS: &str = "profiler_proc_rescans_total";
+pub const OFF_CPU_SWITCHES: &str = "profiler_off_cpu_switches_total";
+pub const OFF_CPU_WAITS_SAMPLED: &str = "profiler_off_cpu_waits_sampled_total";
+pub const OFF_CPU_WAITS: &str = "profiler_off_cpu_waits_total";
+/// Labelled `reason`: [`crate::Counter::OffCpuRingFull`], `OffCpuThreadsFull` by their names,
+/// and `unmatched_end`, `filtered_short`, `over_open_bound`, `over_stack_bound`.
+pub const OFF_CPU_WAITS_NOT_PROFILED: &str = "profiler_off_cpu_waits_not_profiled_total";
+pub const OFF_CPU_OPEN_WAITS: &str = "profiler_off_cpu_open_waits";
+pub const OFF_CPU_THREADS: &str = "profiler_off_cpu_threads";
 pub const CPUS: &str = "profiler_cpus";
 pub const FREQUENCY_HERTZ: &str = "profiler_frequency_hertz";
 pub const EXPORT_PROFILES: &str = "profiler_export_profiles_total";

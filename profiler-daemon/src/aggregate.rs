@@ -17,14 +17,40 @@ use std::time::{Duration, SystemTime};
 use hashbrown::{hash_map::Entry, DefaultHashBuilder, HashMap, HashTable};
 use profiler_common::{SampleHeader, HEADER_BYTES};
 
+use crate::profiles::ProfileKind;
 use crate::record::SampleView;
 
-/// One distinct stack of a process: where its record lives in the arena, and how often it was seen.
+/// One distinct stack of a process: where its record lives in the arena, and what it adds up to.
 #[derive(Clone, Copy, Debug)]
 struct StackSlot {
     start: usize,
     len: usize,
-    count: u64,
+    totals: StackTotals,
+}
+
+/// What one stack adds up to over an interval: for CPU profiles, how often it was sampled; for
+/// off-CPU profiles, how many of its waits were sampled and their time (each weighted by the
+/// inverse of its sampling probability, see `crate::off_cpu`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackTotals {
+    pub count: u64,
+    pub blocked_ns: u64,
+    pub runqueue_ns: u64,
+}
+
+impl StackTotals {
+    /// One CPU sample.
+    pub const ONE_SAMPLE: Self = Self {
+        count: 1,
+        blocked_ns: 0,
+        runqueue_ns: 0,
+    };
+
+    fn add(&mut self, other: &Self) {
+        self.count += other.count;
+        self.blocked_ns = self.blocked_ns.saturating_add(other.blocked_ns);
+        self.runqueue_ns = self.runqueue_ns.saturating_add(other.runqueue_ns);
+    }
 }
 
 /// The stacks of one process during one interval.
@@ -44,17 +70,18 @@ impl ProcessStacks {
         self.table.len()
     }
 
-    /// Each distinct stack with its sample count.
-    pub fn stacks(&self) -> impl Iterator<Item = (SampleView<'_>, u64)> + '_ {
+    /// Each distinct stack with what it adds up to.
+    pub fn stacks(&self) -> impl Iterator<Item = (SampleView<'_>, StackTotals)> + '_ {
         self.table.iter().filter_map(|slot| {
             let bytes = &self.arena[slot.start..slot.start + slot.len];
-            SampleView::parse(bytes).ok().map(|view| (view, slot.count))
+            SampleView::parse(bytes).ok().map(|view| (view, slot.totals))
         })
     }
 }
 
 /// What one interval collected.
 pub struct IntervalStacks {
+    pub kind: ProfileKind,
     pub start: SystemTime,
     pub duration: Duration,
     pub processes: HashMap<u32, ProcessStacks>,
@@ -63,7 +90,7 @@ pub struct IntervalStacks {
 }
 
 /// Outcome of [`Aggregator::add`], for the caller's bookkeeping.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Added {
     /// The first sample of this process in the current interval.
     NewProcess,
@@ -75,6 +102,7 @@ pub enum Added {
 }
 
 pub struct Aggregator {
+    kind: ProfileKind,
     hasher: DefaultHashBuilder,
     processes: HashMap<u32, ProcessStacks>,
     distinct: usize,
@@ -86,7 +114,13 @@ pub struct Aggregator {
 impl Aggregator {
     /// `max_stacks` bounds the distinct stacks (over all processes) kept per interval.
     pub fn new(max_stacks: usize) -> Self {
+        Self::of_kind(ProfileKind::Cpu, max_stacks)
+    }
+
+    /// An aggregator of `kind`'s stacks.
+    pub fn of_kind(kind: ProfileKind, max_stacks: usize) -> Self {
         Self {
+            kind,
             hasher: DefaultHashBuilder::default(),
             processes: HashMap::new(),
             distinct: 0,
@@ -96,7 +130,13 @@ impl Aggregator {
         }
     }
 
+    /// Folds one CPU sample.
     pub fn add(&mut self, sample: &SampleView<'_>) -> Added {
+        self.add_totals(sample, &StackTotals::ONE_SAMPLE)
+    }
+
+    /// Folds a stack with what it adds (an off-CPU wait: its count and times).
+    pub fn add_totals(&mut self, sample: &SampleView<'_>, totals: &StackTotals) -> Added {
         let header = normalized_header(&sample.header);
         let header_bytes = header_bytes(&header);
         let (kernel, user) = sample.stack_bytes();
@@ -116,8 +156,8 @@ impl Aggregator {
         });
         let mut new_stack = false;
         if let Some(slot) = found {
-            slot.count += 1;
-            process.samples += 1;
+            slot.totals.add(totals);
+            process.samples += totals.count;
         } else if self.distinct >= self.max_stacks {
             self.dropped_over_bound += 1;
             return Added::OverBound;
@@ -129,7 +169,7 @@ impl Aggregator {
             let slot = StackSlot {
                 start,
                 len: process.arena.len() - start,
-                count: 1,
+                totals: *totals,
             };
             let arena = &process.arena;
             let hasher = &self.hasher;
@@ -143,7 +183,7 @@ impl Aggregator {
                     Err(_) => 0,
                 }
             });
-            process.samples += 1;
+            process.samples += totals.count;
             self.distinct += 1;
             new_stack = true;
         }
@@ -160,6 +200,7 @@ impl Aggregator {
     pub fn take_interval(&mut self) -> IntervalStacks {
         let now = SystemTime::now();
         let interval = IntervalStacks {
+            kind: self.kind,
             start: self.start,
             duration: now.duration_since(self.start).unwrap_or_default(),
             processes: std::mem::take(&mut self.processes),
@@ -181,11 +222,12 @@ fn stack_hash(hasher: &DefaultHashBuilder, header: &[u8], kernel: &[u8], user: &
 }
 
 /// The header with the fields that differ from sample to sample of one thread zeroed, so equal
-/// stacks of the same thread fold together.
+/// stacks of the same thread fold together (an off-CPU wait's probability is in its weight).
 fn normalized_header(header: &SampleHeader) -> SampleHeader {
     SampleHeader {
         ktime_ns: 0,
         cpu: 0,
+        probability: 0,
         ..*header
     }
 }
@@ -254,12 +296,12 @@ mod tests {
         assert_eq!((seven.samples(), seven.distinct_stacks()), (4, 2));
         let mut by_tid: Vec<(u32, u64, u32, u64)> = seven
             .stacks()
-            .map(|(view, count)| {
+            .map(|(view, totals)| {
                 (
                     view.header.tid,
                     view.header.ktime_ns,
                     view.header.cpu,
-                    count,
+                    totals.count,
                 )
             })
             .collect();
@@ -298,7 +340,7 @@ mod tests {
         assert_eq!(seven.distinct_stacks(), 3);
         let mut counts: Vec<(Vec<u64>, u64)> = seven
             .stacks()
-            .map(|(view, count)| (view.user_frames().map(|f| f.addr).collect(), count))
+            .map(|(view, totals)| (view.user_frames().map(|f| f.addr).collect(), totals.count))
             .collect();
         counts.sort();
         assert_eq!(

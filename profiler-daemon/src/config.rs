@@ -84,6 +84,15 @@ pub struct FileConfig {
     pub kubernetes: Option<bool>,
     /// This node's name, whose pods are watched (default: `$NODE_NAME`, else the host name).
     pub node_name: Option<String>,
+    /// Off-CPU profiles too: where threads wait and for how long (default false).
+    pub off_cpu: Option<bool>,
+    /// Off-CPU: a thread's waits are sampled about once per this many microseconds of its
+    /// time (default 1000): every wait after a run-and-wait cycle at least this long, shorter
+    /// ones in proportion. Lower: more precise, more costly on threads that switch often.
+    pub off_cpu_period_us: Option<u64>,
+    /// Off-CPU: leave out waits shorter than this many microseconds (default 0: none). A
+    /// filter: the time of the waits it drops is not in the profile.
+    pub off_cpu_min_wait_us: Option<u64>,
 }
 
 /// The `[pyroscope]` table.
@@ -130,6 +139,7 @@ pub struct Overrides {
     pub pyroscope_url: Option<String>,
     pub grpc_listen: Option<String>,
     pub attach: Option<String>,
+    pub off_cpu: bool,
 }
 
 /// The checked configuration the daemon runs with.
@@ -154,6 +164,17 @@ pub struct Config {
     pub attach: crate::sidecar::AttachPolicy,
     /// The node whose pods label processes, when Kubernetes metadata is on.
     pub kubernetes_node: Option<String>,
+    /// Off-CPU profiling, when on.
+    pub off_cpu: Option<OffCpuConfig>,
+}
+
+pub const DEFAULT_OFF_CPU_PERIOD: Duration = Duration::from_millis(1);
+
+/// `off_cpu = true` and its parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OffCpuConfig {
+    pub period: Duration,
+    pub min_wait: Duration,
 }
 
 /// Where the live stream listens, and whether the address was asked for (a busy default port
@@ -280,6 +301,44 @@ impl Config {
                 reason: format!("{max_jvms} is outside 1..=65536"),
             });
         }
+        let off_cpu = if flags.off_cpu || file.off_cpu.unwrap_or(false) {
+            let period_us = file
+                .off_cpu_period_us
+                .unwrap_or(DEFAULT_OFF_CPU_PERIOD.as_micros() as u64);
+            if !(1..=10_000_000).contains(&period_us) {
+                return Err(ConfigError::Invalid {
+                    field: "off_cpu_period_us",
+                    flag: None,
+                    reason: format!("{period_us} us is outside 1..=10000000 us"),
+                });
+            }
+            let min_wait_us = file.off_cpu_min_wait_us.unwrap_or(0);
+            if min_wait_us > 3_600_000_000 {
+                return Err(ConfigError::Invalid {
+                    field: "off_cpu_min_wait_us",
+                    flag: None,
+                    reason: format!("{min_wait_us} us is over an hour"),
+                });
+            }
+            Some(OffCpuConfig {
+                period: Duration::from_micros(period_us),
+                min_wait: Duration::from_micros(min_wait_us),
+            })
+        } else {
+            for (field, set) in [
+                ("off_cpu_period_us", file.off_cpu_period_us.is_some()),
+                ("off_cpu_min_wait_us", file.off_cpu_min_wait_us.is_some()),
+            ] {
+                if set {
+                    return Err(ConfigError::Invalid {
+                        field,
+                        flag: None,
+                        reason: "set, but off-CPU profiling is off (`off_cpu = true` or --off-cpu turns it on)".into(),
+                    });
+                }
+            }
+            None
+        };
         let cache_budget_mib = file
             .cache_budget_mib
             .unwrap_or(crate::symbolize::cache_budget::DEFAULT_LIMIT_BYTES >> 20);
@@ -395,6 +454,7 @@ impl Config {
             metrics_listen,
             local_output,
             annotate_frames: file.annotate_frames.unwrap_or(true),
+            off_cpu,
             max_jvms,
             cache_budget_bytes: cache_budget_mib << 20,
             frequency_hz,

@@ -13,24 +13,26 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aya::maps::{MapData, RingBuf};
-use profiler_common::{Counter, FrameKind, UnwindEnd};
+use profiler_common::{Counter, FrameKind, OffCpuEnd, UnwindEnd};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::aggregate::{Added, Aggregator};
+use crate::off_cpu::{OffCpuJoiner, OffCpuStats};
+use crate::profiles::ProfileKind;
 use crate::config::Config;
 use crate::export::pyroscope::{ExporterError, PyroscopeExporter};
 use crate::export::queue::ExportQueue;
 use crate::export::{stream, Exports};
 use crate::hotspot::thread_directory::ThreadDirectory;
 use crate::hotspot::tracker::{self, JvmTracker, TrackerCounts};
-use crate::metrics::{Metrics, Snapshot};
+use crate::metrics::{Metrics, OffCpuSnapshot, Snapshot};
 use crate::native_unwind;
 use crate::output::LocalWriter;
 use crate::privileges::{self, MissingPrivileges};
 use crate::record::SampleView;
-use crate::sampler::{KernelCounters, Sampler, SamplerError};
+use crate::sampler::{KernelCounters, OffCpuSampling, Sampler, SamplerError};
 use crate::worker::{JavaFrameSeen, Work, Worker};
 
 /// How often the ring buffer is drained when it does not fill up: each drain is a wake-up of an
@@ -124,6 +126,13 @@ struct LoopStats {
     dropped_over_stack_bound: u64,
     /// Drains the BPF side asked for (the ring was filling up).
     ring_wakeups: u64,
+    /// Records of the off-CPU ring (waits' stacks and ends).
+    off_cpu_records: u64,
+    /// What the off-CPU joiner counted, as of the last interval.
+    off_cpu: OffCpuStats,
+    off_cpu_open_waits: u64,
+    /// Entries of the BPF per-thread map as of the last interval; None when off-CPU is off.
+    off_cpu_threads: Option<u64>,
 }
 
 pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
@@ -140,6 +149,9 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         &config.pids,
         config.max_jvms,
         native_unwind::loader::block_capacity(table_budget),
+        config.off_cpu.map(|off_cpu| OffCpuSampling {
+            period_ns: off_cpu.period.as_nanos() as u64,
+        }),
     )?;
     let java_threads = ThreadDirectory::default();
     let tracker = spawn_jvm_tracker(
@@ -220,7 +232,14 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     tokio::pin!(stop);
 
     let mut aggregator = Aggregator::new(config.max_stacks_per_interval);
-    let mut stats = LoopStats::default();
+    let mut off_cpu = config.off_cpu.map(|off_cpu| OffCpu {
+        joiner: OffCpuJoiner::new(off_cpu.min_wait.as_nanos() as u64),
+        aggregator: Aggregator::of_kind(ProfileKind::OffCpu, config.max_stacks_per_interval),
+    });
+    let mut stats = LoopStats {
+        off_cpu_threads: sampler.off_cpu().then_some(0),
+        ..LoopStats::default()
+    };
     let mut drain = tokio::time::interval(DRAIN_PERIOD);
     drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let ring_wakeups = sampler
@@ -266,9 +285,12 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
                 false
             }
             _ = flush.tick() => {
-                drain_ring(&mut sampler, &mut aggregator, &work_tx, &unwind_tables, &mut stats);
+                drain_ring(&mut sampler, &mut aggregator, off_cpu.as_mut(), &work_tx, &unwind_tables, &mut stats);
                 let counters = sampler.counters();
-                end_interval(&mut aggregator, &work_tx, &mut stats, &counters.since(&last_counters), &tracker);
+                end_interval(&mut aggregator, off_cpu.as_mut(), &work_tx, &mut stats, &counters.since(&last_counters), &tracker);
+                if let Some(threads) = sampler.off_cpu_threads() {
+                    stats.off_cpu_threads = Some(threads as u64);
+                }
                 last_counters = counters;
                 intervals += 1;
                 continue;
@@ -281,6 +303,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         let found_java = drain_ring(
             &mut sampler,
             &mut aggregator,
+            off_cpu.as_mut(),
             &work_tx,
             &unwind_tables,
             &mut stats,
@@ -300,6 +323,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
             let counters = sampler.counters();
             end_interval(
                 &mut aggregator,
+                off_cpu.as_mut(),
                 &work_tx,
                 &mut stats,
                 &counters.since(&last_counters),
@@ -583,70 +607,126 @@ fn next_drain(drained: Drained) -> Duration {
     }
 }
 
+/// Off-CPU profiling's state in the sampling loop: waits whose end has not come, and the
+/// interval's folded waits.
+struct OffCpu {
+    joiner: OffCpuJoiner,
+    aggregator: Aggregator,
+}
+
 fn drain_ring(
     sampler: &mut Sampler,
     aggregator: &mut Aggregator,
+    off_cpu: Option<&mut OffCpu>,
     work: &SyncSender<Work>,
     unwind_tables: &SyncSender<Vec<u32>>,
     stats: &mut LoopStats,
 ) -> bool {
-    let mut java_frames = Vec::new();
-    let mut new_processes = Vec::new();
-    let mut sent_java = false;
+    let mut found = FoundInDrain::default();
     sampler.drain(|bytes| {
         stats.records += 1;
-        let view = match SampleView::parse(bytes) {
-            Ok(view) => view,
-            Err(err) => {
-                stats.malformed += 1;
-                if stats.malformed == 1 {
-                    tracing::warn!(%err, "malformed sample record (further ones are only counted)");
-                }
-                return;
-            }
+        let Some(view) = parse_record(bytes, stats) else {
+            return;
         };
         if let Some(end) = view.user_end() {
             stats.unwind_ends[end as usize] += 1;
             stats.unwind_ends_total[end as usize] += 1;
         }
         let added = aggregator.add(&view);
+        found.note(&view, added, work, stats);
+    });
+    if let Some(off_cpu) = off_cpu {
+        let OffCpu { joiner, aggregator } = off_cpu;
+        sampler.drain_off_cpu(|bytes| {
+            stats.off_cpu_records += 1;
+            if let Some(end) = OffCpuEnd::from_bytes(bytes) {
+                joiner.end(&end, aggregator, |view, added| {
+                    found.note(view, added, work, stats)
+                });
+                return;
+            }
+            if let Some(view) = parse_record(bytes, stats) {
+                joiner.stack(&view, bytes);
+            }
+        });
+    }
+    found.finish(work, unwind_tables, stats)
+}
+
+/// Parses a ring record; a malformed one is counted (and the first logged).
+fn parse_record<'a>(bytes: &'a [u8], stats: &mut LoopStats) -> Option<SampleView<'a>> {
+    match SampleView::parse(bytes) {
+        Ok(view) => Some(view),
+        Err(err) => {
+            stats.malformed += 1;
+            if stats.malformed == 1 {
+                tracing::warn!(%err, "malformed sample record (further ones are only counted)");
+            }
+            None
+        }
+    }
+}
+
+/// What one drain found that the other threads must hear of: new processes, and the Java
+/// frames of new stacks.
+#[derive(Default)]
+struct FoundInDrain {
+    java_frames: Vec<JavaFrameSeen>,
+    new_processes: Vec<u32>,
+    sent_java: bool,
+}
+
+impl FoundInDrain {
+    fn note(&mut self, view: &SampleView<'_>, added: Added, work: &SyncSender<Work>, stats: &mut LoopStats) {
         if added == Added::NewProcess {
             send(work, Work::ProcessSeen(view.pid()), stats);
-            new_processes.push(view.pid());
+            self.new_processes.push(view.pid());
         }
         // The Java frames of a new stack are read soon, in one batch per drain: the methods of
         // short-lived classes may be unloaded (their memory reused) before the interval ends.
         if matches!(added, Added::NewProcess | Added::NewStack) {
             let pid = view.pid();
-            java_frames.extend(
+            self.java_frames.extend(
                 view.user_frames()
                     .filter(|frame| frame.kind() != Some(FrameKind::Native))
                     .map(|frame| JavaFrameSeen { pid, frame }),
             );
-            if java_frames.len() >= MAX_PREFETCH_FRAMES {
-                sent_java = true;
+            if self.java_frames.len() >= MAX_PREFETCH_FRAMES {
+                self.sent_java = true;
                 send(
                     work,
-                    Work::PrefetchJava(std::mem::take(&mut java_frames)),
+                    Work::PrefetchJava(std::mem::take(&mut self.java_frames)),
                     stats,
                 );
             }
         }
-    });
-    // A full queue means the loader is behind (building tables): these processes come again
-    // at their first sample of the next interval.
-    if !new_processes.is_empty() {
-        let _ = unwind_tables.try_send(new_processes);
     }
-    let found_java = sent_java || !java_frames.is_empty();
-    if !java_frames.is_empty() {
-        send(work, Work::PrefetchJava(java_frames), stats);
+
+    /// Sends what is left; true if new stacks with Java frames were found.
+    fn finish(
+        mut self,
+        work: &SyncSender<Work>,
+        unwind_tables: &SyncSender<Vec<u32>>,
+        stats: &mut LoopStats,
+    ) -> bool {
+        // A full queue means the loader is behind (building tables): these processes come again
+        // at their first sample of the next interval.
+        if !self.new_processes.is_empty() {
+            self.new_processes.sort_unstable();
+            self.new_processes.dedup();
+            let _ = unwind_tables.try_send(self.new_processes);
+        }
+        let found_java = self.sent_java || !self.java_frames.is_empty();
+        if !self.java_frames.is_empty() {
+            send(work, Work::PrefetchJava(self.java_frames), stats);
+        }
+        found_java
     }
-    found_java
 }
 
 fn end_interval(
     aggregator: &mut Aggregator,
+    off_cpu: Option<&mut OffCpu>,
     work: &SyncSender<Work>,
     stats: &mut LoopStats,
     kernel: &KernelCounters,
@@ -676,6 +756,26 @@ fn end_interval(
     );
     stats.unwind_ends = Default::default();
     send(work, Work::Interval(interval), stats);
+    if let Some(off_cpu) = off_cpu {
+        let interval = off_cpu.aggregator.take_interval();
+        // Waits whose end was lost would stay open for good: forget those of exited processes
+        // (a check per process with open waits, once an interval).
+        off_cpu
+            .joiner
+            .forget_waits_of_exited(crate::off_cpu::process_alive);
+        stats.off_cpu = off_cpu.joiner.stats;
+        stats.off_cpu_open_waits = off_cpu.joiner.open_waits() as u64;
+        tracing::info!(
+            processes = interval.processes.len(),
+            switches = kernel.get(Counter::OffCpuSwitches),
+            sampled = kernel.get(Counter::OffCpuSampled),
+            ring_full = kernel.get(Counter::OffCpuRingFull),
+            threads_full = kernel.get(Counter::OffCpuThreadsFull),
+            open_waits = stats.off_cpu_open_waits,
+            "off-CPU interval sampled"
+        );
+        send(work, Work::Interval(interval), stats);
+    }
 }
 
 fn snapshot(
@@ -698,6 +798,11 @@ fn snapshot(
         intervals,
         cpus,
         frequency_hz,
+        off_cpu: stats.off_cpu_threads.map(|threads| OffCpuSnapshot {
+            joined: stats.off_cpu,
+            open_waits: stats.off_cpu_open_waits,
+            threads,
+        }),
     }
 }
 

@@ -13,6 +13,7 @@ pub mod jvm_info;
 pub mod kubernetes;
 pub mod metrics;
 pub mod native_unwind;
+pub mod off_cpu;
 pub mod output;
 pub mod pprof;
 pub mod privileges;

@@ -105,6 +105,10 @@ struct RunArgs {
     /// never]; the config file's attach_allow / attach_deny narrow "auto".
     #[arg(long, value_name = "auto|never")]
     attach: Option<String>,
+    /// Off-CPU profiles too (`offcpu-*` files, Pyroscope's `off_cpu`): where threads wait and
+    /// for how long; the config file's off_cpu_period_us / off_cpu_min_wait_us tune it.
+    #[arg(long)]
+    off_cpu: bool,
 }
 
 fn main() -> ExitCode {
@@ -145,6 +149,7 @@ fn run(args: RunArgs) -> ExitCode {
         pyroscope_url: args.pyroscope,
         grpc_listen: args.grpc_listen,
         attach: args.attach,
+        off_cpu: args.off_cpu,
     };
     let config = match Config::resolve(file, overrides) {
         Ok(config) => config,

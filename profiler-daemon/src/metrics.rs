@@ -54,6 +54,17 @@ pub struct Snapshot {
     pub intervals: u64,
     pub cpus: usize,
     pub frequency_hz: u64,
+    /// Off-CPU profiling, when on.
+    pub off_cpu: Option<OffCpuSnapshot>,
+}
+
+/// What off-CPU profiling counted.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OffCpuSnapshot {
+    pub joined: crate::off_cpu::OffCpuStats,
+    pub open_waits: u64,
+    /// Entries of the BPF per-thread map (as of the last interval).
+    pub threads: u64,
 }
 
 #[derive(Clone, Default)]
@@ -106,6 +117,63 @@ fn labelled(key: &str, samples: &[(&str, u64)]) -> Vec<(String, u64)> {
         .iter()
         .map(|(value, count)| (format!("{key}=\"{value}\""), *count))
         .collect()
+}
+
+fn render_off_cpu(out: &mut String, s: &Snapshot, off_cpu: &OffCpuSnapshot) {
+    let k = |c: Counter| s.kernel.get(c);
+    metric(
+        out,
+        metric::OFF_CPU_SWITCHES,
+        "counter",
+        "Switches off the CPU of profiled threads.",
+        &[("", k(Counter::OffCpuSwitches))],
+    );
+    metric(
+        out,
+        metric::OFF_CPU_WAITS_SAMPLED,
+        "counter",
+        "Switches whose stack was taken (the others are accounted for by the weights).",
+        &[("", k(Counter::OffCpuSampled))],
+    );
+    metric(
+        out,
+        metric::OFF_CPU_WAITS,
+        "counter",
+        "Sampled waits joined with their end and put in off-CPU profiles.",
+        &[("", off_cpu.joined.waits)],
+    );
+    let lost = off_cpu.joined;
+    metric(
+        out,
+        metric::OFF_CPU_WAITS_NOT_PROFILED,
+        "counter",
+        "Waits left out of off-CPU profiles, by reason (filtered_short is the minimum-wait filter).",
+        &labelled(
+            "reason",
+            &[
+                (Counter::OffCpuRingFull.name(), k(Counter::OffCpuRingFull)),
+                (Counter::OffCpuThreadsFull.name(), k(Counter::OffCpuThreadsFull)),
+                ("unmatched_end", lost.unmatched_ends),
+                ("filtered_short", lost.filtered_short),
+                ("over_open_bound", lost.over_open_bound),
+                ("over_stack_bound", lost.over_stack_bound),
+            ],
+        ),
+    );
+    metric(
+        out,
+        metric::OFF_CPU_OPEN_WAITS,
+        "gauge",
+        "Sampled waits whose thread has not run again yet.",
+        &[("", off_cpu.open_waits)],
+    );
+    metric(
+        out,
+        metric::OFF_CPU_THREADS,
+        "gauge",
+        "Threads the off-CPU BPF programs track (entries go when threads exit).",
+        &[("", off_cpu.threads)],
+    );
 }
 
 pub fn render(s: &Snapshot, worker: &WorkerCounters) -> String {
@@ -362,6 +430,9 @@ pub fn render(s: &Snapshot, worker: &WorkerCounters) -> String {
         "Full listings of /proc by the JVM tracker (once a minute, besides events).",
         &[("", s.jvms.rescans)],
     );
+    if let Some(off_cpu) = &s.off_cpu {
+        render_off_cpu(&mut out, s, off_cpu);
+    }
     metric(
         &mut out,
         metric::CPUS,

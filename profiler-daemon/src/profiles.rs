@@ -102,7 +102,54 @@ impl Symbolizers {
     }
 }
 
+/// Which profile a set of stacks makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProfileKind {
+    /// Where threads run: CPU-clock samples.
+    Cpu,
+    /// Where threads wait, and how long (`crate::off_cpu`).
+    OffCpu,
+}
+
+impl ProfileKind {
+    /// How local file names start: `cpu-...`, `offcpu-...`.
+    pub const fn file_prefix(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::OffCpu => "offcpu",
+        }
+    }
+
+    /// Pyroscope's `__name__` for it (the names its own eBPF and OTLP ingestion use).
+    pub const fn pyroscope_name(self) -> &'static str {
+        match self {
+            Self::Cpu => "process_cpu",
+            Self::OffCpu => "off_cpu",
+        }
+    }
+
+    /// For titles (flame graphs).
+    pub const fn title(self) -> &'static str {
+        match self {
+            Self::Cpu => "CPU",
+            Self::OffCpu => "Off-CPU",
+        }
+    }
+}
+
+/// The `state` label of an off-CPU sample: what the thread was doing when it left the CPU (the
+/// scheduler's task state).
+fn wait_state_label(task_state: u16) -> &'static str {
+    match task_state {
+        0 => "runnable",
+        state if state & 1 != 0 => "sleeping",
+        state if state & 2 != 0 => "uninterruptible",
+        _ => "other",
+    }
+}
+
 pub struct ProfileRequest<'a> {
+    pub kind: ProfileKind,
     pub pid: u32,
     pub stacks: &'a ProcessStacks,
     pub frequency_hz: u64,
@@ -158,6 +205,7 @@ pub fn build(
     symbolizers: &mut Symbolizers,
 ) -> BuiltProfile {
     let ProfileRequest {
+        kind,
         pid,
         stacks,
         frequency_hz,
@@ -209,9 +257,12 @@ pub fn build(
         HashMap::new();
     let mut threads = Vec::with_capacity(stacks.distinct_stacks());
 
-    let mut builder = ProfileBuilder::new_cpu(frequency_hz, start, duration);
+    let mut builder = match kind {
+        ProfileKind::Cpu => ProfileBuilder::new_cpu(frequency_hz, start, duration),
+        ProfileKind::OffCpu => ProfileBuilder::new_off_cpu(start, duration),
+    };
     let unknown = ResolvedFrame::named("[unknown]", None);
-    for (view, count) in stacks.stacks() {
+    for (view, totals) in stacks.stacks() {
         let mut locations = Vec::with_capacity(
             view.header.kernel_frames as usize + view.header.user_frames as usize + 1,
         );
@@ -266,21 +317,30 @@ pub fn build(
                 };
                 SampleThread { tid, name, source }
             });
-        builder.add_sample_with(
-            locations,
-            count,
-            &[
-                Label::Str("pid", &pid_label),
-                Label::Str("comm", &comm),
-                Label::Str("thread_name", &thread.name),
-                Label::Str("thread_name_source", thread.source.as_str()),
-                Label::Num {
-                    key: "thread_id",
-                    value: i64::from(tid),
-                    unit: "",
-                },
-            ],
-        );
+        let labels = [
+            Label::Str("pid", &pid_label),
+            Label::Str("comm", &comm),
+            Label::Str("thread_name", &thread.name),
+            Label::Str("thread_name_source", thread.source.as_str()),
+            Label::Num {
+                key: "thread_id",
+                value: i64::from(tid),
+                unit: "",
+            },
+            Label::Str("state", wait_state_label(view.header.task_state)),
+        ];
+        match kind {
+            ProfileKind::Cpu => builder.add_sample_with(locations, totals.count, &labels[..5]),
+            ProfileKind::OffCpu => builder.add_sample_values(
+                locations,
+                vec![
+                    saturating_i64(totals.blocked_ns),
+                    saturating_i64(totals.runqueue_ns),
+                    saturating_i64(totals.count),
+                ],
+                &labels,
+            ),
+        }
         threads.push(thread.clone());
     }
     BuiltProfile {
@@ -289,6 +349,10 @@ pub fn build(
         profile: builder.finish(),
         threads,
     }
+}
+
+fn saturating_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
 }
 
 /// The profile Pyroscope gets (see the module documentation): `built`'s,
@@ -398,6 +462,7 @@ mod tests {
         let interval = aggregator.take_interval();
         build(
             ProfileRequest {
+                kind: ProfileKind::Cpu,
                 pid: PID,
                 stacks: &interval.processes[&PID],
                 frequency_hz: 19,

@@ -112,9 +112,9 @@ pub(crate) mod tests {
             kernel_frames: kernel.len() as u16,
             user_frames: user.len() as u16,
             user_end: end as u8,
-            _reserved_8: 0,
-            _reserved_16: 0,
-            _reserved_32: 0,
+            kind: SampleKind::Cpu as u8,
+            task_state: 0,
+            probability: 0,
             comm: name,
         };
         let mut bytes = Vec::new();

@@ -3,8 +3,8 @@
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::programs::{PerfEvent, RawTracePoint};
-use aya::{Ebpf, EbpfLoader};
+use aya::programs::{BtfTracePoint, PerfEvent, RawTracePoint};
+use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::Counter;
 
 use crate::hotspot::tracker::BpfMaps;
@@ -19,8 +19,29 @@ const PROCESS_EVENT_PROGRAMS: [(&str, &str); 2] = [
     ("process_exit", "sched_process_exit"),
 ];
 
+/// The off-CPU programs (`profiler-ebpf/src/off_cpu.rs`) and the scheduler tracepoints they
+/// attach to.
+const OFF_CPU_PROGRAMS: [(&str, &str); 2] = [
+    ("off_cpu_switch", "sched_switch"),
+    ("off_cpu_wakeup", "sched_wakeup"),
+];
+
+/// The smallest ring the kernel takes (a page): what the off-CPU ring is sized to when off-CPU
+/// profiling is off, so it costs nothing.
+const UNUSED_RING_BYTES: u32 = 4096;
+
+/// Off-CPU profiling, when on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OffCpuSampling {
+    /// A thread's switches are sampled about once per this much of its time (see
+    /// `profiler-ebpf/src/off_cpu.rs`).
+    pub period_ns: u64,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SamplerError {
+    #[error("reading the kernel's BTF (off-CPU profiling needs it): {0}")]
+    Btf(#[from] aya::BtfError),
     #[error("loading the BPF object: {0}")]
     Load(#[from] aya::EbpfError),
     #[error("BPF program `{name}`: {source}")]
@@ -88,6 +109,8 @@ pub struct Sampler {
     // Keeps the program and its perf-event links alive.
     ebpf: Ebpf,
     ring: RingBuf<MapData>,
+    /// Off-CPU waits' stacks and ends, when off-CPU profiling is on.
+    off_cpu: Option<RingBuf<MapData>>,
     counters: PerCpuArray<MapData, u64>,
     cpus: usize,
 }
@@ -100,15 +123,23 @@ impl Sampler {
         pids: &[u32],
         max_jvms: u32,
         cfi_blocks: u32,
+        off_cpu: Option<OffCpuSampling>,
     ) -> Result<Self, SamplerError> {
         let filter: u8 = u8::from(!pids.is_empty());
         let cpus = aya::util::online_cpus()
             .map_err(|(path, source)| SamplerError::OnlineCpus { path, source })?;
         let ring_bytes = profiler_common::sample_ring_bytes(cpus.len() as u32, frequency_hz);
         let ring_wakeup_bytes = u64::from(ring_bytes / 4);
+        let off_cpu_period_ns = off_cpu.map_or(1, |o| o.period_ns.max(1));
+        let off_cpu_ring_bytes = match off_cpu {
+            Some(_) => profiler_common::OFF_CPU_RING_BYTES,
+            None => UNUSED_RING_BYTES,
+        };
         let mut ebpf = EbpfLoader::new()
             .override_global("FILTER_PIDS", &filter, true)
             .override_global("RING_WAKEUP_BYTES", &ring_wakeup_bytes, true)
+            .override_global("OFF_CPU_PERIOD_NS", &off_cpu_period_ns, true)
+            .map_max_entries("OFF_CPU_EVENTS", off_cpu_ring_bytes)
             .map_max_entries("HOTSPOT_PROCS", max_jvms)
             .map_max_entries("SAMPLES", ring_bytes)
             .map_max_entries("CFI_BLOCKS", cfi_blocks)
@@ -177,6 +208,35 @@ impl Sampler {
                 .map_err(|source| SamplerError::Program { name, source })?;
         }
 
+        let off_cpu = match off_cpu {
+            Some(_) => {
+                let btf = Btf::from_sys_fs()?;
+                for (name, tracepoint) in OFF_CPU_PROGRAMS {
+                    let program: &mut BtfTracePoint = ebpf
+                        .program_mut(name)
+                        .ok_or(SamplerError::MissingProgram(name))?
+                        .try_into()
+                        .map_err(|source| SamplerError::Program { name, source })?;
+                    program
+                        .load(tracepoint, &btf)
+                        .map_err(|source| SamplerError::Program { name, source })?;
+                    program
+                        .attach()
+                        .map_err(|source| SamplerError::Program { name, source })?;
+                }
+                let ring = ebpf
+                    .take_map("OFF_CPU_EVENTS")
+                    .ok_or(SamplerError::MissingMap("OFF_CPU_EVENTS"))?;
+                Some(
+                    RingBuf::try_from(ring).map_err(|source| SamplerError::Map {
+                        name: "OFF_CPU_EVENTS",
+                        source,
+                    })?,
+                )
+            }
+            None => None,
+        };
+
         let ring = ebpf
             .take_map("SAMPLES")
             .ok_or(SamplerError::MissingMap("SAMPLES"))?;
@@ -194,6 +254,7 @@ impl Sampler {
         Ok(Self {
             ebpf,
             ring,
+            off_cpu,
             counters,
             cpus: cpus.len(),
         })
@@ -274,6 +335,35 @@ impl Sampler {
             records += 1;
         }
         records
+    }
+
+    /// Whether off-CPU profiling is on.
+    pub fn off_cpu(&self) -> bool {
+        self.off_cpu.is_some()
+    }
+
+    /// Passes every record waiting in the off-CPU ring to `consume`, in order (a wait's stack,
+    /// a wait's end: see `profiler_common::OffCpuEnd`).
+    pub fn drain_off_cpu(&mut self, mut consume: impl FnMut(&[u8])) -> usize {
+        let Some(ring) = &mut self.off_cpu else {
+            return 0;
+        };
+        let mut records = 0;
+        while let Some(item) = ring.next() {
+            consume(&item);
+            records += 1;
+        }
+        records
+    }
+
+    /// Entries of the off-CPU per-thread map (threads tracked now), if off-CPU profiling is
+    /// on: walks the map's keys, so for metrics at their period, not per drain.
+    pub fn off_cpu_threads(&self) -> Option<usize> {
+        self.off_cpu.as_ref()?;
+        let map = self.ebpf.map("OFF_CPU_THREADS")?;
+        let threads: BpfHashMap<_, u64, profiler_common::OffCpuThread> =
+            BpfHashMap::try_from(map).ok()?;
+        Some(threads.keys().filter(Result::is_ok).count())
     }
 
     pub fn counters(&self) -> KernelCounters {

@@ -8,10 +8,11 @@ use std::time::{Duration, UNIX_EPOCH};
 use crate::export::proto::profiler::v1::profile_stream_client::ProfileStreamClient;
 use crate::export::proto::profiler::v1::{ProfileMessage, SubscribeRequest};
 use crate::pprof::{decode, proto};
+use crate::profiles::ProfileKind;
 
 /// What to do with each profile received.
 pub enum Sink {
-    /// Write `cpu-<time>-<pid>-<service>.pb.gz` files here.
+    /// Write `cpu-<time>-<pid>-<service>.pb.gz` (and `offcpu-...`) files here.
     Directory(PathBuf),
     /// Print the N functions with the most self samples.
     Top(usize),
@@ -67,9 +68,19 @@ pub async fn run(subscription: Subscription) -> anyhow::Result<()> {
         match &subscription.sink {
             Sink::Directory(dir) => {
                 let start = UNIX_EPOCH + Duration::from_nanos(message.start_unix_nanos as u64);
+                // The profile's type is its `__name__` label, as Pyroscope's.
+                let kind = if message
+                    .labels
+                    .iter()
+                    .any(|l| l.name == "__name__" && l.value == ProfileKind::OffCpu.pyroscope_name())
+                {
+                    ProfileKind::OffCpu
+                } else {
+                    ProfileKind::Cpu
+                };
                 let name = format!(
                     "{}.pb.gz",
-                    crate::output::file_stem(start, message.pid, &message.service_name)
+                    crate::output::file_stem(kind, start, message.pid, &message.service_name)
                 );
                 let path = dir.join(name);
                 std::fs::write(&path, &message.pprof_gzip)

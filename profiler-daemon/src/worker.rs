@@ -217,6 +217,7 @@ impl Worker {
             samples += stacks.samples();
             let built = profiles::build(
                 ProfileRequest {
+                    kind: interval.kind,
                     pid,
                     stacks,
                     frequency_hz: self.frequency_hz,
@@ -235,6 +236,7 @@ impl Worker {
                 }
             };
             match self.writer.write(
+                interval.kind,
                 interval.start,
                 built.pid,
                 &built.comm,
@@ -269,7 +271,8 @@ impl Worker {
                         .identify(self.processes.get(pid), &built.comm, pods.as_deref());
                 exported.push(Arc::new(ExportedProfile {
                     pid,
-                    labels: identity.labels(&self.exports.extra_labels),
+                    labels: identity
+                        .labels(&self.exports.extra_labels, interval.kind.pyroscope_name()),
                     service_name: identity.service_name,
                     start: interval.start,
                     duration: interval.duration,
@@ -315,6 +318,7 @@ impl Worker {
             Err(err) => tracing::warn!(%err, "retention: cannot clean the output directory"),
         }
         tracing::info!(
+            kind = interval.kind.file_prefix(),
             profiles = written,
             samples,
             dropped_over_stack_bound = interval.dropped_over_bound,

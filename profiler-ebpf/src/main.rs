@@ -15,6 +15,7 @@
 #![no_main]
 
 mod memory;
+mod off_cpu;
 mod process_events;
 
 use memory::{CurrentTask, STACK_WINDOW};
@@ -33,7 +34,7 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    Counter, HotspotProc, SampleHeader, SampleRecord, UnwindEnd, UserFrame, COMM_LEN,
+    Counter, HotspotProc, SampleHeader, SampleKind, SampleRecord, UnwindEnd, UserFrame, COMM_LEN,
     DEFAULT_MAX_JVMS, DEFAULT_SAMPLE_RING_BYTES, FRAMES_BYTES, HEADER_BYTES, KERNEL_FRAME_BYTES,
     MAX_KERNEL_FRAMES, MAX_TARGET_PIDS, MAX_USER_FRAMES, RECORD_BYTES, USER_FRAME_BYTES,
 };
@@ -41,7 +42,7 @@ use profiler_unwind::{unwind_step, FrameSink, UserRegs, Walk, MAX_WALK_STEPS};
 
 /// Set by the daemon at load time: non-zero when only the pids in `TARGET_PIDS` are sampled.
 #[no_mangle]
-static FILTER_PIDS: u8 = 0;
+pub(crate) static FILTER_PIDS: u8 = 0;
 
 /// Set by the daemon at load time with the ring's size: filled this far, the ring wakes the
 /// daemon instead of waiting for its next drain (a quarter of the ring).
@@ -53,7 +54,7 @@ static RING_WAKEUP_BYTES: u64 = DEFAULT_SAMPLE_RING_BYTES as u64 / 4;
 static SAMPLES: RingBuf = RingBuf::with_byte_size(DEFAULT_SAMPLE_RING_BYTES, 0);
 
 #[map]
-static SCRATCH: PerCpuArray<SampleRecord> = PerCpuArray::with_max_entries(1, 0);
+pub(crate) static SCRATCH: PerCpuArray<SampleRecord> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
@@ -102,6 +103,12 @@ fn user_regs(ctx: &PerfEventContext) -> Option<UserRegs> {
             r13: regs.r13,
         });
     }
+    saved_user_regs()
+}
+
+/// The current task's user registers as it entered the kernel (the top of its kernel stack).
+#[inline(always)]
+pub(crate) fn saved_user_regs() -> Option<UserRegs> {
     // SAFETY: helpers with no preconditions; the read is checked by the kernel.
     let saved = unsafe {
         let task = gen::bpf_get_current_task_btf();
@@ -127,10 +134,7 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
         count(Counter::Idle);
         return;
     }
-    // SAFETY: a read-only global the loader may have rewritten; volatile so it is not folded.
-    let filter = unsafe { read_volatile(&FILTER_PIDS) };
-    // SAFETY: the value is only tested for presence.
-    if filter != 0 && unsafe { TARGET_PIDS.get(&pid) }.is_none() {
+    if !profiled(pid) {
         count(Counter::Filtered);
         return;
     }
@@ -142,18 +146,78 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
     let record = unsafe { &mut *record };
 
     let user = user_regs(ctx);
-    let kernel_bytes = kernel_stack(ctx, record);
-
-    let Some(state) = WALK.get_ptr_mut(0) else {
-        count(Counter::ScratchMissing);
+    // SAFETY: see `user_regs`.
+    let in_kernel = unsafe { (*ctx.ctx).regs.cs } & USER_MODE_CS_MASK != USER_MODE_CS_MASK;
+    let kernel_bytes = if in_kernel {
+        kernel_stack(ctx.as_ptr(), record, 0)
+    } else {
+        0
+    };
+    let origin = RecordOrigin {
+        kind: SampleKind::Cpu,
+        // SAFETY: helper without preconditions.
+        ktime_ns: unsafe { bpf_ktime_get_ns() },
+        task_state: 0,
+        probability: 0,
+    };
+    let Some(bytes) = fill_record(record, pid_tgid, user, kernel_bytes, origin) else {
         return;
     };
-    // SAFETY: a per-CPU map value, used by this program on this CPU only.
+    // The daemon drains on a slow timer; it is woken early only when the ring fills up.
+    // SAFETY: a global the loader sets once; read-only afterwards.
+    let wakeup_bytes = unsafe { read_volatile(&RING_WAKEUP_BYTES) };
+    let wakeup = if SAMPLES.query(BPF_RB_AVAIL_DATA) >= wakeup_bytes {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    match SAMPLES.output::<[u8]>(bytes, wakeup) {
+        Ok(()) => count(Counter::Sent),
+        Err(_) => count(Counter::RingFull),
+    }
+}
+
+/// Whether `pid` is profiled: every process, or one of the `--pid` targets.
+#[inline(always)]
+pub(crate) fn profiled(pid: u32) -> bool {
+    // SAFETY: a read-only global the loader may have rewritten; volatile so it is not folded.
+    let filter = unsafe { read_volatile(&FILTER_PIDS) };
+    // SAFETY: the value is only tested for presence.
+    filter == 0 || unsafe { TARGET_PIDS.get(&pid) }.is_some()
+}
+
+/// What a record stands for, for its header.
+pub(crate) struct RecordOrigin {
+    pub kind: SampleKind,
+    pub ktime_ns: u64,
+    pub task_state: u16,
+    pub probability: u32,
+}
+
+/// Walks the current task's user stack (from `user`) into `record` after its `kernel_bytes` of
+/// kernel stack, fills the header, and returns the bytes to send. Shared by the CPU sampler and
+/// the off-CPU switch program: they never run at once on one CPU (the perf event's interrupt
+/// cannot fire inside the scheduler, which runs with interrupts off), so they share the per-CPU
+/// record and walk state.
+#[inline(always)]
+pub(crate) fn fill_record(
+    record: &mut SampleRecord,
+    pid_tgid: u64,
+    user: Option<UserRegs>,
+    kernel_bytes: usize,
+    origin: RecordOrigin,
+) -> Option<&[u8]> {
+    let pid = (pid_tgid >> 32) as u32;
+    let Some(state) = WALK.get_ptr_mut(0) else {
+        count(Counter::ScratchMissing);
+        return None;
+    };
+    // SAFETY: a per-CPU map value, used by one program at a time on this CPU (see above).
     let state = unsafe { &mut *state };
     state.base = kernel_bytes as u32;
     let walk = &mut state.walk;
     if let Some(window) = STACK_WINDOW.get_ptr_mut(0) {
-        // SAFETY: a per-CPU map value, used by this program on this CPU only.
+        // SAFETY: as above.
         unsafe { (*window).clear() };
     }
     match user {
@@ -182,8 +246,7 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
 
     let user_frames = (walk.frames as usize).min(MAX_USER_FRAMES);
     record.header = SampleHeader {
-        // SAFETY: helper without preconditions.
-        ktime_ns: unsafe { bpf_ktime_get_ns() },
+        ktime_ns: origin.ktime_ns,
         pid,
         tid: pid_tgid as u32,
         // SAFETY: helper without preconditions.
@@ -191,49 +254,32 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
         kernel_frames: (kernel_bytes / KERNEL_FRAME_BYTES) as u16,
         user_frames: user_frames as u16,
         user_end: walk.end,
-        _reserved_8: 0,
-        _reserved_16: 0,
-        _reserved_32: 0,
+        kind: origin.kind as u8,
+        task_state: origin.task_state,
+        probability: origin.probability,
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
     };
 
     let len = HEADER_BYTES + kernel_bytes + user_frames * USER_FRAME_BYTES;
     if len > RECORD_BYTES {
-        return;
+        return None;
     }
     // SAFETY: `len` is within the record, which is plain bytes.
-    let bytes =
-        unsafe { core::slice::from_raw_parts(record as *const SampleRecord as *const u8, len) };
-    // The daemon drains on a slow timer; it is woken early only when the ring fills up.
-    // SAFETY: a global the loader sets once; read-only afterwards.
-    let wakeup_bytes = unsafe { read_volatile(&RING_WAKEUP_BYTES) };
-    let wakeup = if SAMPLES.query(BPF_RB_AVAIL_DATA) >= wakeup_bytes {
-        BPF_RB_FORCE_WAKEUP
-    } else {
-        BPF_RB_NO_WAKEUP
-    };
-    match SAMPLES.output::<[u8]>(bytes, wakeup) {
-        Ok(()) => count(Counter::Sent),
-        Err(_) => count(Counter::RingFull),
-    }
+    Some(unsafe { core::slice::from_raw_parts(record as *const SampleRecord as *const u8, len) })
 }
 
-/// Copies the kernel stack (if the sample landed in the kernel) to the start of the record's
-/// frame area and returns how many bytes it used.
+/// Copies the current task's kernel stack to the start of the record's frame area and returns
+/// how many bytes it used. `ctx` is the program's context (`bpf_get_stack` takes the registers
+/// from it); the innermost `skip` frames are left out (`BPF_F_SKIP_FIELD_MASK`).
 #[inline(always)]
-fn kernel_stack(ctx: &PerfEventContext, record: &mut SampleRecord) -> usize {
-    // SAFETY: see `user_regs`.
-    let in_kernel = unsafe { (*ctx.ctx).regs.cs } & USER_MODE_CS_MASK != USER_MODE_CS_MASK;
-    if !in_kernel {
-        return 0;
-    }
+pub(crate) fn kernel_stack(ctx: *mut c_void, record: &mut SampleRecord, skip: u64) -> usize {
     // SAFETY: the destination has room for MAX_KERNEL_FRAMES ips.
     let written = unsafe {
         gen::bpf_get_stack(
-            ctx.as_ptr(),
+            ctx,
             record.frames.as_mut_ptr() as *mut c_void,
             (MAX_KERNEL_FRAMES * KERNEL_FRAME_BYTES) as u32,
-            0,
+            skip & 0xff,
         )
     };
     if written < 0 {

@@ -6,12 +6,16 @@
 //! the event's. The daemon polls this ring on its own timer: no wake-up per event.
 
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid, macros::map, macros::raw_tracepoint, maps::RingBuf,
+    helpers::{bpf_get_current_pid_tgid, generated as gen},
+    macros::map,
+    macros::raw_tracepoint,
+    maps::RingBuf,
     programs::RawTracePointContext,
 };
 use profiler_common::{Counter, ProcessEvent, ProcessEventKind, PROCESS_EVENT_RING_BYTES};
 
 use crate::memory::CFI_PROCS;
+use crate::off_cpu::OFF_CPU_THREADS;
 use crate::{count, BPF_RB_NO_WAKEUP};
 
 #[map]
@@ -29,6 +33,9 @@ pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
 /// Runs for every exiting thread; only the main thread's exit stands for the process.
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn process_exit(_ctx: RawTracePointContext) -> i32 {
+    // The thread's off-CPU state goes with it (a no-op when off-CPU profiling is off).
+    // SAFETY: helper without preconditions.
+    let _ = OFF_CPU_THREADS.remove(&unsafe { gen::bpf_get_current_task() });
     let pid_tgid = bpf_get_current_pid_tgid();
     let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
     if pid == tid {

@@ -34,8 +34,9 @@ pub struct ProcessIdentity {
 }
 
 impl ProcessIdentity {
-    /// Label pairs for Pyroscope, `__name__` first, sorted by name after it.
-    pub fn labels(&self, extra: &BTreeMap<String, String>) -> Vec<(String, String)> {
+    /// Label pairs for Pyroscope, `__name__` (the profile type's `name`: `process_cpu`,
+    /// `off_cpu`) first, sorted by name after it.
+    pub fn labels(&self, extra: &BTreeMap<String, String>, name: &str) -> Vec<(String, String)> {
         let mut labels: BTreeMap<String, String> = extra.clone();
         labels.insert("service_name".into(), self.service_name.clone());
         labels.insert("process_executable_name".into(), self.program.clone());
@@ -46,7 +47,7 @@ impl ProcessIdentity {
         for (name, value) in &self.pod_labels {
             labels.insert(name.to_string(), value.clone());
         }
-        let mut pairs = vec![("__name__".to_string(), "process_cpu".to_string())];
+        let mut pairs = vec![("__name__".to_string(), name.to_string())];
         pairs.extend(labels);
         pairs
     }
@@ -324,7 +325,7 @@ mod tests {
             pod_labels: vec![("namespace", "shop".into())],
         };
         let extra = BTreeMap::from([("env".to_string(), "prod".to_string())]);
-        let labels = identity.labels(&extra);
+        let labels = identity.labels(&extra, "process_cpu");
         assert_eq!(labels[0], ("__name__".into(), "process_cpu".into()));
         assert!(labels.contains(&("__container_id__".into(), "ab".repeat(32))));
         assert!(labels.contains(&("namespace".into(), "shop".into())));

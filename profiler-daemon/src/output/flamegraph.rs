@@ -59,12 +59,13 @@ pub fn folded_stacks(profile: &Profile) -> Vec<String> {
     lines
 }
 
-/// Renders the profile as an SVG flame graph titled `title`.
-pub fn render_svg(profile: &Profile, title: &str) -> std::io::Result<Vec<u8>> {
+/// Renders the profile as an SVG flame graph titled `title`, of its first sample type
+/// (`count_name` says what that counts: `samples`, `ns off CPU`).
+pub fn render_svg(profile: &Profile, title: &str, count_name: &str) -> std::io::Result<Vec<u8>> {
     let lines = folded_stacks(profile);
     let mut options = inferno::flamegraph::Options::default();
     options.title = title.to_owned();
-    options.count_name = "samples".to_owned();
+    options.count_name = count_name.to_owned();
     // The Java palette reads the `_[j]`/`_[i]`/`_[0]`/`_[k]` suffixes to colour frames by kind
     // (and hides them from the labels), as async-profiler's flame graphs do.
     options.colors =
@@ -119,7 +120,7 @@ mod tests {
     #[test]
     fn renders_an_svg_with_the_frames() {
         let svg =
-            String::from_utf8(render_svg(&profile(), "cpu").expect("renders")).expect("utf-8");
+            String::from_utf8(render_svg(&profile(), "cpu", "samples").expect("renders")).expect("utf-8");
         assert!(
             svg.contains("<svg")
                 && svg.contains("<title>outer (7 samples")

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use crate::pprof::proto;
+use crate::profiles::ProfileKind;
 use retention::{Removed, Retention};
 
 /// What the local output writes, and how long it keeps it.
@@ -33,27 +34,33 @@ impl LocalWriter {
         })
     }
 
-    /// Writes `cpu-<UTC time>-<pid>-<comm>.pb.gz` (`gzipped`, the encoded `profile`) and, with
-    /// flame graphs on, `.svg`; returns the pprof file's path.
+    /// Writes `<kind>-<UTC time>-<pid>-<comm>.pb.gz` (`gzipped`, the encoded `profile`;
+    /// `cpu-` or `offcpu-`) and, with flame graphs on, `.svg`; returns the pprof file's path.
     pub fn write(
         &self,
+        kind: ProfileKind,
         start: SystemTime,
         pid: u32,
         comm: &str,
         profile: &proto::Profile,
         gzipped: &[u8],
     ) -> std::io::Result<PathBuf> {
-        let stem = file_stem(start, pid, comm);
+        let stem = file_stem(kind, start, pid, comm);
         let path = self.write_atomically(&format!("{stem}.pb.gz"), gzipped)?;
         // A flame graph of nothing is no use (and inferno refuses it).
         if self.options.flame_graphs && !profile.sample.is_empty() {
             let title = format!(
-                "CPU: {comm} (pid {pid}), {}",
+                "{}: {comm} (pid {pid}), {}",
+                kind.title(),
                 humantime::format_rfc3339_seconds(start)
             );
+            let count_name = match kind {
+                ProfileKind::Cpu => "samples",
+                ProfileKind::OffCpu => "ns blocked",
+            };
             self.write_atomically(
                 &format!("{stem}.svg"),
-                &flamegraph::render_svg(profile, &title)?,
+                &flamegraph::render_svg(profile, &title, count_name)?,
             )?;
         }
         Ok(path)
@@ -73,7 +80,7 @@ impl LocalWriter {
     }
 }
 
-pub fn file_stem(start: SystemTime, pid: u32, comm: &str) -> String {
+pub fn file_stem(kind: ProfileKind, start: SystemTime, pid: u32, comm: &str) -> String {
     // 2026-11-22T02:11:41Z -> 20261122T021141Z: sortable, no colons.
     let time: String = humantime::format_rfc3339_seconds(start)
         .to_string()
@@ -90,7 +97,7 @@ pub fn file_stem(start: SystemTime, pid: u32, comm: &str) -> String {
             }
         })
         .collect();
-    format!("cpu-{time}-{pid}-{comm}")
+    format!("{}-{time}-{pid}-{comm}", kind.file_prefix())
 }
 
 #[cfg(test)]
@@ -102,7 +109,7 @@ mod tests {
     fn file_names_sort_by_time_and_are_safe() {
         let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         assert_eq!(
-            format!("{}.pb.gz", file_stem(start, 42, "java/Main x")),
+            format!("{}.pb.gz", file_stem(ProfileKind::Cpu, start, 42, "java/Main x")),
             "cpu-20231114T221320Z-42-java_Main_x.pb.gz"
         );
     }

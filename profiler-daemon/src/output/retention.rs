@@ -1,6 +1,6 @@
 //! Keeps the local output bounded: profiles older than a maximum age are deleted, then the oldest
 //! ones until the directory's profiles fit a byte budget. Only files this daemon writes
-//! (`cpu-*.pb.gz`, `cpu-*.svg`) are ever touched.
+//! (`cpu-*` and `offcpu-*`, `.pb.gz` and `.svg`) are ever touched.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -18,7 +18,8 @@ pub struct Removed {
 }
 
 fn is_ours(name: &str) -> bool {
-    name.starts_with("cpu-") && (name.ends_with(".pb.gz") || name.ends_with(".svg"))
+    (name.starts_with("cpu-") || name.starts_with("offcpu-"))
+        && (name.ends_with(".pb.gz") || name.ends_with(".svg"))
 }
 
 /// Applies `retention` to `dir` as of `now`.

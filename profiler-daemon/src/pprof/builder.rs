@@ -56,6 +56,31 @@ impl ProfileBuilder {
     /// A CPU profile: each sample counts `samples/count` and `cpu/nanoseconds` (count x period).
     pub fn new_cpu(frequency_hz: u64, start: SystemTime, duration: Duration) -> Self {
         let period_ns = (1_000_000_000 / frequency_hz.max(1)) as i64;
+        let mut builder = Self::empty(period_ns, start, duration);
+        let samples = builder.value_type("samples", "count");
+        let cpu = builder.value_type("cpu", "nanoseconds");
+        builder.profile.sample_type = vec![samples, cpu];
+        builder.profile.period_type = Some(cpu);
+        builder.profile.period = period_ns;
+        builder.profile.default_sample_type = cpu.r#type;
+        builder
+    }
+
+    /// An off-CPU profile: each sample has `off_cpu/nanoseconds` (time blocked, the type
+    /// Pyroscope's `off_cpu` profiles carry), `runqueue/nanoseconds` (time runnable but waiting
+    /// for a CPU) and `samples/count` (waits sampled). No period: waits are measured, not
+    /// counted at a rate.
+    pub fn new_off_cpu(start: SystemTime, duration: Duration) -> Self {
+        let mut builder = Self::empty(0, start, duration);
+        let off_cpu = builder.value_type("off_cpu", "nanoseconds");
+        let runqueue = builder.value_type("runqueue", "nanoseconds");
+        let samples = builder.value_type("samples", "count");
+        builder.profile.sample_type = vec![off_cpu, runqueue, samples];
+        builder.profile.default_sample_type = off_cpu.r#type;
+        builder
+    }
+
+    fn empty(period_ns: i64, start: SystemTime, duration: Duration) -> Self {
         let mut builder = Self {
             profile: proto::Profile::default(),
             strings: HashMap::new(),
@@ -64,17 +89,11 @@ impl ProfileBuilder {
             period_ns,
         };
         builder.string(""); // index 0 is the empty string, by the format's rule
-        let samples = builder.value_type("samples", "count");
-        let cpu = builder.value_type("cpu", "nanoseconds");
-        builder.profile.sample_type = vec![samples, cpu];
-        builder.profile.period_type = Some(cpu);
-        builder.profile.period = period_ns;
         builder.profile.time_nanos = start
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_nanos() as i64)
             .unwrap_or(0);
         builder.profile.duration_nanos = duration.as_nanos() as i64;
-        builder.profile.default_sample_type = cpu.r#type;
         builder
     }
 
@@ -187,12 +206,23 @@ impl ProfileBuilder {
         self.add_sample_with(location_ids, count, &labels);
     }
 
-    /// Adds `count` samples of one stack (location ids, innermost first).
+    /// Adds `count` CPU samples of one stack (location ids, innermost first).
     pub fn add_sample_with(&mut self, location_ids: Vec<u64>, count: u64, labels: &[Label<'_>]) {
+        let values = vec![count as i64, count as i64 * self.period_ns];
+        self.add_sample_values(location_ids, values, labels);
+    }
+
+    /// Adds one stack with a value per sample type, in the profile's order.
+    pub fn add_sample_values(
+        &mut self,
+        location_ids: Vec<u64>,
+        values: Vec<i64>,
+        labels: &[Label<'_>],
+    ) {
         let label = labels.iter().map(|label| self.label(label)).collect();
         self.profile.sample.push(proto::Sample {
             location_id: location_ids,
-            value: vec![count as i64, count as i64 * self.period_ns],
+            value: values,
             label,
         });
     }

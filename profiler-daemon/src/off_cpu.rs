@@ -1,0 +1,297 @@
+//! Off-CPU profiles: joins each sampled wait's stack with its end, weights it, and folds it.
+//!
+//! The BPF side (`profiler-ebpf/src/off_cpu.rs`) sends a wait's stack when the thread leaves the
+//! CPU and the wait's length when it comes back, through one ring that keeps their order. A
+//! thread has at most one wait open, so the stacks waiting for their ends are kept per thread.
+//!
+//! Weighting: a switch is sampled with a probability `p` decided before the wait's length is
+//! known (from the thread's past only), so counting each sampled wait's time `1 / p` times
+//! gives every stack's expected total exactly (the Horvitz-Thompson estimator). The minimum
+//! wait filter is applied to what comes back, and is a filter: it drops short waits by design.
+
+use hashbrown::HashMap;
+use profiler_common::{OffCpuEnd, SampleHeader, OFF_CPU_PROBABILITY_ONE};
+
+use crate::aggregate::{Added, Aggregator, StackTotals};
+use crate::record::SampleView;
+
+/// Most waits kept open at once (one per thread off CPU whose switch was sampled); past it, new
+/// waits are dropped and counted.
+pub const MAX_OPEN_WAITS: usize = profiler_common::MAX_OFF_CPU_THREADS as usize;
+
+/// Buffers kept for reuse by the next waits: no allocation per wait in the steady state.
+const SPARE_BUFFERS: usize = 256;
+
+/// What the joiner saw, for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffCpuStats {
+    /// Waits whose stack and end were joined and folded.
+    pub waits: u64,
+    /// Waits shorter than the minimum, dropped by the filter.
+    pub filtered_short: u64,
+    /// Ends without their stack (its record was lost or the daemon started mid-wait).
+    pub unmatched_ends: u64,
+    /// Stacks dropped because `MAX_OPEN_WAITS` were open.
+    pub over_open_bound: u64,
+    /// Folded waits over the interval's distinct-stack bound.
+    pub over_stack_bound: u64,
+}
+
+struct OpenWait {
+    out_ktime_ns: u64,
+    probability: u32,
+    /// The stack's record, as the ring carried it.
+    record: Vec<u8>,
+}
+
+pub struct OffCpuJoiner {
+    open: HashMap<u32, OpenWait>,
+    spare: Vec<Vec<u8>>,
+    min_wait_ns: u64,
+    pub stats: OffCpuStats,
+}
+
+impl OffCpuJoiner {
+    pub fn new(min_wait_ns: u64) -> Self {
+        Self {
+            open: HashMap::new(),
+            spare: Vec::new(),
+            min_wait_ns,
+            stats: OffCpuStats::default(),
+        }
+    }
+
+    /// Waits open now.
+    pub fn open_waits(&self) -> usize {
+        self.open.len()
+    }
+
+    /// A wait's stack: kept until its end comes.
+    pub fn stack(&mut self, view: &SampleView<'_>, bytes: &[u8]) {
+        let header = &view.header;
+        let tid = header.tid;
+        if !self.open.contains_key(&tid) && self.open.len() >= MAX_OPEN_WAITS {
+            self.stats.over_open_bound += 1;
+            return;
+        }
+        let spare = &mut self.spare;
+        let wait = self.open.entry(tid).or_insert_with(|| OpenWait {
+            out_ktime_ns: 0,
+            probability: 0,
+            record: spare.pop().unwrap_or_default(),
+        });
+        wait.out_ktime_ns = header.ktime_ns;
+        wait.probability = header.probability;
+        wait.record.clear();
+        wait.record.extend_from_slice(bytes);
+    }
+
+    /// A wait's end: folds the wait into `aggregator` if its stack is here, and tells `folded`
+    /// the stack and what the aggregator said (for the caller's bookkeeping of new processes
+    /// and stacks). Returns that too.
+    pub fn end(
+        &mut self,
+        end: &OffCpuEnd,
+        aggregator: &mut Aggregator,
+        mut folded: impl FnMut(&SampleView<'_>, Added),
+    ) -> Option<Added> {
+        let matches = self
+            .open
+            .get(&end.tid)
+            .is_some_and(|wait| wait.out_ktime_ns == end.out_ktime_ns);
+        if !matches {
+            self.stats.unmatched_ends += 1;
+            return None;
+        }
+        let wait = self.open.remove(&end.tid)?;
+        let added = if end.blocked_ns.saturating_add(end.runqueue_ns) < self.min_wait_ns {
+            self.stats.filtered_short += 1;
+            None
+        } else {
+            match SampleView::parse(&wait.record) {
+                Ok(view) => {
+                    let totals = weighted(end, wait.probability);
+                    let added = aggregator.add_totals(&view, &totals);
+                    if added == Added::OverBound {
+                        self.stats.over_stack_bound += 1;
+                    } else {
+                        self.stats.waits += 1;
+                    }
+                    folded(&view, added);
+                    Some(added)
+                }
+                // Parsed once already when it arrived.
+                Err(_) => None,
+            }
+        };
+        if self.spare.len() < SPARE_BUFFERS {
+            self.spare.push(wait.record);
+        }
+        added
+    }
+
+    /// Forgets the waits of processes that are gone (their ends will never come: a lost
+    /// record). `alive` answers per pid.
+    pub fn forget_waits_of_exited(&mut self, mut alive: impl FnMut(u32) -> bool) {
+        let mut known: HashMap<u32, bool> = HashMap::new();
+        self.open.retain(|_, wait| {
+            let pid = pid_of(&wait.record);
+            *known.entry(pid).or_insert_with(|| alive(pid))
+        });
+    }
+}
+
+fn pid_of(record: &[u8]) -> u32 {
+    let at = std::mem::offset_of!(SampleHeader, pid);
+    record
+        .get(at..at + 4)
+        .and_then(|bytes| bytes.try_into().ok())
+        .map_or(0, u32::from_ne_bytes)
+}
+
+/// One sampled wait as its stack's totals: its times divided by the probability it was sampled
+/// with (in units of 2^-`OFF_CPU_PROBABILITY_BITS`).
+fn weighted(end: &OffCpuEnd, probability: u32) -> StackTotals {
+    let probability = u128::from(probability.clamp(1, OFF_CPU_PROBABILITY_ONE));
+    let scale = |ns: u64| -> u64 {
+        let scaled = u128::from(ns) * u128::from(OFF_CPU_PROBABILITY_ONE) / probability;
+        u64::try_from(scaled).unwrap_or(u64::MAX)
+    };
+    StackTotals {
+        count: 1,
+        blocked_ns: scale(end.blocked_ns),
+        runqueue_ns: scale(end.runqueue_ns),
+    }
+}
+
+/// Whether process `pid` still exists.
+pub fn process_alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profiles::ProfileKind;
+    use crate::record::tests::encode;
+    use profiler_common::{SampleKind, UnwindEnd};
+
+    /// A wait's stack record of thread `tid` of pid 7, left the CPU at `out`.
+    fn wait_stack(tid: u32, out: u64, probability: u32, leaf: u64) -> Vec<u8> {
+        let mut record = encode(7, "pool", &[0xffff_1000], &[leaf, 0x20], UnwindEnd::Complete);
+        // SAFETY: the record starts with a whole header.
+        let header = unsafe { &mut *(record.as_mut_ptr() as *mut SampleHeader) };
+        header.tid = tid;
+        header.ktime_ns = out;
+        header.kind = SampleKind::OffCpu as u8;
+        header.task_state = 1;
+        header.probability = probability;
+        record
+    }
+
+    fn end(tid: u32, out: u64, blocked_ns: u64, runqueue_ns: u64) -> OffCpuEnd {
+        OffCpuEnd {
+            out_ktime_ns: out,
+            blocked_ns,
+            runqueue_ns,
+            pid: 7,
+            tid,
+        }
+    }
+
+    fn offer(joiner: &mut OffCpuJoiner, record: &[u8]) {
+        let view = SampleView::parse(record).expect("valid");
+        joiner.stack(&view, record);
+    }
+
+    fn totals(aggregator: &mut Aggregator) -> Vec<(u64, StackTotals)> {
+        let interval = aggregator.take_interval();
+        let mut all: Vec<_> = interval
+            .processes
+            .get(&7)
+            .map(|p| {
+                p.stacks()
+                    .map(|(view, totals)| (view.user_frames().next().map_or(0, |f| f.addr), totals))
+                    .collect()
+            })
+            .unwrap_or_default();
+        all.sort_by_key(|(leaf, _)| *leaf);
+        all
+    }
+
+    #[test]
+    fn waits_are_weighted_by_the_inverse_of_their_probability() {
+        let mut joiner = OffCpuJoiner::new(0);
+        let mut aggregator = Aggregator::of_kind(ProfileKind::OffCpu, 100);
+        // Sampled for sure: 5 ms blocked, 1 ms in the run queue.
+        offer(&mut joiner, &wait_stack(70, 100, OFF_CPU_PROBABILITY_ONE, 0x10));
+        joiner.end(&end(70, 100, 5_000_000, 1_000_000), &mut aggregator, |_, _| {});
+        // Sampled with probability 1/4: counts four times its time.
+        offer(&mut joiner, &wait_stack(71, 200, OFF_CPU_PROBABILITY_ONE / 4, 0x10));
+        joiner.end(&end(71, 200, 1_000, 0), &mut aggregator, |_, _| {});
+        assert_eq!(joiner.stats.waits, 2);
+        assert_eq!(joiner.open_waits(), 0);
+        let folded = totals(&mut aggregator);
+        // Two threads: two stacks.
+        assert_eq!(folded.len(), 2);
+        let sum = folded
+            .iter()
+            .fold(StackTotals::default(), |mut sum, (_, t)| {
+                sum.count += t.count;
+                sum.blocked_ns += t.blocked_ns;
+                sum.runqueue_ns += t.runqueue_ns;
+                sum
+            });
+        assert_eq!(
+            sum,
+            StackTotals {
+                count: 2,
+                blocked_ns: 5_004_000,
+                runqueue_ns: 1_000_000
+            }
+        );
+    }
+
+    #[test]
+    fn an_end_joins_only_its_own_wait() {
+        let mut joiner = OffCpuJoiner::new(0);
+        let mut aggregator = Aggregator::of_kind(ProfileKind::OffCpu, 100);
+        offer(&mut joiner, &wait_stack(70, 100, OFF_CPU_PROBABILITY_ONE, 0x10));
+        // An end of another wait of the same thread (its stack was lost): not joined.
+        assert_eq!(joiner.end(&end(70, 50, 10, 0), &mut aggregator, |_, _| {}), None);
+        // An end of a thread with nothing open.
+        assert_eq!(joiner.end(&end(99, 100, 10, 0), &mut aggregator, |_, _| {}), None);
+        assert_eq!(joiner.stats.unmatched_ends, 2);
+        // A new stack of the thread replaces its open wait (the old end was lost).
+        offer(&mut joiner, &wait_stack(70, 300, OFF_CPU_PROBABILITY_ONE, 0x30));
+        assert_eq!(joiner.open_waits(), 1);
+        assert_eq!(
+            joiner.end(&end(70, 300, 10, 0), &mut aggregator, |_, _| {}),
+            Some(Added::NewProcess)
+        );
+        let folded = totals(&mut aggregator);
+        assert_eq!(folded.len(), 1);
+        assert_eq!(folded[0].0, 0x30);
+    }
+
+    #[test]
+    fn short_waits_are_filtered_and_counted() {
+        let mut joiner = OffCpuJoiner::new(1_000_000);
+        let mut aggregator = Aggregator::of_kind(ProfileKind::OffCpu, 100);
+        offer(&mut joiner, &wait_stack(70, 100, OFF_CPU_PROBABILITY_ONE, 0x10));
+        assert_eq!(joiner.end(&end(70, 100, 600_000, 300_000), &mut aggregator, |_, _| {}), None);
+        offer(&mut joiner, &wait_stack(70, 200, OFF_CPU_PROBABILITY_ONE, 0x10));
+        assert!(joiner.end(&end(70, 200, 600_000, 400_000), &mut aggregator, |_, _| {}).is_some());
+        assert_eq!(joiner.stats.filtered_short, 1);
+        assert_eq!(joiner.stats.waits, 1);
+    }
+
+    #[test]
+    fn waits_of_exited_processes_are_forgotten() {
+        let mut joiner = OffCpuJoiner::new(0);
+        offer(&mut joiner, &wait_stack(70, 100, OFF_CPU_PROBABILITY_ONE, 0x10));
+        offer(&mut joiner, &wait_stack(71, 100, OFF_CPU_PROBABILITY_ONE, 0x10));
+        joiner.forget_waits_of_exited(|pid| pid != 7);
+        assert_eq!(joiner.open_waits(), 0);
+    }
+}

@@ -1,0 +1,213 @@
+//! Off-CPU profiling: where threads wait, and for how long.
+//!
+//! `sched_switch` runs in the context of the thread leaving the CPU, so its stacks can be walked
+//! there, as the CPU sampler walks them. How long it will wait is not known yet, so the switch
+//! is sampled first (with a probability set from the thread's past alone, so that weighting each
+//! sampled wait by its inverse keeps every stack's total unbiased), its stack sent at once, and
+//! the wait's end sent when the thread is back on a CPU. `sched_wakeup` marks when a sleeping
+//! thread became runnable: what comes after is run-queue delay (waiting for a CPU), not waiting
+//! for something it asked for.
+//!
+//! The probability: a switch that ends a run-and-wait cycle of at least `OFF_CPU_PERIOD_NS`
+//! (since the thread's previous switch) is always sampled, a shorter one with probability
+//! cycle / period. A thread's stacks are then taken about once per period of its time at most,
+//! whatever its switch rate: a thread pool blocked for seconds is sampled at every wait, a pair
+//! of threads ping-ponging 100,000 times a second costs a stack walk per period each.
+//!
+//! Per-thread state lives in a hash map keyed by the address of the thread's `task_struct`
+//! (what the tracepoints hand over for the thread coming back or woken, so no field of it is
+//! read); a thread's entry is removed when it exits (`process_events.rs`), so nothing leaks.
+
+use aya_ebpf::{
+    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated as gen},
+    macros::{btf_tracepoint, map},
+    maps::{HashMap, RingBuf},
+    programs::BtfTracePointContext,
+    EbpfContext,
+};
+use profiler_common::{
+    Counter, OffCpuEnd, OffCpuThread, SampleKind, MAX_OFF_CPU_THREADS, OFF_CPU_PROBABILITY_BITS,
+    OFF_CPU_PROBABILITY_ONE, OFF_CPU_RING_BYTES, TASK_DEAD,
+};
+
+use crate::{
+    count, fill_record, kernel_stack, profiled, saved_user_regs, RecordOrigin, BPF_RB_NO_WAKEUP,
+    SCRATCH,
+};
+
+/// Innermost kernel frames of a stack taken here that are the tracing machinery (this program,
+/// `bpf_trace_run4`), not the thread's: its stack starts at `__schedule`.
+const TRACING_FRAMES: u64 = 2;
+
+/// Set by the daemon at load time (`off_cpu_period_us`).
+#[no_mangle]
+static OFF_CPU_PERIOD_NS: u64 = 1_000_000;
+
+/// Stacks of sampled waits ([`SampleKind::OffCpu`] records) and their ends ([`OffCpuEnd`]).
+#[map]
+static OFF_CPU_EVENTS: RingBuf = RingBuf::with_byte_size(OFF_CPU_RING_BYTES, 0);
+
+/// `task_struct` address -> the thread's switch state.
+#[map]
+pub(crate) static OFF_CPU_THREADS: HashMap<u64, OffCpuThread> =
+    HashMap::with_max_entries(MAX_OFF_CPU_THREADS, BPF_F_NO_PREALLOC);
+
+/// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
+/// unsigned int prev_state)`: `prev` is the current task.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn off_cpu_switch(ctx: BtfTracePointContext) -> i32 {
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let next: u64 = ctx.arg(2);
+    let prev_state: u64 = ctx.arg(3);
+    switched_in(next, now);
+    switched_out(&ctx, prev_state as u32, now);
+    0
+}
+
+/// `sched_wakeup(struct task_struct *p)`: `p` is runnable again.
+#[btf_tracepoint(function = "sched_wakeup")]
+pub fn off_cpu_wakeup(ctx: BtfTracePointContext) -> i32 {
+    let task: u64 = ctx.arg(0);
+    if let Some(thread) = OFF_CPU_THREADS.get_ptr_mut(&task) {
+        // SAFETY: a map value; the scheduler's locks order this with the thread's switches.
+        let thread = unsafe { &mut *thread };
+        if thread.sampled_out_ns != 0 && thread.woken_ns == 0 {
+            // SAFETY: helper without preconditions.
+            thread.woken_ns = unsafe { bpf_ktime_get_ns() };
+        }
+    }
+    0
+}
+
+/// The thread `task` gets the CPU: if its wait was sampled, send how long it lasted.
+#[inline(always)]
+fn switched_in(task: u64, now: u64) {
+    let Some(thread) = OFF_CPU_THREADS.get_ptr_mut(&task) else {
+        return;
+    };
+    // SAFETY: as in `off_cpu_wakeup`.
+    let thread = unsafe { &mut *thread };
+    let out = thread.sampled_out_ns;
+    if out == 0 {
+        return;
+    }
+    let woken = thread.woken_ns;
+    // No wake-up seen (woken by a path without the tracepoint): all of it counts as blocked.
+    let (blocked_ns, runqueue_ns) = if woken >= out && woken <= now {
+        (woken - out, now - woken)
+    } else {
+        (now.saturating_sub(out), 0)
+    };
+    let end = OffCpuEnd {
+        out_ktime_ns: out,
+        blocked_ns,
+        runqueue_ns,
+        pid: thread.pid,
+        tid: thread.tid,
+    };
+    thread.sampled_out_ns = 0;
+    thread.woken_ns = 0;
+    if OFF_CPU_EVENTS
+        .output::<OffCpuEnd>(&end, BPF_RB_NO_WAKEUP)
+        .is_err()
+    {
+        count(Counter::OffCpuRingFull);
+    }
+}
+
+/// The current thread leaves the CPU: decide whether this wait is sampled, and if so send its
+/// stacks.
+#[inline(always)]
+fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, now: u64) {
+    // SAFETY: helper without preconditions.
+    let task = unsafe { gen::bpf_get_current_task() };
+    if prev_state & TASK_DEAD != 0 {
+        // Its last switch: the exit tracepoint removed its entry already, keep it removed.
+        let _ = OFF_CPU_THREADS.remove(&task);
+        return;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid = (pid_tgid >> 32) as u32;
+    if pid == 0 || !profiled(pid) {
+        return;
+    }
+    count(Counter::OffCpuSwitches);
+    let thread = match OFF_CPU_THREADS.get_ptr_mut(&task) {
+        Some(thread) => thread,
+        None => {
+            let fresh = OffCpuThread {
+                pid,
+                tid: pid_tgid as u32,
+                ..OffCpuThread::default()
+            };
+            if OFF_CPU_THREADS
+                .insert(&task, &fresh, BPF_NOEXIST as u64)
+                .is_err()
+            {
+                count(Counter::OffCpuThreadsFull);
+                return;
+            }
+            match OFF_CPU_THREADS.get_ptr_mut(&task) {
+                Some(thread) => thread,
+                None => return,
+            }
+        }
+    };
+    // SAFETY: a map value of the current thread, which is still on this CPU.
+    let thread = unsafe { &mut *thread };
+    let cycle = now.wrapping_sub(thread.last_out_ns);
+    let first = thread.last_out_ns == 0;
+    thread.last_out_ns = now;
+    // A wait still open here had its end lost (a full ring); it must not be ended twice.
+    thread.sampled_out_ns = 0;
+
+    // SAFETY: a global the loader sets once; read-only afterwards.
+    let period = unsafe { core::ptr::read_volatile(&OFF_CPU_PERIOD_NS) }.max(1);
+    let probability = if first || cycle >= period {
+        OFF_CPU_PROBABILITY_ONE
+    } else {
+        (((cycle << OFF_CPU_PROBABILITY_BITS) / period) as u32).max(1)
+    };
+    if probability < OFF_CPU_PROBABILITY_ONE {
+        // SAFETY: helper without preconditions.
+        let draw = unsafe { gen::bpf_get_prandom_u32() } & (OFF_CPU_PROBABILITY_ONE - 1);
+        if draw >= probability {
+            return;
+        }
+    }
+
+    // Kernel threads have no user stack; their waits are the kernel's business.
+    let Some(user) = saved_user_regs() else {
+        return;
+    };
+    let Some(record) = SCRATCH.get_ptr_mut(0) else {
+        count(Counter::ScratchMissing);
+        return;
+    };
+    // SAFETY: a per-CPU map value; see `fill_record` for why the two programs can share it.
+    let record = unsafe { &mut *record };
+    let kernel_bytes = kernel_stack(ctx.as_ptr(), record, TRACING_FRAMES);
+    let origin = RecordOrigin {
+        kind: SampleKind::OffCpu,
+        ktime_ns: now,
+        task_state: prev_state as u16,
+        probability,
+    };
+    let Some(bytes) = fill_record(record, pid_tgid, Some(user), kernel_bytes, origin) else {
+        return;
+    };
+    if OFF_CPU_EVENTS
+        .output::<[u8]>(bytes, BPF_RB_NO_WAKEUP)
+        .is_err()
+    {
+        count(Counter::OffCpuRingFull);
+        return;
+    }
+    count(Counter::OffCpuSampled);
+    thread.sampled_out_ns = now;
+    // A preempted thread is runnable from the start: all of its time off the CPU is
+    // run-queue delay.
+    thread.woken_ns = if prev_state == 0 { now } else { 0 };
+}
