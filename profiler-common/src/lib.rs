@@ -352,9 +352,11 @@ impl OffCpuEnd {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OffCpuThread {
-    /// When it last left the CPU: the length of its last run-and-wait cycle sets the
-    /// probability that its next switch is sampled.
+    /// When it last left the CPU: from it, the length of each run-and-wait cycle.
     pub last_out_ns: u64,
+    /// A moving average of its cycles (each weighs 1/8): with the cycle just ended, it sets the
+    /// probability that this switch is sampled.
+    pub average_cycle_ns: u64,
     /// When the wait whose stack was sent started; 0 when no sampled wait is open.
     pub sampled_out_ns: u64,
     /// When that wait was woken; 0 until then (and for a preempted thread).

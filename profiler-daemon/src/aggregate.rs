@@ -74,7 +74,9 @@ impl ProcessStacks {
     pub fn stacks(&self) -> impl Iterator<Item = (SampleView<'_>, StackTotals)> + '_ {
         self.table.iter().filter_map(|slot| {
             let bytes = &self.arena[slot.start..slot.start + slot.len];
-            SampleView::parse(bytes).ok().map(|view| (view, slot.totals))
+            SampleView::parse(bytes)
+                .ok()
+                .map(|view| (view, slot.totals))
         })
     }
 }

@@ -19,8 +19,6 @@ use tokio::io::Interest;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::aggregate::{Added, Aggregator};
-use crate::off_cpu::{OffCpuJoiner, OffCpuStats};
-use crate::profiles::ProfileKind;
 use crate::config::Config;
 use crate::export::pyroscope::{ExporterError, PyroscopeExporter};
 use crate::export::queue::ExportQueue;
@@ -29,8 +27,10 @@ use crate::hotspot::thread_directory::ThreadDirectory;
 use crate::hotspot::tracker::{self, JvmTracker, TrackerCounts};
 use crate::metrics::{Metrics, OffCpuSnapshot, Snapshot};
 use crate::native_unwind;
+use crate::off_cpu::{OffCpuJoiner, OffCpuStats};
 use crate::output::LocalWriter;
 use crate::privileges::{self, MissingPrivileges};
+use crate::profiles::ProfileKind;
 use crate::record::SampleView;
 use crate::sampler::{KernelCounters, OffCpuSampling, Sampler, SamplerError};
 use crate::worker::{JavaFrameSeen, Work, Worker};
@@ -677,7 +677,13 @@ struct FoundInDrain {
 }
 
 impl FoundInDrain {
-    fn note(&mut self, view: &SampleView<'_>, added: Added, work: &SyncSender<Work>, stats: &mut LoopStats) {
+    fn note(
+        &mut self,
+        view: &SampleView<'_>,
+        added: Added,
+        work: &SyncSender<Work>,
+        stats: &mut LoopStats,
+    ) {
         if added == Added::NewProcess {
             send(work, Work::ProcessSeen(view.pid()), stats);
             self.new_processes.push(view.pid());
@@ -755,7 +761,7 @@ fn end_interval(
         "interval sampled"
     );
     stats.unwind_ends = Default::default();
-    send(work, Work::Interval(interval), stats);
+    let mut intervals = vec![interval];
     if let Some(off_cpu) = off_cpu {
         let interval = off_cpu.aggregator.take_interval();
         // Waits whose end was lost would stay open for good: forget those of exited processes
@@ -774,8 +780,9 @@ fn end_interval(
             open_waits = stats.off_cpu_open_waits,
             "off-CPU interval sampled"
         );
-        send(work, Work::Interval(interval), stats);
+        intervals.push(interval);
     }
+    send(work, Work::Interval(intervals), stats);
 }
 
 fn snapshot(

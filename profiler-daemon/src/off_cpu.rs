@@ -178,7 +178,13 @@ mod tests {
 
     /// A wait's stack record of thread `tid` of pid 7, left the CPU at `out`.
     fn wait_stack(tid: u32, out: u64, probability: u32, leaf: u64) -> Vec<u8> {
-        let mut record = encode(7, "pool", &[0xffff_1000], &[leaf, 0x20], UnwindEnd::Complete);
+        let mut record = encode(
+            7,
+            "pool",
+            &[0xffff_1000],
+            &[leaf, 0x20],
+            UnwindEnd::Complete,
+        );
         // SAFETY: the record starts with a whole header.
         let header = unsafe { &mut *(record.as_mut_ptr() as *mut SampleHeader) };
         header.tid = tid;
@@ -224,10 +230,20 @@ mod tests {
         let mut joiner = OffCpuJoiner::new(0);
         let mut aggregator = Aggregator::of_kind(ProfileKind::OffCpu, 100);
         // Sampled for sure: 5 ms blocked, 1 ms in the run queue.
-        offer(&mut joiner, &wait_stack(70, 100, OFF_CPU_PROBABILITY_ONE, 0x10));
-        joiner.end(&end(70, 100, 5_000_000, 1_000_000), &mut aggregator, |_, _| {});
+        offer(
+            &mut joiner,
+            &wait_stack(70, 100, OFF_CPU_PROBABILITY_ONE, 0x10),
+        );
+        joiner.end(
+            &end(70, 100, 5_000_000, 1_000_000),
+            &mut aggregator,
+            |_, _| {},
+        );
         // Sampled with probability 1/4: counts four times its time.
-        offer(&mut joiner, &wait_stack(71, 200, OFF_CPU_PROBABILITY_ONE / 4, 0x10));
+        offer(
+            &mut joiner,
+            &wait_stack(71, 200, OFF_CPU_PROBABILITY_ONE / 4, 0x10),
+        );
         joiner.end(&end(71, 200, 1_000, 0), &mut aggregator, |_, _| {});
         assert_eq!(joiner.stats.waits, 2);
         assert_eq!(joiner.open_waits(), 0);
@@ -256,14 +272,26 @@ mod tests {
     fn an_end_joins_only_its_own_wait() {
         let mut joiner = OffCpuJoiner::new(0);
         let mut aggregator = Aggregator::of_kind(ProfileKind::OffCpu, 100);
-        offer(&mut joiner, &wait_stack(70, 100, OFF_CPU_PROBABILITY_ONE, 0x10));
+        offer(
+            &mut joiner,
+            &wait_stack(70, 100, OFF_CPU_PROBABILITY_ONE, 0x10),
+        );
         // An end of another wait of the same thread (its stack was lost): not joined.
-        assert_eq!(joiner.end(&end(70, 50, 10, 0), &mut aggregator, |_, _| {}), None);
+        assert_eq!(
+            joiner.end(&end(70, 50, 10, 0), &mut aggregator, |_, _| {}),
+            None
+        );
         // An end of a thread with nothing open.
-        assert_eq!(joiner.end(&end(99, 100, 10, 0), &mut aggregator, |_, _| {}), None);
+        assert_eq!(
+            joiner.end(&end(99, 100, 10, 0), &mut aggregator, |_, _| {}),
+            None
+        );
         assert_eq!(joiner.stats.unmatched_ends, 2);
         // A new stack of the thread replaces its open wait (the old end was lost).
-        offer(&mut joiner, &wait_stack(70, 300, OFF_CPU_PROBABILITY_ONE, 0x30));
+        offer(
+            &mut joiner,
+            &wait_stack(70, 300, OFF_CPU_PROBABILITY_ONE, 0x30),
+        );
         assert_eq!(joiner.open_waits(), 1);
         assert_eq!(
             joiner.end(&end(70, 300, 10, 0), &mut aggregator, |_, _| {}),
@@ -278,10 +306,21 @@ mod tests {
     fn short_waits_are_filtered_and_counted() {
         let mut joiner = OffCpuJoiner::new(1_000_000);
         let mut aggregator = Aggregator::of_kind(ProfileKind::OffCpu, 100);
-        offer(&mut joiner, &wait_stack(70, 100, OFF_CPU_PROBABILITY_ONE, 0x10));
-        assert_eq!(joiner.end(&end(70, 100, 600_000, 300_000), &mut aggregator, |_, _| {}), None);
-        offer(&mut joiner, &wait_stack(70, 200, OFF_CPU_PROBABILITY_ONE, 0x10));
-        assert!(joiner.end(&end(70, 200, 600_000, 400_000), &mut aggregator, |_, _| {}).is_some());
+        offer(
+            &mut joiner,
+            &wait_stack(70, 100, OFF_CPU_PROBABILITY_ONE, 0x10),
+        );
+        assert_eq!(
+            joiner.end(&end(70, 100, 600_000, 300_000), &mut aggregator, |_, _| {}),
+            None
+        );
+        offer(
+            &mut joiner,
+            &wait_stack(70, 200, OFF_CPU_PROBABILITY_ONE, 0x10),
+        );
+        assert!(joiner
+            .end(&end(70, 200, 600_000, 400_000), &mut aggregator, |_, _| {})
+            .is_some());
         assert_eq!(joiner.stats.filtered_short, 1);
         assert_eq!(joiner.stats.waits, 1);
     }
@@ -289,8 +328,14 @@ mod tests {
     #[test]
     fn waits_of_exited_processes_are_forgotten() {
         let mut joiner = OffCpuJoiner::new(0);
-        offer(&mut joiner, &wait_stack(70, 100, OFF_CPU_PROBABILITY_ONE, 0x10));
-        offer(&mut joiner, &wait_stack(71, 100, OFF_CPU_PROBABILITY_ONE, 0x10));
+        offer(
+            &mut joiner,
+            &wait_stack(70, 100, OFF_CPU_PROBABILITY_ONE, 0x10),
+        );
+        offer(
+            &mut joiner,
+            &wait_stack(71, 100, OFF_CPU_PROBABILITY_ONE, 0x10),
+        );
         joiner.forget_waits_of_exited(|pid| pid != 7);
         assert_eq!(joiner.open_waits(), 0);
     }

@@ -112,7 +112,7 @@ pub(crate) mod tests {
             kernel_frames: kernel.len() as u16,
             user_frames: user.len() as u16,
             user_end: end as u8,
-            kind: SampleKind::Cpu as u8,
+            kind: profiler_common::SampleKind::Cpu as u8,
             task_state: 0,
             probability: 0,
             comm: name,

@@ -227,12 +227,10 @@ impl Sampler {
                 let ring = ebpf
                     .take_map("OFF_CPU_EVENTS")
                     .ok_or(SamplerError::MissingMap("OFF_CPU_EVENTS"))?;
-                Some(
-                    RingBuf::try_from(ring).map_err(|source| SamplerError::Map {
-                        name: "OFF_CPU_EVENTS",
-                        source,
-                    })?,
-                )
+                Some(RingBuf::try_from(ring).map_err(|source| SamplerError::Map {
+                    name: "OFF_CPU_EVENTS",
+                    source,
+                })?)
             }
             None => None,
         };

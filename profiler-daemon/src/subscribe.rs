@@ -69,11 +69,9 @@ pub async fn run(subscription: Subscription) -> anyhow::Result<()> {
             Sink::Directory(dir) => {
                 let start = UNIX_EPOCH + Duration::from_nanos(message.start_unix_nanos as u64);
                 // The profile's type is its `__name__` label, as Pyroscope's.
-                let kind = if message
-                    .labels
-                    .iter()
-                    .any(|l| l.name == "__name__" && l.value == ProfileKind::OffCpu.pyroscope_name())
-                {
+                let kind = if message.labels.iter().any(|l| {
+                    l.name == "__name__" && l.value == ProfileKind::OffCpu.pyroscope_name()
+                }) {
                     ProfileKind::OffCpu
                 } else {
                     ProfileKind::Cpu

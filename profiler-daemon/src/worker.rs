@@ -23,7 +23,10 @@ pub enum Work {
     /// node's profiling.
     #[cfg(test)]
     Panic,
-    Interval(IntervalStacks),
+    /// An interval's stacks: the CPU ones, then the off-CPU ones when that is on. One item,
+    /// so that processes that exited during the interval are forgotten after all its profiles
+    /// are built (an off-CPU wait is folded when it ends, often just before its process exits).
+    Interval(Vec<IntervalStacks>),
     /// The Java frames of the stacks first seen in one drain of the ring buffer: their methods
     /// and code are read now, while they still exist (a class may be unloaded before the
     /// interval ends), and named at the interval from what was read.
@@ -160,7 +163,7 @@ impl Worker {
     fn handle(&mut self, item: Work) {
         match item {
             Work::ProcessSeen(pid) => self.processes.observe(pid),
-            Work::Interval(interval) => self.write_interval(interval),
+            Work::Interval(intervals) => self.write_intervals(intervals),
             Work::PrefetchJava(frames) => self.prefetch_java(frames),
             #[cfg(test)]
             Work::Panic => panic!("a test asked the worker to panic"),
@@ -208,11 +211,69 @@ impl Worker {
         }
     }
 
-    fn write_interval(&mut self, interval: IntervalStacks) {
+    fn write_intervals(&mut self, intervals: Vec<IntervalStacks>) {
         let began = Instant::now();
-        let mut written = 0;
-        let mut samples = 0;
         let mut exported = Vec::new();
+        let mut written = 0;
+        for interval in &intervals {
+            let (profiles, samples) = self.write_profiles(interval, &mut exported);
+            written += profiles;
+            tracing::info!(
+                kind = interval.kind.file_prefix(),
+                profiles,
+                samples,
+                dropped_over_stack_bound = interval.dropped_over_bound,
+                unreadable_processes = self.processes.unreadable,
+                elapsed_ms = began.elapsed().as_millis() as u64,
+                "interval written"
+            );
+        }
+        self.exports.publish_interval(exported);
+        self.counters
+            .profiles_written
+            .fetch_add(written, Ordering::Relaxed);
+        self.processes.forget_exited();
+        self.symbolizers.forget_exited(&self.processes);
+        let sidecars = self.symbolizers.java.sidecar_totals();
+        self.counters
+            .sidecar_agents
+            .store(sidecars.agents, Ordering::Relaxed);
+        self.counters
+            .sidecar_agent_heap_bytes
+            .store(sidecars.heap_live_bytes, Ordering::Relaxed);
+        self.counters
+            .sidecar_dropped_records
+            .fetch_add(sidecars.new_dropped_records, Ordering::Relaxed);
+        for (reason, gauge) in crate::sidecar::index::REFUSAL_REASONS
+            .iter()
+            .zip(&self.counters.sidecar_records_refused)
+        {
+            gauge.store(
+                sidecars.refused.get(reason).copied().unwrap_or(0),
+                Ordering::Relaxed,
+            );
+        }
+        match self.writer.enforce_retention() {
+            Ok(removed) if removed.files > 0 => {
+                tracing::info!(
+                    files = removed.files,
+                    bytes = removed.bytes,
+                    "retention: old profiles deleted"
+                )
+            }
+            Ok(_) => {}
+            Err(err) => tracing::warn!(%err, "retention: cannot clean the output directory"),
+        }
+    }
+
+    /// Builds, writes and (when exports are on) queues the profiles of one interval's stacks;
+    /// returns how many were written and the samples they hold.
+    fn write_profiles(
+        &mut self,
+        interval: &IntervalStacks,
+        exported: &mut Vec<Arc<ExportedProfile>>,
+    ) -> (u64, u64) {
+        let (mut written, mut samples) = (0, 0);
         for (&pid, stacks) in &interval.processes {
             samples += stacks.samples();
             let built = profiles::build(
@@ -281,51 +342,7 @@ impl Worker {
                 }));
             }
         }
-        self.exports.publish_interval(exported);
-        self.counters
-            .profiles_written
-            .fetch_add(written, Ordering::Relaxed);
-        self.processes.forget_exited();
-        self.symbolizers.forget_exited(&self.processes);
-        let sidecars = self.symbolizers.java.sidecar_totals();
-        self.counters
-            .sidecar_agents
-            .store(sidecars.agents, Ordering::Relaxed);
-        self.counters
-            .sidecar_agent_heap_bytes
-            .store(sidecars.heap_live_bytes, Ordering::Relaxed);
-        self.counters
-            .sidecar_dropped_records
-            .fetch_add(sidecars.new_dropped_records, Ordering::Relaxed);
-        for (reason, gauge) in crate::sidecar::index::REFUSAL_REASONS
-            .iter()
-            .zip(&self.counters.sidecar_records_refused)
-        {
-            gauge.store(
-                sidecars.refused.get(reason).copied().unwrap_or(0),
-                Ordering::Relaxed,
-            );
-        }
-        match self.writer.enforce_retention() {
-            Ok(removed) if removed.files > 0 => {
-                tracing::info!(
-                    files = removed.files,
-                    bytes = removed.bytes,
-                    "retention: old profiles deleted"
-                )
-            }
-            Ok(_) => {}
-            Err(err) => tracing::warn!(%err, "retention: cannot clean the output directory"),
-        }
-        tracing::info!(
-            kind = interval.kind.file_prefix(),
-            profiles = written,
-            samples,
-            dropped_over_stack_bound = interval.dropped_over_bound,
-            unreadable_processes = self.processes.unreadable,
-            elapsed_ms = began.elapsed().as_millis() as u64,
-            "interval written"
-        );
+        (written, samples)
     }
 }
 

@@ -8,11 +8,15 @@
 //! thread became runnable: what comes after is run-queue delay (waiting for a CPU), not waiting
 //! for something it asked for.
 //!
-//! The probability: a switch that ends a run-and-wait cycle of at least `OFF_CPU_PERIOD_NS`
-//! (since the thread's previous switch) is always sampled, a shorter one with probability
-//! cycle / period. A thread's stacks are then taken about once per period of its time at most,
-//! whatever its switch rate: a thread pool blocked for seconds is sampled at every wait, a pair
-//! of threads ping-ponging 100,000 times a second costs a stack walk per period each.
+//! The probability: a thread's cycle is the time from one of its switches off the CPU to the
+//! next (it ran, then waited). A switch is always sampled when the cycle it ends, or the thread's
+//! moving average of cycles, is at least `OFF_CPU_PERIOD_NS`, else with probability
+//! max(cycle, average) / period. A thread's stacks are then taken about once per period of its
+//! time at most, whatever its switch rate: threads that wait milliseconds at a time are sampled
+//! at every wait, a pair ping-ponging 100,000 times a second costs a stack walk per period each.
+//! The average keeps a thread that waits long from being sampled rarely just because its last
+//! cycle was short (a preemption, a brief lock spin): every wait of such a thread weighs much,
+//! so sampling it rarely would make its totals noisy, though not biased.
 //!
 //! Per-thread state lives in a hash map keyed by the address of the thread's `task_struct`
 //! (what the tracepoints hand over for the thread coming back or woken, so no field of it is
@@ -39,6 +43,9 @@ use crate::{
 /// Innermost kernel frames of a stack taken here that are the tracing machinery (this program,
 /// `bpf_trace_run4`), not the thread's: its stack starts at `__schedule`.
 const TRACING_FRAMES: u64 = 2;
+
+/// Cycles longer than this many periods count as this long in a thread's average.
+const CYCLE_CAP_PERIODS: u64 = 16;
 
 /// Set by the daemon at load time (`off_cpu_period_us`).
 #[no_mangle]
@@ -157,18 +164,31 @@ fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, now: u64) {
     };
     // SAFETY: a map value of the current thread, which is still on this CPU.
     let thread = unsafe { &mut *thread };
-    let cycle = now.wrapping_sub(thread.last_out_ns);
+    // SAFETY: a global the loader sets once; read-only afterwards.
+    let period = unsafe { core::ptr::read_volatile(&OFF_CPU_PERIOD_NS) }.max(1);
     let first = thread.last_out_ns == 0;
+    // A long idle spell counts as a few periods in the average, so that the thread's next
+    // short cycles bring it down within tens of switches.
+    let cycle = now
+        .wrapping_sub(thread.last_out_ns)
+        .min(period * CYCLE_CAP_PERIODS);
+    let average = thread.average_cycle_ns;
+    thread.average_cycle_ns = if first {
+        cycle
+    } else if cycle >= average {
+        average + (cycle - average) / 8
+    } else {
+        average - (average - cycle) / 8
+    };
     thread.last_out_ns = now;
     // A wait still open here had its end lost (a full ring); it must not be ended twice.
     thread.sampled_out_ns = 0;
 
-    // SAFETY: a global the loader sets once; read-only afterwards.
-    let period = unsafe { core::ptr::read_volatile(&OFF_CPU_PERIOD_NS) }.max(1);
-    let probability = if first || cycle >= period {
+    let likely_cycle = if cycle > average { cycle } else { average };
+    let probability = if first || likely_cycle >= period {
         OFF_CPU_PROBABILITY_ONE
     } else {
-        (((cycle << OFF_CPU_PROBABILITY_BITS) / period) as u32).max(1)
+        (((likely_cycle << OFF_CPU_PROBABILITY_BITS) / period) as u32).max(1)
     };
     if probability < OFF_CPU_PROBABILITY_ONE {
         // SAFETY: helper without preconditions.

@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use profiler_tests::background::BackgroundDaemon;
 use profiler_daemon::pprof::proto;
+use profiler_tests::background::BackgroundDaemon;
 use profiler_tests::receiver::{recorded_pushes, Receiver};
 use profiler_tests::*;
 
@@ -46,6 +46,8 @@ struct Measured {
     runqueue_ns: i64,
     waits: i64,
     rooted_waits: i64,
+    /// Waits whose stack does not reach `Thread.run`, by their innermost frames.
+    unrooted: HashMap<String, i64>,
 }
 
 fn base_name(name: &str) -> &str {
@@ -113,6 +115,13 @@ fn measure(profiles: &[(PathBuf, proto::Profile)], truths: &[Truth]) -> HashMap<
             }
             if has("java.lang.Thread.run") {
                 entry.rooted_waits += sample.value[samples];
+            } else {
+                let signature: Vec<&str> = frames
+                    .iter()
+                    .filter(|f| !f.name.ends_with("_[k]"))
+                    .map(|f| f.name.as_str())
+                    .collect();
+                *entry.unrooted.entry(signature.join(";")).or_default() += sample.value[samples];
             }
         }
     }
@@ -144,7 +153,11 @@ fn run_workload(jdk: &Jdk, classes: &Path) -> (u32, Vec<Truth>) {
             });
         }
     }
-    assert!(child.wait().expect("JVM exits").success(), "JDK {} workload failed", jdk.major);
+    assert!(
+        child.wait().expect("JVM exits").success(),
+        "JDK {} workload failed",
+        jdk.major
+    );
     assert_eq!(truths.len(), 4, "JDK {}: every thread reports", jdk.major);
     (pid, truths)
 }
@@ -152,7 +165,11 @@ fn run_workload(jdk: &Jdk, classes: &Path) -> (u32, Vec<Truth>) {
 fn asserted_jdks() -> Vec<Jdk> {
     let wanted: Vec<u32> = std::env::var("PROFILER_OFF_CPU_JDKS")
         .ok()
-        .map(|list| list.split(',').filter_map(|v| v.trim().parse().ok()).collect())
+        .map(|list| {
+            list.split(',')
+                .filter_map(|v| v.trim().parse().ok())
+                .collect()
+        })
         .unwrap_or_else(|| vec![17, 25]);
     jdks()
         .into_iter()
@@ -192,6 +209,8 @@ fn off_cpu_time_lands_on_the_waiting_method() {
     daemon
         .wait_for_log("off-CPU interval sampled", Duration::from_secs(60))
         .expect("the daemon samples off-CPU time");
+    // The metrics are published at the loop's next wake-up after the interval.
+    std::thread::sleep(Duration::from_secs(2));
     let threads_before = off_cpu_threads(metrics);
 
     let mut runs = Vec::new();
@@ -211,9 +230,9 @@ fn off_cpu_time_lands_on_the_waiting_method() {
     for (major, pid, truths) in &runs {
         let profiles = off_cpu_profiles(&out, *pid);
         assert!(!profiles.is_empty(), "JDK {major}: no off-CPU profile");
-        let measured = measure(&profiles, truths);
+        let mut measured = measure(&profiles, truths);
         for truth in truths {
-            let got = measured.get(&truth.tid).unwrap_or(&Measured::default()).to_owned();
+            let got = measured.remove(&truth.tid).unwrap_or_default();
             let expected = truth.blocked_ns();
             let under = got.blocked_under_method_ns as f64 / expected.max(1) as f64;
             let rooted = got.rooted_waits as f64 / got.waits.max(1) as f64;
@@ -252,6 +271,11 @@ fn off_cpu_time_lands_on_the_waiting_method() {
                     expected / 1_000_000
                 ));
             }
+            let mut unrooted: Vec<_> = got.unrooted.iter().collect();
+            unrooted.sort_by_key(|(_, n)| -**n);
+            for (signature, n) in unrooted.iter().take(3) {
+                println!("    {n} waits not rooted: {signature}");
+            }
             if rooted < 0.95 {
                 failures.push(format!(
                     "JDK {major}: {} has {:.1}% of its waits rooted at Thread.run",
@@ -264,9 +288,15 @@ fn off_cpu_time_lands_on_the_waiting_method() {
 
     // The reference reader takes the files and their sample types.
     let (_, pid, _) = &runs[0];
-    let (path, _) = off_cpu_profiles(&out, *pid).into_iter().next().expect("a profile");
+    let (path, _) = off_cpu_profiles(&out, *pid)
+        .into_iter()
+        .next()
+        .expect("a profile");
     let top = go_pprof_top(&path).expect("go tool pprof reads it");
-    assert!(top.contains("off_cpu"), "pprof shows the off_cpu type:\n{top}");
+    assert!(
+        top.contains("off_cpu"),
+        "pprof shows the off_cpu type:\n{top}"
+    );
 
     // Pyroscope gets them as `off_cpu` profiles whose sample type is off_cpu/nanoseconds.
     let pushes = recorded_pushes(&receiver.record_dir).expect("records");

@@ -119,8 +119,8 @@ mod tests {
 
     #[test]
     fn renders_an_svg_with_the_frames() {
-        let svg =
-            String::from_utf8(render_svg(&profile(), "cpu", "samples").expect("renders")).expect("utf-8");
+        let svg = String::from_utf8(render_svg(&profile(), "cpu", "samples").expect("renders"))
+            .expect("utf-8");
         assert!(
             svg.contains("<svg")
                 && svg.contains("<title>outer (7 samples")

@@ -109,7 +109,10 @@ mod tests {
     fn file_names_sort_by_time_and_are_safe() {
         let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         assert_eq!(
-            format!("{}.pb.gz", file_stem(ProfileKind::Cpu, start, 42, "java/Main x")),
+            format!(
+                "{}.pb.gz",
+                file_stem(ProfileKind::Cpu, start, 42, "java/Main x")
+            ),
             "cpu-20231114T221320Z-42-java_Main_x.pb.gz"
         );
     }
@@ -137,6 +140,7 @@ mod tests {
         let profile = builder.finish();
         let path = writer
             .write(
+                ProfileKind::Cpu,
                 SystemTime::now(),
                 1,
                 "x",
