@@ -269,9 +269,11 @@ pub struct SampleHeader {
     /// array with a call to a byte-at-a-time `memset`, a scalar with one store.)
     pub kind: u8,
     /// Off-CPU records: the task's state when it left the CPU (the scheduler's `prev_state`,
-    /// low 16 bits: 0 runnable, i.e. preempted; 1 interruptible sleep; 2 uninterruptible).
+    /// low 8 bits: 0 runnable, i.e. preempted; 1 interruptible sleep; 2 uninterruptible).
     /// Zero in CPU samples.
-    pub task_state: u16,
+    pub task_state: u8,
+    /// Off-CPU records of Java threads: a [`JavaState`] (0 otherwise).
+    pub java_state: u8,
     /// Off-CPU records: the probability this switch was sampled, in units of
     /// 2^-[`OFF_CPU_PROBABILITY_BITS`] (a wait's time is weighted by its inverse). Zero in
     /// CPU samples.
@@ -298,6 +300,47 @@ impl SampleKind {
             0 => Some(Self::Cpu),
             1 => Some(Self::OffCpu),
             _ => None,
+        }
+    }
+}
+
+/// What a Java thread was doing in the JVM when it left the CPU, from its
+/// `JavaThread::_thread_state` (for off-CPU records).
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum JavaState {
+    /// Not a Java thread, or its state could not be read.
+    Unknown = 0,
+    /// In native code: JNI, and the JDK's blocking I/O (sockets, files).
+    InNative = 1,
+    /// In the VM's own code.
+    InVm = 2,
+    /// Blocked by the VM: monitors, `Object.wait`, `Thread.sleep`, `LockSupport.park`,
+    /// safepoints.
+    Blocked = 3,
+    /// Running Java code (preempted), or between two states.
+    InJava = 4,
+}
+
+impl JavaState {
+    pub const fn from_u8(value: u8) -> Self {
+        match value {
+            1 => Self::InNative,
+            2 => Self::InVm,
+            3 => Self::Blocked,
+            4 => Self::InJava,
+            _ => Self::Unknown,
+        }
+    }
+
+    /// The `java_state` label of off-CPU samples.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Unknown => "unknown",
+            Self::InNative => "in_native",
+            Self::InVm => "in_vm",
+            Self::Blocked => "blocked",
+            Self::InJava => "in_java",
         }
     }
 }

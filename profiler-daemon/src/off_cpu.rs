@@ -191,6 +191,7 @@ mod tests {
         header.ktime_ns = out;
         header.kind = SampleKind::OffCpu as u8;
         header.task_state = 1;
+        header.java_state = 3;
         header.probability = probability;
         record
     }

@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime};
 use hashbrown::HashMap;
 
 use crate::frame_kind::ShownKind;
-use profiler_common::UnwindEnd;
+use profiler_common::{JavaState, UnwindEnd};
 
 use crate::aggregate::ProcessStacks;
 use crate::hotspot::jvm::{Jvm, LayoutCache};
@@ -139,7 +139,7 @@ impl ProfileKind {
 
 /// The `state` label of an off-CPU sample: what the thread was doing when it left the CPU (the
 /// scheduler's task state).
-fn wait_state_label(task_state: u16) -> &'static str {
+fn wait_state_label(task_state: u8) -> &'static str {
     match task_state {
         0 => "runnable",
         state if state & 1 != 0 => "sleeping",
@@ -328,18 +328,26 @@ pub fn build(
                 unit: "",
             },
             Label::Str("state", wait_state_label(view.header.task_state)),
+            Label::Str(
+                "java_state",
+                JavaState::from_u8(view.header.java_state).name(),
+            ),
         ];
         match kind {
             ProfileKind::Cpu => builder.add_sample_with(locations, totals.count, &labels[..5]),
-            ProfileKind::OffCpu => builder.add_sample_values(
-                locations,
-                vec![
-                    saturating_i64(totals.blocked_ns),
-                    saturating_i64(totals.runqueue_ns),
-                    saturating_i64(totals.count),
-                ],
-                &labels,
-            ),
+            ProfileKind::OffCpu => {
+                // The Java state only for Java threads.
+                let java = view.header.java_state != JavaState::Unknown as u8;
+                builder.add_sample_values(
+                    locations,
+                    vec![
+                        saturating_i64(totals.blocked_ns),
+                        saturating_i64(totals.runqueue_ns),
+                        saturating_i64(totals.count),
+                    ],
+                    &labels[..if java { 7 } else { 6 }],
+                )
+            }
         }
         threads.push(thread.clone());
     }

@@ -114,6 +114,7 @@ pub(crate) mod tests {
             user_end: end as u8,
             kind: profiler_common::SampleKind::Cpu as u8,
             task_state: 0,
+            java_state: 0,
             probability: 0,
             comm: name,
         };

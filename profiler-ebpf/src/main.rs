@@ -65,7 +65,8 @@ static TARGET_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGET_PIDS
 /// Per-JVM unwinding layouts, keyed by host pid; written by the daemon's JVM tracker. The size
 /// is set at load time from the `max_jvms` setting.
 #[map]
-static HOTSPOT_PROCS: HashMap<u32, HotspotProc> = HashMap::with_max_entries(DEFAULT_MAX_JVMS, 0);
+pub(crate) static HOTSPOT_PROCS: HashMap<u32, HotspotProc> =
+    HashMap::with_max_entries(DEFAULT_MAX_JVMS, 0);
 
 /// x86_64: the low two bits of `cs` are the privilege level; 3 is user mode.
 const USER_MODE_CS_MASK: u64 = 3;
@@ -158,6 +159,7 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
         // SAFETY: helper without preconditions.
         ktime_ns: unsafe { bpf_ktime_get_ns() },
         task_state: 0,
+        java_state: 0,
         probability: 0,
     };
     let Some(bytes) = fill_record(record, pid_tgid, user, kernel_bytes, origin) else {
@@ -190,7 +192,8 @@ pub(crate) fn profiled(pid: u32) -> bool {
 pub(crate) struct RecordOrigin {
     pub kind: SampleKind,
     pub ktime_ns: u64,
-    pub task_state: u16,
+    pub task_state: u8,
+    pub java_state: u8,
     pub probability: u32,
 }
 
@@ -256,6 +259,7 @@ pub(crate) fn fill_record(
         user_end: walk.end,
         kind: origin.kind as u8,
         task_state: origin.task_state,
+        java_state: origin.java_state,
         probability: origin.probability,
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
     };

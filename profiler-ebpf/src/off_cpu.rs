@@ -24,20 +24,21 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated as gen},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated as gen},
     macros::{btf_tracepoint, map},
     maps::{HashMap, RingBuf},
     programs::BtfTracePointContext,
     EbpfContext,
 };
 use profiler_common::{
-    Counter, OffCpuEnd, OffCpuThread, SampleKind, MAX_OFF_CPU_THREADS, OFF_CPU_PROBABILITY_BITS,
-    OFF_CPU_PROBABILITY_ONE, OFF_CPU_RING_BYTES, TASK_DEAD,
+    Counter, JavaState, OffCpuEnd, OffCpuThread, SampleKind, MAX_OFF_CPU_THREADS,
+    OFF_CPU_PROBABILITY_BITS, OFF_CPU_PROBABILITY_ONE, OFF_CPU_RING_BYTES, TASK_DEAD,
 };
 
+use crate::memory::JAVA_THREADS;
 use crate::{
     count, fill_record, kernel_stack, profiled, saved_user_regs, RecordOrigin, BPF_RB_NO_WAKEUP,
-    SCRATCH,
+    HOTSPOT_PROCS, SCRATCH,
 };
 
 /// Innermost kernel frames of a stack taken here that are the tracing machinery (this program,
@@ -121,6 +122,33 @@ fn switched_in(task: u64, now: u64) {
         .is_err()
     {
         count(Counter::OffCpuRingFull);
+    }
+}
+
+/// What the current thread, if it is a Java thread of a JVM in `HOTSPOT_PROCS`, is doing in
+/// the JVM (`JavaThread::_thread_state`, compared with the values its layout carries).
+#[inline(always)]
+fn java_state(pid: u32, tid: u32) -> JavaState {
+    // SAFETY: map values copied out at once.
+    let (Some(layout), Some(thread)) = (unsafe { HOTSPOT_PROCS.get(&pid) }, unsafe {
+        JAVA_THREADS.get(&tid)
+    }) else {
+        return JavaState::Unknown;
+    };
+    let (offset, native, vm, blocked) = (
+        layout.java_thread_state,
+        layout.thread_in_native,
+        layout.thread_in_vm,
+        layout.thread_blocked,
+    );
+    let address = thread.wrapping_add(offset as u64);
+    // SAFETY: a checked read of user memory.
+    match unsafe { bpf_probe_read_user(address as *const u32) } {
+        Ok(state) if state == native as u32 => JavaState::InNative,
+        Ok(state) if state == vm as u32 => JavaState::InVm,
+        Ok(state) if state == blocked as u32 => JavaState::Blocked,
+        Ok(_) => JavaState::InJava,
+        Err(_) => JavaState::Unknown,
     }
 }
 
@@ -212,7 +240,8 @@ fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, now: u64) {
     let origin = RecordOrigin {
         kind: SampleKind::OffCpu,
         ktime_ns: now,
-        task_state: prev_state as u16,
+        task_state: prev_state as u8,
+        java_state: java_state(pid, pid_tgid as u32) as u8,
         probability,
     };
     let Some(bytes) = fill_record(record, pid_tgid, Some(user), kernel_bytes, origin) else {

@@ -48,6 +48,27 @@ struct Measured {
     rooted_waits: i64,
     /// Waits whose stack does not reach `Thread.run`, by their innermost frames.
     unrooted: HashMap<String, i64>,
+    /// Blocked time by the `java_state` label.
+    by_java_state: HashMap<String, i64>,
+}
+
+impl Measured {
+    /// The Java state most of the blocked time was spent in.
+    fn main_java_state(&self) -> &str {
+        self.by_java_state
+            .iter()
+            .max_by_key(|(_, ns)| **ns)
+            .map_or("none", |(state, _)| state.as_str())
+    }
+}
+
+/// Where each waiting thread waits, as the JVM says.
+fn expected_java_state(thread: &str) -> &'static str {
+    match thread {
+        // Sockets are read in native code (JNI).
+        "offcpu-reader" => "in_native",
+        _ => "blocked",
+    }
 }
 
 fn base_name(name: &str) -> &str {
@@ -109,6 +130,14 @@ fn measure(profiles: &[(PathBuf, proto::Profile)], truths: &[Truth]) -> HashMap<
             let entry = measured.entry(truth.tid).or_default();
             entry.blocked_ns += sample.value[blocked];
             entry.runqueue_ns += sample.value[runqueue];
+            *entry
+                .by_java_state
+                .entry(
+                    label(profile, sample, "java_state")
+                        .unwrap_or("none")
+                        .to_owned(),
+                )
+                .or_default() += sample.value[blocked];
             entry.waits += sample.value[samples];
             if has(waiting_method(&truth.name)) {
                 entry.blocked_under_method_ns += sample.value[blocked];
@@ -128,8 +157,49 @@ fn measure(profiles: &[(PathBuf, proto::Profile)], truths: &[Truth]) -> HashMap<
     measured
 }
 
-/// Runs the workload on `jdk` to its end; returns its pid and each thread's truth.
-fn run_workload(jdk: &Jdk, classes: &Path) -> (u32, Vec<Truth>) {
+/// The entries of the daemon's per-thread off-CPU map (its newest `OFF_CPU_THREADS`) that
+/// belong to `pid`, read with bpftool.
+fn off_cpu_entries_of(pid: u32) -> usize {
+    let maps = Command::new("bpftool")
+        .args(["map", "show", "--json"])
+        .output()
+        .expect("bpftool runs (cargo xtask test installs it)");
+    let maps: serde_json::Value = serde_json::from_slice(&maps.stdout).expect("bpftool's JSON");
+    let id = maps
+        .as_array()
+        .expect("a list of maps")
+        .iter()
+        .filter(|m| m["name"] == "OFF_CPU_THREADS")
+        .filter_map(|m| m["id"].as_u64())
+        .max()
+        .expect("the daemon's OFF_CPU_THREADS map");
+    let dump = Command::new("bpftool")
+        .args(["map", "dump", "id", &id.to_string(), "--json"])
+        .output()
+        .expect("bpftool runs");
+    let entries: serde_json::Value = serde_json::from_slice(&dump.stdout).expect("bpftool's JSON");
+    let at = std::mem::offset_of!(profiler_common::OffCpuThread, pid);
+    entries
+        .as_array()
+        .expect("a list of entries")
+        .iter()
+        .filter(|entry| {
+            let bytes: Vec<u8> = entry["value"]
+                .as_array()
+                .expect("value bytes")
+                .iter()
+                .filter_map(|b| u8::from_str_radix(b.as_str()?.trim_start_matches("0x"), 16).ok())
+                .collect();
+            bytes
+                .get(at..at + 4)
+                .is_some_and(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")) == pid)
+        })
+        .count()
+}
+
+/// Runs the workload on `jdk` to its end; returns its pid, each thread's truth, and how many
+/// of its threads the BPF side tracked while they ran.
+fn run_workload(jdk: &Jdk, classes: &Path) -> (u32, Vec<Truth>, usize) {
     let mut child = Command::new(&jdk.java)
         .arg("-cp")
         .arg(classes)
@@ -140,8 +210,14 @@ fn run_workload(jdk: &Jdk, classes: &Path) -> (u32, Vec<Truth>) {
     let pid = child.id();
     let stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
     let mut truths = Vec::new();
+    let mut tracked = 0;
     for line in stdout.lines() {
         let line = line.expect("workload output");
+        if line == "ready" {
+            // Its threads start 3 s after "ready" (its output waits in the pipe meanwhile).
+            std::thread::sleep(Duration::from_secs(5));
+            tracked = off_cpu_entries_of(pid);
+        }
         let fields: Vec<&str> = line.split_whitespace().collect();
         if fields.first() == Some(&"result") && fields.len() == 6 {
             truths.push(Truth {
@@ -159,7 +235,7 @@ fn run_workload(jdk: &Jdk, classes: &Path) -> (u32, Vec<Truth>) {
         jdk.major
     );
     assert_eq!(truths.len(), 4, "JDK {}: every thread reports", jdk.major);
-    (pid, truths)
+    (pid, truths, tracked)
 }
 
 fn asserted_jdks() -> Vec<Jdk> {
@@ -214,8 +290,10 @@ fn off_cpu_time_lands_on_the_waiting_method() {
     let threads_before = off_cpu_threads(metrics);
 
     let mut runs = Vec::new();
+    let mut tracked = Vec::new();
     for jdk in asserted_jdks() {
-        let (pid, truths) = run_workload(&jdk, &classes);
+        let (pid, truths, threads) = run_workload(&jdk, &classes);
+        tracked.push((jdk.major, pid, threads, off_cpu_entries_of(pid)));
         runs.push((jdk.major, pid, truths));
     }
     // Two intervals: every wait has ended and been written, and the map's count is fresh.
@@ -238,7 +316,8 @@ fn off_cpu_time_lands_on_the_waiting_method() {
             let rooted = got.rooted_waits as f64 / got.waits.max(1) as f64;
             println!(
                 "JDK {major} {:<15} wall {:>6} ms cpu {:>6} ms run-queue {:>5} ms (ours {:>5} ms) \
-                 blocked {:>6} ms; ours {:>6} ms, under {} {:>5.1}%; waits {:>5}, rooted {:>5.1}%",
+                 blocked {:>6} ms; ours {:>6} ms, under {} {:>5.1}%; waits {:>5}, rooted {:>5.1}%, \
+                 mostly {}",
                 truth.name,
                 truth.wall_ns / 1_000_000,
                 truth.cpu_ns / 1_000_000,
@@ -249,7 +328,8 @@ fn off_cpu_time_lands_on_the_waiting_method() {
                 waiting_method(&truth.name),
                 under * 100.0,
                 got.waits,
-                rooted * 100.0
+                rooted * 100.0,
+                got.main_java_state()
             );
             if truth.name == "offcpu-spinner" {
                 // Only preempted: no blocked time to speak of.
@@ -275,6 +355,15 @@ fn off_cpu_time_lands_on_the_waiting_method() {
             unrooted.sort_by_key(|(_, n)| -**n);
             for (signature, n) in unrooted.iter().take(3) {
                 println!("    {n} waits not rooted: {signature}");
+            }
+            if got.main_java_state() != expected_java_state(&truth.name) {
+                failures.push(format!(
+                    "JDK {major}: {} waits mostly {} ({:?}), expected {}",
+                    truth.name,
+                    got.main_java_state(),
+                    got.by_java_state,
+                    expected_java_state(&truth.name)
+                ));
             }
             if rooted < 0.95 {
                 failures.push(format!(
@@ -323,11 +412,19 @@ fn off_cpu_time_lands_on_the_waiting_method() {
 
     // JVMs that exited with threads off CPU (the holder and answerer sleep and read till the
     // end) leave nothing behind: their threads' map entries went with them.
-    println!("off-CPU threads tracked: {threads_before} before the JVMs, {threads_after} after");
-    assert!(
-        threads_after <= threads_before + 8,
-        "off-CPU thread entries leak: {threads_before} before, {threads_after} after"
+    println!(
+        "off-CPU threads tracked on the host: {threads_before} before the JVMs, {threads_after} after"
     );
+    for (major, _, running, exited) in tracked {
+        println!(
+            "JDK {major}: {running} of its threads tracked while it ran, {exited} after it exited"
+        );
+        assert!(
+            running >= 4,
+            "JDK {major}: its threads are tracked while it runs"
+        );
+        assert_eq!(exited, 0, "JDK {major}: entries of exited threads are left");
+    }
     let unmatched = metric_value(
         &text,
         &labelled(

@@ -40,6 +40,7 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use profiler_common::{metric, Counter};
 
 mod export;
+mod off_cpu;
 mod overhead;
 use overhead::Overhead;
 
@@ -146,6 +147,8 @@ enum Section {
     Overhead,
     /// 2: the BPF program's run time per sample.
     Bpf,
+    /// 7: what off-CPU profiling costs a program that switches often.
+    OffCpu,
 }
 
 /// How long and how often to measure.
@@ -213,6 +216,7 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
     match args.section {
         Some(Section::Bpf) => return run_bpf_section(&bench, machine, args),
         Some(Section::Overhead) => return run_overhead_section(&bench, args),
+        Some(Section::OffCpu) => return run_off_cpu_section(&bench, args),
         None => {}
     }
 
@@ -220,6 +224,7 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
     let bpf = bench.measure_bpf_costs()?;
     let (runs, export) = bench.measure_daemon_costs()?;
     let agent = bench.measure_agent_cost()?;
+    let off_cpu = bench.measure_off_cpu_cost(&bench.pingpong)?;
 
     let report = Report {
         machine,
@@ -232,6 +237,7 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
         runs,
         agent,
         export,
+        off_cpu,
     };
     let markdown = report.to_markdown();
     println!("{markdown}");
@@ -243,6 +249,25 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
+    fs::write(&path, markdown).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("bench: wrote {}", path.display());
+    Ok(())
+}
+
+/// Section 7 alone; written to target/bench/.
+fn run_off_cpu_section(bench: &Bench, args: &BenchArgs) -> Result<()> {
+    let cost = bench.measure_off_cpu_cost(&bench.pingpong)?;
+    let (mut rows, mut notes) = (Vec::new(), Vec::new());
+    cost.rows(&mut rows, &mut notes);
+    let mut markdown = String::new();
+    write_rows(&mut markdown, &rows, &notes);
+    println!("{markdown}");
+    let name = if args.quick {
+        "off-cpu-quick.md"
+    } else {
+        "off-cpu.md"
+    };
+    let path = bench.work_dir.join(name);
     fs::write(&path, markdown).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("bench: wrote {}", path.display());
     Ok(())
@@ -987,6 +1012,8 @@ struct Bench {
     /// `deep_native.c` with frame pointers, and without (section 2).
     native_deep_fp: PathBuf,
     native_deep_cfi: PathBuf,
+    /// `pingpong.c` (section 7).
+    pingpong: PathBuf,
     jdks: Vec<Jdk>,
     cpus: usize,
     plan: Plan,
@@ -1049,7 +1076,9 @@ impl Bench {
         };
         let native_deep_fp = deep("deep_native_fp", "-fno-omit-frame-pointer")?;
         let native_deep_cfi = deep("deep_native_cfi", "-fomit-frame-pointer")?;
+        let pingpong = off_cpu::build_workload(&sources, &work_dir)?;
         Ok(Self {
+            pingpong,
             native_deep_fp,
             native_deep_cfi,
             daemon: daemon.to_owned(),
@@ -2172,6 +2201,7 @@ struct Report {
     runs: Vec<CostRun>,
     agent: AgentCost,
     export: export::ExportRun,
+    off_cpu: off_cpu::OffCpuCost,
 }
 
 /// Section 5: what the JVMTI sidecar agent costs the JVM it is loaded in, from pairs of fresh
@@ -2293,6 +2323,7 @@ impl Report {
         self.scaling_rows(&mut rows);
         self.agent_rows(&mut rows);
         self.export.rows(&mut rows);
+        self.off_cpu.rows(&mut rows, &mut notes);
 
         let mut out = String::new();
         let _ = writeln!(out, "# Benchmarks\n");

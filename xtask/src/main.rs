@@ -22,6 +22,8 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
     ("gcc", "gcc"),
     // Certificates for the TLS export test.
     ("openssl", "openssl"),
+    // The off-CPU test reads the daemon's per-thread BPF map.
+    ("bpftool", "bpftool"),
 ];
 
 /// Debian packages of the real applications tests/tests/real_apps.rs profiles, by a file each
