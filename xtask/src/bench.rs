@@ -11,6 +11,8 @@
 //! 5. The JVMTI sidecar agent's cost to the JVM it is loaded in.
 //! 6. Export to Pyroscope: profiles exported per second, the exporter's memory at its queue
 //!    bound, and how fast a backlog goes out ([`export`]).
+//! 7. Off-CPU profiling: a context-switch-heavy program's throughput without and with it, and
+//!    the BPF run time per switch ([`off_cpu`]).
 //!
 //! Every figure is measured and compared with the issue's targets; nothing is asserted.
 //!
@@ -2406,7 +2408,14 @@ impl Report {
              (`queue_max_profiles = 200`) and has dropped a profile (RSS as `VmRSS`, queue \
              bytes from `profiler_export_queue_bytes`), started again on the same port, and the \
              time until the profiles queued at that moment are delivered is taken from the \
-             live export counters, polled every 10 ms.\n",
+             live export counters, polled every 10 ms.\n\
+             7. `xtask/bench/pingpong.c` (two threads passing a byte through two pipes: four \
+             context switches per round trip) for {window} s without the daemon, then {window} s \
+             with a fresh whole-host daemon started with `--off-cpu` (defaults), with the \
+             kernel's BPF statistics off (they add two clock reads to every switch), over \
+             {agent_pairs} pairs; a further window with the statistics on gives the switch \
+             program's run time per run, and one more daemon with `off_cpu_period_us` = 10 s \
+             (no stack ever taken) the cost of its bookkeeping alone.\n",
             warmup = p.warmup.as_secs(),
             reports = p.switched_reports,
             window_ms = p.switched_reports * 100,
