@@ -15,9 +15,12 @@ use profiler_common::{OffCpuEnd, SampleHeader, OFF_CPU_PROBABILITY_ONE};
 use crate::aggregate::{Added, Aggregator, StackTotals};
 use crate::record::SampleView;
 
-/// Most waits kept open at once (one per thread off CPU whose switch was sampled); past it, new
+/// Most waits kept open at once (one per thread off CPU whose switch was sampled), and most
+/// bytes of their stacks (a parked thread's wait stays open until it wakes: a node with
+/// thousands of idle pool threads keeps a stack for each, a few KB apiece); past either, new
 /// waits are dropped and counted.
 pub const MAX_OPEN_WAITS: usize = profiler_common::MAX_OFF_CPU_THREADS as usize;
+pub const MAX_OPEN_WAIT_BYTES: usize = 32 << 20;
 
 /// Buffers kept for reuse by the next waits: no allocation per wait in the steady state.
 const SPARE_BUFFERS: usize = 256;
@@ -46,6 +49,8 @@ struct OpenWait {
 
 pub struct OffCpuJoiner {
     open: HashMap<u32, OpenWait>,
+    /// Bytes the open waits' records hold (their buffers' capacity).
+    open_bytes: usize,
     spare: Vec<Vec<u8>>,
     min_wait_ns: u64,
     pub stats: OffCpuStats,
@@ -55,6 +60,7 @@ impl OffCpuJoiner {
     pub fn new(min_wait_ns: u64) -> Self {
         Self {
             open: HashMap::new(),
+            open_bytes: 0,
             spare: Vec::new(),
             min_wait_ns,
             stats: OffCpuStats::default(),
@@ -70,7 +76,10 @@ impl OffCpuJoiner {
     pub fn stack(&mut self, view: &SampleView<'_>, bytes: &[u8]) {
         let header = &view.header;
         let tid = header.tid;
-        if !self.open.contains_key(&tid) && self.open.len() >= MAX_OPEN_WAITS {
+        let held = self.open.get(&tid).map_or(0, |wait| wait.record.capacity());
+        if (held == 0 && self.open.len() >= MAX_OPEN_WAITS)
+            || self.open_bytes - held + bytes.len() > MAX_OPEN_WAIT_BYTES
+        {
             self.stats.over_open_bound += 1;
             return;
         }
@@ -84,6 +93,7 @@ impl OffCpuJoiner {
         wait.probability = header.probability;
         wait.record.clear();
         wait.record.extend_from_slice(bytes);
+        self.open_bytes = self.open_bytes - held + wait.record.capacity();
     }
 
     /// A wait's end: folds the wait into `aggregator` if its stack is here, and tells `folded`
@@ -104,6 +114,7 @@ impl OffCpuJoiner {
             return None;
         }
         let wait = self.open.remove(&end.tid)?;
+        self.open_bytes -= wait.record.capacity();
         let added = if end.blocked_ns.saturating_add(end.runqueue_ns) < self.min_wait_ns {
             self.stats.filtered_short += 1;
             None
@@ -134,10 +145,16 @@ impl OffCpuJoiner {
     /// record). `alive` answers per pid.
     pub fn forget_waits_of_exited(&mut self, mut alive: impl FnMut(u32) -> bool) {
         let mut known: HashMap<u32, bool> = HashMap::new();
+        let mut released = 0;
         self.open.retain(|_, wait| {
             let pid = pid_of(&wait.record);
-            *known.entry(pid).or_insert_with(|| alive(pid))
+            let keep = *known.entry(pid).or_insert_with(|| alive(pid));
+            if !keep {
+                released += wait.record.capacity();
+            }
+            keep
         });
+        self.open_bytes -= released;
     }
 }
 
