@@ -26,7 +26,7 @@ use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated as gen},
     macros::{btf_tracepoint, map},
-    maps::{HashMap, RingBuf},
+    maps::{HashMap, PerCpuArray, RingBuf},
     programs::BtfTracePointContext,
     EbpfContext,
 };
@@ -61,16 +61,24 @@ static OFF_CPU_EVENTS: RingBuf = RingBuf::with_byte_size(OFF_CPU_RING_BYTES, 0);
 pub(crate) static OFF_CPU_THREADS: HashMap<u64, OffCpuThread> =
     HashMap::with_max_entries(MAX_OFF_CPU_THREADS, BPF_F_NO_PREALLOC);
 
+/// Each CPU's idle task (`task_struct` address), learnt when it leaves the CPU: a switch to it
+/// needs no lookup. Every switch of the host runs this program, and on an idle-ish machine half
+/// of them are to or from the idle task.
+#[map]
+static IDLE_TASK: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
 /// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
 /// unsigned int prev_state)`: `prev` is the current task.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn off_cpu_switch(ctx: BtfTracePointContext) -> i32 {
-    // SAFETY: helper without preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
     let next: u64 = ctx.arg(2);
     let prev_state: u64 = ctx.arg(3);
-    switched_in(next, now);
-    switched_out(&ctx, prev_state as u32, now);
+    let idle = IDLE_TASK.get_ptr_mut(0);
+    // SAFETY: a per-CPU slot, used by this program on this CPU only.
+    if !idle.is_some_and(|idle| unsafe { *idle } == next) {
+        switched_in(next);
+    }
+    switched_out(&ctx, prev_state as u32, idle);
     0
 }
 
@@ -91,7 +99,7 @@ pub fn off_cpu_wakeup(ctx: BtfTracePointContext) -> i32 {
 
 /// The thread `task` gets the CPU: if its wait was sampled, send how long it lasted.
 #[inline(always)]
-fn switched_in(task: u64, now: u64) {
+fn switched_in(task: u64) {
     let Some(thread) = OFF_CPU_THREADS.get_ptr_mut(&task) else {
         return;
     };
@@ -101,6 +109,8 @@ fn switched_in(task: u64, now: u64) {
     if out == 0 {
         return;
     }
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
     let woken = thread.woken_ns;
     // No wake-up seen (woken by a path without the tracepoint): all of it counts as blocked.
     let (blocked_ns, runqueue_ns) = if woken >= out && woken <= now {
@@ -155,7 +165,7 @@ fn java_state(pid: u32, tid: u32) -> JavaState {
 /// The current thread leaves the CPU: decide whether this wait is sampled, and if so send its
 /// stacks.
 #[inline(always)]
-fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, now: u64) {
+fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, idle: Option<*mut u64>) {
     // SAFETY: helper without preconditions.
     let task = unsafe { gen::bpf_get_current_task() };
     if prev_state & TASK_DEAD != 0 {
@@ -165,9 +175,18 @@ fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, now: u64) {
     }
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
-    if pid == 0 || !profiled(pid) {
+    if pid == 0 {
+        if let Some(idle) = idle {
+            // SAFETY: a per-CPU slot, used by this program on this CPU only.
+            unsafe { *idle = task };
+        }
         return;
     }
+    if !profiled(pid) {
+        return;
+    }
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
     count(Counter::OffCpuSwitches);
     let thread = match OFF_CPU_THREADS.get_ptr_mut(&task) {
         Some(thread) => thread,
