@@ -161,12 +161,17 @@ pub enum Counter {
     OffCpuSampled = 10,
     /// Sampled switches lost: the off-CPU ring was full (the stack or the wait's end).
     OffCpuRingFull = 11,
-    /// Switches not tracked: the per-thread state map was full.
-    OffCpuThreadsFull = 12,
+    /// Switches not tracked: the thread's task storage could not be had (no memory, or busy in
+    /// a nested program).
+    OffCpuNoStorage = 12,
+    /// Threads given off-CPU task storage, and tracked threads that exited (their storage goes
+    /// with them): the difference is the threads tracked now.
+    OffCpuThreadsTracked = 13,
+    OffCpuThreadsGone = 14,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 13;
+    pub const COUNT: u32 = 15;
     pub const ALL: [Self; Self::COUNT as usize] = [
         Self::Samples,
         Self::Idle,
@@ -180,7 +185,9 @@ impl Counter {
         Self::OffCpuSwitches,
         Self::OffCpuSampled,
         Self::OffCpuRingFull,
-        Self::OffCpuThreadsFull,
+        Self::OffCpuNoStorage,
+        Self::OffCpuThreadsTracked,
+        Self::OffCpuThreadsGone,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -197,7 +204,9 @@ impl Counter {
             Self::OffCpuSwitches => "off_cpu_switches",
             Self::OffCpuSampled => "off_cpu_sampled",
             Self::OffCpuRingFull => "off_cpu_ring_full",
-            Self::OffCpuThreadsFull => "off_cpu_threads_full",
+            Self::OffCpuNoStorage => "off_cpu_no_storage",
+            Self::OffCpuThreadsTracked => "off_cpu_threads_tracked",
+            Self::OffCpuThreadsGone => "off_cpu_threads_gone",
         }
     }
 }
@@ -390,8 +399,7 @@ impl OffCpuEnd {
     }
 }
 
-/// What the off-CPU programs keep per thread (key: the address of its `task_struct`, which
-/// the scheduler's tracepoints pass for the thread coming back, so no task field is read).
+/// What the off-CPU programs keep per thread, in its task storage.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OffCpuThread {
@@ -410,9 +418,9 @@ pub struct OffCpuThread {
 
 /// Size of the off-CPU ring buffer when off-CPU profiling is on (a power of two).
 pub const OFF_CPU_RING_BYTES: u32 = 4 << 20;
-/// Most threads whose switches the off-CPU programs track at once (whole host); a thread's
-/// entry goes when it exits.
-pub const MAX_OFF_CPU_THREADS: u32 = 65_536;
+/// Bound on waits the daemon keeps open at once (one per thread off CPU whose switch was
+/// sampled).
+pub const MAX_OPEN_OFF_CPU_WAITS: u32 = 65_536;
 /// The `sched_switch` `prev_state` bit of a task that is exiting: its last switch is no wait.
 pub const TASK_DEAD: u32 = 0x80;
 
@@ -724,7 +732,6 @@ mod user {
     unsafe impl aya::Pod for super::cfi::CfiProcess {}
     unsafe impl aya::Pod for super::cfi::CfiTableIndex {}
     unsafe impl aya::Pod for super::cfi::CfiBlock {}
-    unsafe impl aya::Pod for super::OffCpuThread {}
 }
 
 #[cfg(test)]

@@ -51,7 +51,7 @@ pub const PROC_RESCANS: &str = "profiler_proc_rescans_total";
 pub const OFF_CPU_SWITCHES: &str = "profiler_off_cpu_switches_total";
 pub const OFF_CPU_WAITS_SAMPLED: &str = "profiler_off_cpu_waits_sampled_total";
 pub const OFF_CPU_WAITS: &str = "profiler_off_cpu_waits_total";
-/// Labelled `reason`: [`crate::Counter::OffCpuRingFull`], `OffCpuThreadsFull` by their names,
+/// Labelled `reason`: [`crate::Counter::OffCpuRingFull`], `OffCpuNoStorage` by their names,
 /// and `unmatched_end`, `filtered_short`, `over_open_bound`, `over_stack_bound`.
 pub const OFF_CPU_WAITS_NOT_PROFILED: &str = "profiler_off_cpu_waits_not_profiled_total";
 pub const OFF_CPU_OPEN_WAITS: &str = "profiler_off_cpu_open_waits";

@@ -131,8 +131,8 @@ struct LoopStats {
     /// What the off-CPU joiner counted, as of the last interval.
     off_cpu: OffCpuStats,
     off_cpu_open_waits: u64,
-    /// Entries of the BPF per-thread map as of the last interval; None when off-CPU is off.
-    off_cpu_threads: Option<u64>,
+    /// Whether off-CPU profiling is on.
+    off_cpu_on: bool,
 }
 
 pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
@@ -237,7 +237,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         aggregator: Aggregator::of_kind(ProfileKind::OffCpu, config.max_stacks_per_interval),
     });
     let mut stats = LoopStats {
-        off_cpu_threads: sampler.off_cpu().then_some(0),
+        off_cpu_on: sampler.off_cpu(),
         ..LoopStats::default()
     };
     let mut drain = tokio::time::interval(DRAIN_PERIOD);
@@ -288,9 +288,6 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
                 drain_ring(&mut sampler, &mut aggregator, off_cpu.as_mut(), &work_tx, &unwind_tables, &mut stats);
                 let counters = sampler.counters();
                 end_interval(&mut aggregator, off_cpu.as_mut(), &work_tx, &mut stats, &counters.since(&last_counters), &tracker);
-                if let Some(threads) = sampler.off_cpu_threads() {
-                    stats.off_cpu_threads = Some(threads as u64);
-                }
                 last_counters = counters;
                 intervals += 1;
                 continue;
@@ -776,7 +773,7 @@ fn end_interval(
             switches = kernel.get(Counter::OffCpuSwitches),
             sampled = kernel.get(Counter::OffCpuSampled),
             ring_full = kernel.get(Counter::OffCpuRingFull),
-            threads_full = kernel.get(Counter::OffCpuThreadsFull),
+            no_storage = kernel.get(Counter::OffCpuNoStorage),
             open_waits = stats.off_cpu_open_waits,
             "off-CPU interval sampled"
         );
@@ -805,10 +802,9 @@ fn snapshot(
         intervals,
         cpus,
         frequency_hz,
-        off_cpu: stats.off_cpu_threads.map(|threads| OffCpuSnapshot {
+        off_cpu: stats.off_cpu_on.then_some(OffCpuSnapshot {
             joined: stats.off_cpu,
             open_waits: stats.off_cpu_open_waits,
-            threads,
         }),
     }
 }

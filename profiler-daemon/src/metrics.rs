@@ -63,8 +63,6 @@ pub struct Snapshot {
 pub struct OffCpuSnapshot {
     pub joined: crate::off_cpu::OffCpuStats,
     pub open_waits: u64,
-    /// Entries of the BPF per-thread map (as of the last interval).
-    pub threads: u64,
 }
 
 #[derive(Clone, Default)]
@@ -152,7 +150,7 @@ fn render_off_cpu(out: &mut String, s: &Snapshot, off_cpu: &OffCpuSnapshot) {
             "reason",
             &[
                 (Counter::OffCpuRingFull.name(), k(Counter::OffCpuRingFull)),
-                (Counter::OffCpuThreadsFull.name(), k(Counter::OffCpuThreadsFull)),
+                (Counter::OffCpuNoStorage.name(), k(Counter::OffCpuNoStorage)),
                 ("unmatched_end", lost.unmatched_ends),
                 ("filtered_short", lost.filtered_short),
                 ("over_open_bound", lost.over_open_bound),
@@ -171,8 +169,11 @@ fn render_off_cpu(out: &mut String, s: &Snapshot, off_cpu: &OffCpuSnapshot) {
         out,
         metric::OFF_CPU_THREADS,
         "gauge",
-        "Threads the off-CPU BPF programs track (entries go when threads exit).",
-        &[("", off_cpu.threads)],
+        "Threads with off-CPU task storage now (it goes when they exit).",
+        &[(
+            "",
+            k(Counter::OffCpuThreadsTracked).saturating_sub(k(Counter::OffCpuThreadsGone)),
+        )],
     );
 }
 

@@ -19,7 +19,7 @@ use crate::record::SampleView;
 /// bytes of their stacks (a parked thread's wait stays open until it wakes: a node with
 /// thousands of idle pool threads keeps a stack for each, a few KB apiece); past either, new
 /// waits are dropped and counted.
-pub const MAX_OPEN_WAITS: usize = profiler_common::MAX_OFF_CPU_THREADS as usize;
+pub const MAX_OPEN_WAITS: usize = profiler_common::MAX_OPEN_OFF_CPU_WAITS as usize;
 pub const MAX_OPEN_WAIT_BYTES: usize = 32 << 20;
 
 /// Buffers kept for reuse by the next waits: no allocation per wait in the steady state.

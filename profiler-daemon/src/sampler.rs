@@ -136,6 +136,9 @@ impl Sampler {
             None => UNUSED_RING_BYTES,
         };
         let mut ebpf = EbpfLoader::new()
+            // The off-CPU programs' task storage, which aya has no userspace type for (the
+            // daemon never reads it).
+            .allow_unsupported_maps()
             .override_global("FILTER_PIDS", &filter, true)
             .override_global("RING_WAKEUP_BYTES", &ring_wakeup_bytes, true)
             .override_global("OFF_CPU_PERIOD_NS", &off_cpu_period_ns, true)
@@ -352,16 +355,6 @@ impl Sampler {
             records += 1;
         }
         records
-    }
-
-    /// Entries of the off-CPU per-thread map (threads tracked now), if off-CPU profiling is
-    /// on: walks the map's keys, so for metrics at their period, not per drain.
-    pub fn off_cpu_threads(&self) -> Option<usize> {
-        self.off_cpu.as_ref()?;
-        let map = self.ebpf.map("OFF_CPU_THREADS")?;
-        let threads: BpfHashMap<_, u64, profiler_common::OffCpuThread> =
-            BpfHashMap::try_from(map).ok()?;
-        Some(threads.keys().filter(Result::is_ok).count())
     }
 
     pub fn counters(&self) -> KernelCounters {

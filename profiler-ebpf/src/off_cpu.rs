@@ -18,21 +18,27 @@
 //! cycle was short (a preemption, a brief lock spin): every wait of such a thread weighs much,
 //! so sampling it rarely would make its totals noisy, though not biased.
 //!
-//! Per-thread state lives in a hash map keyed by the address of the thread's `task_struct`
+//! Per-thread state lives in task storage: the kernel keeps it with the thread's `task_struct`
 //! (what the tracepoints hand over for the thread coming back or woken, so no field of it is
-//! read); a thread's entry is removed when it exits (`process_events.rs`), so nothing leaks.
+//! read) and frees it with the thread, so nothing leaks; a lookup is a pointer chase, not a
+//! hash. aya-ebpf has no task storage map, so `TaskStorage` declares one as a BTF map.
+
+use core::ffi::c_void;
 
 use aya_ebpf::{
-    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    bindings::{
+        bpf_map_type::BPF_MAP_TYPE_TASK_STORAGE, task_struct, BPF_F_NO_PREALLOC,
+        BPF_LOCAL_STORAGE_GET_F_CREATE,
+    },
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated as gen},
     macros::{btf_tracepoint, map},
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{PerCpuArray, RingBuf},
     programs::BtfTracePointContext,
     EbpfContext,
 };
 use profiler_common::{
-    Counter, JavaState, OffCpuEnd, OffCpuThread, SampleKind, MAX_OFF_CPU_THREADS,
-    OFF_CPU_PROBABILITY_BITS, OFF_CPU_PROBABILITY_ONE, OFF_CPU_RING_BYTES, TASK_DEAD,
+    Counter, JavaState, OffCpuEnd, OffCpuThread, SampleKind, OFF_CPU_PROBABILITY_BITS,
+    OFF_CPU_PROBABILITY_ONE, OFF_CPU_RING_BYTES, TASK_DEAD,
 };
 
 use crate::memory::JAVA_THREADS;
@@ -56,10 +62,58 @@ static OFF_CPU_PERIOD_NS: u64 = 1_000_000;
 #[map]
 static OFF_CPU_EVENTS: RingBuf = RingBuf::with_byte_size(OFF_CPU_RING_BYTES, 0);
 
-/// `task_struct` address -> the thread's switch state.
-#[map]
-pub(crate) static OFF_CPU_THREADS: HashMap<u64, OffCpuThread> =
-    HashMap::with_max_entries(MAX_OFF_CPU_THREADS, BPF_F_NO_PREALLOC);
+/// A task storage map, as a BTF map definition (the `.maps` section's format: each field's
+/// type encodes one attribute). Task storage takes an `int` key (a pidfd from userspace, unused
+/// here), no entry bound and no preallocation.
+#[repr(C)]
+pub(crate) struct TaskStorage<T> {
+    r#type: *const [i32; BPF_MAP_TYPE_TASK_STORAGE as usize],
+    key: *const i32,
+    value: *const T,
+    map_flags: *const [i32; BPF_F_NO_PREALLOC as usize],
+}
+
+// SAFETY: the fields are placeholders for the loader (never dereferenced); the map is shared
+// through BPF helpers only.
+unsafe impl<T> Sync for TaskStorage<T> {}
+
+impl<T> TaskStorage<T> {
+    const fn new() -> Self {
+        Self {
+            r#type: core::ptr::null(),
+            key: core::ptr::null(),
+            value: core::ptr::null(),
+            map_flags: core::ptr::null(),
+        }
+    }
+
+    /// The value of `task` (a BTF task pointer), created zeroed if `create` and missing.
+    #[inline(always)]
+    pub(crate) fn get(&self, task: *mut task_struct, create: bool) -> Option<&mut T> {
+        let flags = if create {
+            BPF_LOCAL_STORAGE_GET_F_CREATE as u64
+        } else {
+            0
+        };
+        // SAFETY: a task storage map and a task pointer the kernel handed over.
+        let value = unsafe {
+            gen::bpf_task_storage_get(
+                self as *const Self as *mut c_void,
+                task,
+                core::ptr::null_mut(),
+                flags,
+            )
+        } as *mut T;
+        // SAFETY: non-null, a value of this map, owned by the task; the scheduler's locks order
+        // the programs that touch one thread's value.
+        unsafe { value.as_mut() }
+    }
+}
+
+/// Each thread's switch state.
+#[unsafe(link_section = ".maps")]
+#[unsafe(export_name = "OFF_CPU_THREADS")]
+pub(crate) static OFF_CPU_THREADS: TaskStorage<OffCpuThread> = TaskStorage::new();
 
 /// Each CPU's idle task (`task_struct` address), learnt when it leaves the CPU: a switch to it
 /// needs no lookup. Every switch of the host runs this program, and on an idle-ish machine half
@@ -71,11 +125,11 @@ static IDLE_TASK: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 /// unsigned int prev_state)`: `prev` is the current task.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn off_cpu_switch(ctx: BtfTracePointContext) -> i32 {
-    let next: u64 = ctx.arg(2);
+    let next: *mut task_struct = ctx.arg(2);
     let prev_state: u64 = ctx.arg(3);
     let idle = IDLE_TASK.get_ptr_mut(0);
     // SAFETY: a per-CPU slot, used by this program on this CPU only.
-    if !idle.is_some_and(|idle| unsafe { *idle } == next) {
+    if !idle.is_some_and(|idle| unsafe { *idle } == next as u64) {
         switched_in(next);
     }
     switched_out(&ctx, prev_state as u32, idle);
@@ -85,10 +139,8 @@ pub fn off_cpu_switch(ctx: BtfTracePointContext) -> i32 {
 /// `sched_wakeup(struct task_struct *p)`: `p` is runnable again.
 #[btf_tracepoint(function = "sched_wakeup")]
 pub fn off_cpu_wakeup(ctx: BtfTracePointContext) -> i32 {
-    let task: u64 = ctx.arg(0);
-    if let Some(thread) = OFF_CPU_THREADS.get_ptr_mut(&task) {
-        // SAFETY: a map value; the scheduler's locks order this with the thread's switches.
-        let thread = unsafe { &mut *thread };
+    let task: *mut task_struct = ctx.arg(0);
+    if let Some(thread) = OFF_CPU_THREADS.get(task, false) {
         if thread.sampled_out_ns != 0 && thread.woken_ns == 0 {
             // SAFETY: helper without preconditions.
             thread.woken_ns = unsafe { bpf_ktime_get_ns() };
@@ -99,12 +151,10 @@ pub fn off_cpu_wakeup(ctx: BtfTracePointContext) -> i32 {
 
 /// The thread `task` gets the CPU: if its wait was sampled, send how long it lasted.
 #[inline(always)]
-fn switched_in(task: u64) {
-    let Some(thread) = OFF_CPU_THREADS.get_ptr_mut(&task) else {
+fn switched_in(task: *mut task_struct) {
+    let Some(thread) = OFF_CPU_THREADS.get(task, false) else {
         return;
     };
-    // SAFETY: as in `off_cpu_wakeup`.
-    let thread = unsafe { &mut *thread };
     let out = thread.sampled_out_ns;
     if out == 0 {
         return;
@@ -166,19 +216,17 @@ fn java_state(pid: u32, tid: u32) -> JavaState {
 /// stacks.
 #[inline(always)]
 fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, idle: Option<*mut u64>) {
-    // SAFETY: helper without preconditions.
-    let task = unsafe { gen::bpf_get_current_task() };
     if prev_state & TASK_DEAD != 0 {
-        // Its last switch: the exit tracepoint removed its entry already, keep it removed.
-        let _ = OFF_CPU_THREADS.remove(&task);
+        // Its last switch: no wait to sample.
         return;
     }
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
     if pid == 0 {
         if let Some(idle) = idle {
-            // SAFETY: a per-CPU slot, used by this program on this CPU only.
-            unsafe { *idle = task };
+            // SAFETY: a per-CPU slot, used by this program on this CPU only; helper without
+            // preconditions.
+            unsafe { *idle = gen::bpf_get_current_task() };
         }
         return;
     }
@@ -188,29 +236,19 @@ fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, idle: Option<*mut u
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     count(Counter::OffCpuSwitches);
-    let thread = match OFF_CPU_THREADS.get_ptr_mut(&task) {
-        Some(thread) => thread,
-        None => {
-            let fresh = OffCpuThread {
-                pid,
-                tid: pid_tgid as u32,
-                ..OffCpuThread::default()
-            };
-            if OFF_CPU_THREADS
-                .insert(&task, &fresh, BPF_NOEXIST as u64)
-                .is_err()
-            {
-                count(Counter::OffCpuThreadsFull);
-                return;
-            }
-            match OFF_CPU_THREADS.get_ptr_mut(&task) {
-                Some(thread) => thread,
-                None => return,
-            }
-        }
+    // SAFETY: helper without preconditions.
+    let task = unsafe { gen::bpf_get_current_task_btf() };
+    let Some(thread) = OFF_CPU_THREADS.get(task, true) else {
+        // No memory for it, or its storage busy in a nested program.
+        count(Counter::OffCpuNoStorage);
+        return;
     };
-    // SAFETY: a map value of the current thread, which is still on this CPU.
-    let thread = unsafe { &mut *thread };
+    if thread.last_out_ns == 0 {
+        count(Counter::OffCpuThreadsTracked);
+    }
+    // Stored each time: a thread that execs takes its leader's tid.
+    thread.pid = pid;
+    thread.tid = pid_tgid as u32;
     // SAFETY: a global the loader sets once; read-only afterwards.
     let period = unsafe { core::ptr::read_volatile(&OFF_CPU_PERIOD_NS) }.max(1);
     let first = thread.last_out_ns == 0;

@@ -33,9 +33,14 @@ pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
 /// Runs for every exiting thread; only the main thread's exit stands for the process.
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn process_exit(_ctx: RawTracePointContext) -> i32 {
-    // The thread's off-CPU state goes with it (a no-op when off-CPU profiling is off).
+    // Its off-CPU task storage goes with it: counted, for the threads-tracked gauge.
     // SAFETY: helper without preconditions.
-    let _ = OFF_CPU_THREADS.remove(&unsafe { gen::bpf_get_current_task() });
+    if OFF_CPU_THREADS
+        .get(unsafe { gen::bpf_get_current_task_btf() }, false)
+        .is_some()
+    {
+        count(Counter::OffCpuThreadsGone);
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
     if pid == tid {
