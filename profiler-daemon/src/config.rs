@@ -87,7 +87,7 @@ pub struct FileConfig {
     /// Off-CPU profiles too: where threads wait and for how long (default false).
     pub off_cpu: Option<bool>,
     /// Off-CPU: a thread's waits are sampled about once per this many microseconds of its
-    /// time (default 1000): every wait after a run-and-wait cycle at least this long, shorter
+    /// time (default 5000): every wait after a run-and-wait cycle at least this long, shorter
     /// ones in proportion. Lower: more precise, more costly on threads that switch often.
     pub off_cpu_period_us: Option<u64>,
     /// Off-CPU: leave out waits shorter than this many microseconds (default 0: none). A
@@ -168,7 +168,7 @@ pub struct Config {
     pub off_cpu: Option<OffCpuConfig>,
 }
 
-pub const DEFAULT_OFF_CPU_PERIOD: Duration = Duration::from_millis(1);
+pub const DEFAULT_OFF_CPU_PERIOD: Duration = Duration::from_millis(5);
 
 /// `off_cpu = true` and its parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -56,7 +56,7 @@ const CYCLE_CAP_PERIODS: u64 = 16;
 
 /// Set by the daemon at load time (`off_cpu_period_us`).
 #[no_mangle]
-static OFF_CPU_PERIOD_NS: u64 = 1_000_000;
+static OFF_CPU_PERIOD_NS: u64 = 5_000_000;
 
 /// Stacks of sampled waits ([`SampleKind::OffCpu`] records) and their ends ([`OffCpuEnd`]).
 #[map]

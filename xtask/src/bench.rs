@@ -2409,8 +2409,8 @@ impl Report {
              bytes from `profiler_export_queue_bytes`), started again on the same port, and the \
              time until the profiles queued at that moment are delivered is taken from the \
              live export counters, polled every 10 ms.\n\
-             7. `xtask/bench/pingpong.c` (two threads passing a byte through two pipes: four \
-             context switches per round trip) for {window} s without the daemon, then {window} s \
+             7. `xtask/bench/pingpong.c` (two threads passing a byte through two pipes, both \
+             pinned to one CPU: two context switches per round trip, each in its critical path) for {window} s without the daemon, then {window} s \
              with a fresh whole-host daemon started with `--off-cpu` (defaults), with the \
              kernel's BPF statistics off (they add two clock reads to every switch), over \
              {agent_pairs} pairs; a further window with the statistics on gives the switch \

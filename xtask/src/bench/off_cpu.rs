@@ -1,5 +1,6 @@
-//! Section 7: what off-CPU profiling costs. Two threads ping-pong a byte through pipes (every
-//! round trip is four context switches: the worst case for a program on `sched_switch`); their
+//! Section 7: what off-CPU profiling costs. Two threads on one CPU ping-pong a byte through
+//! pipes (every round trip is two context switches: the worst case for a program on
+//! `sched_switch`); their
 //! round trips per second are measured in alternating windows without the daemon and with a
 //! whole-host daemon with `--off-cpu` (its default settings), and the BPF run time of the switch
 //! program per run with those settings and with stacks never taken (a period so long that no
@@ -179,12 +180,17 @@ impl OffCpuCost {
             section: "7",
             measurement: "ping-pong throughput lost to off-CPU profiling".into(),
             setting: format!(
-                "2 threads through pipes, {} pairs of {:.0} s windows, whole host, `--off-cpu` defaults",
+                "2 threads on one CPU through pipes, {} pairs of {:.0} s windows, whole host, `--off-cpu` defaults",
                 self.pairs.len(),
                 self.window.as_secs_f64()
             ),
             result: format!(
-                "{loss:.1}% (median of pairs; {:.0} -> {:.0} round trips/s)",
+                "{loss:.1}% (median of pairs: {}; {:.0} -> {:.0} round trips/s)",
+                losses
+                    .iter()
+                    .map(|l| format!("{l:.1}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 median(self.pairs.iter().map(|p| p.0)),
                 median(self.pairs.iter().map(|p| p.1))
             ),
@@ -207,7 +213,7 @@ impl OffCpuCost {
             notes.push(format!(
                 "7: ping-pong throughput lost {loss:.1}% (per pair: {}). Every switch of the host \
                  runs the switch program (its run time is in the next row), and this workload \
-                 puts four of them in each round trip's critical path.",
+                 puts two of them in each round trip's critical path.",
                 losses
                     .iter()
                     .map(|l| format!("{l:.1}%"))
