@@ -2410,8 +2410,9 @@ impl Report {
              time until the profiles queued at that moment are delivered is taken from the \
              live export counters, polled every 10 ms.\n\
              7. `xtask/bench/pingpong.c` (two threads passing a byte through two pipes, both \
-             pinned to one CPU: two context switches per round trip, each in its critical path) for {window} s without the daemon, then {window} s \
-             with a fresh whole-host daemon started with `--off-cpu` (defaults), with the \
+             pinned to one CPU: two context switches per round trip, each in its critical \
+             path) for {window} s under a fresh whole-host daemon at 99 Hz without `--off-cpu` \
+             and {window} s under one with it (defaults; the order alternates), with the \
              kernel's BPF statistics off (they add two clock reads to every switch), over \
              {agent_pairs} pairs; a further window with the statistics on gives the switch \
              program's run time per run, and one more daemon with `off_cpu_period_us` = 10 s \
