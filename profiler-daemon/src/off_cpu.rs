@@ -195,13 +195,12 @@ mod tests {
 
     /// A wait's stack record of thread `tid` of pid 7, left the CPU at `out`.
     fn wait_stack(tid: u32, out: u64, probability: u32, leaf: u64) -> Vec<u8> {
-        let mut record = encode(
-            7,
-            "pool",
-            &[0xffff_1000],
-            &[leaf, 0x20],
-            UnwindEnd::Complete,
-        );
+        wait_stack_of(tid, out, probability, &[leaf, 0x20])
+    }
+
+    /// The same with these user frames.
+    fn wait_stack_of(tid: u32, out: u64, probability: u32, user: &[u64]) -> Vec<u8> {
+        let mut record = encode(7, "pool", &[0xffff_1000], user, UnwindEnd::Complete);
         // SAFETY: the record starts with a whole header.
         let header = unsafe { &mut *(record.as_mut_ptr() as *mut SampleHeader) };
         header.tid = tid;
@@ -354,7 +353,38 @@ mod tests {
             &mut joiner,
             &wait_stack(71, 100, OFF_CPU_PROBABILITY_ONE, 0x10),
         );
+        assert!(joiner.open_bytes > 0);
         joiner.forget_waits_of_exited(|pid| pid != 7);
         assert_eq!(joiner.open_waits(), 0);
+        assert_eq!(joiner.open_bytes, 0);
+    }
+
+    #[test]
+    fn open_waits_are_bounded_in_bytes() {
+        let mut joiner = OffCpuJoiner::new(0);
+        // Deep stacks (a Java thread parked under a framework), so the bytes bind first.
+        let frames = [0x10; 300];
+        let size = wait_stack_of(0, 100, OFF_CPU_PROBABILITY_ONE, &frames).len();
+        let fit = (MAX_OPEN_WAIT_BYTES / size) as u32;
+        assert!((fit as usize) < MAX_OPEN_WAITS);
+        for tid in 0..fit + 10 {
+            offer(
+                &mut joiner,
+                &wait_stack_of(tid, 100, OFF_CPU_PROBABILITY_ONE, &frames),
+            );
+        }
+        assert!(joiner.open_bytes <= MAX_OPEN_WAIT_BYTES);
+        assert_eq!(joiner.stats.over_open_bound, 10);
+        // A thread's next wait takes its own slot: not refused at the bound.
+        offer(
+            &mut joiner,
+            &wait_stack_of(0, 200, OFF_CPU_PROBABILITY_ONE, &frames),
+        );
+        assert_eq!(joiner.stats.over_open_bound, 10);
+        let mut aggregator = Aggregator::of_kind(ProfileKind::OffCpu, 100);
+        assert!(joiner
+            .end(&end(0, 200, 10, 0), &mut aggregator, |_, _| {})
+            .is_some());
+        assert_eq!(joiner.open_waits(), fit as usize - 1);
     }
 }

@@ -317,7 +317,7 @@ pub fn build(
                 };
                 SampleThread { tid, name, source }
             });
-        let labels = [
+        let mut labels = vec![
             Label::Str("pid", &pid_label),
             Label::Str("comm", &comm),
             Label::Str("thread_name", &thread.name),
@@ -327,17 +327,19 @@ pub fn build(
                 value: i64::from(tid),
                 unit: "",
             },
-            Label::Str("state", wait_state_label(view.header.task_state)),
-            Label::Str(
-                "java_state",
-                JavaState::from_u8(view.header.java_state).name(),
-            ),
         ];
         match kind {
-            ProfileKind::Cpu => builder.add_sample_with(locations, totals.count, &labels[..5]),
+            ProfileKind::Cpu => builder.add_sample_with(locations, totals.count, &labels),
             ProfileKind::OffCpu => {
-                // The Java state only for Java threads.
-                let java = view.header.java_state != JavaState::Unknown as u8;
+                // What the thread waited in: the kernel's state, and the JVM's for Java threads.
+                labels.push(Label::Str(
+                    "state",
+                    wait_state_label(view.header.task_state),
+                ));
+                let java_state = JavaState::from_u8(view.header.java_state);
+                if java_state != JavaState::Unknown {
+                    labels.push(Label::Str("java_state", java_state.name()));
+                }
                 builder.add_sample_values(
                     locations,
                     vec![
@@ -345,7 +347,7 @@ pub fn build(
                         saturating_i64(totals.runqueue_ns),
                         saturating_i64(totals.count),
                     ],
-                    &labels[..if java { 7 } else { 6 }],
+                    &labels,
                 )
             }
         }

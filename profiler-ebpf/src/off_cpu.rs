@@ -30,7 +30,7 @@ use aya_ebpf::{
         bpf_map_type::BPF_MAP_TYPE_TASK_STORAGE, task_struct, BPF_F_NO_PREALLOC,
         BPF_LOCAL_STORAGE_GET_F_CREATE,
     },
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated as gen},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated as gen},
     macros::{btf_tracepoint, map},
     maps::{PerCpuArray, RingBuf},
     programs::BtfTracePointContext,
@@ -41,7 +41,7 @@ use profiler_common::{
     OFF_CPU_PROBABILITY_ONE, OFF_CPU_RING_BYTES, TASK_DEAD,
 };
 
-use crate::memory::JAVA_THREADS;
+use crate::memory::{CurrentTask, JAVA_THREADS};
 use crate::{
     count, fill_record, kernel_stack, profiled, saved_user_regs, RecordOrigin, BPF_RB_NO_WAKEUP,
     HOTSPOT_PROCS, SCRATCH,
@@ -186,30 +186,16 @@ fn switched_in(task: *mut task_struct) {
 }
 
 /// What the current thread, if it is a Java thread of a JVM in `HOTSPOT_PROCS`, is doing in
-/// the JVM (`JavaThread::_thread_state`, compared with the values its layout carries).
+/// the JVM.
 #[inline(always)]
 fn java_state(pid: u32, tid: u32) -> JavaState {
-    // SAFETY: map values copied out at once.
+    // SAFETY: map values only read.
     let (Some(layout), Some(thread)) = (unsafe { HOTSPOT_PROCS.get(&pid) }, unsafe {
         JAVA_THREADS.get(&tid)
     }) else {
         return JavaState::Unknown;
     };
-    let (offset, native, vm, blocked) = (
-        layout.java_thread_state,
-        layout.thread_in_native,
-        layout.thread_in_vm,
-        layout.thread_blocked,
-    );
-    let address = thread.wrapping_add(offset as u64);
-    // SAFETY: a checked read of user memory.
-    match unsafe { bpf_probe_read_user(address as *const u32) } {
-        Ok(state) if state == native as u32 => JavaState::InNative,
-        Ok(state) if state == vm as u32 => JavaState::InVm,
-        Ok(state) if state == blocked as u32 => JavaState::Blocked,
-        Ok(_) => JavaState::InJava,
-        Err(_) => JavaState::Unknown,
-    }
+    profiler_unwind::java_state(layout, &CurrentTask::new(pid), *thread)
 }
 
 /// The current thread leaves the CPU: decide whether this wait is sampled, and if so send its

@@ -8,7 +8,7 @@ use core::mem::MaybeUninit;
 
 use profiler_common::{
     hotspot_flags, interpreted_cookie, name_tail, name_tail_start, FrameKind, HotspotProc,
-    UnwindEnd, UserFrame, BCI_UNKNOWN, MAX_CODE_HEAPS, NAME_TAIL_BYTES, NO_SYMBOL_HASH,
+    JavaState, UnwindEnd, UserFrame, BCI_UNKNOWN, MAX_CODE_HEAPS, NAME_TAIL_BYTES, NO_SYMBOL_HASH,
 };
 
 use crate::memory::{read_u64, JavaThreads, StackWindow, UserMemory};
@@ -40,14 +40,11 @@ pub(crate) fn resume_at_anchor<P: UserMemory + JavaThreads>(walk: &mut Walk, pro
         return false;
     };
     let hs = &walk.hotspot;
-    let state = process
-        .read_u32(thread + hs.java_thread_state as u64)
-        .unwrap_or(0);
-    // Out of Java code (the JVM's own state values, pushed with its layout), the anchor is valid.
-    if state != hs.thread_in_native as u32
-        && state != hs.thread_in_vm as u32
-        && state != hs.thread_blocked as u32
-    {
+    // Out of Java code, the anchor is valid.
+    if !matches!(
+        java_state(hs, process, thread),
+        JavaState::InNative | JavaState::InVm | JavaState::Blocked
+    ) {
         return false;
     }
     let anchor = thread + hs.java_thread_anchor as u64;
@@ -74,6 +71,19 @@ pub(crate) fn resume_at_anchor<P: UserMemory + JavaThreads>(walk: &mut Walk, pro
     walk.sp = sp;
     walk.fp = fp;
     true
+}
+
+/// What a Java thread (`thread`: its `JavaThread*`) is doing in the JVM, from its
+/// `_thread_state` compared with the JVM's own state values (pushed with its layout).
+#[inline(always)]
+pub fn java_state<M: UserMemory>(hs: &HotspotProc, memory: &M, thread: u64) -> JavaState {
+    match memory.read_u32(thread.wrapping_add(hs.java_thread_state as u64)) {
+        Ok(state) if state == hs.thread_in_native as u32 => JavaState::InNative,
+        Ok(state) if state == hs.thread_in_vm as u32 => JavaState::InVm,
+        Ok(state) if state == hs.thread_blocked as u32 => JavaState::Blocked,
+        Ok(_) => JavaState::InJava,
+        Err(_) => JavaState::Unknown,
+    }
 }
 
 /// One HotSpot frame: interpreted (the interpreter's code range), the call stub (skipped), or a

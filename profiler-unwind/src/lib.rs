@@ -35,7 +35,7 @@ pub mod x86_frames;
 #[cfg(test)]
 mod tests;
 
-pub use hotspot::BlobCache;
+pub use hotspot::{java_state, BlobCache};
 pub use memory::{
     FrameSink, JavaThreads, NativeTables, ReadError, StackWindow, UserMemory, STACK_WINDOW_BYTES,
 };

@@ -236,6 +236,26 @@ pub fn frame_names(profiles: &[(PathBuf, proto::Profile)]) -> Vec<String> {
         .collect()
 }
 
+/// A frame's name without its frame-kind suffix: `pkg.Class.method_[j]` -> `pkg.Class.method`.
+pub fn base_name(name: &str) -> &str {
+    match name.rfind("_[") {
+        Some(at) if name.ends_with(']') && name.len() - at == 4 => &name[..at],
+        _ => name,
+    }
+}
+
+/// JDK majors listed (comma-separated) in the environment variable `var`, else `default`.
+pub fn majors_from_env(var: &str, default: &[u32]) -> Vec<u32> {
+    std::env::var(var)
+        .ok()
+        .map(|list| {
+            list.split(',')
+                .filter_map(|m| m.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_else(|| default.to_vec())
+}
+
 /// The string value of a sample label.
 pub fn label<'a>(
     profile: &'a proto::Profile,

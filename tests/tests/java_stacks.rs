@@ -6,14 +6,6 @@ use std::time::Duration;
 
 use profiler_tests::*;
 
-/// `Workloads.splitA_[j]` -> `Workloads.splitA`.
-fn base_name(name: &str) -> &str {
-    match name.rfind("_[") {
-        Some(at) if name.ends_with(']') => &name[..at],
-        _ => name,
-    }
-}
-
 /// Line range [first, last] of a method in the workload's source, by its declaration.
 fn method_lines(source: &str, declaration: &str) -> (i64, i64) {
     let lines: Vec<&str> = source.lines().collect();

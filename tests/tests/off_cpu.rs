@@ -73,13 +73,6 @@ fn expected_java_state(thread: &str) -> &'static str {
     }
 }
 
-fn base_name(name: &str) -> &str {
-    match name.rfind("_[") {
-        Some(at) if name.ends_with(']') => &name[..at],
-        _ => name,
-    }
-}
-
 /// Each thread's waiting method (the workload's loop it waits in).
 fn waiting_method(thread: &str) -> &'static str {
     match thread {
@@ -218,14 +211,7 @@ fn run_workload(jdk: &Jdk, classes: &Path, metrics: SocketAddr) -> (u32, Vec<Tru
 }
 
 fn asserted_jdks() -> Vec<Jdk> {
-    let wanted: Vec<u32> = std::env::var("PROFILER_OFF_CPU_JDKS")
-        .ok()
-        .map(|list| {
-            list.split(',')
-                .filter_map(|v| v.trim().parse().ok())
-                .collect()
-        })
-        .unwrap_or_else(|| vec![17, 25]);
+    let wanted = majors_from_env("PROFILER_OFF_CPU_JDKS", &[17, 25]);
     jdks()
         .into_iter()
         .filter(|jdk| wanted.contains(&jdk.major))

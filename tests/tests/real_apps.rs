@@ -81,14 +81,7 @@ fn have_packages(paths: &[&str], packages: &str) -> bool {
 
 /// The JDKs to run on: 17 and 25 unless `PROFILER_REAL_APP_JDKS` lists majors.
 fn real_app_jdks() -> Vec<Jdk> {
-    let wanted: Vec<u32> = std::env::var("PROFILER_REAL_APP_JDKS")
-        .ok()
-        .map(|list| {
-            list.split(',')
-                .filter_map(|m| m.trim().parse().ok())
-                .collect()
-        })
-        .unwrap_or_else(|| vec![17, 25]);
+    let wanted = majors_from_env("PROFILER_REAL_APP_JDKS", &[17, 25]);
     if wanted.iter().all(|m| *m == 17 || *m == 25) && std::env::var("PROFILER_TEST_JDKS").is_err() {
         // Without touching the PyPI JDKs, which only `PROFILER_REAL_APP_JDKS` asks for.
         return [
@@ -744,14 +737,6 @@ impl Kind {
 
     fn is_lost(self) -> bool {
         matches!(self, Kind::UnknownJava | Kind::Unknown | Kind::Truncated)
-    }
-}
-
-/// `pkg.Class.method_[j]` -> `pkg.Class.method`.
-fn base_name(name: &str) -> &str {
-    match name.rfind("_[") {
-        Some(at) if name.ends_with(']') && name.len() - at == 4 => &name[..at],
-        _ => name,
     }
 }
 

@@ -261,32 +261,32 @@ fn run_off_cpu_section(bench: &Bench, args: &BenchArgs) -> Result<()> {
     let cost = bench.measure_off_cpu_cost(&bench.pingpong)?;
     let (mut rows, mut notes) = (Vec::new(), Vec::new());
     cost.rows(&mut rows, &mut notes);
-    let mut markdown = String::new();
-    write_rows(&mut markdown, &rows, &notes);
-    println!("{markdown}");
-    let name = if args.quick {
-        "off-cpu-quick.md"
-    } else {
-        "off-cpu.md"
-    };
-    let path = bench.work_dir.join(name);
-    fs::write(&path, markdown).with_context(|| format!("writing {}", path.display()))?;
-    eprintln!("bench: wrote {}", path.display());
-    Ok(())
+    write_section(bench, args, "off-cpu", &rows, &notes)
 }
 
-/// Section 2 alone, or side by side with a baseline daemon; written to target/bench/.
+/// Section 1 alone; written to target/bench/.
 fn run_overhead_section(bench: &Bench, args: &BenchArgs) -> Result<()> {
     let overheads = bench.measure_overheads()?;
     let (mut rows, mut notes) = (Vec::new(), Vec::new());
     overhead::rows(&overheads, &mut rows, &mut notes);
+    write_section(bench, args, "overhead", &rows, &notes)
+}
+
+/// Prints a section's table and writes it to target/bench/`stem`.md (`stem`-quick.md).
+fn write_section(
+    bench: &Bench,
+    args: &BenchArgs,
+    stem: &str,
+    rows: &[Row],
+    notes: &[String],
+) -> Result<()> {
     let mut markdown = String::new();
-    write_rows(&mut markdown, &rows, &notes);
+    write_rows(&mut markdown, rows, notes);
     println!("{markdown}");
     let name = if args.quick {
-        "overhead-quick.md"
+        format!("{stem}-quick.md")
     } else {
-        "overhead.md"
+        format!("{stem}.md")
     };
     let path = bench.work_dir.join(name);
     fs::write(&path, markdown).with_context(|| format!("writing {}", path.display()))?;
