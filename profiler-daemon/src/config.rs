@@ -11,6 +11,7 @@ use serde::Deserialize;
 use crate::export::identity::ServiceNaming;
 use crate::export::pyroscope::{Auth, PyroscopeConfig};
 use crate::export::queue::QueueBound;
+use crate::export::stream::GrpcListen;
 use crate::output::retention::Retention;
 use crate::output::LocalOutput;
 
@@ -175,14 +176,6 @@ pub const DEFAULT_OFF_CPU_PERIOD: Duration = Duration::from_millis(5);
 pub struct OffCpuConfig {
     pub period: Duration,
     pub min_wait: Duration,
-}
-
-/// Where the live stream listens, and whether the address was asked for (a busy default port
-/// is only a warning).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GrpcListen {
-    pub address: SocketAddr,
-    pub explicit: bool,
 }
 
 #[derive(Debug, thiserror::Error)]

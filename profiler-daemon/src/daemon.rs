@@ -3,7 +3,7 @@
 //! ```text
 //! BPF ring buffer --drain every 250 ms--> Aggregator --interval--> Worker thread --> pprof files
 //!                                            \--first sample of a pid--> Worker (reads /proc)
-//! Worker --> Exports --> Pyroscope exporter task, live-stream server (see `export`)
+//! Worker --> sinks: local files, Pyroscope exporter task, live-stream server (see `sink`)
 //! ```
 //! The loop never blocks on the worker: if its queue is full, work is dropped and counted.
 
@@ -20,19 +20,16 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::aggregate::{Added, Aggregator};
 use crate::config::Config;
-use crate::export::pyroscope::{ExporterError, PyroscopeExporter};
-use crate::export::queue::ExportQueue;
-use crate::export::{stream, Exports};
 use crate::hotspot::thread_directory::ThreadDirectory;
 use crate::hotspot::tracker::{self, JvmTracker, TrackerCounts};
 use crate::metrics::{Metrics, OffCpuSnapshot, Snapshot};
 use crate::native_unwind;
 use crate::off_cpu::{OffCpuJoiner, OffCpuStats};
-use crate::output::LocalWriter;
 use crate::privileges::{self, MissingPrivileges};
 use crate::profiles::ProfileKind;
 use crate::record::SampleView;
 use crate::sampler::{KernelCounters, OffCpuSampling, Sampler, SamplerError};
+use crate::sink::SinkError;
 use crate::worker::{JavaFrameSeen, Work, Worker};
 
 /// How often the ring buffer is drained when it does not fill up: each drain is a wake-up of an
@@ -66,11 +63,6 @@ pub enum DaemonError {
     Privileges(#[from] MissingPrivileges),
     #[error("{0}")]
     Sampler(#[from] SamplerError),
-    #[error("output directory {path}: {source}")]
-    Output {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
     #[error("waiting on the sample ring buffer: {0}")]
     RingWakeups(std::io::Error),
     #[error("signal handler: {0}")]
@@ -82,13 +74,8 @@ pub enum DaemonError {
         address: std::net::SocketAddr,
         source: std::io::Error,
     },
-    #[error("profile stream (grpc_listen) {address}: {source}")]
-    Stream {
-        address: std::net::SocketAddr,
-        source: std::io::Error,
-    },
     #[error(transparent)]
-    Exporter(#[from] ExporterError),
+    Sink(#[from] SinkError),
 }
 
 impl DaemonError {
@@ -137,12 +124,9 @@ struct LoopStats {
 
 pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     privileges::check()?;
-    let writer = LocalWriter::new(&config.output_dir, config.local_output).map_err(|source| {
-        DaemonError::Output {
-            path: config.output_dir.clone(),
-            source,
-        }
-    })?;
+    let metrics = Metrics::default();
+    // Before the sampler: a bad output directory or a taken stream address stops the start.
+    let (sinks, sink_tasks) = crate::sink::build(&config, &metrics).await?;
     let table_budget = native_unwind::loader::table_budget(config.cache_budget_bytes);
     let mut sampler = Sampler::start(
         config.frequency_hz,
@@ -170,7 +154,6 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         "sampling"
     );
 
-    let metrics = Metrics::default();
     let unwind_tables = spawn_unwind_tables(
         sampler.take_unwind_maps()?,
         table_budget,
@@ -188,11 +171,11 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         tokio::spawn(crate::metrics::serve(listener, metrics.clone()));
     }
 
-    let (exports, export_tasks) = start_exports(&config, &metrics).await?;
     let (work_tx, work_rx) = sync_channel(WORK_QUEUE);
     let (frequency_hz, annotate) = (config.frequency_hz, config.annotate_frames);
     let worker_counters = metrics.worker.clone();
     let naming = config.naming.clone();
+    let extra_labels = config.labels.clone();
     let attach = config.attach.clone();
     // The unwind tables take their share of the one budget; the symbolization caches the rest.
     let cache_budget = config.cache_budget_bytes - table_budget;
@@ -204,19 +187,13 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     let worker = std::thread::Builder::new()
         .name("symbolizer".into())
         .spawn(move || {
-            Worker::new(
-                writer,
-                exports,
-                naming,
-                frequency_hz,
-                annotate,
-                worker_counters,
-            )
-            .with_cache_budget(cache_budget)
-            .with_attach(attach)
-            .with_thread_directory(java_threads)
-            .with_pods_if(pods)
-            .run(work_rx)
+            Worker::new(sinks, naming, frequency_hz, annotate, worker_counters)
+                .with_cache_budget(cache_budget)
+                .with_attach(attach)
+                .with_thread_directory(java_threads)
+                .with_pods_if(pods)
+                .with_extra_labels(extra_labels)
+                .run(work_rx)
         })
         .map_err(|err| DaemonError::Worker(err.to_string()))?;
 
@@ -340,7 +317,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         .join()
         .map_err(|_| DaemonError::Worker("panicked".into()))?;
     // Every profile is now queued: deliver what can be within the grace period.
-    export_tasks.finish().await;
+    sink_tasks.finish().await;
     let summary = RunSummary {
         records: stats.records,
         malformed_records: stats.malformed,
@@ -376,74 +353,6 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         );
     }
     Ok(summary)
-}
-
-/// The export tasks (Pyroscope exporter, live-stream server), stopped through one signal.
-struct ExportTasks {
-    shutdown: tokio::sync::watch::Sender<bool>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl ExportTasks {
-    async fn finish(self) {
-        let _ = self.shutdown.send(true);
-        for task in self.tasks {
-            let _ = task.await;
-        }
-    }
-}
-
-/// Starts what the configuration enables: the Pyroscope exporter and the live stream.
-async fn start_exports(
-    config: &Config,
-    metrics: &Metrics,
-) -> Result<(Exports, ExportTasks), DaemonError> {
-    let (shutdown, stopped) = tokio::sync::watch::channel(false);
-    let mut exports = Exports {
-        extra_labels: config.labels.clone(),
-        threads: crate::profiles::ExportThreads {
-            per_thread_series: config
-                .pyroscope
-                .as_ref()
-                .is_some_and(|pyroscope| pyroscope.per_thread_series),
-        },
-        ..Default::default()
-    };
-    let mut tasks = Vec::new();
-    if let Some(pyroscope) = &config.pyroscope {
-        let queue = std::sync::Arc::new(ExportQueue::new(pyroscope.queue, metrics.export.clone()));
-        let exporter = PyroscopeExporter::new(pyroscope, queue.clone(), metrics.export.clone())?;
-        tracing::info!(url = %pyroscope.url, "exporting to pyroscope");
-        tasks.push(tokio::spawn(exporter.run(stopped.clone())));
-        exports.queue = Some(queue);
-    }
-    if let Some(listen) = config.grpc_listen {
-        match tokio::net::TcpListener::bind(listen.address).await {
-            Ok(listener) => {
-                tracing::info!(address = %listen.address, "serving the live profile stream (gRPC)");
-                let profiles = Exports::stream_channel();
-                tasks.push(tokio::spawn(stream::serve(
-                    listener,
-                    profiles.clone(),
-                    metrics.export.clone(),
-                    stopped.clone(),
-                )));
-                exports.stream = Some(profiles);
-            }
-            Err(source) if listen.explicit => {
-                return Err(DaemonError::Stream {
-                    address: listen.address,
-                    source,
-                })
-            }
-            Err(err) => tracing::warn!(
-                address = %listen.address,
-                %err,
-                "live profile stream not served (set grpc_listen to another address, or \"off\")"
-            ),
-        }
-    }
-    Ok((exports, ExportTasks { shutdown, tasks }))
 }
 
 /// Watches this node's pods, for the Kubernetes labels of processes. An unreachable API server

@@ -23,6 +23,7 @@ pub mod profiles;
 pub mod record;
 pub mod sampler;
 pub mod sidecar;
+pub mod sink;
 pub mod subscribe;
 pub mod symbolize;
 pub mod untrusted;

@@ -1,16 +1,23 @@
-//! Operational metrics in Prometheus' text exposition format, on a local HTTP endpoint
-//! (`metrics_listen`, e.g. `127.0.0.1:9464`, path `/metrics`).
+//! Operational metrics on a local HTTP endpoint (`metrics_listen`, e.g. `127.0.0.1:9464`, path
+//! `/metrics`), in the OpenMetrics text format Prometheus scrapes.
 //!
-//! The sampling loop publishes a snapshot once a second; scrapes read the last snapshot and never
-//! touch the hot path. The HTTP side is deliberately tiny: one GET per connection.
+//! The values are kept where they are counted (the BPF program's per-CPU counters, the threads'
+//! atomics); the sampling loop publishes a snapshot of its own once a second. A scrape encodes them
+//! through `prometheus-client` (a collector: typed counters, gauges and label sets, no copy kept
+//! per metric) and `axum` serves it; scrapes never touch the hot path.
 
-use std::fmt::Write as _;
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use profiler_common::metric::{self, bpf_map, export_dropped, jvm_state, not_profiled};
 use profiler_common::{Counter, UnwindEnd};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
 use crate::export::queue::ExportCounters;
@@ -80,123 +87,190 @@ impl Metrics {
         }
     }
 
+    /// A registry whose one collector encodes these metrics on each scrape.
+    pub fn registry(&self) -> Registry {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(DaemonCollector(self.clone())));
+        registry
+    }
+
+    /// The OpenMetrics text a scrape gets.
     pub fn render(&self) -> String {
-        let snapshot = self.snapshot.lock().map(|s| s.clone()).unwrap_or_default();
-        let mut text = render(&snapshot, &self.worker);
-        render_unwind_tables(&mut text, &self.unwind_tables);
-        render_export(&mut text, &self.export);
+        let mut text = String::new();
+        // Writing to a String fails only if a label set's encoding does, and ours cannot.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry());
         text
     }
 }
 
-/// One metric: `samples` are (labels, value), labels empty or as [`labelled`] writes them.
-fn metric<L: AsRef<str>>(
-    out: &mut String,
-    name: &str,
-    kind: &str,
-    help: &str,
-    samples: &[(L, u64)],
-) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-    for (labels, value) in samples {
-        let labels = labels.as_ref();
-        if labels.is_empty() {
-            let _ = writeln!(out, "{name} {value}");
-        } else {
-            let _ = writeln!(out, "{name}{{{labels}}} {value}");
+/// The label sets of labelled families: the key is the field's name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct Reason {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct Thread {
+    thread: &'static str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct State {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct Map {
+    map: &'static str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct EventKind {
+    kind: &'static str,
+}
+
+/// The families of one scrape, written in order.
+struct Families<'a>(DescriptorEncoder<'a>);
+
+/// A counter family is declared without its `_total`: the encoder adds it to the samples, so
+/// the names users query are the constants of `profiler_common::metric`.
+fn family_name(name: &str) -> &str {
+    name.strip_suffix("_total").unwrap_or(name)
+}
+
+impl Families<'_> {
+    fn counter(&mut self, name: &str, help: &str, value: u64) -> fmt::Result {
+        let family =
+            self.0
+                .encode_descriptor(family_name(name), help, None, MetricType::Counter)?;
+        ConstCounter::new(value).encode(family)
+    }
+
+    fn gauge(&mut self, name: &str, help: &str, value: u64) -> fmt::Result {
+        let family = self
+            .0
+            .encode_descriptor(name, help, None, MetricType::Gauge)?;
+        ConstGauge::new(value).encode(family)
+    }
+
+    fn counters<L: EncodeLabelSet>(
+        &mut self,
+        name: &str,
+        help: &str,
+        samples: impl IntoIterator<Item = (L, u64)>,
+    ) -> fmt::Result {
+        let mut family =
+            self.0
+                .encode_descriptor(family_name(name), help, None, MetricType::Counter)?;
+        for (labels, value) in samples {
+            ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
         }
+        Ok(())
+    }
+
+    fn gauges<L: EncodeLabelSet>(
+        &mut self,
+        name: &str,
+        help: &str,
+        samples: impl IntoIterator<Item = (L, u64)>,
+    ) -> fmt::Result {
+        let mut family = self
+            .0
+            .encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for (labels, value) in samples {
+            ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }
 
-/// Samples of one label `key`, each (value of the label, count).
-fn labelled(key: &str, samples: &[(&str, u64)]) -> Vec<(String, u64)> {
-    samples
-        .iter()
-        .map(|(value, count)| (format!("{key}=\"{value}\""), *count))
-        .collect()
+fn reasons<const N: usize>(samples: [(&'static str, u64); N]) -> [(Reason, u64); N] {
+    samples.map(|(reason, value)| (Reason { reason }, value))
 }
 
-fn render_off_cpu(out: &mut String, s: &Snapshot, off_cpu: &OffCpuSnapshot) {
+/// Encodes the daemon's metrics on each scrape (see the module header).
+struct DaemonCollector(Metrics);
+
+impl fmt::Debug for DaemonCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("DaemonCollector")
+    }
+}
+
+impl Collector for DaemonCollector {
+    fn encode(&self, encoder: DescriptorEncoder) -> fmt::Result {
+        let metrics = &self.0;
+        let snapshot = metrics
+            .snapshot
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        let mut out = Families(encoder);
+        encode_sampling(&mut out, &snapshot, &metrics.worker)?;
+        encode_unwind_tables(&mut out, &metrics.unwind_tables)?;
+        encode_export(&mut out, &metrics.export)
+    }
+}
+
+fn encode_off_cpu(out: &mut Families, s: &Snapshot, off_cpu: &OffCpuSnapshot) -> fmt::Result {
     let k = |c: Counter| s.kernel.get(c);
-    metric(
-        out,
+    out.counter(
         metric::OFF_CPU_SWITCHES,
-        "counter",
         "Switches off the CPU of profiled threads.",
-        &[("", k(Counter::OffCpuSwitches))],
-    );
-    metric(
-        out,
+        k(Counter::OffCpuSwitches),
+    )?;
+    out.counter(
         metric::OFF_CPU_WAITS_SAMPLED,
-        "counter",
         "Switches whose stack was taken (the others are accounted for by the weights).",
-        &[("", k(Counter::OffCpuSampled))],
-    );
-    metric(
-        out,
+        k(Counter::OffCpuSampled),
+    )?;
+    out.counter(
         metric::OFF_CPU_WAITS,
-        "counter",
         "Sampled waits joined with their end and put in off-CPU profiles.",
-        &[("", off_cpu.joined.waits)],
-    );
+        off_cpu.joined.waits,
+    )?;
     let lost = off_cpu.joined;
-    metric(
-        out,
+    out.counters(
         metric::OFF_CPU_WAITS_NOT_PROFILED,
-        "counter",
         "Waits left out of off-CPU profiles, by reason (filtered_short is the minimum-wait filter).",
-        &labelled(
-            "reason",
-            &[
-                (Counter::OffCpuRingFull.name(), k(Counter::OffCpuRingFull)),
-                (Counter::OffCpuNoStorage.name(), k(Counter::OffCpuNoStorage)),
-                ("unmatched_end", lost.unmatched_ends),
-                ("filtered_short", lost.filtered_short),
-                ("over_open_bound", lost.over_open_bound),
-                ("over_stack_bound", lost.over_stack_bound),
-            ],
-        ),
-    );
-    metric(
-        out,
+        reasons([
+            (Counter::OffCpuRingFull.name(), k(Counter::OffCpuRingFull)),
+            (Counter::OffCpuNoStorage.name(), k(Counter::OffCpuNoStorage)),
+            ("unmatched_end", lost.unmatched_ends),
+            ("filtered_short", lost.filtered_short),
+            ("over_open_bound", lost.over_open_bound),
+            ("over_stack_bound", lost.over_stack_bound),
+        ]),
+    )?;
+    out.gauge(
         metric::OFF_CPU_OPEN_WAITS,
-        "gauge",
         "Sampled waits whose thread has not run again yet.",
-        &[("", off_cpu.open_waits)],
-    );
-    metric(
-        out,
+        off_cpu.open_waits,
+    )?;
+    out.gauge(
         metric::OFF_CPU_THREADS,
-        "gauge",
         "Threads with off-CPU task storage now (it goes when they exit).",
-        &[(
-            "",
-            k(Counter::OffCpuThreadsTracked).saturating_sub(k(Counter::OffCpuThreadsGone)),
-        )],
-    );
+        k(Counter::OffCpuThreadsTracked).saturating_sub(k(Counter::OffCpuThreadsGone)),
+    )
 }
 
-pub fn render(s: &Snapshot, worker: &WorkerCounters) -> String {
-    let mut out = String::new();
+fn encode_sampling(out: &mut Families, s: &Snapshot, worker: &WorkerCounters) -> fmt::Result {
     let k = |c: Counter| s.kernel.get(c);
-    metric(
-        &mut out,
+    let load = |value: &AtomicU64| value.load(Ordering::Relaxed);
+    out.counter(
         metric::BPF_SAMPLES,
-        "counter",
         "Runs of the BPF sampling program.",
-        &[("", k(Counter::Samples))],
-    );
-    metric(
-        &mut out,
+        k(Counter::Samples),
+    )?;
+    out.counter(
         metric::BPF_SAMPLES_SENT,
-        "counter",
         "Samples sent to the daemon.",
-        &[("", k(Counter::Sent))],
-    );
-    let dropped = labelled(
-        "reason",
-        &[
+        k(Counter::Sent),
+    )?;
+    out.counters(
+        metric::SAMPLES_NOT_PROFILED,
+        "Samples not in any profile, by reason (idle and filtered are expected).",
+        reasons([
             (Counter::Idle.name(), k(Counter::Idle)),
             (Counter::Filtered.name(), k(Counter::Filtered)),
             (Counter::RingFull.name(), k(Counter::RingFull)),
@@ -204,430 +278,344 @@ pub fn render(s: &Snapshot, worker: &WorkerCounters) -> String {
             (not_profiled::MALFORMED, s.malformed_records),
             (not_profiled::WORK_QUEUE_FULL, s.dropped_work),
             (not_profiled::STACK_BOUND, s.dropped_over_stack_bound),
-        ],
-    );
-    metric(
-        &mut out,
-        metric::SAMPLES_NOT_PROFILED,
-        "counter",
-        "Samples not in any profile, by reason (idle and filtered are expected).",
-        &dropped,
-    );
-    metric(
-        &mut out,
+        ]),
+    )?;
+    out.counter(
         metric::RING_WAKEUPS,
-        "counter",
         "Ring-buffer drains before the drain period because the ring was a quarter full; often means the ring is small for the sample rate.",
-        &[("", s.ring_wakeups)],
-    );
-    metric(
-        &mut out,
+        s.ring_wakeups,
+    )?;
+    out.counter(
         metric::KERNEL_STACK_FAILURES,
-        "counter",
         "Kernel stacks bpf_get_stack could not read.",
-        &[("", k(Counter::KernelStackFailed))],
-    );
-    let ends: Vec<(&str, u64)> = UnwindEnd::ALL
-        .iter()
-        .map(|end| (end.name(), s.unwind_ends[*end as usize]))
-        .collect();
-    let ends = labelled("reason", &ends);
-    metric(
-        &mut out,
+        k(Counter::KernelStackFailed),
+    )?;
+    out.counters(
         metric::UNWIND_ENDS,
-        "counter",
         "How user stack walks ended, by reason.",
-        &ends,
-    );
-    metric(
-        &mut out,
+        UnwindEnd::ALL.iter().map(|end| {
+            let reason = Reason { reason: end.name() };
+            (reason, s.unwind_ends[*end as usize])
+        }),
+    )?;
+    out.counter(
         metric::RECORDS,
-        "counter",
         "Sample records read from the ring buffer.",
-        &[("", s.records)],
-    );
-    metric(
-        &mut out,
+        s.records,
+    )?;
+    out.counter(
         metric::INTERVALS,
-        "counter",
         "Profiling intervals completed.",
-        &[("", s.intervals)],
-    );
-    metric(
-        &mut out,
+        s.intervals,
+    )?;
+    out.counter(
         metric::PROFILES_WRITTEN,
-        "counter",
         "pprof files written.",
-        &[("", worker.profiles_written.load(Ordering::Relaxed))],
-    );
-    metric(
-        &mut out,
+        load(&worker.profiles_written),
+    )?;
+    out.counters(
         metric::THREAD_PANICS,
-        "counter",
         "Panics caught in the daemon's threads, by thread (a bug: each cost one work item or \
          tick; the thread goes on with fresh state).",
-        &labelled(
-            "thread",
-            &[
-                ("symbolizer", worker.panics.load(Ordering::Relaxed)),
-                ("jvm_tracker", s.jvms.panics),
-            ],
-        ),
-    );
-    metric(
-        &mut out,
+        [
+            (
+                Thread {
+                    thread: "symbolizer",
+                },
+                load(&worker.panics),
+            ),
+            (
+                Thread {
+                    thread: "jvm_tracker",
+                },
+                s.jvms.panics,
+            ),
+        ],
+    )?;
+    out.counter(
         metric::PROFILE_WRITE_ERRORS,
-        "counter",
         "pprof files that could not be written.",
-        &[("", worker.write_errors.load(Ordering::Relaxed))],
-    );
-    metric(
-        &mut out,
+        load(&worker.write_errors),
+    )?;
+    out.gauge(
         metric::SIDECAR_AGENTS,
-        "gauge",
         "JVMs whose sidecar agent reports to the daemon.",
-        &[("", worker.sidecar_agents.load(Ordering::Relaxed))],
-    );
-    metric(
-        &mut out,
+        load(&worker.sidecar_agents),
+    )?;
+    out.gauge(
         metric::SIDECAR_AGENT_HEAP_BYTES,
-        "gauge",
         "Heap the sidecar agents hold, summed over the JVMs.",
-        &[("", worker.sidecar_agent_heap_bytes.load(Ordering::Relaxed))],
-    );
-    metric(
-        &mut out,
+        load(&worker.sidecar_agent_heap_bytes),
+    )?;
+    out.counter(
         metric::SIDECAR_DROPPED_RECORDS,
-        "counter",
         "Records sidecar agents could not write (their JVM's /tmp full or gone).",
-        &[("", worker.sidecar_dropped_records.load(Ordering::Relaxed))],
-    );
+        load(&worker.sidecar_dropped_records),
+    )?;
     let cache = &worker.symbol_cache;
-    metric(
-        &mut out,
+    out.gauge(
         metric::SYMBOL_CACHE_BYTES,
-        "gauge",
         "Memory charged to the symbolization caches (parsed binaries, resolved frames).",
-        &[("", cache.charged_bytes.load(Ordering::Relaxed))],
-    );
-    metric(
-        &mut out,
+        load(&cache.charged_bytes),
+    )?;
+    out.gauge(
         metric::SYMBOL_CACHE_LIMIT_BYTES,
-        "gauge",
         "The caches' budget (cache_budget_mib); past it the least recently used are evicted.",
-        &[("", cache.limit_bytes.load(Ordering::Relaxed))],
-    );
-    metric(
-        &mut out,
+        load(&cache.limit_bytes),
+    )?;
+    out.counter(
         metric::SYMBOL_CACHE_EVICTIONS,
-        "counter",
         "Binaries whose cached symbols were dropped to stay within the budget.",
-        &[("", cache.evictions.load(Ordering::Relaxed))],
-    );
-    let refused: Vec<(&str, u64)> = crate::sidecar::index::REFUSAL_REASONS
-        .iter()
-        .zip(&worker.sidecar_records_refused)
-        .map(|(reason, count)| (*reason, count.load(Ordering::Relaxed)))
-        .collect();
-    let refused = labelled("reason", &refused);
-    metric(
-        &mut out,
+        load(&cache.evictions),
+    )?;
+    out.gauges(
         metric::SIDECAR_RECORDS_REFUSED,
-        "gauge",
         "JVMs whose sidecar records file was not read, by reason (a link, special file, foreign \
          owner or oversized file in the JVM's /tmp; frames are then named from memory).",
-        &refused,
-    );
-    let unnamed: Vec<(&str, u64)> = crate::java_names::UnnamedReason::ALL
-        .iter()
-        .map(|reason| (reason.name(), worker.java_unnamed.get(*reason)))
-        .collect();
-    let unnamed = labelled("reason", &unnamed);
-    metric(
-        &mut out,
+        crate::sidecar::index::REFUSAL_REASONS
+            .iter()
+            .zip(&worker.sidecar_records_refused)
+            .map(|(reason, count)| (Reason { reason }, load(count))),
+    )?;
+    out.counter(
         metric::JAVA_PREFETCH_MISSES,
-        "counter",
         "Java frames of new stacks whose method or code was gone or reused by the time it was \
          read (class unloading); while they occur the ring is drained every 10 to 50 ms.",
-        &[("", worker.java_prefetch_misses.load(Ordering::Relaxed))],
-    );
-    metric(
-        &mut out,
+        load(&worker.java_prefetch_misses),
+    )?;
+    out.counters(
         metric::JAVA_FRAMES_UNNAMED,
-        "counter",
         "Java frames shown as an unknown marker instead of a name, by reason; counted once per \
          distinct frame of each profile (process and interval), not per sample.",
-        &unnamed,
-    );
-    metric(
-        &mut out,
+        crate::java_names::UnnamedReason::ALL.iter().map(|reason| {
+            let count = worker.java_unnamed.get(*reason);
+            (
+                Reason {
+                    reason: reason.name(),
+                },
+                count,
+            )
+        }),
+    )?;
+    out.gauges(
         metric::JVMS,
-        "gauge",
         "JVMs by state (ready: layout in the BPF map).",
-        &labelled(
-            "state",
-            &[
-                (jvm_state::READY, s.jvms.jvms_ready),
-                (jvm_state::PENDING, s.jvms.jvms_pending),
-                (jvm_state::FAILED, s.jvms.jvms_failed),
-                (jvm_state::OVER_BOUND, s.jvms.jvms_over_bound),
-            ],
-        ),
-    );
-    metric(
-        &mut out,
+        [
+            (jvm_state::READY, s.jvms.jvms_ready),
+            (jvm_state::PENDING, s.jvms.jvms_pending),
+            (jvm_state::FAILED, s.jvms.jvms_failed),
+            (jvm_state::OVER_BOUND, s.jvms.jvms_over_bound),
+        ]
+        .map(|(state, count)| (State { state }, count)),
+    )?;
+    out.gauges(
         metric::BPF_MAP_ENTRIES,
-        "gauge",
         "Entries of the BPF maps the daemon fills.",
-        &labelled(
-            "map",
-            &[
-                (bpf_map::HOTSPOT_PROCS, s.jvms.jvms_ready),
-                (bpf_map::JAVA_THREADS, s.jvms.java_threads),
-            ],
-        ),
-    );
-    metric(
-        &mut out,
+        [
+            (bpf_map::HOTSPOT_PROCS, s.jvms.jvms_ready),
+            (bpf_map::JAVA_THREADS, s.jvms.java_threads),
+        ]
+        .map(|(map, count)| (Map { map }, count)),
+    )?;
+    out.gauges(
         metric::BPF_MAP_CAPACITY,
-        "gauge",
         "Capacity of the BPF maps the daemon fills.",
-        &labelled(
-            "map",
-            &[
-                (bpf_map::HOTSPOT_PROCS, s.jvms.jvm_map_capacity),
-                (bpf_map::JAVA_THREADS, s.jvms.java_thread_map_capacity),
-            ],
-        ),
-    );
-    metric(
-        &mut out,
+        [
+            (bpf_map::HOTSPOT_PROCS, s.jvms.jvm_map_capacity),
+            (bpf_map::JAVA_THREADS, s.jvms.java_thread_map_capacity),
+        ]
+        .map(|(map, count)| (Map { map }, count)),
+    )?;
+    out.counter(
         metric::JAVA_THREADS_NOT_PUSHED,
-        "counter",
         "Java threads left out of the BPF map (full): their Java frames are not unwound.",
-        &[("", s.jvms.java_threads_not_pushed)],
-    );
-    metric(
-        &mut out,
+        s.jvms.java_threads_not_pushed,
+    )?;
+    out.counters(
         metric::PROCESS_EVENTS,
-        "counter",
         "Process events the JVM tracker took from the BPF tracepoints, by kind (whole-host mode).",
-        &labelled(
-            "kind",
-            &[("exec", s.jvms.exec_events), ("exit", s.jvms.exit_events)],
-        ),
-    );
-    metric(
-        &mut out,
+        [
+            (EventKind { kind: "exec" }, s.jvms.exec_events),
+            (EventKind { kind: "exit" }, s.jvms.exit_events),
+        ],
+    )?;
+    out.counter(
         metric::PROCESS_EVENTS_LOST,
-        "counter",
         "Process events lost to a full ring buffer (the next /proc rescan makes up for them).",
-        &[("", k(Counter::ProcessEventsLost))],
-    );
-    metric(
-        &mut out,
+        k(Counter::ProcessEventsLost),
+    )?;
+    out.counter(
         metric::PROC_RESCANS,
-        "counter",
         "Full listings of /proc by the JVM tracker (once a minute, besides events).",
-        &[("", s.jvms.rescans)],
-    );
+        s.jvms.rescans,
+    )?;
     if let Some(off_cpu) = &s.off_cpu {
-        render_off_cpu(&mut out, s, off_cpu);
+        encode_off_cpu(out, s, off_cpu)?;
     }
-    metric(
-        &mut out,
-        metric::CPUS,
-        "gauge",
-        "CPUs sampled.",
-        &[("", s.cpus as u64)],
-    );
-    metric(
-        &mut out,
+    out.gauge(metric::CPUS, "CPUs sampled.", s.cpus as u64)?;
+    out.gauge(
         metric::FREQUENCY_HERTZ,
-        "gauge",
         "Sampling frequency per CPU.",
-        &[("", s.frequency_hz)],
-    );
-    out
+        s.frequency_hz,
+    )
 }
 
-fn render_unwind_tables(out: &mut String, t: &crate::native_unwind::loader::TableStats) {
+fn encode_unwind_tables(
+    out: &mut Families,
+    t: &crate::native_unwind::loader::TableStats,
+) -> fmt::Result {
     use crate::native_unwind::loader::NotLoaded;
     let get = |value: &AtomicU64| value.load(Ordering::Relaxed);
-    metric(
-        out,
+    out.gauge(
         metric::UNWIND_TABLES,
-        "gauge",
         "Native unwind tables loaded in the BPF maps (one per distinct .eh_frame).",
-        &[("", get(&t.tables))],
-    );
-    metric(
-        out,
+        get(&t.tables),
+    )?;
+    out.gauge(
         metric::UNWIND_TABLE_BYTES,
-        "gauge",
         "Memory of the unwind tables in the BPF maps (charged to the daemon's cgroup, not in its RSS).",
-        &[("", get(&t.bytes))],
-    );
-    metric(
-        out,
+        get(&t.bytes),
+    )?;
+    out.gauge(
         metric::UNWIND_TABLE_LIMIT_BYTES,
-        "gauge",
         "The unwind tables' budget (a third of cache_budget_mib).",
-        &[("", get(&t.limit_bytes))],
-    );
-    metric(
-        out,
+        get(&t.limit_bytes),
+    )?;
+    out.gauge(
         metric::UNWIND_TABLE_PROCESSES,
-        "gauge",
         "Processes whose executable mappings are in the BPF maps with their tables.",
-        &[("", get(&t.processes))],
-    );
-    metric(
-        out,
+        get(&t.processes),
+    )?;
+    out.counter(
         metric::UNWIND_TABLE_BUILDS,
-        "counter",
         "Unwind tables built from a file's call frame information.",
-        &[("", get(&t.builds))],
-    );
-    metric(
-        out,
+        get(&t.builds),
+    )?;
+    out.counter(
         metric::UNWIND_TABLE_BUILD_MILLISECONDS,
-        "counter",
         "Time spent building unwind tables.",
-        &[("", get(&t.build_micros) / 1_000)],
-    );
-    metric(
-        out,
+        get(&t.build_micros) / 1_000,
+    )?;
+    out.counter(
         metric::UNWIND_TABLE_EVICTIONS,
-        "counter",
         "Unwind tables dropped to make room within the budget.",
-        &[("", get(&t.evictions))],
-    );
-    let reasons: Vec<(&str, u64)> = NotLoaded::ALL
-        .iter()
-        .map(|reason| (reason.name(), t.not_loaded(*reason)))
-        .collect();
-    metric(
-        out,
+        get(&t.evictions),
+    )?;
+    out.counters(
         metric::UNWIND_TABLES_NOT_LOADED,
-        "counter",
         "Files or mappings left to frame pointers, by reason.",
-        &labelled("reason", &reasons),
-    );
+        NotLoaded::ALL.iter().map(|reason| {
+            let count = t.not_loaded(*reason);
+            (
+                Reason {
+                    reason: reason.name(),
+                },
+                count,
+            )
+        }),
+    )
 }
 
-fn render_export(out: &mut String, c: &ExportCounters) {
+fn encode_export(out: &mut Families, c: &ExportCounters) -> fmt::Result {
     let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-    metric(
-        out,
+    out.counter(
         metric::EXPORT_PROFILES,
-        "counter",
         "Profiles delivered to Pyroscope.",
-        &[("", get(&c.exported_profiles))],
-    );
-    metric(
-        out,
+        get(&c.exported_profiles),
+    )?;
+    out.counter(
         metric::EXPORT_REQUESTS,
-        "counter",
         "Push requests Pyroscope accepted.",
-        &[("", get(&c.exported_requests))],
-    );
-    metric(
-        out,
+        get(&c.exported_requests),
+    )?;
+    out.counter(
         metric::EXPORT_BYTES,
-        "counter",
         "Gzipped profile bytes delivered to Pyroscope.",
-        &[("", get(&c.exported_bytes))],
-    );
-    metric(
-        out,
+        get(&c.exported_bytes),
+    )?;
+    out.counter(
         metric::EXPORT_RETRIES,
-        "counter",
         "Push attempts that failed and were retried.",
-        &[("", get(&c.failed_attempts))],
-    );
-    metric(
-        out,
+        get(&c.failed_attempts),
+    )?;
+    out.counters(
         metric::EXPORT_DROPPED_PROFILES,
-        "counter",
         "Profiles never delivered to Pyroscope, by reason.",
-        &labelled(
-            "reason",
-            &[
-                (
-                    export_dropped::EXPORT_QUEUE_FULL,
-                    get(&c.dropped_queue_full),
-                ),
-                (export_dropped::SHUTDOWN, get(&c.dropped_at_shutdown)),
-                (export_dropped::REJECTED, get(&c.rejected)),
-            ],
-        ),
-    );
-    metric(
-        out,
+        reasons([
+            (
+                export_dropped::EXPORT_QUEUE_FULL,
+                get(&c.dropped_queue_full),
+            ),
+            (export_dropped::SHUTDOWN, get(&c.dropped_at_shutdown)),
+            (export_dropped::REJECTED, get(&c.rejected)),
+        ]),
+    )?;
+    out.gauge(
         metric::EXPORT_QUEUE_PROFILES,
-        "gauge",
         "Profiles waiting for Pyroscope (or being sent).",
-        &[("", get(&c.queued_profiles))],
-    );
-    metric(
-        out,
+        get(&c.queued_profiles),
+    )?;
+    out.gauge(
         metric::EXPORT_QUEUE_BYTES,
-        "gauge",
         "Bytes of profiles waiting for Pyroscope.",
-        &[("", get(&c.queued_bytes))],
-    );
-    metric(
-        out,
+        get(&c.queued_bytes),
+    )?;
+    out.gauge(
         metric::STREAM_SUBSCRIBERS,
-        "gauge",
         "Live-stream subscribers connected.",
-        &[("", get(&c.stream_subscribers))],
-    );
-    metric(
-        out,
+        get(&c.stream_subscribers),
+    )?;
+    out.counter(
         metric::STREAM_SKIPPED_PROFILES,
-        "counter",
         "Profiles live-stream subscribers missed because they read too slowly.",
-        &[("", get(&c.stream_skipped))],
-    );
+        get(&c.stream_skipped),
+    )
 }
 
-/// Serves `/metrics` until the task is dropped.
+/// Serves `/metrics` (and `/`) until the task is dropped.
 pub async fn serve(listener: TcpListener, metrics: Metrics) {
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let mut request = vec![0u8; 4096];
-            let Ok(Ok(len)) =
-                tokio::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut request))
-                    .await
-            else {
-                return;
-            };
-            let request = String::from_utf8_lossy(&request[..len]);
-            let response = if request.starts_with("GET /metrics ") || request.starts_with("GET / ")
-            {
-                let body = metrics.render();
-                format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                )
-            } else {
-                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                    .to_owned()
-            };
-            let _ = stream.write_all(response.as_bytes()).await;
-        });
+    use axum::http::header::CONTENT_TYPE;
+    use axum::routing::get;
+
+    let registry = Arc::new(metrics.registry());
+    let scrape = move || {
+        let registry = registry.clone();
+        async move {
+            let mut body = String::new();
+            match prometheus_client::encoding::text::encode(&mut body, &registry) {
+                Ok(()) => (
+                    axum::http::StatusCode::OK,
+                    [(CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)],
+                    body,
+                ),
+                Err(_) => (
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    [(CONTENT_TYPE, "text/plain")],
+                    String::new(),
+                ),
+            }
+        }
+    };
+    let app = axum::Router::new()
+        .route("/metrics", get(scrape.clone()))
+        .route("/", get(scrape));
+    if let Err(error) = axum::serve(listener, app).await {
+        tracing::warn!(%error, "the metrics endpoint stopped");
     }
 }
+
+/// What Prometheus is told it scrapes.
+const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rendered(snapshot: Snapshot) -> String {
+        let metrics = Metrics::default();
+        metrics.publish(snapshot);
+        metrics.render()
+    }
 
     #[test]
     fn renders_counters_with_reasons() {
@@ -638,7 +626,7 @@ mod tests {
         snapshot.kernel.0[Counter::RingFull as usize] = 3;
         snapshot.unwind_ends[UnwindEnd::NoCodeBlob as usize] = 2;
         snapshot.jvms.java_thread_map_capacity = 16_384;
-        let text = render(&snapshot, &WorkerCounters::default());
+        let text = rendered(snapshot);
         assert!(
             text.contains("profiler_samples_not_profiled_total{reason=\"ring_full\"} 3"),
             "{text}"
@@ -653,15 +641,52 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("# TYPE profiler_jvms gauge"), "{text}");
+        assert!(text.contains("# TYPE profiler_records counter"), "{text}");
         assert!(
             text.contains("profiler_bpf_map_capacity{map=\"java_threads\"} 16384"),
             "{text}"
         );
+        // OpenMetrics: one terminator, at the end.
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn every_metric_name_is_a_sample_once() {
+        let text = rendered(Snapshot {
+            off_cpu: Some(OffCpuSnapshot::default()),
+            ..Default::default()
+        });
+        let families: Vec<&str> = text
+            .lines()
+            .filter_map(|line| line.strip_prefix("# TYPE "))
+            .filter_map(|line| line.split(' ').next())
+            .collect();
+        let mut distinct = families.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            families.len(),
+            "a family twice: {families:?}"
+        );
+        for name in [
+            metric::BPF_SAMPLES,
+            metric::OFF_CPU_THREADS,
+            metric::UNWIND_TABLE_BUILD_MILLISECONDS,
+            metric::STREAM_SKIPPED_PROFILES,
+            metric::CPUS,
+        ] {
+            assert!(
+                text.lines()
+                    .any(|line| line.starts_with(&format!("{name} "))),
+                "{name} in {text}"
+            );
+        }
     }
 
     #[test]
     fn every_reason_of_the_contract_is_a_label() {
-        let text = render(&Snapshot::default(), &WorkerCounters::default());
+        let text = rendered(Snapshot::default());
         let has = |name: &str, key: &str, value: &str| {
             assert!(
                 text.contains(&format!("{name}{{{key}=\"{value}\"}} 0")),
@@ -691,11 +716,45 @@ mod tests {
         }
         // The two queues have different reasons: samples for the worker, profiles for export.
         assert!(!text.contains("profiler_samples_not_profiled_total{reason=\"queue_full\"}"));
-        let mut export = String::new();
-        render_export(&mut export, &ExportCounters::default());
         assert!(
-            export.contains("profiler_export_dropped_profiles_total{reason=\"queue_full\"} 0"),
-            "{export}"
+            text.contains("profiler_export_dropped_profiles_total{reason=\"queue_full\"} 0"),
+            "{text}"
         );
+    }
+
+    #[tokio::test]
+    async fn serves_the_text_over_http() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let metrics = Metrics::default();
+        metrics.publish(Snapshot {
+            records: 7,
+            ..Default::default()
+        });
+        let server = tokio::spawn(serve(listener, metrics));
+        let get = |path: &'static str| async move {
+            let mut stream = tokio::net::TcpStream::connect(address)
+                .await
+                .expect("connect");
+            let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            stream.write_all(request.as_bytes()).await.expect("write");
+            let mut response = String::new();
+            stream.read_to_string(&mut response).await.expect("read");
+            response
+        };
+        let response = get("/metrics").await;
+        assert!(response.starts_with("HTTP/1.1 200 OK"), "{response}");
+        assert!(
+            response.contains("application/openmetrics-text"),
+            "{response}"
+        );
+        assert!(
+            response.contains("\nprofiler_records_total 7\n"),
+            "{response}"
+        );
+        assert!(get("/nothing").await.starts_with("HTTP/1.1 404"));
+        server.abort();
     }
 }

@@ -9,12 +9,11 @@ use std::time::{Duration, Instant};
 
 use crate::aggregate::IntervalStacks;
 use crate::export::identity::ServiceNaming;
-use crate::export::{ExportedProfile, Exports};
 use crate::metrics::WorkerCounters;
-use crate::output::LocalWriter;
 use crate::pprof::encode_gzipped;
 use crate::process::ProcessTable;
 use crate::profiles::{self, ProfileRequest, Symbolizers};
+use crate::sink::{Sink, SinkProfile};
 
 pub enum Work {
     /// A process had its first sample of the interval: read its mappings while it is alive.
@@ -48,9 +47,11 @@ pub struct JavaFrameSeen {
 pub struct Worker {
     processes: ProcessTable,
     symbolizers: Symbolizers,
-    writer: LocalWriter,
-    exports: Exports,
+    /// Where profiles go, in order (see `sink`).
+    sinks: Vec<Box<dyn Sink>>,
     naming: ServiceNaming,
+    /// Labels every profile's series carries besides its process's own (`labels`).
+    extra_labels: std::collections::BTreeMap<String, String>,
     pods: Option<crate::kubernetes::SharedPodIndex>,
     frequency_hz: u64,
     /// Shared with the metrics endpoint.
@@ -62,8 +63,7 @@ pub struct Worker {
 
 impl Worker {
     pub fn new(
-        writer: LocalWriter,
-        exports: Exports,
+        sinks: Vec<Box<dyn Sink>>,
         naming: ServiceNaming,
         frequency_hz: u64,
         annotate_frames: bool,
@@ -74,15 +74,21 @@ impl Worker {
         Self {
             processes: ProcessTable::default(),
             symbolizers,
-            writer,
-            exports,
+            sinks,
             naming,
+            extra_labels: Default::default(),
             pods: None,
             frequency_hz,
             counters,
             cache_budget: None,
             thread_directory: None,
         }
+    }
+
+    /// Labels the series of every profile with these too (the config's `labels`).
+    pub fn with_extra_labels(mut self, labels: std::collections::BTreeMap<String, String>) -> Self {
+        self.extra_labels = labels;
+        self
     }
 
     /// Labels processes of Kubernetes pods with their pod's metadata, when there is a watch.
@@ -213,11 +219,8 @@ impl Worker {
 
     fn write_intervals(&mut self, intervals: Vec<IntervalStacks>) {
         let began = Instant::now();
-        let mut exported = Vec::new();
-        let mut written = 0;
         for interval in &intervals {
-            let (profiles, samples) = self.write_profiles(interval, &mut exported);
-            written += profiles;
+            let (profiles, samples) = self.write_profiles(interval);
             tracing::info!(
                 kind = interval.kind.file_prefix(),
                 profiles,
@@ -228,10 +231,9 @@ impl Worker {
                 "interval written"
             );
         }
-        self.exports.publish_interval(exported);
-        self.counters
-            .profiles_written
-            .fetch_add(written, Ordering::Relaxed);
+        for sink in &mut self.sinks {
+            sink.end_interval();
+        }
         self.processes.forget_exited();
         self.symbolizers.forget_exited(&self.processes);
         let sidecars = self.symbolizers.java.sidecar_totals();
@@ -253,27 +255,12 @@ impl Worker {
                 Ordering::Relaxed,
             );
         }
-        match self.writer.enforce_retention() {
-            Ok(removed) if removed.files > 0 => {
-                tracing::info!(
-                    files = removed.files,
-                    bytes = removed.bytes,
-                    "retention: old profiles deleted"
-                )
-            }
-            Ok(_) => {}
-            Err(err) => tracing::warn!(%err, "retention: cannot clean the output directory"),
-        }
     }
 
-    /// Builds, writes and (when exports are on) queues the profiles of one interval's stacks;
-    /// returns how many were written and the samples they hold.
-    fn write_profiles(
-        &mut self,
-        interval: &IntervalStacks,
-        exported: &mut Vec<Arc<ExportedProfile>>,
-    ) -> (u64, u64) {
-        let (mut written, mut samples) = (0, 0);
+    /// Builds the profiles of one interval's stacks and hands each to every sink; returns how
+    /// many were built and the samples they hold.
+    fn write_profiles(&mut self, interval: &IntervalStacks) -> (u64, u64) {
+        let (mut built_count, mut samples) = (0, 0);
         for (&pid, stacks) in &interval.processes {
             samples += stacks.samples();
             let built = profiles::build(
@@ -288,61 +275,35 @@ impl Worker {
                 &mut self.processes,
                 &mut self.symbolizers,
             );
-            let gzipped = match encode_gzipped(&built.profile) {
-                Ok(bytes) => bytes,
+            let gzipped: Arc<[u8]> = match encode_gzipped(&built.profile) {
+                Ok(bytes) => Arc::from(bytes),
                 Err(err) => {
                     self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::error!(pid, %err, "cannot encode profile");
                     continue;
                 }
             };
-            match self.writer.write(
-                interval.kind,
-                interval.start,
-                built.pid,
-                &built.comm,
-                &built.profile,
-                &gzipped,
-            ) {
-                Ok(_) => written += 1,
-                Err(err) => {
-                    self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(pid, %err, "cannot write profile");
-                }
-            }
-            if self.exports.is_enabled() {
-                let labelled: Arc<[u8]> = Arc::from(gzipped);
-                // Pyroscope's variant only for Pyroscope (see `profiles`); the stream gets the
-                // local one.
-                let pyroscope = if self.exports.queue.is_some() {
-                    match encode_gzipped(&profiles::export_profile(&built, self.exports.threads)) {
-                        Ok(bytes) => Arc::from(bytes),
-                        Err(err) => {
-                            self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
-                            tracing::error!(pid, %err, "cannot encode the exported profile");
-                            continue;
-                        }
-                    }
-                } else {
-                    labelled.clone()
-                };
+            built_count += 1;
+            let identity = {
                 let pods = self.pods.as_ref().and_then(|pods| pods.read().ok());
-                let identity =
-                    self.naming
-                        .identify(self.processes.get(pid), &built.comm, pods.as_deref());
-                exported.push(Arc::new(ExportedProfile {
-                    pid,
-                    labels: identity
-                        .labels(&self.exports.extra_labels, interval.kind.pyroscope_name()),
-                    service_name: identity.service_name,
-                    start: interval.start,
-                    duration: interval.duration,
-                    pprof_gzip: pyroscope,
-                    labelled_pprof_gzip: labelled,
-                }));
+                self.naming
+                    .identify(self.processes.get(pid), &built.comm, pods.as_deref())
+            };
+            let labels = identity.labels(&self.extra_labels, interval.kind.pyroscope_name());
+            let profile = SinkProfile {
+                kind: interval.kind,
+                start: interval.start,
+                duration: interval.duration,
+                built: &built,
+                gzipped: &gzipped,
+                service_name: &identity.service_name,
+                labels: &labels,
+            };
+            for sink in &mut self.sinks {
+                sink.accept(&profile);
             }
         }
-        (written, samples)
+        (built_count, samples)
     }
 }
 
@@ -351,28 +312,19 @@ mod tests {
     use std::sync::mpsc::sync_channel;
 
     use super::*;
-    use crate::output::LocalOutput;
+    use crate::sink::testing::Counted;
 
     #[test]
     fn a_panic_costs_one_work_item_and_the_worker_goes_on() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().to_owned();
         let counters = Arc::new(WorkerCounters::default());
         let shared = counters.clone();
+        let sink = Counted::default();
+        let intervals = sink.intervals.clone();
         let (work, work_rx) = sync_channel(8);
         // Built on its own thread, as the daemon does: blazesym's symbolizer is not Send.
         let thread = std::thread::spawn(move || {
-            let options = LocalOutput {
-                flame_graphs: false,
-                retention: crate::output::retention::Retention {
-                    max_age: None,
-                    max_bytes: None,
-                },
-            };
-            let writer = LocalWriter::new(&path, options).expect("writer");
             Worker::new(
-                writer,
-                Exports::default(),
+                vec![Box::new(sink)],
                 ServiceNaming::default(),
                 99,
                 true,
@@ -385,8 +337,12 @@ mod tests {
         work.send(Work::ProcessSeen(std::process::id()))
             .expect("worker alive after a panic");
         work.send(Work::Panic).expect("worker alive");
+        work.send(Work::Interval(Vec::new()))
+            .expect("worker alive after two panics");
         drop(work);
         thread.join().expect("the worker thread ends normally");
         assert_eq!(counters.panics.load(Ordering::Relaxed), 2);
+        // The sinks still hear of intervals.
+        assert_eq!(intervals.load(Ordering::Relaxed), 1);
     }
 }

@@ -1,22 +1,32 @@
-//! The few JNI and JVMTI entry points the agent uses, declared by hand.
+//! The JNI and JVMTI declarations the agent uses.
 //!
-//! Function-table slots and struct layouts are those of `jni.h`, `jvmti.h` (JVMTI 1.2, stable
-//! since JDK 6) and `jvmticmlr.h`. JVMTI slots are given 1-based, as the specification numbers
-//! them.
+//! - JNI (`JNIEnv`, `JavaVM`, their function tables and types) comes from `jni-sys`.
+//! - The JVMTI function table is [`JvmtiInterface`], written from the JVMTI specification's
+//!   "Function Table Layout" (each function's documented position, 1-based): every position up
+//!   to 156 (SetHeapSamplingInterval, JDK 11) has a field named after its function (`reservedN`
+//!   where the specification reserves it), typed where the agent calls it, `*const c_void`
+//!   elsewhere. Compile-time asserts check the table's size and each used field's offset against
+//!   its position, so a miscounted field fails the build.
+//! - The rest is written by hand: from the specification, the few JVMTI types and constants used
+//!   (event numbers, capability bits, `jvmtiThreadInfo`, `jvmtiLineNumberEntry`) and the prefix
+//!   of `jvmtiEventCallbacks` the agent installs; from `jvmticmlr.h` (the specification leaves
+//!   that format to the VM), the inline records `CompiledMethodLoad` hands over.
 
 use std::ffi::{c_char, c_void};
+use std::mem::{offset_of, size_of};
 
-pub type JInt = i32;
-pub type JLong = i64;
-pub type JMethodId = *mut c_void;
-pub type JClass = *mut c_void;
-pub type JThread = *mut c_void;
-pub type JObject = *mut c_void;
-pub type JFieldId = *mut c_void;
+pub use jni_sys::{JNI_OK, JNI_VERSION_1_8};
+
+pub type JInt = jni_sys::jint;
+pub type JLong = jni_sys::jlong;
+pub type JMethodId = jni_sys::jmethodID;
+pub type JClass = jni_sys::jclass;
+pub type JThread = jni_sys::jobject;
+pub type JObject = jni_sys::jobject;
+pub type JFieldId = jni_sys::jfieldID;
+/// `jvmtiError`, a C enum.
 pub type JvmtiError = u32;
 
-pub const JNI_OK: JInt = 0;
-pub const JNI_VERSION_1_8: JInt = 0x0001_0008;
 pub const JVMTI_VERSION_1_2: JInt = 0x3001_0200;
 pub const JVMTI_ERROR_NONE: JvmtiError = 0;
 pub const JVMTI_ENABLE: JInt = 1;
@@ -76,16 +86,12 @@ pub struct CmlrInlineRecord {
     pub pcinfo: *const PcStackInfo,
 }
 
-/// `jvmtiEnv` / `JavaVM`: a pointer to a function table.
-#[repr(C)]
-pub struct JvmtiEnv {
-    pub functions: *const *const c_void,
-}
+/// `jvmtiEnv`: what a `jvmtiEnv*` points to is a pointer to the function table.
+pub type JvmtiEnv = *const JvmtiInterface;
 
-#[repr(C)]
-pub struct JavaVm {
-    pub functions: *const *const c_void,
-}
+/// `JavaVM` and `JNIEnv` (JNI's own function tables, from `jni-sys`).
+pub type JavaVm = jni_sys::JavaVM;
+pub type JniEnv = jni_sys::JNIEnv;
 
 /// `jvmtiThreadInfo`. `thread_group` and `context_class_loader` are JNI local references, freed
 /// when the event callback that asked for them returns.
@@ -94,16 +100,8 @@ pub struct ThreadInfo {
     pub name: *mut c_char,
     pub priority: JInt,
     pub is_daemon: u8,
-    pub thread_group: *mut c_void,
-    pub context_class_loader: *mut c_void,
-}
-
-/// `JavaVMAttachArgs`.
-#[repr(C)]
-pub struct AttachArgs {
-    pub version: JInt,
-    pub name: *const c_char,
-    pub group: *mut c_void,
+    pub thread_group: JObject,
+    pub context_class_loader: JObject,
 }
 
 pub type VmInitFn = unsafe extern "C" fn(*mut JvmtiEnv, *mut c_void, JThread);
@@ -147,6 +145,283 @@ impl EventCallbacks {
     }
 }
 
+/// The JVMTI function table (`jvmtiInterface_1_`): one field per position of the
+/// specification's "Function Table Layout", position `n` at offset `(n - 1)` words. Fields the
+/// agent calls are typed (`None` if the VM left the slot null); the others are named after their
+/// function (JDK 17's layout, plus SuspendAllVirtualThreads and ResumeAllVirtualThreads, which
+/// JDK 21 put at the reserved positions 118 and 119) and left untyped.
+///
+/// Only ever read one field at a time through the environment (`(**env).deallocate`), never
+/// borrowed whole: a VM's table ends at the last position it knows (156 since JDK 11, 155 in
+/// JDK 8), and every position the agent reads is in all of them.
+#[repr(C)]
+pub struct JvmtiInterface {
+    pub reserved1: *const c_void, // 1
+    /// 2: `SetEventNotificationMode`.
+    pub set_event_notification_mode: Option<
+        unsafe extern "C" fn(
+            env: *mut JvmtiEnv,
+            mode: JInt,
+            event_type: JInt,
+            event_thread: JThread,
+            ...
+        ) -> JvmtiError,
+    >,
+    pub get_all_modules: *const c_void, // 3
+    /// 4: `GetAllThreads`.
+    pub get_all_threads: Option<
+        unsafe extern "C" fn(
+            env: *mut JvmtiEnv,
+            threads_count_ptr: *mut JInt,
+            threads_ptr: *mut *mut JThread,
+        ) -> JvmtiError,
+    >,
+    pub suspend_thread: *const c_void,   // 5
+    pub resume_thread: *const c_void,    // 6
+    pub stop_thread: *const c_void,      // 7
+    pub interrupt_thread: *const c_void, // 8
+    /// 9: `GetThreadInfo`.
+    pub get_thread_info: Option<
+        unsafe extern "C" fn(
+            env: *mut JvmtiEnv,
+            thread: JThread,
+            info_ptr: *mut ThreadInfo,
+        ) -> JvmtiError,
+    >,
+    pub get_owned_monitor_info: *const c_void,         // 10
+    pub get_current_contended_monitor: *const c_void,  // 11
+    pub run_agent_thread: *const c_void,               // 12
+    pub get_top_thread_groups: *const c_void,          // 13
+    pub get_thread_group_info: *const c_void,          // 14
+    pub get_thread_group_children: *const c_void,      // 15
+    pub get_frame_count: *const c_void,                // 16
+    pub get_thread_state: *const c_void,               // 17
+    pub get_current_thread: *const c_void,             // 18
+    pub get_frame_location: *const c_void,             // 19
+    pub notify_frame_pop: *const c_void,               // 20
+    pub get_local_object: *const c_void,               // 21
+    pub get_local_int: *const c_void,                  // 22
+    pub get_local_long: *const c_void,                 // 23
+    pub get_local_float: *const c_void,                // 24
+    pub get_local_double: *const c_void,               // 25
+    pub set_local_object: *const c_void,               // 26
+    pub set_local_int: *const c_void,                  // 27
+    pub set_local_long: *const c_void,                 // 28
+    pub set_local_float: *const c_void,                // 29
+    pub set_local_double: *const c_void,               // 30
+    pub create_raw_monitor: *const c_void,             // 31
+    pub destroy_raw_monitor: *const c_void,            // 32
+    pub raw_monitor_enter: *const c_void,              // 33
+    pub raw_monitor_exit: *const c_void,               // 34
+    pub raw_monitor_wait: *const c_void,               // 35
+    pub raw_monitor_notify: *const c_void,             // 36
+    pub raw_monitor_notify_all: *const c_void,         // 37
+    pub set_breakpoint: *const c_void,                 // 38
+    pub clear_breakpoint: *const c_void,               // 39
+    pub get_named_module: *const c_void,               // 40
+    pub set_field_access_watch: *const c_void,         // 41
+    pub clear_field_access_watch: *const c_void,       // 42
+    pub set_field_modification_watch: *const c_void,   // 43
+    pub clear_field_modification_watch: *const c_void, // 44
+    pub is_modifiable_class: *const c_void,            // 45
+    pub allocate: *const c_void,                       // 46
+    /// 47: `Deallocate`.
+    pub deallocate: Option<unsafe extern "C" fn(env: *mut JvmtiEnv, mem: *mut u8) -> JvmtiError>,
+    /// 48: `GetClassSignature`.
+    pub get_class_signature: Option<
+        unsafe extern "C" fn(
+            env: *mut JvmtiEnv,
+            klass: JClass,
+            signature_ptr: *mut *mut c_char,
+            generic_ptr: *mut *mut c_char,
+        ) -> JvmtiError,
+    >,
+    pub get_class_status: *const c_void, // 49
+    /// 50: `GetSourceFileName`.
+    pub get_source_file_name: Option<
+        unsafe extern "C" fn(
+            env: *mut JvmtiEnv,
+            klass: JClass,
+            source_name_ptr: *mut *mut c_char,
+        ) -> JvmtiError,
+    >,
+    pub get_class_modifiers: *const c_void,        // 51
+    pub get_class_methods: *const c_void,          // 52
+    pub get_class_fields: *const c_void,           // 53
+    pub get_implemented_interfaces: *const c_void, // 54
+    pub is_interface: *const c_void,               // 55
+    pub is_array_class: *const c_void,             // 56
+    pub get_class_loader: *const c_void,           // 57
+    pub get_object_hash_code: *const c_void,       // 58
+    pub get_object_monitor_usage: *const c_void,   // 59
+    pub get_field_name: *const c_void,             // 60
+    pub get_field_declaring_class: *const c_void,  // 61
+    pub get_field_modifiers: *const c_void,        // 62
+    pub is_field_synthetic: *const c_void,         // 63
+    /// 64: `GetMethodName`.
+    pub get_method_name: Option<
+        unsafe extern "C" fn(
+            env: *mut JvmtiEnv,
+            method: JMethodId,
+            name_ptr: *mut *mut c_char,
+            signature_ptr: *mut *mut c_char,
+            generic_ptr: *mut *mut c_char,
+        ) -> JvmtiError,
+    >,
+    /// 65: `GetMethodDeclaringClass`.
+    pub get_method_declaring_class: Option<
+        unsafe extern "C" fn(
+            env: *mut JvmtiEnv,
+            method: JMethodId,
+            declaring_class_ptr: *mut JClass,
+        ) -> JvmtiError,
+    >,
+    pub get_method_modifiers: *const c_void, // 66
+    pub reserved67: *const c_void,           // 67
+    pub get_max_locals: *const c_void,       // 68
+    pub get_arguments_size: *const c_void,   // 69
+    /// 70: `GetLineNumberTable`.
+    pub get_line_number_table: Option<
+        unsafe extern "C" fn(
+            env: *mut JvmtiEnv,
+            method: JMethodId,
+            entry_count_ptr: *mut JInt,
+            table_ptr: *mut *mut LineNumberEntry,
+        ) -> JvmtiError,
+    >,
+    pub get_method_location: *const c_void,          // 71
+    pub get_local_variable_table: *const c_void,     // 72
+    pub set_native_method_prefix: *const c_void,     // 73
+    pub set_native_method_prefixes: *const c_void,   // 74
+    pub get_bytecodes: *const c_void,                // 75
+    pub is_method_native: *const c_void,             // 76
+    pub is_method_synthetic: *const c_void,          // 77
+    pub get_loaded_classes: *const c_void,           // 78
+    pub get_class_loader_classes: *const c_void,     // 79
+    pub pop_frame: *const c_void,                    // 80
+    pub force_early_return_object: *const c_void,    // 81
+    pub force_early_return_int: *const c_void,       // 82
+    pub force_early_return_long: *const c_void,      // 83
+    pub force_early_return_float: *const c_void,     // 84
+    pub force_early_return_double: *const c_void,    // 85
+    pub force_early_return_void: *const c_void,      // 86
+    pub redefine_classes: *const c_void,             // 87
+    pub get_version_number: *const c_void,           // 88
+    pub get_capabilities: *const c_void,             // 89
+    pub get_source_debug_extension: *const c_void,   // 90
+    pub is_method_obsolete: *const c_void,           // 91
+    pub suspend_thread_list: *const c_void,          // 92
+    pub resume_thread_list: *const c_void,           // 93
+    pub add_module_reads: *const c_void,             // 94
+    pub add_module_exports: *const c_void,           // 95
+    pub add_module_opens: *const c_void,             // 96
+    pub add_module_uses: *const c_void,              // 97
+    pub add_module_provides: *const c_void,          // 98
+    pub is_modifiable_module: *const c_void,         // 99
+    pub get_all_stack_traces: *const c_void,         // 100
+    pub get_thread_list_stack_traces: *const c_void, // 101
+    pub get_thread_local_storage: *const c_void,     // 102
+    pub set_thread_local_storage: *const c_void,     // 103
+    pub get_stack_trace: *const c_void,              // 104
+    pub reserved105: *const c_void,                  // 105
+    pub get_tag: *const c_void,                      // 106
+    pub set_tag: *const c_void,                      // 107
+    pub force_garbage_collection: *const c_void,     // 108
+    pub iterate_over_objects_reachable_from_object: *const c_void, // 109
+    pub iterate_over_reachable_objects: *const c_void, // 110
+    pub iterate_over_heap: *const c_void,            // 111
+    pub iterate_over_instances_of_class: *const c_void, // 112
+    pub reserved113: *const c_void,                  // 113
+    pub get_objects_with_tags: *const c_void,        // 114
+    pub follow_references: *const c_void,            // 115
+    pub iterate_through_heap: *const c_void,         // 116
+    pub reserved117: *const c_void,                  // 117
+    pub suspend_all_virtual_threads: *const c_void,  // 118
+    pub resume_all_virtual_threads: *const c_void,   // 119
+    pub set_jni_function_table: *const c_void,       // 120
+    pub get_jni_function_table: *const c_void,       // 121
+    /// 122: `SetEventCallbacks`.
+    pub set_event_callbacks: Option<
+        unsafe extern "C" fn(
+            env: *mut JvmtiEnv,
+            callbacks: *const EventCallbacks,
+            size_of_callbacks: JInt,
+        ) -> JvmtiError,
+    >,
+    /// 123: `GenerateEvents`.
+    pub generate_events:
+        Option<unsafe extern "C" fn(env: *mut JvmtiEnv, event_type: JInt) -> JvmtiError>,
+    pub get_extension_functions: *const c_void,      // 124
+    pub get_extension_events: *const c_void,         // 125
+    pub set_extension_event_callback: *const c_void, // 126
+    /// 127: `DisposeEnvironment`.
+    pub dispose_environment: Option<unsafe extern "C" fn(env: *mut JvmtiEnv) -> JvmtiError>,
+    pub get_error_name: *const c_void,        // 128
+    pub get_jlocation_format: *const c_void,  // 129
+    pub get_system_properties: *const c_void, // 130
+    /// 131: `GetSystemProperty`.
+    pub get_system_property: Option<
+        unsafe extern "C" fn(
+            env: *mut JvmtiEnv,
+            property: *const c_char,
+            value_ptr: *mut *mut c_char,
+        ) -> JvmtiError,
+    >,
+    pub set_system_property: *const c_void, // 132
+    pub get_phase: *const c_void,           // 133
+    pub get_current_thread_cpu_timer_info: *const c_void, // 134
+    pub get_current_thread_cpu_time: *const c_void, // 135
+    pub get_thread_cpu_timer_info: *const c_void, // 136
+    pub get_thread_cpu_time: *const c_void, // 137
+    pub get_timer_info: *const c_void,      // 138
+    pub get_time: *const c_void,            // 139
+    pub get_potential_capabilities: *const c_void, // 140
+    pub reserved141: *const c_void,         // 141
+    /// 142: `AddCapabilities`.
+    pub add_capabilities: Option<
+        unsafe extern "C" fn(
+            env: *mut JvmtiEnv,
+            capabilities_ptr: *const Capabilities,
+        ) -> JvmtiError,
+    >,
+    pub relinquish_capabilities: *const c_void,   // 143
+    pub get_available_processors: *const c_void,  // 144
+    pub get_class_version_numbers: *const c_void, // 145
+    pub get_constant_pool: *const c_void,         // 146
+    pub get_environment_local_storage: *const c_void, // 147
+    pub set_environment_local_storage: *const c_void, // 148
+    pub add_to_bootstrap_class_loader_search: *const c_void, // 149
+    pub set_verbose_flag: *const c_void,          // 150
+    pub add_to_system_class_loader_search: *const c_void, // 151
+    pub retransform_classes: *const c_void,       // 152
+    pub get_owned_monitor_stack_depth_info: *const c_void, // 153
+    pub get_object_size: *const c_void,           // 154
+    pub get_local_instance: *const c_void,        // 155
+    pub set_heap_sampling_interval: *const c_void, // 156
+}
+
+/// Positions (1-based, as the specification numbers them) of the fields the agent calls.
+const _: () = {
+    const fn at(position: usize) -> usize {
+        (position - 1) * size_of::<usize>()
+    }
+    assert!(size_of::<JvmtiInterface>() == 156 * size_of::<usize>());
+    assert!(offset_of!(JvmtiInterface, set_event_notification_mode) == at(2));
+    assert!(offset_of!(JvmtiInterface, get_all_threads) == at(4));
+    assert!(offset_of!(JvmtiInterface, get_thread_info) == at(9));
+    assert!(offset_of!(JvmtiInterface, deallocate) == at(47));
+    assert!(offset_of!(JvmtiInterface, get_class_signature) == at(48));
+    assert!(offset_of!(JvmtiInterface, get_source_file_name) == at(50));
+    assert!(offset_of!(JvmtiInterface, get_method_name) == at(64));
+    assert!(offset_of!(JvmtiInterface, get_method_declaring_class) == at(65));
+    assert!(offset_of!(JvmtiInterface, get_line_number_table) == at(70));
+    assert!(offset_of!(JvmtiInterface, set_event_callbacks) == at(122));
+    assert!(offset_of!(JvmtiInterface, generate_events) == at(123));
+    assert!(offset_of!(JvmtiInterface, dispose_environment) == at(127));
+    assert!(offset_of!(JvmtiInterface, get_system_property) == at(131));
+    assert!(offset_of!(JvmtiInterface, add_capabilities) == at(142));
+};
+
 /// Typed access to the JVMTI function table.
 pub struct Jvmti(pub *mut JvmtiEnv);
 
@@ -154,53 +429,6 @@ pub struct Jvmti(pub *mut JvmtiEnv);
 unsafe impl Send for Jvmti {}
 // SAFETY: as above.
 unsafe impl Sync for Jvmti {}
-
-macro_rules! slot {
-    ($env:expr, $n:expr, $ty:ty) => {{
-        // SAFETY: the caller holds a live jvmtiEnv whose table has at least 155 slots; slot $n
-        // has type $ty per jvmti.h.
-        let f = unsafe { *(*$env).functions.add($n - 1) };
-        if f.is_null() {
-            None
-        } else {
-            // SAFETY: non-null function pointer of the documented type.
-            Some(unsafe { std::mem::transmute::<*const c_void, $ty>(f) })
-        }
-    }};
-}
-
-type SetEventNotificationModeFn =
-    unsafe extern "C" fn(*mut JvmtiEnv, JInt, JInt, JThread, ...) -> JvmtiError;
-type DeallocateFn = unsafe extern "C" fn(*mut JvmtiEnv, *mut u8) -> JvmtiError;
-type GetClassSignatureFn =
-    unsafe extern "C" fn(*mut JvmtiEnv, JClass, *mut *mut c_char, *mut *mut c_char) -> JvmtiError;
-type GetSourceFileNameFn =
-    unsafe extern "C" fn(*mut JvmtiEnv, JClass, *mut *mut c_char) -> JvmtiError;
-type GetMethodNameFn = unsafe extern "C" fn(
-    *mut JvmtiEnv,
-    JMethodId,
-    *mut *mut c_char,
-    *mut *mut c_char,
-    *mut *mut c_char,
-) -> JvmtiError;
-type GetMethodDeclaringClassFn =
-    unsafe extern "C" fn(*mut JvmtiEnv, JMethodId, *mut JClass) -> JvmtiError;
-type GetLineNumberTableFn = unsafe extern "C" fn(
-    *mut JvmtiEnv,
-    JMethodId,
-    *mut JInt,
-    *mut *mut LineNumberEntry,
-) -> JvmtiError;
-type GetSystemPropertyFn =
-    unsafe extern "C" fn(*mut JvmtiEnv, *const c_char, *mut *mut c_char) -> JvmtiError;
-type DisposeEnvironmentFn = unsafe extern "C" fn(*mut JvmtiEnv) -> JvmtiError;
-type SetEventCallbacksFn =
-    unsafe extern "C" fn(*mut JvmtiEnv, *const EventCallbacks, JInt) -> JvmtiError;
-type GenerateEventsFn = unsafe extern "C" fn(*mut JvmtiEnv, JInt) -> JvmtiError;
-type GetThreadInfoFn = unsafe extern "C" fn(*mut JvmtiEnv, JThread, *mut ThreadInfo) -> JvmtiError;
-type AddCapabilitiesFn = unsafe extern "C" fn(*mut JvmtiEnv, *const Capabilities) -> JvmtiError;
-type GetAllThreadsFn =
-    unsafe extern "C" fn(*mut JvmtiEnv, *mut JInt, *mut *mut JThread) -> JvmtiError;
 
 const MISSING: JvmtiError = u32::MAX;
 
@@ -275,7 +503,9 @@ impl Jvmti {
     }
 
     fn set_event_mode(&self, mode: JInt, event: JInt) -> JvmtiError {
-        match slot!(self.0, 2, SetEventNotificationModeFn) {
+        // SAFETY: a live env points to its table, which has every position read here (see
+        // [`JvmtiInterface`]).
+        match unsafe { (**self.0).set_event_notification_mode } {
             // SAFETY: live env; a null thread means all threads.
             Some(f) => unsafe { f(self.0, mode, event, std::ptr::null_mut()) },
             None => MISSING,
@@ -287,7 +517,8 @@ impl Jvmti {
         if ptr.is_null() {
             return;
         }
-        if let Some(f) = slot!(self.0, 47, DeallocateFn) {
+        // SAFETY: as in `set_event_mode`.
+        if let Some(f) = unsafe { (**self.0).deallocate } {
             // SAFETY: `ptr` came from a JVMTI call on this env.
             unsafe { f(self.0, ptr.cast()) };
         }
@@ -301,7 +532,8 @@ impl Jvmti {
     /// info's local references are the calling thread's: freed when an event callback returns,
     /// else call it inside a [`Jni::push_local_frame`].
     pub fn thread_name(&self, thread: JThread) -> Option<JvmtiString<'_>> {
-        let f = slot!(self.0, 9, GetThreadInfoFn)?;
+        // SAFETY: as in `set_event_mode`.
+        let f = unsafe { (**self.0).get_thread_info }?;
         let mut info = ThreadInfo {
             name: std::ptr::null_mut(),
             priority: 0,
@@ -323,7 +555,8 @@ impl Jvmti {
     /// of the calling thread: call it inside a [`Jni::push_local_frame`] on a thread that does
     /// not return to Java. The array is freed when dropped, not the references.
     pub fn all_threads(&self) -> Option<ThreadArray<'_>> {
-        let f = slot!(self.0, 4, GetAllThreadsFn)?;
+        // SAFETY: as in `set_event_mode`.
+        let f = unsafe { (**self.0).get_all_threads }?;
         let mut count = 0;
         let mut threads = std::ptr::null_mut();
         // SAFETY: live env, out-pointers.
@@ -340,7 +573,8 @@ impl Jvmti {
     }
 
     pub fn class_signature(&self, class: JClass) -> Option<JvmtiString<'_>> {
-        let f = slot!(self.0, 48, GetClassSignatureFn)?;
+        // SAFETY: as in `set_event_mode`.
+        let f = unsafe { (**self.0).get_class_signature }?;
         let mut sig = std::ptr::null_mut();
         // SAFETY: live env, valid local class reference, out-pointer (generic not wanted).
         let err = unsafe { f(self.0, class, &mut sig, std::ptr::null_mut()) };
@@ -353,7 +587,8 @@ impl Jvmti {
     }
 
     pub fn source_file_name(&self, class: JClass) -> Option<JvmtiString<'_>> {
-        let f = slot!(self.0, 50, GetSourceFileNameFn)?;
+        // SAFETY: as in `set_event_mode`.
+        let f = unsafe { (**self.0).get_source_file_name }?;
         let mut name = std::ptr::null_mut();
         // SAFETY: as above.
         let err = unsafe { f(self.0, class, &mut name) };
@@ -367,7 +602,8 @@ impl Jvmti {
 
     /// (name, signature).
     pub fn method_name(&self, method: JMethodId) -> Option<(JvmtiString<'_>, JvmtiString<'_>)> {
-        let f = slot!(self.0, 64, GetMethodNameFn)?;
+        // SAFETY: as in `set_event_mode`.
+        let f = unsafe { (**self.0).get_method_name }?;
         let mut name = std::ptr::null_mut();
         let mut sig = std::ptr::null_mut();
         // SAFETY: live env, jmethodID from the current event.
@@ -380,7 +616,8 @@ impl Jvmti {
     }
 
     pub fn declaring_class(&self, method: JMethodId) -> Option<JClass> {
-        let f = slot!(self.0, 65, GetMethodDeclaringClassFn)?;
+        // SAFETY: as in `set_event_mode`.
+        let f = unsafe { (**self.0).get_method_declaring_class }?;
         let mut class = std::ptr::null_mut();
         // SAFETY: as above.
         let err = unsafe { f(self.0, method, &mut class) };
@@ -389,7 +626,8 @@ impl Jvmti {
 
     /// The method's line table; None when it has none.
     pub fn line_number_table(&self, method: JMethodId) -> Option<LineTable<'_>> {
-        let f = slot!(self.0, 70, GetLineNumberTableFn)?;
+        // SAFETY: as in `set_event_mode`.
+        let f = unsafe { (**self.0).get_line_number_table }?;
         let mut count = 0;
         let mut table = std::ptr::null_mut();
         // SAFETY: as above.
@@ -409,7 +647,8 @@ impl Jvmti {
     /// itself sets is there, e.g. `java.vm.specification.version` and `java.vm.version`, not
     /// what the class library adds later (`java.version`).
     pub fn system_property(&self, name: &std::ffi::CStr) -> Option<String> {
-        let f = slot!(self.0, 131, GetSystemPropertyFn)?;
+        // SAFETY: as in `set_event_mode`.
+        let f = unsafe { (**self.0).get_system_property }?;
         let mut value = std::ptr::null_mut();
         // SAFETY: live env, NUL-terminated name, out-pointer.
         let err = unsafe { f(self.0, name.as_ptr(), &mut value) };
@@ -420,7 +659,8 @@ impl Jvmti {
     /// Gives the environment back (`DisposeEnvironment`), with its capabilities: for an agent
     /// that failed before installing any callback.
     pub fn dispose(&self) -> JvmtiError {
-        match slot!(self.0, 127, DisposeEnvironmentFn) {
+        // SAFETY: as in `set_event_mode`.
+        match unsafe { (**self.0).dispose_environment } {
             // SAFETY: live env, not used afterwards by the caller.
             Some(f) => unsafe { f(self.0) },
             None => MISSING,
@@ -428,21 +668,17 @@ impl Jvmti {
     }
 
     pub fn set_event_callbacks(&self, callbacks: &EventCallbacks) -> JvmtiError {
-        match slot!(self.0, 122, SetEventCallbacksFn) {
+        // SAFETY: as in `set_event_mode`.
+        match unsafe { (**self.0).set_event_callbacks } {
             // SAFETY: JVMTI copies the callbacks; the size is that of our prefix.
-            Some(f) => unsafe {
-                f(
-                    self.0,
-                    callbacks,
-                    std::mem::size_of::<EventCallbacks>() as JInt,
-                )
-            },
+            Some(f) => unsafe { f(self.0, callbacks, size_of::<EventCallbacks>() as JInt) },
             None => MISSING,
         }
     }
 
     pub fn generate_events(&self, event: JInt) -> JvmtiError {
-        match slot!(self.0, 123, GenerateEventsFn) {
+        // SAFETY: as in `set_event_mode`.
+        match unsafe { (**self.0).generate_events } {
             // SAFETY: live env, called from an attached thread in the live phase.
             Some(f) => unsafe { f(self.0, event) },
             None => MISSING,
@@ -450,7 +686,8 @@ impl Jvmti {
     }
 
     pub fn add_capabilities(&self, caps: &Capabilities) -> JvmtiError {
-        match slot!(self.0, 142, AddCapabilitiesFn) {
+        // SAFETY: as in `set_event_mode`.
+        match unsafe { (**self.0).add_capabilities } {
             // SAFETY: live env, valid capabilities struct.
             Some(f) => unsafe { f(self.0, caps) },
             None => MISSING,
@@ -458,10 +695,7 @@ impl Jvmti {
     }
 }
 
-type GetEnvFn = unsafe extern "C" fn(*mut JavaVm, *mut *mut c_void, JInt) -> JInt;
-type AttachFn = unsafe extern "C" fn(*mut JavaVm, *mut *mut c_void, *mut AttachArgs) -> JInt;
-
-/// `JavaVM` invocation interface (0-based slots: GetEnv 6, AttachCurrentThreadAsDaemon 7).
+/// The `JavaVM` invocation interface.
 pub struct Vm(pub *mut JavaVm);
 
 // SAFETY: the JavaVM pointer is valid process-wide for the VM's lifetime.
@@ -470,100 +704,64 @@ unsafe impl Send for Vm {}
 unsafe impl Sync for Vm {}
 
 impl Vm {
-    fn function(&self, index: usize) -> *const c_void {
-        // SAFETY: the invocation interface has 8 slots.
-        unsafe { *(*self.0).functions.add(index) }
+    /// The invocation interface as of JNI 1.4 (GetEnv is 1.2, AttachCurrentThreadAsDaemon 1.4;
+    /// every JVM the agent runs on has both).
+    fn functions(&self) -> &jni_sys::JNIInvokeInterface__1_4 {
+        // SAFETY: the JVM passes a valid `JavaVM*`, whose table lives as long as the VM.
+        unsafe { &(**self.0).v1_4 }
     }
 
     pub fn jvmti_env(&self) -> Option<Jvmti> {
-        let f = self.function(6);
-        if f.is_null() {
-            return None;
-        }
-        // SAFETY: slot 6 is GetEnv.
-        let f: GetEnvFn = unsafe { std::mem::transmute::<*const c_void, GetEnvFn>(f) };
         let mut env = std::ptr::null_mut();
         // SAFETY: valid VM pointer and out-pointer.
-        let rc = unsafe { f(self.0, &mut env, JVMTI_VERSION_1_2) };
+        let rc = unsafe { (self.functions().GetEnv)(self.0, &mut env, JVMTI_VERSION_1_2) };
         (rc == JNI_OK && !env.is_null()).then(|| Jvmti(env.cast()))
     }
 
     /// Attaches the calling native thread as a daemon thread named `name`; its JNI
     /// environment, valid on this thread only.
     pub fn attach_current_thread_as_daemon(&self, name: &std::ffi::CStr) -> Option<Jni> {
-        let f = self.function(7);
-        if f.is_null() {
-            return None;
-        }
-        // SAFETY: slot 7 is AttachCurrentThreadAsDaemon.
-        let f: AttachFn = unsafe { std::mem::transmute::<*const c_void, AttachFn>(f) };
-        let mut args = AttachArgs {
+        let mut args = jni_sys::JavaVMAttachArgs {
             version: JNI_VERSION_1_8,
-            name: name.as_ptr(),
+            // The VM only reads the name.
+            name: name.as_ptr().cast_mut(),
             group: std::ptr::null_mut(),
         };
         let mut env = std::ptr::null_mut();
         // SAFETY: valid VM pointer, out-pointer and args.
-        let rc = unsafe { f(self.0, &mut env, &mut args) };
+        let rc = unsafe {
+            (self.functions().AttachCurrentThreadAsDaemon)(self.0, &mut env, (&raw mut args).cast())
+        };
         (rc == JNI_OK && !env.is_null()).then(|| Jni(env.cast()))
     }
 }
 
-/// `JNIEnv`: a pointer to a function table (0-based slots, as `jni.h` lists them).
-#[repr(C)]
-pub struct JniEnv {
-    pub functions: *const *const c_void,
-}
-
-type FindClassFn = unsafe extern "C" fn(*mut JniEnv, *const c_char) -> JClass;
-type ExceptionClearFn = unsafe extern "C" fn(*mut JniEnv);
-type PushLocalFrameFn = unsafe extern "C" fn(*mut JniEnv, JInt) -> JInt;
-type PopLocalFrameFn = unsafe extern "C" fn(*mut JniEnv, JObject) -> JObject;
-type DeleteLocalRefFn = unsafe extern "C" fn(*mut JniEnv, JObject);
-type GetFieldIdFn =
-    unsafe extern "C" fn(*mut JniEnv, JClass, *const c_char, *const c_char) -> JFieldId;
-type GetLongFieldFn = unsafe extern "C" fn(*mut JniEnv, JObject, JFieldId) -> JLong;
-type ExceptionCheckFn = unsafe extern "C" fn(*mut JniEnv) -> u8;
-
 /// A JNI environment: only used on the thread it belongs to (not `Send`).
 pub struct Jni(*mut JniEnv);
 
-macro_rules! jni_slot {
-    ($env:expr, $n:expr, $ty:ty) => {{
-        // SAFETY: the caller holds its own thread's live JNIEnv, whose table (JNI 1.8) has
-        // more than 229 slots; slot $n has type $ty per jni.h.
-        let f = unsafe { *(*$env).functions.add($n) };
-        if f.is_null() {
-            None
-        } else {
-            // SAFETY: non-null function pointer of the documented type.
-            Some(unsafe { std::mem::transmute::<*const c_void, $ty>(f) })
-        }
-    }};
-}
-
 impl Jni {
+    /// The function table as of JNI 1.2, which has every function used here (the thread was
+    /// attached asking for JNI 1.8).
+    fn functions(&self) -> &jni_sys::JNINativeInterface__1_2 {
+        // SAFETY: this thread's live JNIEnv, whose table lives as long as the VM.
+        unsafe { &(**self.0).v1_2 }
+    }
+
     /// Clears a pending exception, if any (a failed lookup throws one).
     fn clear_exception(&self) {
-        let pending = jni_slot!(self.0, 228, ExceptionCheckFn)
-            // SAFETY: live env of this thread.
-            .is_some_and(|f| unsafe { f(self.0) } != 0);
-        if pending {
-            if let Some(f) = jni_slot!(self.0, 17, ExceptionClearFn) {
-                // SAFETY: as above.
-                unsafe { f(self.0) };
-            }
+        let functions = self.functions();
+        // SAFETY: live env of this thread.
+        if unsafe { (functions.ExceptionCheck)(self.0) } {
+            // SAFETY: as above.
+            unsafe { (functions.ExceptionClear)(self.0) };
         }
     }
 
     /// Opens a frame for at least `capacity` local references; false if the JVM could not
     /// (then nothing is to be popped).
     pub fn push_local_frame(&self, capacity: JInt) -> bool {
-        let Some(f) = jni_slot!(self.0, 19, PushLocalFrameFn) else {
-            return false;
-        };
         // SAFETY: live env of this thread.
-        let ok = unsafe { f(self.0, capacity) } == JNI_OK;
+        let ok = unsafe { (self.functions().PushLocalFrame)(self.0, capacity) } == JNI_OK;
         if !ok {
             self.clear_exception();
         }
@@ -572,28 +770,23 @@ impl Jni {
 
     /// Frees every local reference made since the matching [`Self::push_local_frame`].
     pub fn pop_local_frame(&self) {
-        if let Some(f) = jni_slot!(self.0, 20, PopLocalFrameFn) {
-            // SAFETY: live env of this thread, a frame pushed by it; no result kept.
-            unsafe { f(self.0, std::ptr::null_mut()) };
-        }
+        // SAFETY: live env of this thread, a frame pushed by it; no result kept.
+        unsafe { (self.functions().PopLocalFrame)(self.0, std::ptr::null_mut()) };
     }
 
     pub fn delete_local_ref(&self, object: JObject) {
         if object.is_null() {
             return;
         }
-        if let Some(f) = jni_slot!(self.0, 23, DeleteLocalRefFn) {
-            // SAFETY: live env of this thread, a local reference of it.
-            unsafe { f(self.0, object) };
-        }
+        // SAFETY: live env of this thread, a local reference of it.
+        unsafe { (self.functions().DeleteLocalRef)(self.0, object) };
     }
 
     /// The class `name` (JVM form, e.g. `java/lang/Thread`) as a local reference; None (and no
     /// pending exception) if it cannot be found.
     pub fn find_class(&self, name: &std::ffi::CStr) -> Option<JClass> {
-        let f = jni_slot!(self.0, 6, FindClassFn)?;
         // SAFETY: live env of this thread, NUL-terminated name.
-        let class = unsafe { f(self.0, name.as_ptr()) };
+        let class = unsafe { (self.functions().FindClass)(self.0, name.as_ptr()) };
         if class.is_null() {
             self.clear_exception();
             return None;
@@ -609,9 +802,10 @@ impl Jni {
         name: &std::ffi::CStr,
         signature: &std::ffi::CStr,
     ) -> Option<JFieldId> {
-        let f = jni_slot!(self.0, 94, GetFieldIdFn)?;
         // SAFETY: live env of this thread, a class reference, NUL-terminated strings.
-        let field = unsafe { f(self.0, class, name.as_ptr(), signature.as_ptr()) };
+        let field = unsafe {
+            (self.functions().GetFieldID)(self.0, class, name.as_ptr(), signature.as_ptr())
+        };
         if field.is_null() {
             self.clear_exception();
             return None;
@@ -624,8 +818,7 @@ impl Jni {
     /// # Safety
     /// `field` must be a `long` instance field ID of `object`'s class (or a superclass).
     pub unsafe fn long_field(&self, object: JObject, field: JFieldId) -> Option<JLong> {
-        let f = jni_slot!(self.0, 101, GetLongFieldFn)?;
         // SAFETY: live env of this thread; the caller vouches for object and field.
-        Some(unsafe { f(self.0, object, field) })
+        Some(unsafe { (self.functions().GetLongField)(self.0, object, field) })
     }
 }

@@ -15,7 +15,10 @@ use profiler_daemon::pprof::{decode, proto};
 
 pub mod background;
 pub mod cgroup;
+pub mod metrics_endpoint;
 pub mod receiver;
+
+pub use metrics_endpoint::{free_local_address, labelled};
 
 /// The daemon binary under test.
 pub fn daemon_binary() -> PathBuf {
@@ -132,40 +135,19 @@ pub fn run_daemon(args: &[&str], timeout: Duration) -> Result<Output> {
     Ok(output)
 }
 
-/// A local address nobody listens on now (bound, read back, released), e.g. for
-/// `--metrics-listen`.
-pub fn free_local_address() -> Result<std::net::SocketAddr> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
-/// The daemon's `/metrics` page at `address`.
+/// The body of the daemon's `/metrics` page at `address`.
 pub fn scrape_metrics(address: std::net::SocketAddr) -> Result<String> {
-    use std::io::{Read as _, Write as _};
-    let mut stream = std::net::TcpStream::connect(address)
-        .with_context(|| format!("connecting to the metrics endpoint {address}"))?;
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    if !response.starts_with("HTTP/1.1 200 OK") {
-        anyhow::bail!("metrics endpoint answered {response:?}");
-    }
-    Ok(response)
+    metrics_endpoint::scrape(address)
 }
 
-/// Value of a metric in a Prometheus text exposition; `name` includes its labels, if any
-/// (`profiler_x_total{reason="y"}`).
-/// `name{label="value"}`: the key of a labelled metric for [`metric_value`].
-pub fn labelled(name: &str, label: &str, value: &str) -> String {
-    format!("{name}{{{label}=\"{value}\"}}")
-}
-
+/// Value of a metric on a `/metrics` page; `name` includes its labels, if any
+/// (`profiler_x_total{reason="y"}`, see [`labelled`]). A whole number written as a float
+/// (`3.0`, as OpenMetrics may write a gauge) counts as one.
 pub fn metric_value(text: &str, name: &str) -> Option<u64> {
-    text.lines().find_map(|line| {
-        line.strip_prefix(name)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
+    let (_, value) = metrics_endpoint::samples(text).find(|(key, _)| *key == name)?;
+    value.parse().ok().or_else(|| {
+        let value: f64 = value.parse().ok()?;
+        (value >= 0.0 && value.fract() == 0.0 && value < u64::MAX as f64).then_some(value as u64)
     })
 }
 

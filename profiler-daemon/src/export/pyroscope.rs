@@ -21,6 +21,72 @@ use super::proto::push::v1::{
 };
 use super::proto::types::v1::LabelPair;
 use super::queue::{ExportCounters, ExportQueue, PushBatch, QueueBound};
+use super::{batches_by_labels, ExportedProfile};
+use crate::metrics::WorkerCounters;
+use crate::pprof::encode_gzipped;
+use crate::profiles::{export_profile, ExportThreads};
+use crate::sink::{Sink, SinkContext, SinkProfile};
+
+/// Pyroscope as a sink: each interval's profiles, in Pyroscope's variant, go to the export
+/// queue as one batch per label set (a service's processes share one series) for the
+/// exporter task to send.
+pub struct PyroscopeSink {
+    queue: Arc<ExportQueue>,
+    threads: ExportThreads,
+    interval: Vec<Arc<ExportedProfile>>,
+    /// Profiles that could not be encoded are counted with the files that could not be written.
+    worker: Arc<WorkerCounters>,
+}
+
+impl PyroscopeSink {
+    /// Starts the exporter task; connects lazily, so an unreachable server is not an error.
+    pub fn start(
+        config: &PyroscopeConfig,
+        context: &mut SinkContext<'_>,
+    ) -> Result<Self, ExporterError> {
+        let counters = context.metrics.export.clone();
+        let queue = Arc::new(ExportQueue::new(config.queue, counters.clone()));
+        let exporter = PyroscopeExporter::new(config, queue.clone(), counters)?;
+        tracing::info!(url = %config.url, "exporting to pyroscope");
+        context
+            .tasks
+            .push(tokio::spawn(exporter.run(context.stopped.clone())));
+        Ok(Self {
+            queue,
+            threads: ExportThreads {
+                per_thread_series: config.per_thread_series,
+            },
+            interval: Vec::new(),
+            worker: context.metrics.worker.clone(),
+        })
+    }
+}
+
+impl Sink for PyroscopeSink {
+    fn name(&self) -> &'static str {
+        "pyroscope"
+    }
+
+    fn accept(&mut self, profile: &SinkProfile<'_>) {
+        match encode_gzipped(&export_profile(profile.built, self.threads)) {
+            Ok(bytes) => {
+                let exported = ExportedProfile::new(profile, Arc::from(bytes));
+                self.interval.push(Arc::new(exported));
+            }
+            Err(err) => {
+                self.worker.write_errors.fetch_add(1, Ordering::Relaxed);
+                let pid = profile.built.pid;
+                tracing::error!(pid, %err, "cannot encode the exported profile");
+            }
+        }
+    }
+
+    fn end_interval(&mut self) {
+        for batch in batches_by_labels(std::mem::take(&mut self.interval)) {
+            self.queue.push(batch);
+        }
+    }
+}
 
 /// First wait after a failed push; doubled after each failure up to `max_backoff`.
 const INITIAL_BACKOFF: Duration = Duration::from_millis(250);

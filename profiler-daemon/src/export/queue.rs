@@ -213,7 +213,6 @@ mod tests {
                 start: SystemTime::UNIX_EPOCH,
                 duration: Duration::from_secs(1),
                 pprof_gzip: Arc::from(vec![0u8; bytes]),
-                labelled_pprof_gzip: Arc::from(Vec::new()),
             })],
         }
     }

@@ -17,6 +17,72 @@ use super::proto::profiler::v1::{ProfileMessage, SubscribeRequest};
 use super::proto::types::v1::LabelPair;
 use super::queue::ExportCounters;
 use super::ExportedProfile;
+use crate::sink::{Sink, SinkContext, SinkError, SinkProfile};
+
+/// How many profiles the live stream buffers for its slowest subscriber.
+const STREAM_BUFFER: usize = 256;
+
+/// Where the live stream listens, and whether the address was asked for (a busy default port
+/// is only a warning).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrpcListen {
+    pub address: std::net::SocketAddr,
+    pub explicit: bool,
+}
+
+/// The live stream as a sink: each profile goes to the broadcast channel the subscribers'
+/// tasks read.
+pub struct StreamSink {
+    profiles: broadcast::Sender<Arc<ExportedProfile>>,
+}
+
+impl StreamSink {
+    /// Serves the stream at `listen`; `None` when the default address is taken (logged: only
+    /// an address asked for is worth failing the start).
+    pub async fn start(
+        listen: GrpcListen,
+        context: &mut SinkContext<'_>,
+    ) -> Result<Option<Self>, SinkError> {
+        let listener = match tokio::net::TcpListener::bind(listen.address).await {
+            Ok(listener) => listener,
+            Err(source) if listen.explicit => {
+                return Err(SinkError::Stream {
+                    address: listen.address,
+                    source,
+                })
+            }
+            Err(err) => {
+                tracing::warn!(
+                    address = %listen.address,
+                    %err,
+                    "live profile stream not served (set grpc_listen to another address, or \"off\")"
+                );
+                return Ok(None);
+            }
+        };
+        tracing::info!(address = %listen.address, "serving the live profile stream (gRPC)");
+        let profiles = broadcast::channel(STREAM_BUFFER).0;
+        context.tasks.push(tokio::spawn(serve(
+            listener,
+            profiles.clone(),
+            context.metrics.export.clone(),
+            context.stopped.clone(),
+        )));
+        Ok(Some(Self { profiles }))
+    }
+}
+
+impl Sink for StreamSink {
+    fn name(&self) -> &'static str {
+        "live stream"
+    }
+
+    fn accept(&mut self, profile: &SinkProfile<'_>) {
+        let exported = ExportedProfile::new(profile, profile.gzipped.clone());
+        // An error only means nobody is subscribed.
+        let _ = self.profiles.send(Arc::new(exported));
+    }
+}
 
 /// Messages buffered per subscriber connection before its task waits (and the broadcast lags).
 const SUBSCRIBER_BUFFER: usize = 16;
@@ -166,7 +232,7 @@ fn message(profile: &ExportedProfile, skipped_before: u64) -> ProfileMessage {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i64),
         duration_nanos: profile.duration.as_nanos() as i64,
-        pprof_gzip: profile.labelled_pprof_gzip.to_vec(),
+        pprof_gzip: profile.pprof_gzip.to_vec(),
         skipped_before,
     }
 }

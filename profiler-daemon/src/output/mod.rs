@@ -7,10 +7,14 @@ pub mod flamegraph;
 pub mod retention;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::SystemTime;
 
+use crate::metrics::WorkerCounters;
 use crate::pprof::proto;
 use crate::profiles::ProfileKind;
+use crate::sink::{Sink, SinkError, SinkProfile};
 use retention::{Removed, Retention};
 
 /// What the local output writes, and how long it keeps it.
@@ -77,6 +81,67 @@ impl LocalWriter {
     /// Deletes what the retention policy no longer keeps.
     pub fn enforce_retention(&self) -> std::io::Result<Removed> {
         retention::enforce(&self.dir, self.options.retention, SystemTime::now())
+    }
+}
+
+/// The local output as a sink: counts what it writes and what it cannot, and enforces the
+/// retention policy at the end of each interval.
+pub struct LocalFiles {
+    writer: LocalWriter,
+    counters: Arc<WorkerCounters>,
+}
+
+impl LocalFiles {
+    pub fn new(
+        dir: &Path,
+        options: LocalOutput,
+        counters: Arc<WorkerCounters>,
+    ) -> Result<Self, SinkError> {
+        let writer = LocalWriter::new(dir, options).map_err(|source| SinkError::Output {
+            path: dir.to_owned(),
+            source,
+        })?;
+        Ok(Self { writer, counters })
+    }
+}
+
+impl Sink for LocalFiles {
+    fn name(&self) -> &'static str {
+        "local files"
+    }
+
+    fn accept(&mut self, profile: &SinkProfile<'_>) {
+        let built = profile.built;
+        let written = self.writer.write(
+            profile.kind,
+            profile.start,
+            built.pid,
+            &built.comm,
+            &built.profile,
+            profile.gzipped,
+        );
+        match written {
+            Ok(_) => self
+                .counters
+                .profiles_written
+                .fetch_add(1, Ordering::Relaxed),
+            Err(err) => {
+                tracing::error!(pid = built.pid, %err, "cannot write profile");
+                self.counters.write_errors.fetch_add(1, Ordering::Relaxed)
+            }
+        };
+    }
+
+    fn end_interval(&mut self) {
+        match self.writer.enforce_retention() {
+            Ok(removed) if removed.files > 0 => tracing::info!(
+                files = removed.files,
+                bytes = removed.bytes,
+                "retention: old profiles deleted"
+            ),
+            Ok(_) => {}
+            Err(err) => tracing::warn!(%err, "retention: cannot clean the output directory"),
+        }
     }
 }
 

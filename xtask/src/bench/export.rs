@@ -16,10 +16,13 @@ use anyhow::{bail, Context as _, Result};
 
 use profiler_common::metric;
 
-use super::{
-    free_local_address, labelled, rss_mb, scrape, thousands, Bench, CpuUse, Guarded, Metrics,
-    Ready, Row, PROFILES_WRITTEN,
-};
+use super::daemon::{scrape, Metrics, Ready, PROFILES_WRITTEN};
+use super::measure::{rss_mb, CpuUse};
+use super::metrics_endpoint::{free_local_address, labelled};
+use super::processes::Guarded;
+use super::report::Row;
+use super::scenarios::Bench;
+use super::statistics::thousands;
 
 const EXPORT_HZ: u32 = 99;
 const EXPORT_INTERVAL_SECS: u32 = 1;

@@ -13,9 +13,11 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 
-use super::{
-    bpf_stats, bpftool_prog, median, verdict, Bench, BpfStats, Ready, Row, BPF_STATS_SYSCTL,
-};
+use super::daemon::Ready;
+use super::measure::{bpf_stats, bpftool_prog, BpfStats, BPF_STATS_SYSCTL};
+use super::report::{verdict, Row};
+use super::scenarios::Bench;
+use super::statistics::median;
 
 /// The throughput loss target at the default settings (the issue's).
 const MAX_LOSS_PCT: f64 = 3.0;

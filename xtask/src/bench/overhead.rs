@@ -27,10 +27,12 @@ use std::path::Path;
 
 use anyhow::{bail, Context as _, Result};
 
-use super::{
-    median, min_max, thousands, verdict, Bench, CpuReading, Profiler, Program, Row, Running,
-    Workload, FREQUENCIES, TARGET_HZ,
-};
+use super::measure::CpuReading;
+use super::processes::Workload;
+use super::report::{verdict, Row};
+use super::scenarios::{Bench, Profiler, Program, Running};
+use super::statistics::{median, min_max, thousands};
+use super::{FREQUENCIES, TARGET_HZ};
 
 /// The most the profiled program may lose at 99 Hz (median of the pairs), in %.
 const MAX_LOSS_PCT: f64 = 0.5;

@@ -1,0 +1,145 @@
+//! Summaries of measured figures: medians, ranges, the daemon's CPU fitted against its sample
+//! rate, and numbers with thousands separators.
+
+use super::results::CostRun;
+
+/// The daemon's CPU as a straight line in the samples handled per second: a fixed part (JVM
+/// tracking, /proc scans, profile building) and a part per sample. Least squares over runs that
+/// differ only in frequency.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct CpuFit {
+    fixed_cores: f64,
+    seconds_per_sample: f64,
+}
+
+impl CpuFit {
+    pub(super) fn of(runs: &[&CostRun]) -> Option<Self> {
+        if runs.len() < 2 {
+            return None;
+        }
+        let n = runs.len() as f64;
+        let mean_x = runs.iter().map(|r| r.records_per_second).sum::<f64>() / n;
+        let mean_y = runs.iter().map(|r| r.cpu.process_cores).sum::<f64>() / n;
+        let (mut sxx, mut sxy) = (0.0, 0.0);
+        for run in runs {
+            let dx = run.records_per_second - mean_x;
+            sxx += dx * dx;
+            sxy += dx * (run.cpu.process_cores - mean_y);
+        }
+        if sxx == 0.0 {
+            return None;
+        }
+        let seconds_per_sample = sxy / sxx;
+        Some(Self {
+            fixed_cores: mean_y - seconds_per_sample * mean_x,
+            seconds_per_sample,
+        })
+    }
+
+    /// Samples per second at which the daemon would use a whole core; None when the per-sample
+    /// part is lost in the noise.
+    pub(super) fn saturation_rate(&self) -> Option<f64> {
+        (self.seconds_per_sample > 0.0)
+            .then(|| (1.0 - self.fixed_cores.max(0.0)) / self.seconds_per_sample)
+    }
+}
+
+impl std::fmt::Display for CpuFit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.2}% of a core + {:.1} us per sample",
+            self.fixed_cores * 100.0,
+            self.seconds_per_sample * 1e6
+        )
+    }
+}
+
+pub(super) fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut values: Vec<f64> = values.collect();
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[mid]
+    } else {
+        (values[mid - 1] + values[mid]) / 2.0
+    }
+}
+
+pub(super) fn min_max(values: &[f64]) -> (f64, f64) {
+    values
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+            (lo.min(*v), hi.max(*v))
+        })
+}
+
+/// An integer with thousands separators: 1234567.8 -> "1,234,568".
+pub(super) fn thousands(value: f64) -> String {
+    let digits = format!("{:.0}", value.abs());
+    let mut out = String::new();
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    if value < -0.5 {
+        out.insert(0, '-');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::measure::CpuUse;
+    use crate::bench::results::Scenario;
+
+    #[test]
+    fn formats_thousands_and_medians() {
+        assert_eq!(thousands(1_234_567.8), "1,234,568");
+        assert_eq!(thousands(999.0), "999");
+        assert_eq!(thousands(-1500.0), "-1,500");
+        assert_eq!(median([3.0, 1.0, 2.0].into_iter()), 2.0);
+        assert_eq!(median([4.0, 1.0, 2.0, 3.0].into_iter()), 2.5);
+    }
+
+    fn run_at(records_per_second: f64, process_cores: f64) -> CostRun {
+        CostRun {
+            scenario: Scenario {
+                hz: 99,
+                jvms: 1,
+                busy_cpus: 2,
+            },
+            cpu: CpuUse {
+                process_cores,
+                ..CpuUse::default()
+            },
+            peak_rss_mb: 0.0,
+            peak_charged_mb: 0.0,
+            charged_mb: 0.0,
+            records_per_second,
+            profiles_per_second: 0.0,
+            losses: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn fits_fixed_and_per_sample_cpu() {
+        // 0.5% of a core plus 10 us per sample.
+        let runs: Vec<CostRun> = [38.0, 198.0, 1998.0]
+            .into_iter()
+            .map(|rate| run_at(rate, 0.005 + rate * 10e-6))
+            .collect();
+        let refs: Vec<&CostRun> = runs.iter().collect();
+        let fit = CpuFit::of(&refs).expect("a fit");
+        assert!((fit.fixed_cores - 0.005).abs() < 1e-9);
+        assert!((fit.seconds_per_sample - 10e-6).abs() < 1e-12);
+        let saturation = fit.saturation_rate().expect("a positive slope");
+        assert!((saturation - 99_500.0).abs() < 1e-3);
+    }
+}
