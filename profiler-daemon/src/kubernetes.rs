@@ -15,7 +15,32 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt as _;
 use tokio_stream::StreamExt as _;
 
+use crate::config::environment::Environment;
+use crate::config::error::{invalid, ConfigError};
 use crate::container::ContainerInfo;
+
+/// The node whose pods label processes (`kubernetes`, `node_name`), or `None` when Kubernetes
+/// metadata is off. On by default in a pod; the node defaults to `NODE_NAME`, then the host name.
+pub fn node_to_watch(
+    enabled: Option<bool>,
+    node_name: Option<String>,
+    environment: &Environment,
+) -> Result<Option<String>, ConfigError> {
+    if !enabled.unwrap_or(environment.in_kubernetes) {
+        return Ok(None);
+    }
+    let node = node_name
+        .or_else(|| environment.node_name.clone())
+        .or_else(|| environment.host_name.clone())
+        .unwrap_or_default();
+    if node.trim().is_empty() {
+        return Err(invalid(
+            "node_name",
+            "unknown: set it, or NODE_NAME (the downward API's spec.nodeName)",
+        ));
+    }
+    Ok(Some(node))
+}
 
 /// How long a deleted pod's metadata is kept for the profiles of its last interval.
 const DELETED_POD_GRACE: Duration = Duration::from_secs(300);

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use profiler_daemon::config::{Config, FileConfig, Overrides};
+use profiler_daemon::config::{Config, Environment, FileConfig, Overrides};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -151,7 +151,7 @@ fn run(args: RunArgs) -> ExitCode {
         attach: args.attach,
         off_cpu: args.off_cpu,
     };
-    let config = match Config::resolve(file, overrides) {
+    let config = match Config::resolve(file, overrides, &Environment::of_this_process()) {
         Ok(config) => config,
         Err(err) => return usage_error(&err),
     };

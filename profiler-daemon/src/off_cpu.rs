@@ -9,11 +9,66 @@
 //! gives every stack's expected total exactly (the Horvitz-Thompson estimator). The minimum
 //! wait filter is applied to what comes back, and is a filter: it drops short waits by design.
 
+use std::time::Duration;
+
 use hashbrown::HashMap;
 use profiler_common::{OffCpuEnd, SampleHeader, OFF_CPU_PROBABILITY_ONE};
 
 use crate::aggregate::{Added, Aggregator, StackTotals};
+use crate::config::error::{invalid, ConfigError};
 use crate::record::SampleView;
+
+pub const DEFAULT_OFF_CPU_PERIOD: Duration = Duration::from_millis(5);
+
+/// `off_cpu = true` and its parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OffCpuConfig {
+    pub period: Duration,
+    pub min_wait: Duration,
+}
+
+impl OffCpuConfig {
+    /// The off-CPU section (`off_cpu`, `off_cpu_period_us`, `off_cpu_min_wait_us`): `None`
+    /// when off, and then its parameters must not be set.
+    pub fn resolve(
+        on: bool,
+        period_us: Option<u64>,
+        min_wait_us: Option<u64>,
+    ) -> Result<Option<Self>, ConfigError> {
+        if !on {
+            for (field, set) in [
+                ("off_cpu_period_us", period_us.is_some()),
+                ("off_cpu_min_wait_us", min_wait_us.is_some()),
+            ] {
+                if set {
+                    return Err(invalid(
+                        field,
+                        "set, but off-CPU profiling is off (`off_cpu = true` or --off-cpu turns it on)",
+                    ));
+                }
+            }
+            return Ok(None);
+        }
+        let period_us = period_us.unwrap_or(DEFAULT_OFF_CPU_PERIOD.as_micros() as u64);
+        if !(1..=10_000_000).contains(&period_us) {
+            return Err(invalid(
+                "off_cpu_period_us",
+                format!("{period_us} us is outside 1..=10000000 us"),
+            ));
+        }
+        let min_wait_us = min_wait_us.unwrap_or(0);
+        if min_wait_us > 3_600_000_000 {
+            return Err(invalid(
+                "off_cpu_min_wait_us",
+                format!("{min_wait_us} us is over an hour"),
+            ));
+        }
+        Ok(Some(Self {
+            period: Duration::from_micros(period_us),
+            min_wait: Duration::from_micros(min_wait_us),
+        }))
+    }
+}
 
 /// Most waits kept open at once (one per thread off CPU whose switch was sampled), and most
 /// bytes of their stacks (a parked thread's wait stays open until it wakes: a node with

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use profiler_daemon::config::{Config, FileConfig, Overrides};
+use profiler_daemon::config::{Config, Environment, FileConfig, Overrides};
 use profiler_tests::*;
 use serde_json::Value;
 
@@ -129,10 +129,16 @@ fn strings(value: &Value) -> Vec<&str> {
         .unwrap_or_default()
 }
 
-/// The checked configuration of a config file, as the daemon would start with it.
+/// The checked configuration of a config file, as the daemon would start with it on a node of a
+/// cluster (where the DaemonSet's config runs).
 fn resolve_config(text: &str, what: &str) -> Config {
     let file = FileConfig::parse(text).unwrap_or_else(|e| panic!("{what}: {e}"));
-    Config::resolve(file, Overrides::default()).unwrap_or_else(|e| panic!("{what}: {e}"))
+    let node = Environment {
+        in_kubernetes: true,
+        node_name: Some("node-a".into()),
+        host_name: Some("host-a".into()),
+    };
+    Config::resolve(file, Overrides::default(), &node).unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
 #[test]

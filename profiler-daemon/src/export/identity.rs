@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::config::error::{invalid, ConfigError};
 use crate::kubernetes::PodIndex;
 use crate::process::ProcessInfo;
 
@@ -54,6 +55,25 @@ impl ProcessIdentity {
 }
 
 impl ServiceNaming {
+    /// The `service_name` and `service_names` keys.
+    pub fn resolve(
+        service_name: Option<String>,
+        by_program: Option<BTreeMap<String, String>>,
+    ) -> Result<Self, ConfigError> {
+        let naming = Self {
+            override_name: check_service_name("service_name", service_name)?,
+            by_program: by_program.unwrap_or_default(),
+        };
+        if naming
+            .by_program
+            .values()
+            .any(|name| name.trim().is_empty())
+        {
+            return Err(invalid("service_names", "service names must not be empty"));
+        }
+        Ok(naming)
+    }
+
     /// Names a process from what was read of it; `comm` is the fallback when nothing else is
     /// known (a process that exited before it could be read). `pods` is this node's pods, when
     /// the daemon runs in Kubernetes.
@@ -176,6 +196,43 @@ fn java_main(args: &[String]) -> Option<String> {
         }
     }
     None
+}
+
+fn check_service_name(
+    field: &'static str,
+    name: Option<String>,
+) -> Result<Option<String>, ConfigError> {
+    match name {
+        Some(name) if name.trim().is_empty() => Err(invalid(field, "must not be empty")),
+        name => Ok(name),
+    }
+}
+
+/// The `labels` table: Prometheus-style label names; names starting with `__` and `service_name` are ours.
+pub fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+    for (name, value) in labels {
+        let mut chars = name.chars();
+        let well_formed = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !well_formed {
+            return Err(invalid(
+                "labels",
+                format!("{name:?} is not a label name ([a-zA-Z_][a-zA-Z0-9_]*)"),
+            ));
+        }
+        if name.starts_with("__") || name == "service_name" {
+            return Err(invalid(
+                "labels",
+                format!("{name:?} is reserved (set `service_name` or `service_names` instead)"),
+            ));
+        }
+        if value.is_empty() {
+            return Err(invalid("labels", format!("{name:?} has an empty value")));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

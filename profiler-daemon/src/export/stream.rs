@@ -17,6 +17,7 @@ use super::proto::profiler::v1::{ProfileMessage, SubscribeRequest};
 use super::proto::types::v1::LabelPair;
 use super::queue::ExportCounters;
 use super::ExportedProfile;
+use crate::config::error::ConfigError;
 use crate::sink::{Sink, SinkContext, SinkError, SinkProfile};
 
 /// How many profiles the live stream buffers for its slowest subscriber.
@@ -34,6 +35,24 @@ pub struct GrpcListen {
 /// tasks read.
 pub struct StreamSink {
     profiles: broadcast::Sender<Arc<ExportedProfile>>,
+}
+
+impl GrpcListen {
+    /// `grpc_listen`: off unless asked for, since the stream is not authenticated and profiles
+    /// name every process's functions and threads (SECURITY.md).
+    pub fn resolve(text: Option<String>) -> Result<Option<Self>, ConfigError> {
+        match text.as_deref() {
+            None | Some("off") | Some("") => Ok(None),
+            Some(text) => Ok(Some(GrpcListen {
+                address: text.parse().map_err(|err| ConfigError::Invalid {
+                    field: "grpc_listen",
+                    flag: Some("grpc-listen"),
+                    reason: format!("{text:?} is not an address:port or \"off\" ({err})"),
+                })?,
+                explicit: true,
+            })),
+        }
+    }
 }
 
 impl StreamSink {

@@ -9,7 +9,7 @@ pub mod retention;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use crate::metrics::WorkerCounters;
 use crate::pprof::proto;
@@ -22,6 +22,31 @@ use retention::{Removed, Retention};
 pub struct LocalOutput {
     pub flame_graphs: bool,
     pub retention: Retention,
+}
+
+pub const DEFAULT_RETENTION_AGE: Duration = Duration::from_secs(24 * 3600);
+pub const DEFAULT_RETENTION_BYTES: u64 = 1 << 30;
+
+impl LocalOutput {
+    /// The local output's keys: `flame_graphs` (default: on only without a backend, since an
+    /// SVG per process per interval costs CPU and with a backend people look there),
+    /// `retention_max_age_secs` and `retention_max_bytes` (0: no bound).
+    pub fn resolve(
+        flame_graphs: Option<bool>,
+        retention_max_age_secs: Option<u64>,
+        retention_max_bytes: Option<u64>,
+        has_backend: bool,
+    ) -> Self {
+        let max_age = retention_max_age_secs.unwrap_or(DEFAULT_RETENTION_AGE.as_secs());
+        let max_bytes = retention_max_bytes.unwrap_or(DEFAULT_RETENTION_BYTES);
+        Self {
+            flame_graphs: flame_graphs.unwrap_or(!has_backend),
+            retention: Retention {
+                max_age: (max_age > 0).then(|| Duration::from_secs(max_age)),
+                max_bytes: (max_bytes > 0).then_some(max_bytes),
+            },
+        }
+    }
 }
 
 pub struct LocalWriter {

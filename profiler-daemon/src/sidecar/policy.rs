@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use crate::config::error::{invalid, ConfigError};
 use crate::process::ProcessInfo;
 
 /// Attaches running at once.
@@ -47,6 +48,41 @@ pub struct AttachPolicy {
 }
 
 impl AttachPolicy {
+    /// The attach keys: `attach` (or `--attach`, which wins), `attach_allow`, `attach_deny`,
+    /// `agent_path`.
+    pub fn resolve(
+        flag: Option<String>,
+        mode: Option<String>,
+        allow: Option<Vec<String>>,
+        deny: Option<Vec<String>>,
+        agent: Option<PathBuf>,
+    ) -> Result<Self, ConfigError> {
+        let mode = match (flag, mode) {
+            (Some(flag), _) => flag.parse().map_err(|reason| ConfigError::Invalid {
+                field: "attach",
+                flag: Some("attach"),
+                reason,
+            })?,
+            (None, Some(value)) => value.parse().map_err(|reason| invalid("attach", reason))?,
+            (None, None) => AttachMode::Never,
+        };
+        let policy = Self {
+            mode,
+            allow: allow.unwrap_or_default(),
+            deny: deny.unwrap_or_default(),
+            agent,
+        };
+        if policy
+            .allow
+            .iter()
+            .chain(&policy.deny)
+            .any(String::is_empty)
+        {
+            return Err(invalid("attach_allow", "empty patterns match everything"));
+        }
+        Ok(policy)
+    }
+
     /// Whether a JVM with this command line may get the agent.
     pub fn allows(&self, command_line: &str) -> bool {
         self.mode == AttachMode::Auto

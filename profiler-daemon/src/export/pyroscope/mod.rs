@@ -5,6 +5,8 @@
 //! accepted them (or refused them for good), so an outage delays profiles without reordering or
 //! duplicating them.
 
+pub mod config;
+
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -9,25 +9,24 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::export::identity::ServiceNaming;
-use crate::export::pyroscope::{Auth, PyroscopeConfig};
-use crate::export::queue::QueueBound;
+use crate::export::pyroscope::config::PyroscopeFile;
+use crate::export::pyroscope::PyroscopeConfig;
 use crate::export::stream::GrpcListen;
-use crate::output::retention::Retention;
+use crate::off_cpu::OffCpuConfig;
 use crate::output::LocalOutput;
+
+pub mod environment;
+pub mod error;
+
+pub use environment::Environment;
+pub use error::{invalid, ConfigError};
 
 pub const DEFAULT_FREQUENCY_HZ: u64 = 19;
 pub const MAX_FREQUENCY_HZ: u64 = 1000;
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(15);
 pub const DEFAULT_OUTPUT_DIR: &str = "profiles";
 pub const DEFAULT_MAX_STACKS_PER_INTERVAL: usize = 200_000;
-pub const DEFAULT_RETENTION_AGE: Duration = Duration::from_secs(24 * 3600);
-pub const DEFAULT_RETENTION_BYTES: u64 = 1 << 30;
 pub const DEFAULT_GRPC_LISTEN: &str = "127.0.0.1:4980";
-pub const DEFAULT_EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
-pub const DEFAULT_QUEUE_MAX_PROFILES: usize = 4096;
-pub const DEFAULT_QUEUE_MAX_BYTES: usize = 64 << 20;
-pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(5);
-pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// The configuration file, as written by the user. All fields are optional.
 #[derive(Debug, Default, Deserialize, PartialEq, Eq)]
@@ -96,38 +95,6 @@ pub struct FileConfig {
     pub off_cpu_min_wait_us: Option<u64>,
 }
 
-/// The `[pyroscope]` table.
-#[derive(Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct PyroscopeFile {
-    /// `http://host:4040` (plaintext) or `https://...` (TLS).
-    pub url: Option<String>,
-    /// Sent as the `X-Scope-OrgID` header (multi-tenant Pyroscope).
-    pub tenant_id: Option<String>,
-    /// Basic auth (Grafana Cloud: the stack's user id and an access token).
-    pub username: Option<String>,
-    pub password: Option<String>,
-    pub password_file: Option<PathBuf>,
-    pub bearer_token: Option<String>,
-    pub bearer_token_file: Option<PathBuf>,
-    /// Extra CA certificates (PEM) trusted besides the system's.
-    pub ca_file: Option<PathBuf>,
-    /// Bound on each push in seconds (default 10).
-    pub timeout_secs: Option<u64>,
-    /// Profiles kept while Pyroscope is unreachable (default 4096); the oldest go first.
-    pub queue_max_profiles: Option<usize>,
-    /// Bytes of gzipped profiles kept while unreachable (default 64 MiB).
-    pub queue_max_bytes: Option<usize>,
-    /// Longest wait between retries in seconds (default 5).
-    pub max_backoff_secs: Option<u64>,
-    /// How long queued profiles are still tried at shutdown in seconds (default 5).
-    pub shutdown_grace_secs: Option<u64>,
-    /// Add a string `thread_name` label to every sample: one series per thread name (default
-    /// false: the thread is the root frame of each stack, `[name tid=N]`, and no sample label
-    /// splits series).
-    pub per_thread_series: Option<bool>,
-}
-
 /// Flags that override the file.
 #[derive(Debug, Default)]
 pub struct Overrides {
@@ -169,33 +136,6 @@ pub struct Config {
     pub off_cpu: Option<OffCpuConfig>,
 }
 
-pub const DEFAULT_OFF_CPU_PERIOD: Duration = Duration::from_millis(5);
-
-/// `off_cpu = true` and its parameters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OffCpuConfig {
-    pub period: Duration,
-    pub min_wait: Duration,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("config file {path}: {message}")]
-    Parse { path: PathBuf, message: String },
-    #[error("invalid `{field}`{}: {reason}", flag.map(|f| format!(" (flag --{f})")).unwrap_or_default())]
-    Invalid {
-        field: &'static str,
-        /// The flag that sets it too, if any.
-        flag: Option<&'static str>,
-        reason: String,
-    },
-}
-
 impl FileConfig {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -215,7 +155,13 @@ impl FileConfig {
 }
 
 impl Config {
-    pub fn resolve(file: FileConfig, flags: Overrides) -> Result<Self, ConfigError> {
+    /// Checks `file` with `flags` over it; `environment` gives the defaults that depend on the
+    /// host (see [`Environment`]).
+    pub fn resolve(
+        file: FileConfig,
+        flags: Overrides,
+        environment: &Environment,
+    ) -> Result<Self, ConfigError> {
         let frequency_hz = flags
             .frequency
             .or(file.frequency)
@@ -294,44 +240,11 @@ impl Config {
                 reason: format!("{max_jvms} is outside 1..=65536"),
             });
         }
-        let off_cpu = if flags.off_cpu || file.off_cpu.unwrap_or(false) {
-            let period_us = file
-                .off_cpu_period_us
-                .unwrap_or(DEFAULT_OFF_CPU_PERIOD.as_micros() as u64);
-            if !(1..=10_000_000).contains(&period_us) {
-                return Err(ConfigError::Invalid {
-                    field: "off_cpu_period_us",
-                    flag: None,
-                    reason: format!("{period_us} us is outside 1..=10000000 us"),
-                });
-            }
-            let min_wait_us = file.off_cpu_min_wait_us.unwrap_or(0);
-            if min_wait_us > 3_600_000_000 {
-                return Err(ConfigError::Invalid {
-                    field: "off_cpu_min_wait_us",
-                    flag: None,
-                    reason: format!("{min_wait_us} us is over an hour"),
-                });
-            }
-            Some(OffCpuConfig {
-                period: Duration::from_micros(period_us),
-                min_wait: Duration::from_micros(min_wait_us),
-            })
-        } else {
-            for (field, set) in [
-                ("off_cpu_period_us", file.off_cpu_period_us.is_some()),
-                ("off_cpu_min_wait_us", file.off_cpu_min_wait_us.is_some()),
-            ] {
-                if set {
-                    return Err(ConfigError::Invalid {
-                        field,
-                        flag: None,
-                        reason: "set, but off-CPU profiling is off (`off_cpu = true` or --off-cpu turns it on)".into(),
-                    });
-                }
-            }
-            None
-        };
+        let off_cpu = OffCpuConfig::resolve(
+            flags.off_cpu || file.off_cpu.unwrap_or(false),
+            file.off_cpu_period_us,
+            file.off_cpu_min_wait_us,
+        )?;
         let cache_budget_mib = file
             .cache_budget_mib
             .unwrap_or(crate::symbolize::cache_budget::DEFAULT_LIMIT_BYTES >> 20);
@@ -342,20 +255,6 @@ impl Config {
                 reason: format!("{cache_budget_mib} is outside 1..=1048576"),
             });
         }
-        let mut local_output = LocalOutput {
-            // Set below, once it is known whether profiles go to a backend.
-            flame_graphs: false,
-            retention: Retention {
-                max_age: Some(
-                    file.retention_max_age_secs
-                        .unwrap_or(DEFAULT_RETENTION_AGE.as_secs()),
-                )
-                .filter(|secs| *secs > 0)
-                .map(Duration::from_secs),
-                max_bytes: Some(file.retention_max_bytes.unwrap_or(DEFAULT_RETENTION_BYTES))
-                    .filter(|b| *b > 0),
-            },
-        };
         let metrics_listen = match flags.metrics_listen.or(file.metrics_listen) {
             None => None,
             Some(text) => Some(text.parse().map_err(|err| ConfigError::Invalid {
@@ -364,79 +263,29 @@ impl Config {
                 reason: format!("{text:?} is not an address:port ({err})"),
             })?),
         };
-        let explicit_grpc = flags.grpc_listen.or(file.grpc_listen);
-        // Off unless asked for: the stream is not authenticated, and profiles name every
-        // process's functions and threads (SECURITY.md).
-        let grpc_listen = match explicit_grpc.as_deref() {
-            None | Some("off") | Some("") => None,
-            Some(text) => Some(GrpcListen {
-                address: text.parse().map_err(|err| ConfigError::Invalid {
-                    field: "grpc_listen",
-                    flag: Some("grpc-listen"),
-                    reason: format!("{text:?} is not an address:port or \"off\" ({err})"),
-                })?,
-                explicit: explicit_grpc.is_some(),
-            }),
-        };
-        let naming = ServiceNaming {
-            override_name: check_service_name("service_name", file.service_name)?,
-            by_program: file.service_names.unwrap_or_default(),
-        };
-        if naming
-            .by_program
-            .values()
-            .any(|name| name.trim().is_empty())
-        {
-            return Err(invalid("service_names", "service names must not be empty"));
-        }
+        let grpc_listen = GrpcListen::resolve(flags.grpc_listen.or(file.grpc_listen))?;
+        let naming = ServiceNaming::resolve(file.service_name, file.service_names)?;
         let labels = file.labels.unwrap_or_default();
-        check_labels(&labels)?;
-        let flame_graphs = file.flame_graphs;
+        crate::export::identity::check_labels(&labels)?;
         let pyroscope = match (flags.pyroscope_url, file.pyroscope) {
             (None, None) => None,
-            (url, table) => Some(resolve_pyroscope(url, table.unwrap_or_default())?),
+            (url, table) => Some(PyroscopeConfig::resolve(url, table.unwrap_or_default())?),
         };
-        // An SVG per process per interval costs CPU; with a backend, people look there.
-        local_output.flame_graphs = flame_graphs.unwrap_or(pyroscope.is_none());
-        let attach = crate::sidecar::AttachPolicy {
-            mode: match (flags.attach, file.attach) {
-                (Some(flag), _) => flag.parse().map_err(|reason| ConfigError::Invalid {
-                    field: "attach",
-                    flag: Some("attach"),
-                    reason,
-                })?,
-                (None, Some(value)) => value.parse().map_err(|reason| invalid("attach", reason))?,
-                (None, None) => crate::sidecar::AttachMode::Never,
-            },
-            allow: file.attach_allow.unwrap_or_default(),
-            deny: file.attach_deny.unwrap_or_default(),
-            agent: file.agent_path,
-        };
-        if attach
-            .allow
-            .iter()
-            .chain(&attach.deny)
-            .any(String::is_empty)
-        {
-            return Err(invalid("attach_allow", "empty patterns match everything"));
-        }
-        let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
-        let kubernetes_node = if file.kubernetes.unwrap_or(in_cluster) {
-            let node = file
-                .node_name
-                .or_else(|| std::env::var("NODE_NAME").ok())
-                .or_else(host_name)
-                .unwrap_or_default();
-            if node.trim().is_empty() {
-                return Err(invalid(
-                    "node_name",
-                    "unknown: set it, or NODE_NAME (the downward API's spec.nodeName)",
-                ));
-            }
-            Some(node)
-        } else {
-            None
-        };
+        let local_output = LocalOutput::resolve(
+            file.flame_graphs,
+            file.retention_max_age_secs,
+            file.retention_max_bytes,
+            pyroscope.is_some(),
+        );
+        let attach = crate::sidecar::AttachPolicy::resolve(
+            flags.attach,
+            file.attach,
+            file.attach_allow,
+            file.attach_deny,
+            file.agent_path,
+        )?;
+        let kubernetes_node =
+            crate::kubernetes::node_to_watch(file.kubernetes, file.node_name, environment)?;
         Ok(Self {
             kubernetes_node,
             attach,
@@ -460,225 +309,20 @@ impl Config {
     }
 }
 
-fn host_name() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|name| name.trim().to_string())
-}
-
-fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        field,
-        flag: None,
-        reason: reason.into(),
-    }
-}
-
-fn check_service_name(
-    field: &'static str,
-    name: Option<String>,
-) -> Result<Option<String>, ConfigError> {
-    match name {
-        Some(name) if name.trim().is_empty() => Err(invalid(field, "must not be empty")),
-        name => Ok(name),
-    }
-}
-
-/// Prometheus-style label names; names starting with `__` and `service_name` are ours.
-fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), ConfigError> {
-    for (name, value) in labels {
-        let mut chars = name.chars();
-        let well_formed = chars
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !well_formed {
-            return Err(invalid(
-                "labels",
-                format!("{name:?} is not a label name ([a-zA-Z_][a-zA-Z0-9_]*)"),
-            ));
-        }
-        if name.starts_with("__") || name == "service_name" {
-            return Err(invalid(
-                "labels",
-                format!("{name:?} is reserved (set `service_name` or `service_names` instead)"),
-            ));
-        }
-        if value.is_empty() {
-            return Err(invalid("labels", format!("{name:?} has an empty value")));
-        }
-    }
-    Ok(())
-}
-
-/// Reads a secret from a file (a mounted Kubernetes secret, typically), without its final
-/// newline.
-fn read_secret(field: &'static str, path: &Path) -> Result<String, ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|err| invalid(field, format!("cannot read {}: {err}", path.display())))?;
-    Ok(text.trim_end_matches(['\n', '\r']).to_string())
-}
-
-fn resolve_pyroscope(
-    flag_url: Option<String>,
-    file: PyroscopeFile,
-) -> Result<PyroscopeConfig, ConfigError> {
-    let url = flag_url.or(file.url).ok_or_else(|| ConfigError::Invalid {
-        field: "pyroscope.url",
-        flag: Some("pyroscope"),
-        reason: "missing (the [pyroscope] table needs a url)".into(),
-    })?;
-    let uri: tonic::transport::Uri = url.parse().map_err(|err| ConfigError::Invalid {
-        field: "pyroscope.url",
-        flag: Some("pyroscope"),
-        reason: format!("{url:?} is not a URL ({err})"),
-    })?;
-    let https = match uri.scheme_str() {
-        Some("https") => true,
-        Some("http") => false,
-        _ => {
-            return Err(ConfigError::Invalid {
-                field: "pyroscope.url",
-                flag: Some("pyroscope"),
-                reason: format!("{url:?} must start with http:// or https://"),
-            })
-        }
-    };
-    if uri.host().is_none_or(str::is_empty) {
-        return Err(ConfigError::Invalid {
-            field: "pyroscope.url",
-            flag: Some("pyroscope"),
-            reason: format!("{url:?} has no host"),
-        });
-    }
-    let password = match (file.password, file.password_file) {
-        (Some(_), Some(_)) => {
-            return Err(invalid(
-                "pyroscope.password_file",
-                "give password or password_file, not both",
-            ))
-        }
-        (Some(password), None) => Some(password),
-        (None, Some(path)) => Some(read_secret("pyroscope.password_file", &path)?),
-        (None, None) => None,
-    };
-    let token = match (file.bearer_token, file.bearer_token_file) {
-        (Some(_), Some(_)) => {
-            return Err(invalid(
-                "pyroscope.bearer_token_file",
-                "give bearer_token or bearer_token_file, not both",
-            ))
-        }
-        (Some(token), None) => Some(token),
-        (None, Some(path)) => Some(read_secret("pyroscope.bearer_token_file", &path)?),
-        (None, None) => None,
-    };
-    let auth = match (file.username, password, token) {
-        (None, None, None) => None,
-        (Some(username), Some(password), None) => Some(Auth::Basic { username, password }),
-        (None, None, Some(token)) => Some(Auth::Bearer(token)),
-        (Some(_), None, None) => {
-            return Err(invalid(
-                "pyroscope.password",
-                "username needs a password (or password_file)",
-            ))
-        }
-        (None, Some(_), None) => {
-            return Err(invalid("pyroscope.username", "a password needs a username"))
-        }
-        (_, _, Some(_)) => {
-            return Err(invalid(
-                "pyroscope.bearer_token",
-                "use basic auth (username, password) or a bearer token, not both",
-            ))
-        }
-    };
-    if file.ca_file.is_some() && !https {
-        return Err(invalid("pyroscope.ca_file", "needs an https:// url"));
-    }
-    if let Some(path) = &file.ca_file {
-        std::fs::metadata(path).map_err(|err| {
-            invalid(
-                "pyroscope.ca_file",
-                format!("cannot read {}: {err}", path.display()),
-            )
-        })?;
-    }
-    if let Some(tenant) = &file.tenant_id {
-        if tenant.is_empty() || !tenant.chars().all(|c| c.is_ascii_graphic()) {
-            return Err(invalid(
-                "pyroscope.tenant_id",
-                format!("{tenant:?} must be printable ASCII without spaces"),
-            ));
-        }
-    }
-    let seconds = |field: &'static str,
-                   value: Option<u64>,
-                   default: Duration,
-                   range: std::ops::RangeInclusive<u64>| {
-        let secs = value.unwrap_or(default.as_secs());
-        if range.contains(&secs) {
-            Ok(Duration::from_secs(secs))
-        } else {
-            Err(invalid(
-                field,
-                format!("{secs} s is outside {}..={} s", range.start(), range.end()),
-            ))
-        }
-    };
-    let queue = QueueBound {
-        max_profiles: file
-            .queue_max_profiles
-            .unwrap_or(DEFAULT_QUEUE_MAX_PROFILES),
-        max_bytes: file.queue_max_bytes.unwrap_or(DEFAULT_QUEUE_MAX_BYTES),
-    };
-    if queue.max_profiles == 0 {
-        return Err(invalid(
-            "pyroscope.queue_max_profiles",
-            "must be at least 1",
-        ));
-    }
-    if queue.max_bytes < 1 << 20 {
-        return Err(invalid(
-            "pyroscope.queue_max_bytes",
-            "must be at least 1 MiB",
-        ));
-    }
-    Ok(PyroscopeConfig {
-        url,
-        tenant_id: file.tenant_id,
-        auth,
-        ca_file: file.ca_file,
-        timeout: seconds(
-            "pyroscope.timeout_secs",
-            file.timeout_secs,
-            DEFAULT_EXPORT_TIMEOUT,
-            1..=300,
-        )?,
-        queue,
-        max_backoff: seconds(
-            "pyroscope.max_backoff_secs",
-            file.max_backoff_secs,
-            DEFAULT_MAX_BACKOFF,
-            1..=60,
-        )?,
-        shutdown_grace: seconds(
-            "pyroscope.shutdown_grace_secs",
-            file.shutdown_grace_secs,
-            DEFAULT_SHUTDOWN_GRACE,
-            0..=600,
-        )?,
-        per_thread_series: file.per_thread_series.unwrap_or(false),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::export::pyroscope::config::DEFAULT_MAX_BACKOFF;
+    use crate::export::pyroscope::Auth;
 
     #[test]
     fn defaults_when_nothing_is_given() {
-        let config = Config::resolve(FileConfig::default(), Overrides::default()).expect("valid");
+        let config = Config::resolve(
+            FileConfig::default(),
+            Overrides::default(),
+            &Environment::default(),
+        )
+        .expect("valid");
         assert_eq!(config.frequency_hz, 19);
         assert_eq!(config.interval, Duration::from_secs(15));
         assert_eq!(config.duration, None);
@@ -697,7 +341,7 @@ mod tests {
             pids: vec![12],
             ..Default::default()
         };
-        let config = Config::resolve(file, flags).expect("valid");
+        let config = Config::resolve(file, flags, &Environment::default()).expect("valid");
         assert_eq!(config.frequency_hz, 250);
         assert_eq!(config.interval, Duration::from_secs(5));
         assert_eq!(config.pids, vec![12]);
@@ -722,7 +366,7 @@ mod tests {
             frequency: Some(5000),
             ..Default::default()
         };
-        let err = Config::resolve(FileConfig::default(), flags)
+        let err = Config::resolve(FileConfig::default(), flags, &Environment::default())
             .expect_err("too fast")
             .to_string();
         assert!(
@@ -734,7 +378,7 @@ mod tests {
             interval_secs: Some(0),
             ..Default::default()
         };
-        let err = Config::resolve(file, Overrides::default())
+        let err = Config::resolve(file, Overrides::default(), &Environment::default())
             .expect_err("zero")
             .to_string();
         assert!(err.contains("interval_secs"), "{err}");
@@ -744,7 +388,7 @@ mod tests {
             max_jvms: Some(0),
             ..Default::default()
         };
-        let err = Config::resolve(file, Overrides::default())
+        let err = Config::resolve(file, Overrides::default(), &Environment::default())
             .expect_err("no JVMs")
             .to_string();
         assert!(err.starts_with("invalid `max_jvms`:"), "{err}");
@@ -753,7 +397,7 @@ mod tests {
             pids: vec![0],
             ..Default::default()
         };
-        let err = Config::resolve(FileConfig::default(), flags)
+        let err = Config::resolve(FileConfig::default(), flags, &Environment::default())
             .expect_err("pid 0")
             .to_string();
         assert!(err.contains("--pid"), "{err}");
@@ -761,7 +405,8 @@ mod tests {
 
     fn resolve_text(text: &str) -> Result<Config, String> {
         let file = FileConfig::parse(text)?;
-        Config::resolve(file, Overrides::default()).map_err(|err| err.to_string())
+        Config::resolve(file, Overrides::default(), &Environment::default())
+            .map_err(|err| err.to_string())
     }
 
     #[test]
@@ -830,15 +475,20 @@ mod tests {
             pyroscope_url: Some("http://127.0.0.1:4040".into()),
             ..Default::default()
         };
-        let config = Config::resolve(FileConfig::default(), flags).expect("valid");
+        let config =
+            Config::resolve(FileConfig::default(), flags, &Environment::default()).expect("valid");
         assert_eq!(
             config.pyroscope.expect("enabled").url,
             "http://127.0.0.1:4040"
         );
-        assert!(Config::resolve(FileConfig::default(), Overrides::default())
-            .expect("valid")
-            .pyroscope
-            .is_none());
+        assert!(Config::resolve(
+            FileConfig::default(),
+            Overrides::default(),
+            &Environment::default()
+        )
+        .expect("valid")
+        .pyroscope
+        .is_none());
     }
 
     #[test]
@@ -858,6 +508,37 @@ mod tests {
             err.contains("grpc_listen") && err.contains("--grpc-listen"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn kubernetes_metadata_is_on_in_a_pod_for_its_node() {
+        let resolve = |text: &str, environment: &Environment| {
+            let file = FileConfig::parse(text).expect("parses");
+            Config::resolve(file, Overrides::default(), environment).map(|c| c.kubernetes_node)
+        };
+        let mut pod = Environment {
+            in_kubernetes: true,
+            node_name: Some("node-env".into()),
+            host_name: Some("host".into()),
+        };
+        assert_eq!(
+            resolve("", &pod).expect("valid").as_deref(),
+            Some("node-env")
+        );
+        assert_eq!(
+            resolve("node_name = \"node-file\"", &pod)
+                .expect("valid")
+                .as_deref(),
+            Some("node-file")
+        );
+        assert_eq!(resolve("kubernetes = false", &pod).expect("valid"), None);
+        pod.node_name = None;
+        assert_eq!(resolve("", &pod).expect("valid").as_deref(), Some("host"));
+        pod.host_name = None;
+        let err = resolve("", &pod).expect_err("no node name anywhere");
+        assert!(err.to_string().contains("`node_name`"), "{err}");
+        // Outside a cluster, off unless asked for.
+        assert_eq!(resolve("", &Environment::default()).expect("valid"), None);
     }
 
     #[test]

@@ -1,0 +1,209 @@
+//! The `[pyroscope]` section of the configuration: the table as written, and its checks.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{Auth, PyroscopeConfig};
+use crate::config::error::{invalid, ConfigError};
+use crate::export::queue::QueueBound;
+
+pub const DEFAULT_EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_QUEUE_MAX_PROFILES: usize = 4096;
+pub const DEFAULT_QUEUE_MAX_BYTES: usize = 64 << 20;
+pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(5);
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The `[pyroscope]` table.
+#[derive(Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PyroscopeFile {
+    /// `http://host:4040` (plaintext) or `https://...` (TLS).
+    pub url: Option<String>,
+    /// Sent as the `X-Scope-OrgID` header (multi-tenant Pyroscope).
+    pub tenant_id: Option<String>,
+    /// Basic auth (Grafana Cloud: the stack's user id and an access token).
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub password_file: Option<PathBuf>,
+    pub bearer_token: Option<String>,
+    pub bearer_token_file: Option<PathBuf>,
+    /// Extra CA certificates (PEM) trusted besides the system's.
+    pub ca_file: Option<PathBuf>,
+    /// Bound on each push in seconds (default 10).
+    pub timeout_secs: Option<u64>,
+    /// Profiles kept while Pyroscope is unreachable (default 4096); the oldest go first.
+    pub queue_max_profiles: Option<usize>,
+    /// Bytes of gzipped profiles kept while unreachable (default 64 MiB).
+    pub queue_max_bytes: Option<usize>,
+    /// Longest wait between retries in seconds (default 5).
+    pub max_backoff_secs: Option<u64>,
+    /// How long queued profiles are still tried at shutdown in seconds (default 5).
+    pub shutdown_grace_secs: Option<u64>,
+    /// Add a string `thread_name` label to every sample: one series per thread name (default
+    /// false: the thread is the root frame of each stack, `[name tid=N]`, and no sample label
+    /// splits series).
+    pub per_thread_series: Option<bool>,
+}
+
+/// Reads a secret from a file (a mounted Kubernetes secret, typically), without its final
+/// newline.
+fn read_secret(field: &'static str, path: &Path) -> Result<String, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|err| invalid(field, format!("cannot read {}: {err}", path.display())))?;
+    Ok(text.trim_end_matches(['\n', '\r']).to_string())
+}
+
+impl PyroscopeConfig {
+    /// Checks the `[pyroscope]` table; `flag_url` is `--pyroscope`, which wins over `url`.
+    pub fn resolve(flag_url: Option<String>, file: PyroscopeFile) -> Result<Self, ConfigError> {
+        let url = flag_url.or(file.url).ok_or_else(|| ConfigError::Invalid {
+            field: "pyroscope.url",
+            flag: Some("pyroscope"),
+            reason: "missing (the [pyroscope] table needs a url)".into(),
+        })?;
+        let uri: tonic::transport::Uri = url.parse().map_err(|err| ConfigError::Invalid {
+            field: "pyroscope.url",
+            flag: Some("pyroscope"),
+            reason: format!("{url:?} is not a URL ({err})"),
+        })?;
+        let https = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => {
+                return Err(ConfigError::Invalid {
+                    field: "pyroscope.url",
+                    flag: Some("pyroscope"),
+                    reason: format!("{url:?} must start with http:// or https://"),
+                })
+            }
+        };
+        if uri.host().is_none_or(str::is_empty) {
+            return Err(ConfigError::Invalid {
+                field: "pyroscope.url",
+                flag: Some("pyroscope"),
+                reason: format!("{url:?} has no host"),
+            });
+        }
+        let password = match (file.password, file.password_file) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "pyroscope.password_file",
+                    "give password or password_file, not both",
+                ))
+            }
+            (Some(password), None) => Some(password),
+            (None, Some(path)) => Some(read_secret("pyroscope.password_file", &path)?),
+            (None, None) => None,
+        };
+        let token = match (file.bearer_token, file.bearer_token_file) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "pyroscope.bearer_token_file",
+                    "give bearer_token or bearer_token_file, not both",
+                ))
+            }
+            (Some(token), None) => Some(token),
+            (None, Some(path)) => Some(read_secret("pyroscope.bearer_token_file", &path)?),
+            (None, None) => None,
+        };
+        let auth = match (file.username, password, token) {
+            (None, None, None) => None,
+            (Some(username), Some(password), None) => Some(Auth::Basic { username, password }),
+            (None, None, Some(token)) => Some(Auth::Bearer(token)),
+            (Some(_), None, None) => {
+                return Err(invalid(
+                    "pyroscope.password",
+                    "username needs a password (or password_file)",
+                ))
+            }
+            (None, Some(_), None) => {
+                return Err(invalid("pyroscope.username", "a password needs a username"))
+            }
+            (_, _, Some(_)) => {
+                return Err(invalid(
+                    "pyroscope.bearer_token",
+                    "use basic auth (username, password) or a bearer token, not both",
+                ))
+            }
+        };
+        if file.ca_file.is_some() && !https {
+            return Err(invalid("pyroscope.ca_file", "needs an https:// url"));
+        }
+        if let Some(path) = &file.ca_file {
+            std::fs::metadata(path).map_err(|err| {
+                invalid(
+                    "pyroscope.ca_file",
+                    format!("cannot read {}: {err}", path.display()),
+                )
+            })?;
+        }
+        if let Some(tenant) = &file.tenant_id {
+            if tenant.is_empty() || !tenant.chars().all(|c| c.is_ascii_graphic()) {
+                return Err(invalid(
+                    "pyroscope.tenant_id",
+                    format!("{tenant:?} must be printable ASCII without spaces"),
+                ));
+            }
+        }
+        let seconds = |field: &'static str,
+                       value: Option<u64>,
+                       default: Duration,
+                       range: std::ops::RangeInclusive<u64>| {
+            let secs = value.unwrap_or(default.as_secs());
+            if range.contains(&secs) {
+                Ok(Duration::from_secs(secs))
+            } else {
+                Err(invalid(
+                    field,
+                    format!("{secs} s is outside {}..={} s", range.start(), range.end()),
+                ))
+            }
+        };
+        let queue = QueueBound {
+            max_profiles: file
+                .queue_max_profiles
+                .unwrap_or(DEFAULT_QUEUE_MAX_PROFILES),
+            max_bytes: file.queue_max_bytes.unwrap_or(DEFAULT_QUEUE_MAX_BYTES),
+        };
+        if queue.max_profiles == 0 {
+            return Err(invalid(
+                "pyroscope.queue_max_profiles",
+                "must be at least 1",
+            ));
+        }
+        if queue.max_bytes < 1 << 20 {
+            return Err(invalid(
+                "pyroscope.queue_max_bytes",
+                "must be at least 1 MiB",
+            ));
+        }
+        Ok(PyroscopeConfig {
+            url,
+            tenant_id: file.tenant_id,
+            auth,
+            ca_file: file.ca_file,
+            timeout: seconds(
+                "pyroscope.timeout_secs",
+                file.timeout_secs,
+                DEFAULT_EXPORT_TIMEOUT,
+                1..=300,
+            )?,
+            queue,
+            max_backoff: seconds(
+                "pyroscope.max_backoff_secs",
+                file.max_backoff_secs,
+                DEFAULT_MAX_BACKOFF,
+                1..=60,
+            )?,
+            shutdown_grace: seconds(
+                "pyroscope.shutdown_grace_secs",
+                file.shutdown_grace_secs,
+                DEFAULT_SHUTDOWN_GRACE,
+                0..=600,
+            )?,
+            per_thread_series: file.per_thread_series.unwrap_or(false),
+        })
+    }
+}
