@@ -20,6 +20,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::aggregate::{Added, Aggregator};
 use crate::config::Config;
+use crate::hotspot::jvm_directory::JvmDirectory;
 use crate::hotspot::thread_directory::ThreadDirectory;
 use crate::hotspot::tracker::{self, JvmTracker, TrackerCounts};
 use crate::metrics::{Metrics, OffCpuSnapshot, Snapshot};
@@ -138,12 +139,14 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         }),
     )?;
     let java_threads = ThreadDirectory::default();
+    // Each JVM inspected once, for the tracker and the symbolizer both.
+    let jvms = JvmDirectory::default();
     let tracker = spawn_jvm_tracker(
         sampler.take_hotspot_maps()?,
         sampler.take_process_events()?,
         config.max_jvms as usize,
         config.pids.clone(),
-        java_threads.clone(),
+        (java_threads.clone(), jvms.clone()),
     )?;
     tracing::info!(
         frequency_hz = config.frequency_hz,
@@ -191,6 +194,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
                 .with_cache_budget(cache_budget)
                 .with_attach(attach)
                 .with_thread_directory(java_threads)
+                .with_jvms(jvms)
                 .with_pods_if(pods)
                 .with_extra_labels(extra_labels)
                 .run(work_rx)
@@ -424,7 +428,7 @@ fn spawn_jvm_tracker(
     mut process_events: RingBuf<MapData>,
     max_jvms: usize,
     pids: Vec<u32>,
-    directory: ThreadDirectory,
+    (threads, jvms): (ThreadDirectory, JvmDirectory),
 ) -> Result<TrackerThread, DaemonError> {
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(Mutex::new(TrackerCounts::default()));
@@ -433,7 +437,9 @@ fn spawn_jvm_tracker(
     let handle = std::thread::Builder::new()
         .name("jvm-tracker".into())
         .spawn(move || {
-            let mut tracker = JvmTracker::new(maps, max_jvms, pids).with_directory(directory);
+            let mut tracker = JvmTracker::new(maps, max_jvms, pids)
+                .with_directory(threads)
+                .with_jvms(jvms);
             let mut events = Vec::new();
             let mut panics = 0;
             while !stop_flag.load(Ordering::Relaxed) {

@@ -28,7 +28,7 @@ use crate::frame_kind::ShownKind;
 use profiler_common::{JavaState, UnwindEnd};
 
 use crate::aggregate::ProcessStacks;
-use crate::hotspot::jvm::{Jvm, LayoutCache};
+use crate::hotspot::jvm_directory::JvmDirectory;
 use crate::hotspot::remote::ProcessMemory;
 use crate::java_names::UnnamedCounts;
 use crate::pprof::{proto, Label, LocationKey, ProfileBuilder};
@@ -48,8 +48,8 @@ pub struct Symbolizers {
     pub java: JavaSymbolizer<ProcessMemory>,
     /// Java marker frames put in profiles, by reason (shared with the metrics endpoint).
     pub java_unnamed: Arc<UnnamedCounts>,
-    /// VMStructs layouts by libjvm build-id, for JVMs met by the Java symbolizer.
-    pub layouts: LayoutCache,
+    /// The host's JVMs as inspected once, shared with the JVM tracker (see `with_jvms`).
+    pub jvms: JvmDirectory,
     /// Append frame-kind suffixes (`_[j]`, `_[i]`, `_[0]`, `_[1]`, `_[k]`).
     pub annotate: bool,
     /// Loads the sidecar agent into JVMs, if the configuration asks for it.
@@ -63,7 +63,7 @@ impl Symbolizers {
             kernel: KernelSymbolizer::new(),
             java: JavaSymbolizer::new(annotate),
             java_unnamed: Arc::default(),
-            layouts: LayoutCache::default(),
+            jvms: JvmDirectory::default(),
             annotate,
             attacher: crate::sidecar::Attacher::default(),
         }
@@ -78,7 +78,7 @@ impl Symbolizers {
             return false;
         };
         let memory = ProcessMemory::new(pid);
-        match Jvm::inspect(info, &memory, &mut self.layouts) {
+        match self.jvms.inspect(info, &memory) {
             Ok(jvm) => {
                 self.java.add(jvm, memory);
                 self.attacher.consider(info);
@@ -97,6 +97,7 @@ impl Symbolizers {
         for pid in self.java.pids() {
             if processes.get(pid).is_none() {
                 self.java.remove(pid);
+                self.jvms.forget(pid);
             }
         }
     }

@@ -59,6 +59,7 @@ pub struct Worker {
     /// What the symbolizers were built with, to build them anew after a panic.
     cache_budget: Option<u64>,
     thread_directory: Option<crate::hotspot::thread_directory::ThreadDirectory>,
+    jvms: Option<crate::hotspot::jvm_directory::JvmDirectory>,
 }
 
 impl Worker {
@@ -82,6 +83,7 @@ impl Worker {
             counters,
             cache_budget: None,
             thread_directory: None,
+            jvms: None,
         }
     }
 
@@ -104,6 +106,13 @@ impl Worker {
             limit_bytes,
             self.counters.symbol_cache.clone(),
         );
+        self
+    }
+
+    /// Shares the JVM tracker's inspected JVMs, so that each is inspected once.
+    pub fn with_jvms(mut self, jvms: crate::hotspot::jvm_directory::JvmDirectory) -> Self {
+        self.symbolizers.jvms = jvms.clone();
+        self.jvms = Some(jvms);
         self
     }
 
@@ -191,6 +200,9 @@ impl Worker {
         }
         if let Some(threads) = &self.thread_directory {
             symbolizers.java.set_thread_directory(threads.clone());
+        }
+        if let Some(jvms) = &self.jvms {
+            symbolizers.jvms = jvms.clone();
         }
         self.symbolizers = symbolizers;
         self.processes = ProcessTable::default();

@@ -11,6 +11,7 @@
 //! - [`vmstructs`]: the four tables, parsed defensively.
 //! - [`layout`]: the fields we need, by name with alternates (no version tables).
 //! - [`jvm`]: one JVM: version, layout, code heaps, interpreter, call stub.
+//! - [`jvm_directory`]: each JVM inspected once, shared by the tracker and the symbolizer.
 //! - [`unwind_info`]: the `#[repr(C)]` record the BPF side reads.
 //! - [`tracker`]: JVMs coming and going, pushed to and removed from the BPF map.
 //! - [`thread_directory`]: each JVM's Java threads by `JavaThread*`, as the tracker read them.
@@ -19,6 +20,7 @@
 //! Not supported yet: JDK 8's single code heap layout (`CodeCache::_heap`), aarch64.
 
 pub mod jvm;
+pub mod jvm_directory;
 pub mod layout;
 pub mod libjvm;
 pub mod names;

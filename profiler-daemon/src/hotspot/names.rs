@@ -120,14 +120,14 @@ impl MemoryNmethod {
 
 /// One JVM's memory as a name source, with its caches.
 pub struct MemoryNames<M: RemoteMemory> {
-    jvm: Jvm,
+    jvm: Arc<Jvm>,
     memory: M,
     methods: HashMap<(u64, u32), Cached<Arc<MethodInfo>>>,
     blobs: HashMap<(u64, u32), Cached<Arc<BlobInfo>>>,
 }
 
 impl<M: RemoteMemory> MemoryNames<M> {
-    pub fn new(jvm: Jvm, memory: M) -> Self {
+    pub fn new(jvm: Arc<Jvm>, memory: M) -> Self {
         Self {
             jvm,
             memory,

@@ -18,12 +18,14 @@
 //! [`ThreadDirectory`], for the symbolizer to find a thread's tid by its `JavaThread*`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::{HotspotProc, ProcessEvent, ProcessEventKind};
 
-use super::jvm::{Jvm, JvmError, LayoutCache};
+use super::jvm::{Jvm, JvmError};
+use super::jvm_directory::JvmDirectory;
 use super::remote::ProcessMemory;
 use super::thread_directory::ThreadDirectory;
 use super::unwind_info::hotspot_proc;
@@ -104,12 +106,12 @@ enum State {
     },
     /// A JVM still starting (or briefly unreadable): retried each scan.
     Pending {
-        jvm: Option<Box<Jvm>>,
+        jvm: Option<Arc<Jvm>>,
         attempts: u32,
         last_error: String,
     },
     Ready {
-        jvm: Box<Jvm>,
+        jvm: Arc<Jvm>,
         pushed: Box<HotspotProc>,
         refreshed: Instant,
         /// Java threads pushed: host tid -> JavaThread*.
@@ -193,7 +195,7 @@ pub struct JvmTracker<S: LayoutSink> {
     /// Only these pids, if not empty.
     pids: Vec<u32>,
     tracked: HashMap<u32, Tracked>,
-    layouts: LayoutCache,
+    jvms: JvmDirectory,
     boot_time: Option<u64>,
     ticks_per_second: u64,
     threads_not_pushed: u64,
@@ -212,7 +214,7 @@ impl<S: LayoutSink> JvmTracker<S> {
             max_jvms,
             pids,
             tracked: HashMap::new(),
-            layouts: LayoutCache::default(),
+            jvms: JvmDirectory::default(),
             boot_time: procfs::boot_time_secs().ok(),
             ticks_per_second: procfs::ticks_per_second(),
             threads_not_pushed: 0,
@@ -225,6 +227,12 @@ impl<S: LayoutSink> JvmTracker<S> {
         }
     }
 
+    /// Shares the JVMs it inspects (and their layouts) with the symbolizer.
+    pub fn with_jvms(mut self, jvms: JvmDirectory) -> Self {
+        self.jvms = jvms;
+        self
+    }
+
     /// Publishes each JVM's Java threads to `directory` too.
     pub fn with_directory(mut self, directory: ThreadDirectory) -> Self {
         self.directory = directory;
@@ -233,7 +241,7 @@ impl<S: LayoutSink> JvmTracker<S> {
 
     pub fn counts(&self) -> TrackerCounts {
         let mut counts = TrackerCounts {
-            layouts_cached: self.layouts.len() as u64,
+            layouts_cached: self.jvms.layouts_cached() as u64,
             jvm_map_capacity: self.max_jvms as u64,
             java_thread_map_capacity: u64::from(profiler_common::java_thread_slots(
                 self.pids.len(),
@@ -402,6 +410,7 @@ impl<S: LayoutSink> JvmTracker<S> {
 
     fn forget(&mut self, pid: u32, old: Tracked) {
         self.directory.remove(pid);
+        self.jvms.forget(pid);
         if let State::Ready { threads, .. } = old.state {
             self.sink.remove(pid);
             for tid in threads.keys() {
@@ -519,8 +528,8 @@ impl<S: LayoutSink> JvmTracker<S> {
                 Ok(process) => process,
                 Err(_) => return,
             };
-            match Jvm::inspect(&process, &memory, &mut self.layouts) {
-                Ok(found) => *jvm = Some(Box::new(found)),
+            match self.jvms.inspect(&process, &memory) {
+                Ok(found) => *jvm = Some(found),
                 Err(err) => {
                     if is_final(&err) {
                         tracing::warn!(pid, %err, "cannot read this JVM's layout: its Java frames will stay unnamed");

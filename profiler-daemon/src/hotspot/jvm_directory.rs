@@ -1,0 +1,89 @@
+//! The JVMs of this host, each inspected once and shared: the JVM tracker finds them and pushes
+//! their layouts into the BPF maps, the symbolizer names their frames, and both hold the same
+//! [`Jvm`]. Inspecting a JVM reads libjvm's symbols and, once per libjvm build (the layout
+//! cache), its VMStructs tables; one directory does that once per JVM instead of once per reader
+//! and keeps the two views of a JVM the same.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::jvm::{Jvm, JvmError, LayoutCache};
+use super::remote::RemoteMemory;
+use crate::process::ProcessInfo;
+
+/// Cheap to clone: clones share one directory.
+#[derive(Clone, Default)]
+pub struct JvmDirectory(Arc<Mutex<Directory>>);
+
+#[derive(Default)]
+struct Directory {
+    /// By pid, with the process's start time: a reused pid is another process.
+    jvms: HashMap<u32, (u64, Arc<Jvm>)>,
+    layouts: LayoutCache,
+}
+
+impl JvmDirectory {
+    /// The JVM `process` runs: the one already inspected, or inspected now and remembered.
+    /// Processes that are not JVMs (or not readable yet) are not remembered.
+    pub fn inspect(
+        &self,
+        process: &ProcessInfo,
+        memory: &dyn RemoteMemory,
+    ) -> Result<Arc<Jvm>, JvmError> {
+        let mut directory = self.lock();
+        if let Some((start_time, jvm)) = directory.jvms.get(&process.pid) {
+            if *start_time == process.start_time {
+                return Ok(jvm.clone());
+            }
+        }
+        let jvm = Arc::new(Jvm::inspect(process, memory, &mut directory.layouts)?);
+        directory
+            .jvms
+            .insert(process.pid, (process.start_time, jvm.clone()));
+        Ok(jvm)
+    }
+
+    /// Forgets an exited process (either reader may say so first; the other keeps its `Arc`).
+    pub fn forget(&self, pid: u32) {
+        self.lock().jvms.remove(&pid);
+    }
+
+    /// libjvm builds whose layout is cached.
+    pub fn layouts_cached(&self) -> usize {
+        self.lock().layouts.len()
+    }
+
+    /// JVMs known now.
+    pub fn len(&self) -> usize {
+        self.lock().jvms.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A panic while the lock was held leaves nothing half-written that matters here (an
+    /// insert or a removal either happened or not), so the directory stays usable.
+    fn lock(&self) -> MutexGuard<'_, Directory> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hotspot::remote::ProcessMemory;
+
+    #[test]
+    fn a_process_that_is_not_a_jvm_is_not_remembered() {
+        let directory = JvmDirectory::default();
+        let shared = directory.clone();
+        let ourselves = ProcessInfo::read(std::process::id()).expect("our own /proc entry");
+        let memory = ProcessMemory::new(std::process::id());
+        assert!(shared.inspect(&ourselves, &memory).is_err());
+        assert!(directory.is_empty());
+        assert_eq!(directory.layouts_cached(), 0);
+    }
+}
