@@ -17,7 +17,6 @@ use std::time::{Duration, SystemTime};
 use hashbrown::{hash_map::Entry, DefaultHashBuilder, HashMap, HashTable};
 use profiler_common::{SampleHeader, HEADER_BYTES};
 
-use crate::profiles::ProfileKind;
 use crate::record::SampleView;
 
 /// One distinct stack of a process: where its record lives in the arena, and what it adds up to.
@@ -237,6 +236,41 @@ fn normalized_header(header: &SampleHeader) -> SampleHeader {
 fn header_bytes(header: &SampleHeader) -> &[u8] {
     // SAFETY: SampleHeader is plain old data of HEADER_BYTES bytes.
     unsafe { std::slice::from_raw_parts(header as *const SampleHeader as *const u8, HEADER_BYTES) }
+}
+
+/// Which profile a set of stacks makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProfileKind {
+    /// Where threads run: CPU-clock samples.
+    Cpu,
+    /// Where threads wait, and how long (`crate::off_cpu`).
+    OffCpu,
+}
+
+impl ProfileKind {
+    /// How local file names start: `cpu-...`, `offcpu-...`.
+    pub const fn file_prefix(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::OffCpu => "offcpu",
+        }
+    }
+
+    /// Pyroscope's `__name__` for it (the names its own eBPF and OTLP ingestion use).
+    pub const fn pyroscope_name(self) -> &'static str {
+        match self {
+            Self::Cpu => "process_cpu",
+            Self::OffCpu => "off_cpu",
+        }
+    }
+
+    /// For titles (flame graphs).
+    pub const fn title(self) -> &'static str {
+        match self {
+            Self::Cpu => "CPU",
+            Self::OffCpu => "Off-CPU",
+        }
+    }
 }
 
 #[cfg(test)]

@@ -20,17 +20,20 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::aggregate::{Added, Aggregator};
 use crate::config::Config;
+use crate::export::pyroscope::{ExporterError, PyroscopeSink};
+use crate::export::stream::StreamSink;
 use crate::hotspot::jvm_directory::JvmDirectory;
 use crate::hotspot::thread_directory::ThreadDirectory;
 use crate::hotspot::tracker::{self, JvmTracker, TrackerCounts};
 use crate::metrics::{Metrics, OffCpuSnapshot, Snapshot};
 use crate::native_unwind;
 use crate::off_cpu::{OffCpuJoiner, OffCpuStats};
+use crate::output::LocalFiles;
 use crate::privileges::{self, MissingPrivileges};
 use crate::profiles::ProfileKind;
 use crate::record::SampleView;
 use crate::sampler::{KernelCounters, OffCpuSampling, Sampler, SamplerError};
-use crate::sink::SinkError;
+use crate::sink::{Sink, SinkTasks};
 use crate::worker::{JavaFrameSeen, Work, Worker};
 
 /// How often the ring buffer is drained when it does not fill up: each drain is a wake-up of an
@@ -75,8 +78,18 @@ pub enum DaemonError {
         address: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error("output directory {path}: {source}")]
+    Output {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("profile stream (grpc_listen) {address}: {source}")]
+    Stream {
+        address: std::net::SocketAddr,
+        source: std::io::Error,
+    },
     #[error(transparent)]
-    Sink(#[from] SinkError),
+    Exporter(#[from] ExporterError),
 }
 
 impl DaemonError {
@@ -127,7 +140,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     privileges::check()?;
     let metrics = Metrics::default();
     // Before the sampler: a bad output directory or a taken stream address stops the start.
-    let (sinks, sink_tasks) = crate::sink::build(&config, &metrics).await?;
+    let (sinks, sink_tasks) = build_sinks(&config, &metrics).await?;
     let table_budget = native_unwind::loader::table_budget(config.cache_budget_bytes);
     let mut sampler = Sampler::start(
         config.frequency_hz,
@@ -357,6 +370,38 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         );
     }
     Ok(summary)
+}
+
+/// The sinks `config` asks for, in the order they receive profiles, and their tasks.
+async fn build_sinks(
+    config: &Config,
+    metrics: &Metrics,
+) -> Result<(Vec<Box<dyn Sink>>, SinkTasks), DaemonError> {
+    let mut tasks = SinkTasks::default();
+    let local = LocalFiles::new(
+        &config.output_dir,
+        config.local_output,
+        metrics.worker.clone(),
+    )
+    .map_err(|source| DaemonError::Output {
+        path: config.output_dir.clone(),
+        source,
+    })?;
+    let mut sinks: Vec<Box<dyn Sink>> = vec![Box::new(local)];
+    if let Some(pyroscope) = &config.pyroscope {
+        let sink = PyroscopeSink::start(pyroscope, metrics.export.clone(), &mut tasks)?;
+        sinks.push(Box::new(sink));
+    }
+    if let Some(listen) = config.grpc_listen {
+        let stream = StreamSink::start(listen, metrics.export.clone(), &mut tasks)
+            .await
+            .map_err(|source| DaemonError::Stream {
+                address: listen.address,
+                source,
+            })?;
+        sinks.extend(stream.map(|stream| Box::new(stream) as Box<dyn Sink>));
+    }
+    Ok((sinks, tasks))
 }
 
 /// Watches this node's pods, for the Kubernetes labels of processes. An unreachable API server

@@ -15,9 +15,34 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt as _;
 use tokio_stream::StreamExt as _;
 
-use crate::config::environment::Environment;
-use crate::config::error::{invalid, ConfigError};
+use crate::config_error::{invalid, ConfigError};
 use crate::container::ContainerInfo;
+
+/// What configuration reads from the host rather than from the file or flags: the facts the
+/// Kubernetes defaults depend on. Read once and passed in, so that resolving a configuration
+/// is a function of its inputs (and testable).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Environment {
+    /// `KUBERNETES_SERVICE_HOST` is set: the daemon runs in a pod.
+    pub in_kubernetes: bool,
+    /// `NODE_NAME` (the downward API's `spec.nodeName` in the DaemonSet).
+    pub node_name: Option<String>,
+    /// The kernel's host name.
+    pub host_name: Option<String>,
+}
+
+impl Environment {
+    /// This process's environment and this host's name.
+    pub fn of_this_process() -> Self {
+        Self {
+            in_kubernetes: std::env::var_os("KUBERNETES_SERVICE_HOST").is_some(),
+            node_name: std::env::var("NODE_NAME").ok(),
+            host_name: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|name| name.trim().to_string()),
+        }
+    }
+}
 
 /// The node whose pods label processes (`kubernetes`, `node_name`), or `None` when Kubernetes
 /// metadata is off. On by default in a pod; the node defaults to `NODE_NAME`, then the host name.

@@ -3,6 +3,7 @@
 
 pub mod aggregate;
 pub mod config;
+pub mod config_error;
 pub mod container;
 pub mod daemon;
 pub mod export;
@@ -21,6 +22,7 @@ pub mod proc_status;
 pub mod process;
 pub mod profiles;
 pub mod record;
+pub mod resolved_frame;
 pub mod sampler;
 pub mod sidecar;
 pub mod sink;

@@ -206,7 +206,7 @@ impl Collector for DaemonCollector {
             .map(|s| s.clone())
             .unwrap_or_default();
         let mut out = Families(encoder);
-        encode_sampling(&mut out, &snapshot, &metrics.worker)?;
+        encode_sampling(&mut out, &snapshot, &metrics.worker, &metrics.export)?;
         encode_unwind_tables(&mut out, &metrics.unwind_tables)?;
         encode_export(&mut out, &metrics.export)
     }
@@ -254,7 +254,12 @@ fn encode_off_cpu(out: &mut Families, s: &Snapshot, off_cpu: &OffCpuSnapshot) ->
     )
 }
 
-fn encode_sampling(out: &mut Families, s: &Snapshot, worker: &WorkerCounters) -> fmt::Result {
+fn encode_sampling(
+    out: &mut Families,
+    s: &Snapshot,
+    worker: &WorkerCounters,
+    export: &ExportCounters,
+) -> fmt::Result {
     let k = |c: Counter| s.kernel.get(c);
     let load = |value: &AtomicU64| value.load(Ordering::Relaxed);
     out.counter(
@@ -334,8 +339,8 @@ fn encode_sampling(out: &mut Families, s: &Snapshot, worker: &WorkerCounters) ->
     )?;
     out.counter(
         metric::PROFILE_WRITE_ERRORS,
-        "pprof files that could not be written.",
-        load(&worker.write_errors),
+        "pprof files that could not be written (or, for Pyroscope, encoded).",
+        load(&worker.write_errors) + load(&export.encode_errors),
     )?;
     out.gauge(
         metric::SIDECAR_AGENTS,

@@ -15,7 +15,7 @@ use hashbrown::HashMap;
 use profiler_common::{OffCpuEnd, SampleHeader, OFF_CPU_PROBABILITY_ONE};
 
 use crate::aggregate::{Added, Aggregator, StackTotals};
-use crate::config::error::{invalid, ConfigError};
+use crate::config_error::{invalid, ConfigError};
 use crate::record::SampleView;
 
 pub const DEFAULT_OFF_CPU_PERIOD: Duration = Duration::from_millis(5);

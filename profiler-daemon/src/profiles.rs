@@ -28,6 +28,7 @@ use crate::frame_kind::ShownKind;
 use profiler_common::{JavaState, UnwindEnd};
 
 use crate::aggregate::ProcessStacks;
+pub use crate::aggregate::ProfileKind;
 use crate::hotspot::jvm_directory::JvmDirectory;
 use crate::hotspot::remote::ProcessMemory;
 use crate::java_names::UnnamedCounts;
@@ -99,41 +100,6 @@ impl Symbolizers {
                 self.java.remove(pid);
                 self.jvms.forget(pid);
             }
-        }
-    }
-}
-
-/// Which profile a set of stacks makes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ProfileKind {
-    /// Where threads run: CPU-clock samples.
-    Cpu,
-    /// Where threads wait, and how long (`crate::off_cpu`).
-    OffCpu,
-}
-
-impl ProfileKind {
-    /// How local file names start: `cpu-...`, `offcpu-...`.
-    pub const fn file_prefix(self) -> &'static str {
-        match self {
-            Self::Cpu => "cpu",
-            Self::OffCpu => "offcpu",
-        }
-    }
-
-    /// Pyroscope's `__name__` for it (the names its own eBPF and OTLP ingestion use).
-    pub const fn pyroscope_name(self) -> &'static str {
-        match self {
-            Self::Cpu => "process_cpu",
-            Self::OffCpu => "off_cpu",
-        }
-    }
-
-    /// For titles (flame graphs).
-    pub const fn title(self) -> &'static str {
-        match self {
-            Self::Cpu => "CPU",
-            Self::OffCpu => "Off-CPU",
         }
     }
 }

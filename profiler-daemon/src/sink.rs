@@ -1,23 +1,19 @@
 //! Where built profiles go. Every output is a [`Sink`]: the local files (`output`), Grafana
 //! Pyroscope and the live stream (`export`). Each is built from its own config section, next to
-//! its code, by [`build`]; the worker hands every profile of an interval to each sink in turn and
-//! then tells them the interval is over. A new output (OTLP, say) is one more `Sink` and one more
-//! line in [`build`].
+//! its code; `daemon.rs` (`build_sinks`) builds those the config asks for, and the worker hands
+//! every profile of an interval to each sink in turn, then tells them the interval is over. A
+//! new output (OTLP, say) is one more `Sink` and one more line in `build_sinks`.
 //!
 //! Sinks run on the symbolizer thread and must not block it: a sink that does network I/O hands
 //! profiles to a task of its own through a bounded queue, and counts what it drops.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::config::Config;
-use crate::export::pyroscope::{ExporterError, PyroscopeSink};
-use crate::export::stream::StreamSink;
-use crate::metrics::Metrics;
-use crate::output::LocalFiles;
 use crate::profiles::{BuiltProfile, ProfileKind};
 
 /// One process's profile of one interval, as every sink receives it.
@@ -45,73 +41,39 @@ pub trait Sink: Send {
     fn end_interval(&mut self) {}
 }
 
-/// Stops the sinks' tasks at shutdown: they get their grace period to deliver what is queued.
+/// The sinks' tasks (an exporter, a server), stopped through one signal at shutdown; each gets
+/// its own grace period to deliver what is queued.
 pub struct SinkTasks {
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
 
+impl Default for SinkTasks {
+    fn default() -> Self {
+        Self {
+            shutdown: watch::channel(false).0,
+            tasks: Vec::new(),
+        }
+    }
+}
+
 impl SinkTasks {
+    /// Starts a sink's task; `task` gets the receiver that turns true at shutdown.
+    pub fn spawn<F>(&mut self, task: impl FnOnce(watch::Receiver<bool>) -> F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.tasks
+            .push(tokio::spawn(task(self.shutdown.subscribe())));
+    }
+
+    /// Tells every task to stop and waits for them.
     pub async fn finish(self) {
         let _ = self.shutdown.send(true);
         for task in self.tasks {
             let _ = task.await;
         }
     }
-}
-
-/// What the sinks need besides their own config sections.
-pub struct SinkContext<'a> {
-    pub metrics: &'a Metrics,
-    /// Told when the sinks' tasks should stop.
-    pub stopped: watch::Receiver<bool>,
-    /// Tasks the sinks start, awaited at shutdown.
-    pub tasks: &'a mut Vec<JoinHandle<()>>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum SinkError {
-    #[error("cannot use the output directory {path}: {source}")]
-    Output {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Pyroscope(#[from] ExporterError),
-    #[error("cannot serve the live profile stream on {address}: {source}")]
-    Stream {
-        address: std::net::SocketAddr,
-        source: std::io::Error,
-    },
-}
-
-/// The sinks `config` asks for, in the order they receive profiles, and their shutdown handle.
-/// Needs the tokio runtime (the network sinks start tasks).
-pub async fn build(
-    config: &Config,
-    metrics: &Metrics,
-) -> Result<(Vec<Box<dyn Sink>>, SinkTasks), SinkError> {
-    let (shutdown, stopped) = watch::channel(false);
-    let mut tasks = Vec::new();
-    let mut context = SinkContext {
-        metrics,
-        stopped,
-        tasks: &mut tasks,
-    };
-    let mut sinks: Vec<Box<dyn Sink>> = vec![Box::new(LocalFiles::new(
-        &config.output_dir,
-        config.local_output,
-        metrics.worker.clone(),
-    )?)];
-    if let Some(pyroscope) = &config.pyroscope {
-        sinks.push(Box::new(PyroscopeSink::start(pyroscope, &mut context)?));
-    }
-    if let Some(listen) = config.grpc_listen {
-        if let Some(stream) = StreamSink::start(listen, &mut context).await? {
-            sinks.push(Box::new(stream));
-        }
-    }
-    Ok((sinks, SinkTasks { shutdown, tasks }))
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::config::error::{invalid, ConfigError};
+use crate::config_error::{invalid, ConfigError};
 use crate::kubernetes::PodIndex;
 use crate::process::ProcessInfo;
 

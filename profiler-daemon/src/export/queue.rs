@@ -59,6 +59,9 @@ pub struct ExportCounters {
     pub stream_subscribers: AtomicU64,
     /// Profiles live-stream subscribers missed because they read too slowly.
     pub stream_skipped: AtomicU64,
+    /// Profiles whose Pyroscope variant could not be encoded (counted with the local files
+    /// that could not be written).
+    pub encode_errors: AtomicU64,
 }
 
 #[derive(Default)]

@@ -17,8 +17,8 @@ use super::proto::profiler::v1::{ProfileMessage, SubscribeRequest};
 use super::proto::types::v1::LabelPair;
 use super::queue::ExportCounters;
 use super::ExportedProfile;
-use crate::config::error::ConfigError;
-use crate::sink::{Sink, SinkContext, SinkError, SinkProfile};
+use crate::config_error::ConfigError;
+use crate::sink::{Sink, SinkProfile, SinkTasks};
 
 /// How many profiles the live stream buffers for its slowest subscriber.
 const STREAM_BUFFER: usize = 256;
@@ -60,16 +60,12 @@ impl StreamSink {
     /// an address asked for is worth failing the start).
     pub async fn start(
         listen: GrpcListen,
-        context: &mut SinkContext<'_>,
-    ) -> Result<Option<Self>, SinkError> {
+        counters: Arc<ExportCounters>,
+        tasks: &mut SinkTasks,
+    ) -> std::io::Result<Option<Self>> {
         let listener = match tokio::net::TcpListener::bind(listen.address).await {
             Ok(listener) => listener,
-            Err(source) if listen.explicit => {
-                return Err(SinkError::Stream {
-                    address: listen.address,
-                    source,
-                })
-            }
+            Err(err) if listen.explicit => return Err(err),
             Err(err) => {
                 tracing::warn!(
                     address = %listen.address,
@@ -81,12 +77,8 @@ impl StreamSink {
         };
         tracing::info!(address = %listen.address, "serving the live profile stream (gRPC)");
         let profiles = broadcast::channel(STREAM_BUFFER).0;
-        context.tasks.push(tokio::spawn(serve(
-            listener,
-            profiles.clone(),
-            context.metrics.export.clone(),
-            context.stopped.clone(),
-        )));
+        let sent = profiles.clone();
+        tasks.spawn(|stopped| serve(listener, sent, counters, stopped));
         Ok(Some(Self { profiles }))
     }
 }

@@ -17,7 +17,7 @@ use super::method::MethodInfo;
 use super::reason::{Unnamed, UnnamedReason};
 use super::recorded::RecordedNmethod;
 use crate::frame_kind::ShownKind;
-use crate::symbolize::{ResolvedFrame, SourceLine};
+use crate::resolved_frame::{ResolvedFrame, SourceLine};
 
 /// A method's names, or why there are none.
 pub type MethodName = Result<Arc<MethodInfo>, UnnamedReason>;

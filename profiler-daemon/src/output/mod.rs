@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 use crate::metrics::WorkerCounters;
 use crate::pprof::proto;
 use crate::profiles::ProfileKind;
-use crate::sink::{Sink, SinkError, SinkProfile};
+use crate::sink::{Sink, SinkProfile};
 use retention::{Removed, Retention};
 
 /// What the local output writes, and how long it keeps it.
@@ -121,11 +121,8 @@ impl LocalFiles {
         dir: &Path,
         options: LocalOutput,
         counters: Arc<WorkerCounters>,
-    ) -> Result<Self, SinkError> {
-        let writer = LocalWriter::new(dir, options).map_err(|source| SinkError::Output {
-            path: dir.to_owned(),
-            source,
-        })?;
+    ) -> std::io::Result<Self> {
+        let writer = LocalWriter::new(dir, options)?;
         Ok(Self { writer, counters })
     }
 }

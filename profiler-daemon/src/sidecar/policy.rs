@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::config::error::{invalid, ConfigError};
+use crate::config_error::{invalid, ConfigError};
 use crate::process::ProcessInfo;
 
 /// Attaches running at once.

@@ -11,47 +11,9 @@ pub mod java;
 pub mod kernel;
 pub mod native;
 
+pub use crate::resolved_frame::{ResolvedFrame, SourceLine};
+
 use std::sync::Arc;
-
-/// One function on a frame's inline chain.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SourceLine {
-    pub function: String,
-    /// A fuller name when there is one (a Java method with its signature); else `function`.
-    pub system_name: Option<String>,
-    pub file: Option<String>,
-    /// 0 when unknown.
-    pub line: u32,
-}
-
-/// What one sampled address resolved to.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ResolvedFrame {
-    /// Innermost inlined function first; the last entry is the function the code belongs to.
-    /// Never empty.
-    pub lines: Vec<SourceLine>,
-    /// The file the address is in (its path in the process's namespace), if any.
-    pub module: Option<Arc<str>>,
-}
-
-impl ResolvedFrame {
-    /// A frame with only a name: unknown addresses, markers.
-    pub fn named(name: impl Into<String>, module: Option<Arc<str>>) -> Self {
-        Self {
-            lines: vec![SourceLine {
-                function: name.into(),
-                system_name: None,
-                file: None,
-                line: 0,
-            }],
-            module,
-        }
-    }
-
-    pub fn function(&self) -> &str {
-        self.lines.last().map_or("", |line| line.function.as_str())
-    }
-}
 
 /// Converts one blazesym result into our frame. `fallback` names what could not be resolved.
 fn from_blazesym(

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{Auth, PyroscopeConfig};
-use crate::config::error::{invalid, ConfigError};
+use crate::config_error::{invalid, ConfigError};
 use crate::export::queue::QueueBound;
 
 pub const DEFAULT_EXPORT_TIMEOUT: Duration = Duration::from_secs(10);

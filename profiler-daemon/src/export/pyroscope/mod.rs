@@ -24,10 +24,9 @@ use super::proto::push::v1::{
 use super::proto::types::v1::LabelPair;
 use super::queue::{ExportCounters, ExportQueue, PushBatch, QueueBound};
 use super::{batches_by_labels, ExportedProfile};
-use crate::metrics::WorkerCounters;
 use crate::pprof::encode_gzipped;
 use crate::profiles::{export_profile, ExportThreads};
-use crate::sink::{Sink, SinkContext, SinkProfile};
+use crate::sink::{Sink, SinkProfile, SinkTasks};
 
 /// Pyroscope as a sink: each interval's profiles, in Pyroscope's variant, go to the export
 /// queue as one batch per label set (a service's processes share one series) for the
@@ -36,30 +35,27 @@ pub struct PyroscopeSink {
     queue: Arc<ExportQueue>,
     threads: ExportThreads,
     interval: Vec<Arc<ExportedProfile>>,
-    /// Profiles that could not be encoded are counted with the files that could not be written.
-    worker: Arc<WorkerCounters>,
+    counters: Arc<ExportCounters>,
 }
 
 impl PyroscopeSink {
     /// Starts the exporter task; connects lazily, so an unreachable server is not an error.
     pub fn start(
         config: &PyroscopeConfig,
-        context: &mut SinkContext<'_>,
+        counters: Arc<ExportCounters>,
+        tasks: &mut SinkTasks,
     ) -> Result<Self, ExporterError> {
-        let counters = context.metrics.export.clone();
         let queue = Arc::new(ExportQueue::new(config.queue, counters.clone()));
-        let exporter = PyroscopeExporter::new(config, queue.clone(), counters)?;
+        let exporter = PyroscopeExporter::new(config, queue.clone(), counters.clone())?;
         tracing::info!(url = %config.url, "exporting to pyroscope");
-        context
-            .tasks
-            .push(tokio::spawn(exporter.run(context.stopped.clone())));
+        tasks.spawn(|stopped| exporter.run(stopped));
         Ok(Self {
             queue,
             threads: ExportThreads {
                 per_thread_series: config.per_thread_series,
             },
             interval: Vec::new(),
-            worker: context.metrics.worker.clone(),
+            counters,
         })
     }
 }
@@ -76,7 +72,7 @@ impl Sink for PyroscopeSink {
                 self.interval.push(Arc::new(exported));
             }
             Err(err) => {
-                self.worker.write_errors.fetch_add(1, Ordering::Relaxed);
+                self.counters.encode_errors.fetch_add(1, Ordering::Relaxed);
                 let pid = profile.built.pid;
                 tracing::error!(pid, %err, "cannot encode the exported profile");
             }

@@ -15,11 +15,8 @@ use crate::export::stream::GrpcListen;
 use crate::off_cpu::OffCpuConfig;
 use crate::output::LocalOutput;
 
-pub mod environment;
-pub mod error;
-
-pub use environment::Environment;
-pub use error::{invalid, ConfigError};
+pub use crate::config_error::{invalid, ConfigError};
+pub use crate::kubernetes::Environment;
 
 pub const DEFAULT_FREQUENCY_HZ: u64 = 19;
 pub const MAX_FREQUENCY_HZ: u64 = 1000;

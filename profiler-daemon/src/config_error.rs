@@ -1,5 +1,6 @@
-//! The one error type of configuration, shared by every component's section: a leaf module, so
-//! that components can check their own section without importing the config that includes them.
+//! The one error type of configuration, shared by every component's section: a leaf module (it
+//! imports nothing of the crate), so that components check their own section without importing
+//! the `config` module that gathers them.
 
 use std::path::PathBuf;
 
