@@ -106,7 +106,11 @@ fn top_level_modules_import_each_other_without_cycles() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let modules = modules(&src);
     let names: BTreeSet<&str> = modules.keys().map(String::as_str).collect();
-    assert!(names.len() > 20, "found only {names:?} under {}", src.display());
+    assert!(
+        names.len() > 20,
+        "found only {names:?} under {}",
+        src.display()
+    );
     let mut graph: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for (name, files) in &modules {
         let depends = graph.entry(name.as_str()).or_default();
@@ -140,7 +144,11 @@ fn the_checker_finds_a_cycle() {
             &known,
         ),
     );
-    assert_eq!(cycle_from(&graph, "a"), None, "comments and tests do not count");
+    assert_eq!(
+        cycle_from(&graph, "a"),
+        None,
+        "comments and tests do not count"
+    );
     graph.get_mut("c").expect("c").insert("a");
     assert_eq!(cycle_from(&graph, "a"), Some(vec!["a", "b", "c", "a"]));
 }

@@ -123,20 +123,33 @@ mod tests {
 
     #[test]
     fn resident_growth_is_measured() {
-        // The measure is process-wide and other tests run in parallel threads, freeing memory
-        // meanwhile: the best of three attempts is this closure's own growth.
+        const SIZE: usize = 32 << 20;
+        // A mapping of its own: freed heap memory would be reused (and already resident). The
+        // measure is process-wide and other tests run in parallel threads, freeing memory
+        // meanwhile: the best of three attempts is this work's own growth.
         let grown = (0..3)
             .map(|_| {
-                let (buffer, grown) = measure(|| {
-                    let mut buffer = vec![0u8; 32 << 20];
-                    // Touch every page so it is resident.
-                    for i in (0..buffer.len()).step_by(4096) {
-                        buffer[i] = 1;
-                    }
-                    buffer
-                });
-                drop(buffer);
-                grown
+                // SAFETY: a fresh private anonymous mapping, touched within its length and
+                // unmapped once measured.
+                unsafe {
+                    let (mapping, grown) = measure(|| {
+                        let mapping = libc::mmap(
+                            std::ptr::null_mut(),
+                            SIZE,
+                            libc::PROT_READ | libc::PROT_WRITE,
+                            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                            -1,
+                            0,
+                        );
+                        assert_ne!(mapping, libc::MAP_FAILED);
+                        for offset in (0..SIZE).step_by(4096) {
+                            *mapping.cast::<u8>().add(offset) = 1;
+                        }
+                        mapping
+                    });
+                    libc::munmap(mapping, SIZE);
+                    grown
+                }
             })
             .max()
             .unwrap_or(0);
