@@ -1,5 +1,5 @@
 //! Native frames: by the file's unwind table where one covers the pc (`.eh_frame` reduced by the
-//! daemon, see `profiler_common::cfi`), else by the frame-pointer chain ([fp] is the caller's
+//! daemon, see `profiler_common::cfi`), else by the frame-pointer chain (`[fp]` is the caller's
 //! fp, [fp + 8] the return address).
 
 use profiler_common::cfi::{CfaKind, CfiRow, RBP_UNCHANGED};
@@ -85,7 +85,7 @@ fn cfi_step<M: UserMemory>(walk: &mut Walk, window: &mut StackWindow, memory: &M
     walk.fp = fp;
 }
 
-/// A frame-pointer step: [fp] is the caller's saved fp, [fp + 8] the return address.
+/// A frame-pointer step: `[fp]` is the caller's saved fp, `[fp + 8]` the return address.
 #[inline(always)]
 fn frame_pointer_step<M: UserMemory>(walk: &mut Walk, window: &mut StackWindow, memory: &M) {
     if walk.fp == 0 {

@@ -1,5 +1,5 @@
 //! The JVMTI sidecar from the daemon's side: loading the agent (`profiler-jvmti`) into running
-//! JVMs ([`attach`], when [`policy`] says so) and keeping what it recorded at hand for the Java
+//! JVMs ([`attach`](mod@attach), when [`policy`] says so) and keeping what it recorded at hand for the Java
 //! symbolizer ([`index`]), and the Java thread names it reported ([`threads`]).
 
 pub mod attach;
