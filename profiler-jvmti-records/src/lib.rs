@@ -13,6 +13,13 @@
 //!
 //! A crate of its own so that the agent, a `cdylib`, can count its own heap with a global
 //! allocator without imposing it on the daemon and the tests, which link this crate.
+//!
+//! The codec is written by hand (little-endian fields, length-prefixed strings) rather than with
+//! a serialization crate: the agent encodes inside the JVM it is loaded in, where every
+//! dependency is code and heap the JVM pays for, and the daemon decodes a file another user can
+//! write, so each length is checked against what is left before it is used, which is easiest to
+//! see in code this small. Both sides are tested against each other, and the reader with
+//! truncated records, unknown kinds and garbage ([`record`]'s tests).
 
 pub mod channel;
 pub mod record;

@@ -363,10 +363,7 @@ fn past_the_queue_bound_the_oldest_profiles_are_dropped_and_counted_exactly() {
     let dir = tempfile::tempdir().expect("tempdir");
     let workload = native_workload(dir.path(), 60);
     // Reserve a port, then leave it closed: the receiver only comes up later.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
+    let port = free_local_address().expect("free port").port();
     let config = dir.path().join("config.toml");
     std::fs::write(
         &config,
@@ -472,10 +469,7 @@ fn stream_subscribers_get_exactly_the_profiles_they_filter_for() {
     let dir = tempfile::tempdir().expect("tempdir");
     let first = native_workload(dir.path(), 60);
     let second = native_workload(dir.path(), 60);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
+    let port = free_local_address().expect("free port").port();
     let address = format!("127.0.0.1:{port}");
     let out = dir.path().join("profiles");
     let (first_pid, second_pid) = (first.pid().to_string(), second.pid().to_string());

@@ -18,6 +18,11 @@
 //! could. The agent copy (another mount namespace only) is created by the daemon under a fresh
 //! name (`O_EXCL|O_NOFOLLOW`, mode 0644, in the sticky `/tmp` nobody else can replace it in) and
 //! removed once loaded: a copy is never reused.
+//!
+//! Written here rather than taken from a crate: the attach crates we know of connect as the
+//! caller, in the caller's namespace, and follow paths; none creates the trigger from
+//! descriptors in a child that has already given up root, which is what makes attaching safe
+//! against the JVM's own user.
 
 use std::ffi::CString;
 use std::fs::File;
