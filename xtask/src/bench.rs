@@ -204,9 +204,31 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
+    // The sections people keep by hand (readings of runs, side-by-side comparisons) stay.
+    let kept = fs::read_to_string(&path)
+        .map(|old| kept_by_hand(&old).to_owned())
+        .unwrap_or_default();
+    let markdown = if kept.is_empty() {
+        markdown
+    } else {
+        format!("{}\n\n{kept}", markdown.trim_end())
+    };
     fs::write(&path, markdown).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("bench: wrote {}", path.display());
     Ok(())
+}
+
+/// The part of a benchmarks file from its first section kept by hand (a `## ` heading that
+/// says "kept by hand") to its end; empty if there is none.
+fn kept_by_hand(text: &str) -> &str {
+    let mut at = 0;
+    for line in text.split_inclusive('\n') {
+        if line.starts_with("## ") && line.contains("(kept by hand)") {
+            return &text[at..];
+        }
+        at += line.len();
+    }
+    ""
 }
 
 /// Section 7 alone; written to target/bench/.
@@ -280,4 +302,18 @@ fn run_bpf_section(bench: &Bench, machine: Machine, args: &BenchArgs) -> Result<
     fs::write(&path, markdown).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("bench: wrote {}", path.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sections_kept_by_hand_are_found_from_the_first_one() {
+        let text = "# Benchmarks\n| a |\n## Missed targets\nx\n## Notes (kept by hand)\ny\n\
+                    ## More (kept by hand)\nz\n";
+        assert_eq!(
+            super::kept_by_hand(text),
+            "## Notes (kept by hand)\ny\n## More (kept by hand)\nz\n"
+        );
+        assert_eq!(super::kept_by_hand("# Benchmarks\n## Missed targets\n"), "");
+    }
 }
