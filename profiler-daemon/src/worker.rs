@@ -59,7 +59,6 @@ pub struct Worker {
     /// What the symbolizers were built with, to build them anew after a panic.
     cache_budget: Option<u64>,
     thread_directory: Option<crate::hotspot::thread_directory::ThreadDirectory>,
-    jvms: Option<crate::hotspot::jvm_directory::JvmDirectory>,
 }
 
 impl Worker {
@@ -83,7 +82,6 @@ impl Worker {
             counters,
             cache_budget: None,
             thread_directory: None,
-            jvms: None,
         }
     }
 
@@ -111,8 +109,7 @@ impl Worker {
 
     /// Shares the JVM tracker's inspected JVMs, so that each is inspected once.
     pub fn with_jvms(mut self, jvms: crate::hotspot::jvm_directory::JvmDirectory) -> Self {
-        self.symbolizers.jvms = jvms.clone();
-        self.jvms = Some(jvms);
+        self.symbolizers.jvms = jvms;
         self
     }
 
@@ -201,9 +198,8 @@ impl Worker {
         if let Some(threads) = &self.thread_directory {
             symbolizers.java.set_thread_directory(threads.clone());
         }
-        if let Some(jvms) = &self.jvms {
-            symbolizers.jvms = jvms.clone();
-        }
+        // The directory is shared with the tracker: the fresh symbolizers keep using it.
+        symbolizers.jvms = self.symbolizers.jvms.clone();
         self.symbolizers = symbolizers;
         self.processes = ProcessTable::default();
     }

@@ -72,6 +72,17 @@ impl ExportedProfile {
 }
 
 /// Groups profiles that share all their labels, in the order of first appearance.
+/// Label pairs as the protocols (Pyroscope's push, the live stream) carry them.
+fn label_pairs(labels: &[(String, String)]) -> Vec<proto::types::v1::LabelPair> {
+    labels
+        .iter()
+        .map(|(name, value)| proto::types::v1::LabelPair {
+            name: name.clone(),
+            value: value.clone(),
+        })
+        .collect()
+}
+
 pub(crate) fn batches_by_labels(profiles: Vec<Arc<ExportedProfile>>) -> Vec<PushBatch> {
     let mut batches: Vec<PushBatch> = Vec::new();
     for profile in profiles {

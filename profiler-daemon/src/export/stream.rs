@@ -14,9 +14,8 @@ use tonic::{Request, Response, Status};
 
 use super::proto::profiler::v1::profile_stream_server::{ProfileStream, ProfileStreamServer};
 use super::proto::profiler::v1::{ProfileMessage, SubscribeRequest};
-use super::proto::types::v1::LabelPair;
 use super::queue::ExportCounters;
-use super::ExportedProfile;
+use super::{label_pairs, ExportedProfile};
 use crate::config_error::ConfigError;
 use crate::sink::{Sink, SinkProfile, SinkTasks};
 
@@ -230,14 +229,7 @@ fn message(profile: &ExportedProfile, skipped_before: u64) -> ProfileMessage {
     ProfileMessage {
         pid: profile.pid,
         service_name: profile.service_name.clone(),
-        labels: profile
-            .labels
-            .iter()
-            .map(|(name, value)| LabelPair {
-                name: name.clone(),
-                value: value.clone(),
-            })
-            .collect(),
+        labels: label_pairs(&profile.labels),
         start_unix_nanos: profile
             .start
             .duration_since(UNIX_EPOCH)

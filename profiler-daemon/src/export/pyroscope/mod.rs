@@ -21,9 +21,8 @@ use tonic::Code;
 use super::proto::push::v1::{
     pusher_service_client::PusherServiceClient, PushRequest, RawProfileSeries, RawSample,
 };
-use super::proto::types::v1::LabelPair;
 use super::queue::{ExportCounters, ExportQueue, PushBatch, QueueBound};
-use super::{batches_by_labels, ExportedProfile};
+use super::{batches_by_labels, label_pairs, ExportedProfile};
 use crate::pprof::encode_gzipped;
 use crate::profiles::{export_profile, ExportThreads};
 use crate::sink::{Sink, SinkProfile, SinkTasks};
@@ -324,14 +323,7 @@ fn push_request(batches: &[Arc<PushBatch>]) -> PushRequest {
         series: batches
             .iter()
             .map(|batch| RawProfileSeries {
-                labels: batch
-                    .labels
-                    .iter()
-                    .map(|(name, value)| LabelPair {
-                        name: name.clone(),
-                        value: value.clone(),
-                    })
-                    .collect(),
+                labels: label_pairs(&batch.labels),
                 samples: batch
                     .profiles
                     .iter()
