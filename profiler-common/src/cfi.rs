@@ -291,8 +291,103 @@ pub fn find_cfi_row_in_table<'a>(
     find_cfi_row_in_block(block_at(block)?, len, pc, opaque)
 }
 
+/// What a walk remembers of its last table lookup, so that the next native frame, usually in the
+/// same file and often in the same block or row (recursion, loops), skips the searches and map
+/// lookups that found them. Kept in the walk's per-CPU state: it outlives a `bpf_loop` callback,
+/// and holds numbers and address ranges only (a map value pointer cannot be stored).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CfiCache {
+    /// The mapping of the last lookup (`end == 0`: none yet).
+    pub mapping: CfiMapping,
+    /// The block of that mapping's table last used, and the file addresses it covers,
+    /// `[block_start, block_end)` (`block_end == 0`: none).
+    pub block: u32,
+    pub block_rows: u32,
+    pub block_start: u32,
+    pub block_end: u32,
+    /// The row last found and where the next row starts (`row_end == 0`: none).
+    pub row: CfiRow,
+    pub row_end: u32,
+    pub _reserved: u32,
+}
+
+impl CfiCache {
+    /// Forgets everything: at the start of each walk (another process, or tables rewritten).
+    #[inline(always)]
+    pub fn clear(&mut self) {
+        self.mapping.end = 0;
+        self.block_end = 0;
+        self.row_end = 0;
+    }
+}
+
+/// The row covering `pc` in the current process, as [`find_cfi_mapping`] then
+/// [`find_cfi_row_in_table`] would find it, with what `cache` already holds: the process's
+/// mappings (`process`), a table's index (`index_of`) and a block (`block_at`, by table and block
+/// number) are only read when the cache does not cover `pc`.
+#[inline(always)]
+pub fn find_cfi_row_cached<'a>(
+    cache: &mut CfiCache,
+    pc: u64,
+    opaque: &mut impl Opaque,
+    process: impl FnOnce() -> Option<&'a CfiProcess>,
+    index_of: impl FnOnce(u32) -> Option<&'a CfiTableIndex>,
+    block_at: impl FnOnce(u32, u32) -> Option<&'a CfiBlock>,
+) -> Option<CfiRow> {
+    if pc < cache.mapping.start || pc >= cache.mapping.end {
+        cache.mapping = find_cfi_mapping(process()?, pc, opaque)?;
+        cache.block_end = 0;
+        cache.row_end = 0;
+    }
+    let address = u32::try_from(pc.wrapping_sub(cache.mapping.bias)).ok()?;
+    if cache.row.pc <= address && address < cache.row_end {
+        return Some(cache.row);
+    }
+    if address < cache.block_start || address >= cache.block_end {
+        let index = index_of(cache.mapping.table)?;
+        let found = find_cfi_block(index, address, opaque)?;
+        // Laundered: else the compiler drops the bounds checks below as implied by the
+        // search's and by each other, in forms the verifier cannot follow.
+        let block = opaque.opaque(found);
+        let next = opaque.opaque(found + 1);
+        let blocks = (index.blocks as usize).min(MAX_CFI_BLOCKS) as u32;
+        let last = next >= blocks;
+        cache.block = block;
+        cache.block_rows = if last {
+            index.last_block_rows
+        } else {
+            CFI_BLOCK_ROWS as u32
+        };
+        cache.block_start = *index.first_pcs.get(block as usize)?;
+        cache.block_end = if last {
+            u32::MAX
+        } else {
+            *index.first_pcs.get(next as usize)?
+        };
+        cache.row_end = 0;
+    }
+    let block = block_at(cache.mapping.table, cache.block)?;
+    let len = (cache.block_rows as usize).min(CFI_BLOCK_ROWS) as u32;
+    // The row after the one found is the search's final upper bound: the last probe that was
+    // past `address` read it (none did if the row found is the block's last).
+    let mut next_pc = cache.block_end;
+    let row = last_at_or_before(len, CFI_BLOCK_ROW_SEARCH_STEPS, opaque, |i| {
+        let pc = block.rows.get(i as usize)?.pc;
+        if pc > address {
+            next_pc = pc;
+        }
+        Some(pc <= address)
+    })?;
+    cache.row = *block.rows.get(opaque.opaque(row) as usize)?;
+    cache.row_end = next_pc;
+    Some(cache.row)
+}
+
 #[cfg(test)]
 mod tests {
+    use std::vec::Vec;
+
     use super::*;
 
     fn rows() -> [CfiRow; 4] {
@@ -318,6 +413,96 @@ mod tests {
         assert_eq!(find(0x103f), Some(rows()[2]));
         assert_eq!(find(0x1040), Some(rows()[3]));
         assert_eq!(find(u32::MAX), Some(rows()[3]));
+    }
+
+    /// A process of `mappings` files, each with a table of `rows` rows in blocks; returns the
+    /// process entry, each table's index and blocks, and each table's flat rows.
+    fn process_with_tables(
+        mappings: usize,
+        rows: usize,
+    ) -> (CfiProcess, Vec<(CfiTableIndex, Vec<CfiBlock>)>, Vec<Vec<CfiRow>>) {
+        let mut process = CfiProcess {
+            count: mappings as u32,
+            _reserved: 0,
+            mappings: [CfiMapping::default(); MAX_CFI_MAPPINGS],
+        };
+        let (mut tables, mut flat) = (Vec::new(), Vec::new());
+        for m in 0..mappings {
+            // Rows 4 to 67 bytes apart from 0x1000, rules varied; the mapping spans them all.
+            let mut pc = 0x1000u32;
+            let table_rows: Vec<CfiRow> = (0..rows)
+                .map(|i| {
+                    let row = CfiRow::new(pc, CfaKind::Rsp, (i * 7 + m) as u16 % 300, 0);
+                    pc += 4 + ((i * 31 + m * 17) % 64) as u32;
+                    row
+                })
+                .collect();
+            let start = 0x10_0000_0000u64 * (m as u64 + 1);
+            process.mappings[m] = CfiMapping {
+                start,
+                end: start + pc as u64 + 0x100,
+                bias: start,
+                table: 100 + m as u32,
+                _reserved: 0,
+            };
+            let mut index = CfiTableIndex {
+                blocks: 0,
+                last_block_rows: 0,
+                first_pcs: [0; MAX_CFI_BLOCKS],
+            };
+            let mut blocks = Vec::new();
+            for (number, chunk) in table_rows.chunks(CFI_BLOCK_ROWS).enumerate() {
+                let mut block = CfiBlock {
+                    rows: [CfiRow::default(); CFI_BLOCK_ROWS],
+                };
+                block.rows[..chunk.len()].copy_from_slice(chunk);
+                index.first_pcs[number] = chunk[0].pc;
+                index.last_block_rows = chunk.len() as u32;
+                blocks.push(block);
+            }
+            index.blocks = blocks.len() as u32;
+            tables.push((index, blocks));
+            flat.push(table_rows);
+        }
+        (process, tables, flat)
+    }
+
+    proptest::proptest! {
+        /// The cached lookup gives what a direct search of the mapping's flat rows gives, for
+        /// any sequence of pcs: jumps between mappings and blocks, repeats, pcs outside.
+        #[test]
+        fn a_cached_lookup_finds_what_a_direct_search_finds(
+            steps in proptest::collection::vec((0usize..4, 0u32..0x2_0000, 0u32..8), 1..200),
+        ) {
+            let (process, tables, flat) = process_with_tables(3, 2 * CFI_BLOCK_ROWS + 100);
+            let mut cache = CfiCache::default();
+            let mut last = 0u64;
+            for (mapping, offset, near) in steps {
+                // Mapping 3 does not exist: a pc outside every table. `near` revisits the last pc.
+                let pc = if near == 0 && last != 0 {
+                    last + offset as u64 % 64
+                } else {
+                    0x10_0000_0000u64 * (mapping as u64 + 1) + offset as u64
+                };
+                last = pc;
+                let expected = find_cfi_mapping(&process, pc, &mut Transparent).and_then(|m| {
+                    let rows = &flat[(m.table - 100) as usize];
+                    let address = u32::try_from(pc - m.bias).ok()?;
+                    find_cfi_row(rows.len() as u32, address, |i| rows.get(i as usize).copied())
+                });
+                let found = find_cfi_row_cached(
+                    &mut cache,
+                    pc,
+                    &mut Transparent,
+                    || Some(&process),
+                    |table| tables.get(table.checked_sub(100)? as usize).map(|t| &t.0),
+                    |table, block| {
+                        tables.get(table.checked_sub(100)? as usize)?.1.get(block as usize)
+                    },
+                );
+                proptest::prop_assert_eq!(found, expected, "pc {:#x}", pc);
+            }
+        }
     }
 
     #[test]

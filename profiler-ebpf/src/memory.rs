@@ -3,7 +3,6 @@
 //! the `CFI_*` maps, and the per-CPU window the thread's stack is read through. None of these
 //! reads can fault; a failed one is a value.
 
-use core::cell::Cell;
 use core::ffi::c_void;
 use core::mem::MaybeUninit;
 
@@ -14,8 +13,8 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use profiler_common::cfi::{
-    cfi_block_key, find_cfi_mapping, find_cfi_row_in_table, CfiBlock, CfiProcess, CfiRow,
-    CfiTableIndex, Opaque, DEFAULT_CFI_BLOCKS, MAX_CFI_PROCESSES, MAX_CFI_TABLES,
+    cfi_block_key, find_cfi_row_cached, CfiBlock, CfiCache, CfiProcess, CfiRow, CfiTableIndex,
+    Opaque, DEFAULT_CFI_BLOCKS, MAX_CFI_PROCESSES, MAX_CFI_TABLES,
 };
 use profiler_common::MAX_JAVA_THREADS;
 use profiler_unwind::{JavaThreads, NativeTables, ReadError, StackWindow, UserMemory};
@@ -70,53 +69,24 @@ impl Opaque for OpaqueSlot {
 /// The sampled process, as the current task sees it.
 pub(crate) struct CurrentTask {
     pid: u32,
-    /// Its mappings with unwind tables and the searches' slot, once looked up: at the first
-    /// native frame of a batch of steps, so that Java frames pay no lookup.
-    cfi: Cell<CfiLookup>,
-}
-
-#[derive(Clone, Copy)]
-enum CfiLookup {
-    NotYet,
-    None,
-    Found(&'static CfiProcess, *mut u32),
 }
 
 impl CurrentTask {
     #[inline(always)]
     pub(crate) fn new(pid: u32) -> Self {
-        Self {
-            pid,
-            cfi: Cell::new(CfiLookup::NotYet),
-        }
+        Self { pid }
     }
 
-    /// The process's mappings with tables, looked up once per batch of steps.
+    /// The process's mappings with tables: looked up only when a native frame falls outside the
+    /// mapping the walk's cache holds, so Java frames and most native frames pay nothing.
     #[inline(always)]
-    fn cfi(&self) -> Option<(&'static CfiProcess, *mut u32)> {
-        let lookup = match self.cfi.get() {
-            CfiLookup::NotYet => {
-                let lookup = match (CFI_PROCS.get_ptr(&self.pid), CFI_OPAQUE.get_ptr_mut(0)) {
-                    (Some(found), Some(slot)) => {
-                        // Through an opaque copy: otherwise the compiler may compute field
-                        // addresses from the lookup's result before its null check, which the
-                        // verifier refuses.
-                        let found = core::hint::black_box(found);
-                        // SAFETY: non-null, a map value only read; the daemon replaces entries
-                        // whole.
-                        CfiLookup::Found(unsafe { &*found }, slot)
-                    }
-                    _ => CfiLookup::None,
-                };
-                self.cfi.set(lookup);
-                lookup
-            }
-            known => known,
-        };
-        match lookup {
-            CfiLookup::Found(process, slot) => Some((process, slot)),
-            _ => None,
-        }
+    fn cfi_process(&self) -> Option<&'static CfiProcess> {
+        let found = CFI_PROCS.get_ptr(&self.pid)?;
+        // Through an opaque copy: otherwise the compiler may compute field addresses from the
+        // lookup's result before its null check, which the verifier refuses.
+        let found = core::hint::black_box(found);
+        // SAFETY: non-null, a map value only read; the daemon replaces entries whole.
+        Some(unsafe { &*found })
     }
 }
 
@@ -172,20 +142,22 @@ impl UserMemory for CurrentTask {
 }
 
 /// The row covering a pc: the process's mapping holding it, that mapping's table, the block, the
-/// row (docs/native-unwinding.md). Every step is a bounded binary search.
+/// row (docs/native-unwinding.md). Every step is a bounded binary search, skipped when the walk's
+/// cache already covers the pc.
 impl NativeTables for CurrentTask {
     #[inline(always)]
-    fn cfi_row(&self, pc: u64) -> Option<CfiRow> {
-        let (process, slot) = self.cfi()?;
-        let opaque = &mut OpaqueSlot(slot);
-        let mapping = find_cfi_mapping(process, pc, opaque)?;
-        let address = u32::try_from(pc.wrapping_sub(mapping.bias)).ok()?;
+    fn cfi_row(&self, pc: u64, cache: &mut CfiCache) -> Option<CfiRow> {
+        let slot = CFI_OPAQUE.get_ptr_mut(0)?;
         // SAFETY: the values are only read; the daemon writes a table's blocks before its index,
         // and its index before any process refers to it.
-        let index = unsafe { CFI_TABLES.get(&mapping.table) }?;
-        find_cfi_row_in_table(index, address, opaque, |block| unsafe {
-            CFI_BLOCKS.get(&cfi_block_key(mapping.table, block))
-        })
+        find_cfi_row_cached(
+            cache,
+            pc,
+            &mut OpaqueSlot(slot),
+            || self.cfi_process(),
+            |table| unsafe { CFI_TABLES.get(&table) },
+            |table, block| unsafe { CFI_BLOCKS.get(&cfi_block_key(table, block)) },
+        )
     }
 }
 

@@ -5,7 +5,7 @@
 
 use core::mem::MaybeUninit;
 
-use profiler_common::cfi::CfiRow;
+use profiler_common::cfi::{CfiCache, CfiRow};
 use profiler_common::{UnwindEnd, UserFrame};
 
 /// A read of the sampled process's memory that failed (unmapped, paged out); on the BPF side,
@@ -43,7 +43,8 @@ pub trait JavaThreads {
 /// The sampled process's native unwind tables (see `profiler_common::cfi`).
 pub trait NativeTables {
     /// The row covering `pc`, an address in the process, if a table of its file is loaded.
-    fn cfi_row(&self, pc: u64) -> Option<CfiRow>;
+    /// `cache` is the walk's memory of its last lookup (`profiler_common::cfi::CfiCache`).
+    fn cfi_row(&self, pc: u64, cache: &mut CfiCache) -> Option<CfiRow>;
 }
 
 /// Where the walk puts the frames it records.

@@ -23,7 +23,7 @@ pub(crate) fn native_step<M: UserMemory + NativeTables>(
     } else {
         walk.pc.wrapping_sub(1)
     };
-    if let Some(row) = memory.cfi_row(lookup) {
+    if let Some(row) = memory.cfi_row(lookup, &mut walk.cfi) {
         match row.kind() {
             Some(CfaKind::Rsp | CfaKind::Rbp | CfaKind::Plt) => {
                 cfi_step(walk, window, memory, row);

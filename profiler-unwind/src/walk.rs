@@ -1,6 +1,7 @@
 //! The walk's state and one step of it: record the current frame, move to its caller, and when
 //! the native frames of a JVM thread lead nowhere, resume at its `JavaFrameAnchor`.
 
+use profiler_common::cfi::CfiCache;
 use profiler_common::{FrameKind, HotspotProc, UnwindEnd, UserFrame, MAX_USER_FRAMES};
 
 use crate::hotspot::{java_step, resume_at_anchor, BlobCache};
@@ -52,6 +53,8 @@ pub struct Walk {
     pub cookie_const_method: u64,
     /// The last code blob read during this walk.
     pub blob_cache: BlobCache,
+    /// The last native unwind table lookup of this walk.
+    pub cfi: CfiCache,
     pub hotspot: HotspotProc,
 }
 
@@ -66,6 +69,7 @@ impl Walk {
         self.java_seen = 0;
         self.tid = tid;
         self.blob_cache.blob = 0;
+        self.cfi.clear();
         self.cookie_const_method = 0;
         self.pc = regs.ip;
         self.sp = regs.sp;

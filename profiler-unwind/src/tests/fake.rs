@@ -4,7 +4,7 @@
 
 use core::mem::MaybeUninit;
 
-use profiler_common::cfi::{find_cfi_row, CfiRow};
+use profiler_common::cfi::{find_cfi_row, CfiCache, CfiRow};
 use profiler_common::{
     hotspot_flags, interpreted_cookie, name_tail, name_tail_start, CodeHeapRange, FrameKind,
     HotspotProc, UnwindEnd, UserFrame, BCI_UNKNOWN, NAME_TAIL_BYTES,
@@ -133,7 +133,8 @@ impl UserMemory for FakeMemory {
 }
 
 impl NativeTables for FakeMemory {
-    fn cfi_row(&self, pc: u64) -> Option<CfiRow> {
+    // Searched directly: the cache is `profiler_common::cfi`'s, tested there against this search.
+    fn cfi_row(&self, pc: u64, _cache: &mut CfiCache) -> Option<CfiRow> {
         let (_, _, bias, rows) = self
             .tables
             .iter()
