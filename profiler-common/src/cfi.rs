@@ -415,12 +415,15 @@ mod tests {
         assert_eq!(find(u32::MAX), Some(rows()[3]));
     }
 
+    /// A table as the maps hold it: its index and blocks.
+    type Blocked = (CfiTableIndex, Vec<CfiBlock>);
+
     /// A process of `mappings` files, each with a table of `rows` rows in blocks; returns the
     /// process entry, each table's index and blocks, and each table's flat rows.
     fn process_with_tables(
         mappings: usize,
         rows: usize,
-    ) -> (CfiProcess, Vec<(CfiTableIndex, Vec<CfiBlock>)>, Vec<Vec<CfiRow>>) {
+    ) -> (CfiProcess, Vec<Blocked>, Vec<Vec<CfiRow>>) {
         let mut process = CfiProcess {
             count: mappings as u32,
             _reserved: 0,
