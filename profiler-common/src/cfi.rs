@@ -322,13 +322,59 @@ impl CfiCache {
     }
 }
 
+/// log2 of [`CFI_ROW_CACHE_ENTRIES`].
+const CFI_ROW_CACHE_BITS: u32 = 10;
+
+/// Entries of a [`CfiRowCache`].
+pub const CFI_ROW_CACHE_ENTRIES: usize = 1 << CFI_ROW_CACHE_BITS;
+
+/// A row found for an address in a table, and where the next row starts (`table == 0`: empty;
+/// the daemon's table ids start at 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CfiCachedRow {
+    pub table: u32,
+    pub end: u32,
+    pub row: CfiRow,
+}
+
+/// Rows that earlier walks on this CPU found, direct-mapped by (table, address): a profiled
+/// program's stacks repeat the same return addresses sample after sample, and a hit costs a few
+/// instructions instead of a hash lookup and a binary search. An entry stays right for as long as
+/// it is held: a table id always names the same rows (the daemon never reuses one), and an entry
+/// only answers for addresses inside its row. 16 KiB per CPU (`CFI_ROW_CACHE`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CfiRowCache {
+    pub entries: [CfiCachedRow; CFI_ROW_CACHE_ENTRIES],
+}
+
+impl CfiRowCache {
+    pub const EMPTY: Self = Self {
+        entries: [CfiCachedRow {
+            table: 0,
+            end: 0,
+            row: CfiRow::new(0, CfaKind::None, 0, RBP_UNCHANGED),
+        }; CFI_ROW_CACHE_ENTRIES],
+    };
+
+    /// The entry for `address` of `table`: a multiplicative hash of both, its top bits.
+    #[inline(always)]
+    fn index(table: u32, address: u32) -> usize {
+        let hash = (address ^ table.wrapping_mul(0x9e37_79b9)).wrapping_mul(0x85eb_ca6b);
+        (hash >> (32 - CFI_ROW_CACHE_BITS)) as usize & (CFI_ROW_CACHE_ENTRIES - 1)
+    }
+}
+
 /// The row covering `pc` in the current process, as [`find_cfi_mapping`] then
-/// [`find_cfi_row_in_table`] would find it, with what `cache` already holds: the process's
-/// mappings (`process`), a table's index (`index_of`) and a block (`block_at`, by table and block
-/// number) are only read when the cache does not cover `pc`.
+/// [`find_cfi_row_in_table`] would find it, with what `cache` (this walk's) and `rows` (this
+/// CPU's earlier walks') already hold: the process's mappings (`process`), a table's index
+/// (`index_of`) and a block (`block_at`, by table and block number) are only read when neither
+/// covers `pc`.
 #[inline(always)]
 pub fn find_cfi_row_cached<'a>(
     cache: &mut CfiCache,
+    rows: &mut CfiRowCache,
     pc: u64,
     opaque: &mut impl Opaque,
     process: impl FnOnce() -> Option<&'a CfiProcess>,
@@ -343,6 +389,14 @@ pub fn find_cfi_row_cached<'a>(
     let address = u32::try_from(pc.wrapping_sub(cache.mapping.bias)).ok()?;
     if cache.row.pc <= address && address < cache.row_end {
         return Some(cache.row);
+    }
+    let table = cache.mapping.table;
+    let slot = CfiRowCache::index(table, address);
+    let cached = *rows.entries.get(slot)?;
+    if cached.table == table && cached.row.pc <= address && address < cached.end {
+        cache.row = cached.row;
+        cache.row_end = cached.end;
+        return Some(cached.row);
     }
     if address < cache.block_start || address >= cache.block_end {
         let index = index_of(cache.mapping.table)?;
@@ -381,6 +435,11 @@ pub fn find_cfi_row_cached<'a>(
     })?;
     cache.row = *block.rows.get(opaque.opaque(row) as usize)?;
     cache.row_end = next_pc;
+    *rows.entries.get_mut(slot)? = CfiCachedRow {
+        table,
+        end: next_pc,
+        row: cache.row,
+    };
     Some(cache.row)
 }
 
@@ -479,6 +538,7 @@ mod tests {
         ) {
             let (process, tables, flat) = process_with_tables(3, 2 * CFI_BLOCK_ROWS + 100);
             let mut cache = CfiCache::default();
+            let mut rows = std::boxed::Box::new(CfiRowCache::EMPTY);
             let mut last = 0u64;
             for (mapping, offset, near) in steps {
                 // Mapping 3 does not exist: a pc outside every table. `near` revisits the last pc.
@@ -493,8 +553,13 @@ mod tests {
                     let address = u32::try_from(pc - m.bias).ok()?;
                     find_cfi_row(rows.len() as u32, address, |i| rows.get(i as usize).copied())
                 });
+                // A walk's cache lasts one walk; the CPU's row cache outlives it.
+                if near == 7 {
+                    cache.clear();
+                }
                 let found = find_cfi_row_cached(
                     &mut cache,
+                    &mut rows,
                     pc,
                     &mut Transparent,
                     || Some(&process),

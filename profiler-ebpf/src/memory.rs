@@ -13,8 +13,8 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use profiler_common::cfi::{
-    cfi_block_key, find_cfi_row_cached, CfiBlock, CfiCache, CfiProcess, CfiRow, CfiTableIndex,
-    Opaque, DEFAULT_CFI_BLOCKS, MAX_CFI_PROCESSES, MAX_CFI_TABLES,
+    cfi_block_key, find_cfi_row_cached, CfiBlock, CfiCache, CfiProcess, CfiRow, CfiRowCache,
+    CfiTableIndex, Opaque, DEFAULT_CFI_BLOCKS, MAX_CFI_PROCESSES, MAX_CFI_TABLES,
 };
 use profiler_common::MAX_JAVA_THREADS;
 use profiler_unwind::{JavaThreads, NativeTables, ReadError, StackWindow, UserMemory};
@@ -46,6 +46,10 @@ static CFI_TABLES: HashMap<u32, CfiTableIndex> =
 #[map]
 static CFI_BLOCKS: HashMap<u64, CfiBlock> =
     HashMap::with_max_entries(DEFAULT_CFI_BLOCKS, BPF_F_NO_PREALLOC);
+
+/// Rows found by earlier walks on this CPU (see `cfi::CfiRowCache`).
+#[map]
+static CFI_ROW_CACHE: PerCpuArray<CfiRowCache> = PerCpuArray::with_max_entries(1, 0);
 
 /// A per-CPU word the table searches pass their bounds through (see `cfi::Opaque`).
 #[map]
@@ -148,10 +152,13 @@ impl NativeTables for CurrentTask {
     #[inline(always)]
     fn cfi_row(&self, pc: u64, cache: &mut CfiCache) -> Option<CfiRow> {
         let slot = CFI_OPAQUE.get_ptr_mut(0)?;
+        // SAFETY: a per-CPU map value, used by one program at a time on this CPU.
+        let rows = unsafe { &mut *CFI_ROW_CACHE.get_ptr_mut(0)? };
         // SAFETY: the values are only read; the daemon writes a table's blocks before its index,
         // and its index before any process refers to it.
         find_cfi_row_cached(
             cache,
+            rows,
             pc,
             &mut OpaqueSlot(slot),
             || self.cfi_process(),

@@ -278,7 +278,9 @@ pub struct UnwindTables<M: TableMaps> {
     files: HashMap<FileId, FileLayout>,
     tables: HashMap<TableKey, TableState>,
     processes: HashMap<u32, LoadedProcess>,
-    free_ids: Vec<u32>,
+    /// The id the next table gets. Ids are never reused: the BPF walkers' per-CPU row caches
+    /// (`profiler_common::cfi::CfiRowCache`) trust a row found for (table id, address) for as
+    /// long as they hold it, so an id must always name the same rows.
     next_id: u32,
     stats: Arc<TableStats>,
 }
@@ -295,7 +297,6 @@ impl<M: TableMaps> UnwindTables<M> {
             files: HashMap::new(),
             tables: HashMap::new(),
             processes: HashMap::new(),
-            free_ids: Vec::new(),
             next_id: 1,
             stats,
         }
@@ -524,13 +525,17 @@ impl<M: TableMaps> UnwindTables<M> {
             self.fail(key, NotLoaded::Budget, Some(now + RETRY_AFTER));
             return None;
         }
-        let id = self.free_ids.pop().unwrap_or_else(|| {
-            self.next_id += 1;
-            self.next_id - 1
-        });
+        let Some(id) = self
+            .next_id
+            .checked_add(1)
+            .map(|next| std::mem::replace(&mut self.next_id, next))
+        else {
+            // Four billion tables built: none is loaded again rather than reuse an id.
+            self.fail(key, NotLoaded::MapFull, None);
+            return None;
+        };
         if let Err(err) = self.maps.put_table(id, &blocks) {
             tracing::debug!(%err, "unwind table not written");
-            self.free_ids.push(id);
             self.fail(key, NotLoaded::MapFull, Some(now + RETRY_AFTER));
             return None;
         }
@@ -583,7 +588,6 @@ impl<M: TableMaps> UnwindTables<M> {
     fn evict(&mut self, key: TableKey) {
         if let Some(TableState::Loaded(table)) = self.tables.remove(&key) {
             self.maps.remove_table(table.id, table.blocks);
-            self.free_ids.push(table.id);
             self.used_bytes -= table.bytes;
             self.stats.evictions.fetch_add(1, Ordering::Relaxed);
             self.publish();
