@@ -29,4 +29,5 @@ pub mod sink;
 pub mod subscribe;
 pub mod symbolize;
 pub mod untrusted;
+pub mod vdso;
 pub mod worker;

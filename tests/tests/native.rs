@@ -524,3 +524,60 @@ impl Drop for KillGroup {
         unsafe { libc::kill(-(self.0 as i32), libc::SIGKILL) };
     }
 }
+
+/// The vDSO is no file: its frames are unwound by the table built from the host's vDSO image and
+/// named from its symbols. A program that spends its time in `clock_gettime`, built without frame
+/// pointers: its vDSO samples keep `__vdso_clock_gettime` (the vDSO's internal helpers build no
+/// frame, and a frame-pointer step from one skips it) and reach `read_clock` and `main`.
+#[test]
+fn vdso_frames_are_named_and_unwound_to_main() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let binary = compile_c_with(
+        "vdso_clock.c",
+        dir.path(),
+        &["-O2", "-g", "-fomit-frame-pointer"],
+    )
+    .expect("compiles");
+    let workload = Workload::spawn(Command::new(&binary).arg("30")).expect("starts");
+    let profiles = profile_steady_state(workload.pid(), 499, 9, &dir.path().join("profiles"));
+    let (mut in_vdso, mut named, mut rooted, mut total) = (0i64, 0i64, 0i64, 0i64);
+    for (_, profile) in &profiles {
+        for sample in &profile.sample {
+            let frames = sample_frames(profile, sample);
+            total += count(sample);
+            let leaf_in_vdso = frames.first().is_some_and(|leaf| {
+                leaf.name.starts_with("__vdso_") || leaf.name.starts_with("[vdso]")
+            });
+            if !leaf_in_vdso {
+                continue;
+            }
+            in_vdso += count(sample);
+            if frames.iter().any(|f| f.name == "__vdso_clock_gettime") {
+                named += count(sample);
+            }
+            let has = |name: &str| frames.iter().any(|f| f.name == name);
+            if has("read_clock") && has("run_loop") && has("main") {
+                rooted += count(sample);
+            }
+        }
+    }
+    let share = |part: i64| part as f64 / in_vdso.max(1) as f64;
+    eprintln!(
+        "{in_vdso} of {total} samples in the vDSO: {:.2}% show __vdso_clock_gettime, {:.2}% \
+         reach read_clock, run_loop and main",
+        share(named) * 100.0,
+        share(rooted) * 100.0
+    );
+    assert!(
+        in_vdso * 3 > total,
+        "too few samples in the vDSO: {in_vdso} of {total}"
+    );
+    assert!(
+        share(named) >= 0.99,
+        "only {named} of {in_vdso} vDSO samples show __vdso_clock_gettime"
+    );
+    assert!(
+        share(rooted) >= 0.99,
+        "only {rooted} of {in_vdso} vDSO samples reach main"
+    );
+}

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use hashbrown::HashMap;
 use object::read::ReadCache;
+use object::ReadRef;
 use profiler_common::cfi::{cfi_block_key, CfiBlock, CfiMapping, CfiProcess, CfiTableIndex};
 use profiler_common::cfi::{MAX_CFI_BLOCKS, MAX_CFI_MAPPINGS};
 
@@ -32,6 +33,7 @@ use super::build::{build_table, BuildError, BuildLimits};
 use super::mapping::{load_bias_in, load_segments, CodeMapping, LoadSegment, TableKey, TableKeys};
 use crate::process::{self, Backing, Mapping};
 use crate::untrusted::BoundedReads;
+use crate::vdso::VdsoImage;
 
 /// Most bytes read from one file to key and build its table (headers and `.eh_frame`; a
 /// 130 MB `librustc_driver` has 14 MB of `.eh_frame`).
@@ -282,15 +284,26 @@ pub struct UnwindTables<M: TableMaps> {
     /// (`profiler_common::cfi::CfiRowCache`) trust a row found for (table id, address) for as
     /// long as they hold it, so an id must always name the same rows.
     next_id: u32,
+    /// The host's vDSO image's table key and segments (`None`: it has no usable CFI).
+    vdso: Option<FileLayout>,
     stats: Arc<TableStats>,
 }
 
 impl<M: TableMaps> UnwindTables<M> {
     pub fn new(maps: M, budget_bytes: u64, stats: Arc<TableStats>) -> Self {
         stats.limit_bytes.store(budget_bytes, Ordering::Relaxed);
+        let keys = TableKeys::new();
+        let vdso = VdsoImage::of_this_host().and_then(|image| {
+            let elf = object::File::parse(image.bytes()).ok()?;
+            Some(FileLayout {
+                key: Some(keys.key(&elf)?),
+                segments: load_segments(&elf),
+                last_used: Instant::now(),
+            })
+        });
         Self {
             maps,
-            keys: TableKeys::new(),
+            keys,
             limits: build_limits(),
             budget_bytes,
             used_bytes: 0,
@@ -298,6 +311,7 @@ impl<M: TableMaps> UnwindTables<M> {
             tables: HashMap::new(),
             processes: HashMap::new(),
             next_id: 1,
+            vdso,
             stats,
         }
     }
@@ -399,6 +413,22 @@ impl<M: TableMaps> UnwindTables<M> {
                 break;
             }
         }
+        let vdso = mappings.iter().find(|m| matches!(m.backing, Backing::Vdso));
+        if let Some((mapping, found)) = vdso.and_then(|m| Some((m, self.vdso_table(m)?))) {
+            if (entry.count as usize) < MAX_CFI_MAPPINGS {
+                insert_sorted(
+                    &mut entry,
+                    CfiMapping {
+                        start: mapping.start,
+                        end: mapping.end,
+                        bias: found.bias,
+                        table: found.id,
+                        _reserved: 0,
+                    },
+                );
+                tables.push(found.key);
+            }
+        }
         if entry.count == 0 {
             return;
         }
@@ -485,9 +515,36 @@ impl<M: TableMaps> UnwindTables<M> {
         })
     }
 
-    /// The id of the table keyed `key`, built from `reads` and loaded if it is not yet, and
-    /// whether it was built now.
-    fn load_table(&mut self, key: TableKey, reads: &BoundedReads) -> Option<(u32, bool)> {
+    /// The table of a process's `[vdso]` mapping: the host's image's (see `crate::vdso`), if the
+    /// mapping holds that image.
+    fn vdso_table(&mut self, mapping: &Mapping) -> Option<MappedTable> {
+        let image = VdsoImage::of_this_host().filter(|image| image.is_mapped_by(mapping))?;
+        let layout = self.vdso.as_ref()?;
+        let key = layout.key?;
+        let bias = load_bias_in(
+            &layout.segments,
+            CodeMapping {
+                start: mapping.start,
+                end: mapping.end,
+                file_offset: mapping.offset,
+            },
+        )?;
+        let (id, built) = self.load_table(key, image.bytes())?;
+        Some(MappedTable {
+            id,
+            bias,
+            key,
+            built,
+        })
+    }
+
+    /// The id of the table keyed `key`, built from `data` (a file's bounded reads, or the vDSO
+    /// image) and loaded if it is not yet, and whether it was built now.
+    fn load_table<'data, R: ReadRef<'data>>(
+        &mut self,
+        key: TableKey,
+        data: R,
+    ) -> Option<(u32, bool)> {
         let now = Instant::now();
         match self.tables.get_mut(&key) {
             Some(TableState::Loaded(table)) => {
@@ -500,7 +557,7 @@ impl<M: TableMaps> UnwindTables<M> {
             _ => {}
         }
         let started = Instant::now();
-        let built = build_table(reads, self.limits);
+        let built = build_table(data, self.limits);
         self.stats.builds.fetch_add(1, Ordering::Relaxed);
         self.stats
             .build_micros

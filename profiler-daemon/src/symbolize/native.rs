@@ -28,6 +28,7 @@ use super::{from_blazesym, ResolvedFrame};
 use crate::native_unwind::mapping::{address_of_offset, load_segments, LoadSegment};
 use crate::process::{Backing, Mapping, ProcessInfo};
 use crate::untrusted;
+use crate::vdso::VdsoImage;
 
 /// Where separate debug files are looked up by build-id (the host's, not a container's).
 pub const DEFAULT_DEBUG_DIRS: [&str; 1] = ["/usr/lib/debug"];
@@ -167,8 +168,16 @@ impl NativeSymbolizer {
                     }
                 }
                 Backing::Vdso => {
+                    let offset = addr - mapping.start;
+                    let function = VdsoImage::of_this_host()
+                        .filter(|image| image.is_mapped_by(mapping))
+                        .and_then(|image| image.function_at(offset));
+                    let name = match function {
+                        Some(function) => function.to_owned(),
+                        None => format!("[vdso]+{offset:#x}"),
+                    };
                     out[index] = Some(Arc::new(ResolvedFrame::named(
-                        format!("[vdso]+{:#x}", addr - mapping.start),
+                        name,
                         Some(Arc::from("[vdso]")),
                     )))
                 }

@@ -107,6 +107,38 @@ fn a_process_gets_its_files_tables_and_the_walker_finds_libc_rows() {
     assert_eq!(stats.builds.load(Ordering::Relaxed), builds);
 }
 
+/// The vDSO is no file: our `[vdso]` mapping gets the table of the host's image, and the row the
+/// walker finds at `__vdso_clock_gettime` is the image's own table's row at that function.
+#[test]
+fn the_vdso_mapping_gets_the_host_images_table() {
+    let stats = Arc::new(TableStats::default());
+    let mut tables = UnwindTables::new(FakeMaps::default(), 256 << 20, stats);
+    let pid = std::process::id();
+    tables.observe(pid);
+    let mappings = crate::process::read_mappings(pid).expect("our mappings");
+    let vdso = mappings
+        .iter()
+        .find(|m| matches!(m.backing, crate::process::Backing::Vdso))
+        .expect("a vDSO mapping");
+    let image = crate::vdso::VdsoImage::of_this_host().expect("the vDSO image");
+    let elf = object::File::parse(image.bytes()).expect("ELF");
+    let clock_gettime = object::Object::dynamic_symbols(&elf)
+        .find(|s| object::ObjectSymbol::name(s) == Ok("__vdso_clock_gettime"))
+        .map(|s| object::ObjectSymbol::address(&s))
+        .expect("__vdso_clock_gettime");
+    let table = build_table(image.bytes(), BuildLimits::default()).expect("the vDSO's table");
+    // A few bytes into the function: past its first instruction, where the rule changes.
+    for offset in [0, 1, 4, 8] {
+        let address = clock_gettime + offset;
+        let expected = find_cfi_row(table.rows.len() as u32, address as u32, |i| {
+            table.rows.get(i as usize).copied()
+        });
+        let found = tables.maps.row(pid, vdso.start + address);
+        assert!(found.is_some(), "a row at __vdso_clock_gettime+{offset}");
+        assert_eq!(found, expected, "__vdso_clock_gettime+{offset}");
+    }
+}
+
 #[test]
 fn tables_past_the_budget_are_not_loaded_and_counted() {
     let stats = Arc::new(TableStats::default());
