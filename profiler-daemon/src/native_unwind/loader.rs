@@ -263,6 +263,19 @@ struct MappedTable {
     built: bool,
 }
 
+impl MappedTable {
+    /// The process entry's record of `mapping` with this table.
+    fn entry_for(&self, mapping: &Mapping) -> CfiMapping {
+        CfiMapping {
+            start: mapping.start,
+            end: mapping.end,
+            bias: self.bias,
+            table: self.id,
+            _reserved: 0,
+        }
+    }
+}
+
 /// A process whose entry is in `CFI_PROCS`.
 struct LoadedProcess {
     start_time: u64,
@@ -398,34 +411,17 @@ impl<M: TableMaps> UnwindTables<M> {
             let Some(found) = self.table_of(pid, shares_our_root, mapping) else {
                 continue;
             };
-            insert_sorted(
-                &mut entry,
-                CfiMapping {
-                    start: mapping.start,
-                    end: mapping.end,
-                    bias: found.bias,
-                    table: found.id,
-                    _reserved: 0,
-                },
-            );
+            insert_sorted(&mut entry, found.entry_for(mapping));
             tables.push(found.key);
             if found.built && self.maps.put_process(pid, &entry).is_err() {
                 break;
             }
         }
+        // The vDSO is no file: its table is the host image's (see `crate::vdso`).
         let vdso = mappings.iter().find(|m| matches!(m.backing, Backing::Vdso));
         if let Some((mapping, found)) = vdso.and_then(|m| Some((m, self.vdso_table(m)?))) {
             if (entry.count as usize) < MAX_CFI_MAPPINGS {
-                insert_sorted(
-                    &mut entry,
-                    CfiMapping {
-                        start: mapping.start,
-                        end: mapping.end,
-                        bias: found.bias,
-                        table: found.id,
-                        _reserved: 0,
-                    },
-                );
+                insert_sorted(&mut entry, found.entry_for(mapping));
                 tables.push(found.key);
             }
         }
