@@ -415,6 +415,10 @@ fn debug_file_fits(path: &Path, build_id: &[u8], max_debug_bytes: u64) -> bool {
     same_build_id && inspect_elf(&file).is_ok_and(|facts| facts.debug_bytes <= max_debug_bytes)
 }
 
+/// `sh_flags` of a section whose bytes start with an `Elf64_Chdr` (type, reserved, uncompressed
+/// size, alignment) followed by the compressed data.
+const SHF_COMPRESSED: u64 = 0x800;
+
 /// Sections through which an ELF file names other files to read its debug information from.
 const LINK_SECTIONS: [&[u8]; 3] = [b".gnu_debuglink", b".gnu_debugaltlink", b".debug_sup"];
 
@@ -483,7 +487,16 @@ fn inspect_elf(file: &std::fs::File) -> std::io::Result<ElfFacts> {
         let name = &name[..name.iter().position(|b| *b == 0).unwrap_or(name.len())];
         facts.names_other_files |= LINK_SECTIONS.contains(&name);
         if name.starts_with(b".debug_") {
-            facts.debug_bytes = facts.debug_bytes.saturating_add(u64_at(header, 0x20));
+            // A compressed section (Debian's debug files) is parsed from its uncompressed
+            // bytes, several times its size on disk: count those, as its header states them.
+            let bytes = if u64_at(header, 0x08) & SHF_COMPRESSED != 0 {
+                let mut chdr = [0u8; 24];
+                file.read_exact_at(&mut chdr, u64_at(header, 0x18))?;
+                u64_at(&chdr, 0x08)
+            } else {
+                u64_at(header, 0x20)
+            };
+            facts.debug_bytes = facts.debug_bytes.saturating_add(bytes);
         }
     }
     Ok(facts)
@@ -598,6 +611,67 @@ mod tests {
         );
         let libc_again = tight.resolve(&process, &[libc_addr]);
         assert_eq!(function(&libc_again), function(&first[1..]));
+    }
+
+    /// Compressed DWARF counts at its uncompressed size: what parsing it holds.
+    #[test]
+    fn compressed_debug_sections_count_at_their_uncompressed_size() {
+        use object::{Object as _, ObjectSection as _};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let source = dir.path().join("program.c");
+        // Forty functions with locals: enough DWARF for compression to matter.
+        let functions: String = (0..40)
+            .map(|i| {
+                format!(
+                    "int f{i}(int n) {{ int total_{i} = 0; for (int k = 0; k < n; k++) \
+                     total_{i} += k * {i}; return total_{i}; }}\n"
+                )
+            })
+            .collect();
+        std::fs::write(
+            &source,
+            format!(
+                "{functions}int main(int argc, char **argv) {{ (void)argv; return f1(argc); }}\n"
+            ),
+        )
+        .expect("source written");
+        let build = |name: &str, flags: &[&str]| {
+            let binary = dir.path().join(name);
+            let status = std::process::Command::new("cc")
+                .args(["-g", "-O1"])
+                .args(flags)
+                .arg("-o")
+                .arg(&binary)
+                .arg(&source)
+                .status()
+                .expect("cc runs");
+            assert!(status.success());
+            let file = std::fs::File::open(&binary).expect("opens");
+            let facts = inspect_elf(&file).expect("an ELF file");
+            let data = std::fs::read(&binary).expect("readable");
+            let on_disk: u64 = object::File::parse(&*data)
+                .expect("ELF")
+                .sections()
+                .filter(|s| s.name().is_ok_and(|n| n.starts_with(".debug_")))
+                .filter_map(|s| s.file_range().map(|(_, size)| size))
+                .sum();
+            (facts.debug_bytes, on_disk)
+        };
+        let (plain, plain_on_disk) = build("plain", &[]);
+        let (compressed, compressed_on_disk) = build("compressed", &["-gz=zlib"]);
+        assert_eq!(
+            plain, plain_on_disk,
+            "uncompressed sections count as they are"
+        );
+        assert!(
+            compressed_on_disk * 3 / 2 < plain,
+            "compressed on disk: {compressed_on_disk} of {plain}"
+        );
+        // The same DWARF, give or take what the linker relaxes differently.
+        assert!(
+            compressed.abs_diff(plain) * 50 < plain,
+            "compressed counts {compressed}, uncompressed {plain}"
+        );
     }
 
     /// A stripped program whose debug file sits under a debug directory by build-id is named
