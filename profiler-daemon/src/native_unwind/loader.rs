@@ -237,6 +237,22 @@ struct FileLayout {
     last_used: Instant,
 }
 
+impl FileLayout {
+    /// The table key, and the load bias of `mapping` of this file; `None` if the file has no
+    /// table or the mapping lies outside its loadable segments.
+    fn placed_at(&self, mapping: &Mapping) -> Option<(TableKey, u64)> {
+        let bias = load_bias_in(
+            &self.segments,
+            CodeMapping {
+                start: mapping.start,
+                end: mapping.end,
+                file_offset: mapping.offset,
+            },
+        )?;
+        Some((self.key?, bias))
+    }
+}
+
 enum TableState {
     Loaded(LoadedTable),
     /// Not loaded; tried again after `retry` (never for what cannot change).
@@ -493,39 +509,26 @@ impl<M: TableMaps> UnwindTables<M> {
         }
         let layout = self.files.get_mut(&id)?;
         layout.last_used = now;
-        let key = layout.key?;
-        let bias = load_bias_in(
-            &layout.segments,
-            CodeMapping {
-                start: mapping.start,
-                end: mapping.end,
-                file_offset: mapping.offset,
-            },
-        )?;
-        let (id, built) = self.load_table(key, &reads)?;
-        Some(MappedTable {
-            id,
-            bias,
-            key,
-            built,
-        })
+        let (key, bias) = layout.placed_at(mapping)?;
+        self.load_mapped_table(key, bias, &reads)
     }
 
     /// The table of a process's `[vdso]` mapping: the host's image's (see `crate::vdso`), if the
     /// mapping holds that image.
     fn vdso_table(&mut self, mapping: &Mapping) -> Option<MappedTable> {
         let image = VdsoImage::of_this_host().filter(|image| image.is_mapped_by(mapping))?;
-        let layout = self.vdso.as_ref()?;
-        let key = layout.key?;
-        let bias = load_bias_in(
-            &layout.segments,
-            CodeMapping {
-                start: mapping.start,
-                end: mapping.end,
-                file_offset: mapping.offset,
-            },
-        )?;
-        let (id, built) = self.load_table(key, image.bytes())?;
+        let (key, bias) = self.vdso.as_ref()?.placed_at(mapping)?;
+        self.load_mapped_table(key, bias, image.bytes())
+    }
+
+    /// [`Self::load_table`], for a mapping whose pcs are `bias` from the table's addresses.
+    fn load_mapped_table<'data, R: ReadRef<'data>>(
+        &mut self,
+        key: TableKey,
+        bias: u64,
+        data: R,
+    ) -> Option<MappedTable> {
+        let (id, built) = self.load_table(key, data)?;
         Some(MappedTable {
             id,
             bias,
