@@ -445,8 +445,6 @@ pub fn find_cfi_row_cached<'a>(
 
 #[cfg(test)]
 mod tests {
-    use std::vec::Vec;
-
     use super::*;
 
     fn rows() -> [CfiRow; 4] {
@@ -472,105 +470,6 @@ mod tests {
         assert_eq!(find(0x103f), Some(rows()[2]));
         assert_eq!(find(0x1040), Some(rows()[3]));
         assert_eq!(find(u32::MAX), Some(rows()[3]));
-    }
-
-    /// A table as the maps hold it: its index and blocks.
-    type Blocked = (CfiTableIndex, Vec<CfiBlock>);
-
-    /// A process of `mappings` files, each with a table of `rows` rows in blocks; returns the
-    /// process entry, each table's index and blocks, and each table's flat rows.
-    fn process_with_tables(
-        mappings: usize,
-        rows: usize,
-    ) -> (CfiProcess, Vec<Blocked>, Vec<Vec<CfiRow>>) {
-        let mut process = CfiProcess {
-            count: mappings as u32,
-            _reserved: 0,
-            mappings: [CfiMapping::default(); MAX_CFI_MAPPINGS],
-        };
-        let (mut tables, mut flat) = (Vec::new(), Vec::new());
-        for m in 0..mappings {
-            // Rows 4 to 67 bytes apart from 0x1000, rules varied; the mapping spans them all.
-            let mut pc = 0x1000u32;
-            let table_rows: Vec<CfiRow> = (0..rows)
-                .map(|i| {
-                    let row = CfiRow::new(pc, CfaKind::Rsp, (i * 7 + m) as u16 % 300, 0);
-                    pc += 4 + ((i * 31 + m * 17) % 64) as u32;
-                    row
-                })
-                .collect();
-            let start = 0x10_0000_0000u64 * (m as u64 + 1);
-            process.mappings[m] = CfiMapping {
-                start,
-                end: start + pc as u64 + 0x100,
-                bias: start,
-                table: 100 + m as u32,
-                _reserved: 0,
-            };
-            let mut index = CfiTableIndex {
-                blocks: 0,
-                last_block_rows: 0,
-                first_pcs: [0; MAX_CFI_BLOCKS],
-            };
-            let mut blocks = Vec::new();
-            for (number, chunk) in table_rows.chunks(CFI_BLOCK_ROWS).enumerate() {
-                let mut block = CfiBlock {
-                    rows: [CfiRow::default(); CFI_BLOCK_ROWS],
-                };
-                block.rows[..chunk.len()].copy_from_slice(chunk);
-                index.first_pcs[number] = chunk[0].pc;
-                index.last_block_rows = chunk.len() as u32;
-                blocks.push(block);
-            }
-            index.blocks = blocks.len() as u32;
-            tables.push((index, blocks));
-            flat.push(table_rows);
-        }
-        (process, tables, flat)
-    }
-
-    proptest::proptest! {
-        /// The cached lookup gives what a direct search of the mapping's flat rows gives, for
-        /// any sequence of pcs: jumps between mappings and blocks, repeats, pcs outside.
-        #[test]
-        fn a_cached_lookup_finds_what_a_direct_search_finds(
-            steps in proptest::collection::vec((0usize..4, 0u32..0x2_0000, 0u32..8), 1..200),
-        ) {
-            let (process, tables, flat) = process_with_tables(3, 2 * CFI_BLOCK_ROWS + 100);
-            let mut cache = CfiCache::default();
-            let mut rows = std::boxed::Box::new(CfiRowCache::EMPTY);
-            let mut last = 0u64;
-            for (mapping, offset, near) in steps {
-                // Mapping 3 does not exist: a pc outside every table. `near` revisits the last pc.
-                let pc = if near == 0 && last != 0 {
-                    last + offset as u64 % 64
-                } else {
-                    0x10_0000_0000u64 * (mapping as u64 + 1) + offset as u64
-                };
-                last = pc;
-                let expected = find_cfi_mapping(&process, pc, &mut Transparent).and_then(|m| {
-                    let rows = &flat[(m.table - 100) as usize];
-                    let address = u32::try_from(pc - m.bias).ok()?;
-                    find_cfi_row(rows.len() as u32, address, |i| rows.get(i as usize).copied())
-                });
-                // A walk's cache lasts one walk; the CPU's row cache outlives it.
-                if near == 7 {
-                    cache.clear();
-                }
-                let found = find_cfi_row_cached(
-                    &mut cache,
-                    &mut rows,
-                    pc,
-                    &mut Transparent,
-                    || Some(&process),
-                    |table| tables.get(table.checked_sub(100)? as usize).map(|t| &t.0),
-                    |table, block| {
-                        tables.get(table.checked_sub(100)? as usize)?.1.get(block as usize)
-                    },
-                );
-                proptest::prop_assert_eq!(found, expected, "pc {:#x}", pc);
-            }
-        }
     }
 
     #[test]

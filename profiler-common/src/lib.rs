@@ -5,9 +5,6 @@
 //! another meaning, only appended to.
 #![no_std]
 
-#[cfg(test)]
-extern crate std;
-
 pub mod cfi;
 pub mod metric;
 

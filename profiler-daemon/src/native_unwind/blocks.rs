@@ -45,7 +45,10 @@ pub fn split_into_blocks(rows: &[CfiRow]) -> Option<TableBlocks> {
 
 #[cfg(test)]
 mod tests {
-    use profiler_common::cfi::{find_cfi_row, find_cfi_row_in_table, CfaKind, Transparent};
+    use profiler_common::cfi::{
+        find_cfi_mapping, find_cfi_row, find_cfi_row_cached, find_cfi_row_in_table, CfaKind,
+        CfiCache, CfiMapping, CfiProcess, CfiRowCache, Transparent, MAX_CFI_MAPPINGS,
+    };
 
     use super::*;
 
@@ -65,6 +68,86 @@ mod tests {
                 table.blocks.get(block as usize).map(|b| &**b)
             });
             assert_eq!(blocked, flat, "pc {pc:#x}");
+        }
+    }
+
+    /// A process of `mappings` files, each with a table of `rows` rows split as the maps hold
+    /// them; returns the process entry, the tables (ids 100, 101...) and their flat rows.
+    fn process_with_tables(
+        mappings: usize,
+        rows: usize,
+    ) -> (Box<CfiProcess>, Vec<TableBlocks>, Vec<Vec<CfiRow>>) {
+        let mut process = Box::new(CfiProcess {
+            count: mappings as u32,
+            _reserved: 0,
+            mappings: [CfiMapping::default(); MAX_CFI_MAPPINGS],
+        });
+        let (mut tables, mut flat) = (Vec::new(), Vec::new());
+        for m in 0..mappings {
+            // Rows 4 to 67 bytes apart from 0x1000, rules varied; the mapping spans them all.
+            let mut pc = 0x1000u32;
+            let table_rows: Vec<CfiRow> = (0..rows)
+                .map(|i| {
+                    let row = CfiRow::new(pc, CfaKind::Rsp, ((i * 7 + m) % 300) as u16, 0);
+                    pc += 4 + ((i * 31 + m * 17) % 64) as u32;
+                    row
+                })
+                .collect();
+            let start = 0x10_0000_0000u64 * (m as u64 + 1);
+            process.mappings[m] = CfiMapping {
+                start,
+                end: start + pc as u64 + 0x100,
+                bias: start,
+                table: 100 + m as u32,
+                _reserved: 0,
+            };
+            tables.push(split_into_blocks(&table_rows).expect("fits"));
+            flat.push(table_rows);
+        }
+        (process, tables, flat)
+    }
+
+    proptest::proptest! {
+        /// The BPF walker's cached lookup gives what a direct search of the mapping's flat rows
+        /// gives, for any sequence of pcs: jumps between mappings and blocks, repeats, pcs
+        /// outside every table.
+        #[test]
+        fn a_cached_lookup_finds_what_a_direct_search_finds(
+            steps in proptest::collection::vec((0usize..4, 0u32..0x2_0000, 0u32..8), 1..200),
+        ) {
+            let (process, tables, flat) = process_with_tables(3, 2 * CFI_BLOCK_ROWS + 100);
+            let mut cache = CfiCache::default();
+            let mut rows = Box::new(CfiRowCache::EMPTY);
+            let mut last = 0u64;
+            for (mapping, offset, near) in steps {
+                // Mapping 3 does not exist: a pc outside every table. `near` revisits the last pc.
+                let pc = if near == 0 && last != 0 {
+                    last + offset as u64 % 64
+                } else {
+                    0x10_0000_0000u64 * (mapping as u64 + 1) + offset as u64
+                };
+                last = pc;
+                let expected = find_cfi_mapping(&process, pc, &mut Transparent).and_then(|m| {
+                    let rows = &flat[(m.table - 100) as usize];
+                    let address = u32::try_from(pc - m.bias).ok()?;
+                    find_cfi_row(rows.len() as u32, address, |i| rows.get(i as usize).copied())
+                });
+                // A walk's cache lasts one walk; the CPU's row cache outlives it.
+                if near == 7 {
+                    cache.clear();
+                }
+                let table_of = |table: u32| tables.get(table.checked_sub(100)? as usize);
+                let found = find_cfi_row_cached(
+                    &mut cache,
+                    &mut rows,
+                    pc,
+                    &mut Transparent,
+                    || Some(&*process),
+                    |table| table_of(table).map(|t| &*t.index),
+                    |table, block| table_of(table)?.blocks.get(block as usize).map(|b| &**b),
+                );
+                proptest::prop_assert_eq!(found, expected, "pc {:#x}", pc);
+            }
         }
     }
 
