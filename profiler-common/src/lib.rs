@@ -489,7 +489,19 @@ const _: () = assert!(
 
 /// Most code heaps per JVM described to the BPF side (HotSpot uses 1, or 3 when segmented).
 pub const MAX_CODE_HEAPS: usize = 4;
-/// Bound on Java threads (host tid -> `JavaThread*`) described to the BPF side, over all JVMs.
+/// A Java thread described to the BPF side (the `JAVA_THREADS` map: host tid -> this): its
+/// `JavaThread*` and the host pid of the JVM whose thread list named it. The walk uses it only
+/// for a thread of that very process, so a tid reused by another process, or claimed by a
+/// process it does not belong to, never lends that process's thread state to another's stack.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JavaThreadEntry {
+    pub java_thread: u64,
+    pub pid: u32,
+    pub _pad: u32,
+}
+
+/// Bound on Java threads (host tid -> [`JavaThreadEntry`]) described to the BPF side, over all JVMs.
 pub const MAX_JAVA_THREADS: u32 = 65_536;
 /// Java threads described per JVM named with `--pid`.
 pub const JAVA_THREADS_PER_TARGET: u32 = 16_384;
@@ -725,6 +737,8 @@ mod cookie_tests {
 mod user {
     // SAFETY: plain old data.
     unsafe impl aya::Pod for super::HotspotProc {}
+    // SAFETY: plain old data, its padding explicit.
+    unsafe impl aya::Pod for super::JavaThreadEntry {}
     // SAFETY: plain old data, no padding the kernel could leave uninitialised that we rely on.
     unsafe impl aya::Pod for super::SampleHeader {}
     unsafe impl aya::Pod for super::UserFrame {}

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::hotspot::jvm::{CodeCacheInfo, Jvm, JvmError, LayoutCache};
+use crate::hotspot::jvm::{CodeCacheInfo, Jvm, JvmError};
 use crate::hotspot::libjvm::LibJvmError;
 use crate::hotspot::remote::ProcessMemory;
 use crate::process::ProcessInfo;
@@ -37,7 +37,7 @@ pub fn inspect(pid: u32) -> Result<JvmReport, JvmInfoError> {
     })?;
     let memory = ProcessMemory::new(pid);
     let jvm =
-        Jvm::inspect(&process, &memory, &mut LayoutCache::default()).map_err(|err| match err {
+        Jvm::inspect(&process, &memory).map_err(|err| match err {
             JvmError::LibJvm(LibJvmError::NotAJvm) => JvmInfoError::NotAJvm {
                 pid,
                 comm: process.comm.clone(),

@@ -24,6 +24,7 @@ pub mod profiles;
 pub mod record;
 pub mod resolved_frame;
 pub mod sampler;
+pub mod secret_hash;
 pub mod sidecar;
 pub mod sink;
 pub mod subscribe;

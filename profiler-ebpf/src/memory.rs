@@ -16,17 +16,18 @@ use profiler_common::cfi::{
     cfi_block_key, find_cfi_row_cached, CfiBlock, CfiCache, CfiProcess, CfiRow, CfiRowCache,
     CfiTableIndex, Opaque, DEFAULT_CFI_BLOCKS, MAX_CFI_PROCESSES, MAX_CFI_TABLES,
 };
-use profiler_common::MAX_JAVA_THREADS;
+use profiler_common::{JavaThreadEntry, MAX_JAVA_THREADS};
 use profiler_unwind::{JavaThreads, NativeTables, ReadError, StackWindow, UserMemory};
 
 #[map]
 pub(crate) static STACK_WINDOW: PerCpuArray<StackWindow> = PerCpuArray::with_max_entries(1, 0);
 
-/// Host tid -> `JavaThread*` of every Java thread of the JVMs in `HOTSPOT_PROCS`; written by the
+/// Host tid -> `JavaThread*` (and its JVM's pid) of every Java thread of the JVMs in `HOTSPOT_PROCS`; written by the
 /// daemon. Lets the walk resume at a thread's last Java frame when native code without frame
 /// pointers (a JNI library, libc) hides the way back.
 #[map]
-pub(crate) static JAVA_THREADS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_JAVA_THREADS, 0);
+pub(crate) static JAVA_THREADS: HashMap<u32, JavaThreadEntry> =
+    HashMap::with_max_entries(MAX_JAVA_THREADS, 0);
 
 /// Native unwind tables, written by the daemon (`native_unwind::loader`): per process, its
 /// executable mappings that have a table (pid -> [`CfiProcess`]); per table, which block holds a
@@ -172,6 +173,9 @@ impl JavaThreads for CurrentTask {
     #[inline(always)]
     fn java_thread(&self, tid: u32) -> Option<u64> {
         // SAFETY: the value is copied out at once.
-        unsafe { JAVA_THREADS.get(&tid) }.copied()
+        let entry = unsafe { JAVA_THREADS.get(&tid) }.copied()?;
+        // Only the JVM that listed the thread may lend its state: a tid reused by another
+        // process keeps a stale entry until the tracker's next read.
+        (entry.pid == self.pid).then_some(entry.java_thread)
     }
 }

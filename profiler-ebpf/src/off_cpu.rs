@@ -41,7 +41,8 @@ use profiler_common::{
     OFF_CPU_PROBABILITY_ONE, OFF_CPU_RING_BYTES, TASK_DEAD,
 };
 
-use crate::memory::{CurrentTask, JAVA_THREADS};
+use crate::memory::CurrentTask;
+use profiler_unwind::JavaThreads as _;
 use crate::{
     count, fill_record, kernel_stack, profiled, saved_user_regs, RecordOrigin, BPF_RB_NO_WAKEUP,
     HOTSPOT_PROCS, SCRATCH,
@@ -189,13 +190,13 @@ fn switched_in(task: *mut task_struct) {
 /// the JVM.
 #[inline(always)]
 fn java_state(pid: u32, tid: u32) -> JavaState {
+    let task = CurrentTask::new(pid);
     // SAFETY: map values only read.
-    let (Some(layout), Some(thread)) = (unsafe { HOTSPOT_PROCS.get(&pid) }, unsafe {
-        JAVA_THREADS.get(&tid)
-    }) else {
+    let (Some(layout), Some(thread)) = (unsafe { HOTSPOT_PROCS.get(&pid) }, task.java_thread(tid))
+    else {
         return JavaState::Unknown;
     };
-    profiler_unwind::java_state(layout, &CurrentTask::new(pid), *thread)
+    profiler_unwind::java_state(layout, &task, thread)
 }
 
 /// The current thread leaves the CPU: decide whether this wait is sampled, and if so send its

@@ -1,13 +1,12 @@
 //! One live JVM: where its libjvm is, its version and layout, and the runtime state the BPF
 //! unwinder needs (code heaps, interpreter, call stub), read from its memory.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::Serialize;
 
 use super::layout::{FrameFacts, JvmLayout, JvmVersion, LayoutError};
-use super::libjvm::{read_exported_symbols, ExportedSymbols, LibJvmError, LibJvmMapping};
+use super::libjvm::{read_exported_symbols, LibJvmError, LibJvmMapping};
 use super::remote::{ReadError, RemoteMemory};
 use super::vmstructs::{self, VmStructsError};
 use crate::process::ProcessInfo;
@@ -41,23 +40,6 @@ impl JvmError {
             _ => return false,
         };
         matches!(read, ReadError::Failed { errno, .. } if *errno == libc::EPERM || *errno == libc::EACCES)
-    }
-}
-
-/// Parsed layouts per libjvm build-id: a fleet runs few JDK builds, so VMStructs is read once
-/// per build, not once per JVM.
-#[derive(Default)]
-pub struct LayoutCache {
-    by_build_id: HashMap<Vec<u8>, (ExportedSymbols, Arc<JvmLayout>)>,
-}
-
-impl LayoutCache {
-    pub fn len(&self) -> usize {
-        self.by_build_id.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_build_id.is_empty()
     }
 }
 
@@ -99,32 +81,17 @@ pub struct CodeCacheInfo {
 }
 
 impl Jvm {
-    /// Finds libjvm in `process` and reads its layout (from the cache when this build is known).
-    pub fn inspect(
-        process: &ProcessInfo,
-        memory: &dyn RemoteMemory,
-        cache: &mut LayoutCache,
-    ) -> Result<Self, JvmError> {
+    /// Finds libjvm in `process` and reads its layout from the process's own VMStructs.
+    ///
+    /// Never from another JVM's: VMStructs live in the process's memory, which its owner can
+    /// rewrite, so no property of the libjvm file (its build-id, its bytes) makes one process's
+    /// layout safe to use for another. Reading it costs a few milliseconds per JVM.
+    pub fn inspect(process: &ProcessInfo, memory: &dyn RemoteMemory) -> Result<Self, JvmError> {
         let mapping = LibJvmMapping::find_in(process.pid).ok_or(LibJvmError::NotAJvm)?;
         let symbols = read_exported_symbols(process, &mapping)?;
         let bias = mapping.start.wrapping_sub(symbols.first_segment_vaddr);
-        let (symbols, layout) = match symbols
-            .build_id
-            .as_ref()
-            .and_then(|id| cache.by_build_id.get(id))
-        {
-            Some((symbols, layout)) => (symbols.clone(), layout.clone()),
-            None => {
-                let tables = vmstructs::read(memory, &symbols, bias)?;
-                let layout = Arc::new(JvmLayout::from_vmstructs(&tables)?);
-                if let Some(id) = &symbols.build_id {
-                    cache
-                        .by_build_id
-                        .insert(id.clone(), (symbols.clone(), layout.clone()));
-                }
-                (symbols, layout)
-            }
-        };
+        let tables = vmstructs::read(memory, &symbols, bias)?;
+        let layout = Arc::new(JvmLayout::from_vmstructs(&tables)?);
         let version = read_version(memory, &layout, bias)?;
         Ok(Self {
             pid: process.pid,

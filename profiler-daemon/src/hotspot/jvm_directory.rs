@@ -1,13 +1,13 @@
 //! The JVMs of this host, each inspected once and shared: the JVM tracker finds them and pushes
 //! their layouts into the BPF maps, the symbolizer names their frames, and both hold the same
-//! [`Jvm`]. Inspecting a JVM reads libjvm's symbols and, once per libjvm build (the layout
-//! cache), its VMStructs tables; one directory does that once per JVM instead of once per reader
-//! and keeps the two views of a JVM the same.
+//! [`Jvm`]. Inspecting a JVM reads libjvm's symbols and its VMStructs tables; one directory does
+//! that once per JVM instead of once per reader and keeps the two views of a JVM the same. A
+//! layout is never shared between JVMs (see [`Jvm::inspect`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::jvm::{Jvm, JvmError, LayoutCache};
+use super::jvm::{Jvm, JvmError};
 use super::remote::RemoteMemory;
 use crate::process::ProcessInfo;
 
@@ -19,7 +19,6 @@ pub struct JvmDirectory(Arc<Mutex<Directory>>);
 struct Directory {
     /// By pid, with the process's start time: a reused pid is another process.
     jvms: HashMap<u32, (u64, Arc<Jvm>)>,
-    layouts: LayoutCache,
 }
 
 impl JvmDirectory {
@@ -36,7 +35,7 @@ impl JvmDirectory {
                 return Ok(jvm.clone());
             }
         }
-        let jvm = Arc::new(Jvm::inspect(process, memory, &mut directory.layouts)?);
+        let jvm = Arc::new(Jvm::inspect(process, memory)?);
         directory
             .jvms
             .insert(process.pid, (process.start_time, jvm.clone()));
@@ -46,11 +45,6 @@ impl JvmDirectory {
     /// Forgets an exited process (either reader may say so first; the other keeps its `Arc`).
     pub fn forget(&self, pid: u32) {
         self.lock().jvms.remove(&pid);
-    }
-
-    /// libjvm builds whose layout is cached.
-    pub fn layouts_cached(&self) -> usize {
-        self.lock().layouts.len()
     }
 
     /// JVMs known now.
@@ -84,6 +78,5 @@ mod tests {
         let memory = ProcessMemory::new(std::process::id());
         assert!(shared.inspect(&ourselves, &memory).is_err());
         assert!(directory.is_empty());
-        assert_eq!(directory.layouts_cached(), 0);
     }
 }

@@ -315,7 +315,7 @@ pub struct ResolvedField {
     pub type_string: Option<String>,
 }
 
-/// Everything needed from one libjvm build. Cached per build-id.
+/// Everything needed from one JVM's VMStructs (read from each JVM itself, never shared).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct JvmLayout {
     pub fields: BTreeMap<&'static str, ResolvedField>,

@@ -22,7 +22,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use profiler_common::{HotspotProc, ProcessEvent, ProcessEventKind};
+use profiler_common::{
+    HotspotProc, JavaThreadEntry, ProcessEvent, ProcessEventKind, JAVA_THREADS_PER_TARGET,
+};
 
 use super::jvm::{Jvm, JvmError};
 use super::jvm_directory::JvmDirectory;
@@ -56,20 +58,69 @@ const SLOW_RETRY_EVERY: u32 = 20;
 const PF_KTHREAD: u32 = 0x0020_0000;
 /// A ready JVM's code cache is re-read this often.
 const REFRESH: Duration = Duration::from_secs(5);
+/// An inspection of a real JVM takes a few milliseconds; one that fails after this long is a
+/// process whose VMStructs make the daemon work (garbage, or hostile), and is backed off.
+const COSTLY_INSPECTION: Duration = Duration::from_millis(20);
+/// The longest a process that only looks like a JVM waits between inspections.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(600);
+/// Inspection time each user's processes may take per [`INSPECTION_WINDOW`]: a user running
+/// many fake JVMs delays only their own inspections, never another user's JVM.
+const INSPECTION_SHARE: Duration = Duration::from_millis(200);
+const INSPECTION_WINDOW: Duration = Duration::from_secs(5);
+
+/// After `failures` costly failed inspections: 1 s, 2 s, 4 s... up to [`MAX_RETRY_DELAY`].
+fn costly_retry_delay(failures: u32) -> Duration {
+    Duration::from_secs(1u64 << failures.saturating_sub(1).min(10)).min(MAX_RETRY_DELAY)
+}
+
+/// The time each user's processes took to inspect in the current window.
+#[derive(Default)]
+struct InspectionBudget {
+    window_start: Option<Instant>,
+    spent: HashMap<u32, Duration>,
+}
+
+impl InspectionBudget {
+    fn roll(&mut self) {
+        if self
+            .window_start
+            .is_none_or(|start| start.elapsed() >= INSPECTION_WINDOW)
+        {
+            self.window_start = Some(Instant::now());
+            self.spent.clear();
+        }
+    }
+
+    fn allows(&mut self, uid: u32) -> bool {
+        self.roll();
+        self.spent.get(&uid).is_none_or(|spent| *spent < INSPECTION_SHARE)
+    }
+
+    fn charge(&mut self, uid: u32, took: Duration) {
+        self.roll();
+        *self.spent.entry(uid).or_default() += took;
+    }
+}
+
+/// The owner of `/proc/PID` (the process's effective uid).
+fn proc_owner(pid: u32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(format!("/proc/{pid}")).ok().map(|meta| meta.uid())
+}
 
 /// Where layouts and Java threads go: the BPF maps, or a fake in tests.
 pub trait LayoutSink {
     fn put(&mut self, pid: u32, proc_info: &HotspotProc) -> Result<(), String>;
     fn remove(&mut self, pid: u32);
-    /// `tid` is a host tid.
-    fn put_thread(&mut self, tid: u32, java_thread: u64) -> Result<(), String>;
+    /// `tid` is a host tid of the JVM `pid`.
+    fn put_thread(&mut self, tid: u32, pid: u32, java_thread: u64) -> Result<(), String>;
     fn remove_thread(&mut self, tid: u32);
 }
 
 /// The two BPF maps the tracker writes.
 pub struct BpfMaps {
     pub procs: BpfHashMap<MapData, u32, HotspotProc>,
-    pub threads: BpfHashMap<MapData, u32, u64>,
+    pub threads: BpfHashMap<MapData, u32, JavaThreadEntry>,
 }
 
 impl LayoutSink for BpfMaps {
@@ -83,9 +134,14 @@ impl LayoutSink for BpfMaps {
         let _ = self.procs.remove(&pid);
     }
 
-    fn put_thread(&mut self, tid: u32, java_thread: u64) -> Result<(), String> {
+    fn put_thread(&mut self, tid: u32, pid: u32, java_thread: u64) -> Result<(), String> {
+        let entry = JavaThreadEntry {
+            java_thread,
+            pid,
+            _pad: 0,
+        };
         self.threads
-            .insert(tid, java_thread, 0)
+            .insert(tid, entry, 0)
             .map_err(|err| err.to_string())
     }
 
@@ -109,6 +165,11 @@ enum State {
         jvm: Option<Arc<Jvm>>,
         attempts: u32,
         last_error: String,
+        /// Inspections that failed after costing more than [`COSTLY_INSPECTION`]: a process
+        /// that only looks like a JVM is retried ever more seldom.
+        costly_failures: u32,
+        /// Not retried before this.
+        retry_at: Instant,
     },
     Ready {
         jvm: Arc<Jvm>,
@@ -130,6 +191,9 @@ enum State {
 
 struct Tracked {
     start_time: u64,
+    /// The owner of its `/proc` entry (its effective uid when it was first seen): whose share
+    /// of the tracker's time its inspections take.
+    uid: u32,
     state: State,
 }
 
@@ -172,7 +236,6 @@ pub struct TrackerCounts {
     pub jvms_pending: u64,
     pub jvms_failed: u64,
     pub jvms_over_bound: u64,
-    pub layouts_cached: u64,
     /// Entries of the BPF JVM map, and its capacity (`max_jvms`).
     pub jvm_map_capacity: u64,
     /// Java threads in the BPF thread map, and its capacity.
@@ -199,6 +262,10 @@ pub struct JvmTracker<S: LayoutSink> {
     boot_time: Option<u64>,
     ticks_per_second: u64,
     threads_not_pushed: u64,
+    /// Host tid -> the JVM whose entry the thread map holds for it: a JVM removes only its own
+    /// entries (a tid freed by one process and reused by another is the other's).
+    thread_owners: HashMap<u32, u32>,
+    inspection_budget: InspectionBudget,
     directory: ThreadDirectory,
     own_pid: u32,
     rescanned: Option<Instant>,
@@ -218,6 +285,8 @@ impl<S: LayoutSink> JvmTracker<S> {
             boot_time: procfs::boot_time_secs().ok(),
             ticks_per_second: procfs::ticks_per_second(),
             threads_not_pushed: 0,
+            thread_owners: HashMap::new(),
+            inspection_budget: InspectionBudget::default(),
             directory: ThreadDirectory::default(),
             own_pid: std::process::id(),
             rescanned: None,
@@ -241,7 +310,6 @@ impl<S: LayoutSink> JvmTracker<S> {
 
     pub fn counts(&self) -> TrackerCounts {
         let mut counts = TrackerCounts {
-            layouts_cached: self.jvms.layouts_cached() as u64,
             jvm_map_capacity: self.max_jvms as u64,
             java_thread_map_capacity: u64::from(profiler_common::java_thread_slots(
                 self.pids.len(),
@@ -397,6 +465,7 @@ impl<S: LayoutSink> JvmTracker<S> {
             pid,
             Tracked {
                 start_time: stat.starttime,
+                uid: proc_owner(pid).unwrap_or(u32::MAX),
                 state: State::NotJvm {
                     comm: String::new(),
                     born,
@@ -414,7 +483,7 @@ impl<S: LayoutSink> JvmTracker<S> {
         if let State::Ready { threads, .. } = old.state {
             self.sink.remove(pid);
             for tid in threads.keys() {
-                self.sink.remove_thread(*tid);
+                self.remove_own_thread(pid, *tid);
             }
             tracing::info!(pid, "JVM exited: layout removed");
         }
@@ -476,10 +545,17 @@ impl<S: LayoutSink> JvmTracker<S> {
                     jvm: None,
                     attempts: 0,
                     last_error: String::new(),
+                    costly_failures: 0,
+                    retry_at: Instant::now(),
                 };
                 self.advance(pid, age, ready_count);
             }
-            State::Pending { attempts, .. } => {
+            State::Pending {
+                attempts, retry_at, ..
+            } => {
+                if Instant::now() < *retry_at {
+                    return;
+                }
                 // A JVM starts in well under FAST_RETRIES scans; one that does not (or a
                 // process that only looks like one) is retried seldom after that.
                 if *attempts >= FAST_RETRIES
@@ -514,23 +590,38 @@ impl<S: LayoutSink> JvmTracker<S> {
         let Some(tracked) = self.tracked.get_mut(&pid) else {
             return;
         };
+        let uid = tracked.uid;
         let State::Pending {
             jvm,
             attempts,
             last_error,
+            costly_failures,
+            retry_at,
         } = &mut tracked.state
         else {
             return;
         };
+        if jvm.is_none() && !self.inspection_budget.allows(uid) {
+            // This user's processes had their share of the tracker's time: later.
+            return;
+        }
         *attempts += 1;
         if jvm.is_none() {
             let process = match ProcessInfo::read(pid) {
                 Ok(process) => process,
                 Err(_) => return,
             };
-            match self.jvms.inspect(&process, &memory) {
+            let started = Instant::now();
+            let inspected = self.jvms.inspect(&process, &memory);
+            let took = started.elapsed();
+            self.inspection_budget.charge(uid, took);
+            match inspected {
                 Ok(found) => *jvm = Some(found),
                 Err(err) => {
+                    if took >= COSTLY_INSPECTION {
+                        *costly_failures += 1;
+                        *retry_at = Instant::now() + costly_retry_delay(*costly_failures);
+                    }
                     if is_final(&err) {
                         tracing::warn!(pid, %err, "cannot read this JVM's layout: its Java frames will stay unnamed");
                         tracked.state = State::Failed;
@@ -623,48 +714,67 @@ impl<S: LayoutSink> JvmTracker<S> {
             self.directory.confirm(pid);
             return true;
         }
-        let Ok(current) = jvm.java_threads(&memory) else {
+        let Ok(listed) = jvm.java_threads(&memory) else {
             return false;
         };
-        self.directory.publish(
-            pid,
-            current.iter().map(|&(ns_tid, thread)| (thread, ns_tid)),
-        );
-        *thread_list = list;
-        *threads_read = Instant::now();
         if other_pid_namespace.is_none() {
             *other_pid_namespace = in_other_pid_namespace(pid);
         }
-        let to_host = if *other_pid_namespace == Some(true) {
-            host_tids(pid)
-        } else {
-            None
+        // The JVM's thread list is its memory, which its owner can write: a tid it lists is
+        // believed only if it is one of its own threads, and at most a bounded number are.
+        let Some(own_tids) = own_host_tids(pid, *other_pid_namespace == Some(true)) else {
+            return false;
         };
-        let current: HashMap<u32, u64> = current
+        let mut verified: Vec<(u32, u32, u64)> = listed
             .into_iter()
-            .filter_map(|(ns_tid, thread)| {
-                let host = match &to_host {
-                    Some(map) => *map.get(&ns_tid)?,
-                    None => ns_tid,
-                };
-                Some((host, thread))
-            })
+            .filter_map(|(ns_tid, thread)| Some((ns_tid, *own_tids.get(&ns_tid)?, thread)))
             .collect();
+        if verified.len() > JAVA_THREADS_PER_TARGET as usize {
+            self.threads_not_pushed += (verified.len() - JAVA_THREADS_PER_TARGET as usize) as u64;
+            verified.truncate(JAVA_THREADS_PER_TARGET as usize);
+        }
+        self.directory.publish(
+            pid,
+            verified.iter().map(|&(ns_tid, _, thread)| (thread, ns_tid)),
+        );
+        *thread_list = list;
+        *threads_read = Instant::now();
+        let current: HashMap<u32, u64> = verified
+            .into_iter()
+            .map(|(_, host_tid, thread)| (host_tid, thread))
+            .collect();
+        let previous = std::mem::replace(threads, current.clone());
         for (tid, thread) in &current {
-            if threads.get(tid) != Some(thread) {
-                if let Err(err) = self.sink.put_thread(*tid, *thread) {
+            let owned = self.thread_owners.get(tid) == Some(&pid);
+            if owned && previous.get(tid) == Some(thread) {
+                continue;
+            }
+            // The tid is this JVM's now (just checked): an entry another process left for it
+            // is stale, and is replaced.
+            match self.sink.put_thread(*tid, pid, *thread) {
+                Ok(()) => {
+                    self.thread_owners.insert(*tid, pid);
+                }
+                Err(err) => {
                     self.threads_not_pushed += 1;
                     tracing::debug!(pid, tid, %err, "cannot push Java thread");
                 }
             }
         }
-        for tid in threads.keys() {
+        for tid in previous.keys() {
             if !current.contains_key(tid) {
-                self.sink.remove_thread(*tid);
+                self.remove_own_thread(pid, *tid);
             }
         }
-        *threads = current;
         true
+    }
+
+    /// Removes the thread map's entry for `tid` if JVM `pid` wrote it.
+    fn remove_own_thread(&mut self, pid: u32, tid: u32) {
+        if self.thread_owners.get(&tid) == Some(&pid) {
+            self.thread_owners.remove(&tid);
+            self.sink.remove_thread(tid);
+        }
     }
 
     /// Re-reads a ready JVM's code cache and updates the map if it changed.
@@ -705,18 +815,25 @@ fn in_other_pid_namespace(pid: u32) -> Option<bool> {
     Some(ours.ino() != theirs.ino() || ours.dev() != theirs.dev())
 }
 
-/// For a process in another pid namespace, its tids as it sees them mapped to host tids (from
-/// `NSpid` in /proc/PID/task/*/status).
-fn host_tids(pid: u32) -> Option<HashMap<u32, u32>> {
+/// The threads of `pid` (from /proc/PID/task), as the process sees their tids mapped to host
+/// tids: the same numbers in our pid namespace, else through `NSpid` in each task's status.
+fn own_host_tids(pid: u32, other_pid_namespace: bool) -> Option<HashMap<u32, u32>> {
     let mut map = HashMap::new();
     for entry in std::fs::read_dir(format!("/proc/{pid}/task"))
         .ok()?
         .flatten()
     {
         let task = entry.file_name();
+        let Some(host) = task.to_str().and_then(|t| t.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !other_pid_namespace {
+            map.insert(host, host);
+            continue;
+        }
         let Ok(status) = crate::untrusted::read_proc_text(
             pid,
-            &format!("task/{}/status", task.to_string_lossy()),
+            &format!("task/{host}/status"),
             crate::untrusted::MAX_PROC_FILE,
         ) else {
             continue;
@@ -724,8 +841,10 @@ fn host_tids(pid: u32) -> Option<HashMap<u32, u32>> {
         let Some(ids) = crate::proc_status::parse(&status).and_then(|s| s.nspid) else {
             continue;
         };
-        if let (Some(&host), Some(&inner)) = (ids.first(), ids.last()) {
-            map.insert(inner as u32, host as u32);
+        if let (Some(&first), Some(&inner)) = (ids.first(), ids.last()) {
+            if first as u32 == host {
+                map.insert(inner as u32, host);
+            }
         }
     }
     Some(map)
@@ -751,7 +870,7 @@ mod tests {
             Ok(())
         }
         fn remove(&mut self, _: u32) {}
-        fn put_thread(&mut self, _: u32, _: u64) -> Result<(), String> {
+        fn put_thread(&mut self, _: u32, _: u32, _: u64) -> Result<(), String> {
             Ok(())
         }
         fn remove_thread(&mut self, _: u32) {}
@@ -767,6 +886,7 @@ mod tests {
     fn not_jvm(born: Instant, young_checks: usize) -> Tracked {
         Tracked {
             start_time: 0,
+            uid: 0,
             state: State::NotJvm {
                 comm: "x".into(),
                 born,

@@ -6,7 +6,9 @@
 //! process, not from the file. Each table ends with an entry whose name pointer is null.
 //!
 //! Remote memory is untrusted: strides and offsets are checked for sanity, tables are capped at
-//! [`MAX_ENTRIES`], strings at [`MAX_NAME`] bytes, and any failed read is an error for this JVM.
+//! [`MAX_ENTRIES`], strings at [`MAX_NAME`] bytes and [`MAX_STRING_BYTES`] in all, and any failed
+//! read is an error for this JVM. The caps keep a hostile process's tables to a few milliseconds
+//! and a few megabytes of the tracker's time and memory per inspection.
 
 use std::collections::HashMap;
 
@@ -16,7 +18,9 @@ use super::libjvm::ExportedSymbols;
 use super::remote::{ReadError, RemoteMemory};
 
 /// More entries than any HotSpot build has (JDK 11 has 838 structs, the largest table).
-pub const MAX_ENTRIES: usize = 10_000;
+pub const MAX_ENTRIES: usize = 5_000;
+/// Bytes of distinct names read in all (real tables hold well under 100 KB of them).
+pub const MAX_STRING_BYTES: usize = 512 << 10;
 /// Longest type or field name accepted.
 pub const MAX_NAME: usize = 256;
 /// Largest entry stride accepted (HotSpot's are 16 to 48 bytes).
@@ -30,6 +34,8 @@ pub enum VmStructsError {
     Implausible { what: &'static str, value: u64 },
     #[error("VMStructs {table} table has no end within {MAX_ENTRIES} entries")]
     TooManyEntries { table: &'static str },
+    #[error("VMStructs names take more than {MAX_STRING_BYTES} bytes")]
+    TooManyNames,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -240,6 +246,8 @@ fn for_each_entry(
 #[derive(Default)]
 struct StringCache {
     by_address: HashMap<u64, String>,
+    /// Bytes read for names so far (each name's length and its terminator).
+    bytes_read: usize,
 }
 
 impl StringCache {
@@ -247,7 +255,11 @@ impl StringCache {
         if let Some(name) = self.by_address.get(&address) {
             return Ok(name.clone());
         }
+        if self.bytes_read >= MAX_STRING_BYTES {
+            return Err(VmStructsError::TooManyNames);
+        }
         let name = memory.read_c_string(address, MAX_NAME)?;
+        self.bytes_read += name.len() + 1;
         self.by_address.insert(address, name.clone());
         Ok(name)
     }

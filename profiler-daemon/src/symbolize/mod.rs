@@ -7,6 +7,7 @@
 //! the reason): frames never disappear from a stack.
 
 pub mod cache_budget;
+pub mod elf_facts;
 pub mod java;
 pub mod kernel;
 pub mod native;

@@ -21,12 +21,13 @@ use std::sync::Arc;
 
 use blazesym::symbolize::{source::Elf, source::Source, Input, Symbolizer};
 use hashbrown::HashMap;
-use object::read::ReadCache;
 
 use super::cache_budget::{self, CacheBudget, CacheStats};
+use super::elf_facts::{ElfFacts, FileStamp};
 use super::{from_blazesym, ResolvedFrame};
-use crate::native_unwind::mapping::{address_of_offset, load_segments, LoadSegment};
+use crate::native_unwind::mapping::{address_of_offset, LoadSegment};
 use crate::process::{Backing, Mapping, ProcessInfo};
+use crate::secret_hash::{Digest, SecretKeys};
 use crate::untrusted;
 use crate::vdso::VdsoImage;
 
@@ -36,13 +37,20 @@ pub const DEFAULT_DEBUG_DIRS: [&str; 1] = ["/usr/lib/debug"];
 /// Bound on binaries known (their identities, a few hundred bytes each, stay after eviction);
 /// past it everything starts over.
 const MAX_BINARIES: usize = 16_384;
+/// Bound on (process, file) identities remembered; past it they are identified again.
+const MAX_PROCESS_FILES: usize = 65_536;
 /// What one cached frame is charged: the `Arc`, its lines and names, and the map entry.
 const FRAME_BYTES: u64 = 256;
 
+/// The identity under which a binary's names are shared (see [`elf_facts`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum BinaryKey {
-    BuildId(Vec<u8>),
-    File { dev: u64, inode: u64 },
+    /// A digest of what its names come from: shared by every file with the same.
+    Names(Digest),
+    /// Its headers could not be read or hashed: this very file only.
+    File(FileStamp),
+    /// It could not be opened: named by offset, this mapped inode only.
+    Unopened { dev: u64, inode: u64 },
 }
 
 struct Binary {
@@ -68,15 +76,22 @@ struct Binary {
 /// A binary's separate debug file: same build-id, same segments, symbols and DWARF.
 struct DebugFile {
     path: PathBuf,
+    /// Its identity: names read from it are shared under it (the host's debug directories are
+    /// root's, so its path is trusted).
+    stamp: FileStamp,
     /// The binary's loadable segments: file offsets in the binary to addresses in both files.
     segments: Vec<LoadSegment>,
 }
 
 pub struct NativeSymbolizer {
-    /// (dev, inode) -> binary; the cheap identity from /proc/PID/maps.
-    by_file: HashMap<(u64, u64), u32>,
-    /// Build-id (or file) identity -> binary id.
+    /// (pid, start time, dev, inode) -> binary: each process's files, identified once.
+    by_process_file: HashMap<(u32, u64, u64, u64), u32>,
+    /// (file stamp, path shown) -> binary: a file's headers are read and hashed once.
+    by_stamp: HashMap<(FileStamp, Arc<str>), u32>,
+    /// Names identity -> binary id.
     keys: HashMap<BinaryKey, u32>,
+    /// The secret names identities are keyed with.
+    secret: SecretKeys,
     binaries: Vec<Binary>,
     unknown_anonymous: Arc<ResolvedFrame>,
     budget: CacheBudget,
@@ -105,8 +120,10 @@ impl NativeSymbolizer {
     /// The same, publishing its figures into `stats`.
     pub fn with_budget_stats(limit_bytes: u64, stats: Arc<CacheStats>) -> Self {
         Self {
-            by_file: HashMap::new(),
+            by_process_file: HashMap::new(),
+            by_stamp: HashMap::new(),
             keys: HashMap::new(),
+            secret: SecretKeys::new(),
             binaries: Vec::new(),
             unknown_anonymous: Arc::new(ResolvedFrame::named("[unknown]", None)),
             budget: CacheBudget::with_stats(limit_bytes, stats),
@@ -236,60 +253,101 @@ impl NativeSymbolizer {
             self.budget.release(charged);
         }
         self.binaries.clear();
-        self.by_file.clear();
+        self.by_process_file.clear();
+        self.by_stamp.clear();
         self.keys.clear();
     }
 
-    /// The binary id of a mapped file, reading its build-id the first time it is seen.
+    /// The binary id of a mapped file of `process`, identified the first time the process is
+    /// seen mapping it.
     fn binary(&mut self, process: &ProcessInfo, mapping: &Mapping) -> u32 {
+        let Backing::File { dev, inode, .. } = &mapping.backing else {
+            unreachable!("only file mappings have binaries");
+        };
+        // Per process, not per inode: a file deleted and its inode number given to another
+        // file must not keep the first one's names.
+        let memo = (process.pid, process.start_time, *dev, *inode);
+        if let Some(&id) = self.by_process_file.get(&memo) {
+            return id;
+        }
+        let id = self.identify(process, mapping);
+        if self.by_process_file.len() >= MAX_PROCESS_FILES {
+            self.by_process_file.clear();
+        }
+        self.by_process_file.insert(memo, id);
+        id
+    }
+
+    /// Reads a mapped file's headers (bounded) and finds or makes its binary. Whether blazesym
+    /// may read its DWARF is decided here, per file: DWARF is read only from a file that names
+    /// no other files and whose debug sections inflate as claimed within the budget (parsing
+    /// them holds about their size, and a budget is only a bound if one binary cannot pass it
+    /// alone); past it, names come from the symbol tables.
+    fn identify(&mut self, process: &ProcessInfo, mapping: &Mapping) -> u32 {
         let Backing::File { path, dev, inode } = &mapping.backing else {
             unreachable!("only file mappings have binaries");
         };
-        let (dev, inode) = (*dev, *inode);
-        if let Some(&id) = self.by_file.get(&(dev, inode)) {
+        let module: Arc<str> = Arc::from(path.to_string_lossy().as_ref());
+        let unopened = BinaryKey::Unopened {
+            dev: *dev,
+            inode: *inode,
+        };
+        let Ok(file) = process.open_mapped_file(mapping) else {
+            return self.intern(unopened, module, false, None);
+        };
+        let Ok(stamp) = FileStamp::of(&file) else {
+            return self.intern(unopened, module, false, None);
+        };
+        if let Some(&id) = self.by_stamp.get(&(stamp, module.clone())) {
             return id;
         }
-        let file = process.open_mapped_file(mapping).ok();
-        let build_id = file.as_ref().and_then(|file| {
-            blazesym::helper::read_elf_build_id(&untrusted::fd_path(file))
-                .ok()
-                .flatten()
-                .map(|id| id.to_vec())
-        });
-        // DWARF is read only from a file that names no other files and whose debug sections
-        // fit the budget: parsing them holds about their size, and a budget is only a bound if
-        // one binary cannot pass it alone (past it, names come from the symbol tables).
-        let facts = file.as_ref().and_then(|file| inspect_elf(file).ok());
-        let debug_syms = matches!(facts, Some(ElfFacts { names_other_files: false, debug_bytes })
-                if debug_bytes <= self.budget.limit() / 2);
-        let has_own_dwarf = debug_syms && facts.is_some_and(|facts| facts.debug_bytes > 0);
-        let debug_file = match (&file, &build_id) {
-            (Some(file), Some(build_id)) if !has_own_dwarf => {
-                self.find_debug_file(build_id).and_then(|path| {
-                    let reads = untrusted::BoundedReads::new(
-                        ReadCache::new(file.try_clone().ok()?),
-                        1 << 20,
-                    );
-                    let elf = object::File::parse(&reads).ok()?;
-                    Some(DebugFile {
-                        path,
-                        segments: load_segments(&elf),
-                    })
-                })
+        let id = match ElfFacts::read(&file) {
+            Ok(facts) => {
+                let debug_syms = facts.dwarf_fits(&file, self.budget.limit() / 2);
+                let has_own_dwarf = debug_syms && facts.debug_bytes > 0;
+                let debug_file = match &facts.build_id {
+                    Some(build_id) if !has_own_dwarf => {
+                        self.find_debug_file(build_id).map(|(path, debug_stamp)| DebugFile {
+                            path,
+                            stamp: debug_stamp,
+                            segments: facts.segments.clone(),
+                        })
+                    }
+                    _ => None,
+                };
+                let key = match &debug_file {
+                    Some(debug_file) => BinaryKey::Names(facts.debug_file_key(
+                        &self.secret,
+                        &module,
+                        &debug_file.stamp,
+                    )),
+                    None => facts
+                        .names_key(&file, &self.secret, &module, debug_syms)
+                        .map_or(BinaryKey::File(stamp), BinaryKey::Names),
+                };
+                self.intern(key, module.clone(), debug_syms, debug_file)
             }
-            _ => None,
+            Err(_) => self.intern(BinaryKey::File(stamp), module.clone(), false, None),
         };
-        let key = match build_id {
-            Some(build_id) if !build_id.is_empty() => BinaryKey::BuildId(build_id),
-            _ => BinaryKey::File { dev, inode },
-        };
+        self.by_stamp.insert((stamp, module), id);
+        id
+    }
+
+    /// The binary of `key`, made if new.
+    fn intern(
+        &mut self,
+        key: BinaryKey,
+        module: Arc<str>,
+        debug_syms: bool,
+        debug_file: Option<DebugFile>,
+    ) -> u32 {
         let next_id = self.binaries.len() as u32;
         let id = *self.keys.entry(key).or_insert(next_id);
         if id == next_id {
             self.binaries.push(Binary {
                 id,
                 debug_syms,
-                module: Arc::from(path.to_string_lossy().as_ref()),
+                module,
                 debug_file,
                 symbolizer: None,
                 frames: HashMap::new(),
@@ -297,14 +355,13 @@ impl NativeSymbolizer {
                 last_used: self.clock,
             });
         }
-        self.by_file.insert((dev, inode), id);
         id
     }
 
     /// The debug file of build-id `build_id` under the debug directories: a regular file (the
     /// directories are the host's, root's to write), of the same build-id, whose DWARF fits half
     /// the budget.
-    fn find_debug_file(&self, build_id: &[u8]) -> Option<PathBuf> {
+    fn find_debug_file(&self, build_id: &[u8]) -> Option<(PathBuf, FileStamp)> {
         let (first, rest) = build_id.split_first()?;
         if rest.len() < 4 {
             return None;
@@ -315,7 +372,8 @@ impl NativeSymbolizer {
                 .join(".build-id")
                 .join(format!("{first:02x}"))
                 .join(format!("{rest}.debug"));
-            debug_file_fits(&path, build_id, self.budget.limit() / 2).then_some(path)
+            let stamp = debug_file_fits(&path, build_id, self.budget.limit() / 2)?;
+            Some((path, stamp))
         })
     }
 
@@ -393,113 +451,23 @@ impl NativeSymbolizer {
     }
 }
 
-/// Whether `path` is a regular file with build-id `build_id` and at most `max_debug_bytes` of
-/// DWARF (what parsing it holds in memory).
-fn debug_file_fits(path: &Path, build_id: &[u8], max_debug_bytes: u64) -> bool {
+/// The stamp of `path` if it is a regular file with build-id `build_id` whose DWARF fits
+/// `max_debug_bytes` (what parsing it holds in memory).
+fn debug_file_fits(path: &Path, build_id: &[u8], max_debug_bytes: u64) -> Option<FileStamp> {
     use std::os::unix::fs::OpenOptionsExt as _;
     // Non-blocking: even in the host's debug directories, a FIFO must not stall the symbolizer.
-    let Ok(file) = std::fs::OpenOptions::new()
+    let file = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
         .open(path)
-    else {
-        return false;
-    };
+        .ok()?;
     if !file.metadata().is_ok_and(|meta| meta.is_file()) {
-        return false;
+        return None;
     }
-    let same_build_id = blazesym::helper::read_elf_build_id(path)
-        .ok()
-        .flatten()
-        .is_some_and(|id| *id == *build_id);
-    same_build_id && inspect_elf(&file).is_ok_and(|facts| facts.debug_bytes <= max_debug_bytes)
-}
-
-/// `sh_flags` of a section whose bytes start with an `Elf64_Chdr` (type, reserved, uncompressed
-/// size, alignment) followed by the compressed data.
-const SHF_COMPRESSED: u64 = 0x800;
-
-/// Sections through which an ELF file names other files to read its debug information from.
-const LINK_SECTIONS: [&[u8]; 3] = [b".gnu_debuglink", b".gnu_debugaltlink", b".debug_sup"];
-
-/// What the section headers of an ELF file say about its debug information.
-#[derive(Debug, PartialEq, Eq)]
-struct ElfFacts {
-    /// It has a debug link section (see [`LINK_SECTIONS`]).
-    names_other_files: bool,
-    /// Total size of its `.debug_*` sections.
-    debug_bytes: u64,
-}
-
-/// Reads [`ElfFacts`] from the section headers only (bounded reads: the file is untrusted).
-/// Errors for what is not a 64-bit little-endian ELF.
-fn inspect_elf(file: &std::fs::File) -> std::io::Result<ElfFacts> {
-    use std::os::unix::fs::FileExt as _;
-    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned());
-    let mut header = [0u8; 64];
-    file.read_exact_at(&mut header, 0)?;
-    // ELFCLASS64, ELFDATA2LSB.
-    if &header[..4] != b"\x7fELF" || header[4] != 2 || header[5] != 1 {
-        return Err(bad("not a 64-bit little-endian ELF file"));
-    }
-    let u16_at = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]) as u64;
-    let u32_at = |b: &[u8], at: usize| {
-        let mut word = [0u8; 4];
-        word.copy_from_slice(&b[at..at + 4]);
-        u32::from_le_bytes(word) as u64
-    };
-    let u64_at = |b: &[u8], at: usize| {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(&b[at..at + 8]);
-        u64::from_le_bytes(word)
-    };
-    let (shoff, entsize, count, names_index) = (
-        u64_at(&header, 0x28),
-        u16_at(&header, 0x3a),
-        u16_at(&header, 0x3c),
-        u16_at(&header, 0x3e),
-    );
-    if count == 0 {
-        return Ok(ElfFacts {
-            names_other_files: false,
-            debug_bytes: 0,
-        });
-    }
-    if entsize < 64 || names_index >= count {
-        return Err(bad("bad section header table"));
-    }
-    // At most 65535 entries of a bounded size.
-    let mut table = vec![0u8; (count * entsize.min(256)) as usize];
-    file.read_exact_at(&mut table, shoff)?;
-    let section = |index: u64| &table[(index * entsize.min(256)) as usize..][..64];
-    let names = section(names_index);
-    let (names_offset, names_size) = (u64_at(names, 0x18), u64_at(names, 0x20));
-    let mut strings = vec![0u8; names_size.min(1 << 20) as usize];
-    file.read_exact_at(&mut strings, names_offset)?;
-    let mut facts = ElfFacts {
-        names_other_files: false,
-        debug_bytes: 0,
-    };
-    for index in 0..count {
-        let header = section(index);
-        let name_at = u32_at(header, 0) as usize;
-        let name = strings.get(name_at..).unwrap_or_default();
-        let name = &name[..name.iter().position(|b| *b == 0).unwrap_or(name.len())];
-        facts.names_other_files |= LINK_SECTIONS.contains(&name);
-        if name.starts_with(b".debug_") {
-            // A compressed section (Debian's debug files) is parsed from its uncompressed
-            // bytes, several times its size on disk: count those, as its header states them.
-            let bytes = if u64_at(header, 0x08) & SHF_COMPRESSED != 0 {
-                let mut chdr = [0u8; 24];
-                file.read_exact_at(&mut chdr, u64_at(header, 0x18))?;
-                u64_at(&chdr, 0x08)
-            } else {
-                u64_at(header, 0x20)
-            };
-            facts.debug_bytes = facts.debug_bytes.saturating_add(bytes);
-        }
-    }
-    Ok(facts)
+    let facts = ElfFacts::read(&file).ok()?;
+    let fits = facts.build_id.as_deref() == Some(build_id)
+        && facts.dwarf_fits(&file, max_debug_bytes);
+    fits.then(|| FileStamp::of(&file).ok()).flatten()
 }
 
 fn new_blazesym() -> Symbolizer {
@@ -519,6 +487,7 @@ fn module_offset(module: &str, offset: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::native_unwind::mapping::load_segments;
 
     #[inline(never)]
     fn a_function_with_a_distinct_name() -> u64 {
@@ -555,7 +524,7 @@ mod tests {
     fn debug_link_sections_are_found_in_the_section_headers() {
         // This test binary embeds its DWARF and names no other file.
         let me = std::fs::File::open("/proc/self/exe").expect("own executable");
-        let facts = inspect_elf(&me).expect("an ELF file");
+        let facts = ElfFacts::read(&me).expect("an ELF file");
         assert!(!facts.names_other_files);
         assert!(facts.debug_bytes > 1 << 20, "a debug build: {facts:?}");
         // Debian's libc is stripped and links its debug file.
@@ -566,9 +535,9 @@ mod tests {
             .find(|m| matches!(&m.backing, Backing::File { path, .. } if path.to_string_lossy().contains("libc.so")))
             .expect("libc is mapped");
         let libc = process.open_mapped_file(libc).expect("libc opens");
-        assert!(inspect_elf(&libc).expect("an ELF file").names_other_files);
+        assert!(ElfFacts::read(&libc).expect("an ELF file").names_other_files);
         let not_elf = tempfile::tempfile().expect("tempfile");
-        assert!(inspect_elf(&not_elf).is_err());
+        assert!(ElfFacts::read(&not_elf).is_err());
     }
 
     #[test]
@@ -613,67 +582,6 @@ mod tests {
         assert_eq!(function(&libc_again), function(&first[1..]));
     }
 
-    /// Compressed DWARF counts at its uncompressed size: what parsing it holds.
-    #[test]
-    fn compressed_debug_sections_count_at_their_uncompressed_size() {
-        use object::{Object as _, ObjectSection as _};
-        let dir = tempfile::tempdir().expect("tempdir");
-        let source = dir.path().join("program.c");
-        // Forty functions with locals: enough DWARF for compression to matter.
-        let functions: String = (0..40)
-            .map(|i| {
-                format!(
-                    "int f{i}(int n) {{ int total_{i} = 0; for (int k = 0; k < n; k++) \
-                     total_{i} += k * {i}; return total_{i}; }}\n"
-                )
-            })
-            .collect();
-        std::fs::write(
-            &source,
-            format!(
-                "{functions}int main(int argc, char **argv) {{ (void)argv; return f1(argc); }}\n"
-            ),
-        )
-        .expect("source written");
-        let build = |name: &str, flags: &[&str]| {
-            let binary = dir.path().join(name);
-            let status = std::process::Command::new("cc")
-                .args(["-g", "-O1"])
-                .args(flags)
-                .arg("-o")
-                .arg(&binary)
-                .arg(&source)
-                .status()
-                .expect("cc runs");
-            assert!(status.success());
-            let file = std::fs::File::open(&binary).expect("opens");
-            let facts = inspect_elf(&file).expect("an ELF file");
-            let data = std::fs::read(&binary).expect("readable");
-            let on_disk: u64 = object::File::parse(&*data)
-                .expect("ELF")
-                .sections()
-                .filter(|s| s.name().is_ok_and(|n| n.starts_with(".debug_")))
-                .filter_map(|s| s.file_range().map(|(_, size)| size))
-                .sum();
-            (facts.debug_bytes, on_disk)
-        };
-        let (plain, plain_on_disk) = build("plain", &[]);
-        let (compressed, compressed_on_disk) = build("compressed", &["-gz=zlib"]);
-        assert_eq!(
-            plain, plain_on_disk,
-            "uncompressed sections count as they are"
-        );
-        assert!(
-            compressed_on_disk * 3 / 2 < plain,
-            "compressed on disk: {compressed_on_disk} of {plain}"
-        );
-        // The same DWARF, give or take what the linker relaxes differently.
-        assert!(
-            compressed.abs_diff(plain) * 50 < plain,
-            "compressed counts {compressed}, uncompressed {plain}"
-        );
-    }
-
     /// A stripped program whose debug file sits under a debug directory by build-id is named
     /// from it, with lines; without the directory it is not.
     #[test]
@@ -707,10 +615,10 @@ mod tests {
         run(std::process::Command::new("strip")
             .arg("--strip-all")
             .arg(&binary));
-        let build_id = blazesym::helper::read_elf_build_id(&binary)
-            .expect("readable")
-            .expect("a build-id")
-            .to_vec();
+        let build_id = ElfFacts::read(&std::fs::File::open(&binary).expect("opens"))
+            .expect("an ELF file")
+            .build_id
+            .expect("a build-id");
         let debug_dirs = dir.path().join("debug");
         let by_id = debug_dirs
             .join(".build-id")
