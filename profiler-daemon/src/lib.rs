@@ -17,6 +17,7 @@ pub mod native_unwind;
 pub mod off_cpu;
 pub mod output;
 pub mod pprof;
+pub mod printable;
 pub mod privileges;
 pub mod proc_status;
 pub mod process;

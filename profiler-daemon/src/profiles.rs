@@ -33,6 +33,7 @@ use crate::hotspot::jvm_directory::JvmDirectory;
 use crate::hotspot::remote::ProcessMemory;
 use crate::java_names::UnnamedCounts;
 use crate::pprof::{proto, Label, LocationKey, ProfileBuilder};
+use crate::printable::printable;
 use crate::process::ProcessTable;
 use crate::record::comm_to_string;
 use crate::sidecar::threads::NameSource;
@@ -126,6 +127,7 @@ pub struct ProfileRequest<'a> {
 
 pub struct BuiltProfile {
     pub pid: u32,
+    /// The process's name, printable ([`crate::printable`]).
     pub comm: String,
     /// The profile of the local files (see the module documentation).
     pub profile: proto::Profile,
@@ -213,10 +215,13 @@ pub fn build(
         symbolizers.ensure_jvm(pid, processes);
     }
 
+    // Shown as is in file names, flame graph titles and the service-name fallback, hence
+    // printable here; every string inside the profile is made so by the builder.
     let comm = processes
         .get(pid)
         .map(|info| info.comm.clone())
         .or(thread_comm)
+        .map(|comm| printable(&comm).into_owned())
         .unwrap_or_default();
     let pid_label = pid.to_string();
     // Each thread is named once per profile.
@@ -429,8 +434,13 @@ mod tests {
 
     /// A profile of one stack sampled 3 times on thread 70 and once on 71, both `pool-1`.
     fn built() -> BuiltProfile {
+        built_on("pool-1")
+    }
+
+    /// [`built`] with both threads named `thread_name`.
+    fn built_on(thread_name: &str) -> BuiltProfile {
         let mut aggregator = Aggregator::new(100);
-        let mut record = encode(PID, "pool-1", &[], &[0x10, 0x20], UnwindEnd::Complete);
+        let mut record = encode(PID, thread_name, &[], &[0x10, 0x20], UnwindEnd::Complete);
         let tid_at = std::mem::offset_of!(profiler_common::SampleHeader, tid);
         for tid in [70u32, 70, 70, 71] {
             record[tid_at..tid_at + 4].copy_from_slice(&tid.to_ne_bytes());
@@ -549,6 +559,32 @@ mod tests {
         assert_eq!(samples[0].1, vec![("thread_name", "pool-1")]);
         assert_eq!(samples[1].1, vec![("thread_name", "pool-1")]);
         assert_eq!(samples[0].3, "[pool-1 tid=71]");
+    }
+
+    #[test]
+    fn names_a_process_chose_are_printable_in_every_variant() {
+        // A `comm` set with escape sequences (prctl(PR_SET_NAME) takes any bytes).
+        let built = built_on("\u{1b}[31mX\u{7}\n\u{9b}");
+        let shown = "?[31mX???";
+        assert_eq!(built.comm, shown);
+        let samples = summary(&built.profile);
+        assert!(samples[0].1.contains(&("comm", shown)));
+        assert!(samples[0].1.contains(&("thread_name", shown)));
+        let export = export_profile(
+            &built,
+            ExportThreads {
+                per_thread_series: true,
+            },
+        );
+        let samples = summary(&export);
+        assert_eq!(samples[0].1, vec![("thread_name", shown)]);
+        assert_eq!(samples[0].3, format!("[{shown} tid=71]"));
+        for profile in [&built.profile, &export] {
+            assert!(!profile
+                .string_table
+                .iter()
+                .any(|s| s.chars().any(crate::printable::is_unprintable)));
+        }
     }
 
     #[test]

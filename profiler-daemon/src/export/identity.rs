@@ -5,13 +5,32 @@
 //! program name; for a pod's container, `<namespace>/<container>`; else the program name itself,
 //! which for a JVM is its main class, jar or module (`java -jar orders.jar` -> `orders`), and
 //! otherwise the executable's file name.
+//!
+//! Most of it is the process's own text (its command line, its `comm`, its pod's annotation),
+//! and these labels name a Pyroscope series: a value Pyroscope refuses (empty `service_name`,
+//! longer than its limit) would get the whole push refused, other processes' profiles with it.
+//! So every value is made printable ([`crate::printable`]) and bounded here, where the identity
+//! is made, and an empty service name becomes [`UNNAMED_SERVICE`].
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::config_error::{invalid, ConfigError};
 use crate::kubernetes::PodIndex;
+use crate::printable::printable_within;
 use crate::process::ProcessInfo;
+
+/// Longest label value exported, in bytes: half of Pyroscope's default limit
+/// (`validation.max-length-label-value`, 2048), so a lower server setting is still met.
+pub const MAX_LABEL_VALUE_BYTES: usize = 1024;
+
+/// The service name of a process whose every name is empty (Pyroscope requires one).
+pub const UNNAMED_SERVICE: &str = "unknown";
+
+/// A label value from a process's text: printable and bounded.
+fn label_value(text: &str) -> String {
+    printable_within(text, MAX_LABEL_VALUE_BYTES).into_owned()
+}
 
 /// How service names are chosen (from the configuration).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -83,9 +102,7 @@ impl ServiceNaming {
         comm: &str,
         pods: Option<&PodIndex>,
     ) -> ProcessIdentity {
-        let program = info
-            .and_then(program_name)
-            .unwrap_or_else(|| comm.to_string());
+        let program = label_value(&info.and_then(program_name).unwrap_or_else(|| comm.into()));
         let container = info.and_then(|info| info.container.as_ref());
         let pod = container.zip(pods).and_then(|(c, pods)| pods.lookup(c));
         let pod_service = pod.as_ref().and_then(|m| m.pod.service_name.clone());
@@ -99,7 +116,12 @@ impl ServiceNaming {
             .or(pod_service)
             .or_else(|| self.by_program.get(&program).cloned())
             .or(namespace_container)
-            .unwrap_or_else(|| program.clone());
+            .map_or_else(|| program.clone(), |name| label_value(&name));
+        let service_name = if service_name.is_empty() {
+            UNNAMED_SERVICE.to_string()
+        } else {
+            service_name
+        };
         let mut pod_labels = Vec::new();
         if let Some(m) = &pod {
             pod_labels.push(("namespace", m.pod.namespace.clone()));
@@ -121,8 +143,11 @@ impl ServiceNaming {
         ProcessIdentity {
             service_name,
             program,
-            container_id: container.and_then(|c| c.container_id.clone()),
-            pod_labels,
+            container_id: container.and_then(|c| c.container_id.as_deref().map(label_value)),
+            pod_labels: pod_labels
+                .into_iter()
+                .map(|(name, value)| (name, label_value(&value)))
+                .collect(),
         }
     }
 }
@@ -303,6 +328,27 @@ mod tests {
                 .service_name,
             "kworker/0:1"
         );
+    }
+
+    #[test]
+    fn names_from_a_process_are_printable_bounded_and_never_empty() {
+        let java = "/usr/bin/java";
+        assert_eq!(name(java, &["java", "a\u{1b}[2J\nb"]), "a?[2J?b");
+        let long = "x".repeat(3 * MAX_LABEL_VALUE_BYTES);
+        assert_eq!(name(java, &["java", &long]).len(), MAX_LABEL_VALUE_BYTES);
+        // `java ''`, `prctl(PR_SET_NAME, "")` of a process that could not be read.
+        assert_eq!(name(java, &["java", ""]), UNNAMED_SERVICE);
+        let naming = ServiceNaming::default();
+        let unread = naming.identify(None, "", None);
+        assert_eq!(
+            (unread.service_name.as_str(), unread.program.as_str()),
+            (UNNAMED_SERVICE, "")
+        );
+        let unread = naming.identify(None, "\u{1b}]0;x\u{7}", None);
+        assert_eq!(unread.service_name, "?]0;x?");
+        for (_, value) in unread.labels(&BTreeMap::new(), "process_cpu") {
+            assert!(!value.chars().any(crate::printable::is_unprintable));
+        }
     }
 
     #[test]

@@ -64,7 +64,10 @@ pub fn folded_stacks(profile: &Profile) -> Vec<String> {
 pub fn render_svg(profile: &Profile, title: &str, count_name: &str) -> std::io::Result<Vec<u8>> {
     let lines = folded_stacks(profile);
     let mut options = inferno::flamegraph::Options::default();
-    options.title = title.to_owned();
+    // XML allows no control characters: the frames' names are printable as every string of a
+    // profile is (`pprof::ProfileBuilder::string`); the title may name the process, so it is
+    // made printable here.
+    options.title = crate::printable::printable(title).into_owned();
     options.count_name = count_name.to_owned();
     // The Java palette reads the `_[j]`/`_[i]`/`_[0]`/`_[k]` suffixes to colour frames by kind
     // (and hides them from the labels), as async-profiler's flame graphs do.
@@ -115,6 +118,24 @@ mod tests {
             folded_stacks(&profile()),
             vec!["worker;main;outer_[j];inner_[i] 7".to_string()]
         );
+    }
+
+    #[test]
+    fn names_a_process_chose_reach_the_svg_printable_and_escaped() {
+        let mut builder = ProfileBuilder::new_cpu(100, SystemTime::now(), Duration::from_secs(1));
+        let frame = ResolvedFrame::named("f<&>\u{1b}[2J\n\u{9b}", None);
+        let leaf = builder.location(LocationKey::User(1), 1, &frame);
+        builder.add_sample(vec![leaf], 2, &[("thread_name", "t\u{7}\u{ffff}")]);
+        let svg = String::from_utf8(
+            render_svg(&builder.finish(), "cpu: x\u{1b}", "samples").expect("renders"),
+        )
+        .expect("utf-8");
+        let bad: Vec<char> = svg
+            .chars()
+            .filter(|&c| crate::printable::is_unprintable(c) && !matches!(c, '\n' | '\t' | '\r'))
+            .collect();
+        assert!(bad.is_empty(), "{bad:?}");
+        assert!(svg.contains("f&lt;&amp;&gt;?[2J??") && svg.contains("t??"));
     }
 
     #[test]

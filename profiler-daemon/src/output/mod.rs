@@ -202,6 +202,11 @@ mod tests {
             ),
             "cpu-20231114T221320Z-42-java_Main_x.pb.gz"
         );
+        // A `comm` is any 15 bytes a process chose: escapes, separators, `..`.
+        assert_eq!(
+            file_stem(ProfileKind::OffCpu, start, 7, "\u{1b}[31m/..\u{7}\n\u{9b}"),
+            "offcpu-20231114T221320Z-7-__31m_..___"
+        );
     }
 
     #[test]

@@ -1,10 +1,17 @@
 //! Assembles one pprof profile: interns strings, functions and locations so each appears once.
+//!
+//! Every string of a profile passes through [`ProfileBuilder::string`], so that is where text a
+//! profiled process chose (labels, function, file and thread names) is made printable
+//! ([`crate::printable`]): once, for every output, since the local files, their flame graphs,
+//! Pyroscope's variant and the live stream are all this profile or built from it.
 
+use std::borrow::Cow;
 use std::time::{Duration, SystemTime};
 
 use hashbrown::HashMap;
 
 use super::proto;
+use crate::printable::printable;
 use crate::symbolize::ResolvedFrame;
 
 /// Identifies a location within one profile. Kernel and user addresses never collide (the
@@ -121,13 +128,21 @@ impl ProfileBuilder {
         }
     }
 
+    /// The index of `value` in the string table, as shown ([`printable`]: the table holds only
+    /// printable text, whatever a profiled process named its code or threads).
     pub fn string(&mut self, value: &str) -> i64 {
         if let Some(&index) = self.strings.get(value) {
             return index;
         }
+        let shown = printable(value);
+        if let Cow::Owned(shown) = &shown {
+            if let Some(&index) = self.strings.get(shown.as_str()) {
+                return index;
+            }
+        }
         let index = self.profile.string_table.len() as i64;
-        self.profile.string_table.push(value.to_owned());
-        self.strings.insert(value.to_owned(), index);
+        self.profile.string_table.push(shown.clone().into_owned());
+        self.strings.insert(shown.into_owned(), index);
         index
     }
 
@@ -312,6 +327,46 @@ mod tests {
             .map(|l| (s(l.key), s(l.str)))
             .collect();
         assert_eq!(labels, vec![("pid", "1"), ("thread_name", "t")]);
+    }
+
+    #[test]
+    fn strings_a_process_chose_enter_the_table_printable() {
+        let mut builder = ProfileBuilder::new_cpu(100, SystemTime::UNIX_EPOCH, Duration::ZERO);
+        let frame = ResolvedFrame {
+            lines: vec![crate::symbolize::SourceLine {
+                function: "run\u{1b}[2J".into(),
+                system_name: Some("run\u{1b}[2J(\n)".into()),
+                file: Some("a\u{9b}.c".into()),
+                line: 1,
+            }],
+            module: None,
+        };
+        let leaf = builder.location(LocationKey::User(1), 1, &frame);
+        builder.add_sample(
+            vec![leaf],
+            1,
+            &[("comm", "\u{1b}[31mX\u{7}\n"), ("thread_name", "t\u{7f}")],
+        );
+        // Raw texts that show the same share one entry.
+        let once = builder.string("run\u{7}[2J");
+        let profile = builder.finish();
+        assert_eq!(profile.string_table[once as usize], "run?[2J");
+        for text in ["run?[2J", "run?[2J(?)", "a?.c", "?[31mX??", "t?"] {
+            assert_eq!(
+                profile.string_table.iter().filter(|s| *s == text).count(),
+                1,
+                "{text:?} in {:?}",
+                profile.string_table
+            );
+        }
+        assert!(
+            !profile
+                .string_table
+                .iter()
+                .any(|s| s.chars().any(crate::printable::is_unprintable)),
+            "{:?}",
+            profile.string_table
+        );
     }
 
     #[test]

@@ -249,17 +249,9 @@ fn confirms(comm: &str, name: &str) -> bool {
 }
 
 /// `name` bounded to [`MAX_THREAD_NAME_BYTES`] (on a character boundary) with control
-/// characters replaced by `?`.
+/// characters replaced by `?` (the rule of every output: [`crate::printable`]).
 pub fn sanitize(name: &str) -> String {
-    let mut out = String::with_capacity(name.len().min(MAX_THREAD_NAME_BYTES));
-    for c in name.chars() {
-        let c = if c.is_control() { '?' } else { c };
-        if out.len() + c.len_utf8() > MAX_THREAD_NAME_BYTES {
-            break;
-        }
-        out.push(c);
-    }
-    out
+    crate::printable::printable_within(name, MAX_THREAD_NAME_BYTES).into_owned()
 }
 
 #[cfg(test)]
