@@ -139,6 +139,14 @@ pub fn open_mapped_file(
     untrusted::open_by_mapped_path(pid, path, *dev, shares_our_root, expect)
 }
 
+/// The owner of `/proc/PID`: the process's effective uid (whose share of the daemon's budgets
+/// its work counts against).
+pub fn owner_uid(pid: u32) -> Option<u32> {
+    std::fs::metadata(format!("/proc/{pid}"))
+        .ok()
+        .map(|meta| meta.uid())
+}
+
 /// `/proc/PID/stat`, bounded.
 pub fn read_stat(pid: u32) -> procfs::ProcResult<Stat> {
     let bytes = untrusted::read_proc_file(pid, "stat", 64 << 10)?;

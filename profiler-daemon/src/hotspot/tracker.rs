@@ -102,12 +102,6 @@ impl InspectionBudget {
     }
 }
 
-/// The owner of `/proc/PID` (the process's effective uid).
-fn proc_owner(pid: u32) -> Option<u32> {
-    use std::os::unix::fs::MetadataExt as _;
-    std::fs::metadata(format!("/proc/{pid}")).ok().map(|meta| meta.uid())
-}
-
 /// Where layouts and Java threads go: the BPF maps, or a fake in tests.
 pub trait LayoutSink {
     fn put(&mut self, pid: u32, proc_info: &HotspotProc) -> Result<(), String>;
@@ -465,7 +459,7 @@ impl<S: LayoutSink> JvmTracker<S> {
             pid,
             Tracked {
                 start_time: stat.starttime,
-                uid: proc_owner(pid).unwrap_or(u32::MAX),
+                uid: crate::process::owner_uid(pid).unwrap_or(u32::MAX),
                 state: State::NotJvm {
                     comm: String::new(),
                     born,

@@ -9,6 +9,9 @@
 //!   one does not fit, the least recently used tables no live process uses are evicted, and if
 //!   that is not enough the new one is not loaded (its code falls back to frame pointers), and
 //!   counted. Each file's reads and rows are bounded too ([`BuildLimits`], [`MAX_READ_BYTES`]).
+//! - **Shared fairly.** The processes of one user (and so any one process) hold at most half of
+//!   the budget ([`user_share`]): a user who maps hundreds of libraries gets no more tables past
+//!   it, and cannot keep another user's programs from getting theirs.
 //! - **Never in the way.** Building runs here, never on the sampling loop; samples taken before a
 //!   process's tables are loaded are walked by frame pointers. A process that execs or exits
 //!   loses its entry in the kernel at once (`process_events.rs`); this thread notices the
@@ -55,6 +58,11 @@ pub fn table_budget(cache_budget_bytes: u64) -> u64 {
     cache_budget_bytes / 3
 }
 
+/// The most table bytes the processes of one user may hold: half the budget.
+pub fn user_share(table_budget_bytes: u64) -> u64 {
+    table_budget_bytes / 2
+}
+
 /// The bounds of one file's table: what the maps can hold.
 pub fn build_limits() -> BuildLimits {
     BuildLimits {
@@ -82,16 +90,19 @@ pub enum NotLoaded {
     MapFull,
     /// The process has more mappings with tables than its entry holds.
     TooManyMappings,
+    /// Its user's processes already hold their share of the budget ([`user_share`]).
+    UserShare,
 }
 
 impl NotLoaded {
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::NoCfi,
         Self::Unreadable,
         Self::TooLarge,
         Self::Budget,
         Self::MapFull,
         Self::TooManyMappings,
+        Self::UserShare,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -102,6 +113,7 @@ impl NotLoaded {
             Self::Budget => "budget",
             Self::MapFull => "map_full",
             Self::TooManyMappings => "too_many_mappings",
+            Self::UserShare => "user_share",
         }
     }
 }
@@ -292,9 +304,26 @@ impl MappedTable {
     }
 }
 
+/// What the processes of one user hold of the table budget, while a process of theirs is
+/// loaded: the distinct tables they use and their bytes.
+struct UserHoldings {
+    tables: hashbrown::HashSet<TableKey>,
+    bytes: u64,
+}
+
+impl UserHoldings {
+    fn add(&mut self, key: TableKey, bytes: u64) {
+        if self.tables.insert(key) {
+            self.bytes += bytes;
+        }
+    }
+}
+
 /// A process whose entry is in `CFI_PROCS`.
 struct LoadedProcess {
     start_time: u64,
+    /// Its owner: whose share of the budget its tables count against.
+    uid: u32,
     /// Its file-backed executable mappings when loaded: reloaded when they change.
     mappings: Vec<(u64, u64, u64)>,
     tables: Vec<TableKey>,
@@ -410,6 +439,8 @@ impl<M: TableMaps> UnwindTables<M> {
         }
         self.forget(pid);
         let shares_our_root = process::shares_our_root(pid);
+        let uid = process::owner_uid(pid).unwrap_or(u32::MAX);
+        let mut holdings = self.holdings_of(uid);
         let mut entry = Box::new(CfiProcess {
             count: 0,
             _reserved: 0,
@@ -424,7 +455,7 @@ impl<M: TableMaps> UnwindTables<M> {
                 self.stats.count(NotLoaded::TooManyMappings);
                 break;
             }
-            let Some(found) = self.table_of(pid, shares_our_root, mapping) else {
+            let Some(found) = self.table_of(pid, shares_our_root, mapping, &mut holdings) else {
                 continue;
             };
             insert_sorted(&mut entry, found.entry_for(mapping));
@@ -465,6 +496,7 @@ impl<M: TableMaps> UnwindTables<M> {
             pid,
             LoadedProcess {
                 start_time: stat.starttime,
+                uid,
                 mappings: signature,
                 tables,
             },
@@ -472,12 +504,30 @@ impl<M: TableMaps> UnwindTables<M> {
         self.publish();
     }
 
-    /// The table id, bias and key for one mapping, loading the table if needed.
+    /// What the loaded processes of `uid` hold.
+    fn holdings_of(&self, uid: u32) -> UserHoldings {
+        let mut holdings = UserHoldings {
+            tables: hashbrown::HashSet::new(),
+            bytes: 0,
+        };
+        for process in self.processes.values().filter(|p| p.uid == uid) {
+            for key in &process.tables {
+                if let Some(TableState::Loaded(table)) = self.tables.get(key) {
+                    holdings.add(*key, table.bytes);
+                }
+            }
+        }
+        holdings
+    }
+
+    /// The table id, bias and key for one mapping, loading the table if needed and within the
+    /// share of the user whose `holdings` are given.
     fn table_of(
         &mut self,
         pid: u32,
         shares_our_root: bool,
         mapping: &Mapping,
+        holdings: &mut UserHoldings,
     ) -> Option<MappedTable> {
         let file = process::open_mapped_file(pid, shares_our_root, mapping).ok()?;
         let meta = file.metadata().ok()?;
@@ -510,7 +560,8 @@ impl<M: TableMaps> UnwindTables<M> {
         let layout = self.files.get_mut(&id)?;
         layout.last_used = now;
         let (key, bias) = layout.placed_at(mapping)?;
-        self.load_mapped_table(key, bias, &reads)
+        let found = self.load_mapped_table(key, bias, &reads, Some(holdings))?;
+        Some(found)
     }
 
     /// The table of a process's `[vdso]` mapping: the host's image's (see `crate::vdso`), if the
@@ -518,7 +569,7 @@ impl<M: TableMaps> UnwindTables<M> {
     fn vdso_table(&mut self, mapping: &Mapping) -> Option<MappedTable> {
         let image = VdsoImage::of_this_host().filter(|image| image.is_mapped_by(mapping))?;
         let (key, bias) = self.vdso.as_ref()?.placed_at(mapping)?;
-        self.load_mapped_table(key, bias, image.bytes())
+        self.load_mapped_table(key, bias, image.bytes(), None)
     }
 
     /// [`Self::load_table`], for a mapping whose pcs are `bias` from the table's addresses.
@@ -527,8 +578,9 @@ impl<M: TableMaps> UnwindTables<M> {
         key: TableKey,
         bias: u64,
         data: R,
+        holdings: Option<&mut UserHoldings>,
     ) -> Option<MappedTable> {
-        let (id, built) = self.load_table(key, data)?;
+        let (id, built) = self.load_table(key, data, holdings)?;
         Some(MappedTable {
             id,
             bias,
@@ -538,22 +590,34 @@ impl<M: TableMaps> UnwindTables<M> {
     }
 
     /// The id of the table keyed `key`, built from `data` (a file's bounded reads, or the vDSO
-    /// image) and loaded if it is not yet, and whether it was built now.
+    /// image) and loaded if it is not yet, and whether it was built now. A table already loaded
+    /// is always given (it costs nothing more); a new one only within the user's share, when
+    /// `holdings` says whose it is (the vDSO's is everyone's).
     fn load_table<'data, R: ReadRef<'data>>(
         &mut self,
         key: TableKey,
         data: R,
+        mut holdings: Option<&mut UserHoldings>,
     ) -> Option<(u32, bool)> {
         let now = Instant::now();
+        let share = user_share(self.budget_bytes);
         match self.tables.get_mut(&key) {
             Some(TableState::Loaded(table)) => {
                 table.last_used = now;
+                if let Some(holdings) = holdings {
+                    holdings.add(key, table.bytes);
+                }
                 return Some((table.id, false));
             }
             Some(TableState::Failed { retry, .. }) if retry.is_none_or(|at| now < at) => {
                 return None
             }
             _ => {}
+        }
+        if holdings.as_ref().is_some_and(|h| h.bytes >= share) {
+            // Not even built: a user past their share costs no more of this thread's time.
+            self.stats.count(NotLoaded::UserShare);
+            return None;
         }
         let started = Instant::now();
         let built = build_table(data, self.limits);
@@ -577,6 +641,11 @@ impl<M: TableMaps> UnwindTables<M> {
             }
         };
         let bytes = blocks.map_bytes();
+        if holdings.as_ref().is_some_and(|h| h.bytes + bytes > share) {
+            // Not marked failed: the table is refused to this user, not to others who map it.
+            self.stats.count(NotLoaded::UserShare);
+            return None;
+        }
         if !self.make_room(bytes) {
             self.fail(key, NotLoaded::Budget, Some(now + RETRY_AFTER));
             return None;
@@ -602,6 +671,9 @@ impl<M: TableMaps> UnwindTables<M> {
             "unwind table loaded"
         );
         self.used_bytes += bytes;
+        if let Some(holdings) = holdings.as_deref_mut() {
+            holdings.add(key, bytes);
+        }
         self.tables.insert(
             key,
             TableState::Loaded(LoadedTable {

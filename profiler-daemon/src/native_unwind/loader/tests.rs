@@ -145,7 +145,8 @@ fn tables_past_the_budget_are_not_loaded_and_counted() {
     // Room for one 32 KiB block and the index: libc (7 blocks) does not fit.
     let mut tables = UnwindTables::new(FakeMaps::default(), 40 << 10, stats.clone());
     tables.observe(std::process::id());
-    assert!(stats.not_loaded(NotLoaded::Budget) > 0);
+    // libc is more than the whole budget, and so more than our share of it.
+    assert!(stats.not_loaded(NotLoaded::Budget) + stats.not_loaded(NotLoaded::UserShare) > 0);
     assert!(stats.bytes.load(Ordering::Relaxed) <= 40 << 10);
     let getpid = libc::getpid as *const () as u64;
     assert!(tables.maps.row(std::process::id(), getpid).is_none());
@@ -166,4 +167,47 @@ fn unused_tables_are_evicted_least_recently_used_first() {
     assert_eq!(stats.tables.load(Ordering::Relaxed), 0);
     assert_eq!(stats.evictions.load(Ordering::Relaxed), loaded);
     assert!(tables.maps.tables.is_empty());
+}
+
+/// A user whose processes would take the whole budget holds half of it, and another user's
+/// program started later still gets its tables.
+#[test]
+fn one_users_tables_leave_another_users_their_share() {
+    use std::os::unix::process::CommandExt as _;
+    // `nobody` runs a program with few tables; root (this test) holds many.
+    let mut other = std::process::Command::new("sleep")
+        .arg("30")
+        .uid(65534)
+        .gid(65534)
+        .spawn()
+        .expect("sleep as nobody (the tests run as root)");
+    std::thread::sleep(Duration::from_millis(100));
+    let bytes_alone = |pid: u32| {
+        let stats = Arc::new(TableStats::default());
+        let mut tables = UnwindTables::new(FakeMaps::default(), 1 << 30, stats.clone());
+        tables.observe(pid);
+        stats.bytes.load(Ordering::Relaxed)
+    };
+    let ours = bytes_alone(std::process::id());
+    let theirs = bytes_alone(other.id());
+    assert!(theirs > 0 && ours > 2 * theirs, "ours {ours}, theirs {theirs}");
+    // Half the budget is less than what we would take, and more than what they need.
+    let budget = ours.max(2 * theirs + (64 << 10));
+
+    let stats = Arc::new(TableStats::default());
+    let mut tables = UnwindTables::new(FakeMaps::default(), budget, stats.clone());
+    tables.observe(std::process::id());
+    assert!(stats.not_loaded(NotLoaded::UserShare) > 0, "we hit our share");
+    let held = stats.bytes.load(Ordering::Relaxed);
+    assert!(held <= user_share(budget), "we hold {held} of {budget}");
+    tables.observe(other.id());
+    let _ = other.kill();
+    let _ = other.wait();
+    let entry = tables.maps.procs.get(&other.id()).expect("their entry");
+    assert!(
+        entry.count >= 3,
+        "sleep, libc and ld.so all have tables: {}",
+        entry.count
+    );
+    assert_eq!(stats.not_loaded(NotLoaded::Budget), 0);
 }
