@@ -15,6 +15,7 @@ use profiler_daemon::pprof::{decode, proto};
 
 pub mod background;
 pub mod cgroup;
+pub mod hostile;
 pub mod metrics_endpoint;
 pub mod receiver;
 
