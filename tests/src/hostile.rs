@@ -208,8 +208,8 @@ impl Scenario {
             sigterm_to_exit,
             peak_rss_bytes,
             bystander_intervals: intervals_naming(&profiles, bystander.pid(), BYSTANDER_FUNCTION),
-            expected_intervals: (self.run_for.as_secs() / self.interval_secs)
-                .saturating_sub(1) as usize,
+            expected_intervals: (self.run_for.as_secs() / self.interval_secs).saturating_sub(1)
+                as usize,
             log: log_text,
             output: root,
         };
