@@ -24,6 +24,8 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
     ("openssl", "openssl"),
     // The off-CPU test reads the daemon's per-thread BPF map.
     ("bpftool", "bpftool"),
+    // The hostile-names test checks that flame graphs stay well-formed XML.
+    ("xmllint", "libxml2-utils"),
 ];
 
 /// Debian packages of the real applications tests/tests/real_apps.rs profiles, by a file each
