@@ -68,6 +68,8 @@ pub const EXPORT_QUEUE_PROFILES: &str = "profiler_export_queue_profiles";
 pub const EXPORT_QUEUE_BYTES: &str = "profiler_export_queue_bytes";
 pub const STREAM_SUBSCRIBERS: &str = "profiler_stream_subscribers";
 pub const STREAM_SKIPPED_PROFILES: &str = "profiler_stream_skipped_profiles_total";
+/// Labelled `reason`: [`metrics_connections_closed`]'s values.
+pub const METRICS_CONNECTIONS_CLOSED: &str = "profiler_metrics_connections_closed_total";
 
 /// [`SAMPLES_NOT_PROFILED`] reasons the daemon counts (the kernel side's are
 /// [`crate::Counter`] names).
@@ -101,4 +103,12 @@ pub mod export_dropped {
     pub const EXPORT_QUEUE_FULL: &str = "queue_full";
     pub const SHUTDOWN: &str = "shutdown";
     pub const REJECTED: &str = "rejected";
+}
+
+/// [`METRICS_CONNECTIONS_CLOSED`] reasons: connections to `/metrics` the daemon closed itself.
+pub mod metrics_connections_closed {
+    /// Over the endpoint's connection limit: closed as soon as accepted.
+    pub const OVER_LIMIT: &str = "over_limit";
+    /// No complete request within the header timeout, or open longer than a connection may be.
+    pub const TIMED_OUT: &str = "timed_out";
 }

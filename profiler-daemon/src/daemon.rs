@@ -138,6 +138,7 @@ struct LoopStats {
 
 pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     privileges::check()?;
+    raise_open_files_limit();
     let metrics = Metrics::default();
     // Before the sampler: a bad output directory or a taken stream address stops the start.
     let (sinks, sink_tasks) = build_sinks(&config, &metrics).await?;
@@ -370,6 +371,34 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         );
     }
     Ok(summary)
+}
+
+/// Raises the soft limit on open files to the hard one: services start with a soft limit of
+/// 1024 (systemd's default), and a daemon out of descriptors opens no `/proc` file, so profiles
+/// nothing. The hard limit is what whoever started the daemon granted.
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills our struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return;
+    }
+    let soft = limit.rlim_cur;
+    limit.rlim_cur = limit.rlim_max;
+    // SAFETY: setrlimit reads our struct; raising the soft limit up to the hard one needs no
+    // privilege.
+    if soft < limit.rlim_max && unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+        tracing::warn!(
+            soft,
+            hard = limit.rlim_max,
+            error = %std::io::Error::last_os_error(),
+            "cannot raise the open-files limit"
+        );
+        return;
+    }
+    tracing::info!(open_files = limit.rlim_max, was = soft, "open-files limit");
 }
 
 /// The sinks `config` asks for, in the order they receive profiles, and their tasks.

@@ -4,13 +4,18 @@
 //! The values are kept where they are counted (the BPF program's per-CPU counters, the threads'
 //! atomics); the sampling loop publishes a snapshot of its own once a second. A scrape encodes them
 //! through `prometheus-client` (a collector: typed counters, gauges and label sets, no copy kept
-//! per metric) and `axum` serves it; scrapes never touch the hot path.
+//! per metric) and `axum` serves it, within the connection bounds of [`connections`]; scrapes
+//! never touch the hot path.
+
+pub mod connections;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use profiler_common::metric::{self, bpf_map, export_dropped, jvm_state, not_profiled};
+use profiler_common::metric::{
+    self, bpf_map, export_dropped, jvm_state, metrics_connections_closed, not_profiled,
+};
 use profiler_common::{Counter, UnwindEnd};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -78,6 +83,8 @@ pub struct Metrics {
     pub worker: Arc<WorkerCounters>,
     pub export: Arc<ExportCounters>,
     pub unwind_tables: Arc<crate::native_unwind::loader::TableStats>,
+    /// Connections the endpoint itself closed.
+    pub closed_connections: Arc<connections::ClosedConnections>,
 }
 
 impl Metrics {
@@ -208,7 +215,8 @@ impl Collector for DaemonCollector {
         let mut out = Families(encoder);
         encode_sampling(&mut out, &snapshot, &metrics.worker, &metrics.export)?;
         encode_unwind_tables(&mut out, &metrics.unwind_tables)?;
-        encode_export(&mut out, &metrics.export)
+        encode_export(&mut out, &metrics.export)?;
+        encode_endpoint(&mut out, &metrics.closed_connections)
     }
 }
 
@@ -577,6 +585,24 @@ fn encode_export(out: &mut Families, c: &ExportCounters) -> fmt::Result {
     )
 }
 
+fn encode_endpoint(out: &mut Families, closed: &connections::ClosedConnections) -> fmt::Result {
+    let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+    out.counters(
+        metric::METRICS_CONNECTIONS_CLOSED,
+        "Connections to this endpoint it closed itself, by reason.",
+        reasons([
+            (
+                metrics_connections_closed::OVER_LIMIT,
+                get(&closed.over_limit),
+            ),
+            (
+                metrics_connections_closed::TIMED_OUT,
+                get(&closed.timed_out),
+            ),
+        ]),
+    )
+}
+
 /// Serves `/metrics` (and `/`) until the task is dropped.
 pub async fn serve(listener: TcpListener, metrics: Metrics) {
     use axum::http::header::CONTENT_TYPE;
@@ -604,9 +630,8 @@ pub async fn serve(listener: TcpListener, metrics: Metrics) {
     let app = axum::Router::new()
         .route("/metrics", get(scrape.clone()))
         .route("/", get(scrape));
-    if let Err(error) = axum::serve(listener, app).await {
-        tracing::warn!(%error, "the metrics endpoint stopped");
-    }
+    let closed = metrics.closed_connections.clone();
+    connections::serve(listener, app, connections::LIMITS, closed).await;
 }
 
 /// What Prometheus is told it scrapes.
