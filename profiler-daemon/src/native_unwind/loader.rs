@@ -10,8 +10,13 @@
 //!   that is not enough the new one is not loaded (its code falls back to frame pointers), and
 //!   counted. Each file's reads and rows are bounded too ([`BuildLimits`], [`MAX_READ_BYTES`]).
 //! - **Shared fairly.** The processes of one user (and so any one process) hold at most half of
-//!   the budget ([`user_share`]): a user who maps hundreds of libraries gets no more tables past
-//!   it, and cannot keep another user's programs from getting theirs.
+//!   the budget ([`user_share`]), and when the budget is full a user holding less takes room
+//!   from the user holding most, even tables in use (those mappings fall back to frame
+//!   pointers): a user who maps hundreds of libraries cannot keep another user's programs from
+//!   getting their tables. Building takes turns too: a user's processes get
+//!   [`BUILD_SHARE`] of this thread's time per [`BUILD_WINDOW`], and a process whose tables
+//!   wait for its user's next turn is completed at a later sample report, so one user's hundred
+//!   new libraries never hold up another user's program.
 //! - **Never in the way.** Building runs here, never on the sampling loop; samples taken before a
 //!   process's tables are loaded are walked by frame pointers. A process that execs or exits
 //!   loses its entry in the kernel at once (`process_events.rs`); this thread notices the
@@ -48,6 +53,11 @@ const LIVENESS_PERIOD: Duration = Duration::from_secs(10);
 /// How long a table that did not fit the budget, or a file that could not be read, waits before
 /// it is tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// Time this thread spends building tables for one user's processes per [`BUILD_WINDOW`] (a
+/// table is never cut short: a user may pass it by one table).
+pub const BUILD_SHARE: Duration = Duration::from_millis(500);
+pub const BUILD_WINDOW: Duration = Duration::from_secs(5);
 
 /// Files not mapped by any process seen for this long are forgotten.
 const FORGET_FILES_AFTER: Duration = Duration::from_secs(600);
@@ -307,8 +317,42 @@ impl MappedTable {
 /// What the processes of one user hold of the table budget, while a process of theirs is
 /// loaded: the distinct tables they use and their bytes.
 struct UserHoldings {
+    uid: u32,
     tables: hashbrown::HashSet<TableKey>,
     bytes: u64,
+    /// A table of the process being loaded was left for later: its user's build time for this
+    /// window was spent.
+    deferred: bool,
+}
+
+/// Build time each user's processes took in the current window.
+struct BuildTimeShares {
+    /// What each user may spend per window ([`BUILD_SHARE`]).
+    share: Duration,
+    window_start: Option<Instant>,
+    spent: HashMap<u32, Duration>,
+}
+
+impl BuildTimeShares {
+    fn roll(&mut self) {
+        if self
+            .window_start
+            .is_none_or(|start| start.elapsed() >= BUILD_WINDOW)
+        {
+            self.window_start = Some(Instant::now());
+            self.spent.clear();
+        }
+    }
+
+    fn allows(&mut self, uid: u32) -> bool {
+        self.roll();
+        self.spent.get(&uid).copied().unwrap_or_default() < self.share
+    }
+
+    fn charge(&mut self, uid: u32, took: Duration) {
+        self.roll();
+        *self.spent.entry(uid).or_default() += took;
+    }
 }
 
 impl UserHoldings {
@@ -322,6 +366,8 @@ impl UserHoldings {
 /// A process whose entry is in `CFI_PROCS`.
 struct LoadedProcess {
     start_time: u64,
+    /// All its tables were tried (none waits for its user's next turn to be built).
+    complete: bool,
     /// Its owner: whose share of the budget its tables count against.
     uid: u32,
     /// Its file-backed executable mappings when loaded: reloaded when they change.
@@ -335,6 +381,7 @@ pub struct UnwindTables<M: TableMaps> {
     limits: BuildLimits,
     budget_bytes: u64,
     used_bytes: u64,
+    build_shares: BuildTimeShares,
     files: HashMap<FileId, FileLayout>,
     tables: HashMap<TableKey, TableState>,
     processes: HashMap<u32, LoadedProcess>,
@@ -365,6 +412,11 @@ impl<M: TableMaps> UnwindTables<M> {
             limits: build_limits(),
             budget_bytes,
             used_bytes: 0,
+            build_shares: BuildTimeShares {
+                share: BUILD_SHARE,
+                window_start: None,
+                spent: HashMap::new(),
+            },
             files: HashMap::new(),
             tables: HashMap::new(),
             processes: HashMap::new(),
@@ -379,7 +431,14 @@ impl<M: TableMaps> UnwindTables<M> {
     pub fn run(mut self, sampled: Receiver<Vec<u32>>) {
         let mut checked = Instant::now();
         loop {
-            match sampled.recv_timeout(LIVENESS_PERIOD) {
+            // A process left incomplete is continued at its user's next turn, not at its next
+            // sample report (an interval later).
+            let wait = if self.processes.values().any(|p| !p.complete) {
+                Duration::from_secs(1)
+            } else {
+                LIVENESS_PERIOD
+            };
+            match sampled.recv_timeout(wait) {
                 Ok(mut pids) => {
                     pids.extend(sampled.try_iter().flatten());
                     pids.sort_unstable();
@@ -391,9 +450,26 @@ impl<M: TableMaps> UnwindTables<M> {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
             }
+            self.continue_incomplete();
             if checked.elapsed() >= LIVENESS_PERIOD {
                 checked = Instant::now();
                 self.forget_exited();
+            }
+        }
+    }
+
+    /// Observes again the processes whose tables waited for their user's next turn, if it has
+    /// come.
+    fn continue_incomplete(&mut self) {
+        let waiting: Vec<(u32, u32)> = self
+            .processes
+            .iter()
+            .filter(|(_, process)| !process.complete)
+            .map(|(pid, process)| (*pid, process.uid))
+            .collect();
+        for (pid, uid) in waiting {
+            if self.build_shares.allows(uid) {
+                self.observe_guarded(pid);
             }
         }
     }
@@ -425,6 +501,7 @@ impl<M: TableMaps> UnwindTables<M> {
         let signature = signature_of(&files);
         if let Some(known) = self.processes.get(&pid) {
             if known.start_time == stat.starttime
+                && known.complete
                 && known.mappings == signature
                 && self.maps.has_process(pid)
             {
@@ -472,10 +549,17 @@ impl<M: TableMaps> UnwindTables<M> {
                 tables.push(found.key);
             }
         }
-        if entry.count == 0 {
+        if entry.count == 0 && !holdings.deferred {
             return;
         }
-        if let Err(err) = self.maps.put_process(pid, &entry) {
+        // A process with no table yet (all wait for its user's next turn) is remembered, not
+        // written: there is nothing to walk with.
+        let written = if entry.count > 0 {
+            self.maps.put_process(pid, &entry)
+        } else {
+            Ok(())
+        };
+        if let Err(err) = written {
             tracing::debug!(pid, %err, "unwind mappings not written");
             self.stats.count(NotLoaded::MapFull);
             self.maps.remove_process(pid);
@@ -496,6 +580,7 @@ impl<M: TableMaps> UnwindTables<M> {
             pid,
             LoadedProcess {
                 start_time: stat.starttime,
+                complete: !holdings.deferred,
                 uid,
                 mappings: signature,
                 tables,
@@ -507,8 +592,10 @@ impl<M: TableMaps> UnwindTables<M> {
     /// What the loaded processes of `uid` hold.
     fn holdings_of(&self, uid: u32) -> UserHoldings {
         let mut holdings = UserHoldings {
+            uid,
             tables: hashbrown::HashSet::new(),
             bytes: 0,
+            deferred: false,
         };
         for process in self.processes.values().filter(|p| p.uid == uid) {
             for key in &process.tables {
@@ -614,13 +701,22 @@ impl<M: TableMaps> UnwindTables<M> {
             }
             _ => {}
         }
-        if holdings.as_ref().is_some_and(|h| h.bytes >= share) {
-            // Not even built: a user past their share costs no more of this thread's time.
-            self.stats.count(NotLoaded::UserShare);
-            return None;
+        if let Some(holdings) = holdings.as_deref_mut() {
+            if holdings.bytes >= share {
+                // Not even built: a user past their share costs no more of this thread's time.
+                self.stats.count(NotLoaded::UserShare);
+                return None;
+            }
+            if !self.build_shares.allows(holdings.uid) {
+                holdings.deferred = true;
+                return None;
+            }
         }
         let started = Instant::now();
         let built = build_table(data, self.limits);
+        if let Some(holdings) = holdings.as_deref() {
+            self.build_shares.charge(holdings.uid, started.elapsed());
+        }
         self.stats.builds.fetch_add(1, Ordering::Relaxed);
         self.stats
             .build_micros
@@ -646,7 +742,7 @@ impl<M: TableMaps> UnwindTables<M> {
             self.stats.count(NotLoaded::UserShare);
             return None;
         }
-        if !self.make_room(bytes) {
+        if !self.make_room(bytes, holdings.as_deref()) {
             self.fail(key, NotLoaded::Budget, Some(now + RETRY_AFTER));
             return None;
         }
@@ -671,7 +767,7 @@ impl<M: TableMaps> UnwindTables<M> {
             "unwind table loaded"
         );
         self.used_bytes += bytes;
-        if let Some(holdings) = holdings.as_deref_mut() {
+        if let Some(holdings) = holdings {
             holdings.add(key, bytes);
         }
         self.tables.insert(
@@ -693,10 +789,12 @@ impl<M: TableMaps> UnwindTables<M> {
         self.tables.insert(key, TableState::Failed { retry });
     }
 
-    /// Evicts the least recently used tables no process uses until `bytes` more fit.
-    fn make_room(&mut self, bytes: u64) -> bool {
+    /// Evicts tables until `bytes` more fit: the least recently used tables no process uses,
+    /// then, for a `requester` (a user's holdings), tables of the user holding most, as long as
+    /// that user would still hold more than the requester.
+    fn make_room(&mut self, bytes: u64, requester: Option<&UserHoldings>) -> bool {
         while self.used_bytes + bytes > self.budget_bytes {
-            let victim = self
+            let unused = self
                 .tables
                 .iter()
                 .filter_map(|(key, state)| match state {
@@ -705,6 +803,7 @@ impl<M: TableMaps> UnwindTables<M> {
                 })
                 .min_by_key(|(_, last_used)| *last_used)
                 .map(|(key, _)| key);
+            let victim = unused.or_else(|| self.fair_share_victim(bytes, requester?));
             let Some(victim) = victim else {
                 return false;
             };
@@ -713,6 +812,34 @@ impl<M: TableMaps> UnwindTables<M> {
         true
     }
 
+    /// The least recently used table of the user holding most, if that user would still hold
+    /// more than `requester` with `bytes` more; never one the requester uses.
+    fn fair_share_victim(&self, bytes: u64, requester: &UserHoldings) -> Option<TableKey> {
+        let mut uids: Vec<u32> = self.processes.values().map(|p| p.uid).collect();
+        uids.sort_unstable();
+        uids.dedup();
+        let largest = uids
+            .into_iter()
+            .filter(|uid| *uid != requester.uid)
+            .map(|uid| self.holdings_of(uid))
+            .max_by_key(|holdings| holdings.bytes)?;
+        if largest.bytes <= requester.bytes + bytes {
+            return None;
+        }
+        largest
+            .tables
+            .iter()
+            .filter(|key| !requester.tables.contains(*key))
+            .filter_map(|key| match self.tables.get(key) {
+                Some(TableState::Loaded(table)) => Some((*key, table.last_used)),
+                _ => None,
+            })
+            .min_by_key(|(_, last_used)| *last_used)
+            .map(|(key, _)| key)
+    }
+
+    /// Removes a table from the maps. Processes whose entries still name it find no rows there
+    /// (ids are never reused) and fall back to frame pointers for that mapping.
     fn evict(&mut self, key: TableKey) {
         if let Some(TableState::Loaded(table)) = self.tables.remove(&key) {
             self.maps.remove_table(table.id, table.blocks);

@@ -5,7 +5,7 @@
 //! size the section's header claims (a claim of 1 TiB aborts the daemon), keeps inflating past
 //! that claim, and opens whatever files a debug link names (a FIFO blocks it for good). The file
 //! belongs to a profiled process, so its headers are read here first, through `object` over
-//! [`untrusted::BoundedReads`], and blazesym may read its DWARF only when they show that to be
+//! [`BoundedReads`], and blazesym may read its DWARF only when they show that to be
 //! safe ([`ElfFacts::dwarf_fits`]): no debug links, and DWARF whose inflated size is known,
 //! checked by inflating it into nothing, and within the budget.
 //!
@@ -306,8 +306,8 @@ mod tests {
             .unwrap_or_else(|| panic!("no {name}"))
             .index()
             .0;
-        let shoff = u64::from_le_bytes(data[0x28..0x30].try_into().unwrap()) as usize;
-        let entsize = u16::from_le_bytes(data[0x3a..0x3c].try_into().unwrap()) as usize;
+        let shoff = u64::from_le_bytes(data[0x28..0x30].try_into().expect("in bounds")) as usize;
+        let entsize = u16::from_le_bytes(data[0x3a..0x3c].try_into().expect("in bounds")) as usize;
         shoff + index * entsize
     }
 
@@ -337,7 +337,7 @@ mod tests {
         // ever allocated.
         let mut data = std::fs::read(&binary).expect("readable");
         let header = section_header_offset(&data, ".debug_info");
-        let chdr = u64::from_le_bytes(data[header + 0x18..header + 0x20].try_into().unwrap()) as usize;
+        let chdr = u64::from_le_bytes(data[header + 0x18..header + 0x20].try_into().expect("in bounds")) as usize;
         data[chdr + 8..chdr + 16].copy_from_slice(&(1u64 << 40).to_le_bytes());
         let huge = dir.path().join("huge");
         std::fs::write(&huge, &data).expect("written");
@@ -364,9 +364,9 @@ mod tests {
         // The build-id note becomes a compressed section claiming 1 TiB (what blazesym
         // inflated before): its flag set and its first bytes an Elf64_Chdr.
         let header = section_header_offset(&data, ".note.gnu.build-id");
-        let flags = u64::from_le_bytes(data[header + 0x08..header + 0x10].try_into().unwrap());
+        let flags = u64::from_le_bytes(data[header + 0x08..header + 0x10].try_into().expect("in bounds"));
         data[header + 0x08..header + 0x10].copy_from_slice(&(flags | SHF_COMPRESSED).to_le_bytes());
-        let offset = u64::from_le_bytes(data[header + 0x18..header + 0x20].try_into().unwrap()) as usize;
+        let offset = u64::from_le_bytes(data[header + 0x18..header + 0x20].try_into().expect("in bounds")) as usize;
         let mut chdr = [0u8; 24];
         chdr[0..4].copy_from_slice(&1u32.to_le_bytes());
         chdr[8..16].copy_from_slice(&(1u64 << 40).to_le_bytes());

@@ -42,7 +42,7 @@ const MAX_PROCESS_FILES: usize = 65_536;
 /// What one cached frame is charged: the `Arc`, its lines and names, and the map entry.
 const FRAME_BYTES: u64 = 256;
 
-/// The identity under which a binary's names are shared (see [`elf_facts`]).
+/// The identity under which a binary's names are shared (see [`super::elf_facts`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum BinaryKey {
     /// A digest of what its names come from: shared by every file with the same.

@@ -6,6 +6,13 @@ use profiler_common::cfi::{
 
 use super::*;
 
+/// Tables with build time unbounded (the share is tested on its own).
+fn unwind_tables(budget_bytes: u64, stats: Arc<TableStats>) -> UnwindTables<FakeMaps> {
+    let mut tables = UnwindTables::new(FakeMaps::default(), budget_bytes, stats);
+    tables.build_shares.share = Duration::MAX;
+    tables
+}
+
 /// The maps, in memory.
 #[derive(Default)]
 struct FakeMaps {
@@ -73,7 +80,7 @@ fn getpid_elf_address() -> u64 {
 #[test]
 fn a_process_gets_its_files_tables_and_the_walker_finds_libc_rows() {
     let stats = Arc::new(TableStats::default());
-    let mut tables = UnwindTables::new(FakeMaps::default(), 256 << 20, stats.clone());
+    let mut tables = unwind_tables(256 << 20, stats.clone());
     let pid = std::process::id();
     tables.observe(pid);
     let entry = tables.maps.procs.get(&pid).expect("our entry");
@@ -112,7 +119,7 @@ fn a_process_gets_its_files_tables_and_the_walker_finds_libc_rows() {
 #[test]
 fn the_vdso_mapping_gets_the_host_images_table() {
     let stats = Arc::new(TableStats::default());
-    let mut tables = UnwindTables::new(FakeMaps::default(), 256 << 20, stats);
+    let mut tables = unwind_tables(256 << 20, stats);
     let pid = std::process::id();
     tables.observe(pid);
     let mappings = crate::process::read_mappings(pid).expect("our mappings");
@@ -143,7 +150,7 @@ fn the_vdso_mapping_gets_the_host_images_table() {
 fn tables_past_the_budget_are_not_loaded_and_counted() {
     let stats = Arc::new(TableStats::default());
     // Room for one 32 KiB block and the index: libc (7 blocks) does not fit.
-    let mut tables = UnwindTables::new(FakeMaps::default(), 40 << 10, stats.clone());
+    let mut tables = unwind_tables(40 << 10, stats.clone());
     tables.observe(std::process::id());
     // libc is more than the whole budget, and so more than our share of it.
     assert!(stats.not_loaded(NotLoaded::Budget) + stats.not_loaded(NotLoaded::UserShare) > 0);
@@ -155,7 +162,7 @@ fn tables_past_the_budget_are_not_loaded_and_counted() {
 #[test]
 fn unused_tables_are_evicted_least_recently_used_first() {
     let stats = Arc::new(TableStats::default());
-    let mut tables = UnwindTables::new(FakeMaps::default(), 256 << 20, stats.clone());
+    let mut tables = unwind_tables(256 << 20, stats.clone());
     let pid = std::process::id();
     tables.observe(pid);
     let loaded = stats.tables.load(Ordering::Relaxed);
@@ -163,7 +170,7 @@ fn unused_tables_are_evicted_least_recently_used_first() {
     // The process goes away: its tables stay, unused, until room is needed.
     tables.forget(pid);
     assert_eq!(stats.tables.load(Ordering::Relaxed), loaded);
-    assert!(tables.make_room(tables.budget_bytes));
+    assert!(tables.make_room(tables.budget_bytes, None));
     assert_eq!(stats.tables.load(Ordering::Relaxed), 0);
     assert_eq!(stats.evictions.load(Ordering::Relaxed), loaded);
     assert!(tables.maps.tables.is_empty());
@@ -184,7 +191,7 @@ fn one_users_tables_leave_another_users_their_share() {
     std::thread::sleep(Duration::from_millis(100));
     let bytes_alone = |pid: u32| {
         let stats = Arc::new(TableStats::default());
-        let mut tables = UnwindTables::new(FakeMaps::default(), 1 << 30, stats.clone());
+        let mut tables = unwind_tables(1 << 30, stats.clone());
         tables.observe(pid);
         stats.bytes.load(Ordering::Relaxed)
     };
@@ -195,7 +202,7 @@ fn one_users_tables_leave_another_users_their_share() {
     let budget = ours.max(2 * theirs + (64 << 10));
 
     let stats = Arc::new(TableStats::default());
-    let mut tables = UnwindTables::new(FakeMaps::default(), budget, stats.clone());
+    let mut tables = unwind_tables(budget, stats.clone());
     tables.observe(std::process::id());
     assert!(stats.not_loaded(NotLoaded::UserShare) > 0, "we hit our share");
     let held = stats.bytes.load(Ordering::Relaxed);
@@ -210,4 +217,29 @@ fn one_users_tables_leave_another_users_their_share() {
         entry.count
     );
     assert_eq!(stats.not_loaded(NotLoaded::Budget), 0);
+}
+
+/// A user whose build time for the window is spent gets no more tables built now: the process
+/// is left incomplete and continued at the user's next turn.
+#[test]
+fn a_process_whose_users_build_time_is_spent_is_completed_at_its_next_turn() {
+    let stats = Arc::new(TableStats::default());
+    let mut tables = unwind_tables(256 << 20, stats.clone());
+    tables.build_shares.share = Duration::ZERO;
+    let pid = std::process::id();
+    tables.observe(pid);
+    // At most the vDSO's, which is every process's and no user's.
+    let vdso_only = stats.builds.load(Ordering::Relaxed);
+    assert!(vdso_only <= 1, "no file's table built: {vdso_only}");
+    assert!(tables.processes.get(&pid).is_some_and(|p| !p.complete));
+    // Still spent: nothing happens.
+    tables.continue_incomplete();
+    assert_eq!(stats.builds.load(Ordering::Relaxed), vdso_only);
+    // The next turn: the process gets its tables.
+    tables.build_shares.share = Duration::MAX;
+    tables.continue_incomplete();
+    assert!(stats.builds.load(Ordering::Relaxed) >= vdso_only + 2);
+    assert!(tables.processes.get(&pid).is_some_and(|p| p.complete));
+    let getpid = libc::getpid as *const () as u64;
+    assert!(tables.maps.row(pid, getpid).is_some());
 }
