@@ -1,12 +1,17 @@
 //! Local users against the daemon's endpoints and its attach path (SECURITY.md, "Hazards
-//! closed"): each test runs the real daemon, the hostile side as the unprivileged
-//! `profiler-test` user, and shows the daemon unharmed (tests/src/hostile.rs).
+//! closed"), the hostile side always the unprivileged `profiler-test` user: the metrics endpoint
+//! under a flood of idle connections (the real daemon beside a bystander, tests/src/hostile.rs),
+//! and `profiler-daemon attach` against a JVM that mounted a root-owned directory on its /tmp
+//! and against a socket squatted at a JVM's attach path.
 
-use std::io::BufRead as _;
-use std::process::{Command, Stdio};
+use std::io::{BufRead as _, Read as _};
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use profiler_tests::hostile::{unprivileged_user, Scenario};
+use profiler_tests::hostile::{unprivileged_user, Scenario, User};
 use profiler_tests::*;
 
 /// More connections than the daemon's hard limit on open files in the scenario below.
@@ -89,4 +94,186 @@ fn idle_connections_to_metrics_cannot_take_the_daemons_descriptors() {
         metric_value(&page, &over_limit).is_some_and(|n| n > 0),
         "{over_limit} in:\n{page}"
     );
+}
+
+fn jdk17() -> Jdk {
+    jdks().into_iter().find(|j| j.major == 17).expect("JDK 17")
+}
+
+/// The workloads, compiled into `dir`, readable by every user.
+fn readable_classes(dir: &Path) -> PathBuf {
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let classes = compile_java(&["Workloads.java"], dir).expect("javac");
+    let status = Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(dir)
+        .status()
+        .expect("chmod -R");
+    assert!(status.success());
+    classes
+}
+
+/// `profiler-daemon attach PID` with the agent under test.
+fn attach(pid: u32) -> Output {
+    let output = Command::new(daemon_binary())
+        .args(["attach", &pid.to_string(), "--agent"])
+        .arg(agent_library())
+        .output()
+        .expect("profiler-daemon runs");
+    eprintln!(
+        "attach {pid}: {}\n{}",
+        String::from_utf8_lossy(&output.stdout).trim(),
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    output
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+#[test]
+fn no_agent_copy_is_written_as_root_into_a_directory_a_jvm_mounted_on_its_tmp() {
+    let user = unprivileged_user();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes = readable_classes(dir.path());
+    // A directory root owns and only root may write, standing for the host's /etc.
+    let roots = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(roots.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let modified = || {
+        let meta = std::fs::metadata(roots.path()).expect("stat");
+        (meta.mtime(), meta.mtime_nsec())
+    };
+    let before = modified();
+
+    // The JVM's user, in user and mount namespaces of its own, mounts it on the JVM's /tmp. The
+    // classes (in the host's /tmp) are bound first where that mount does not hide them.
+    let script = format!(
+        "mount -t tmpfs tmpfs /mnt && mkdir /mnt/classes && mount --bind . /mnt/classes && \
+         mount --bind {} /tmp && \
+         exec {} -XX:-UsePerfData -cp /mnt/classes Workloads split-worker",
+        roots.path().display(),
+        jdk17().java.display()
+    );
+    let jvm = spawn_until_ready(
+        user.command("unshare")
+            .args(["--user", "--map-root-user", "--mount", "sh", "-c", &script])
+            .current_dir(&classes),
+    );
+    let pid = jvm.pid();
+    let output = attach(pid);
+    // Nothing was ever created there: a file created and removed since would have changed the
+    // directory's modification time.
+    let left: Vec<_> = std::fs::read_dir(roots.path())
+        .expect("list")
+        .flatten()
+        .map(|entry| entry.file_name())
+        .collect();
+    assert!(left.is_empty(), "files left: {left:?}");
+    assert_eq!(modified(), before, "a file was created in the directory");
+    // The copy would be written as the JVM's user, who cannot write there: a clean refusal.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "the attach cannot work here");
+    assert!(
+        stderr.contains("cannot copy the agent into the JVM's /tmp as the JVM's user")
+            && stderr.contains("Permission denied"),
+        "a clear message: {stderr}"
+    );
+    assert!(alive(pid), "the JVM runs on");
+}
+
+/// A squatter's socket at a JVM's attach path: removed when the test ends, pass or fail.
+struct Squatter {
+    process: Workload,
+    socket: PathBuf,
+}
+
+impl Squatter {
+    /// `user` binds `/tmp/.java_pid<pid>` before the JVM `pid` does, open to everyone.
+    fn take(user: User, pid: u32, scratch: &Path) -> Self {
+        let binary = compile_c("socket_squatter.c", scratch).expect("gcc");
+        let socket = PathBuf::from(format!("/tmp/.java_pid{pid}"));
+        let mut child = user
+            .command(binary)
+            .arg(&socket)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the squatter starts");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.as_mut().expect("stdout"))
+            .read_line(&mut line)
+            .expect("reads");
+        assert_eq!(line.trim(), "listening");
+        Self {
+            process: Workload(child),
+            socket,
+        }
+    }
+
+    /// Stops the squatter; the requests it got (their sizes), one line each.
+    fn requests(mut self) -> Vec<String> {
+        let _ = self.process.0.kill();
+        let mut report = String::new();
+        if let Some(stdout) = self.process.0.stdout.as_mut() {
+            stdout.read_to_string(&mut report).expect("reads");
+        }
+        report.lines().map(str::to_owned).collect()
+    }
+}
+
+impl Drop for Squatter {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+#[test]
+fn a_socket_squatted_at_a_jvms_attach_path_gets_no_request() {
+    let user = unprivileged_user();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes = readable_classes(dir.path());
+    let jvm_of = |as_user: Option<User>| {
+        let mut command = Command::new(jdk17().java);
+        command
+            .args(["-cp"])
+            .arg(&classes)
+            .args(["Workloads", "split-worker"])
+            .current_dir("/tmp");
+        if let Some(user) = as_user {
+            command.uid(user.uid).gid(user.gid);
+        }
+        spawn_until_ready(&mut command)
+    };
+    // Another user's socket at a root JVM's path (refused for its owner), and a socket of the
+    // JVM's own user that another of its processes listens on (refused for its peer).
+    for (victim, case) in [
+        (jvm_of(None), "another user's socket"),
+        (jvm_of(Some(user)), "another process's listener"),
+    ] {
+        let pid = victim.pid();
+        let squatter = Squatter::take(user, pid, dir.path());
+        let output = attach(pid);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success() && !stdout.contains("attached"),
+            "{case}: the forged reply was taken: {stdout}"
+        );
+        let expected = match case {
+            "another user's socket" => {
+                format!("belongs to uid {}, not to the JVM's user", user.uid)
+            }
+            _ => format!("is not JVM {pid}"),
+        };
+        assert!(
+            stderr.contains(&expected),
+            "{case}: a clear message: {stderr}"
+        );
+        let requests = squatter.requests();
+        assert!(
+            requests.iter().all(|line| line == "request of 0 bytes"),
+            "{case}: the squatter got a request: {requests:?}"
+        );
+        assert!(alive(pid), "{case}: the JVM runs on");
+    }
 }

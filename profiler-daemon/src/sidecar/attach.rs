@@ -9,24 +9,32 @@
 //! connections was left by a dead process with the same pid: the listener is started anyway.
 //!
 //! Everything in the JVM's directories belongs to the JVM's user, who may plant symlinks, FIFOs
-//! or mounts there. So the daemon, which runs as root, never creates, opens or removes a file
-//! there by path. It resolves the two directories it needs (the JVM's working directory and its
-//! `/tmp`) to descriptors, confined to the JVM's root; a forked child then closes every other
-//! descriptor, switches to the JVM's uid and gid, drops every capability, and only then creates
-//! the trigger (`O_CREAT|O_EXCL|O_NOFOLLOW`), signals the JVM, waits for its socket, connects and
-//! exchanges the request: whatever the user planted, the child can do no more than the user
-//! could. The agent copy (another mount namespace only) is created by the daemon under a fresh
-//! name (`O_EXCL|O_NOFOLLOW`, mode 0644, in the sticky `/tmp` nobody else can replace it in) and
-//! removed once loaded: a copy is never reused.
+//! or mounts there, and its mount namespace may put any directory at its `/tmp` (a bind mount
+//! of the host's `/etc`). So the daemon, which runs as root, never creates, opens or removes a
+//! file there by path. It resolves the two directories it needs (the JVM's working directory and
+//! its `/tmp`) to descriptors, confined to the JVM's root, and opens the agent library (its own
+//! file); a forked child then closes every other descriptor, switches to the JVM's uid and gid,
+//! drops every capability, and only then writes the agent copy (another mount namespace only:
+//! a fresh name, `O_CREAT|O_EXCL|O_NOFOLLOW`, in a `/tmp` where other users cannot replace it),
+//! creates the trigger (the same flags), signals the JVM, waits for its socket, connects and
+//! exchanges the request, and removes the copy: whatever the user planted, the child can do no
+//! more than the user could, and a `/tmp` the user cannot write gets no copy.
+//!
+//! A socket at the JVM's name may also be someone else's: another user can bind
+//! `/tmp/.java_pid<pid>` before the JVM does, and answer "loaded". As the JDK's own attach
+//! client does, the child accepts only a socket file owned by the JVM's euid, and then only a
+//! peer whose credentials (`SO_PEERCRED`) are the JVM's own pid and uid; anything else gets no
+//! request ([`NotTheJvmsSocket`], which the daemon retries later). Replies are shown bounded
+//! and printable in messages and logs.
 //!
 //! Written here rather than taken from a crate: the attach crates we know of connect as the
 //! caller, in the caller's namespace, and follow paths; none creates the trigger from
 //! descriptors in a child that has already given up root, which is what makes attaching safe
 //! against the JVM's own user.
 
+use std::cell::Cell;
 use std::ffi::CString;
 use std::fs::File;
-use std::io::Write as _;
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
@@ -42,6 +50,8 @@ const LISTENER_WAIT: Duration = Duration::from_secs(6);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest reply kept (`load` replies are a line or two).
 const MAX_REPLY: usize = 64 * 1024;
+/// Longest part of a reply put in a message or a log line.
+const MAX_SHOWN_REPLY: usize = 256;
 /// Largest agent library copied into a JVM's namespace.
 const MAX_AGENT_BYTES: u64 = 256 << 20;
 
@@ -107,6 +117,12 @@ impl Target {
     }
 }
 
+/// The socket at the JVM's attach path is not the JVM's: a file of another user, or a listener
+/// that is another process. No request was sent; it may be gone later.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotTheJvmsSocket(String);
+
 /// A successful attach.
 #[derive(Debug)]
 pub struct Attached {
@@ -128,7 +144,7 @@ pub fn attach(pid: u32, agent: &Path, options: &str) -> Result<Attached> {
         .map_err(|refused| anyhow!("the JVM's /tmp cannot be used: {refused}"))?;
     // The working directory is only a preferred place for the trigger.
     let cwd = untrusted::open_cwd_dir(pid).ok();
-    let placed = place_agent(&target, &tmp, agent)?;
+    let placement = place_agent(&target, &tmp, agent)?;
     // SIGQUIT kills a JVM that does not handle it yet (still starting) or at all (-Xrs); the
     // child only signals when the socket is missing, but it cannot read /proc as the JVM's user
     // in every setup, so the daemon checks first.
@@ -141,15 +157,19 @@ pub fn attach(pid: u32, agent: &Path, options: &str) -> Result<Attached> {
         wait_for_sigquit_handler(pid)?;
         true
     };
-    let request = load_request(&placed.inside, options)?;
-    let outcome = exchange_as(&target, &tmp, cwd.as_ref(), &request, may_signal);
-    // Loaded or not, the copy is no longer needed: a JVM that mapped it keeps its inode.
-    placed.remove(&tmp);
-    let (started_listener, reply) = outcome?;
+    let request = load_request(&placement.inside, options)?;
+    let (started_listener, reply) = exchange_as(
+        &target,
+        &tmp,
+        cwd.as_ref(),
+        &placement,
+        &request,
+        may_signal,
+    )?;
     parse_load_reply(&reply).map_err(|message| {
         anyhow!(
             "JVM {pid} refused to load {}: {message}",
-            placed.inside.display()
+            placement.inside.display()
         )
     })?;
     Ok(Attached {
@@ -157,37 +177,35 @@ pub fn attach(pid: u32, agent: &Path, options: &str) -> Result<Attached> {
             &profiler_jvmti_records::channel::records_dir(target.nspid)
                 .join(profiler_jvmti_records::channel::RECORDS_FILE),
         ),
-        agent_path: placed.inside,
+        agent_path: placement.inside,
         started_listener,
         elapsed: started.elapsed(),
     })
 }
 
 /// The agent as the JVM reaches it.
-struct PlacedAgent {
+struct Placement {
     /// Its path inside the JVM's namespace.
     inside: PathBuf,
-    /// The name of the copy made in the JVM's /tmp, if one was made.
-    copy: Option<CString>,
+    /// The copy the attach child makes in the JVM's /tmp, if the JVM cannot reach our path.
+    copy: Option<AgentCopy>,
 }
 
-impl PlacedAgent {
-    fn remove(&self, tmp: &OwnedFd) {
-        if let Some(name) = &self.copy {
-            // SAFETY: a name relative to our directory descriptor; unlinkat does not follow it.
-            unsafe { libc::unlinkat(tmp.as_raw_fd(), name.as_ptr(), 0) };
-        }
-    }
+/// What the attach child needs to copy the agent: the library, open, and the copy's name.
+struct AgentCopy {
+    source: File,
+    name: CString,
 }
 
-/// Makes the agent reachable from inside the JVM's mount namespace: the same path when it shares
-/// ours, else a fresh copy in its /tmp that nobody else can have written.
-fn place_agent(target: &Target, tmp: &OwnedFd, agent: &Path) -> Result<PlacedAgent> {
+/// Where the JVM will find the agent: the same path when it shares our mount namespace, else a
+/// fresh copy in its /tmp that the attach child will make (the library is opened and checked
+/// here, and the JVM's /tmp must be one where other users cannot replace the copy).
+fn place_agent(target: &Target, tmp: &OwnedFd, agent: &Path) -> Result<Placement> {
     let agent = agent
         .canonicalize()
         .with_context(|| format!("agent library {}", agent.display()))?;
     if !target.other_mount_namespace() {
-        return Ok(PlacedAgent {
+        return Ok(Placement {
             inside: agent,
             copy: None,
         });
@@ -202,58 +220,23 @@ fn place_agent(target: &Target, tmp: &OwnedFd, agent: &Path) -> Result<PlacedAge
     )
     .map_err(|refused| anyhow!("agent library {}: {refused}", agent.display()))?;
     refuse_open_tmp(tmp)?;
-    let bytes = std::fs::read(&agent).with_context(|| format!("reading {}", agent.display()))?;
     let name = format!(
         ".jvm-profiler-agent-{}-{}.so",
         std::process::id(),
         unique_suffix()
     );
-    let c_name = CString::new(name.clone())?;
-    // SAFETY: a name relative to our directory descriptor. O_EXCL|O_NOFOLLOW: never an existing
-    // file or a planted link; the result is a fresh descriptor we own.
-    let fd = unsafe {
-        libc::openat(
-            tmp.as_raw_fd(),
-            c_name.as_ptr(),
-            libc::O_WRONLY
-                | libc::O_CREAT
-                | libc::O_EXCL
-                | libc::O_NOFOLLOW
-                | libc::O_CLOEXEC
-                | libc::O_NONBLOCK,
-            0o644 as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        bail!(
-            "copying the agent into the JVM's /tmp ({}): {}",
-            target.host_path(&Path::new("/tmp").join(&name)).display(),
-            std::io::Error::last_os_error()
-        );
-    }
-    // SAFETY: the fresh descriptor is ours.
-    let mut file = unsafe { File::from_raw_fd(fd) };
-    let placed = PlacedAgent {
+    Ok(Placement {
         inside: Path::new("/tmp").join(&name),
-        copy: Some(c_name),
-    };
-    // The umask may have narrowed the mode; the JVM's user must read it, nobody else write it.
-    let written = file.write_all(&bytes).and_then(|()| {
-        // SAFETY: fchmod on our descriptor.
-        match unsafe { libc::fchmod(file.as_raw_fd(), 0o644) } {
-            0 => Ok(()),
-            _ => Err(std::io::Error::last_os_error()),
-        }
-    });
-    if let Err(err) = written {
-        placed.remove(tmp);
-        bail!("copying the agent into the JVM's /tmp: {err}");
-    }
-    Ok(placed)
+        copy: Some(AgentCopy {
+            source,
+            name: CString::new(name)?,
+        }),
+    })
 }
 
-/// Refuses a /tmp where others could replace our copy: writable by group or others without the
-/// sticky bit (which keeps them from renaming over or removing files they do not own).
+/// Refuses a /tmp where users other than the JVM's could replace the copy: writable by group or
+/// others without the sticky bit (which keeps them from renaming over or removing files they do
+/// not own).
 fn refuse_open_tmp(tmp: &OwnedFd) -> Result<()> {
     // SAFETY: all-zero is a valid stat buffer; fstat on our descriptor.
     let mut stat: libc::stat = unsafe { std::mem::zeroed() };
@@ -289,7 +272,7 @@ fn unique_suffix() -> String {
 /// True if `name` in the directory `dir` is a socket (not followed if a link).
 fn socket_exists(dir: &OwnedFd, name: &str) -> bool {
     // SAFETY: a directory descriptor we own.
-    CString::new(name).is_ok_and(|name| unsafe { socket_inode(dir.as_raw_fd(), &name) }.is_some())
+    CString::new(name).is_ok_and(|name| unsafe { socket_file(dir.as_raw_fd(), &name) }.is_some())
 }
 
 /// Waits (briefly) until `pid` catches SIGQUIT, per the `SigCgt` mask of /proc/PID/status.
@@ -329,7 +312,7 @@ fn load_request(agent: &Path, options: &str) -> Result<Vec<u8>> {
     Ok(request)
 }
 
-/// Reads a `load` reply: `Ok` for a loaded agent, else the JVM's message.
+/// Reads a `load` reply: `Ok` for a loaded agent, else the JVM's message, as [`shown`].
 ///
 /// JDK 9-20 answer `0\nreturn code: N\n` when the agent ran (N is its `Agent_OnAttach` result)
 /// and `-1\n<message>` when loading failed; JDK 21+ answer `0\n<message>` for failures too, so
@@ -341,13 +324,25 @@ pub fn parse_load_reply(reply: &[u8]) -> std::result::Result<(), String> {
     match code.trim().parse::<i32>() {
         Ok(0) => match rest.strip_prefix("return code:").map(str::trim) {
             Some("0") => Ok(()),
-            Some(rc) => Err(format!("the agent's Agent_OnAttach returned {rc}")),
+            Some(rc) => Err(format!("the agent's Agent_OnAttach returned {}", shown(rc))),
             None if rest.is_empty() => Err("empty reply".into()),
-            None => Err(rest.to_string()),
+            None => Err(shown(rest)),
         },
         Ok(code) if rest.is_empty() => Err(format!("error {code}")),
-        Ok(_) => Err(rest.to_string()),
-        Err(_) => Err(format!("unexpected reply {text:?}")),
+        Ok(_) => Err(shown(rest)),
+        Err(_) => Err(format!("unexpected reply \"{}\"", shown(&text))),
+    }
+}
+
+/// Text of a reply as messages and logs show it: whoever listens on the socket chose it, up to
+/// [`MAX_REPLY`] bytes. Its first [`MAX_SHOWN_REPLY`] bytes, control characters replaced
+/// (`printable`), and its length when cut.
+fn shown(text: &str) -> String {
+    let head = crate::printable::printable_within(text, MAX_SHOWN_REPLY);
+    if text.len() > MAX_SHOWN_REPLY {
+        format!("{head}... ({} bytes)", text.len())
+    } else {
+        head.into_owned()
     }
 }
 
@@ -357,6 +352,8 @@ struct ChildPlan<'a> {
     /// Descriptors of the JVM's /tmp and working directory (`O_PATH`).
     tmp: RawFd,
     cwd: Option<RawFd>,
+    /// The agent copy to make in the JVM's /tmp: the library's descriptor and the copy's name.
+    copy: Option<(RawFd, &'a CString)>,
     trigger: CString,
     socket: CString,
     /// The socket reached through our /tmp descriptor: `/proc/self/fd/N/.java_pidNSPID`.
@@ -368,8 +365,9 @@ struct ChildPlan<'a> {
     may_signal: bool,
 }
 
-/// Starts the JVM's listener if needed and sends `request`, as the JVM's euid/egid, from a
-/// forked child; returns whether the listener had to be started, and the JVM's reply.
+/// Makes the agent copy `placement` asks for, starts the JVM's listener if needed and sends
+/// `request`, as the JVM's euid/egid, from a forked child; returns whether the listener had to
+/// be started, and the JVM's reply.
 ///
 /// The daemon's credentials never change. Between fork and `_exit` the child only makes system
 /// calls on memory prepared before the fork (the daemon is multi-threaded: allocating or locking
@@ -378,6 +376,7 @@ fn exchange_as(
     target: &Target,
     tmp: &OwnedFd,
     cwd: Option<&OwnedFd>,
+    placement: &Placement,
     request: &[u8],
     may_signal: bool,
 ) -> Result<(bool, Vec<u8>)> {
@@ -392,6 +391,7 @@ fn exchange_as(
     for (dst, src) in address.sun_path.iter_mut().zip(&bytes) {
         *dst = *src as libc::c_char;
     }
+    let mut copy_buffer = vec![0u8; 64 * 1024];
     let mut reply = vec![0u8; MAX_REPLY];
     let mut fds = [0; 2];
     // SAFETY: fds has room for two descriptors.
@@ -403,6 +403,10 @@ fn exchange_as(
         target,
         tmp: tmp.as_raw_fd(),
         cwd: cwd.map(|fd| fd.as_raw_fd()),
+        copy: placement
+            .copy
+            .as_ref()
+            .map(|copy| (copy.source.as_raw_fd(), &copy.name)),
         trigger: CString::new(format!(".attach_pid{}", target.nspid))?,
         socket: CString::new(target.socket_name())?,
         address,
@@ -410,7 +414,12 @@ fn exchange_as(
         out: write_end,
         may_signal,
     };
-    let mut keep = [plan.tmp, plan.cwd.unwrap_or(plan.tmp), plan.out];
+    let mut keep = [
+        plan.tmp,
+        plan.cwd.unwrap_or(plan.tmp),
+        plan.copy.map_or(plan.tmp, |(source, _)| source),
+        plan.out,
+    ];
     keep.sort_unstable();
     // SAFETY: the child runs only async-signal-safe code (see `child_attach`).
     let child = unsafe { libc::fork() };
@@ -427,7 +436,7 @@ fn exchange_as(
         // SAFETY: in the child, with everything prepared above.
         unsafe {
             close_all_but(&keep);
-            let status = child_attach(&plan, &mut reply);
+            let status = child_attach(&plan, &mut copy_buffer, &mut reply);
             libc::_exit(status);
         }
     }
@@ -435,6 +444,8 @@ fn exchange_as(
     unsafe { libc::close(write_end) };
     // SAFETY: read_end is ours; File takes ownership and closes it.
     let mut pipe = unsafe { File::from_raw_fd(read_end) };
+    // The child removes its copy on every path it ends by itself; killed here, it leaves the
+    // copy behind: a file of the JVM's own user, under a name nobody reuses.
     let result = read_with_deadline(&mut pipe, Instant::now() + LISTENER_WAIT + REQUEST_TIMEOUT);
     if result.is_err() {
         // SAFETY: our child.
@@ -455,17 +466,23 @@ fn exchange_as(
             .map_or((false, &[][..]), |(s, r)| (*s == 1, r));
         return Ok((started, reply.to_vec()));
     }
-    let errno = output
-        .get(..4)
-        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .unwrap_or(0);
-    let err = std::io::Error::from_raw_os_error(errno);
+    let word = |at: usize| {
+        output
+            .get(at..at + 4)
+            .map_or([0; 4], |b| [b[0], b[1], b[2], b[3]])
+    };
+    let err = std::io::Error::from_raw_os_error(i32::from_le_bytes(word(0)));
+    let detail = u32::from_le_bytes(word(4));
     let socket = format!("/tmp/{}", target.socket_name());
     Err(match code {
         STEP_CREDENTIALS => anyhow!(
             "switching to the JVM's uid {} / gid {}: {err}",
             target.euid,
             target.egid
+        ),
+        STEP_COPY => anyhow!(
+            "cannot copy the agent into the JVM's /tmp as the JVM's user (uid {}): {err}",
+            target.euid
         ),
         STEP_TRIGGER => anyhow!(
             "cannot create the attach trigger file .attach_pid{} as the JVM's user, in its \
@@ -479,6 +496,19 @@ fn exchange_as(
             target.pid,
             LISTENER_WAIT.as_secs()
         ),
+        STEP_FOREIGN_SOCKET => anyhow::Error::new(NotTheJvmsSocket(format!(
+            "{socket} belongs to uid {detail}, not to the JVM's user (uid {}): another user's \
+             socket, not connected to",
+            target.euid
+        ))),
+        STEP_FOREIGN_PEER => anyhow::Error::new(NotTheJvmsSocket(format!(
+            "the process listening on {socket} is not JVM {}, but {}: no request sent",
+            target.pid,
+            match detail {
+                0 => "a process outside the daemon's pid namespace".to_owned(),
+                pid => format!("process {pid}"),
+            }
+        ))),
         STEP_CONNECT => anyhow!("connecting to {socket}: {err} (attach mechanism not responding)"),
         STEP_SEND => anyhow!("sending the load request: {err}"),
         STEP_RECEIVE => anyhow!("no reply from the JVM: {err}"),
@@ -486,6 +516,8 @@ fn exchange_as(
     })
 }
 
+/// The step an attach child failed at: its exit status. It reports `errno` and a detail (an
+/// owner uid, a peer pid) first.
 const STEP_CREDENTIALS: i32 = 10;
 const STEP_CONNECT: i32 = 11;
 const STEP_SEND: i32 = 12;
@@ -493,6 +525,9 @@ const STEP_RECEIVE: i32 = 13;
 const STEP_TRIGGER: i32 = 14;
 const STEP_SIGNAL: i32 = 15;
 const STEP_LISTENER: i32 = 16;
+const STEP_COPY: i32 = 17;
+const STEP_FOREIGN_SOCKET: i32 = 18;
+const STEP_FOREIGN_PEER: i32 = 19;
 
 /// Closes every descriptor but `keep` (sorted): the child must not carry the daemon's BPF maps,
 /// export connections or files into the JVM user's hands.
@@ -545,19 +580,34 @@ unsafe fn drop_capabilities() -> bool {
     unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) == 0 }
 }
 
-/// The forked child: switch credentials, start the listener if needed, connect, send, receive,
-/// and write the report (a byte saying whether the listener was started, then the reply; or the
-/// errno) to `plan.out`. Returns the exit status: 0 or the failed step.
+/// The forked child: switch credentials, copy the agent if asked, start the listener if
+/// needed, connect to the JVM's own socket only, send, receive, remove the copy, and write the
+/// report to `plan.out`: a byte saying whether the listener was started, then the reply; or,
+/// on failure, `errno` and a detail. Returns the exit status: 0 or the failed step.
 ///
 /// # Safety
 /// Only to be called in a freshly forked child; uses raw system calls only.
-unsafe fn child_attach(plan: &ChildPlan<'_>, reply: &mut [u8]) -> libc::c_int {
-    let out = plan.out;
-    let fail = |step: libc::c_int| -> libc::c_int {
-        // SAFETY: errno location of this thread; write to our pipe.
+unsafe fn child_attach(
+    plan: &ChildPlan<'_>,
+    copy_buffer: &mut [u8],
+    reply: &mut [u8],
+) -> libc::c_int {
+    let copied = Cell::new(false);
+    let remove_copy = || {
+        if let (true, Some((_, name))) = (copied.get(), plan.copy) {
+            // SAFETY: a name in our /tmp descriptor; unlinkat does not follow it.
+            unsafe { libc::unlinkat(plan.tmp, name.as_ptr(), 0) };
+        }
+    };
+    let fail = |step: libc::c_int, detail: u32| -> libc::c_int {
+        // SAFETY: errno location of this thread; writes to our pipe.
         unsafe {
-            let errno = (*libc::__errno_location()).to_le_bytes();
-            libc::write(out, errno.as_ptr().cast(), errno.len());
+            let errno = *libc::__errno_location();
+            remove_copy();
+            let mut report = [0u8; 8];
+            report[..4].copy_from_slice(&errno.to_le_bytes());
+            report[4..].copy_from_slice(&detail.to_le_bytes());
+            write_all(plan.out, &report);
         }
         step
     };
@@ -570,24 +620,33 @@ unsafe fn child_attach(plan: &ChildPlan<'_>, reply: &mut [u8]) -> libc::c_int {
                 || libc::syscall(libc::SYS_setresgid, gid, gid, gid) != 0
                 || libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0
             {
-                return fail(STEP_CREDENTIALS);
+                return fail(STEP_CREDENTIALS, 0);
             }
         }
         if !drop_capabilities() {
-            return fail(STEP_CREDENTIALS);
+            return fail(STEP_CREDENTIALS, 0);
         }
-        // A socket already there is either the JVM's listener or a stale one a dead process
-        // with the same pid left behind (a killed JVM does not remove it): refused, it is
-        // stale, and the listener must be started as if there were none.
+        // Written with the JVM's user's rights only: where that user cannot write, no copy.
+        if let Some((source, name)) = plan.copy {
+            if !write_copy(plan.tmp, name, source, copy_buffer, &copied) {
+                return fail(STEP_COPY, 0);
+            }
+        }
+        // A socket already there is the JVM's listener, a stale one a dead process with the
+        // same pid left behind (a killed JVM does not remove it), or someone else's. Refused,
+        // it is stale, and the listener must be started as if there were none.
         let mut stale = None;
         let mut fd = -1;
-        if let Some(inode) = socket_inode(plan.tmp, &plan.socket) {
+        if let Some(socket) = socket_file(plan.tmp, &plan.socket) {
+            if socket.owner != target.euid {
+                return fail(STEP_FOREIGN_SOCKET, socket.owner);
+            }
             fd = connect_to(plan);
             if fd < 0 {
                 if *libc::__errno_location() != libc::ECONNREFUSED || !plan.may_signal {
-                    return fail(STEP_CONNECT);
+                    return fail(STEP_CONNECT, 0);
                 }
-                stale = Some(inode);
+                stale = Some(socket.inode);
             }
         }
         let started = fd < 0;
@@ -613,12 +672,12 @@ unsafe fn child_attach(plan: &ChildPlan<'_>, reply: &mut [u8]) -> libc::c_int {
                 }
             }
             if trigger_dir < 0 {
-                return fail(STEP_TRIGGER);
+                return fail(STEP_TRIGGER, 0);
             }
             let signalled = libc::kill(target.pid as libc::pid_t, libc::SIGQUIT) == 0;
             // The listener's socket: a new one (the JVM replaces a stale file).
             let listening = || {
-                let inode = socket_inode(plan.tmp, &plan.socket);
+                let inode = socket_file(plan.tmp, &plan.socket).map(|socket| socket.inode);
                 inode.is_some() && inode != stale
             };
             let mut waited = Duration::ZERO;
@@ -634,24 +693,30 @@ unsafe fn child_attach(plan: &ChildPlan<'_>, reply: &mut [u8]) -> libc::c_int {
             }
             libc::unlinkat(trigger_dir, plan.trigger.as_ptr(), 0);
             if !signalled {
-                return fail(STEP_SIGNAL);
+                return fail(STEP_SIGNAL, 0);
             }
             if !listening() {
-                return fail(STEP_LISTENER);
+                return fail(STEP_LISTENER, 0);
+            }
+            // Another user may have been quicker than the JVM.
+            match socket_file(plan.tmp, &plan.socket) {
+                Some(socket) if socket.owner != target.euid => {
+                    return fail(STEP_FOREIGN_SOCKET, socket.owner)
+                }
+                _ => {}
             }
             fd = connect_to(plan);
             if fd < 0 {
-                return fail(STEP_CONNECT);
+                return fail(STEP_CONNECT, 0);
             }
         }
-        let request = plan.request;
-        let mut sent = 0;
-        while sent < request.len() {
-            let n = libc::write(fd, request[sent..].as_ptr().cast(), request.len() - sent);
-            if n <= 0 {
-                return fail(STEP_SEND);
-            }
-            sent += n as usize;
+        // The file's owner was checked by path; the listener itself must be the JVM.
+        if let Err(peer_pid) = peer_is(fd, target) {
+            libc::close(fd);
+            return fail(STEP_FOREIGN_PEER, peer_pid);
+        }
+        if !write_all(fd, plan.request) {
+            return fail(STEP_SEND, 0);
         }
         // The JVM closes the connection after its reply.
         let mut received = 0;
@@ -662,39 +727,143 @@ unsafe fn child_attach(plan: &ChildPlan<'_>, reply: &mut [u8]) -> libc::c_int {
                 reply.len() - received,
             );
             if n < 0 {
-                return fail(STEP_RECEIVE);
+                return fail(STEP_RECEIVE, 0);
             }
             if n == 0 {
                 break;
             }
             received += n as usize;
         }
-        let flag = [u8::from(started)];
-        libc::write(out, flag.as_ptr().cast(), 1);
-        let mut written = 0;
-        while written < received {
-            let n = libc::write(out, reply[written..].as_ptr().cast(), received - written);
-            if n <= 0 {
-                break;
-            }
-            written += n as usize;
-        }
+        // Loaded or not, the copy is no longer needed: a JVM that mapped it keeps its inode.
+        remove_copy();
+        write_all(plan.out, &[u8::from(started)]);
+        write_all(plan.out, &reply[..received]);
         0
     }
 }
 
-/// `fstatat` without following: the inode of `name` in `dir` if it is a socket.
-/// Async-signal-safe.
+/// Writes all of `bytes` to `fd`; false (with `errno`) on an error. Async-signal-safe.
+///
+/// # Safety
+/// Raw system calls.
+unsafe fn write_all(fd: RawFd, bytes: &[u8]) -> bool {
+    let mut written = 0;
+    while written < bytes.len() {
+        // SAFETY: a write from our own buffer.
+        let n = unsafe { libc::write(fd, bytes[written..].as_ptr().cast(), bytes.len() - written) };
+        if n <= 0 {
+            return false;
+        }
+        written += n as usize;
+    }
+    true
+}
+
+/// Creates `name` in `dir` (never an existing file or a link) and fills it from `source`, at
+/// most [`MAX_AGENT_BYTES`]; sets `created` once the file exists, for the caller to remove it
+/// on any later failure. False with `errno` on an error. Async-signal-safe.
+///
+/// # Safety
+/// Raw system calls; `dir` must be a directory descriptor.
+unsafe fn write_copy(
+    dir: RawFd,
+    name: &CString,
+    source: RawFd,
+    buffer: &mut [u8],
+    created: &Cell<bool>,
+) -> bool {
+    // SAFETY: raw calls on our descriptors and buffer.
+    unsafe {
+        // Mode 0600: the copy is the JVM's user's, and that user's JVM is its only reader.
+        let fd = libc::openat(
+            dir,
+            name.as_ptr(),
+            libc::O_WRONLY
+                | libc::O_CREAT
+                | libc::O_EXCL
+                | libc::O_NOFOLLOW
+                | libc::O_NONBLOCK
+                | libc::O_CLOEXEC,
+            0o600 as libc::c_uint,
+        );
+        if fd < 0 {
+            return false;
+        }
+        created.set(true);
+        let mut total = 0u64;
+        let filled = loop {
+            let n = libc::read(source, buffer.as_mut_ptr().cast(), buffer.len());
+            if n <= 0 {
+                break n == 0;
+            }
+            total += n as u64;
+            if total > MAX_AGENT_BYTES {
+                *libc::__errno_location() = libc::EFBIG;
+                break false;
+            }
+            if !write_all(fd, &buffer[..n as usize]) {
+                break false;
+            }
+        };
+        let errno = *libc::__errno_location();
+        libc::close(fd);
+        *libc::__errno_location() = errno;
+        filled
+    }
+}
+
+/// A socket file: its inode, to tell a new one from a stale one, and its owner.
+#[derive(Clone, Copy)]
+struct SocketFile {
+    inode: u64,
+    owner: u32,
+}
+
+/// `fstatat` without following: `name` in `dir` if it is a socket. Async-signal-safe.
 ///
 /// # Safety
 /// `dir` must be a directory descriptor.
-unsafe fn socket_inode(dir: RawFd, name: &CString) -> Option<u64> {
+unsafe fn socket_file(dir: RawFd, name: &CString) -> Option<SocketFile> {
     // SAFETY: all-zero is a valid stat buffer; a raw fstatat.
     unsafe {
         let mut stat: libc::stat = std::mem::zeroed();
         let found = libc::fstatat(dir, name.as_ptr(), &mut stat, libc::AT_SYMLINK_NOFOLLOW) == 0
             && stat.st_mode & libc::S_IFMT == libc::S_IFSOCK;
-        found.then_some(stat.st_ino)
+        found.then_some(SocketFile {
+            inode: stat.st_ino,
+            owner: stat.st_uid,
+        })
+    }
+}
+
+/// Whether the peer of the connected socket `fd` is the JVM itself (`SO_PEERCRED`: the
+/// process that listens, its pid as seen from our pid namespace, its uid from our user
+/// namespace, as `target`'s are); else the peer's pid (0 if unknown). Async-signal-safe.
+///
+/// # Safety
+/// Raw system call on our descriptor.
+unsafe fn peer_is(fd: RawFd, target: &Target) -> std::result::Result<(), u32> {
+    let mut peer = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let mut length = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt fills our struct, of the size given.
+    let read = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut peer as *mut libc::ucred).cast(),
+            &mut length,
+        )
+    } == 0;
+    let pid = u32::try_from(peer.pid).unwrap_or(0);
+    if read && pid == target.pid && peer.uid == target.euid {
+        Ok(())
+    } else {
+        Err(pid)
     }
 }
 
@@ -803,6 +972,46 @@ mod tests {
         assert!(parse_load_reply(b"").is_err());
         assert!(parse_load_reply(b"garbage").is_err());
         assert_eq!(parse_load_reply(b"101\n"), Err("error 101".into()));
+    }
+
+    #[test]
+    fn replies_are_shown_bounded_and_printable() {
+        // A listener may answer anything up to MAX_REPLY: one huge line of terminal escapes.
+        let mut reply = b"-1\n".to_vec();
+        reply.extend(b"\x1b[2J\x07A".iter().cycle().take(MAX_REPLY - 3));
+        let message = parse_load_reply(&reply).expect_err("a failure");
+        assert!(message.len() <= MAX_SHOWN_REPLY + 32, "{}", message.len());
+        assert!(!message.chars().any(char::is_control), "{message:?}");
+        assert!(
+            message.ends_with(&format!("... ({} bytes)", MAX_REPLY - 3)),
+            "{message}"
+        );
+        let message = parse_load_reply(b"\x1b]0;owned\x07").expect_err("not a reply");
+        assert_eq!(message, "unexpected reply \"?]0;owned?\"");
+        // A short message is shown whole.
+        assert_eq!(
+            parse_load_reply(b"0\nreturn code: \x1b7\n"),
+            Err("the agent's Agent_OnAttach returned ?7".into())
+        );
+    }
+
+    #[test]
+    fn only_the_jvm_itself_is_accepted_as_the_peer() {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+        // SAFETY: plain getters.
+        let (pid, euid) = (std::process::id(), unsafe { libc::geteuid() });
+        let target = |pid, euid| Target {
+            pid,
+            nspid: pid,
+            euid,
+            egid: 0,
+        };
+        // SAFETY: a connected socket we own.
+        let peer = |target: &Target| unsafe { peer_is(ours.as_raw_fd(), target) };
+        assert_eq!(peer(&target(pid, euid)), Ok(()));
+        assert_eq!(peer(&target(pid + 1, euid)), Err(pid), "another process");
+        assert_eq!(peer(&target(pid, euid + 1)), Err(pid), "another user");
+        drop(theirs);
     }
 
     #[test]

@@ -3,19 +3,28 @@
 //! changes the JVM, and JDK 21+ print a warning on dynamic loads, so it is opt-in).
 //!
 //! Attaching blocks for up to several seconds (a JVM without attach listener), so each attach
-//! runs on its own short-lived thread, a few at a time, at most once per JVM. JVMs that already
-//! have an agent (records file present: `-agentpath:` or an earlier attach) are left alone.
+//! runs on its own short-lived thread, a few at a time, at most once per JVM; only an attach
+//! refused because the JVM's socket was someone else's is tried again, later (the other user's
+//! socket may be gone by then). JVMs that already have an agent (its records file present:
+//! `-agentpath:` or an earlier attach) are left alone.
 
-use std::collections::HashSet;
-use std::path::PathBuf;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use super::attach::{NotTheJvmsSocket, Target};
 use crate::config_error::{invalid, ConfigError};
 use crate::process::ProcessInfo;
+use crate::untrusted;
 
 /// Attaches running at once.
 const MAX_IN_FLIGHT: usize = 2;
+/// How long after an attach refused for a socket that was not the JVM's it is tried again, and
+/// how many times.
+const RETRY_AFTER: Duration = Duration::from_secs(60);
+const MAX_ATTEMPTS: u32 = 4;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AttachMode {
@@ -100,15 +109,67 @@ impl AttachPolicy {
     }
 }
 
+/// A JVM: its pid and start time (pids are reused).
+type JvmKey = (u32, u64);
+
 /// Applies the policy to the JVMs the symbolizer meets.
 #[derive(Default)]
 pub struct Attacher {
     policy: AttachPolicy,
-    /// (pid, start time) of JVMs already considered: one attempt per JVM.
-    tried: HashSet<(u32, u64)>,
+    /// JVMs already considered, and the attaches started for each.
+    tried: HashMap<JvmKey, u32>,
+    /// JVMs to try again, and from when: set by the attach threads.
+    retries: Retries,
     /// Pids an attach was started for: their agent's records are expected soon.
     started: HashSet<u32>,
     in_flight: Arc<AtomicUsize>,
+}
+
+/// When JVMs whose attach was refused for a socket that was not theirs may be tried again.
+#[derive(Clone, Default)]
+struct Retries(Arc<Mutex<HashMap<JvmKey, Instant>>>);
+
+impl Retries {
+    fn schedule(&self, jvm: JvmKey, at: Instant) {
+        if let Ok(mut due) = self.0.lock() {
+            due.insert(jvm, at);
+        }
+    }
+
+    /// Whether `jvm`'s retry is due at `now` (then it is taken: one retry per schedule).
+    fn take_due(&self, jvm: JvmKey, now: Instant) -> bool {
+        let Ok(mut due) = self.0.lock() else {
+            return false;
+        };
+        match due.get(&jvm) {
+            Some(at) if *at <= now => {
+                due.remove(&jvm);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn retain(&self, alive: impl Fn(u32) -> bool) {
+        if let Ok(mut due) = self.0.lock() {
+            due.retain(|(pid, _), _| alive(*pid));
+        }
+    }
+}
+
+/// Whether the JVM's agent already writes its records (`-agentpath`, or an earlier attach): a
+/// regular file of the JVM's user at its records path. Looked for as the records are read
+/// (`untrusted::open_in_tmp`): a link, FIFO or file of another user planted there does not
+/// count, and nothing there can make the look block.
+fn agent_records_present(target: &Target) -> bool {
+    let records = profiler_jvmti_records::channel::records_dir(target.nspid)
+        .join(profiler_jvmti_records::channel::RECORDS_FILE);
+    let below_tmp = records.strip_prefix("/tmp").unwrap_or(&records);
+    let expect = untrusted::Expect {
+        owner: Some(target.euid),
+        max_size: u64::MAX,
+    };
+    untrusted::open_in_tmp(target.pid, Path::new(below_tmp), expect).is_ok()
 }
 
 impl Attacher {
@@ -119,10 +180,12 @@ impl Attacher {
         }
     }
 
-    /// Starts an attach to `process` (a JVM) if the policy wants one and none was tried.
+    /// Starts an attach to `process` (a JVM) if the policy wants one and none was tried (or a
+    /// retry is due).
     pub fn consider(&mut self, process: &ProcessInfo) {
+        let jvm = (process.pid, process.start_time);
         if self.policy.mode == AttachMode::Never
-            || self.tried.contains(&(process.pid, process.start_time))
+            || (self.tried.contains_key(&jvm) && !self.retries.take_due(jvm, Instant::now()))
         {
             return;
         }
@@ -130,7 +193,9 @@ impl Attacher {
             // Tried again at its next symbolization.
             return;
         }
-        self.tried.insert((process.pid, process.start_time));
+        let attempts = self.tried.entry(jvm).or_insert(0);
+        *attempts += 1;
+        let attempt = *attempts;
         let pid = process.pid;
         if !self.policy.allows(&process.command_line.join(" ")) {
             tracing::debug!(
@@ -139,14 +204,10 @@ impl Attacher {
             );
             return;
         }
-        let Ok(target) = super::attach::Target::of(pid) else {
+        let Ok(target) = Target::of(pid) else {
             return;
         };
-        let records = target.host_path(
-            &profiler_jvmti_records::channel::records_dir(target.nspid)
-                .join(profiler_jvmti_records::channel::RECORDS_FILE),
-        );
-        if records.exists() {
+        if agent_records_present(&target) {
             tracing::info!(pid, "sidecar: agent already loaded");
             return;
         }
@@ -155,6 +216,7 @@ impl Attacher {
         };
         let in_flight = self.in_flight.clone();
         in_flight.fetch_add(1, Ordering::AcqRel);
+        let retries = self.retries.clone();
         let spawned = std::thread::Builder::new()
             .name("sidecar-attach".into())
             .spawn({
@@ -167,11 +229,20 @@ impl Attacher {
                             agent = %attached.agent_path.display(),
                             "sidecar: agent loaded"
                         ),
-                        Err(err) => tracing::warn!(
-                            pid,
-                            "sidecar: cannot load the agent ({err:#}); Java frames are named \
-                             from the JVM's memory"
-                        ),
+                        Err(err) => {
+                            let retry = err.downcast_ref::<NotTheJvmsSocket>().is_some()
+                                && attempt < MAX_ATTEMPTS;
+                            if retry {
+                                retries.schedule(jvm, Instant::now() + RETRY_AFTER);
+                            }
+                            tracing::warn!(
+                                pid,
+                                attempt,
+                                retry_in_s = retry.then_some(RETRY_AFTER.as_secs()),
+                                "sidecar: cannot load the agent ({err:#}); Java frames are \
+                                 named from the JVM's memory"
+                            );
+                        }
                     }
                     in_flight.fetch_sub(1, Ordering::AcqRel);
                 }
@@ -193,7 +264,8 @@ impl Attacher {
 
     /// Forgets JVMs that exited (pids are reused).
     pub fn retain(&mut self, alive: impl Fn(u32) -> bool) {
-        self.tried.retain(|(pid, _)| alive(*pid));
+        self.tried.retain(|(pid, _), _| alive(*pid));
+        self.retries.retain(&alive);
         self.started.retain(|pid| alive(*pid));
     }
 }
@@ -201,6 +273,66 @@ impl Attacher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    #[test]
+    fn a_retry_is_due_once_at_its_time() {
+        let retries = Retries::default();
+        let now = Instant::now();
+        let jvm = (42, 7);
+        assert!(!retries.take_due(jvm, now), "nothing scheduled");
+        retries.schedule(jvm, now + RETRY_AFTER);
+        assert!(!retries.take_due(jvm, now), "not yet");
+        assert!(retries.take_due(jvm, now + RETRY_AFTER));
+        assert!(!retries.take_due(jvm, now + RETRY_AFTER), "taken");
+        retries.schedule(jvm, now);
+        retries.retain(|pid| pid != 42);
+        assert!(!retries.take_due(jvm, now), "forgotten with its JVM");
+    }
+
+    #[test]
+    fn only_the_jvm_users_own_records_file_means_an_agent() {
+        // Our own process stands for the JVM, with an nspid no process has, so that its records
+        // directory is this test's alone.
+        // SAFETY: a plain getter.
+        let euid = unsafe { libc::geteuid() };
+        let target = Target {
+            pid: std::process::id(),
+            nspid: 4_000_000 + std::process::id() % 100_000,
+            euid,
+            egid: 0,
+        };
+        let dir = profiler_jvmti_records::channel::records_dir(target.nspid);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).expect("records dir");
+        let records = dir.join(profiler_jvmti_records::channel::RECORDS_FILE);
+
+        assert!(!agent_records_present(&target), "no file");
+        // Links to a file the JVM's user owns, to a FIFO: planted, not an agent's.
+        let elsewhere = dir.join("elsewhere");
+        std::fs::write(&elsewhere, b"").expect("file");
+        std::os::unix::fs::symlink(&elsewhere, &records).expect("symlink");
+        assert!(!agent_records_present(&target), "a link");
+        std::fs::remove_file(&records).expect("rm");
+        let fifo = std::ffi::CString::new(records.to_str().expect("utf-8")).expect("path");
+        // SAFETY: a valid path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        assert!(!agent_records_present(&target), "a FIFO, and no wait on it");
+        std::fs::remove_file(&records).expect("rm");
+        // Another user's file.
+        std::fs::write(&records, b"").expect("file");
+        std::fs::set_permissions(&records, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let path = std::ffi::CString::new(records.to_str().expect("utf-8")).expect("path");
+        // SAFETY: a valid path.
+        let chowned = unsafe { libc::chown(path.as_ptr(), euid + 1, u32::MAX) } == 0;
+        if chowned {
+            assert!(!agent_records_present(&target), "another user's file");
+            // SAFETY: a valid path.
+            assert_eq!(unsafe { libc::chown(path.as_ptr(), euid, u32::MAX) }, 0);
+        }
+        assert!(agent_records_present(&target), "the JVM user's own file");
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
 
     #[test]
     fn deny_wins_and_an_empty_allow_list_allows_all() {
