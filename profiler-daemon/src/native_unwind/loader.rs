@@ -277,6 +277,12 @@ impl FileLayout {
 
 enum TableState {
     Loaded(LoadedTable),
+    /// Built once and found larger than what its requester's share left: refused without
+    /// building again to users who cannot hold `bytes` more, until `retry`.
+    OverShare {
+        bytes: u64,
+        retry: Instant,
+    },
     /// Not loaded; tried again after `retry` (never for what cannot change).
     Failed {
         retry: Option<Instant>,
@@ -699,6 +705,12 @@ impl<M: TableMaps> UnwindTables<M> {
             Some(TableState::Failed { retry, .. }) if retry.is_none_or(|at| now < at) => {
                 return None
             }
+            Some(TableState::OverShare { bytes, retry }) if now < *retry => {
+                if holdings.as_ref().is_some_and(|h| h.bytes + *bytes > share) {
+                    self.stats.count(NotLoaded::UserShare);
+                    return None;
+                }
+            }
             _ => {}
         }
         if let Some(holdings) = holdings.as_deref_mut() {
@@ -738,8 +750,15 @@ impl<M: TableMaps> UnwindTables<M> {
         };
         let bytes = blocks.map_bytes();
         if holdings.as_ref().is_some_and(|h| h.bytes + bytes > share) {
-            // Not marked failed: the table is refused to this user, not to others who map it.
+            // Refused to this user, not to others who map it, who may hold it.
             self.stats.count(NotLoaded::UserShare);
+            self.tables.insert(
+                key,
+                TableState::OverShare {
+                    bytes,
+                    retry: now + RETRY_AFTER,
+                },
+            );
             return None;
         }
         if !self.make_room(bytes, holdings.as_deref()) {
@@ -881,7 +900,9 @@ impl<M: TableMaps> UnwindTables<M> {
         self.files
             .retain(|_, layout| now.duration_since(layout.last_used) < FORGET_FILES_AFTER);
         self.tables.retain(|_, state| match state {
-            TableState::Failed { retry: Some(at) } => now < *at,
+            TableState::Failed { retry: Some(at) } | TableState::OverShare { retry: at, .. } => {
+                now < *at
+            }
             _ => true,
         });
     }
