@@ -754,7 +754,7 @@ fn end_interval(
         // (a check per process with open waits, once an interval).
         off_cpu
             .joiner
-            .forget_waits_of_exited(crate::off_cpu::process_alive);
+            .forget_waits_of_exited(crate::process_key::ProcessKey::of_live);
         stats.off_cpu = off_cpu.joiner.stats;
         stats.off_cpu_open_waits = off_cpu.joiner.open_waits() as u64;
         tracing::info!(

@@ -21,6 +21,7 @@ pub mod printable;
 pub mod privileges;
 pub mod proc_status;
 pub mod process;
+pub mod process_key;
 pub mod profiles;
 pub mod record;
 pub mod resolved_frame;

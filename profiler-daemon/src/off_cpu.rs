@@ -16,6 +16,7 @@ use profiler_common::{OffCpuEnd, SampleHeader, OFF_CPU_PROBABILITY_ONE};
 
 use crate::aggregate::{Added, Aggregator, StackTotals};
 use crate::config_error::{invalid, ConfigError};
+use crate::process_key::ProcessKey;
 use crate::record::SampleView;
 
 pub const DEFAULT_OFF_CPU_PERIOD: Duration = Duration::from_millis(5);
@@ -104,6 +105,8 @@ struct OpenWait {
 
 pub struct OffCpuJoiner {
     open: HashMap<u32, OpenWait>,
+    /// The processes with open waits at the last check, by pid.
+    processes: HashMap<u32, ProcessKey>,
     /// Bytes the open waits' records hold (their buffers' capacity).
     open_bytes: usize,
     spare: Vec<Vec<u8>>,
@@ -115,6 +118,7 @@ impl OffCpuJoiner {
     pub fn new(min_wait_ns: u64) -> Self {
         Self {
             open: HashMap::new(),
+            processes: HashMap::new(),
             open_bytes: 0,
             spare: Vec::new(),
             min_wait_ns,
@@ -197,19 +201,30 @@ impl OffCpuJoiner {
     }
 
     /// Forgets the waits of processes that are gone (their ends will never come: a lost
-    /// record). `alive` answers per pid.
-    pub fn forget_waits_of_exited(&mut self, mut alive: impl FnMut(u32) -> bool) {
-        let mut known: HashMap<u32, bool> = HashMap::new();
+    /// record). `live` gives the process that has a pid now; a pid given to another process
+    /// since the last call loses its waits too (some may be the new process's: they are
+    /// sampled again).
+    pub fn forget_waits_of_exited(&mut self, mut live: impl FnMut(u32) -> Option<ProcessKey>) {
+        let mut keep_pid: HashMap<u32, bool> = HashMap::new();
+        let mut seen: HashMap<u32, ProcessKey> = HashMap::new();
         let mut released = 0;
+        let last_seen = &self.processes;
         self.open.retain(|_, wait| {
             let pid = pid_of(&wait.record);
-            let keep = *known.entry(pid).or_insert_with(|| alive(pid));
+            let keep = *keep_pid.entry(pid).or_insert_with(|| match live(pid) {
+                Some(key) => {
+                    seen.insert(pid, key);
+                    last_seen.get(&pid).is_none_or(|before| *before == key)
+                }
+                None => false,
+            });
             if !keep {
                 released += wait.record.capacity();
             }
             keep
         });
         self.open_bytes -= released;
+        self.processes = seen;
     }
 }
 
@@ -234,11 +249,6 @@ fn weighted(end: &OffCpuEnd, probability: u32) -> StackTotals {
         blocked_ns: scale(end.blocked_ns),
         runqueue_ns: scale(end.runqueue_ns),
     }
-}
-
-/// Whether process `pid` still exists.
-pub fn process_alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
 #[cfg(test)]
@@ -409,7 +419,32 @@ mod tests {
             &wait_stack(71, 100, OFF_CPU_PROBABILITY_ONE, 0x10),
         );
         assert!(joiner.open_bytes > 0);
-        joiner.forget_waits_of_exited(|pid| pid != 7);
+        joiner
+            .forget_waits_of_exited(|pid| (pid != 7).then_some(ProcessKey { pid, start_time: 1 }));
+        assert_eq!(joiner.open_waits(), 0);
+        assert_eq!(joiner.open_bytes, 0);
+    }
+
+    /// Pid 7 is given to another process between two checks: the first one's waits, whose ends
+    /// will never come, are forgotten.
+    #[test]
+    fn waits_of_a_process_whose_pid_was_reused_are_forgotten() {
+        let mut joiner = OffCpuJoiner::new(0);
+        offer(
+            &mut joiner,
+            &wait_stack(70, 100, OFF_CPU_PROBABILITY_ONE, 0x10),
+        );
+        let first = ProcessKey {
+            pid: 7,
+            start_time: 1,
+        };
+        joiner.forget_waits_of_exited(|_| Some(first));
+        assert_eq!(joiner.open_waits(), 1, "still running");
+        let second = ProcessKey {
+            pid: 7,
+            start_time: 2,
+        };
+        joiner.forget_waits_of_exited(|_| Some(second));
         assert_eq!(joiner.open_waits(), 0);
         assert_eq!(joiner.open_bytes, 0);
     }

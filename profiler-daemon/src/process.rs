@@ -13,9 +13,10 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use hashbrown::HashMap;
-use procfs::process::{MMapPath, MemoryMaps, Stat};
-use procfs::{FromBufRead as _, FromRead as _};
+use procfs::process::{MMapPath, MemoryMaps};
+use procfs::FromBufRead as _;
 
+use crate::process_key::ProcessKey;
 use crate::untrusted::{self, Expect, Refused};
 
 /// Largest ELF file opened for symbols (debug builds of big programs reach a few GB).
@@ -93,6 +94,14 @@ impl ProcessInfo {
         })
     }
 
+    /// This process's identity for its whole life.
+    pub fn key(&self) -> ProcessKey {
+        ProcessKey {
+            pid: self.pid,
+            start_time: self.start_time,
+        }
+    }
+
     pub fn mapping(&self, addr: u64) -> Option<&Mapping> {
         let index = self.mappings.partition_point(|m| m.end <= addr);
         self.mappings.get(index).filter(|m| m.contains(addr))
@@ -147,11 +156,7 @@ pub fn owner_uid(pid: u32) -> Option<u32> {
         .map(|meta| meta.uid())
 }
 
-/// `/proc/PID/stat`, bounded.
-pub fn read_stat(pid: u32) -> procfs::ProcResult<Stat> {
-    let bytes = untrusted::read_proc_file(pid, "stat", 64 << 10)?;
-    Stat::from_read(&bytes[..])
-}
+pub use crate::process_key::read_stat;
 
 /// `/proc/PID/cmdline` as arguments, bounded (a process can make its own very long).
 fn read_command_line(pid: u32) -> Vec<String> {
@@ -220,11 +225,12 @@ impl ProcessTable {
     /// now belongs to another process.
     pub fn observe(&mut self, pid: u32) {
         if let Some(known) = self.processes.get(&pid) {
-            match read_stat(pid) {
-                Ok(stat) if stat.starttime == known.start_time => return,
-                Ok(_) => {}
+            match ProcessKey::of_live(pid) {
+                Some(live) if live == known.key() => return,
+                // The pid was given to another process.
+                Some(_) => {}
                 // Gone: keep what we knew, it is needed to symbolize its last samples.
-                Err(_) => return,
+                None => return,
             }
         }
         match ProcessInfo::read(pid) {
@@ -247,7 +253,7 @@ impl ProcessTable {
     pub fn refresh(&mut self, pid: u32) -> Option<&ProcessInfo> {
         if let Some(known) = self.processes.get_mut(&pid) {
             if let Ok(fresh) = ProcessInfo::read(pid) {
-                if fresh.start_time == known.start_time {
+                if fresh.key() == known.key() {
                     *known = fresh;
                 }
             }
@@ -258,11 +264,7 @@ impl ProcessTable {
     /// Forgets processes that have exited. Called after an interval is symbolized, so the last
     /// samples of a process still find its mappings.
     pub fn forget_exited(&mut self) {
-        self.processes.retain(|&pid, info| {
-            read_stat(pid)
-                .map(|stat| stat.starttime == info.start_time)
-                .unwrap_or(false)
-        });
+        self.processes.retain(|_, info| info.key().is_running());
     }
 }
 

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::jvm::{Jvm, JvmError};
 use super::remote::RemoteMemory;
 use crate::process::ProcessInfo;
+use crate::process_key::ProcessKey;
 
 /// Cheap to clone: clones share one directory.
 #[derive(Clone, Default)]
@@ -17,8 +18,8 @@ pub struct JvmDirectory(Arc<Mutex<Directory>>);
 
 #[derive(Default)]
 struct Directory {
-    /// By pid, with the process's start time: a reused pid is another process.
-    jvms: HashMap<u32, (u64, Arc<Jvm>)>,
+    /// By pid, with the process's identity: a reused pid is another process.
+    jvms: HashMap<u32, (ProcessKey, Arc<Jvm>)>,
 }
 
 impl JvmDirectory {
@@ -30,15 +31,15 @@ impl JvmDirectory {
         memory: &dyn RemoteMemory,
     ) -> Result<Arc<Jvm>, JvmError> {
         let mut directory = self.lock();
-        if let Some((start_time, jvm)) = directory.jvms.get(&process.pid) {
-            if *start_time == process.start_time {
+        if let Some((key, jvm)) = directory.jvms.get(&process.pid) {
+            if *key == process.key() {
                 return Ok(jvm.clone());
             }
         }
         let jvm = Arc::new(Jvm::inspect(process, memory)?);
         directory
             .jvms
-            .insert(process.pid, (process.start_time, jvm.clone()));
+            .insert(process.pid, (process.key(), jvm.clone()));
         Ok(jvm)
     }
 

@@ -40,6 +40,7 @@ use super::blocks::{split_into_blocks, TableBlocks};
 use super::build::{build_table, BuildError, BuildLimits};
 use super::mapping::{load_bias_in, load_segments, CodeMapping, LoadSegment, TableKey, TableKeys};
 use crate::process::{self, Backing, Mapping};
+use crate::process_key::ProcessKey;
 use crate::untrusted::BoundedReads;
 use crate::vdso::VdsoImage;
 
@@ -889,7 +890,11 @@ impl<M: TableMaps> UnwindTables<M> {
             .processes
             .iter()
             .filter(|(pid, known)| {
-                process::read_stat(**pid).map_or(true, |stat| stat.starttime != known.start_time)
+                !ProcessKey {
+                    pid: **pid,
+                    start_time: known.start_time,
+                }
+                .is_running()
             })
             .map(|(pid, _)| *pid)
             .collect();
