@@ -36,19 +36,18 @@ pub fn inspect(pid: u32) -> Result<JvmReport, JvmInfoError> {
         _ => JvmInfoError::NoProcess(pid),
     })?;
     let memory = ProcessMemory::new(pid);
-    let jvm =
-        Jvm::inspect(&process, &memory).map_err(|err| match err {
-            JvmError::LibJvm(LibJvmError::NotAJvm) => JvmInfoError::NotAJvm {
-                pid,
-                comm: process.comm.clone(),
-            },
-            err if err.is_permission_denied() => JvmInfoError::PermissionDenied { pid },
-            // It exited while being read.
-            _ if !std::path::Path::new(&format!("/proc/{pid}")).exists() => {
-                JvmInfoError::NoProcess(pid)
-            }
-            source => JvmInfoError::Jvm { pid, source },
-        })?;
+    let jvm = Jvm::inspect(&process, &memory).map_err(|err| match err {
+        JvmError::LibJvm(LibJvmError::NotAJvm) => JvmInfoError::NotAJvm {
+            pid,
+            comm: process.comm.clone(),
+        },
+        err if err.is_permission_denied() => JvmInfoError::PermissionDenied { pid },
+        // It exited while being read.
+        _ if !std::path::Path::new(&format!("/proc/{pid}")).exists() => {
+            JvmInfoError::NoProcess(pid)
+        }
+        source => JvmInfoError::Jvm { pid, source },
+    })?;
     let (code_cache, not_ready) = match jvm.code_cache(&memory) {
         Ok(code) => (Some(code), None),
         Err(err) => (None, Some(err.to_string())),

@@ -93,7 +93,9 @@ impl InspectionBudget {
 
     fn allows(&mut self, uid: u32) -> bool {
         self.roll();
-        self.spent.get(&uid).is_none_or(|spent| *spent < INSPECTION_SHARE)
+        self.spent
+            .get(&uid)
+            .is_none_or(|spent| *spent < INSPECTION_SHARE)
     }
 
     fn charge(&mut self, uid: u32, took: Duration) {

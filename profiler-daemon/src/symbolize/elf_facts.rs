@@ -139,8 +139,7 @@ impl ElfFacts {
     /// exactly the size it claims (inflated into nothing here, so a bomb costs CPU time bounded
     /// by the budget, never memory).
     pub fn dwarf_fits(&self, file: &File, max_bytes: u64) -> bool {
-        if self.names_other_files || self.unsupported_compression || self.debug_bytes > max_bytes
-        {
+        if self.names_other_files || self.unsupported_compression || self.debug_bytes > max_bytes {
             return false;
         }
         self.compressed_debug
@@ -187,7 +186,12 @@ impl ElfFacts {
     /// The identity of names read for this file from a separate debug file (the host's, by
     /// build-id): the debug file's own identity, and this file's segments, through which its
     /// offsets become the debug file's addresses.
-    pub fn debug_file_key(&self, keys: &SecretKeys, shown_as: &str, debug_file: &FileStamp) -> Digest {
+    pub fn debug_file_key(
+        &self,
+        keys: &SecretKeys,
+        shown_as: &str,
+        debug_file: &FileStamp,
+    ) -> Digest {
         let mut hasher = keys.hasher();
         hasher.write_bytes(shown_as.as_bytes());
         self.hash_segments(&mut hasher);
@@ -251,7 +255,10 @@ fn inflates_as_claimed(file: &File, section: &CompressedSection) -> io::Result<b
     }
     // Deflate never grows data by more than a few bytes per block: compressed bytes far past
     // the claim are a lie too, and this bounds what is read here.
-    if section.compressed_size > section.claimed_size.saturating_add(section.claimed_size / 8 + 4096)
+    if section.compressed_size
+        > section
+            .claimed_size
+            .saturating_add(section.claimed_size / 8 + 4096)
     {
         return Ok(false);
     }
@@ -331,20 +338,30 @@ mod tests {
         let file = File::open(&binary).expect("opens");
         let facts = ElfFacts::read(&file).expect("an ELF file");
         assert!(!facts.compressed_debug.is_empty());
-        assert!(facts.dwarf_fits(&file, u64::MAX), "honest claims inflate as claimed");
+        assert!(
+            facts.dwarf_fits(&file, u64::MAX),
+            "honest claims inflate as claimed"
+        );
 
         // `.debug_info` claims 1 TiB: counted as such, refused, and nothing that large is
         // ever allocated.
         let mut data = std::fs::read(&binary).expect("readable");
         let header = section_header_offset(&data, ".debug_info");
-        let chdr = u64::from_le_bytes(data[header + 0x18..header + 0x20].try_into().expect("in bounds")) as usize;
+        let chdr = u64::from_le_bytes(
+            data[header + 0x18..header + 0x20]
+                .try_into()
+                .expect("in bounds"),
+        ) as usize;
         data[chdr + 8..chdr + 16].copy_from_slice(&(1u64 << 40).to_le_bytes());
         let huge = dir.path().join("huge");
         std::fs::write(&huge, &data).expect("written");
         let file = File::open(&huge).expect("opens");
         let facts = ElfFacts::read(&file).expect("still an ELF file");
         assert!(facts.debug_bytes >= 1 << 40);
-        assert!(!facts.dwarf_fits(&file, u64::MAX >> 1), "inflates to less than it claims");
+        assert!(
+            !facts.dwarf_fits(&file, u64::MAX >> 1),
+            "inflates to less than it claims"
+        );
         assert!(!facts.dwarf_fits(&file, 1 << 30), "over the budget");
 
         // A claim smaller than what the section inflates to (a zlib bomb's way past a
@@ -364,9 +381,17 @@ mod tests {
         // The build-id note becomes a compressed section claiming 1 TiB (what blazesym
         // inflated before): its flag set and its first bytes an Elf64_Chdr.
         let header = section_header_offset(&data, ".note.gnu.build-id");
-        let flags = u64::from_le_bytes(data[header + 0x08..header + 0x10].try_into().expect("in bounds"));
+        let flags = u64::from_le_bytes(
+            data[header + 0x08..header + 0x10]
+                .try_into()
+                .expect("in bounds"),
+        );
         data[header + 0x08..header + 0x10].copy_from_slice(&(flags | SHF_COMPRESSED).to_le_bytes());
-        let offset = u64::from_le_bytes(data[header + 0x18..header + 0x20].try_into().expect("in bounds")) as usize;
+        let offset = u64::from_le_bytes(
+            data[header + 0x18..header + 0x20]
+                .try_into()
+                .expect("in bounds"),
+        ) as usize;
         let mut chdr = [0u8; 24];
         chdr[0..4].copy_from_slice(&1u32.to_le_bytes());
         chdr[8..16].copy_from_slice(&(1u64 << 40).to_le_bytes());
@@ -375,7 +400,10 @@ mod tests {
         std::fs::write(&hostile, &data).expect("written");
         let file = File::open(&hostile).expect("opens");
         let facts = ElfFacts::read(&file).expect("still an ELF file");
-        assert_eq!(facts.build_id, None, "no note parses from the compressed bytes");
+        assert_eq!(
+            facts.build_id, None,
+            "no note parses from the compressed bytes"
+        );
     }
 
     #[test]
@@ -396,13 +424,18 @@ mod tests {
         let key = |path: &std::path::Path, shown_as: &str, keys: &SecretKeys| {
             let file = File::open(path).expect("opens");
             let facts = ElfFacts::read(&file).expect("an ELF file");
-            facts.names_key(&file, keys, shown_as, false).expect("hashed")
+            facts
+                .names_key(&file, keys, shown_as, false)
+                .expect("hashed")
         };
         let copy = dir.path().join("copy");
         std::fs::copy(&binary, &copy).expect("copied");
         assert_eq!(key(&binary, "/x", &keys), key(&copy, "/x", &keys));
         assert_ne!(key(&binary, "/x", &keys), key(&renamed, "/x", &keys));
         assert_ne!(key(&binary, "/x", &keys), key(&binary, "/y", &keys));
-        assert_ne!(key(&binary, "/x", &keys), key(&binary, "/x", &SecretKeys::new()));
+        assert_ne!(
+            key(&binary, "/x", &keys),
+            key(&binary, "/x", &SecretKeys::new())
+        );
     }
 }

@@ -307,11 +307,12 @@ impl NativeSymbolizer {
                 let has_own_dwarf = debug_syms && facts.debug_bytes > 0;
                 let debug_file = match &facts.build_id {
                     Some(build_id) if !has_own_dwarf => {
-                        self.find_debug_file(build_id).map(|(path, debug_stamp)| DebugFile {
-                            path,
-                            stamp: debug_stamp,
-                            segments: facts.segments.clone(),
-                        })
+                        self.find_debug_file(build_id)
+                            .map(|(path, debug_stamp)| DebugFile {
+                                path,
+                                stamp: debug_stamp,
+                                segments: facts.segments.clone(),
+                            })
                     }
                     _ => None,
                 };
@@ -465,8 +466,8 @@ fn debug_file_fits(path: &Path, build_id: &[u8], max_debug_bytes: u64) -> Option
         return None;
     }
     let facts = ElfFacts::read(&file).ok()?;
-    let fits = facts.build_id.as_deref() == Some(build_id)
-        && facts.dwarf_fits(&file, max_debug_bytes);
+    let fits =
+        facts.build_id.as_deref() == Some(build_id) && facts.dwarf_fits(&file, max_debug_bytes);
     fits.then(|| FileStamp::of(&file).ok()).flatten()
 }
 
@@ -535,7 +536,11 @@ mod tests {
             .find(|m| matches!(&m.backing, Backing::File { path, .. } if path.to_string_lossy().contains("libc.so")))
             .expect("libc is mapped");
         let libc = process.open_mapped_file(libc).expect("libc opens");
-        assert!(ElfFacts::read(&libc).expect("an ELF file").names_other_files);
+        assert!(
+            ElfFacts::read(&libc)
+                .expect("an ELF file")
+                .names_other_files
+        );
         let not_elf = tempfile::tempfile().expect("tempfile");
         assert!(ElfFacts::read(&not_elf).is_err());
     }

@@ -197,14 +197,20 @@ fn one_users_tables_leave_another_users_their_share() {
     };
     let ours = bytes_alone(std::process::id());
     let theirs = bytes_alone(other.id());
-    assert!(theirs > 0 && ours > 2 * theirs, "ours {ours}, theirs {theirs}");
+    assert!(
+        theirs > 0 && ours > 2 * theirs,
+        "ours {ours}, theirs {theirs}"
+    );
     // Half the budget is less than what we would take, and more than what they need.
     let budget = ours.max(2 * theirs + (64 << 10));
 
     let stats = Arc::new(TableStats::default());
     let mut tables = unwind_tables(budget, stats.clone());
     tables.observe(std::process::id());
-    assert!(stats.not_loaded(NotLoaded::UserShare) > 0, "we hit our share");
+    assert!(
+        stats.not_loaded(NotLoaded::UserShare) > 0,
+        "we hit our share"
+    );
     let held = stats.bytes.load(Ordering::Relaxed);
     assert!(held <= user_share(budget), "we hold {held} of {budget}");
     tables.observe(other.id());
