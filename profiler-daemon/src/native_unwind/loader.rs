@@ -706,11 +706,11 @@ impl<M: TableMaps> UnwindTables<M> {
             Some(TableState::Failed { retry, .. }) if retry.is_none_or(|at| now < at) => {
                 return None
             }
-            Some(TableState::OverShare { bytes, retry }) if now < *retry => {
-                if holdings.as_ref().is_some_and(|h| h.bytes + *bytes > share) {
-                    self.stats.count(NotLoaded::UserShare);
-                    return None;
-                }
+            Some(TableState::OverShare { bytes, retry })
+                if now < *retry && holdings.as_ref().is_some_and(|h| h.bytes + *bytes > share) =>
+            {
+                self.stats.count(NotLoaded::UserShare);
+                return None;
             }
             _ => {}
         }
