@@ -11,7 +11,8 @@
 //! | sidecar records `/tmp/.jvm-profiler-NSPID/records` | the JVM's user (it owns the directory) | [`open_in_tmp`]: `openat2` confined to the process's root, no symlinks or mounts below `/tmp`, `O_NONBLOCK`, regular file owned by the JVM's euid, size bounded |
 //! | attach trigger `.attach_pidNSPID` (cwd or `/tmp`) | the JVM's user | created by the attach child after it switched to the JVM's uid/gid, `O_CREAT|O_EXCL|O_NOFOLLOW` (see `sidecar::attach`) |
 //! | attach socket `/tmp/.java_pidNSPID` | the JVM's user | connected to by the same child, through a `/tmp` directory descriptor resolved here |
-//! | agent copy `/tmp/.jvm-profiler-agent-*.so` in another mount namespace | the daemon (created fresh, `O_EXCL|O_NOFOLLOW`, mode 0644, removed after the load) | [`open_tmp_dir`] then `openat` by name |
+//! | agent copy `/tmp/.jvm-profiler-agent-*.so` in another mount namespace | the JVM's user: written by the attach child after it became that user (created fresh, `O_EXCL|O_NOFOLLOW`, mode 0600, removed after the load), never by root | [`open_tmp_dir`] then `openat` by name, in the child |
+//! | headers, notes and compressed sections of mapped ELF files | the process's user | `object` over [`BoundedReads`] before blazesym sees the file (`symbolize::elf_facts`) |
 //! | process memory (`process_vm_readv`) | the process | bounded reads, decoded defensively (`hotspot::remote`) |
 //!
 //! Reads from `/proc` of a process take its memory-map lock; a process that keeps that lock

@@ -7,9 +7,9 @@
 //! input is identical, so a container that ships a fake binary under a host library's path or
 //! build-id gets a table of its own, and cannot craft a collision with a key it does not know.
 
-use std::hash::{BuildHasher, Hasher};
-
 use object::{Object as _, ObjectSection as _, ObjectSegment as _, ReadRef};
+
+use crate::secret_hash::{Digest, SecretKeys};
 
 /// One executable mapping of a file in a process, as `/proc/PID/maps` lists it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,25 +73,15 @@ pub fn address_of_offset(segments: &[LoadSegment], offset: u64) -> Option<u64> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TableKey(pub u64, pub u64);
 
-/// Hashes unwind input with a secret per-daemon key.
-#[derive(Clone, Debug)]
+/// Hashes unwind input with a secret per-daemon key ([`SecretKeys`]).
+#[derive(Clone, Debug, Default)]
 pub struct TableKeys {
-    first: std::collections::hash_map::RandomState,
-    second: std::collections::hash_map::RandomState,
-}
-
-impl Default for TableKeys {
-    fn default() -> Self {
-        Self::new()
-    }
+    secret: SecretKeys,
 }
 
 impl TableKeys {
     pub fn new() -> Self {
-        Self {
-            first: std::collections::hash_map::RandomState::new(),
-            second: std::collections::hash_map::RandomState::new(),
-        }
+        Self::default()
     }
 
     /// The key of `file`'s unwind table: its `.eh_frame` (or `.debug_frame`) bytes and
@@ -103,17 +93,14 @@ impl TableKeys {
             .or_else(|| file.section_by_name(".debug_frame"))?;
         let bytes = section.data().ok()?;
         let address = |name: &str| file.section_by_name(name).map_or(0, |s| s.address());
-        let hash = |state: &std::collections::hash_map::RandomState| {
-            let mut hasher = state.build_hasher();
-            hasher.write(section.name().unwrap_or("").as_bytes());
-            hasher.write_u64(section.address());
-            hasher.write_u64(address(".text"));
-            hasher.write_u64(address(".got"));
-            hasher.write_usize(bytes.len());
-            hasher.write(bytes);
-            hasher.finish()
-        };
-        Some(TableKey(hash(&self.first), hash(&self.second)))
+        let mut hasher = self.secret.hasher();
+        hasher.write_bytes(section.name().unwrap_or("").as_bytes());
+        hasher.write_u64(section.address());
+        hasher.write_u64(address(".text"));
+        hasher.write_u64(address(".got"));
+        hasher.write_bytes(bytes);
+        let Digest(first, second) = hasher.finish();
+        Some(TableKey(first, second))
     }
 }
 
