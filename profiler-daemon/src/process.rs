@@ -69,6 +69,9 @@ pub struct ProcessInfo {
     pub container: Option<crate::container::ContainerInfo>,
     /// Start time in clock ticks since boot: tells a reused pid from the process we knew.
     pub start_time: u64,
+    /// Its owner (of `/proc/PID`, its effective uid): whose share of the daemon's caches its
+    /// binaries count against.
+    pub uid: u32,
     /// Whether the process sees the same root directory as the daemon, so that its files can
     /// still be opened by their plain path after it exits.
     pub shares_our_root: bool,
@@ -89,6 +92,7 @@ impl ProcessInfo {
             executable: std::fs::read_link(format!("/proc/{pid}/exe")).ok(),
             container: crate::container::read(pid).ok().flatten(),
             start_time: stat.starttime,
+            uid: owner_uid(pid).unwrap_or(u32::MAX),
             shares_our_root,
             mappings,
         })

@@ -273,6 +273,7 @@ mod tests {
             executable: Some(PathBuf::from(executable)),
             container: None,
             start_time: 0,
+            uid: 0,
             shares_our_root: true,
             mappings: vec![],
         }

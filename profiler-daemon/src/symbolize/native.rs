@@ -12,9 +12,10 @@
 //! what Debian's `-dbgsym` packages install), never by a debug link name the binary chose.
 //!
 //! Each binary has its own blazesym symbolizer, so that it can be dropped whole: its mapped file
-//! and parsed DWARF, and the frames resolved from it, are charged to the [`CacheBudget`] and the
-//! least recently used binaries are evicted while the budget is exceeded (they are parsed again
-//! if they show up again).
+//! and parsed DWARF, and the frames resolved from it, are charged to the [`CacheBudget`] and,
+//! while the budget is exceeded, binaries are evicted (and parsed again if they show up again):
+//! the least recently used of the user whose processes' binaries hold the most, so that a user
+//! running many large binaries evicts their own first, not everyone else's.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -71,6 +72,8 @@ struct Binary {
     charged: u64,
     /// When it was last used (a `NativeSymbolizer::clock` value).
     last_used: u64,
+    /// The user whose process last had it symbolized: whose share its charge counts against.
+    user: u32,
 }
 
 /// A binary's separate debug file: same build-id, same segments, symbols and DWARF.
@@ -173,6 +176,7 @@ impl NativeSymbolizer {
                     let offset = mapping.file_offset(addr);
                     let entry = &mut self.binaries[binary as usize];
                     entry.last_used = self.clock;
+                    entry.user = process.uid;
                     match entry.frames.get(&offset) {
                         Some(frame) => out[index] = Some(frame.clone()),
                         None => {
@@ -220,25 +224,36 @@ impl NativeSymbolizer {
         out
     }
 
-    /// Drops the least recently used binaries' caches while over the budget (the results of
-    /// this call are already out: even a binary bigger than the whole budget is symbolized,
-    /// then dropped).
+    /// Drops binaries' caches while over the budget: the least recently used binary of the user
+    /// whose binaries are charged the most (the results of this call are already out: even a
+    /// binary bigger than the whole budget is symbolized, then dropped).
     fn evict_over_budget(&mut self) {
-        if !self.budget.over() {
-            return;
-        }
-        let mut cached: Vec<(u64, u32)> = self
-            .binaries
-            .iter()
-            .filter(|b| b.charged > 0 || b.symbolizer.is_some())
-            .map(|b| (b.last_used, b.id))
-            .collect();
-        cached.sort_unstable();
-        for (_, id) in cached {
-            if !self.budget.over() {
-                break;
+        while self.budget.over() {
+            let mut by_user: HashMap<u32, u64> = HashMap::new();
+            for binary in self
+                .binaries
+                .iter()
+                .filter(|b| b.charged > 0 || b.symbolizer.is_some())
+            {
+                *by_user.entry(binary.user).or_default() += binary.charged;
             }
-            let entry = &mut self.binaries[id as usize];
+            let Some(heaviest) = by_user
+                .into_iter()
+                .max_by_key(|(user, charged)| (*charged, *user))
+                .map(|(user, _)| user)
+            else {
+                return;
+            };
+            let Some(victim) = self
+                .binaries
+                .iter()
+                .filter(|b| b.user == heaviest && (b.charged > 0 || b.symbolizer.is_some()))
+                .min_by_key(|b| b.last_used)
+                .map(|b| b.id)
+            else {
+                return;
+            };
+            let entry = &mut self.binaries[victim as usize];
             entry.symbolizer = None;
             entry.frames = HashMap::new();
             let charged = std::mem::take(&mut entry.charged);
@@ -354,6 +369,7 @@ impl NativeSymbolizer {
                 frames: HashMap::new(),
                 charged: 0,
                 last_used: self.clock,
+                user: u32::MAX,
             });
         }
         id
@@ -674,6 +690,36 @@ mod tests {
             without.map(|(function, _)| function).as_deref(),
             Some("a_function_only_the_debug_file_names")
         );
+    }
+
+    /// Over the budget, the user whose binaries are charged the most loses theirs first, least
+    /// recently used first; the other user keeps theirs.
+    #[test]
+    fn over_its_budget_the_heaviest_users_binaries_are_evicted_first() {
+        let mut symbolizer = NativeSymbolizer::with_budget(1000);
+        // (user, charged, last used): user 7 holds 900 bytes in three binaries, user 8 holds 300.
+        for (index, (user, charged, last_used)) in
+            [(7, 300, 1), (8, 300, 0), (7, 300, 2), (7, 300, 3)]
+                .into_iter()
+                .enumerate()
+        {
+            symbolizer.binaries.push(Binary {
+                id: index as u32,
+                debug_syms: false,
+                module: Arc::from("/m"),
+                debug_file: None,
+                symbolizer: None,
+                frames: HashMap::new(),
+                charged,
+                last_used,
+                user,
+            });
+            symbolizer.budget.charge(charged);
+        }
+        symbolizer.evict_over_budget();
+        let still_charged: Vec<u64> = symbolizer.binaries.iter().map(|b| b.charged).collect();
+        // 1200 > 1000: user 7's least recently used binary goes, not user 8's older one.
+        assert_eq!(still_charged, vec![0, 300, 300, 300]);
     }
 
     #[test]
