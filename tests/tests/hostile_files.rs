@@ -6,10 +6,11 @@
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use object::{Object as _, ObjectSection as _};
-use profiler_tests::hostile::{unprivileged_user, AttackContext, Scenario, User};
+use profiler_tests::hostile::{unprivileged_user, AttackContext, HostileRun, Scenario, User};
 use profiler_tests::*;
 
 /// `sh_flags` of a section whose bytes start with an `Elf64_Chdr`.
@@ -65,8 +66,14 @@ fn with_debug_links_to(binary: &Path, target: &Path, out: &Path) {
     let section_file = out.with_extension("link");
     std::fs::write(&section_file, &section).expect("section");
     let status = Command::new("objcopy")
-        .arg(format!("--add-section=.gnu_debugaltlink={}", section_file.display()))
-        .arg(format!("--add-section=.gnu_debuglink={}", section_file.display()))
+        .arg(format!(
+            "--add-section=.gnu_debugaltlink={}",
+            section_file.display()
+        ))
+        .arg(format!(
+            "--add-section=.gnu_debuglink={}",
+            section_file.display()
+        ))
         .arg(binary)
         .arg(out)
         .status()
@@ -96,6 +103,28 @@ fn named_in_profiles(output: &Path, pid: u32, function: &str) -> bool {
         .any(|name| name.contains(function))
 }
 
+/// The daemon as the attacked-daemon tests here run it: every process, 99 Hz, and a 24 MiB
+/// cache budget (a third of it, 8 MiB, for unwind tables). One scenario, so that its baseline
+/// (the run without an attack) is measured once for all of them.
+fn scenario() -> &'static (Scenario, HostileRun) {
+    static SCENARIO: OnceLock<(Scenario, HostileRun)> = OnceLock::new();
+    SCENARIO.get_or_init(|| {
+        let config =
+            std::env::temp_dir().join(format!("hostile-files-{}.toml", std::process::id()));
+        std::fs::write(&config, "cache_budget_mib = 24\n").expect("config written");
+        let scenario = Scenario::new(Duration::from_secs(18))
+            .whole_host()
+            .daemon_args(&[
+                "--frequency",
+                "99",
+                "--config",
+                config.to_str().expect("utf-8"),
+            ]);
+        let baseline = scenario.run_baseline();
+        (scenario, baseline)
+    })
+}
+
 /// Item 1 and 2 of the threat model's crafted files: a note section claiming to inflate to
 /// 1 TiB (blazesym's build-id reader allocated that: the daemon aborted), a compressed
 /// `.debug_info` claiming 1 TiB in a file sharing a harmless file's build-id (the first file's
@@ -106,10 +135,7 @@ fn named_in_profiles(output: &Path, pid: u32, function: &str) -> bool {
 #[test]
 fn crafted_elf_files_neither_crash_nor_hang_the_daemon() {
     let user = unprivileged_user();
-    let scenario = Scenario::new(Duration::from_secs(14))
-        .whole_host()
-        .daemon_args(&["--frequency", "49"]);
-    let baseline = scenario.run_baseline();
+    let (scenario, baseline) = scenario();
     let (attacked, (attackers, _running)) = scenario.run(|context: &AttackContext| {
         let dir = context.scratch;
         let note_bomb = native_split(dir, "note_bomb", &["-Wl,--build-id"]);
@@ -153,7 +179,7 @@ fn crafted_elf_files_neither_crash_nor_hang_the_daemon() {
         .collect();
         (pids, running)
     });
-    attacked.assert_unharmed(&baseline);
+    attacked.assert_unharmed(baseline);
     for (name, pid) in attackers {
         assert!(
             named_in_profiles(&attacked.output, pid, "hot_a"),
@@ -178,7 +204,13 @@ fn a_library_copy_with_a_renamed_symbol_never_names_another_users_frames() {
     }
     let library = root_lib.join("librenamed.so");
     let status = Command::new("gcc")
-        .args(["-O1", "-fPIC", "-shared", "-fno-omit-frame-pointer", "-Wl,--build-id"])
+        .args([
+            "-O1",
+            "-fPIC",
+            "-shared",
+            "-fno-omit-frame-pointer",
+            "-Wl,--build-id",
+        ])
         .arg("-o")
         .arg(&library)
         .arg(workloads_dir().join("renamed_symbol_lib.c"))
@@ -340,20 +372,14 @@ fn share_of_samples(
 #[test]
 fn a_process_hoarding_libraries_leaves_other_users_their_unwind_tables() {
     let user = unprivileged_user();
-    let config_dir = tempfile::tempdir().expect("tempdir");
-    let config = config_dir.path().join("config.toml");
-    // A third of it, 8 MiB, for unwind tables: 40 libraries of 256 KiB would fill it.
-    std::fs::write(&config, "cache_budget_mib = 24\n").expect("config written");
-    // Built before the daemon runs: the attack itself must fit in the run.
+    // Built before the daemon runs: the attack itself must fit in the run. 40 libraries of
+    // 256 KiB of tables would fill the scenario's 8 MiB.
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let libraries = libraries_with_many_rows(dir.path(), 40);
     let hoarder = compile_c_with("library_hoarder.c", dir.path(), &["-O1"]).expect("gcc");
     make_readable(dir.path());
-    let scenario = Scenario::new(Duration::from_secs(20))
-        .whole_host()
-        .daemon_args(&["--frequency", "99", "--config", config.to_str().expect("utf-8")]);
-    let baseline = scenario.run_baseline();
+    let (scenario, baseline) = scenario();
     let (attacked, (python_pid, _running)) = scenario.run(|_: &AttackContext| {
         let hoarding = Workload::spawn(user.command(&hoarder).args(&libraries)).expect("starts");
         // Its tables are built and loaded once it has been sampled.
@@ -366,20 +392,21 @@ fn a_process_hoarding_libraries_leaves_other_users_their_unwind_tables() {
         .expect("python3 starts");
         (python.pid(), vec![hoarding, python])
     });
-    attacked.assert_unharmed(&baseline);
+    attacked.assert_unharmed(baseline);
     // Its first 4 s (two intervals) may be walked by frame pointers while its tables are built,
     // as for any program the daemon meets for the first time.
-    let (rooted, samples) = share_of_samples(
-        &attacked.output.join("profiles"),
-        python_pid,
-        2,
-        |name| name.starts_with("__libc_start_main"),
-    );
+    let (rooted, samples) =
+        share_of_samples(&attacked.output.join("profiles"), python_pid, 2, |name| {
+            name.starts_with("__libc_start_main")
+        });
     println!(
         "python3 beside the hoarder, after its first 4 s: {:.2}% of {samples} samples reach \
          __libc_start_main",
         rooted * 100.0
     );
     assert!(samples > 150, "too few python3 samples: {samples}");
-    assert!(rooted >= 0.99, "only {rooted:.4} of python3's stacks are rooted");
+    assert!(
+        rooted >= 0.99,
+        "only {rooted:.4} of python3's stacks are rooted"
+    );
 }
