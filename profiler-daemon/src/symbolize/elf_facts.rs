@@ -134,6 +134,12 @@ impl ElfFacts {
         Ok(facts)
     }
 
+    /// Whether a trusted file's (the host's debug directories are root's) DWARF claims at most
+    /// `max_bytes`: its claims are believed, nothing is inflated to check them.
+    pub fn trusted_dwarf_fits(&self, max_bytes: u64) -> bool {
+        !self.names_other_files && !self.unsupported_compression && self.debug_bytes <= max_bytes
+    }
+
     /// Whether blazesym may parse this file's DWARF with at most `max_bytes` of it: the file
     /// names no other files, and every compressed debug section is zlib that inflates to
     /// exactly the size it claims (inflated into nothing here, so a bomb costs CPU time bounded

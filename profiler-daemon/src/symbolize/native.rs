@@ -316,6 +316,7 @@ impl NativeSymbolizer {
         if let Some(&id) = self.by_stamp.get(&(stamp, module.clone())) {
             return id;
         }
+        let started = std::time::Instant::now();
         let id = match ElfFacts::read(&file) {
             Ok(facts) => {
                 let debug_syms = facts.dwarf_fits(&file, self.budget.limit() / 2);
@@ -345,6 +346,13 @@ impl NativeSymbolizer {
             }
             Err(_) => self.intern(BinaryKey::File(stamp), module.clone(), false, None),
         };
+        tracing::debug!(
+            pid = process.pid,
+            module = %module,
+            binary = id,
+            took_us = started.elapsed().as_micros() as u64,
+            "binary identified (headers read, names keyed)"
+        );
         self.by_stamp.insert((stamp, module), id);
         id
     }
@@ -475,7 +483,7 @@ fn debug_file_fits(path: &Path, build_id: &[u8], max_debug_bytes: u64) -> Option
     // Non-blocking: even in the host's debug directories, a FIFO must not stall the symbolizer.
     let file = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NONBLOCK)
         .open(path)
         .ok()?;
     if !file.metadata().is_ok_and(|meta| meta.is_file()) {
@@ -483,7 +491,7 @@ fn debug_file_fits(path: &Path, build_id: &[u8], max_debug_bytes: u64) -> Option
     }
     let facts = ElfFacts::read(&file).ok()?;
     let fits =
-        facts.build_id.as_deref() == Some(build_id) && facts.dwarf_fits(&file, max_debug_bytes);
+        facts.build_id.as_deref() == Some(build_id) && facts.trusted_dwarf_fits(max_debug_bytes);
     fits.then(|| FileStamp::of(&file).ok()).flatten()
 }
 
