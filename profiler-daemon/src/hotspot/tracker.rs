@@ -958,6 +958,27 @@ mod tests {
         );
     }
 
+    /// Only a process's own threads are accepted from its thread list: ours are, another
+    /// process's are not.
+    #[test]
+    fn a_processes_own_tids_are_its_tasks_only() {
+        let ours = own_host_tids(std::process::id(), false).expect("our tasks");
+        // SAFETY: gettid has no preconditions.
+        let this_thread = unsafe { libc::gettid() } as u32;
+        assert_eq!(ours.get(&this_thread), Some(&this_thread));
+        let mut other = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        assert!(!ours.contains_key(&other.id()), "another process's tid");
+        let theirs = own_host_tids(other.id(), false).expect("its tasks");
+        assert!(!theirs.contains_key(&this_thread));
+        // Read through NSpid, as for a process in another pid namespace: the same here.
+        assert_eq!(own_host_tids(other.id(), true), Some(theirs));
+        let _ = other.kill();
+        let _ = other.wait();
+    }
+
     #[test]
     fn a_rescan_lists_every_process_once_a_period() {
         let mut tracker = JvmTracker::new(NoMaps, 4, Vec::new());
