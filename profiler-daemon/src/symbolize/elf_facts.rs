@@ -18,17 +18,17 @@ use std::fs::File;
 use std::io::{self, Read as _};
 use std::os::unix::fs::FileExt as _;
 
+use object::elf::{self, FileHeader64};
+use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _};
 use object::read::ReadCache;
-use object::{CompressionFormat, Object as _, ObjectSection as _, SectionFlags};
+use object::Endianness;
 
-use crate::native_unwind::mapping::{load_segments, LoadSegment};
+use crate::native_unwind::mapping::LoadSegment;
 use crate::secret_hash::{Digest, SecretKeys};
 use crate::untrusted::BoundedReads;
 
 /// Bytes `object` may read to parse headers, notes and the section name table.
 const HEADER_READ_BUDGET: u64 = 32 << 20;
-/// `sh_flags` of a section whose bytes start with an `Elf64_Chdr`.
-const SHF_COMPRESSED: u64 = 0x800;
 /// Sections through which an ELF file names other files to read its debug information from.
 const LINK_SECTIONS: [&str; 3] = [".gnu_debuglink", ".gnu_debugaltlink", ".debug_sup"];
 /// Sections names come from without DWARF (symbol tables, and the MiniDebugInfo blazesym would
@@ -49,7 +49,8 @@ struct SectionBytes {
 /// A compressed `.debug_*` section: where its compressed bytes are and what it claims.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct CompressedSection {
-    format: CompressionFormat,
+    /// Compressed with zlib, the one format blazesym inflates.
+    zlib: bool,
     offset: u64,
     compressed_size: u64,
     claimed_size: u64,
@@ -75,57 +76,75 @@ pub struct ElfFacts {
 }
 
 impl ElfFacts {
-    /// Reads the headers of `file`. Errors for what is not an ELF file `object` can parse
-    /// within the read budget.
+    /// Reads the headers of `file`: the file, section and program headers, the section names
+    /// and the notes, nothing else (not its symbol tables, which `object`'s whole-file parser
+    /// would read). Errors for what is not a 64-bit ELF file readable within the read budget.
     pub fn read(file: &File) -> io::Result<Self> {
-        let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+        let invalid = |err: object::read::Error| io::Error::new(io::ErrorKind::InvalidData, err);
         let reads = BoundedReads::new(ReadCache::new(file.try_clone()?), HEADER_READ_BUDGET);
-        let elf = object::File::parse(&reads).map_err(|err| invalid(err.to_string()))?;
+        let data = &reads;
+        let header = FileHeader64::<Endianness>::parse(data).map_err(invalid)?;
+        let endian = header.endian().map_err(invalid)?;
+        let segments = header
+            .program_headers(endian, data)
+            .map_err(invalid)?
+            .iter()
+            .filter(|segment| segment.p_type(endian) == elf::PT_LOAD)
+            .map(|segment| LoadSegment {
+                file_offset: segment.p_offset(endian),
+                file_size: segment.p_filesz(endian),
+                address: segment.p_vaddr(endian),
+            })
+            .collect();
+        let sections = header.sections(endian, data).map_err(invalid)?;
         let mut facts = Self {
-            build_id: elf.build_id().ok().flatten().map(<[u8]>::to_vec),
+            build_id: None,
             names_other_files: false,
             debug_bytes: 0,
             unsupported_compression: false,
             compressed_debug: Vec::new(),
             debug_sections: Vec::new(),
             symbol_sections: Vec::new(),
-            segments: load_segments(&elf),
+            segments,
         };
-        for section in elf.sections() {
-            let Ok(name) = section.name() else { continue };
-            let flags = match section.flags() {
-                SectionFlags::Elf { sh_flags } => sh_flags,
-                _ => 0,
+        for section in sections.iter() {
+            let Ok(name) = sections.section_name(endian, section) else {
+                continue;
             };
-            facts.names_other_files |= LINK_SECTIONS.contains(&name);
-            let bytes = |section: &object::Section<'_, '_, &BoundedReads>| {
-                section.file_range().map(|(offset, size)| SectionBytes {
-                    name: name.to_owned(),
-                    address: section.address(),
+            let name = String::from_utf8_lossy(name);
+            if facts.build_id.is_none() && section.sh_type(endian) == elf::SHT_NOTE {
+                facts.build_id = build_id_note(section, endian, data);
+            }
+            facts.names_other_files |= LINK_SECTIONS.contains(&name.as_ref());
+            let bytes = section
+                .file_range(endian)
+                .map(|(offset, size)| SectionBytes {
+                    name: name.clone().into_owned(),
+                    address: section.sh_addr(endian),
                     offset,
                     size,
-                })
-            };
-            if SYMBOL_SECTIONS.contains(&name) {
-                facts.symbol_sections.extend(bytes(&section));
+                });
+            if SYMBOL_SECTIONS.contains(&name.as_ref()) {
+                facts.symbol_sections.extend(bytes.clone());
             }
             if !name.starts_with(".debug_") {
                 continue;
             }
-            facts.debug_sections.extend(bytes(&section));
-            if flags & SHF_COMPRESSED == 0 {
-                facts.debug_bytes = facts.debug_bytes.saturating_add(section.size());
-                continue;
-            }
-            match section.compressed_file_range() {
-                Ok(range) => {
-                    facts.debug_bytes = facts.debug_bytes.saturating_add(range.uncompressed_size);
-                    facts.unsupported_compression |= range.format != CompressionFormat::Zlib;
+            facts.debug_sections.extend(bytes);
+            match section.compression(endian, data) {
+                Ok(None) => {
+                    facts.debug_bytes = facts.debug_bytes.saturating_add(section.sh_size(endian));
+                }
+                Ok(Some((chdr, offset, compressed_size))) => {
+                    let claimed_size = chdr.ch_size.get(endian);
+                    facts.debug_bytes = facts.debug_bytes.saturating_add(claimed_size);
+                    let zlib = chdr.ch_type.get(endian) == elf::ELFCOMPRESS_ZLIB;
+                    facts.unsupported_compression |= !zlib;
                     facts.compressed_debug.push(CompressedSection {
-                        format: range.format,
-                        offset: range.offset,
-                        compressed_size: range.compressed_size,
-                        claimed_size: range.uncompressed_size,
+                        zlib,
+                        offset,
+                        compressed_size,
+                        claimed_size,
                     });
                 }
                 Err(_) => facts.unsupported_compression = true,
@@ -254,31 +273,65 @@ impl FileStamp {
     }
 }
 
-/// Whether a compressed section inflates to exactly its claimed size.
+/// The GNU build-id in a note section, if it holds one.
+fn build_id_note(
+    section: &elf::SectionHeader64<Endianness>,
+    endian: Endianness,
+    data: &BoundedReads,
+) -> Option<Vec<u8>> {
+    let mut notes = section.notes(endian, data).ok()??;
+    while let Ok(Some(note)) = notes.next() {
+        if note.name() == elf::ELF_NOTE_GNU && note.n_type(endian) == elf::NT_GNU_BUILD_ID {
+            return Some(note.desc().to_vec());
+        }
+    }
+    None
+}
+
+/// Whether a compressed section inflates to exactly its claimed size: streamed from the file
+/// and inflated into nothing, so checking holds a few pages whatever the section claims.
 fn inflates_as_claimed(file: &File, section: &CompressedSection) -> io::Result<bool> {
-    if section.format != CompressionFormat::Zlib {
+    if !section.zlib {
         return Ok(false);
     }
-    // Deflate never grows data by more than a few bytes per block: compressed bytes far past
-    // the claim are a lie too, and this bounds what is read here.
-    if section.compressed_size
-        > section
-            .claimed_size
-            .saturating_add(section.claimed_size / 8 + 4096)
-    {
-        return Ok(false);
-    }
-    let mut compressed = vec![0u8; section.compressed_size as usize];
-    file.read_exact_at(&mut compressed, section.offset)?;
-    let mut inflated = flate2::read::ZlibDecoder::new(&compressed[..])
-        .take(section.claimed_size.saturating_add(1));
+    let compressed = io::BufReader::new(FileRange {
+        file,
+        offset: section.offset,
+        end: section.offset.saturating_add(section.compressed_size),
+    });
+    let mut inflated =
+        flate2::read::ZlibDecoder::new(compressed).take(section.claimed_size.saturating_add(1));
     let produced = io::copy(&mut inflated, &mut io::sink())?;
     Ok(produced == section.claimed_size)
+}
+
+/// A range of a file, read in place.
+struct FileRange<'a> {
+    file: &'a File,
+    offset: u64,
+    end: u64,
+}
+
+impl io::Read for FileRange<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.end.saturating_sub(self.offset);
+        let take = (buf.len() as u64).min(left) as usize;
+        if take == 0 {
+            return Ok(0);
+        }
+        let read = self.file.read_at(&mut buf[..take], self.offset)?;
+        self.offset += read as u64;
+        Ok(read)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use object::{Object as _, ObjectSection as _};
+
+    /// `sh_flags` of a section whose bytes start with an `Elf64_Chdr`.
+    const SHF_COMPRESSED: u64 = 0x800;
 
     /// Builds a C program with `cc` and `flags`, in `dir`.
     fn build(dir: &std::path::Path, name: &str, flags: &[&str]) -> std::path::PathBuf {
