@@ -1,0 +1,268 @@
+// A fake JVM for tests/tests/hostile_jvms.rs: loads a real libjvm.so with dlopen but never starts
+// a VM, so the process maps libjvm (the profiler takes it for a JVM) and libjvm's own data holds
+// its real VMStructs tables. It then writes, into its own memory, what the daemon will read:
+//
+//   fake_jvm LIBJVM SECONDS poison        real tables but ConstMethod::_name_index and
+//                                         _signature_index swapped (in a copy of the struct table
+//                                         gHotSpotVMStructs is pointed at), and a "ready" VM
+//   fake_jvm LIBJVM SECONDS threads TID.. a "ready" VM whose Java thread list holds these tids
+//                                         (another process's threads)
+//   fake_jvm LIBJVM SECONDS fill          a "ready" VM listing 65,536 tids no process can have
+//   fake_jvm LIBJVM SECONDS hostile       a struct table with no end, 10,240 entries of distinct
+//                                         255-byte names: as costly to read as a table can be
+//
+// "Ready" means what the daemon checks before it pushes a JVM's layout (hotspot/jvm.rs,
+// Jvm::code_cache): one code heap, the interpreter, the call stub. None of it is real code; the
+// process only sleeps. It prints "ready" once set up and exits after SECONDS.
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+// Tids far above PID_MAX_LIMIT (2^22): never a real thread's.
+#define MADE_UP_TID_BASE 5000000u
+#define FILL_THREADS 65536
+// Past the caps of the old daemon (10,000 entries, read 64 at a time, so up to 10,047) and the
+// new one (5,000): neither finds an end, and both retry later, as for a JVM still starting.
+#define HOSTILE_ENTRIES 10240
+#define HOSTILE_NAME_BYTES 256
+
+static void *libjvm;
+
+static void die(const char *what) {
+    fprintf(stderr, "fake_jvm: %s\n", what);
+    exit(1);
+}
+
+// The value of one of libjvm's exported uint64_t or pointer variables.
+static uint64_t exported(const char *name) {
+    uint64_t *variable = dlsym(libjvm, name);
+    if (variable == NULL) {
+        fprintf(stderr, "fake_jvm: libjvm lacks %s\n", name);
+        exit(1);
+    }
+    return *variable;
+}
+
+// The struct table's columns, as libjvm describes them (vmstructs.rs reads the same variables).
+static struct {
+    char *table;
+    uint64_t stride, type_name, field_name, is_static, offset, address;
+} structs;
+
+static void read_struct_layout(void) {
+    structs.table = (char *)exported("gHotSpotVMStructs");
+    structs.stride = exported("gHotSpotVMStructEntryArrayStride");
+    structs.type_name = exported("gHotSpotVMStructEntryTypeNameOffset");
+    structs.field_name = exported("gHotSpotVMStructEntryFieldNameOffset");
+    structs.is_static = exported("gHotSpotVMStructEntryIsStaticOffset");
+    structs.offset = exported("gHotSpotVMStructEntryOffsetOffset");
+    structs.address = exported("gHotSpotVMStructEntryAddressOffset");
+}
+
+static const char *column_string(const char *entry, uint64_t column) {
+    return *(const char *const *)(entry + column);
+}
+
+static size_t struct_entries(const char *table) {
+    size_t count = 0;
+    while (column_string(table + count * structs.stride, structs.type_name) != NULL) {
+        count++;
+    }
+    return count;
+}
+
+// The entry of `type_name::field` in `table`, or NULL.
+static char *find_entry(char *table, const char *type_name, const char *field) {
+    for (char *entry = table; column_string(entry, structs.type_name) != NULL;
+         entry += structs.stride) {
+        if (strcmp(column_string(entry, structs.type_name), type_name) == 0 &&
+            strcmp(column_string(entry, structs.field_name), field) == 0) {
+            return entry;
+        }
+    }
+    return NULL;
+}
+
+// The entry of the first of two names a field has had (HotSpot renamed some).
+static char *field_entry(const char *type_name, const char *field, const char *other_type) {
+    char *entry = find_entry(structs.table, type_name, field);
+    if (entry == NULL && other_type != NULL) {
+        entry = find_entry(structs.table, other_type, field);
+    }
+    if (entry == NULL) {
+        fprintf(stderr, "fake_jvm: no %s::%s in VMStructs\n", type_name, field);
+        exit(1);
+    }
+    return entry;
+}
+
+// Byte offset of a field in its type.
+static uint64_t field_offset(const char *type_name, const char *field, const char *other_type) {
+    return *(uint64_t *)(field_entry(type_name, field, other_type) + structs.offset);
+}
+
+// Where a static field lives: in libjvm's own .data or .bss, writable.
+static void *static_field(const char *type_name, const char *field) {
+    return *(void **)(field_entry(type_name, field, NULL) + structs.address);
+}
+
+// A zeroed object big enough for any field offset VMStructs gives for it.
+static char *fake_object(void) {
+    char *object = calloc(1, 4096);
+    if (object == NULL) {
+        die("out of memory");
+    }
+    return object;
+}
+
+static void put_u64(char *base, uint64_t offset, uint64_t value) {
+    memcpy(base + offset, &value, sizeof value);
+}
+
+static void put_u32(char *base, uint64_t offset, uint32_t value) {
+    memcpy(base + offset, &value, sizeof value);
+}
+
+// Makes the VM look initialised, its Java thread list holding `count` threads with these tids.
+static void fake_runtime(const uint32_t *tids, size_t count) {
+    // One code heap over an inaccessible reservation: plausible ranges, no code.
+    size_t heap_bytes = 1 << 20;
+    char *code = mmap(NULL, heap_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (code == MAP_FAILED) {
+        die("mmap failed");
+    }
+    uint64_t low = (uint64_t)code, high = low + heap_bytes;
+    char *segmap = fake_object();
+    char *heap = fake_object();
+    uint64_t memory = field_offset("CodeHeap", "_memory", NULL);
+    uint64_t segmap_space = field_offset("CodeHeap", "_segmap", NULL);
+    put_u64(heap, memory + field_offset("VirtualSpace", "_low_boundary", NULL), low);
+    put_u64(heap, memory + field_offset("VirtualSpace", "_high_boundary", NULL), high);
+    put_u64(heap, memory + field_offset("VirtualSpace", "_low", NULL), low);
+    put_u64(heap, memory + field_offset("VirtualSpace", "_high", NULL), high);
+    put_u64(heap, segmap_space + field_offset("VirtualSpace", "_low", NULL), (uint64_t)segmap);
+    put_u32(heap, field_offset("CodeHeap", "_log2_segment_size", NULL), 7);
+
+    char **heaps = calloc(1, sizeof(char *));
+    heaps[0] = heap;
+    char *heap_array = fake_object();
+    put_u32(heap_array, field_offset("GrowableArrayBase", "_len", "GenericGrowableArray"), 1);
+    put_u64(heap_array, field_offset("GrowableArray<int>", "_data", NULL), (uint64_t)heaps);
+    *(char **)static_field("CodeCache", "_heaps") = heap_array;
+    *(uint64_t *)static_field("CodeCache", "_low_bound") = low;
+    *(uint64_t *)static_field("CodeCache", "_high_bound") = high;
+
+    char *interpreter = fake_object();
+    put_u64(interpreter, field_offset("StubQueue", "_stub_buffer", NULL), low);
+    put_u32(interpreter, field_offset("StubQueue", "_buffer_limit", NULL), 4096);
+    *(char **)static_field("AbstractInterpreter", "_code") = interpreter;
+    *(uint64_t *)static_field("StubRoutines", "_call_stub_return_address") = low + 8192;
+
+    // Threads and their OSThreads packed 16 bytes apart: the daemon reads one pointer of each
+    // JavaThread (its OSThread) and one int of each OSThread (its tid), nothing else.
+    uint64_t osthread_at = field_offset("Thread", "_osthread", "JavaThread");
+    uint64_t tid_at = field_offset("OSThread", "_thread_id", NULL);
+    char *threads = calloc(count * 16 + osthread_at + 16, 1);
+    char *osthreads = calloc(count * 16 + tid_at + 16, 1);
+    uint64_t *listed = calloc(count + 1, sizeof(uint64_t));
+    if (threads == NULL || osthreads == NULL || listed == NULL) {
+        die("out of memory");
+    }
+    for (size_t i = 0; i < count; i++) {
+        put_u64(threads, 16 * i + osthread_at, (uint64_t)(osthreads + 16 * i));
+        put_u32(osthreads, 16 * i + tid_at, tids[i]);
+        listed[i] = (uint64_t)(threads + 16 * i);
+    }
+    char *list = fake_object();
+    put_u32(list, field_offset("ThreadsList", "_length", NULL), (uint32_t)count);
+    put_u64(list, field_offset("ThreadsList", "_threads", NULL), (uint64_t)listed);
+    *(char **)static_field("ThreadsSMRSupport", "_java_thread_list") = list;
+}
+
+// Points gHotSpotVMStructs at a copy of the struct table whose ConstMethod name and signature
+// indexes trade offsets: whoever trusts this layout reads each method's signature as its name.
+static void poison_layout(void) {
+    size_t bytes = (struct_entries(structs.table) + 1) * structs.stride;
+    char *copy = malloc(bytes);
+    if (copy == NULL) {
+        die("out of memory");
+    }
+    memcpy(copy, structs.table, bytes);
+    char *name = find_entry(copy, "ConstMethod", "_name_index");
+    char *signature = find_entry(copy, "ConstMethod", "_signature_index");
+    if (name == NULL || signature == NULL) {
+        die("no ConstMethod indexes in VMStructs");
+    }
+    uint64_t name_offset = *(uint64_t *)(name + structs.offset);
+    *(uint64_t *)(name + structs.offset) = *(uint64_t *)(signature + structs.offset);
+    *(uint64_t *)(signature + structs.offset) = name_offset;
+    *(char **)dlsym(libjvm, "gHotSpotVMStructs") = copy;
+}
+
+// Points gHotSpotVMStructs at a table with no end whose every entry names a new type and field.
+static void hostile_layout(void) {
+    size_t names = 2 * HOSTILE_ENTRIES;
+    char *table = calloc(HOSTILE_ENTRIES, structs.stride);
+    char *strings = malloc(names * HOSTILE_NAME_BYTES);
+    if (table == NULL || strings == NULL) {
+        die("out of memory");
+    }
+    for (size_t i = 0; i < names; i++) {
+        char *name = strings + i * HOSTILE_NAME_BYTES;
+        memset(name, 'A' + (char)(i % 26), HOSTILE_NAME_BYTES - 1);
+        name[HOSTILE_NAME_BYTES - 1] = '\0';
+        snprintf(name, 16, "N%09zu", i);
+        name[10] = '_';
+    }
+    for (size_t i = 0; i < HOSTILE_ENTRIES; i++) {
+        char *entry = table + i * structs.stride;
+        char *type_name = strings + 2 * i * HOSTILE_NAME_BYTES;
+        char *field = type_name + HOSTILE_NAME_BYTES;
+        memcpy(entry + structs.type_name, &type_name, sizeof type_name);
+        memcpy(entry + structs.field_name, &field, sizeof field);
+    }
+    *(char **)dlsym(libjvm, "gHotSpotVMStructs") = table;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 4) {
+        die("usage: fake_jvm LIBJVM SECONDS poison|threads TID...|fill|hostile");
+    }
+    // Loading runs libjvm's static initialisers (they fill the VMStructs offset variables);
+    // JNI_CreateJavaVM is never called.
+    libjvm = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+    if (libjvm == NULL) {
+        die(dlerror());
+    }
+    read_struct_layout();
+    const char *mode = argv[3];
+    if (strcmp(mode, "poison") == 0) {
+        fake_runtime(NULL, 0);
+        poison_layout();
+    } else if (strcmp(mode, "threads") == 0) {
+        size_t count = (size_t)(argc - 4);
+        uint32_t *tids = calloc(count + 1, sizeof(uint32_t));
+        for (size_t i = 0; i < count; i++) {
+            tids[i] = (uint32_t)strtoul(argv[4 + i], NULL, 10);
+        }
+        fake_runtime(tids, count);
+    } else if (strcmp(mode, "fill") == 0) {
+        uint32_t *tids = calloc(FILL_THREADS, sizeof(uint32_t));
+        for (uint32_t i = 0; i < FILL_THREADS; i++) {
+            tids[i] = MADE_UP_TID_BASE + i;
+        }
+        fake_runtime(tids, FILL_THREADS);
+    } else if (strcmp(mode, "hostile") == 0) {
+        hostile_layout();
+    } else {
+        die("unknown mode");
+    }
+    printf("ready\n");
+    fflush(stdout);
+    sleep((unsigned)atoi(argv[2]));
+    return 0;
+}
