@@ -211,14 +211,21 @@ impl Jvm {
     }
 
     /// The JVM's Java threads: (tid in the JVM's pid namespace, `JavaThread*`). Uses the
-    /// ThreadsSMR list (JDK 10+) or the older linked list.
-    pub fn java_threads(&self, memory: &dyn RemoteMemory) -> Result<Vec<(u32, u64)>, JvmError> {
+    /// ThreadsSMR list (JDK 10+) or the older linked list. A list longer than `max_threads`
+    /// (the caller knows how many threads the process has) is refused before it is read: the
+    /// list is the process's memory, and each entry costs two reads.
+    pub fn java_threads(
+        &self,
+        memory: &dyn RemoteMemory,
+        max_threads: usize,
+    ) -> Result<Vec<(u32, u64)>, JvmError> {
+        let max_threads = max_threads.min(MAX_THREADS);
         let layout = &self.layout;
         let threads: Vec<u64> =
             if let Some(list_at) = layout.offset("ThreadsSMRSupport::_java_thread_list") {
                 let list = memory.read_ptr(self.bias.wrapping_add(list_at))?;
                 let length = memory.read_u32(list + self.offset("ThreadsList::_length")?)? as usize;
-                if length > MAX_THREADS {
+                if length > max_threads {
                     return Err(JvmError::Implausible(format!("{length} Java threads")));
                 }
                 if length == 0 {
@@ -235,7 +242,7 @@ impl Jvm {
                 let next = self.offset("JavaThread::_next")?;
                 let mut thread = memory.read_u64(self.static_address("Threads::_thread_list")?)?;
                 let mut threads = Vec::new();
-                while thread != 0 && threads.len() < MAX_THREADS {
+                while thread != 0 && threads.len() < max_threads {
                     threads.push(thread);
                     thread = memory.read_u64(thread + next)?;
                 }

@@ -517,6 +517,8 @@ fn read_blob(
     };
 
     // Where the debug info is: inside the blob up to JDK 22, in C-heap "immutable data" after.
+    // Sums of values read from the JVM wrap (a freed blob holds anything): a range that makes
+    // no sense is refused by `length` below.
     let (pcs_begin, pcs_end, scopes_begin, scopes_end, metadata_begin, metadata_end) = match layout
         .offset("nmethod::_immutable_data")
     {
@@ -533,12 +535,12 @@ fn read_blob(
             let mutable_size =
                 memory.read_i32(blob + offset(jvm, "CodeBlob::_mutable_data_size")?)? as u64;
             (
-                immutable + pcs,
-                immutable + scopes,
-                immutable + scopes,
-                immutable + size,
-                mutable + relocation,
-                mutable + mutable_size,
+                immutable.wrapping_add(pcs),
+                immutable.wrapping_add(scopes),
+                immutable.wrapping_add(scopes),
+                immutable.wrapping_add(size),
+                mutable.wrapping_add(relocation),
+                mutable.wrapping_add(mutable_size),
             )
         }
         None => {
@@ -550,11 +552,11 @@ fn read_blob(
             let metadata =
                 memory.read_i32(blob + offset(jvm, "nmethod::_metadata_offset")?)? as u64;
             (
-                blob + pcs,
-                blob + deps,
+                blob.wrapping_add(pcs),
+                blob.wrapping_add(deps),
                 scopes_begin,
-                blob + pcs,
-                blob + metadata,
+                blob.wrapping_add(pcs),
+                blob.wrapping_add(metadata),
                 scopes_begin,
             )
         }

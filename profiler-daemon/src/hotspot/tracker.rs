@@ -37,6 +37,9 @@ use crate::process::ProcessInfo;
 pub const TICK_PERIOD: Duration = Duration::from_millis(500);
 /// How often every process is listed regardless of events.
 pub const RESCAN_PERIOD: Duration = Duration::from_secs(60);
+/// Threads a JVM's list may hold beyond the tasks /proc showed a moment before (threads start
+/// and end between the two reads).
+const THREAD_LIST_SLACK: usize = 64;
 /// How often a JVM's Java threads are read in full even if its thread list looks unchanged.
 const FULL_THREAD_READ: Duration = Duration::from_secs(10);
 /// The ages (since start or exec) at which a process not yet a JVM is checked for libjvm.
@@ -710,15 +713,16 @@ impl<S: LayoutSink> JvmTracker<S> {
             self.directory.confirm(pid);
             return true;
         }
-        let Ok(listed) = jvm.java_threads(&memory) else {
-            return false;
-        };
         if other_pid_namespace.is_none() {
             *other_pid_namespace = in_other_pid_namespace(pid);
         }
         // The JVM's thread list is its memory, which its owner can write: a tid it lists is
-        // believed only if it is one of its own threads, and at most a bounded number are.
+        // believed only if it is one of its own threads, and a list longer than its threads
+        // (with room for those starting or ending meanwhile) is not even read.
         let Some(own_tids) = own_host_tids(pid, *other_pid_namespace == Some(true)) else {
+            return false;
+        };
+        let Ok(listed) = jvm.java_threads(&memory, own_tids.len() + THREAD_LIST_SLACK) else {
             return false;
         };
         let mut verified: Vec<(u32, u32, u64)> = listed

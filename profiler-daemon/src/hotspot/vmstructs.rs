@@ -235,6 +235,10 @@ fn for_each_entry(
             if entry.u64(0) == 0 {
                 return Ok(());
             }
+            // Checked per entry, not per batch: a table that ends just past the cap is refused.
+            if index >= MAX_ENTRIES {
+                return Err(VmStructsError::TooManyEntries { table });
+            }
             visit(&entry)?;
             index += 1;
         }
@@ -409,6 +413,32 @@ mod tests {
             read(&jvm.memory, &jvm.symbols, 0),
             Err(VmStructsError::TooManyEntries { table: "struct" })
         );
+    }
+
+    /// The cap holds at any entry, not only at the end of a batch of reads: one entry past it,
+    /// then the end, is refused; exactly at it is read.
+    #[test]
+    fn a_table_one_entry_past_the_cap_is_an_error() {
+        let table_of = |entries: usize| {
+            let mut jvm = FakeJvm::new(&[], &[], &[]);
+            let mut entry = [0u8; 48];
+            entry[0..8].copy_from_slice(&(STRINGS_AT + 0x100).to_le_bytes());
+            entry[8..16].copy_from_slice(&(STRINGS_AT + 0x100).to_le_bytes());
+            let mut table = entry.repeat(entries);
+            table.extend_from_slice(&[0u8; 48 * 64]);
+            jvm.memory.overlay(TABLES_AT, table);
+            jvm.memory
+                .overlay(STRINGS_AT + 0x100, [b"X\0".as_slice(), &[0; 126]].concat());
+            read(&jvm.memory, &jvm.symbols, 0).map(|_| ())
+        };
+        assert_eq!(
+            table_of(MAX_ENTRIES + 1),
+            Err(VmStructsError::TooManyEntries { table: "struct" })
+        );
+        assert!(!matches!(
+            table_of(MAX_ENTRIES),
+            Err(VmStructsError::TooManyEntries { .. })
+        ));
     }
 
     proptest! {
