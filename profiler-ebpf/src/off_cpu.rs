@@ -42,11 +42,11 @@ use profiler_common::{
 };
 
 use crate::memory::CurrentTask;
-use profiler_unwind::JavaThreads as _;
 use crate::{
     count, fill_record, kernel_stack, profiled, saved_user_regs, RecordOrigin, BPF_RB_NO_WAKEUP,
     HOTSPOT_PROCS, SCRATCH,
 };
+use profiler_unwind::JavaThreads as _;
 
 /// Innermost kernel frames of a stack taken here that are the tracing machinery (this program,
 /// `bpf_trace_run4`), not the thread's: its stack starts at `__schedule`.
