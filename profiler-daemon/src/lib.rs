@@ -32,5 +32,6 @@ pub mod sink;
 pub mod subscribe;
 pub mod symbolize;
 pub mod untrusted;
+pub mod user_time;
 pub mod vdso;
 pub mod worker;

@@ -32,6 +32,7 @@ use super::remote::ProcessMemory;
 use super::thread_directory::ThreadDirectory;
 use super::unwind_info::hotspot_proc;
 use crate::process::ProcessInfo;
+use crate::user_time::UserTimeShares;
 
 /// How often the tracker wakes to take events and check what is due.
 pub const TICK_PERIOD: Duration = Duration::from_millis(500);
@@ -74,37 +75,6 @@ const INSPECTION_WINDOW: Duration = Duration::from_secs(5);
 /// After `failures` costly failed inspections: 1 s, 2 s, 4 s... up to [`MAX_RETRY_DELAY`].
 fn costly_retry_delay(failures: u32) -> Duration {
     Duration::from_secs(1u64 << failures.saturating_sub(1).min(10)).min(MAX_RETRY_DELAY)
-}
-
-/// The time each user's processes took to inspect in the current window.
-#[derive(Default)]
-struct InspectionBudget {
-    window_start: Option<Instant>,
-    spent: HashMap<u32, Duration>,
-}
-
-impl InspectionBudget {
-    fn roll(&mut self) {
-        if self
-            .window_start
-            .is_none_or(|start| start.elapsed() >= INSPECTION_WINDOW)
-        {
-            self.window_start = Some(Instant::now());
-            self.spent.clear();
-        }
-    }
-
-    fn allows(&mut self, uid: u32) -> bool {
-        self.roll();
-        self.spent
-            .get(&uid)
-            .is_none_or(|spent| *spent < INSPECTION_SHARE)
-    }
-
-    fn charge(&mut self, uid: u32, took: Duration) {
-        self.roll();
-        *self.spent.entry(uid).or_default() += took;
-    }
 }
 
 /// Where layouts and Java threads go: the BPF maps, or a fake in tests.
@@ -264,7 +234,7 @@ pub struct JvmTracker<S: LayoutSink> {
     /// Host tid -> the JVM whose entry the thread map holds for it: a JVM removes only its own
     /// entries (a tid freed by one process and reused by another is the other's).
     thread_owners: HashMap<u32, u32>,
-    inspection_budget: InspectionBudget,
+    inspection_budget: UserTimeShares,
     directory: ThreadDirectory,
     own_pid: u32,
     rescanned: Option<Instant>,
@@ -285,7 +255,7 @@ impl<S: LayoutSink> JvmTracker<S> {
             ticks_per_second: procfs::ticks_per_second(),
             threads_not_pushed: 0,
             thread_owners: HashMap::new(),
-            inspection_budget: InspectionBudget::default(),
+            inspection_budget: UserTimeShares::new(INSPECTION_SHARE, INSPECTION_WINDOW),
             directory: ThreadDirectory::default(),
             own_pid: std::process::id(),
             rescanned: None,

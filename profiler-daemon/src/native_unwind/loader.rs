@@ -42,6 +42,7 @@ use super::mapping::{load_bias_in, load_segments, CodeMapping, LoadSegment, Tabl
 use crate::process::{self, Backing, Mapping};
 use crate::process_key::ProcessKey;
 use crate::untrusted::BoundedReads;
+use crate::user_time::UserTimeShares;
 use crate::vdso::VdsoImage;
 
 /// Most bytes read from one file to key and build its table (headers and `.eh_frame`; a
@@ -332,36 +333,6 @@ struct UserHoldings {
     deferred: bool,
 }
 
-/// Build time each user's processes took in the current window.
-struct BuildTimeShares {
-    /// What each user may spend per window ([`BUILD_SHARE`]).
-    share: Duration,
-    window_start: Option<Instant>,
-    spent: HashMap<u32, Duration>,
-}
-
-impl BuildTimeShares {
-    fn roll(&mut self) {
-        if self
-            .window_start
-            .is_none_or(|start| start.elapsed() >= BUILD_WINDOW)
-        {
-            self.window_start = Some(Instant::now());
-            self.spent.clear();
-        }
-    }
-
-    fn allows(&mut self, uid: u32) -> bool {
-        self.roll();
-        self.spent.get(&uid).copied().unwrap_or_default() < self.share
-    }
-
-    fn charge(&mut self, uid: u32, took: Duration) {
-        self.roll();
-        *self.spent.entry(uid).or_default() += took;
-    }
-}
-
 impl UserHoldings {
     fn add(&mut self, key: TableKey, bytes: u64) {
         if self.tables.insert(key) {
@@ -388,7 +359,7 @@ pub struct UnwindTables<M: TableMaps> {
     limits: BuildLimits,
     budget_bytes: u64,
     used_bytes: u64,
-    build_shares: BuildTimeShares,
+    build_shares: UserTimeShares,
     files: HashMap<FileId, FileLayout>,
     tables: HashMap<TableKey, TableState>,
     processes: HashMap<u32, LoadedProcess>,
@@ -419,11 +390,7 @@ impl<M: TableMaps> UnwindTables<M> {
             limits: build_limits(),
             budget_bytes,
             used_bytes: 0,
-            build_shares: BuildTimeShares {
-                share: BUILD_SHARE,
-                window_start: None,
-                spent: HashMap::new(),
-            },
+            build_shares: UserTimeShares::new(BUILD_SHARE, BUILD_WINDOW),
             files: HashMap::new(),
             tables: HashMap::new(),
             processes: HashMap::new(),
