@@ -359,3 +359,27 @@ impl Drop for Daemon {
         let _ = self.child.wait();
     }
 }
+
+/// A copy of `binary` at `out` whose debug link sections (`.gnu_debuglink`,
+/// `.gnu_debugaltlink`) name `target`: a binary's author chooses the files they name.
+pub fn with_debug_links_to(binary: &Path, target: &Path, out: &Path) {
+    let mut section = target.to_str().expect("utf-8").as_bytes().to_vec();
+    section.push(0);
+    section.extend_from_slice(&[0xab; 20]);
+    let section_file = out.with_extension("link");
+    std::fs::write(&section_file, &section).expect("section");
+    let status = Command::new("objcopy")
+        .arg(format!(
+            "--add-section=.gnu_debugaltlink={}",
+            section_file.display()
+        ))
+        .arg(format!(
+            "--add-section=.gnu_debuglink={}",
+            section_file.display()
+        ))
+        .arg(binary)
+        .arg(out)
+        .status()
+        .expect("objcopy (binutils)");
+    assert!(status.success());
+}

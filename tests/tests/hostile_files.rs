@@ -10,7 +10,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use object::{Object as _, ObjectSection as _};
-use profiler_tests::hostile::{unprivileged_user, AttackContext, HostileRun, Scenario, User};
+use profiler_tests::hostile::{
+    unprivileged_user, with_debug_links_to, AttackContext, HostileRun, Scenario, User,
+};
 use profiler_tests::*;
 
 /// `sh_flags` of a section whose bytes start with an `Elf64_Chdr`.
@@ -56,29 +58,6 @@ fn native_split(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
     let binary = dir.join(name);
     std::fs::rename(built, &binary).expect("renamed");
     binary
-}
-
-/// `binary` with debug link sections naming `target` (a FIFO, in these tests).
-fn with_debug_links_to(binary: &Path, target: &Path, out: &Path) {
-    let mut section = target.to_str().expect("utf-8").as_bytes().to_vec();
-    section.push(0);
-    section.extend_from_slice(&[0xab; 20]);
-    let section_file = out.with_extension("link");
-    std::fs::write(&section_file, &section).expect("section");
-    let status = Command::new("objcopy")
-        .arg(format!(
-            "--add-section=.gnu_debugaltlink={}",
-            section_file.display()
-        ))
-        .arg(format!(
-            "--add-section=.gnu_debuglink={}",
-            section_file.display()
-        ))
-        .arg(binary)
-        .arg(out)
-        .status()
-        .expect("objcopy (binutils)");
-    assert!(status.success());
 }
 
 fn make_readable(dir: &Path) {

@@ -9,38 +9,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use profiler_tests::background::BackgroundDaemon;
+use profiler_tests::hostile::{unprivileged_user, with_debug_links_to, User};
 use profiler_tests::*;
-
-const TEST_USER: &str = "profiler-test";
-
-#[derive(Clone, Copy)]
-struct User {
-    uid: u32,
-    gid: u32,
-}
 
 /// The unprivileged account `cargo xtask test` creates.
 fn test_user() -> User {
-    let id = |flag: &str| -> u32 {
-        let output = Command::new("id")
-            .args([flag, TEST_USER])
-            .output()
-            .expect("id runs");
-        assert!(
-            output.status.success(),
-            "no user {TEST_USER}: `cargo xtask test` creates it"
-        );
-        String::from_utf8_lossy(&output.stdout)
-            .trim()
-            .parse()
-            .expect("a numeric id")
-    };
-    let user = User {
-        uid: id("-u"),
-        gid: id("-g"),
-    };
-    assert_ne!(user.uid, 0);
-    user
+    unprivileged_user()
 }
 
 fn jdk17() -> Jdk {
@@ -423,26 +397,8 @@ fn a_binary_whose_debug_links_name_a_fifo_is_still_symbolized() {
         .status()
         .expect("mkfifo")
         .success());
-    let mut section = fifo.to_str().expect("utf-8").as_bytes().to_vec();
-    section.push(0);
-    section.extend_from_slice(&[0xab; 20]);
-    let section_file = dir.path().join("altlink");
-    std::fs::write(&section_file, &section).expect("section");
     let linked = dir.path().join("native_split_linked");
-    let status = Command::new("objcopy")
-        .arg(format!(
-            "--add-section=.gnu_debugaltlink={}",
-            section_file.display()
-        ))
-        .arg(format!(
-            "--add-section=.gnu_debuglink={}",
-            section_file.display()
-        ))
-        .arg(&binary)
-        .arg(&linked)
-        .status()
-        .expect("objcopy");
-    assert!(status.success());
+    with_debug_links_to(&binary, &fifo, &linked);
     let workload = Workload::spawn(Command::new(&linked).arg("30").uid(user.uid).gid(user.gid))
         .expect("workload starts");
     let out = dir.path().join("profiles");
