@@ -82,6 +82,26 @@ pub fn compile_c_with(source: &str, out_dir: &Path, flags: &[&str]) -> Result<Pa
     Ok(binary)
 }
 
+/// tests/workloads/jni_callback.c as `out_dir/libjni_callback.so`, against JDK 17's JNI headers,
+/// built with `flags` (how it unwinds is what the tests that use it vary).
+pub fn compile_jni_callback(out_dir: &Path, flags: &[&str]) -> PathBuf {
+    let include = Path::new("/usr/lib/jvm/java-17-openjdk-amd64/include");
+    let library = out_dir.join("libjni_callback.so");
+    let status = Command::new("gcc")
+        .args(flags)
+        .args(["-shared", "-fPIC", "-I"])
+        .arg(include)
+        .arg("-I")
+        .arg(include.join("linux"))
+        .arg("-o")
+        .arg(&library)
+        .arg(workloads_dir().join("jni_callback.c"))
+        .status()
+        .expect("gcc runs");
+    assert!(status.success(), "gcc failed on jni_callback.c");
+    library
+}
+
 /// A child process killed when dropped, so a failing test leaves nothing running.
 pub struct Workload(pub Child);
 

@@ -6,7 +6,7 @@
 use std::io::BufRead as _;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime};
 
 use profiler_tests::hostile::{unprivileged_user, AttackContext, HostileRun, Scenario, User};
@@ -105,28 +105,15 @@ fn assert_daemon_fine(run: &HostileRun) {
 /// `.eh_frame` rows, no `.debug_frame`): no walk gets from its frames to the Java frames below
 /// them, so those are found only through the thread's `JAVA_THREADS` entry and its anchor.
 fn frameless_jni_library(dir: &Path) -> PathBuf {
-    let include = Path::new("/usr/lib/jvm/java-17-openjdk-amd64/include");
-    let library = dir.join("libjni_callback.so");
-    let status = Command::new("gcc")
-        .args([
+    compile_jni_callback(
+        dir,
+        &[
             "-O2",
             "-fomit-frame-pointer",
             "-fno-asynchronous-unwind-tables",
             "-fno-unwind-tables",
-            "-shared",
-            "-fPIC",
-            "-I",
-        ])
-        .arg(include)
-        .arg("-I")
-        .arg(include.join("linux"))
-        .arg("-o")
-        .arg(&library)
-        .arg(workloads_dir().join("jni_callback.c"))
-        .status()
-        .expect("gcc runs");
-    assert!(status.success(), "gcc failed on jni_callback.c");
-    library
+        ],
+    )
 }
 
 /// Of `pid`'s samples in the library's leaf, in the profiles of `[from, to)`: how many, and how

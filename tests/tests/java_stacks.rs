@@ -338,26 +338,7 @@ fn class_churn_and_deoptimization_crash_nothing() {
 fn jni_library_frames_without_frame_pointers_sit_between_java_frames() {
     let dir = tempfile::tempdir().expect("tempdir");
     let classes = compile_java(&["JniCallback.java"], dir.path()).expect("javac");
-    let include = std::path::Path::new("/usr/lib/jvm/java-17-openjdk-amd64/include");
-    let library = dir.path().join("libjni_callback.so");
-    let status = std::process::Command::new("gcc")
-        .args([
-            "-O2",
-            "-g",
-            "-fomit-frame-pointer",
-            "-shared",
-            "-fPIC",
-            "-I",
-        ])
-        .arg(include)
-        .arg("-I")
-        .arg(include.join("linux"))
-        .arg("-o")
-        .arg(&library)
-        .arg(workloads_dir().join("jni_callback.c"))
-        .status()
-        .expect("gcc runs");
-    assert!(status.success(), "gcc failed");
+    let library = compile_jni_callback(dir.path(), &["-O2", "-g", "-fomit-frame-pointer"]);
     let jdk = jdks()
         .into_iter()
         .find(|jdk| jdk.major == 17)
