@@ -654,17 +654,7 @@ unsafe fn child_attach(
             // HotSpot looks in its working directory first, then in /tmp.
             let mut trigger_dir = -1;
             for dir in [plan.cwd, Some(plan.tmp)].into_iter().flatten() {
-                let fd = libc::openat(
-                    dir,
-                    plan.trigger.as_ptr(),
-                    libc::O_WRONLY
-                        | libc::O_CREAT
-                        | libc::O_EXCL
-                        | libc::O_NOFOLLOW
-                        | libc::O_NONBLOCK
-                        | libc::O_CLOEXEC,
-                    0o600 as libc::c_uint,
-                );
+                let fd = create_new(dir, &plan.trigger);
                 if fd >= 0 {
                     libc::close(fd);
                     trigger_dir = dir;
@@ -759,6 +749,28 @@ unsafe fn write_all(fd: RawFd, bytes: &[u8]) -> bool {
     true
 }
 
+/// Creates `name` in `dir` for writing, mode 0600: never an existing file or a link, never a
+/// blocking open. A descriptor, or -1 with `errno`. Async-signal-safe.
+///
+/// # Safety
+/// A raw system call; `dir` must be a directory descriptor.
+unsafe fn create_new(dir: RawFd, name: &CString) -> RawFd {
+    // SAFETY: `name` is a valid C string; the caller's `dir`.
+    unsafe {
+        libc::openat(
+            dir,
+            name.as_ptr(),
+            libc::O_WRONLY
+                | libc::O_CREAT
+                | libc::O_EXCL
+                | libc::O_NOFOLLOW
+                | libc::O_NONBLOCK
+                | libc::O_CLOEXEC,
+            0o600 as libc::c_uint,
+        )
+    }
+}
+
 /// Creates `name` in `dir` (never an existing file or a link) and fills it from `source`, at
 /// most [`MAX_AGENT_BYTES`]; sets `created` once the file exists, for the caller to remove it
 /// on any later failure. False with `errno` on an error. Async-signal-safe.
@@ -775,17 +787,7 @@ unsafe fn write_copy(
     // SAFETY: raw calls on our descriptors and buffer.
     unsafe {
         // Mode 0600: the copy is the JVM's user's, and that user's JVM is its only reader.
-        let fd = libc::openat(
-            dir,
-            name.as_ptr(),
-            libc::O_WRONLY
-                | libc::O_CREAT
-                | libc::O_EXCL
-                | libc::O_NOFOLLOW
-                | libc::O_NONBLOCK
-                | libc::O_CLOEXEC,
-            0o600 as libc::c_uint,
-        );
+        let fd = create_new(dir, name);
         if fd < 0 {
             return false;
         }
