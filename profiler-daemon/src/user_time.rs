@@ -30,6 +30,11 @@ impl UserTimeShares {
         self.spent.get(&uid).copied().unwrap_or_default() < self.share
     }
 
+    /// What `uid`'s processes took in this window.
+    pub fn spent(&self, uid: u32) -> Duration {
+        self.spent.get(&uid).copied().unwrap_or_default()
+    }
+
     /// Counts `took` against `uid`'s share.
     pub fn charge(&mut self, uid: u32, took: Duration) {
         self.roll();

