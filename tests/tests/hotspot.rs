@@ -67,7 +67,24 @@ fn known_offsets(major: u64) -> &'static [(&'static str, u64)] {
             ("Method::_constMethod", 8),
             ("Symbol::_body", 6),
         ],
-        _ => &[],
+        26 => &[
+            ("CodeBlob::_frame_size", 44),
+            ("nmethod::_compile_id", 212),
+            ("JavaThread::_anchor", 1128),
+            ("CodeHeap::_log2_segment_size", 248),
+            ("Method::_constMethod", 8),
+            ("Symbol::_body", 6),
+        ],
+        27 => &[
+            ("CodeBlob::_frame_size", 44),
+            ("nmethod::_compile_id", 204),
+            ("JavaThread::_anchor", 1128),
+            ("CodeHeap::_log2_segment_size", 248),
+            ("Method::_constMethod", 8),
+            ("Symbol::_body", 6),
+        ],
+        // A JDK added to the matrix gets its row here and in the document.
+        _ => panic!("no offsets recorded for JDK {major} in docs/hotspot-vmstructs.md"),
     }
 }
 

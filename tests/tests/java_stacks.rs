@@ -47,7 +47,7 @@ fn java_stacks_on_every_jdk() {
                 "--interval",
                 "15",
                 "--duration",
-                "12",
+                "8",
                 "--output",
                 out.to_str().expect("utf-8"),
             ],

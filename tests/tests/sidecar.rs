@@ -67,14 +67,6 @@ fn expected_inline_lines() -> [u32; 3] {
     ]
 }
 
-/// Whether the agent reads a `Method*` from each jmethodID on `jdk`, and so whether the daemon
-/// uses its records: only on HotSpot 11 to 25, where a jmethodID points to the `Method*`. JDK 26
-/// made jmethodIDs opaque (JDK-8268406), and reading one as a pointer can crash the JVM; there
-/// the agent records with `method_ptr = 0` and the daemon names frames from the JVM's memory.
-fn agent_reads_method_ptrs(jdk: &Jdk) -> bool {
-    (11..=25).contains(&jdk.major)
-}
-
 /// What the records showed once the inlined chain and the stubs appeared.
 struct Seen {
     compiled_methods: usize,
@@ -187,7 +179,7 @@ fn the_sidecar_attaches_to_a_running_jvm_and_records_inline_chains_on_every_jdk(
         ));
         let seen = wait_for_inline_chain(
             &records,
-            agent_reads_method_ptrs(&jdk),
+            jdk.agent_reads_method_ptrs(),
             Duration::from_secs(20),
         );
         // Attaching again is harmless: the agent is already recording.
@@ -461,7 +453,7 @@ fn the_daemon_names_inlined_frames_from_the_sidecar_and_reports_both_paths() {
             });
             assert_eq!(
                 used,
-                with_agent && agent_reads_method_ptrs(jdk),
+                with_agent && jdk.agent_reads_method_ptrs(),
                 "JDK {}: sidecar use in the log",
                 jdk.major
             );
@@ -480,7 +472,7 @@ fn the_daemon_names_inlined_frames_from_the_sidecar_and_reports_both_paths() {
              used: {}); Java frames with a line: memory only {m_lines}/{m_java}, with the agent \
              {s_lines}/{s_java}",
             jdk.major,
-            agent_reads_method_ptrs(jdk)
+            jdk.agent_reads_method_ptrs()
         );
         let share = |part: i64, whole: i64| part as f64 / whole.max(1) as f64;
         assert!(
@@ -1053,7 +1045,7 @@ fn an_agent_on_an_unknown_jvm_version_reads_no_method_ptrs_and_frames_are_named_
         })
         .collect();
     for ((jdk, jvm), report) in known.into_iter().zip(reports) {
-        let reads = agent_reads_method_ptrs(&jdk);
+        let reads = jdk.agent_reads_method_ptrs();
         let output = attach(jvm.pid());
         assert!(
             output.status.success(),
