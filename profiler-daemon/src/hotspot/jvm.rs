@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::layout::{FrameFacts, JvmLayout, JvmVersion, LayoutError};
+use super::layout::{Field, FrameFacts, JvmLayout, JvmVersion, LayoutError};
 use super::libjvm::{read_exported_symbols, LibJvmError, LibJvmMapping};
 use super::remote::{ReadError, RemoteMemory};
 use super::vmstructs::{self, VmStructsError};
@@ -107,49 +107,46 @@ impl Jvm {
         })
     }
 
-    fn static_address(&self, key: &str) -> Result<u64, JvmError> {
-        let offset = self
-            .layout
-            .offset(key)
-            .ok_or_else(|| JvmError::Implausible(format!("no {key}")))?;
+    fn static_address(&self, field: Field) -> Result<u64, JvmError> {
+        let offset = self.offset(field)?;
         Ok(self.bias.wrapping_add(offset))
     }
 
-    fn offset(&self, key: &str) -> Result<u64, JvmError> {
+    fn offset(&self, field: Field) -> Result<u64, JvmError> {
         self.layout
-            .offset(key)
-            .ok_or_else(|| JvmError::Implausible(format!("no {key}")))
+            .offset(field)
+            .ok_or_else(|| JvmError::Implausible(format!("no {}", field.key())))
     }
 
     /// Reads the code heaps, the interpreter range and the call stub's return address.
     pub fn code_cache(&self, memory: &dyn RemoteMemory) -> Result<CodeCacheInfo, JvmError> {
-        let heaps_array = memory.read_u64(self.static_address("CodeCache::_heaps")?)?;
+        let heaps_array = memory.read_u64(self.static_address(Field::CodeCacheHeaps)?)?;
         if heaps_array == 0 {
             return Err(JvmError::NotReady("CodeCache::_heaps is null"));
         }
-        let count = memory.read_i32(heaps_array + self.offset("GrowableArray::_len")?)?;
+        let count = memory.read_i32(heaps_array + self.offset(Field::GrowableArrayLen)?)?;
         if count <= 0 {
             return Err(JvmError::NotReady("no code heap yet"));
         }
         if count as usize > MAX_CODE_HEAPS {
             return Err(JvmError::Implausible(format!("{count} code heaps")));
         }
-        let data = memory.read_ptr(heaps_array + self.offset("GrowableArray::_data")?)?;
-        let memory_field = self.offset("CodeHeap::_memory")?;
-        let segmap_field = self.offset("CodeHeap::_segmap")?;
+        let data = memory.read_ptr(heaps_array + self.offset(Field::GrowableArrayData)?)?;
+        let memory_field = self.offset(Field::CodeHeapMemory)?;
+        let segmap_field = self.offset(Field::CodeHeapSegmap)?;
         let mut heaps = Vec::with_capacity(count as usize);
         for index in 0..count as u64 {
             let heap = memory.read_ptr(data + 8 * index)?;
             let low = memory
-                .read_u64(heap + memory_field + self.offset("VirtualSpace::_low_boundary")?)?;
+                .read_u64(heap + memory_field + self.offset(Field::VirtualSpaceLowBoundary)?)?;
             let high = memory
-                .read_u64(heap + memory_field + self.offset("VirtualSpace::_high_boundary")?)?;
+                .read_u64(heap + memory_field + self.offset(Field::VirtualSpaceHighBoundary)?)?;
             let committed_high =
-                memory.read_u64(heap + memory_field + self.offset("VirtualSpace::_high")?)?;
+                memory.read_u64(heap + memory_field + self.offset(Field::VirtualSpaceHigh)?)?;
             let segmap =
-                memory.read_u64(heap + segmap_field + self.offset("VirtualSpace::_low")?)?;
+                memory.read_u64(heap + segmap_field + self.offset(Field::VirtualSpaceLow)?)?;
             let log2_segment_size =
-                memory.read_i32(heap + self.offset("CodeHeap::_log2_segment_size")?)?;
+                memory.read_i32(heap + self.offset(Field::CodeHeapLog2SegmentSize)?)?;
             if low == 0 || high <= low || segmap == 0 || !(4..=16).contains(&log2_segment_size) {
                 return Err(JvmError::Implausible(format!(
                     "code heap {index}: [{low:#x}, {high:#x}) segmap {segmap:#x} log2 segment {log2_segment_size}"
@@ -165,18 +162,18 @@ impl Jvm {
         }
         heaps.sort_by_key(|h| h.low);
 
-        let low_bound = memory.read_u64(self.static_address("CodeCache::_low_bound")?)?;
-        let high_bound = memory.read_u64(self.static_address("CodeCache::_high_bound")?)?;
-        let interpreter = memory.read_u64(self.static_address("AbstractInterpreter::_code")?)?;
+        let low_bound = memory.read_u64(self.static_address(Field::CodeCacheLowBound)?)?;
+        let high_bound = memory.read_u64(self.static_address(Field::CodeCacheHighBound)?)?;
+        let interpreter = memory.read_u64(self.static_address(Field::AbstractInterpreterCode)?)?;
         if interpreter == 0 {
             return Err(JvmError::NotReady("interpreter not generated yet"));
         }
         let interpreter_low =
-            memory.read_ptr(interpreter + self.offset("StubQueue::_stub_buffer")?)?;
+            memory.read_ptr(interpreter + self.offset(Field::StubQueueStubBuffer)?)?;
         let interpreter_size =
-            memory.read_i32(interpreter + self.offset("StubQueue::_buffer_limit")?)?;
+            memory.read_i32(interpreter + self.offset(Field::StubQueueBufferLimit)?)?;
         let call_stub_return_address =
-            memory.read_u64(self.static_address("StubRoutines::_call_stub_return_address")?)?;
+            memory.read_u64(self.static_address(Field::StubRoutinesCallStubReturnAddress)?)?;
         if call_stub_return_address == 0 {
             return Err(JvmError::NotReady("call stub not generated yet"));
         }
@@ -204,7 +201,7 @@ impl Jvm {
     /// publishes a new list whenever a Java thread starts or exits, so an unchanged address
     /// means, almost always, an unchanged set of threads: one read instead of two per thread.
     pub fn java_thread_list(&self, memory: &dyn RemoteMemory) -> Result<Option<u64>, JvmError> {
-        match self.layout.offset("ThreadsSMRSupport::_java_thread_list") {
+        match self.layout.offset(Field::ThreadsSMRSupportJavaThreadList) {
             Some(list_at) => Ok(Some(memory.read_ptr(self.bias.wrapping_add(list_at))?)),
             None => Ok(None),
         }
@@ -221,35 +218,36 @@ impl Jvm {
     ) -> Result<Vec<(u32, u64)>, JvmError> {
         let max_threads = max_threads.min(MAX_THREADS);
         let layout = &self.layout;
-        let threads: Vec<u64> =
-            if let Some(list_at) = layout.offset("ThreadsSMRSupport::_java_thread_list") {
-                let list = memory.read_ptr(self.bias.wrapping_add(list_at))?;
-                let length = memory.read_u32(list + self.offset("ThreadsList::_length")?)? as usize;
-                if length > max_threads {
-                    return Err(JvmError::Implausible(format!("{length} Java threads")));
-                }
-                if length == 0 {
-                    return Ok(Vec::new());
-                }
-                let array = memory.read_ptr(list + self.offset("ThreadsList::_threads")?)?;
-                let mut bytes = vec![0u8; length * 8];
-                memory.read(array, &mut bytes)?;
-                bytes
-                    .chunks_exact(8)
-                    .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
-                    .collect()
-            } else {
-                let next = self.offset("JavaThread::_next")?;
-                let mut thread = memory.read_u64(self.static_address("Threads::_thread_list")?)?;
-                let mut threads = Vec::new();
-                while thread != 0 && threads.len() < max_threads {
-                    threads.push(thread);
-                    thread = memory.read_u64(thread + next)?;
-                }
-                threads
-            };
-        let osthread_at = self.offset("Thread::_osthread")?;
-        let tid_at = self.offset("OSThread::_thread_id")?;
+        let threads: Vec<u64> = if let Some(list_at) =
+            layout.offset(Field::ThreadsSMRSupportJavaThreadList)
+        {
+            let list = memory.read_ptr(self.bias.wrapping_add(list_at))?;
+            let length = memory.read_u32(list + self.offset(Field::ThreadsListLength)?)? as usize;
+            if length > max_threads {
+                return Err(JvmError::Implausible(format!("{length} Java threads")));
+            }
+            if length == 0 {
+                return Ok(Vec::new());
+            }
+            let array = memory.read_ptr(list + self.offset(Field::ThreadsListThreads)?)?;
+            let mut bytes = vec![0u8; length * 8];
+            memory.read(array, &mut bytes)?;
+            bytes
+                .chunks_exact(8)
+                .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+                .collect()
+        } else {
+            let next = self.offset(Field::JavaThreadNext)?;
+            let mut thread = memory.read_u64(self.static_address(Field::ThreadsThreadList)?)?;
+            let mut threads = Vec::new();
+            while thread != 0 && threads.len() < max_threads {
+                threads.push(thread);
+                thread = memory.read_u64(thread + next)?;
+            }
+            threads
+        };
+        let osthread_at = self.offset(Field::ThreadOsthread)?;
+        let tid_at = self.offset(Field::OSThreadThreadId)?;
         let mut out = Vec::with_capacity(threads.len());
         for thread in threads {
             let Ok(osthread) = memory.read_ptr(thread + osthread_at) else {
@@ -271,17 +269,17 @@ fn read_version(
     layout: &JvmLayout,
     bias: u64,
 ) -> Result<JvmVersion, JvmError> {
-    let address = |key: &str| -> Result<u64, JvmError> {
+    let address = |field: Field| -> Result<u64, JvmError> {
         layout
-            .offset(key)
+            .offset(field)
             .map(|o| bias.wrapping_add(o))
-            .ok_or_else(|| JvmError::Implausible(format!("no {key}")))
+            .ok_or_else(|| JvmError::Implausible(format!("no {}", field.key())))
     };
-    let release_ptr = memory.read_ptr(address("Abstract_VM_Version::_s_vm_release")?)?;
+    let release_ptr = memory.read_ptr(address(Field::VmRelease)?)?;
     Ok(JvmVersion {
-        major: memory.read_u32(address("Abstract_VM_Version::_vm_major_version")?)?,
-        minor: memory.read_u32(address("Abstract_VM_Version::_vm_minor_version")?)?,
-        security: memory.read_u32(address("Abstract_VM_Version::_vm_security_version")?)?,
+        major: memory.read_u32(address(Field::VmMajorVersion)?)?,
+        minor: memory.read_u32(address(Field::VmMinorVersion)?)?,
+        security: memory.read_u32(address(Field::VmSecurityVersion)?)?,
         release: memory.read_c_string(release_ptr, 128)?,
     })
 }

@@ -20,269 +20,241 @@ use serde::Serialize;
 
 use super::vmstructs::VmStructs;
 
-/// A wanted field: its name in our layout and the VMStructs names it may have, newest first.
+/// A wanted field: the field it is, and the VMStructs names it may have, newest first.
 struct WantedField {
-    key: &'static str,
+    field: Field,
     names: &'static [&'static str],
     required: bool,
 }
 
-const fn required(key: &'static str, names: &'static [&'static str]) -> WantedField {
-    WantedField {
-        key,
-        names,
-        required: true,
-    }
+/// Declares [`Field`] (one variant per wanted field, with its key: the name jvm-info shows) and
+/// `FIELDS`, the table `JvmLayout::from_vmstructs` resolves, from one list.
+macro_rules! wanted_fields {
+    ($($variant:ident = $key:literal, $need:ident, [$($name:literal),+ $(,)?];)*) => {
+        /// A field of the layout, by the name the rest of the daemon uses.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum Field {
+            $($variant,)*
+        }
+
+        impl Field {
+            /// Its key, e.g. `"CodeBlob::_code_offset"`.
+            pub const fn key(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $key,)*
+                }
+            }
+        }
+
+        const FIELDS: &[WantedField] = &[
+            $(WantedField {
+                field: Field::$variant,
+                names: &[$($name),+],
+                required: wanted_fields!(@required $need),
+            },)*
+        ];
+    };
+    (@required required) => { true };
+    (@required optional) => { false };
 }
 
-const fn optional(key: &'static str, names: &'static [&'static str]) -> WantedField {
-    WantedField {
-        key,
-        names,
-        required: false,
-    }
-}
-
-/// Fields, by the name the rest of the daemon uses.
-const FIELDS: &[WantedField] = &[
+// Fields, by the name the rest of the daemon uses: `Variant = "key", required or optional,
+// [VMStructs names, newest first]`. The variants are `Field`s, so a field is asked for by a name
+// the compiler checks.
+wanted_fields! {
     // Code cache: where JIT code is, and its segment maps.
-    required("CodeCache::_heaps", &["CodeCache::_heaps"]),
-    required("CodeCache::_low_bound", &["CodeCache::_low_bound"]),
-    required("CodeCache::_high_bound", &["CodeCache::_high_bound"]),
-    required(
-        "GrowableArray::_len",
-        &["GrowableArrayBase::_len", "GenericGrowableArray::_len"],
-    ),
-    required("GrowableArray::_data", &["GrowableArray<int>::_data"]),
-    required("CodeHeap::_memory", &["CodeHeap::_memory"]),
-    required("CodeHeap::_segmap", &["CodeHeap::_segmap"]),
-    required(
-        "CodeHeap::_log2_segment_size",
-        &["CodeHeap::_log2_segment_size"],
-    ),
-    required(
-        "VirtualSpace::_low_boundary",
-        &["VirtualSpace::_low_boundary"],
-    ),
-    required(
-        "VirtualSpace::_high_boundary",
-        &["VirtualSpace::_high_boundary"],
-    ),
-    required("VirtualSpace::_low", &["VirtualSpace::_low"]),
-    required("VirtualSpace::_high", &["VirtualSpace::_high"]),
-    required("HeapBlock::_length", &["HeapBlock::Header::_length"]),
-    required("HeapBlock::_used", &["HeapBlock::Header::_used"]),
+    CodeCacheHeaps = "CodeCache::_heaps", required, ["CodeCache::_heaps"];
+    CodeCacheLowBound = "CodeCache::_low_bound", required, ["CodeCache::_low_bound"];
+    CodeCacheHighBound = "CodeCache::_high_bound", required, ["CodeCache::_high_bound"];
+    GrowableArrayLen = "GrowableArray::_len", required, ["GrowableArrayBase::_len", "GenericGrowableArray::_len"];
+    GrowableArrayData = "GrowableArray::_data", required, ["GrowableArray<int>::_data"];
+    CodeHeapMemory = "CodeHeap::_memory", required, ["CodeHeap::_memory"];
+    CodeHeapSegmap = "CodeHeap::_segmap", required, ["CodeHeap::_segmap"];
+    CodeHeapLog2SegmentSize = "CodeHeap::_log2_segment_size", required, ["CodeHeap::_log2_segment_size"];
+    VirtualSpaceLowBoundary = "VirtualSpace::_low_boundary", required, ["VirtualSpace::_low_boundary"];
+    VirtualSpaceHighBoundary = "VirtualSpace::_high_boundary", required, ["VirtualSpace::_high_boundary"];
+    VirtualSpaceLow = "VirtualSpace::_low", required, ["VirtualSpace::_low"];
+    VirtualSpaceHigh = "VirtualSpace::_high", required, ["VirtualSpace::_high"];
+    HeapBlockLength = "HeapBlock::_length", required, ["HeapBlock::Header::_length"];
+    HeapBlockUsed = "HeapBlock::_used", required, ["HeapBlock::Header::_used"];
     // CodeBlob and nmethod: frame sizes for the unwinder, debug info for the symbolizer.
-    required("CodeBlob::_name", &["CodeBlob::_name"]),
-    required("CodeBlob::_size", &["CodeBlob::_size"]),
-    required("CodeBlob::_header_size", &["CodeBlob::_header_size"]),
-    required(
-        "CodeBlob::_frame_complete_offset",
-        &["CodeBlob::_frame_complete_offset"],
-    ),
-    required("CodeBlob::_data_offset", &["CodeBlob::_data_offset"]),
-    required("CodeBlob::_frame_size", &["CodeBlob::_frame_size"]),
-    optional("CodeBlob::_code_begin", &["CodeBlob::_code_begin"]),
-    optional("CodeBlob::_code_offset", &["CodeBlob::_code_offset"]),
-    optional("CodeBlob::_kind", &["CodeBlob::_kind"]),
-    optional("CodeBlob::_mutable_data", &["CodeBlob::_mutable_data"]),
-    optional(
-        "CodeBlob::_relocation_size",
-        &["CodeBlob::_relocation_size"],
-    ),
-    required(
-        "nmethod::_method",
-        &["nmethod::_method", "CompiledMethod::_method"],
-    ),
-    required("nmethod::_compile_id", &["nmethod::_compile_id"]),
-    required("nmethod::_comp_level", &["nmethod::_comp_level"]),
-    required("nmethod::_orig_pc_offset", &["nmethod::_orig_pc_offset"]),
-    required(
-        "nmethod::_scopes_pcs_offset",
-        &["nmethod::_scopes_pcs_offset"],
-    ),
-    optional(
-        "nmethod::_scopes_data_begin",
-        &["CompiledMethod::_scopes_data_begin"],
-    ),
-    optional(
-        "nmethod::_scopes_data_offset",
-        &["nmethod::_scopes_data_offset"],
-    ),
-    optional("nmethod::_immutable_data", &["nmethod::_immutable_data"]),
+    CodeBlobName = "CodeBlob::_name", required, ["CodeBlob::_name"];
+    CodeBlobSize = "CodeBlob::_size", required, ["CodeBlob::_size"];
+    CodeBlobHeaderSize = "CodeBlob::_header_size", required, ["CodeBlob::_header_size"];
+    CodeBlobFrameCompleteOffset = "CodeBlob::_frame_complete_offset", required, ["CodeBlob::_frame_complete_offset"];
+    CodeBlobDataOffset = "CodeBlob::_data_offset", required, ["CodeBlob::_data_offset"];
+    CodeBlobFrameSize = "CodeBlob::_frame_size", required, ["CodeBlob::_frame_size"];
+    CodeBlobCodeBegin = "CodeBlob::_code_begin", optional, ["CodeBlob::_code_begin"];
+    CodeBlobCodeOffset = "CodeBlob::_code_offset", optional, ["CodeBlob::_code_offset"];
+    CodeBlobKind = "CodeBlob::_kind", optional, ["CodeBlob::_kind"];
+    CodeBlobMutableData = "CodeBlob::_mutable_data", optional, ["CodeBlob::_mutable_data"];
+    CodeBlobRelocationSize = "CodeBlob::_relocation_size", optional, ["CodeBlob::_relocation_size"];
+    NmethodMethod = "nmethod::_method", required, ["nmethod::_method", "CompiledMethod::_method"];
+    NmethodCompileId = "nmethod::_compile_id", required, ["nmethod::_compile_id"];
+    NmethodCompLevel = "nmethod::_comp_level", required, ["nmethod::_comp_level"];
+    NmethodOrigPcOffset = "nmethod::_orig_pc_offset", required, ["nmethod::_orig_pc_offset"];
+    NmethodScopesPcsOffset = "nmethod::_scopes_pcs_offset", required, ["nmethod::_scopes_pcs_offset"];
+    NmethodScopesDataBegin = "nmethod::_scopes_data_begin", optional, ["CompiledMethod::_scopes_data_begin"];
+    NmethodScopesDataOffset = "nmethod::_scopes_data_offset", optional, ["nmethod::_scopes_data_offset"];
+    NmethodImmutableData = "nmethod::_immutable_data", optional, ["nmethod::_immutable_data"];
     // Up to JDK 19, an unloaded nmethod stays in the code heap (state 3 or 4) after its
     // classes' metadata is freed.
-    optional("nmethod::_state", &["nmethod::_state"]),
-    optional(
-        "nmethod::_immutable_data_size",
-        &["nmethod::_immutable_data_size"],
-    ),
-    optional(
-        "CodeBlob::_mutable_data_size",
-        &["CodeBlob::_mutable_data_size"],
-    ),
-    optional("nmethod::_metadata_offset", &["nmethod::_metadata_offset"]),
-    optional(
-        "nmethod::_dependencies_offset",
-        &["nmethod::_dependencies_offset"],
-    ),
-    optional(
-        "nmethod::_deopt_handler_begin",
-        &["CompiledMethod::_deopt_handler_begin"],
-    ),
-    optional(
-        "nmethod::_deopt_handler_offset",
-        &[
-            "nmethod::_deopt_handler_entry_offset",
-            "nmethod::_deopt_handler_offset",
-        ],
-    ),
-    optional(
-        "nmethod::_verified_entry_point",
-        &["nmethod::_verified_entry_point"],
-    ),
-    optional(
-        "nmethod::_verified_entry_offset",
-        &["nmethod::_verified_entry_offset"],
-    ),
+    NmethodState = "nmethod::_state", optional, ["nmethod::_state"];
+    NmethodImmutableDataSize = "nmethod::_immutable_data_size", optional, ["nmethod::_immutable_data_size"];
+    CodeBlobMutableDataSize = "CodeBlob::_mutable_data_size", optional, ["CodeBlob::_mutable_data_size"];
+    NmethodMetadataOffset = "nmethod::_metadata_offset", optional, ["nmethod::_metadata_offset"];
+    NmethodDependenciesOffset = "nmethod::_dependencies_offset", optional, ["nmethod::_dependencies_offset"];
+    NmethodDeoptHandlerBegin = "nmethod::_deopt_handler_begin", optional, ["CompiledMethod::_deopt_handler_begin"];
+    NmethodDeoptHandlerOffset = "nmethod::_deopt_handler_offset", optional, ["nmethod::_deopt_handler_entry_offset", "nmethod::_deopt_handler_offset"];
+    NmethodVerifiedEntryPoint = "nmethod::_verified_entry_point", optional, ["nmethod::_verified_entry_point"];
+    NmethodVerifiedEntryOffset = "nmethod::_verified_entry_offset", optional, ["nmethod::_verified_entry_offset"];
     // Method metadata: names, lines.
-    required("Method::_constMethod", &["Method::_constMethod"]),
-    required("Method::_code", &["Method::_code"]),
-    required("ConstMethod::_constants", &["ConstMethod::_constants"]),
-    required(
-        "ConstMethod::_flags",
-        &["ConstMethod::_flags._flags", "ConstMethod::_flags"],
-    ),
-    required("ConstMethod::_code_size", &["ConstMethod::_code_size"]),
-    required("ConstMethod::_name_index", &["ConstMethod::_name_index"]),
-    required(
-        "ConstMethod::_signature_index",
-        &["ConstMethod::_signature_index"],
-    ),
-    required(
-        "ConstMethod::_method_idnum",
-        &["ConstMethod::_method_idnum"],
-    ),
-    required(
-        "ConstantPool::_pool_holder",
-        &["ConstantPool::_pool_holder"],
-    ),
-    optional(
-        "ConstantPool::_source_file_name_index",
-        &["ConstantPool::_source_file_name_index"],
-    ),
-    optional(
-        "InstanceKlass::_source_file_name_index",
-        &["InstanceKlass::_source_file_name_index"],
-    ),
-    required("InstanceKlass::_constants", &["InstanceKlass::_constants"]),
-    required("InstanceKlass::_methods", &["InstanceKlass::_methods"]),
-    required("Klass::_name", &["Klass::_name"]),
-    optional("Symbol::_length", &["Symbol::_length"]),
-    optional(
-        "Symbol::_length_and_refcount",
-        &["Symbol::_length_and_refcount"],
-    ),
-    required("Symbol::_body", &["Symbol::_body"]),
+    MethodConstMethod = "Method::_constMethod", required, ["Method::_constMethod"];
+    MethodCode = "Method::_code", required, ["Method::_code"];
+    ConstMethodConstants = "ConstMethod::_constants", required, ["ConstMethod::_constants"];
+    ConstMethodFlags = "ConstMethod::_flags", required, ["ConstMethod::_flags._flags", "ConstMethod::_flags"];
+    ConstMethodCodeSize = "ConstMethod::_code_size", required, ["ConstMethod::_code_size"];
+    ConstMethodNameIndex = "ConstMethod::_name_index", required, ["ConstMethod::_name_index"];
+    ConstMethodSignatureIndex = "ConstMethod::_signature_index", required, ["ConstMethod::_signature_index"];
+    ConstMethodMethodIdnum = "ConstMethod::_method_idnum", required, ["ConstMethod::_method_idnum"];
+    ConstantPoolPoolHolder = "ConstantPool::_pool_holder", required, ["ConstantPool::_pool_holder"];
+    ConstantPoolSourceFileNameIndex = "ConstantPool::_source_file_name_index", optional, ["ConstantPool::_source_file_name_index"];
+    InstanceKlassSourceFileNameIndex = "InstanceKlass::_source_file_name_index", optional, ["InstanceKlass::_source_file_name_index"];
+    InstanceKlassConstants = "InstanceKlass::_constants", required, ["InstanceKlass::_constants"];
+    InstanceKlassMethods = "InstanceKlass::_methods", required, ["InstanceKlass::_methods"];
+    KlassName = "Klass::_name", required, ["Klass::_name"];
+    SymbolLength = "Symbol::_length", optional, ["Symbol::_length"];
+    SymbolLengthAndRefcount = "Symbol::_length_and_refcount", optional, ["Symbol::_length_and_refcount"];
+    SymbolBody = "Symbol::_body", required, ["Symbol::_body"];
     // Threads: the last Java frame of threads in native or VM code.
-    required("JavaThread::_anchor", &["JavaThread::_anchor"]),
-    required("JavaThread::_thread_state", &["JavaThread::_thread_state"]),
-    required(
-        "Thread::_osthread",
-        &["Thread::_osthread", "JavaThread::_osthread"],
-    ),
-    required("OSThread::_thread_id", &["OSThread::_thread_id"]),
-    required(
-        "JavaFrameAnchor::_last_Java_sp",
-        &["JavaFrameAnchor::_last_Java_sp"],
-    ),
-    required(
-        "JavaFrameAnchor::_last_Java_pc",
-        &["JavaFrameAnchor::_last_Java_pc"],
-    ),
-    optional(
-        "JavaFrameAnchor::_last_Java_fp",
-        &["JavaFrameAnchor::_last_Java_fp"],
-    ),
-    required("JavaCallWrapper::_anchor", &["JavaCallWrapper::_anchor"]),
-    optional(
-        "ThreadsSMRSupport::_java_thread_list",
-        &["ThreadsSMRSupport::_java_thread_list"],
-    ),
-    optional("ThreadsList::_length", &["ThreadsList::_length"]),
-    optional("ThreadsList::_threads", &["ThreadsList::_threads"]),
-    optional("Threads::_thread_list", &["Threads::_thread_list"]),
-    optional("JavaThread::_next", &["JavaThread::_next"]),
+    JavaThreadAnchor = "JavaThread::_anchor", required, ["JavaThread::_anchor"];
+    JavaThreadThreadState = "JavaThread::_thread_state", required, ["JavaThread::_thread_state"];
+    ThreadOsthread = "Thread::_osthread", required, ["Thread::_osthread", "JavaThread::_osthread"];
+    OSThreadThreadId = "OSThread::_thread_id", required, ["OSThread::_thread_id"];
+    JavaFrameAnchorLastJavaSp = "JavaFrameAnchor::_last_Java_sp", required, ["JavaFrameAnchor::_last_Java_sp"];
+    JavaFrameAnchorLastJavaPc = "JavaFrameAnchor::_last_Java_pc", required, ["JavaFrameAnchor::_last_Java_pc"];
+    JavaFrameAnchorLastJavaFp = "JavaFrameAnchor::_last_Java_fp", optional, ["JavaFrameAnchor::_last_Java_fp"];
+    JavaCallWrapperAnchor = "JavaCallWrapper::_anchor", required, ["JavaCallWrapper::_anchor"];
+    ThreadsSMRSupportJavaThreadList = "ThreadsSMRSupport::_java_thread_list", optional, ["ThreadsSMRSupport::_java_thread_list"];
+    ThreadsListLength = "ThreadsList::_length", optional, ["ThreadsList::_length"];
+    ThreadsListThreads = "ThreadsList::_threads", optional, ["ThreadsList::_threads"];
+    ThreadsThreadList = "Threads::_thread_list", optional, ["Threads::_thread_list"];
+    JavaThreadNext = "JavaThread::_next", optional, ["JavaThread::_next"];
     // The interpreter's code and the call stub: where Java frames start and end.
-    required(
-        "AbstractInterpreter::_code",
-        &["AbstractInterpreter::_code"],
-    ),
-    required("StubQueue::_stub_buffer", &["StubQueue::_stub_buffer"]),
-    required("StubQueue::_buffer_limit", &["StubQueue::_buffer_limit"]),
-    required(
-        "StubRoutines::_call_stub_return_address",
-        &["StubRoutines::_call_stub_return_address"],
-    ),
+    AbstractInterpreterCode = "AbstractInterpreter::_code", required, ["AbstractInterpreter::_code"];
+    StubQueueStubBuffer = "StubQueue::_stub_buffer", required, ["StubQueue::_stub_buffer"];
+    StubQueueBufferLimit = "StubQueue::_buffer_limit", required, ["StubQueue::_buffer_limit"];
+    StubRoutinesCallStubReturnAddress = "StubRoutines::_call_stub_return_address", required, ["StubRoutines::_call_stub_return_address"];
     // Compiled-code debug info.
-    required("PcDesc::_pc_offset", &["PcDesc::_pc_offset"]),
-    required(
-        "PcDesc::_scope_decode_offset",
-        &["PcDesc::_scope_decode_offset"],
-    ),
+    PcDescPcOffset = "PcDesc::_pc_offset", required, ["PcDesc::_pc_offset"];
+    PcDescScopeDecodeOffset = "PcDesc::_scope_decode_offset", required, ["PcDesc::_scope_decode_offset"];
     // Version.
-    required(
-        "Abstract_VM_Version::_s_vm_release",
-        &["Abstract_VM_Version::_s_vm_release"],
-    ),
-    required(
-        "Abstract_VM_Version::_vm_major_version",
-        &["Abstract_VM_Version::_vm_major_version"],
-    ),
-    required(
-        "Abstract_VM_Version::_vm_minor_version",
-        &["Abstract_VM_Version::_vm_minor_version"],
-    ),
-    required(
-        "Abstract_VM_Version::_vm_security_version",
-        &["Abstract_VM_Version::_vm_security_version"],
-    ),
+    VmRelease = "Abstract_VM_Version::_s_vm_release", required, ["Abstract_VM_Version::_s_vm_release"];
+    VmMajorVersion = "Abstract_VM_Version::_vm_major_version", required, ["Abstract_VM_Version::_vm_major_version"];
+    VmMinorVersion = "Abstract_VM_Version::_vm_minor_version", required, ["Abstract_VM_Version::_vm_minor_version"];
+    VmSecurityVersion = "Abstract_VM_Version::_vm_security_version", required, ["Abstract_VM_Version::_vm_security_version"];
+}
+
+/// A type whose size the layout holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TypeSize {
+    CodeBlob,
+    Nmethod,
+    Method,
+    ConstMethod,
+    ConstantPool,
+    HeapBlock,
+    PcDesc,
+}
+
+/// Type sizes: (the type, our name, VMStructs names).
+const SIZES: &[(TypeSize, &str, &[&str])] = &[
+    (TypeSize::CodeBlob, "CodeBlob", &["CodeBlob"]),
+    (TypeSize::Nmethod, "nmethod", &["nmethod"]),
+    (TypeSize::Method, "Method", &["Method"]),
+    (TypeSize::ConstMethod, "ConstMethod", &["ConstMethod"]),
+    (TypeSize::ConstantPool, "ConstantPool", &["ConstantPool"]),
+    (TypeSize::HeapBlock, "HeapBlock", &["HeapBlock"]),
+    (TypeSize::PcDesc, "PcDesc", &["PcDesc"]),
 ];
 
-/// Type sizes: (our name, VMStructs names).
-const SIZES: &[(&str, &[&str])] = &[
-    ("CodeBlob", &["CodeBlob"]),
-    ("nmethod", &["nmethod"]),
-    ("Method", &["Method"]),
-    ("ConstMethod", &["ConstMethod"]),
-    ("ConstantPool", &["ConstantPool"]),
-    ("HeapBlock", &["HeapBlock"]),
-    ("PcDesc", &["PcDesc"]),
-];
+/// An int constant the layout holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Constant {
+    EntryFrameCallWrapperOffset,
+    InterpreterFrameSenderSpOffset,
+    InterpreterFrameLastSpOffset,
+    InvocationEntryBci,
+    ThreadInNative,
+    ThreadInVm,
+    ThreadInJava,
+    ThreadBlocked,
+    HasLinenumberTable,
+}
 
-/// Int constants, with the value to use when a build does not export it (x86_64 facts).
-const CONSTANTS: &[(&str, &[&str], Option<i64>)] = &[
+impl Constant {
+    /// Its key, e.g. `"_thread_in_native"`.
+    pub fn key(self) -> &'static str {
+        CONSTANTS
+            .iter()
+            .find(|(constant, ..)| *constant == self)
+            .map_or("?", |(_, key, ..)| key)
+    }
+}
+
+/// Int constants: (the constant, our name, VMStructs names, the value to use when a build does
+/// not export it: x86_64 facts).
+const CONSTANTS: &[(Constant, &str, &[&str], Option<i64>)] = &[
     (
+        Constant::EntryFrameCallWrapperOffset,
         "frame::entry_frame_call_wrapper_offset",
         &["frame::entry_frame_call_wrapper_offset"],
         Some(-6),
     ),
     (
+        Constant::InterpreterFrameSenderSpOffset,
         "frame::interpreter_frame_sender_sp_offset",
         &["frame::interpreter_frame_sender_sp_offset"],
         Some(-1),
     ),
     (
+        Constant::InterpreterFrameLastSpOffset,
         "frame::interpreter_frame_last_sp_offset",
         &["frame::interpreter_frame_last_sp_offset"],
         Some(-2),
     ),
-    ("InvocationEntryBci", &["InvocationEntryBci"], Some(-1)),
-    ("_thread_in_native", &["_thread_in_native"], Some(4)),
-    ("_thread_in_vm", &["_thread_in_vm"], Some(6)),
-    ("_thread_in_Java", &["_thread_in_Java"], Some(8)),
-    ("_thread_blocked", &["_thread_blocked"], Some(10)),
     (
+        Constant::InvocationEntryBci,
+        "InvocationEntryBci",
+        &["InvocationEntryBci"],
+        Some(-1),
+    ),
+    (
+        Constant::ThreadInNative,
+        "_thread_in_native",
+        &["_thread_in_native"],
+        Some(4),
+    ),
+    (
+        Constant::ThreadInVm,
+        "_thread_in_vm",
+        &["_thread_in_vm"],
+        Some(6),
+    ),
+    (
+        Constant::ThreadInJava,
+        "_thread_in_Java",
+        &["_thread_in_Java"],
+        Some(8),
+    ),
+    (
+        Constant::ThreadBlocked,
+        "_thread_blocked",
+        &["_thread_blocked"],
+        Some(10),
+    ),
+    (
+        Constant::HasLinenumberTable,
         "has_linenumber_table",
         &[
             "ConstMethodFlags::_misc_has_linenumber_table",
@@ -334,7 +306,7 @@ impl JvmLayout {
             match found {
                 Some((name, field)) => {
                     fields.insert(
-                        wanted.key,
+                        wanted.field.key(),
                         ResolvedField {
                             name: (*name).to_owned(),
                             offset: field.static_offset.unwrap_or(field.offset),
@@ -345,25 +317,25 @@ impl JvmLayout {
                 }
                 None if wanted.required => {
                     return Err(LayoutError::MissingField {
-                        key: wanted.key,
+                        key: wanted.field.key(),
                         tried: wanted.names.join(", "),
                     })
                 }
                 None => {}
             }
         }
-        if !fields.contains_key("CodeBlob::_code_begin")
-            && !fields.contains_key("CodeBlob::_code_offset")
+        if !fields.contains_key(Field::CodeBlobCodeBegin.key())
+            && !fields.contains_key(Field::CodeBlobCodeOffset.key())
         {
             return Err(LayoutError::NoCodeStart);
         }
-        if !fields.contains_key("Symbol::_length")
-            && !fields.contains_key("Symbol::_length_and_refcount")
+        if !fields.contains_key(Field::SymbolLength.key())
+            && !fields.contains_key(Field::SymbolLengthAndRefcount.key())
         {
             return Err(LayoutError::NoSymbolLength);
         }
         let mut sizes = BTreeMap::new();
-        for (key, names) in SIZES {
+        for (_, key, names) in SIZES {
             let size = names
                 .iter()
                 .find_map(|name| tables.type_size(name))
@@ -371,7 +343,7 @@ impl JvmLayout {
             sizes.insert(*key, size);
         }
         let mut constants = BTreeMap::new();
-        for (key, names, default) in CONSTANTS {
+        for (_, key, names, default) in CONSTANTS {
             let value = names
                 .iter()
                 .find_map(|name| tables.int_constants.get(*name).copied())
@@ -387,23 +359,24 @@ impl JvmLayout {
         })
     }
 
-    /// The offset of a field this layout resolved. Keys are the `FIELDS` keys; asking for one
-    /// that is not there is a programming error, answered with `None`.
-    pub fn offset(&self, key: &str) -> Option<u64> {
-        self.fields.get(key).map(|f| f.offset)
+    /// The offset of `field` (for statics, its address relative to libjvm's load bias); `None`
+    /// for an optional field this JVM does not have.
+    pub fn offset(&self, field: Field) -> Option<u64> {
+        self.fields.get(field.key()).map(|f| f.offset)
     }
 
-    pub fn size(&self, key: &str) -> Option<u64> {
+    pub fn size(&self, type_size: TypeSize) -> Option<u64> {
+        let (_, key, _) = SIZES.iter().find(|(t, ..)| *t == type_size)?;
         self.sizes.get(key).copied()
     }
 
-    pub fn constant(&self, key: &str) -> Option<i64> {
-        self.constants.get(key).copied()
+    pub fn constant(&self, constant: Constant) -> Option<i64> {
+        self.constants.get(constant.key()).copied()
     }
 
     /// Width in bytes of an integer field, from its VMStructs type string.
-    pub fn width(&self, key: &str) -> Option<u8> {
-        let type_string = self.fields.get(key)?.type_string.as_deref()?;
+    pub fn width(&self, field: Field) -> Option<u8> {
+        let type_string = self.fields.get(field.key())?.type_string.as_deref()?;
         Some(match type_string {
             "u1" | "uint8_t" | "int8_t" | "bool" | "char" | "jbyte" | "CodeBlobKind" => 1,
             "u2" | "uint16_t" | "int16_t" | "jchar" | "jshort" | "unsigned short" | "short" => 2,
@@ -441,5 +414,85 @@ impl FrameFacts {
             interpreter_bcp_slot: if version.major <= 8 { -7 } else { -8 },
             unsigned5_excludes_zero: version.major >= 20,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hotspot::vmstructs;
+
+    /// VMStructs with every wanted field under the name at `pick` in its list (the newest name,
+    /// or the oldest with `usize::MAX`), at an offset unique to the field, and every size.
+    fn tables(pick: usize) -> VmStructs {
+        let mut tables = VmStructs::default();
+        for (index, wanted) in FIELDS.iter().enumerate() {
+            let name = wanted.names[pick.min(wanted.names.len() - 1)];
+            tables.fields.insert(
+                name.to_owned(),
+                vmstructs::Field {
+                    offset: 8 * index as u64,
+                    static_offset: None,
+                    type_string: Some("int".to_owned()),
+                },
+            );
+        }
+        for (_, _, names) in SIZES {
+            tables.types.insert(
+                names[0].to_owned(),
+                vmstructs::TypeInfo {
+                    size: 16,
+                    superclass: None,
+                },
+            );
+        }
+        tables
+    }
+
+    #[test]
+    fn every_field_is_found_by_its_newest_or_oldest_name() {
+        for pick in [0, usize::MAX] {
+            let layout = JvmLayout::from_vmstructs(&tables(pick)).expect("layout");
+            for (index, wanted) in FIELDS.iter().enumerate() {
+                assert_eq!(
+                    layout.offset(wanted.field),
+                    Some(8 * index as u64),
+                    "{}",
+                    wanted.field.key()
+                );
+                assert_eq!(layout.width(wanted.field), Some(4));
+            }
+            assert_eq!(layout.size(TypeSize::PcDesc), Some(16));
+            // Constants a build does not export take their x86_64 value.
+            assert_eq!(layout.constant(Constant::ThreadInNative), Some(4));
+            assert_eq!(
+                Constant::EntryFrameCallWrapperOffset.key(),
+                "frame::entry_frame_call_wrapper_offset"
+            );
+        }
+    }
+
+    #[test]
+    fn fields_have_distinct_keys_and_a_missing_required_one_is_named() {
+        let mut keys: Vec<&str> = FIELDS.iter().map(|w| w.field.key()).collect();
+        keys.sort_unstable();
+        let count = keys.len();
+        keys.dedup();
+        assert_eq!(keys.len(), count, "two fields share a key");
+
+        let mut tables = tables(0);
+        tables.fields.remove("JavaThread::_anchor");
+        assert_eq!(
+            JvmLayout::from_vmstructs(&tables),
+            Err(LayoutError::MissingField {
+                key: "JavaThread::_anchor",
+                tried: "JavaThread::_anchor".to_owned(),
+            })
+        );
+        // An optional field missing is `None`, not an error.
+        let mut tables = self::tables(0);
+        tables.fields.remove("nmethod::_state");
+        let layout = JvmLayout::from_vmstructs(&tables).expect("layout");
+        assert_eq!(layout.offset(Field::NmethodState), None);
     }
 }

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::jvm::Jvm;
+use super::layout::{Constant, Field, TypeSize};
 use super::remote::{ReadError, RemoteMemory};
 use super::unsigned5::Reader;
 use crate::java_names::{
@@ -251,8 +252,8 @@ fn scope_chain(
     chain
 }
 
-fn offset(jvm: &Jvm, key: &str) -> Result<u64, UnnamedReason> {
-    jvm.layout.offset(key).ok_or(UnnamedReason::MissingField)
+fn offset(jvm: &Jvm, field: Field) -> Result<u64, UnnamedReason> {
+    jvm.layout.offset(field).ok_or(UnnamedReason::MissingField)
 }
 
 fn read_bytes(memory: &dyn RemoteMemory, address: u64, len: usize) -> Result<Vec<u8>, ReadError> {
@@ -263,16 +264,16 @@ fn read_bytes(memory: &dyn RemoteMemory, address: u64, len: usize) -> Result<Vec
 
 fn read_symbol(jvm: &Jvm, memory: &dyn RemoteMemory, symbol: u64) -> Result<String, UnnamedReason> {
     let symbol = symbol & !1;
-    let length = match jvm.layout.offset("Symbol::_length") {
+    let length = match jvm.layout.offset(Field::SymbolLength) {
         Some(at) => memory.read_u16(symbol + at)? as usize,
         None => {
-            (memory.read_u32(symbol + offset(jvm, "Symbol::_length_and_refcount")?)? >> 16) as usize
+            (memory.read_u32(symbol + offset(jvm, Field::SymbolLengthAndRefcount)?)? >> 16) as usize
         }
     };
     if length > MAX_SYMBOL {
         return Err(UnnamedReason::OverBound);
     }
-    let body = read_bytes(memory, symbol + offset(jvm, "Symbol::_body")?, length)?;
+    let body = read_bytes(memory, symbol + offset(jvm, Field::SymbolBody)?, length)?;
     Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
@@ -285,7 +286,7 @@ fn constant_pool_symbol(
 ) -> Result<String, UnnamedReason> {
     let base = jvm
         .layout
-        .size("ConstantPool")
+        .size(TypeSize::ConstantPool)
         .ok_or(UnnamedReason::MissingField)?;
     let symbol = memory.read_ptr(cp + base + 8 * index as u64)?;
     read_symbol(jvm, memory, symbol)
@@ -307,10 +308,10 @@ fn read_identity(
     memory: &dyn RemoteMemory,
     method: u64,
 ) -> Result<MethodIdentity, UnnamedReason> {
-    let const_method = memory.read_ptr(method + offset(jvm, "Method::_constMethod")?)?;
-    let cp = memory.read_ptr(const_method + offset(jvm, "ConstMethod::_constants")?)?;
-    let holder = memory.read_ptr(cp + offset(jvm, "ConstantPool::_pool_holder")?)?;
-    let class_symbol = memory.read_ptr(holder + offset(jvm, "Klass::_name")?)?;
+    let const_method = memory.read_ptr(method + offset(jvm, Field::MethodConstMethod)?)?;
+    let cp = memory.read_ptr(const_method + offset(jvm, Field::ConstMethodConstants)?)?;
+    let holder = memory.read_ptr(cp + offset(jvm, Field::ConstantPoolPoolHolder)?)?;
+    let class_symbol = memory.read_ptr(holder + offset(jvm, Field::KlassName)?)?;
     let hash_at = super::unwind_info::symbol_hash_word(&jvm.layout);
     let hash_word = if hash_at == profiler_common::NO_SYMBOL_HASH {
         0
@@ -323,7 +324,7 @@ fn read_identity(
     let length = memory.read_u16(class_symbol + length_at as u64)?;
     let mut tail_bytes = [0u8; profiler_common::NAME_TAIL_BYTES];
     memory.read(
-        class_symbol + offset(jvm, "Symbol::_body")? + profiler_common::name_tail_start(length),
+        class_symbol + offset(jvm, Field::SymbolBody)? + profiler_common::name_tail_start(length),
         &mut tail_bytes,
     )?;
     let tail = profiler_common::name_tail(tail_bytes, length);
@@ -355,17 +356,17 @@ fn read_method(
         ..
     } = identity;
     let internal_class = read_symbol(jvm, memory, class_symbol)?;
-    let name_index = memory.read_u16(const_method + offset(jvm, "ConstMethod::_name_index")?)?;
+    let name_index = memory.read_u16(const_method + offset(jvm, Field::ConstMethodNameIndex)?)?;
     let signature_index =
-        memory.read_u16(const_method + offset(jvm, "ConstMethod::_signature_index")?)?;
+        memory.read_u16(const_method + offset(jvm, Field::ConstMethodSignatureIndex)?)?;
     let name = constant_pool_symbol(jvm, memory, cp, name_index)?;
     let signature = constant_pool_symbol(jvm, memory, cp, signature_index)?;
 
-    let source_index = match jvm.layout.offset("ConstantPool::_source_file_name_index") {
+    let source_index = match jvm.layout.offset(Field::ConstantPoolSourceFileNameIndex) {
         Some(at) => memory.read_u16(cp + at).ok(),
         None => jvm
             .layout
-            .offset("InstanceKlass::_source_file_name_index")
+            .offset(Field::InstanceKlassSourceFileNameIndex)
             .and_then(|at| memory.read_u16(holder + at).ok()),
     };
     let file = source_index
@@ -391,20 +392,24 @@ fn read_line_table(
     memory: &dyn RemoteMemory,
     const_method: u64,
 ) -> Result<Vec<(u32, u32)>, UnnamedReason> {
-    let flags_at = const_method + offset(jvm, "ConstMethod::_flags")?;
-    let flags = match jvm.layout.width("ConstMethod::_flags") {
+    let flags_at = const_method + offset(jvm, Field::ConstMethodFlags)?;
+    let flags = match jvm.layout.width(Field::ConstMethodFlags) {
         Some(2) => memory.read_u16(flags_at)? as u32,
         _ => memory.read_u32(flags_at)?,
     };
-    let has_table = jvm.layout.constant("has_linenumber_table").unwrap_or(1) as u32;
+    let has_table = jvm
+        .layout
+        .constant(Constant::HasLinenumberTable)
+        .unwrap_or(1) as u32;
     if flags & has_table == 0 {
         return Ok(Vec::new());
     }
-    let code_size = memory.read_u16(const_method + offset(jvm, "ConstMethod::_code_size")?)? as u64;
+    let code_size =
+        memory.read_u16(const_method + offset(jvm, Field::ConstMethodCodeSize)?)? as u64;
     let start = const_method
         + jvm
             .layout
-            .size("ConstMethod")
+            .size(TypeSize::ConstMethod)
             .ok_or(UnnamedReason::MissingField)?
         + code_size;
     // The table's length is not stored: read a page's worth (at most to the page end first).
@@ -465,19 +470,19 @@ fn nmethod_alive(
     let block = blob
         .checked_sub(
             layout
-                .size("HeapBlock")
+                .size(TypeSize::HeapBlock)
                 .ok_or(UnnamedReason::MissingField)?,
         )
         .ok_or(UnnamedReason::Unreadable)?;
-    let used_at = block + offset(jvm, "HeapBlock::_used")?;
-    let used = match layout.width("HeapBlock::_used") {
+    let used_at = block + offset(jvm, Field::HeapBlockUsed)?;
+    let used = match layout.width(Field::HeapBlockUsed) {
         Some(4) => memory.read_u32(used_at)? != 0,
         _ => memory.read_u8(used_at)? != 0,
     };
-    let id = memory.read_u32(blob + offset(jvm, "nmethod::_compile_id")?)?;
+    let id = memory.read_u32(blob + offset(jvm, Field::NmethodCompileId)?)?;
     // `signed char` in every JDK: 3 and 4 are unloaded and zombie (JDK 11-19); JDK 20+ has no
     // state past not_entrant (2).
-    let dead_state = match layout.offset("nmethod::_state") {
+    let dead_state = match layout.offset(Field::NmethodState) {
         Some(at) => (memory.read_u8(blob + at)? as i8) >= 3,
         None => false,
     };
@@ -495,9 +500,9 @@ fn read_blob(
     compile_id: u32,
 ) -> Result<BlobInfo, UnnamedReason> {
     let layout = &jvm.layout;
-    let name_ptr = memory.read_u64(blob + offset(jvm, "CodeBlob::_name")?)?;
+    let name_ptr = memory.read_u64(blob + offset(jvm, Field::CodeBlobName)?)?;
     let name = memory.read_c_string(name_ptr, 128).unwrap_or_default();
-    let is_nmethod = match layout.offset("CodeBlob::_kind") {
+    let is_nmethod = match layout.offset(Field::CodeBlobKind) {
         // JDK 23+: CodeBlobKind::Nmethod is 1.
         Some(at) => memory.read_u8(blob + at)? == 1,
         None => name == "nmethod" || name == "native nmethod",
@@ -506,13 +511,13 @@ fn read_blob(
         return Ok(BlobInfo::Stub { name });
     }
     nmethod_alive(jvm, memory, blob, compile_id)?;
-    let method = memory.read_ptr(blob + offset(jvm, "nmethod::_method")?)?;
-    let comp_level = memory.read_i32(blob + offset(jvm, "nmethod::_comp_level")?)?;
+    let method = memory.read_ptr(blob + offset(jvm, Field::NmethodMethod)?)?;
+    let comp_level = memory.read_i32(blob + offset(jvm, Field::NmethodCompLevel)?)?;
     // A pointer up to JDK 17, an offset from the blob after (as the BPF unwinder reads it).
-    let code_begin = match layout.offset("CodeBlob::_code_begin") {
+    let code_begin = match layout.offset(Field::CodeBlobCodeBegin) {
         Some(at) => memory.read_ptr(blob + at)?,
         None => blob.wrapping_add(
-            memory.read_i32(blob + offset(jvm, "CodeBlob::_code_offset")?)? as i64 as u64,
+            memory.read_i32(blob + offset(jvm, Field::CodeBlobCodeOffset)?)? as i64 as u64,
         ),
     };
 
@@ -520,20 +525,20 @@ fn read_blob(
     // Sums of values read from the JVM wrap (a freed blob holds anything): a range that makes
     // no sense is refused by `length` below.
     let (pcs_begin, pcs_end, scopes_begin, scopes_end, metadata_begin, metadata_end) = match layout
-        .offset("nmethod::_immutable_data")
+        .offset(Field::NmethodImmutableData)
     {
         Some(immutable_at) => {
             let immutable = memory.read_ptr(blob + immutable_at)?;
-            let pcs = memory.read_i32(blob + offset(jvm, "nmethod::_scopes_pcs_offset")?)? as u64;
+            let pcs = memory.read_i32(blob + offset(jvm, Field::NmethodScopesPcsOffset)?)? as u64;
             let scopes =
-                memory.read_i32(blob + offset(jvm, "nmethod::_scopes_data_offset")?)? as u64;
+                memory.read_i32(blob + offset(jvm, Field::NmethodScopesDataOffset)?)? as u64;
             let size =
-                memory.read_i32(blob + offset(jvm, "nmethod::_immutable_data_size")?)? as u64;
-            let mutable = memory.read_ptr(blob + offset(jvm, "CodeBlob::_mutable_data")?)?;
+                memory.read_i32(blob + offset(jvm, Field::NmethodImmutableDataSize)?)? as u64;
+            let mutable = memory.read_ptr(blob + offset(jvm, Field::CodeBlobMutableData)?)?;
             let relocation =
-                memory.read_i32(blob + offset(jvm, "CodeBlob::_relocation_size")?)? as u64;
+                memory.read_i32(blob + offset(jvm, Field::CodeBlobRelocationSize)?)? as u64;
             let mutable_size =
-                memory.read_i32(blob + offset(jvm, "CodeBlob::_mutable_data_size")?)? as u64;
+                memory.read_i32(blob + offset(jvm, Field::CodeBlobMutableDataSize)?)? as u64;
             (
                 immutable.wrapping_add(pcs),
                 immutable.wrapping_add(scopes),
@@ -544,13 +549,13 @@ fn read_blob(
             )
         }
         None => {
-            let pcs = memory.read_i32(blob + offset(jvm, "nmethod::_scopes_pcs_offset")?)? as u64;
+            let pcs = memory.read_i32(blob + offset(jvm, Field::NmethodScopesPcsOffset)?)? as u64;
             let deps =
-                memory.read_i32(blob + offset(jvm, "nmethod::_dependencies_offset")?)? as u64;
+                memory.read_i32(blob + offset(jvm, Field::NmethodDependenciesOffset)?)? as u64;
             let scopes_begin =
-                memory.read_ptr(blob + offset(jvm, "nmethod::_scopes_data_begin")?)?;
+                memory.read_ptr(blob + offset(jvm, Field::NmethodScopesDataBegin)?)?;
             let metadata =
-                memory.read_i32(blob + offset(jvm, "nmethod::_metadata_offset")?)? as u64;
+                memory.read_i32(blob + offset(jvm, Field::NmethodMetadataOffset)?)? as u64;
             (
                 blob.wrapping_add(pcs),
                 blob.wrapping_add(deps),
@@ -568,10 +573,10 @@ fn read_blob(
         }
         Ok(len)
     };
-    let pc_desc_size = layout.size("PcDesc").unwrap_or(16) as usize;
+    let pc_desc_size = layout.size(TypeSize::PcDesc).unwrap_or(16) as usize;
     let pcs_bytes = read_bytes(memory, pcs_begin, length(pcs_begin, pcs_end)?)?;
-    let pc_offset_at = offset(jvm, "PcDesc::_pc_offset")? as usize;
-    let scope_at = offset(jvm, "PcDesc::_scope_decode_offset")? as usize;
+    let pc_offset_at = offset(jvm, Field::PcDescPcOffset)? as usize;
+    let scope_at = offset(jvm, Field::PcDescScopeDecodeOffset)? as usize;
     let mut pcs: Vec<(i32, i32)> = pcs_bytes
         .chunks_exact(pc_desc_size.max(8))
         .filter_map(|desc| {

@@ -3,6 +3,7 @@
 use profiler_common::{hotspot_flags, CodeHeapRange, HotspotProc, MAX_CODE_HEAPS};
 
 use super::jvm::{CodeCacheInfo, Jvm};
+use super::layout::{Constant, Field, TypeSize};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{what} ({value}) does not fit the BPF layout")]
@@ -13,13 +14,13 @@ pub struct DoesNotFit {
 
 pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, DoesNotFit> {
     let layout = &jvm.layout;
-    let offset = |key: &'static str| -> Result<u16, DoesNotFit> {
-        let value = layout.offset(key).ok_or(DoesNotFit {
-            what: key,
+    let offset = |field: Field| -> Result<u16, DoesNotFit> {
+        let value = layout.offset(field).ok_or(DoesNotFit {
+            what: field.key(),
             value: -1,
         })?;
         u16::try_from(value).map_err(|_| DoesNotFit {
-            what: key,
+            what: field.key(),
             value: value as i64,
         })
     };
@@ -33,31 +34,34 @@ pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, Does
             _reserved: 0,
         };
     }
-    let code_offset = layout.offset("CodeBlob::_code_offset").is_some()
-        && layout.offset("CodeBlob::_code_begin").is_none();
+    let code_offset = layout.offset(Field::CodeBlobCodeOffset).is_some()
+        && layout.offset(Field::CodeBlobCodeBegin).is_none();
     let mut flags = 0;
     if code_offset {
         flags |= hotspot_flags::CODE_OFFSET;
     }
-    if layout.width("CodeBlob::_frame_complete_offset") == Some(2) {
+    if layout.width(Field::CodeBlobFrameCompleteOffset) == Some(2) {
         flags |= hotspot_flags::FRAME_COMPLETE_16;
     }
-    if layout.offset("nmethod::_deopt_handler_begin").is_none() {
+    if layout.offset(Field::NmethodDeoptHandlerBegin).is_none() {
         flags |= hotspot_flags::DEOPT_HANDLER_OFFSET;
     }
-    if layout.offset("nmethod::_verified_entry_point").is_none() {
+    if layout.offset(Field::NmethodVerifiedEntryPoint).is_none() {
         flags |= hotspot_flags::VERIFIED_ENTRY_OFFSET;
     }
-    if layout.width("HeapBlock::_used") == Some(4) {
+    if layout.width(Field::HeapBlockUsed) == Some(4) {
         flags |= hotspot_flags::HEAP_BLOCK_USED_32;
     }
     let call_wrapper = layout
-        .constant("frame::entry_frame_call_wrapper_offset")
+        .constant(Constant::EntryFrameCallWrapperOffset)
         .unwrap_or(-6);
     // Every constant has an x86_64 default in the layout: a missing one is a programming error.
-    let thread_state = |key: &'static str| {
-        let value = layout.constant(key).unwrap_or(-1);
-        u8::try_from(value).map_err(|_| DoesNotFit { what: key, value })
+    let thread_state = |constant: Constant| {
+        let value = layout.constant(constant).unwrap_or(-1);
+        u8::try_from(value).map_err(|_| DoesNotFit {
+            what: constant.key(),
+            value,
+        })
     };
     Ok(HotspotProc {
         code_low: code.low_bound,
@@ -74,65 +78,65 @@ pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, Does
             what: "frame::entry_frame_call_wrapper_offset",
             value: call_wrapper,
         })?,
-        thread_in_native: thread_state("_thread_in_native")?,
-        thread_in_vm: thread_state("_thread_in_vm")?,
-        thread_blocked: thread_state("_thread_blocked")?,
+        thread_in_native: thread_state(Constant::ThreadInNative)?,
+        thread_in_vm: thread_state(Constant::ThreadInVm)?,
+        thread_blocked: thread_state(Constant::ThreadBlocked)?,
         heap_block_size: layout
-            .size("HeapBlock")
+            .size(TypeSize::HeapBlock)
             .and_then(|s| u16::try_from(s).ok())
             .ok_or(DoesNotFit {
                 what: "sizeof(HeapBlock)",
                 value: -1,
             })?,
-        heap_block_used: offset("HeapBlock::_used")?,
-        blob_size: offset("CodeBlob::_size")?,
-        blob_frame_size: offset("CodeBlob::_frame_size")?,
-        blob_frame_complete: offset("CodeBlob::_frame_complete_offset")?,
+        heap_block_used: offset(Field::HeapBlockUsed)?,
+        blob_size: offset(Field::CodeBlobSize)?,
+        blob_frame_size: offset(Field::CodeBlobFrameSize)?,
+        blob_frame_complete: offset(Field::CodeBlobFrameCompleteOffset)?,
         blob_code: if code_offset {
-            offset("CodeBlob::_code_offset")?
+            offset(Field::CodeBlobCodeOffset)?
         } else {
-            offset("CodeBlob::_code_begin")?
+            offset(Field::CodeBlobCodeBegin)?
         },
-        nmethod_compile_id: offset("nmethod::_compile_id")?,
-        nmethod_method: offset("nmethod::_method")?,
-        method_const_method: offset("Method::_constMethod")?,
-        java_thread_anchor: offset("JavaThread::_anchor")?,
-        java_thread_state: offset("JavaThread::_thread_state")?,
-        anchor_sp: offset("JavaFrameAnchor::_last_Java_sp")?,
-        anchor_pc: offset("JavaFrameAnchor::_last_Java_pc")?,
+        nmethod_compile_id: offset(Field::NmethodCompileId)?,
+        nmethod_method: offset(Field::NmethodMethod)?,
+        method_const_method: offset(Field::MethodConstMethod)?,
+        java_thread_anchor: offset(Field::JavaThreadAnchor)?,
+        java_thread_state: offset(Field::JavaThreadThreadState)?,
+        anchor_sp: offset(Field::JavaFrameAnchorLastJavaSp)?,
+        anchor_pc: offset(Field::JavaFrameAnchorLastJavaPc)?,
         anchor_fp: layout
-            .offset("JavaFrameAnchor::_last_Java_fp")
-            .map_or(Ok(u16::MAX), |_| offset("JavaFrameAnchor::_last_Java_fp"))?,
-        call_wrapper_anchor: offset("JavaCallWrapper::_anchor")?,
+            .offset(Field::JavaFrameAnchorLastJavaFp)
+            .map_or(Ok(u16::MAX), |_| offset(Field::JavaFrameAnchorLastJavaFp))?,
+        call_wrapper_anchor: offset(Field::JavaCallWrapperAnchor)?,
         const_method_size: layout
-            .size("ConstMethod")
+            .size(TypeSize::ConstMethod)
             .and_then(|s| u16::try_from(s).ok())
             .ok_or(DoesNotFit {
                 what: "sizeof(ConstMethod)",
                 value: -1,
             })?,
-        const_method_code_size: offset("ConstMethod::_code_size")?,
-        nmethod_deopt_handler: match layout.offset("nmethod::_deopt_handler_begin") {
-            Some(_) => offset("nmethod::_deopt_handler_begin")?,
-            None => offset("nmethod::_deopt_handler_offset")?,
+        const_method_code_size: offset(Field::ConstMethodCodeSize)?,
+        nmethod_deopt_handler: match layout.offset(Field::NmethodDeoptHandlerBegin) {
+            Some(_) => offset(Field::NmethodDeoptHandlerBegin)?,
+            None => offset(Field::NmethodDeoptHandlerOffset)?,
         },
-        nmethod_orig_pc_offset: offset("nmethod::_orig_pc_offset")?,
-        const_method_constants: offset("ConstMethod::_constants")?,
-        constant_pool_holder: offset("ConstantPool::_pool_holder")?,
-        klass_name: offset("Klass::_name")?,
+        nmethod_orig_pc_offset: offset(Field::NmethodOrigPcOffset)?,
+        const_method_constants: offset(Field::ConstMethodConstants)?,
+        constant_pool_holder: offset(Field::ConstantPoolPoolHolder)?,
+        klass_name: offset(Field::KlassName)?,
         symbol_hash_word: symbol_hash_word(layout),
         symbol_length: symbol_length(layout).ok_or(DoesNotFit {
-            what: "Symbol::_length",
+            what: Field::SymbolLength.key(),
             value: -1,
         })?,
-        symbol_body: offset("Symbol::_body")?,
+        symbol_body: offset(Field::SymbolBody)?,
         _reserved2: [0; 2],
         nmethod_verified_entry: match (
-            layout.offset("nmethod::_verified_entry_point"),
-            layout.offset("nmethod::_verified_entry_offset"),
+            layout.offset(Field::NmethodVerifiedEntryPoint),
+            layout.offset(Field::NmethodVerifiedEntryOffset),
         ) {
-            (Some(_), _) => offset("nmethod::_verified_entry_point")?,
-            (None, Some(_)) => offset("nmethod::_verified_entry_offset")?,
+            (Some(_), _) => offset(Field::NmethodVerifiedEntryPoint)?,
+            (None, Some(_)) => offset(Field::NmethodVerifiedEntryOffset)?,
             (None, None) => u16::MAX,
         },
     })
@@ -141,9 +145,9 @@ pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, Does
 /// Where a `Symbol`'s 16-bit length is: `_length`, or the upper half of the little-endian
 /// `_length_and_refcount` word.
 pub fn symbol_length(layout: &super::layout::JvmLayout) -> Option<u16> {
-    let at = match layout.offset("Symbol::_length") {
+    let at = match layout.offset(Field::SymbolLength) {
         Some(at) => at,
-        None => layout.offset("Symbol::_length_and_refcount")? + 2,
+        None => layout.offset(Field::SymbolLengthAndRefcount)? + 2,
     };
     u16::try_from(at).ok().filter(|at| *at < 8)
 }
@@ -151,7 +155,7 @@ pub fn symbol_length(layout: &super::layout::JvmLayout) -> Option<u16> {
 /// Where a `Symbol`'s hash word is: JDK 11 and later start a symbol with `_hash_and_refcount`
 /// (hash in the upper 16 bits, refcount below), then `_length` at 4, which VMStructs gives.
 pub fn symbol_hash_word(layout: &super::layout::JvmLayout) -> u16 {
-    match layout.offset("Symbol::_length") {
+    match layout.offset(Field::SymbolLength) {
         Some(4) => 0,
         _ => profiler_common::NO_SYMBOL_HASH,
     }
