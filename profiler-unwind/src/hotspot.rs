@@ -12,7 +12,7 @@ use profiler_common::{
 };
 
 use crate::memory::{read_u64, JavaThreads, StackWindow, UserMemory};
-use crate::walk::{frame, Walk};
+use crate::state::{frame, BlobCache, Walk};
 use crate::x86_frames::{
     epilogue_state, prologue_state, FrameState, EPILOGUE_BEFORE, EPILOGUE_BYTES, PROLOGUE_BYTES,
 };
@@ -295,22 +295,6 @@ fn prologue_state_at<M: UserMemory>(
         return Some(FrameState::NothingPushed);
     }
     Some(state)
-}
-
-/// What the unwinder needs of one code blob; also the walk's one-entry cache.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct BlobCache {
-    pub blob: u64,
-    pub code_begin: u64,
-    /// End of the blob (`blob + _size`).
-    pub end: u64,
-    pub frame_size: i32,
-    pub frame_complete: i32,
-    pub compile_id: u32,
-    pub orig_pc_offset: i32,
-    /// Where a deoptimized frame returns to (0 if unknown).
-    pub deopt_handler: u64,
 }
 
 /// Finds the blob containing `pc` and reads its header.

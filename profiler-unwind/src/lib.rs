@@ -29,14 +29,16 @@
 mod hotspot;
 mod memory;
 mod native;
+mod state;
 mod walk;
 pub mod x86_frames;
 
 #[cfg(test)]
 mod tests;
 
-pub use hotspot::{java_state, BlobCache};
+pub use hotspot::java_state;
 pub use memory::{
     FrameSink, JavaThreads, NativeTables, ReadError, StackWindow, UserMemory, STACK_WINDOW_BYTES,
 };
-pub use walk::{unwind_step, walk_stack, UserRegs, Walk, END_UNSET, MAX_WALK_STEPS};
+pub use state::{BlobCache, UserRegs, Walk, END_UNSET};
+pub use walk::{unwind_step, walk_stack, MAX_WALK_STEPS};

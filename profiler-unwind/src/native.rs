@@ -6,7 +6,7 @@ use profiler_common::cfi::{CfaKind, CfiRow, RBP_UNCHANGED};
 use profiler_common::{FrameKind, UnwindEnd, UserFrame};
 
 use crate::memory::{NativeTables, StackWindow, UserMemory};
-use crate::walk::{frame, Walk};
+use crate::state::{frame, Walk};
 
 /// One native frame: its table's rule if it has one, else frame pointers.
 #[inline(always)]

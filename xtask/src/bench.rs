@@ -44,10 +44,12 @@ mod report;
 mod results;
 mod scenarios;
 mod statistics;
+mod table;
 
 use measure::BpfStatsEnabled;
-use report::{load_average, write_rows, BpfReport, BpfResult, Machine, Report, Row};
+use report::{load_average, BpfReport, BpfResult, Machine, Report};
 use scenarios::Bench;
+use table::{write_rows, Row};
 
 /// Debian packages the bench runs (binary, package).
 const BENCH_PACKAGES: &[(&str, &str)] = &[("perf", "linux-perf"), ("bpftool", "bpftool")];
@@ -177,7 +179,7 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
 
     let overhead = bench.measure_overheads()?;
     let bpf = bench.measure_bpf_costs()?;
-    let (runs, export) = bench.measure_daemon_costs()?;
+    let (runs, export) = bench.measure_daemon_costs(|bench, pids| bench.measure_export(pids))?;
     let agent = bench.measure_agent_cost()?;
     let off_cpu = bench.measure_off_cpu_cost(&bench.pingpong)?;
 

@@ -10,7 +10,7 @@ use profiler_common::{
     HotspotProc, UnwindEnd, UserFrame, BCI_UNKNOWN, NAME_TAIL_BYTES,
 };
 
-use crate::walk::frame;
+use crate::state::frame;
 use crate::{
     walk_stack, FrameSink, JavaThreads, NativeTables, ReadError, StackWindow, UserMemory, UserRegs,
     Walk,

@@ -20,9 +20,9 @@ use super::daemon::{scrape, Metrics, Ready, PROFILES_WRITTEN};
 use super::measure::{rss_mb, CpuUse};
 use super::metrics_endpoint::{free_local_address, labelled};
 use super::processes::Guarded;
-use super::report::Row;
 use super::scenarios::Bench;
 use super::statistics::thousands;
+use super::table::Row;
 
 const EXPORT_HZ: u32 = 99;
 const EXPORT_INTERVAL_SECS: u32 = 1;

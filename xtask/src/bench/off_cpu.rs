@@ -15,9 +15,9 @@ use anyhow::{Context as _, Result};
 
 use super::daemon::Ready;
 use super::measure::{bpf_stats, bpftool_prog, BpfStats, BPF_STATS_SYSCTL};
-use super::report::{verdict, Row};
 use super::scenarios::Bench;
 use super::statistics::median;
+use super::table::{verdict, Row};
 
 /// The throughput loss target at the default settings (the issue's).
 const MAX_LOSS_PCT: f64 = 3.0;
@@ -35,19 +35,6 @@ pub(super) struct OffCpuCost {
     switches_per_second: f64,
     walks_per_second: f64,
     window: Duration,
-}
-
-/// Compiles the ping-pong workload into the bench's directory.
-pub(super) fn build_workload(sources: &Path, work_dir: &Path) -> Result<PathBuf> {
-    let binary = work_dir.join("pingpong");
-    super::super::run(
-        Command::new("gcc")
-            .args(["-O2", "-g", "-pthread", "-o"])
-            .arg(&binary)
-            .arg(sources.join("pingpong.c")),
-    )
-    .context("compiling the ping-pong workload")?;
-    Ok(binary)
 }
 
 /// Runs the workload for `window` and returns its round trips per second.

@@ -29,9 +29,9 @@ use anyhow::{bail, Context as _, Result};
 
 use super::measure::CpuReading;
 use super::processes::Workload;
-use super::report::{verdict, Row};
 use super::scenarios::{Bench, Profiler, Program, Running};
 use super::statistics::{median, min_max, thousands};
+use super::table::{verdict, Row};
 use super::{FREQUENCIES, TARGET_HZ};
 
 /// The most the profiled program may lose at 99 Hz (median of the pairs), in %.

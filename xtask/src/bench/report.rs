@@ -14,6 +14,7 @@ use super::overhead::{self, Overhead};
 use super::results::{AgentCost, BpfComparison, BpfCosts, CostRun};
 use super::scenarios::Jdk;
 use super::statistics::{median, min_max, thousands, CpuFit};
+use super::table::{verdict, write_rows, Row};
 use super::{
     export, off_cpu, Plan, COST_INTERVAL_SECS, MAX_HZ, QUICK, SMALL_JVMS, SMALL_JVM_FLAGS,
     TARGET_HZ,
@@ -210,30 +211,12 @@ pub(super) struct Report {
     pub(super) off_cpu: off_cpu::OffCpuCost,
 }
 
-/// One line of the table.
-pub(super) struct Row {
-    pub(super) section: &'static str,
-    pub(super) measurement: String,
-    pub(super) setting: String,
-    pub(super) result: String,
-    pub(super) target: String,
-}
-
 /// The issue's targets.
-pub(super) const MAX_BPF_US_200_FRAMES: f64 = 6.0;
 const MAX_CHARGED_MB_1_JVM: f64 = 40.0;
 const MAX_CHARGED_MB_20_JVMS: f64 = 64.0;
 const MAX_DAEMON_CPU_PCT_1_JVM: f64 = 0.3;
 const MAX_DAEMON_CPU_PCT_20_JVMS: f64 = 0.5;
 const MAX_DAEMON_CPU_PCT_IDLE: f64 = 0.1;
-
-pub(super) fn verdict(met: bool, target: &str) -> String {
-    if met {
-        format!("{target}: met")
-    } else {
-        format!("{target}: **missed**")
-    }
-}
 
 /// The run, the revision and the machine, above a report's table.
 /// `windows`: how much the plan measures, said of a quick run.
@@ -285,25 +268,6 @@ fn bpf_method(plan: &Plan, cpus: usize) -> String {
         bpf = plan.bpf_window.as_secs(),
         warmup = (plan.warmup / 2).as_secs(),
     )
-}
-
-/// The table, then the missed targets.
-pub(super) fn write_rows(out: &mut String, rows: &[Row], notes: &[String]) {
-    let _ = writeln!(out, "| # | measurement | setting | result | target |");
-    let _ = writeln!(out, "|---|---|---|---|---|");
-    for row in rows {
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {} | {} |",
-            row.section, row.measurement, row.setting, row.result, row.target
-        );
-    }
-    if !notes.is_empty() {
-        let _ = writeln!(out, "\n## Missed targets\n");
-        for note in notes {
-            let _ = writeln!(out, "- {note}");
-        }
-    }
 }
 
 impl Report {
@@ -545,7 +509,7 @@ impl Report {
         self.frequency_series()
             .into_values()
             .filter_map(|runs| {
-                let fit = CpuFit::of(&runs)?;
+                let fit = cpu_fit(&runs)?;
                 let first = runs.first()?.scenario;
                 let hz: Vec<String> = runs.iter().map(|r| r.scenario.hz.to_string()).collect();
                 Some((
@@ -582,7 +546,7 @@ impl Report {
         let fit = self
             .frequency_series()
             .get(&key)
-            .and_then(|runs| CpuFit::of(runs));
+            .and_then(|runs| cpu_fit(runs));
         match fit.and_then(|f| f.saturation_rate()) {
             Some(rate) => format!(
                 "{reached}. Extrapolated from that series' fit, the daemon would need a whole \
@@ -597,6 +561,15 @@ impl Report {
     }
 }
 
+/// The daemon's CPU fitted against its sample rate over `runs`.
+fn cpu_fit(runs: &[&CostRun]) -> Option<CpuFit> {
+    let points: Vec<(f64, f64)> = runs
+        .iter()
+        .map(|run| (run.records_per_second, run.cpu.process_cores))
+        .collect();
+    CpuFit::of(&points)
+}
+
 fn cpu_note(run: &CostRun, runs: &[CostRun]) -> String {
     let series: Vec<&CostRun> = runs
         .iter()
@@ -604,7 +577,7 @@ fn cpu_note(run: &CostRun, runs: &[CostRun]) -> String {
             r.scenario.jvms == run.scenario.jvms && r.scenario.busy_cpus == run.scenario.busy_cpus
         })
         .collect();
-    let split = match CpuFit::of(&series) {
+    let split = match cpu_fit(&series) {
         Some(fit) => format!("Over frequencies it fits {fit}. "),
         None => String::new(),
     };

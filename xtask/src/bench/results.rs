@@ -2,8 +2,8 @@
 //! and 4), and the agent's cost (section 5), with section 2's rows of the table.
 
 use super::measure::CpuUse;
-use super::report::{verdict, Row, MAX_BPF_US_200_FRAMES};
 use super::statistics::{median, min_max, thousands};
+use super::table::{verdict, Row, MAX_BPF_US_200_FRAMES};
 use super::{MAX_HZ, NATIVE_DEPTH, TARGET_JAVA_DEPTH};
 
 /// What section 2 profiles.

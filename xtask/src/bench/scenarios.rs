@@ -21,8 +21,8 @@ use super::results::{
 };
 use super::statistics::{median, thousands};
 use super::{
-    export, off_cpu, Plan, COST_INTERVAL_SECS, FREQUENCIES, MAX_HZ, NATIVE_DEPTH,
-    SAMPLING_INTERVAL_SECS, SMALL_JVMS, SMALL_JVM_FLAGS, TARGET_HZ, TARGET_JAVA_DEPTH,
+    Plan, COST_INTERVAL_SECS, FREQUENCIES, MAX_HZ, NATIVE_DEPTH, SAMPLING_INTERVAL_SECS,
+    SMALL_JVMS, SMALL_JVM_FLAGS, TARGET_HZ, TARGET_JAVA_DEPTH,
 };
 
 const JDK17_JAVA: &str = "/usr/lib/jvm/java-17-openjdk-amd64/bin/java";
@@ -185,7 +185,15 @@ impl Bench {
         };
         let native_deep_fp = deep("deep_native_fp", "-fno-omit-frame-pointer")?;
         let native_deep_cfi = deep("deep_native_cfi", "-fomit-frame-pointer")?;
-        let pingpong = off_cpu::build_workload(&sources, &work_dir)?;
+        // Section 7's workload (two threads waking each other).
+        let pingpong = work_dir.join("pingpong");
+        super::super::run(
+            Command::new("gcc")
+                .args(["-O2", "-g", "-pthread", "-o"])
+                .arg(&pingpong)
+                .arg(sources.join("pingpong.c")),
+        )
+        .context("compiling the ping-pong workload")?;
         Ok(Self {
             pingpong,
             native_deep_fp,
@@ -596,8 +604,11 @@ impl Bench {
 
     // ---- sections 3 and 4 ----
 
-    /// Sections 3 and 4, and 6 while the small JVMs run.
-    pub(super) fn measure_daemon_costs(&self) -> Result<(Vec<CostRun>, export::ExportRun)> {
+    /// Sections 3 and 4, and `while_small_jvms_run` (section 6) with the small JVMs' pids.
+    pub(super) fn measure_daemon_costs<T>(
+        &self,
+        while_small_jvms_run: impl FnOnce(&Self, &[u32]) -> Result<T>,
+    ) -> Result<(Vec<CostRun>, T)> {
         let jdk = &self.jdks[0];
         let mut runs = Vec::new();
 
@@ -642,8 +653,8 @@ impl Bench {
             };
             runs.push(self.measure_daemon_cost(scenario, &pids)?);
         }
-        let export = self.measure_export(&pids)?;
-        Ok((runs, export))
+        let during = while_small_jvms_run(self, &pids)?;
+        Ok((runs, during))
     }
 
     /// Small JVMs with one busy worker each: together they keep every CPU busy. All are started

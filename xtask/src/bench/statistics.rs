@@ -1,8 +1,6 @@
 //! Summaries of measured figures: medians, ranges, the daemon's CPU fitted against its sample
 //! rate, and numbers with thousands separators.
 
-use super::results::CostRun;
-
 /// The daemon's CPU as a straight line in the samples handled per second: a fixed part (JVM
 /// tracking, /proc scans, profile building) and a part per sample. Least squares over runs that
 /// differ only in frequency.
@@ -13,18 +11,19 @@ pub(super) struct CpuFit {
 }
 
 impl CpuFit {
-    pub(super) fn of(runs: &[&CostRun]) -> Option<Self> {
-        if runs.len() < 2 {
+    /// The fit of (samples per second, cores used) points.
+    pub(super) fn of(points: &[(f64, f64)]) -> Option<Self> {
+        if points.len() < 2 {
             return None;
         }
-        let n = runs.len() as f64;
-        let mean_x = runs.iter().map(|r| r.records_per_second).sum::<f64>() / n;
-        let mean_y = runs.iter().map(|r| r.cpu.process_cores).sum::<f64>() / n;
+        let n = points.len() as f64;
+        let mean_x = points.iter().map(|(rate, _)| rate).sum::<f64>() / n;
+        let mean_y = points.iter().map(|(_, cores)| cores).sum::<f64>() / n;
         let (mut sxx, mut sxy) = (0.0, 0.0);
-        for run in runs {
-            let dx = run.records_per_second - mean_x;
+        for (rate, cores) in points {
+            let dx = rate - mean_x;
             sxx += dx * dx;
-            sxy += dx * (run.cpu.process_cores - mean_y);
+            sxy += dx * (cores - mean_y);
         }
         if sxx == 0.0 {
             return None;
@@ -96,8 +95,6 @@ pub(super) fn thousands(value: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::measure::CpuUse;
-    use crate::bench::results::Scenario;
 
     #[test]
     fn formats_thousands_and_medians() {
@@ -108,35 +105,14 @@ mod tests {
         assert_eq!(median([4.0, 1.0, 2.0, 3.0].into_iter()), 2.5);
     }
 
-    fn run_at(records_per_second: f64, process_cores: f64) -> CostRun {
-        CostRun {
-            scenario: Scenario {
-                hz: 99,
-                jvms: 1,
-                busy_cpus: 2,
-            },
-            cpu: CpuUse {
-                process_cores,
-                ..CpuUse::default()
-            },
-            peak_rss_mb: 0.0,
-            peak_charged_mb: 0.0,
-            charged_mb: 0.0,
-            records_per_second,
-            profiles_per_second: 0.0,
-            losses: Vec::new(),
-        }
-    }
-
     #[test]
     fn fits_fixed_and_per_sample_cpu() {
         // 0.5% of a core plus 10 us per sample.
-        let runs: Vec<CostRun> = [38.0, 198.0, 1998.0]
+        let points: Vec<(f64, f64)> = [38.0, 198.0, 1998.0]
             .into_iter()
-            .map(|rate| run_at(rate, 0.005 + rate * 10e-6))
+            .map(|rate| (rate, 0.005 + rate * 10e-6))
             .collect();
-        let refs: Vec<&CostRun> = runs.iter().collect();
-        let fit = CpuFit::of(&refs).expect("a fit");
+        let fit = CpuFit::of(&points).expect("a fit");
         assert!((fit.fixed_cores - 0.005).abs() < 1e-9);
         assert!((fit.seconds_per_sample - 10e-6).abs() < 1e-12);
         let saturation = fit.saturation_rate().expect("a positive slope");
