@@ -6,38 +6,25 @@
 //! below the CFA (the caller's sp after the return), so a row says only how to find the CFA and
 //! where the caller's rbp was saved.
 
-/// How a row finds the CFA (the caller's sp once this frame returns), or why it cannot.
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum CfaKind {
-    /// No call frame information covers this pc (between functions, or code the tables omit):
-    /// the walker falls back to frame pointers.
-    None = 0,
-    /// CFA = rsp + `cfa_offset`.
-    Rsp = 1,
-    /// CFA = rbp + `cfa_offset` (a function that keeps a frame pointer).
-    Rbp = 2,
-    /// A PLT stub's expression: CFA = rsp + 8, plus 8 once the stub has pushed its argument
-    /// (pc & 15 >= 11): what GCC and binutils emit for `.plt` sections.
-    Plt = 3,
-    /// The outermost frame: the return address is undefined (`_start`, a thread's start).
-    Outermost = 4,
-    /// A rule this table cannot express (another register, a general expression, a signal
-    /// frame): the walker falls back to frame pointers.
-    Unsupported = 5,
-}
-
-impl CfaKind {
-    pub const fn from_u8(value: u8) -> Option<Self> {
-        match value {
-            0 => Some(Self::None),
-            1 => Some(Self::Rsp),
-            2 => Some(Self::Rbp),
-            3 => Some(Self::Plt),
-            4 => Some(Self::Outermost),
-            5 => Some(Self::Unsupported),
-            _ => None,
-        }
+crate::labelled_enum! {
+    /// How a row finds the CFA (the caller's sp once this frame returns), or why it cannot.
+    #[derive(PartialOrd, Ord)]
+    pub enum CfaKind: u8, from_u8 {
+        /// No call frame information covers this pc (between functions, or code the tables omit):
+        /// the walker falls back to frame pointers.
+        None = 0 => "none",
+        /// CFA = rsp + `cfa_offset`.
+        Rsp = 1 => "rsp",
+        /// CFA = rbp + `cfa_offset` (a function that keeps a frame pointer).
+        Rbp = 2 => "rbp",
+        /// A PLT stub's expression: CFA = rsp + 8, plus 8 once the stub has pushed its argument
+        /// (pc & 15 >= 11): what GCC and binutils emit for `.plt` sections.
+        Plt = 3 => "plt",
+        /// The outermost frame: the return address is undefined (`_start`, a thread's start).
+        Outermost = 4 => "outermost",
+        /// A rule this table cannot express (another register, a general expression, a signal
+        /// frame): the walker falls back to frame pointers.
+        Unsupported = 5 => "unsupported",
     }
 }
 

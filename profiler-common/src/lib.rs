@@ -6,6 +6,7 @@
 #![no_std]
 
 pub mod cfi;
+mod labelled_enum;
 pub mod metric;
 
 /// Deepest kernel stack we ask `bpf_get_stack` for (the kernel's `perf_event_max_stack` default).
@@ -42,172 +43,79 @@ pub const MAX_TARGET_PIDS: u32 = 4096;
 /// Length of a task's `comm`, NUL padded.
 pub const COMM_LEN: usize = 16;
 
-/// What produced a user frame, and so how the daemon symbolizes it.
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum FrameKind {
-    /// An instruction pointer in native code (ELF or anonymous memory).
-    Native = 1,
-    /// A HotSpot interpreter frame: `addr` is the `Method*`, `aux` the bci (`BCI_UNKNOWN` if the
-    /// bcp was not plausible), `cookie` its [`interpreted_cookie`].
-    Interpreted = 2,
-    /// A frame in a HotSpot code blob (an nmethod, or a stub): `addr` is the `CodeBlob*`, `aux`
-    /// the pc's offset from the blob's code start, `cookie` the nmethod's `_compile_id`.
-    Compiled = 3,
+crate::labelled_enum! {
+    /// What produced a user frame, and so how the daemon symbolizes it.
+    pub enum FrameKind: u8, from_u8 {
+        /// An instruction pointer in native code (ELF or anonymous memory).
+        Native = 1 => "native",
+        /// A HotSpot interpreter frame: `addr` is the `Method*`, `aux` the bci (`BCI_UNKNOWN` if the
+        /// bcp was not plausible), `cookie` its [`interpreted_cookie`].
+        Interpreted = 2 => "interpreted",
+        /// A frame in a HotSpot code blob (an nmethod, or a stub): `addr` is the `CodeBlob*`, `aux`
+        /// the pc's offset from the blob's code start, `cookie` the nmethod's `_compile_id`.
+        Compiled = 3 => "compiled",
+    }
 }
 
 /// `UserFrame::aux` of an interpreted frame whose bcp could not be trusted.
 pub const BCI_UNKNOWN: u32 = u32::MAX;
 
-impl FrameKind {
-    pub const fn from_u8(value: u8) -> Option<Self> {
-        match value {
-            1 => Some(Self::Native),
-            2 => Some(Self::Interpreted),
-            3 => Some(Self::Compiled),
-            _ => None,
-        }
+crate::labelled_enum! {
+    /// Why the user stack walk stopped.
+    pub enum UnwindEnd: u8, from_u8 {
+        /// Reached the outermost frame (null frame pointer or null return address).
+        Complete = 0 => "complete",
+        /// Stopped at `MAX_USER_FRAMES`.
+        MaxDepth = 1 => "max_depth",
+        /// A frame-pointer slot could not be read (paged out, or not a frame pointer at all).
+        ReadFailed = 2 => "read_failed",
+        /// The saved frame pointer did not point further up the stack: not a frame-pointer chain.
+        NotMonotonic = 3 => "not_monotonic",
+        /// The task has no user context (kernel thread, or registers unavailable).
+        NoUserContext = 4 => "no_user_context",
+        /// A pc inside a JVM's code cache that no code blob covers (segment map lookup failed).
+        NoCodeBlob = 5 => "no_code_blob",
+        /// A Java frame whose layout is implausible (frame size, sender sp, bcp).
+        BadJavaFrame = 6 => "bad_java_frame",
+        /// A Java frame could not be read (its memory was unmapped or paged out).
+        JavaReadFailed = 7 => "java_read_failed",
     }
 }
 
-/// Why the user stack walk stopped.
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum UnwindEnd {
-    /// Reached the outermost frame (null frame pointer or null return address).
-    Complete = 0,
-    /// Stopped at `MAX_USER_FRAMES`.
-    MaxDepth = 1,
-    /// A frame-pointer slot could not be read (paged out, or not a frame pointer at all).
-    ReadFailed = 2,
-    /// The saved frame pointer did not point further up the stack: not a frame-pointer chain.
-    NotMonotonic = 3,
-    /// The task has no user context (kernel thread, or registers unavailable).
-    NoUserContext = 4,
-    /// A pc inside a JVM's code cache that no code blob covers (segment map lookup failed).
-    NoCodeBlob = 5,
-    /// A Java frame whose layout is implausible (frame size, sender sp, bcp).
-    BadJavaFrame = 6,
-    /// A Java frame could not be read (its memory was unmapped or paged out).
-    JavaReadFailed = 7,
-}
-
-impl UnwindEnd {
-    pub const ALL: [Self; 8] = [
-        Self::Complete,
-        Self::MaxDepth,
-        Self::ReadFailed,
-        Self::NotMonotonic,
-        Self::NoUserContext,
-        Self::NoCodeBlob,
-        Self::BadJavaFrame,
-        Self::JavaReadFailed,
-    ];
-
-    pub const fn from_u8(value: u8) -> Option<Self> {
-        match value {
-            0 => Some(Self::Complete),
-            1 => Some(Self::MaxDepth),
-            2 => Some(Self::ReadFailed),
-            3 => Some(Self::NotMonotonic),
-            4 => Some(Self::NoUserContext),
-            5 => Some(Self::NoCodeBlob),
-            6 => Some(Self::BadJavaFrame),
-            7 => Some(Self::JavaReadFailed),
-            _ => None,
-        }
-    }
-
-    /// A short name for metrics and for `[truncated: ...]` frames.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Complete => "complete",
-            Self::MaxDepth => "max_depth",
-            Self::ReadFailed => "read_failed",
-            Self::NotMonotonic => "not_monotonic",
-            Self::NoUserContext => "no_user_context",
-            Self::NoCodeBlob => "no_code_blob",
-            Self::BadJavaFrame => "bad_java_frame",
-            Self::JavaReadFailed => "java_read_failed",
-        }
-    }
-}
-
-/// Indexes into the per-CPU `COUNTERS` array. The daemon sums them over CPUs and exports them.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Counter {
-    /// Every run of the sampling program.
-    Samples = 0,
-    /// Samples of the idle task (pid 0), not recorded.
-    Idle = 1,
-    /// Samples of processes outside the `--pid` filter, not recorded.
-    Filtered = 2,
-    /// Samples lost because the ring buffer was full.
-    RingFull = 3,
-    /// `bpf_get_stack` failed for the kernel stack (the sample is still sent, without it).
-    KernelStackFailed = 4,
-    /// User stacks cut at `MAX_USER_FRAMES`.
-    UserStackTruncated = 5,
-    /// The per-CPU scratch record could not be looked up (should never happen).
-    ScratchMissing = 6,
-    /// Samples sent to the daemon.
-    Sent = 7,
-    /// Process events (exec, exit) lost because their ring buffer was full.
-    ProcessEventsLost = 8,
-    /// Switches off the CPU of profiled threads (off-CPU profiling on).
-    OffCpuSwitches = 9,
-    /// Those whose stack was taken and sent.
-    OffCpuSampled = 10,
-    /// Sampled switches lost: the off-CPU ring was full (the stack or the wait's end).
-    OffCpuRingFull = 11,
-    /// Switches not tracked: the thread's task storage could not be had (no memory, or busy in
-    /// a nested program).
-    OffCpuNoStorage = 12,
-    /// Threads given off-CPU task storage, and tracked threads that exited (their storage goes
-    /// with them): the difference is the threads tracked now.
-    OffCpuThreadsTracked = 13,
-    OffCpuThreadsGone = 14,
-}
-
-impl Counter {
-    pub const COUNT: u32 = 15;
-    pub const ALL: [Self; Self::COUNT as usize] = [
-        Self::Samples,
-        Self::Idle,
-        Self::Filtered,
-        Self::RingFull,
-        Self::KernelStackFailed,
-        Self::UserStackTruncated,
-        Self::ScratchMissing,
-        Self::Sent,
-        Self::ProcessEventsLost,
-        Self::OffCpuSwitches,
-        Self::OffCpuSampled,
-        Self::OffCpuRingFull,
-        Self::OffCpuNoStorage,
-        Self::OffCpuThreadsTracked,
-        Self::OffCpuThreadsGone,
-    ];
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Samples => "samples",
-            Self::Idle => "idle",
-            Self::Filtered => "filtered",
-            Self::RingFull => "ring_full",
-            Self::KernelStackFailed => "kernel_stack_failed",
-            Self::UserStackTruncated => "user_stack_truncated",
-            Self::ScratchMissing => "scratch_missing",
-            Self::Sent => "sent",
-            Self::ProcessEventsLost => "process_events_lost",
-            Self::OffCpuSwitches => "off_cpu_switches",
-            Self::OffCpuSampled => "off_cpu_sampled",
-            Self::OffCpuRingFull => "off_cpu_ring_full",
-            Self::OffCpuNoStorage => "off_cpu_no_storage",
-            Self::OffCpuThreadsTracked => "off_cpu_threads_tracked",
-            Self::OffCpuThreadsGone => "off_cpu_threads_gone",
-        }
+crate::labelled_enum! {
+    /// Indexes into the per-CPU `COUNTERS` array. The daemon sums them over CPUs and exports them.
+    pub enum Counter: u32, from_u32 {
+        /// Every run of the sampling program.
+        Samples = 0 => "samples",
+        /// Samples of the idle task (pid 0), not recorded.
+        Idle = 1 => "idle",
+        /// Samples of processes outside the `--pid` filter, not recorded.
+        Filtered = 2 => "filtered",
+        /// Samples lost because the ring buffer was full.
+        RingFull = 3 => "ring_full",
+        /// `bpf_get_stack` failed for the kernel stack (the sample is still sent, without it).
+        KernelStackFailed = 4 => "kernel_stack_failed",
+        /// User stacks cut at `MAX_USER_FRAMES`.
+        UserStackTruncated = 5 => "user_stack_truncated",
+        /// The per-CPU scratch record could not be looked up (should never happen).
+        ScratchMissing = 6 => "scratch_missing",
+        /// Samples sent to the daemon.
+        Sent = 7 => "sent",
+        /// Process events (exec, exit) lost because their ring buffer was full.
+        ProcessEventsLost = 8 => "process_events_lost",
+        /// Switches off the CPU of profiled threads (off-CPU profiling on).
+        OffCpuSwitches = 9 => "off_cpu_switches",
+        /// Those whose stack was taken and sent.
+        OffCpuSampled = 10 => "off_cpu_sampled",
+        /// Sampled switches lost: the off-CPU ring was full (the stack or the wait's end).
+        OffCpuRingFull = 11 => "off_cpu_ring_full",
+        /// Switches not tracked: the thread's task storage could not be had (no memory, or busy in
+        /// a nested program).
+        OffCpuNoStorage = 12 => "off_cpu_no_storage",
+        /// Threads given off-CPU task storage, and tracked threads that exited (their storage goes
+        /// with them): the difference is the threads tracked now.
+        OffCpuThreadsTracked = 13 => "off_cpu_threads_tracked",
+        OffCpuThreadsGone = 14 => "off_cpu_threads_gone",
     }
 }
 
@@ -216,23 +124,13 @@ impl Counter {
 /// half-second polls.
 pub const PROCESS_EVENT_RING_BYTES: u32 = 256 << 10;
 
-/// What a process did, as the BPF tracepoints saw it.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProcessEventKind {
-    /// It replaced its program (`execve`): a new image, maybe a JVM starting.
-    Exec = 1,
-    /// Its main thread exited (the process is gone, or a zombie until its last thread ends).
-    Exit = 2,
-}
-
-impl ProcessEventKind {
-    pub fn from_u32(value: u32) -> Option<Self> {
-        match value {
-            1 => Some(Self::Exec),
-            2 => Some(Self::Exit),
-            _ => None,
-        }
+crate::labelled_enum! {
+    /// What a process did, as the BPF tracepoints saw it.
+    pub enum ProcessEventKind: u32, from_u32 {
+        /// It replaced its program (`execve`): a new image, maybe a JVM starting.
+        Exec = 1 => "exec",
+        /// Its main thread exited (the process is gone, or a zombie until its last thread ends).
+        Exit = 2 => "exit",
     }
 }
 
@@ -291,66 +189,33 @@ pub struct SampleHeader {
     pub comm: [u8; COMM_LEN],
 }
 
-/// What a sample record stands for.
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum SampleKind {
-    /// The CPU-clock event fired while the thread ran: `ktime_ns` is when.
-    Cpu = 0,
-    /// The thread left the CPU (`sched_switch`) and this switch was sampled: `ktime_ns` is
-    /// when; the stack is where it waits. How long it waited comes later, in an
-    /// [`OffCpuEnd`] with the same thread and `ktime_ns`.
-    OffCpu = 1,
-}
-
-impl SampleKind {
-    pub const fn from_u8(value: u8) -> Option<Self> {
-        match value {
-            0 => Some(Self::Cpu),
-            1 => Some(Self::OffCpu),
-            _ => None,
-        }
+crate::labelled_enum! {
+    /// What a sample record stands for.
+    pub enum SampleKind: u8, from_u8 {
+        /// The CPU-clock event fired while the thread ran: `ktime_ns` is when.
+        Cpu = 0 => "cpu",
+        /// The thread left the CPU (`sched_switch`) and this switch was sampled: `ktime_ns` is
+        /// when; the stack is where it waits. How long it waited comes later, in an
+        /// [`OffCpuEnd`] with the same thread and `ktime_ns`.
+        OffCpu = 1 => "off_cpu",
     }
 }
 
-/// What a Java thread was doing in the JVM when it left the CPU, from its
-/// `JavaThread::_thread_state` (for off-CPU records).
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum JavaState {
-    /// Not a Java thread, or its state could not be read.
-    Unknown = 0,
-    /// In native code: JNI, and the JDK's blocking I/O (sockets, files).
-    InNative = 1,
-    /// In the VM's own code.
-    InVm = 2,
-    /// Blocked by the VM: monitors, `Object.wait`, `Thread.sleep`, `LockSupport.park`,
-    /// safepoints.
-    Blocked = 3,
-    /// Running Java code (preempted), or between two states.
-    InJava = 4,
-}
-
-impl JavaState {
-    pub const fn from_u8(value: u8) -> Self {
-        match value {
-            1 => Self::InNative,
-            2 => Self::InVm,
-            3 => Self::Blocked,
-            4 => Self::InJava,
-            _ => Self::Unknown,
-        }
-    }
-
-    /// The `java_state` label of off-CPU samples.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Unknown => "unknown",
-            Self::InNative => "in_native",
-            Self::InVm => "in_vm",
-            Self::Blocked => "blocked",
-            Self::InJava => "in_java",
-        }
+crate::labelled_enum! {
+    /// What a Java thread was doing in the JVM when it left the CPU, from its
+    /// `JavaThread::_thread_state` (for off-CPU records).
+    pub enum JavaState: u8, from_u8 {
+        /// Not a Java thread, or its state could not be read.
+        Unknown = 0 => "unknown",
+        /// In native code: JNI, and the JDK's blocking I/O (sockets, files).
+        InNative = 1 => "in_native",
+        /// In the VM's own code.
+        InVm = 2 => "in_vm",
+        /// Blocked by the VM: monitors, `Object.wait`, `Thread.sleep`, `LockSupport.park`,
+        /// safepoints.
+        Blocked = 3 => "blocked",
+        /// Running Java code (preempted), or between two states.
+        InJava = 4 => "in_java",
     }
 }
 

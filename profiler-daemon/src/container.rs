@@ -10,24 +10,14 @@
 
 use std::io;
 
-/// The runtime that created a container, when its cgroup name tells.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Runtime {
-    Containerd,
-    CriO,
-    Docker,
-    Podman,
-}
-
-impl Runtime {
-    /// The runtime's usual name, as used in labels.
-    pub fn name(self) -> &'static str {
-        match self {
-            Runtime::Containerd => "containerd",
-            Runtime::CriO => "cri-o",
-            Runtime::Docker => "docker",
-            Runtime::Podman => "podman",
-        }
+profiler_common::labelled_enum! {
+    /// The runtime that created a container, when its cgroup name tells; its label is the
+    /// runtime's usual name.
+    pub enum Runtime {
+        Containerd => "containerd",
+        CriO => "cri-o",
+        Docker => "docker",
+        Podman => "podman",
     }
 }
 

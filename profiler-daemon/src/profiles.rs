@@ -308,7 +308,8 @@ pub fn build(
                     "state",
                     wait_state_label(view.header.task_state),
                 ));
-                let java_state = JavaState::from_u8(view.header.java_state);
+                let java_state =
+                    JavaState::from_u8(view.header.java_state).unwrap_or(JavaState::Unknown);
                 if java_state != JavaState::Unknown {
                     labels.push(Label::Str("java_state", java_state.name()));
                 }

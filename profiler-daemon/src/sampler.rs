@@ -88,7 +88,7 @@ impl SamplerError {
 
 /// Counter values summed over CPUs, indexed like [`Counter`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KernelCounters(pub [u64; Counter::COUNT as usize]);
+pub struct KernelCounters(pub [u64; Counter::COUNT]);
 
 impl KernelCounters {
     pub fn get(&self, counter: Counter) -> u64 {

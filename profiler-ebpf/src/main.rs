@@ -57,7 +57,7 @@ static SAMPLES: RingBuf = RingBuf::with_byte_size(DEFAULT_SAMPLE_RING_BYTES, 0);
 pub(crate) static SCRATCH: PerCpuArray<SampleRecord> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
-static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
+static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT as u32, 0);
 
 #[map]
 static TARGET_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGET_PIDS, 0);

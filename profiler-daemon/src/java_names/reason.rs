@@ -3,53 +3,28 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Why a Java frame (or one function of its inline chain) could not be named. A miss is a value,
-/// not an error: the frame stays in the stack as a marker naming the reason.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum UnnamedReason {
-    /// The process's JVM could not be inspected (libjvm or its VMStructs unreadable): there is
-    /// no layout to read names with.
-    NoJvm = 0,
-    /// The unwinder recorded a frame kind that is not a Java one.
-    BadFrameKind = 1,
-    /// Reading the JVM's memory failed: unmapped, freed, or a null pointer where one must be.
-    Unreadable = 2,
-    /// This JVM does not export a VMStructs field that naming needs.
-    MissingField = 3,
-    /// A symbol or the debug info is larger than the bounds on what is read.
-    OverBound = 4,
-    /// The interpreted frame's `Method*` now holds another method (its cookie differs): the
-    /// memory was reused since the sample.
-    MethodReused = 5,
-    /// The code blob holds another compilation now (its compile id differs): freed and reused
-    /// since the sample.
-    CodeReused = 6,
-}
-
-impl UnnamedReason {
-    /// Every reason, in discriminant order (the counters' index).
-    pub const ALL: [Self; 7] = [
-        Self::NoJvm,
-        Self::BadFrameKind,
-        Self::Unreadable,
-        Self::MissingField,
-        Self::OverBound,
-        Self::MethodReused,
-        Self::CodeReused,
-    ];
-
-    /// The label in markers and metrics.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::NoJvm => "no_jvm",
-            Self::BadFrameKind => "bad_frame_kind",
-            Self::Unreadable => "unreadable",
-            Self::MissingField => "missing_field",
-            Self::OverBound => "over_bound",
-            Self::MethodReused => "method_reused",
-            Self::CodeReused => "code_reused",
-        }
+profiler_common::labelled_enum! {
+    /// Why a Java frame (or one function of its inline chain) could not be named. A miss is a
+    /// value, not an error: the frame stays in the stack as a marker naming the reason. `ALL`
+    /// is in discriminant order, the counters' index.
+    pub enum UnnamedReason: u8, from_u8 {
+        /// The process's JVM could not be inspected (libjvm or its VMStructs unreadable): there is
+        /// no layout to read names with.
+        NoJvm = 0 => "no_jvm",
+        /// The unwinder recorded a frame kind that is not a Java one.
+        BadFrameKind = 1 => "bad_frame_kind",
+        /// Reading the JVM's memory failed: unmapped, freed, or a null pointer where one must be.
+        Unreadable = 2 => "unreadable",
+        /// This JVM does not export a VMStructs field that naming needs.
+        MissingField = 3 => "missing_field",
+        /// A symbol or the debug info is larger than the bounds on what is read.
+        OverBound = 4 => "over_bound",
+        /// The interpreted frame's `Method*` now holds another method (its cookie differs): the
+        /// memory was reused since the sample.
+        MethodReused = 5 => "method_reused",
+        /// The code blob holds another compilation now (its compile id differs): freed and reused
+        /// since the sample.
+        CodeReused = 6 => "code_reused",
     }
 }
 

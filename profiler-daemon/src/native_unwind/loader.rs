@@ -87,46 +87,23 @@ pub fn block_capacity(table_budget_bytes: u64) -> u32 {
     (table_budget_bytes / std::mem::size_of::<CfiBlock>() as u64).clamp(1, u32::MAX as u64) as u32
 }
 
-/// Why a file's mapping got no table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NotLoaded {
-    /// No `.eh_frame` or `.debug_frame`, or not x86_64 ELF.
-    NoCfi,
-    /// The file could not be opened or read safely, or its call frame information is broken.
-    Unreadable,
-    /// More rows than a table may have.
-    TooLarge,
-    /// The budget was full of tables live processes use.
-    Budget,
-    /// The kernel refused a map update (a map full, memory).
-    MapFull,
-    /// The process has more mappings with tables than its entry holds.
-    TooManyMappings,
-    /// Its user's processes already hold their share of the budget ([`user_share`]).
-    UserShare,
-}
-
-impl NotLoaded {
-    pub const ALL: [Self; 7] = [
-        Self::NoCfi,
-        Self::Unreadable,
-        Self::TooLarge,
-        Self::Budget,
-        Self::MapFull,
-        Self::TooManyMappings,
-        Self::UserShare,
-    ];
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::NoCfi => "no_cfi",
-            Self::Unreadable => "unreadable",
-            Self::TooLarge => "too_large",
-            Self::Budget => "budget",
-            Self::MapFull => "map_full",
-            Self::TooManyMappings => "too_many_mappings",
-            Self::UserShare => "user_share",
-        }
+profiler_common::labelled_enum! {
+    /// Why a file's mapping got no table.
+    pub enum NotLoaded {
+        /// No `.eh_frame` or `.debug_frame`, or not x86_64 ELF.
+        NoCfi => "no_cfi",
+        /// The file could not be opened or read safely, or its call frame information is broken.
+        Unreadable => "unreadable",
+        /// More rows than a table may have.
+        TooLarge => "too_large",
+        /// The budget was full of tables live processes use.
+        Budget => "budget",
+        /// The kernel refused a map update (a map full, memory).
+        MapFull => "map_full",
+        /// The process has more mappings with tables than its entry holds.
+        TooManyMappings => "too_many_mappings",
+        /// Its user's processes already hold their share of the budget ([`user_share`]).
+        UserShare => "user_share",
     }
 }
 
