@@ -24,7 +24,7 @@
 //! This crate is apart from `profiler-common` on purpose: that crate is the byte contract between
 //! the kernel and the daemon (record layouts, numbers that never change), which the daemon
 //! links; this one is an algorithm only the BPF program and its tests use.
-#![cfg_attr(not(test), no_std)]
+#![cfg_attr(not(any(test, feature = "fakes")), no_std)]
 
 mod hotspot;
 mod memory;
@@ -33,6 +33,8 @@ mod state;
 mod walk;
 pub mod x86_frames;
 
+#[cfg(any(test, feature = "fakes"))]
+pub mod fakes;
 #[cfg(test)]
 mod tests;
 

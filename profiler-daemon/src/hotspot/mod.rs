@@ -30,3 +30,6 @@ pub mod tracker;
 pub mod unsigned5;
 pub mod unwind_info;
 pub mod vmstructs;
+
+#[cfg(test)]
+mod contract_tests;

@@ -293,17 +293,18 @@ fn constant_pool_symbol(
 }
 
 /// The pointers from a `Method` to its class's name, and the cookie they give.
-struct MethodIdentity {
+pub(super) struct MethodIdentity {
     const_method: u64,
     cp: u64,
     holder: u64,
     class_symbol: u64,
     /// What BPF records for an interpreted frame of this method (see
     /// [`profiler_common::interpreted_cookie`]).
-    cookie: u32,
+    pub(super) cookie: u32,
 }
 
-fn read_identity(
+/// Reads `method`'s identity as BPF reads it (the contract tests compare the two).
+pub(super) fn read_identity(
     jvm: &Jvm,
     memory: &dyn RemoteMemory,
     method: u64,

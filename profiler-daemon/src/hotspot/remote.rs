@@ -136,54 +136,35 @@ impl RemoteMemory for ProcessMemory {
     }
 }
 
-/// Memory made of a few byte ranges: for tests, and for replaying recorded memory.
-#[derive(Default, Clone, Debug)]
-pub struct FakeMemory {
-    regions: Vec<(u64, Vec<u8>)>,
-}
-
-impl FakeMemory {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub fn add(&mut self, addr: u64, bytes: Vec<u8>) {
-        self.regions.push((addr, bytes));
-    }
-
-    /// Adds bytes that take precedence over what is already there.
-    pub fn overlay(&mut self, addr: u64, bytes: Vec<u8>) {
-        self.regions.insert(0, (addr, bytes));
-    }
-}
-
-impl RemoteMemory for FakeMemory {
+/// The walker's synthetic process (`profiler_unwind::fakes`), read the way a process is: the
+/// daemon's tests and the walker's share one fake memory.
+#[cfg(test)]
+impl RemoteMemory for profiler_unwind::fakes::FakeMemory {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), ReadError> {
+        use profiler_unwind::UserMemory as _;
         if addr == 0 {
             return Err(ReadError::Null);
         }
-        for (start, bytes) in &self.regions {
-            let offset = addr.wrapping_sub(*start);
-            if addr >= *start
-                && offset
-                    .checked_add(buf.len() as u64)
-                    .is_some_and(|end| end <= bytes.len() as u64)
-            {
-                buf.copy_from_slice(&bytes[offset as usize..offset as usize + buf.len()]);
-                return Ok(());
-            }
+        let mut bytes = vec![std::mem::MaybeUninit::uninit(); buf.len()];
+        if !self.read_into(addr, &mut bytes) {
+            return Err(ReadError::Failed {
+                addr,
+                len: buf.len(),
+                errno: libc::EFAULT,
+            });
         }
-        Err(ReadError::Failed {
-            addr,
-            len: buf.len(),
-            errno: libc::EFAULT,
-        })
+        for (to, from) in buf.iter_mut().zip(bytes) {
+            // SAFETY: `read_into` filled every byte.
+            *to = unsafe { from.assume_init() };
+        }
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use profiler_unwind::fakes::FakeMemory;
 
     #[test]
     fn reads_our_own_memory() {
@@ -201,7 +182,7 @@ mod tests {
 
     #[test]
     fn strings_without_an_end_are_an_error() {
-        let mut memory = FakeMemory::new();
+        let mut memory = FakeMemory::default();
         memory.add(0x1000, vec![b'a'; 100]);
         assert!(matches!(
             memory.read_c_string(0x1000, 50),

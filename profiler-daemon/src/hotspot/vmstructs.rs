@@ -272,7 +272,7 @@ impl StringCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hotspot::remote::FakeMemory;
+    use profiler_unwind::fakes::FakeMemory;
     use proptest::prelude::*;
 
     /// Lays out a fake libjvm: the 24 symbol variables, four tables and their strings.
@@ -336,7 +336,7 @@ mod tests {
                 ints_at, 0, 8, 16, //
                 longs_at, 0, 8, 16,
             ];
-            let mut memory = FakeMemory::new();
+            let mut memory = FakeMemory::default();
             memory.add(
                 SYMBOLS_AT,
                 variables.iter().flat_map(|v| v.to_le_bytes()).collect(),
@@ -459,7 +459,7 @@ mod tests {
                     variables[base] = TABLES_AT + variables[base] * 16;
                 }
             }
-            let mut memory = FakeMemory::new();
+            let mut memory = FakeMemory::default();
             memory.add(SYMBOLS_AT, variables.iter().flat_map(|v| v.to_le_bytes()).collect());
             memory.add(TABLES_AT, tables);
             memory.add(STRINGS_AT, strings);

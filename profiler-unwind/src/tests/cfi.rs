@@ -5,8 +5,8 @@ use profiler_common::cfi::{CfaKind, CfiRow, RBP_UNCHANGED};
 use profiler_common::UnwindEnd;
 
 use super::expect;
-use super::fake::*;
 use super::TID;
+use crate::fakes::*;
 use crate::UserRegs;
 
 /// A library mapped at `LIB` whose ELF addresses start at 0 (bias = LIB).

@@ -3,9 +3,8 @@
 //! walk fails. See `fake.rs` for the fake process.
 
 mod cfi;
-mod fake;
 
-use fake::*;
+use crate::fakes::*;
 use profiler_common::{UnwindEnd, UserFrame};
 
 /// Recorded prologues and epilogues (JDK 25, see `x86_frames`'s tests).

@@ -1,6 +1,10 @@
 //! A synthetic JVM process for the walker: memory as address ranges of bytes, and a code cache,
 //! metadata and threads laid out by a [`HotspotProc`] built here. Nothing is read from a real
 //! process; instruction bytes come from the recordings in `x86_frames`'s tests.
+//!
+//! Compiled for this crate's tests and, with the `fakes` feature, for the daemon's: its contract
+//! tests derive the same `HotspotProc` from VMStructs and read this very memory the way the
+//! daemon reads a JVM's, so the walker and the daemon are tested against one process.
 
 use core::mem::MaybeUninit;
 
@@ -18,7 +22,7 @@ use crate::{
 
 /// Memory of the fake process: disjoint regions, each readable as a whole.
 #[derive(Default)]
-pub(crate) struct FakeMemory {
+pub struct FakeMemory {
     regions: Vec<(u64, Vec<u8>)>,
     threads: Vec<(u32, u64)>,
     /// Native code with unwind tables: (start, end, bias, rows), as the daemon would load them.
@@ -27,7 +31,7 @@ pub(crate) struct FakeMemory {
 
 impl FakeMemory {
     /// Maps `len` zero bytes at `start`.
-    pub(crate) fn map(&mut self, start: u64, len: usize) {
+    pub fn map(&mut self, start: u64, len: usize) {
         assert!(
             self.regions
                 .iter()
@@ -37,8 +41,19 @@ impl FakeMemory {
         self.regions.push((start, vec![0; len]));
     }
 
+    /// Maps `bytes` at `start`.
+    pub fn add(&mut self, start: u64, bytes: Vec<u8>) {
+        self.map(start, bytes.len());
+        self.write(start, &bytes);
+    }
+
+    /// Maps `bytes` at `start`, over whatever is there: they take precedence.
+    pub fn overlay(&mut self, start: u64, bytes: Vec<u8>) {
+        self.regions.insert(0, (start, bytes));
+    }
+
     /// Unmaps the region that starts at `start`.
-    pub(crate) fn unmap(&mut self, start: u64) {
+    pub fn unmap(&mut self, start: u64) {
         self.regions.retain(|(s, _)| *s != start);
     }
 
@@ -49,7 +64,7 @@ impl FakeMemory {
         })
     }
 
-    pub(crate) fn write(&mut self, addr: u64, data: &[u8]) {
+    pub fn write(&mut self, addr: u64, data: &[u8]) {
         let slot = self
             .regions
             .iter_mut()
@@ -61,28 +76,28 @@ impl FakeMemory {
         slot.copy_from_slice(data);
     }
 
-    pub(crate) fn put_u8(&mut self, addr: u64, value: u8) {
+    pub fn put_u8(&mut self, addr: u64, value: u8) {
         self.write(addr, &[value]);
     }
 
-    pub(crate) fn put_u16(&mut self, addr: u64, value: u16) {
+    pub fn put_u16(&mut self, addr: u64, value: u16) {
         self.write(addr, &value.to_le_bytes());
     }
 
-    pub(crate) fn put_u32(&mut self, addr: u64, value: u32) {
+    pub fn put_u32(&mut self, addr: u64, value: u32) {
         self.write(addr, &value.to_le_bytes());
     }
 
-    pub(crate) fn put_u64(&mut self, addr: u64, value: u64) {
+    pub fn put_u64(&mut self, addr: u64, value: u64) {
         self.write(addr, &value.to_le_bytes());
     }
 
-    pub(crate) fn add_thread(&mut self, tid: u32, java_thread: u64) {
+    pub fn add_thread(&mut self, tid: u32, java_thread: u64) {
         self.threads.push((tid, java_thread));
     }
 
     /// Code at [start, end) whose pcs minus `bias` are the addresses `rows` cover.
-    pub(crate) fn add_table(&mut self, start: u64, end: u64, bias: u64, rows: Vec<CfiRow>) {
+    pub fn add_table(&mut self, start: u64, end: u64, bias: u64, rows: Vec<CfiRow>) {
         self.tables.push((start, end, bias, rows));
     }
 
@@ -154,7 +169,7 @@ impl JavaThreads for FakeMemory {
 
 /// Frames as the BPF program's sample record would hold them.
 #[derive(Default)]
-pub(crate) struct Frames(pub(crate) Vec<UserFrame>);
+pub struct Frames(pub Vec<UserFrame>);
 
 impl FrameSink for Frames {
     fn record(&mut self, index: u32, frame: UserFrame) -> bool {
@@ -165,38 +180,38 @@ impl FrameSink for Frames {
 }
 
 /// Where things are in the fake process.
-pub(crate) const CODE_LOW: u64 = 0x7f00_0000_0000;
-pub(crate) const CODE_HIGH: u64 = CODE_LOW + 0x10_0000;
-pub(crate) const INTERPRETER_LOW: u64 = CODE_LOW + 0x1000;
-pub(crate) const INTERPRETER_HIGH: u64 = CODE_LOW + 0x9000;
+pub const CODE_LOW: u64 = 0x7f00_0000_0000;
+pub const CODE_HIGH: u64 = CODE_LOW + 0x10_0000;
+pub const INTERPRETER_LOW: u64 = CODE_LOW + 0x1000;
+pub const INTERPRETER_HIGH: u64 = CODE_LOW + 0x9000;
 /// `StubRoutines::_call_stub_return_address` (not in any blob: the walker tests it first).
-pub(crate) const CALL_STUB_RETURN: u64 = CODE_LOW + 0xa040;
-pub(crate) const HEAP_LOW: u64 = CODE_LOW + 0x1_0000;
-pub(crate) const HEAP_HIGH: u64 = CODE_HIGH;
-const LOG2_SEGMENT: u32 = 7;
-const SEGMAP: u64 = 0x7e00_0000_0000;
+pub const CALL_STUB_RETURN: u64 = CODE_LOW + 0xa040;
+pub const HEAP_LOW: u64 = CODE_LOW + 0x1_0000;
+pub const HEAP_HIGH: u64 = CODE_HIGH;
+pub const LOG2_SEGMENT: u32 = 7;
+pub const SEGMAP: u64 = 0x7e00_0000_0000;
 const METADATA: u64 = 0x6000_0000_0000;
 const THREADS: u64 = 0x5000_0000_0000;
 /// The thread's stack: 16 pages, the walk runs towards `STACK_TOP`.
-pub(crate) const STACK: u64 = 0x7ffc_0000_0000;
-pub(crate) const STACK_TOP: u64 = STACK + 0x1_0000;
+pub const STACK: u64 = 0x7ffc_0000_0000;
+pub const STACK_TOP: u64 = STACK + 0x1_0000;
 /// Native code (never read: native frames are walked by frame pointer only).
-pub(crate) const CALL_HELPER: u64 = 0x5555_0000_1234;
-pub(crate) const THREAD_START: u64 = 0x5555_0000_5678;
-pub(crate) const LIBC_READ: u64 = 0x7f55_0001_2345;
+pub const CALL_HELPER: u64 = 0x5555_0000_1234;
+pub const THREAD_START: u64 = 0x5555_0000_5678;
+pub const LIBC_READ: u64 = 0x7f55_0001_2345;
 
 /// Offsets of the fake layout (chosen here; the real ones come from VMStructs).
 const BLOB_HEADER: u64 = 128;
 const HEAP_BLOCK_HEADER: u64 = 16;
-pub(crate) const METHOD_SLOT: i8 = -3;
-pub(crate) const BCP_SLOT: i8 = -7;
+pub const METHOD_SLOT: i8 = -3;
+pub const BCP_SLOT: i8 = -7;
 const JAVA_THREAD_STATE: u64 = 0x80;
 const JAVA_THREAD_ANCHOR: u64 = 0x100;
 const CONST_METHOD_SIZE: u64 = 48;
 
 /// Which generation of the `CodeBlob`/`nmethod` layout the fake JVM has.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Layout {
+pub enum Layout {
     /// JDK 17: `_code_begin`, `_deopt_handler_begin` and `_verified_entry_point` are pointers,
     /// `_frame_complete_offset` 32 bits.
     Pointers,
@@ -207,19 +222,19 @@ pub(crate) enum Layout {
 
 /// A code blob placed in the fake code cache.
 #[derive(Clone, Copy)]
-pub(crate) struct Blob {
-    pub(crate) addr: u64,
-    pub(crate) code_begin: u64,
-    pub(crate) compile_id: u32,
+pub struct Blob {
+    pub addr: u64,
+    pub code_begin: u64,
+    pub compile_id: u32,
 }
 
 impl Blob {
-    pub(crate) fn pc(&self, offset: u64) -> u64 {
+    pub fn pc(&self, offset: u64) -> u64 {
         self.code_begin + offset
     }
 
     /// The frame the walker records for a pc at `offset`.
-    pub(crate) fn frame(&self, offset: u64) -> UserFrame {
+    pub fn frame(&self, offset: u64) -> UserFrame {
         frame(
             FrameKind::Compiled,
             self.addr,
@@ -230,23 +245,23 @@ impl Blob {
 }
 
 /// What to put in a blob.
-pub(crate) struct BlobSpec<'a> {
-    pub(crate) code_len: u64,
+pub struct BlobSpec<'a> {
+    pub code_len: u64,
     /// In words, the return address and saved rbp included; 0 for stubs without a fixed frame.
-    pub(crate) frame_size: i32,
-    pub(crate) frame_complete: i32,
-    pub(crate) compile_id: u32,
+    pub frame_size: i32,
+    pub frame_complete: i32,
+    pub compile_id: u32,
     /// From the code's start.
-    pub(crate) verified_entry: Option<u64>,
-    pub(crate) deopt_handler: Option<u64>,
-    pub(crate) orig_pc_offset: i32,
+    pub verified_entry: Option<u64>,
+    pub deopt_handler: Option<u64>,
+    pub orig_pc_offset: i32,
     /// Instruction bytes at offsets from the code's start.
-    pub(crate) code: &'a [(u64, &'a str)],
+    pub code: &'a [(u64, &'a str)],
 }
 
 impl BlobSpec<'_> {
     /// A stub: no fixed frame, no nmethod fields.
-    pub(crate) fn stub() -> Self {
+    pub fn stub() -> Self {
         Self {
             code_len: 0x80,
             frame_size: 0,
@@ -260,7 +275,7 @@ impl BlobSpec<'_> {
     }
 
     /// An nmethod with a frame of `frame_size` words, complete at 0x40.
-    pub(crate) fn nmethod(frame_size: i32, compile_id: u32) -> Self {
+    pub fn nmethod(frame_size: i32, compile_id: u32) -> Self {
         Self {
             code_len: 0x400,
             frame_size,
@@ -276,34 +291,34 @@ impl BlobSpec<'_> {
 
 /// A `Method` in the fake metaspace.
 #[derive(Clone, Copy)]
-pub(crate) struct Method {
-    pub(crate) addr: u64,
+pub struct Method {
+    pub addr: u64,
     /// Where its bytecodes start.
-    pub(crate) code: u64,
-    pub(crate) cookie: u32,
+    pub code: u64,
+    pub cookie: u32,
 }
 
 impl Method {
-    pub(crate) fn frame(&self, bci: u32) -> UserFrame {
+    pub fn frame(&self, bci: u32) -> UserFrame {
         frame(FrameKind::Interpreted, self.addr, bci, self.cookie)
     }
 }
 
-pub(crate) fn native(pc: u64) -> UserFrame {
+pub fn native(pc: u64) -> UserFrame {
     frame(FrameKind::Native, pc, 0, 0)
 }
 
 /// The fake JVM: its memory, its layout, and bump allocators for blobs and metadata.
-pub(crate) struct Jvm {
-    pub(crate) memory: FakeMemory,
-    pub(crate) hs: HotspotProc,
+pub struct Jvm {
+    pub memory: FakeMemory,
+    pub hs: HotspotProc,
     layout: Layout,
     next_block: u64,
     next_metadata: u64,
 }
 
 impl Jvm {
-    pub(crate) fn new(layout: Layout) -> Self {
+    pub fn new(layout: Layout) -> Self {
         let mut memory = FakeMemory::default();
         memory.map(CODE_LOW, (CODE_HIGH - CODE_LOW) as usize);
         let segments = ((HEAP_HIGH - HEAP_LOW) >> LOG2_SEGMENT) as usize;
@@ -383,7 +398,7 @@ impl Jvm {
 
     /// Places a blob in the code heap: a used `HeapBlock`, its segments marked in the map as
     /// HotSpot does (0 at the block's first segment, then the distance back to it).
-    pub(crate) fn add_blob(&mut self, spec: &BlobSpec) -> Blob {
+    pub fn add_blob(&mut self, spec: &BlobSpec) -> Blob {
         let block = self.next_block;
         let size = BLOB_HEADER + spec.code_len;
         let segments = (HEAP_BLOCK_HEADER + size).div_ceil(1 << LOG2_SEGMENT);
@@ -453,12 +468,7 @@ impl Jvm {
 
     /// A method of class `class_name` (its `Symbol` hash word `hash_word`) with `code_size`
     /// bytes of bytecode.
-    pub(crate) fn add_method(
-        &mut self,
-        class_name: &[u8],
-        hash_word: u32,
-        code_size: u16,
-    ) -> Method {
+    pub fn add_method(&mut self, class_name: &[u8], hash_word: u32, code_size: u16) -> Method {
         let symbol = self.alloc_metadata(6 + class_name.len() as u64);
         let klass = self.alloc_metadata(32);
         let pool = self.alloc_metadata(32);
@@ -483,7 +493,7 @@ impl Jvm {
 
     /// An interpreter frame at `fp`: the `Method*`, the saved bcp (`bci` into the method's code,
     /// or a raw value), the sender sp, the caller's fp and the return address.
-    pub(crate) fn interpreter_frame(&mut self, fp: u64, frame: InterpreterFrame) {
+    pub fn interpreter_frame(&mut self, fp: u64, frame: InterpreterFrame) {
         let m = &mut self.memory;
         m.put_u64(fp, frame.saved_fp);
         m.put_u64(fp + 8, frame.return_address);
@@ -494,7 +504,7 @@ impl Jvm {
 
     /// A compiled frame of `frame_size` words at `sp` (saved rbp and return address at its top);
     /// returns the caller's sp.
-    pub(crate) fn compiled_frame(
+    pub fn compiled_frame(
         &mut self,
         sp: u64,
         frame_size: u64,
@@ -508,7 +518,7 @@ impl Jvm {
     }
 
     /// A frame-pointer frame at `fp` (the call stub's, or native code's).
-    pub(crate) fn fp_frame(&mut self, fp: u64, saved_fp: u64, return_address: u64) {
+    pub fn fp_frame(&mut self, fp: u64, saved_fp: u64, return_address: u64) {
         self.memory.put_u64(fp, saved_fp);
         self.memory.put_u64(fp + 8, return_address);
     }
@@ -516,7 +526,7 @@ impl Jvm {
     /// The call stub's frame at `fp` and the two native frames above it (`JavaCalls::call_helper`
     /// and the thread's start, whose saved fp is null): what every Java stack ends with. Returns
     /// the frames the walker records for them.
-    pub(crate) fn entry_frames(&mut self, fp: u64) -> Vec<UserFrame> {
+    pub fn entry_frames(&mut self, fp: u64) -> Vec<UserFrame> {
         let helper_fp = fp + 0x100;
         let start_fp = fp + 0x200;
         self.fp_frame(fp, helper_fp, CALL_HELPER);
@@ -526,7 +536,7 @@ impl Jvm {
     }
 
     /// A Java thread of host tid `tid` in `state`, its anchor holding (sp, pc, fp).
-    pub(crate) fn add_java_thread(&mut self, tid: u32, state: u32, anchor: (u64, u64, u64)) {
+    pub fn add_java_thread(&mut self, tid: u32, state: u32, anchor: (u64, u64, u64)) {
         let thread = THREADS + tid as u64 * 0x200 % 0x800;
         let hs = self.hs;
         let a = thread + hs.java_thread_anchor as u64;
@@ -539,22 +549,22 @@ impl Jvm {
     }
 
     /// Walks thread `tid` from `regs` as the BPF program would.
-    pub(crate) fn walk(&self, tid: u32, regs: UserRegs) -> (Vec<UserFrame>, UnwindEnd) {
+    pub fn walk(&self, tid: u32, regs: UserRegs) -> (Vec<UserFrame>, UnwindEnd) {
         walk_process(&self.memory, Some(&self.hs), tid, regs)
     }
 }
 
 /// What an interpreter frame holds.
-pub(crate) struct InterpreterFrame {
-    pub(crate) method: Method,
-    pub(crate) bcp: u64,
-    pub(crate) sender_sp: u64,
-    pub(crate) saved_fp: u64,
-    pub(crate) return_address: u64,
+pub struct InterpreterFrame {
+    pub method: Method,
+    pub bcp: u64,
+    pub sender_sp: u64,
+    pub saved_fp: u64,
+    pub return_address: u64,
 }
 
 /// Walks `memory` from `regs`, `hotspot` describing the process if it is a JVM.
-pub(crate) fn walk_process(
+pub fn walk_process(
     memory: &FakeMemory,
     hotspot: Option<&HotspotProc>,
     tid: u32,
@@ -570,7 +580,7 @@ pub(crate) fn walk_process(
     (frames.0, end)
 }
 
-pub(crate) fn regs(ip: u64, sp: u64, fp: u64) -> UserRegs {
+pub fn regs(ip: u64, sp: u64, fp: u64) -> UserRegs {
     UserRegs { ip, sp, fp, r13: 0 }
 }
 
@@ -588,11 +598,11 @@ fn tail_of(name: &[u8]) -> [u64; 2] {
     name_tail(bytes, name.len() as u16)
 }
 
-pub(crate) fn hex_bytes(hex: &str) -> Vec<u8> {
+pub fn hex_bytes(hex: &str) -> Vec<u8> {
     hex.split_whitespace()
         .map(|byte| u8::from_str_radix(byte, 16).expect("a hex byte"))
         .collect()
 }
 
 /// The bci the walker records when the bcp is implausible.
-pub(crate) const NO_BCI: u32 = BCI_UNKNOWN;
+pub const NO_BCI: u32 = BCI_UNKNOWN;
