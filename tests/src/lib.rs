@@ -15,6 +15,8 @@ use profiler_daemon::pprof::{decode, proto};
 
 pub mod background;
 pub mod cgroup;
+pub mod daemon_run;
+pub use daemon_run::DaemonRun;
 pub mod hostile;
 pub mod metrics_endpoint;
 pub mod receiver;

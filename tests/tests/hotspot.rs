@@ -349,26 +349,14 @@ fn jvms_past_the_bound_are_counted_not_pushed() {
     let second = start_java(&jdk, &classes, "Spin", &[]).expect("JVM starts");
     let config = dir.path().join("profiler.toml");
     std::fs::write(&config, "max_jvms = 1\n").expect("writes config");
-    let output = run_daemon(
-        &[
-            "--config",
-            config.to_str().expect("utf-8"),
-            "--pid",
-            &first.pid().to_string(),
-            "--pid",
-            &second.pid().to_string(),
-            "--duration",
-            "3",
-            "--interval",
-            "2",
-            "--output",
-            dir.path().join("profiles").to_str().expect("utf-8"),
-        ],
-        Duration::from_secs(30),
-    )
-    .expect("daemon runs");
-    assert!(output.status.success());
-    let log = String::from_utf8_lossy(&output.stderr);
+    let log = DaemonRun::new()
+        .config(&config)
+        .pids([first.pid(), second.pid()])
+        .duration(3)
+        .interval(2)
+        .output(&dir.path().join("profiles"))
+        .run(Duration::from_secs(30))
+        .log;
     assert_eq!(log.matches("JVM layout pushed").count(), 1, "{log}");
     assert_eq!(log.matches("too many JVMs").count(), 1, "{log}");
     assert!(

@@ -134,25 +134,14 @@ fn run(jdk: &Jdk, classes: &std::path::Path, with_agent: bool) -> Tally {
         std::thread::sleep(Duration::from_millis(7500));
         scrape_metrics(metrics)
     });
-    let output = run_daemon(
-        &[
-            "--pid",
-            &pid,
-            "--frequency",
-            "99",
-            "--interval",
-            "5",
-            "--duration",
-            "10",
-            "--metrics-listen",
-            &metrics.to_string(),
-            "--output",
-            dir.path().to_str().expect("utf-8"),
-        ],
-        Duration::from_secs(60),
-    )
-    .expect("daemon runs");
-    assert!(output.status.success());
+    DaemonRun::new()
+        .pid(jvm.pid())
+        .frequency(99)
+        .interval(5)
+        .duration(10)
+        .metrics(metrics)
+        .output(dir.path())
+        .run(Duration::from_secs(60));
     assert!(
         std::path::Path::new(&format!("/proc/{pid}")).exists(),
         "the JVM survived"

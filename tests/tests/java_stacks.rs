@@ -38,28 +38,14 @@ fn java_stacks_on_every_jdk() {
         // Let the JIT compile the hot paths, as in a long-running service.
         std::thread::sleep(Duration::from_secs(4));
         let out = dir.path().join(format!("profiles-{}", jdk.major));
-        let output = run_daemon(
-            &[
-                "--pid",
-                &jvm.pid().to_string(),
-                "--frequency",
-                "997",
-                "--interval",
-                "15",
-                "--duration",
-                "8",
-                "--output",
-                out.to_str().expect("utf-8"),
-            ],
-            Duration::from_secs(90),
-        )
-        .expect("daemon runs");
-        assert!(
-            output.status.success(),
-            "daemon failed on JDK {}",
-            jdk.major
-        );
-        let log = String::from_utf8_lossy(&output.stderr).into_owned();
+        let finished = DaemonRun::new()
+            .pid(jvm.pid())
+            .frequency(997)
+            .interval(15)
+            .duration(8)
+            .output(&out)
+            .run(Duration::from_secs(90));
+        let log = finished.log;
         let unwind_ends: Vec<String> = log
             .lines()
             .filter_map(|l| l.split("unwind_ends=").nth(1))
@@ -263,27 +249,13 @@ fn class_churn_and_deoptimization_crash_nothing() {
     for jdk in jdks() {
         let mut jvm = start_java(&jdk, &classes, "Churn", &[]).expect("JVM starts");
         let out = dir.path().join(format!("churn-{}", jdk.major));
-        let output = run_daemon(
-            &[
-                "--pid",
-                &jvm.pid().to_string(),
-                "--frequency",
-                "499",
-                "--interval",
-                "4",
-                "--duration",
-                "8",
-                "--output",
-                out.to_str().expect("utf-8"),
-            ],
-            Duration::from_secs(60),
-        )
-        .expect("daemon runs");
-        assert!(
-            output.status.success(),
-            "daemon failed on JDK {}",
-            jdk.major
-        );
+        DaemonRun::new()
+            .pid(jvm.pid())
+            .frequency(499)
+            .interval(4)
+            .duration(8)
+            .output(&out)
+            .run(Duration::from_secs(60));
         assert!(
             jvm.0.try_wait().expect("JVM status").is_none(),
             "JDK {}: the JVM died under profiling",
@@ -347,23 +319,13 @@ fn jni_library_frames_without_frame_pointers_sit_between_java_frames() {
     let jvm = start_java(&jdk, &classes, "JniCallback", &[&property]).expect("JVM starts");
     std::thread::sleep(Duration::from_secs(3));
     let out = dir.path().join("profiles");
-    let output = run_daemon(
-        &[
-            "--pid",
-            &jvm.pid().to_string(),
-            "--frequency",
-            "499",
-            "--interval",
-            "3",
-            "--duration",
-            "9",
-            "--output",
-            out.to_str().expect("utf-8"),
-        ],
-        Duration::from_secs(90),
-    )
-    .expect("daemon runs");
-    assert!(output.status.success(), "daemon failed: {output:?}");
+    DaemonRun::new()
+        .pid(jvm.pid())
+        .frequency(499)
+        .interval(3)
+        .duration(9)
+        .output(&out)
+        .run(Duration::from_secs(90));
     // The first interval's first samples come before libjvm's table is built (about half a
     // second in a debug build): the steady state is measured.
     let mut profiles = profiles_of(&out, jvm.pid()).expect("profiles readable");

@@ -40,23 +40,13 @@ fn native_cpu_split_is_measured_and_stacks_reach_main() {
     let workload = Workload::spawn(Command::new(&binary).arg("30")).expect("starts");
     let out = dir.path().join("profiles");
     let pid = workload.pid().to_string();
-    let output = run_daemon(
-        &[
-            "--pid",
-            &pid,
-            "--frequency",
-            "199",
-            "--interval",
-            "3",
-            "--duration",
-            "6",
-            "--output",
-            out.to_str().expect("utf-8"),
-        ],
-        Duration::from_secs(60),
-    )
-    .expect("daemon runs");
-    assert!(output.status.success(), "daemon failed: {output:?}");
+    DaemonRun::new()
+        .pid(workload.pid())
+        .frequency(199)
+        .interval(3)
+        .duration(6)
+        .output(&out)
+        .run(Duration::from_secs(60));
 
     let profiles = profiles_of(&out, workload.pid()).expect("profiles readable");
     assert!(
@@ -139,22 +129,12 @@ fn kernel_frames_appear_under_user_frames() {
     let binary = compile_c("syscall_heavy.c", dir.path()).expect("compiles");
     let workload = Workload::spawn(Command::new(&binary).arg("30")).expect("starts");
     let out = dir.path().join("profiles");
-    let pid = workload.pid().to_string();
-    let output = run_daemon(
-        &[
-            "--pid",
-            &pid,
-            "--frequency",
-            "199",
-            "--duration",
-            "4",
-            "--output",
-            out.to_str().expect("utf-8"),
-        ],
-        Duration::from_secs(60),
-    )
-    .expect("daemon runs");
-    assert!(output.status.success(), "daemon failed: {output:?}");
+    DaemonRun::new()
+        .pid(workload.pid())
+        .frequency(199)
+        .duration(4)
+        .output(&out)
+        .run(Duration::from_secs(60));
 
     let profiles = profiles_of(&out, workload.pid()).expect("profiles readable");
     let (mut total, mut in_kernel, mut in_kernel_with_user) = (0i64, 0i64, 0i64);
@@ -371,24 +351,13 @@ fn profile_steady_state(
     seconds: u32,
     out: &std::path::Path,
 ) -> Vec<(std::path::PathBuf, profiler_daemon::pprof::proto::Profile)> {
-    let pid = target.to_string();
-    let output = run_daemon(
-        &[
-            "--pid",
-            &pid,
-            "--frequency",
-            &frequency.to_string(),
-            "--interval",
-            "3",
-            "--duration",
-            &seconds.to_string(),
-            "--output",
-            out.to_str().expect("utf-8"),
-        ],
-        Duration::from_secs(120),
-    )
-    .expect("daemon runs");
-    assert!(output.status.success(), "daemon failed: {output:?}");
+    DaemonRun::new()
+        .pid(target)
+        .frequency(frequency)
+        .interval(3)
+        .duration(seconds.into())
+        .output(out)
+        .run(Duration::from_secs(120));
     let mut profiles = profiles_of(out, target).expect("profiles readable");
     assert!(profiles.len() >= 3, "{} profiles", profiles.len());
     profiles.sort_by_key(|(_, profile)| profile.time_nanos);

@@ -403,24 +403,14 @@ fn a_binary_whose_debug_links_name_a_fifo_is_still_symbolized() {
         .expect("workload starts");
     let out = dir.path().join("profiles");
     std::fs::create_dir(&out).expect("mkdir");
-    let pid = workload.pid().to_string();
-    let output = run_daemon(
-        &[
-            "--pid",
-            &pid,
-            "--frequency",
-            "49",
-            "--interval",
-            "1",
-            "--duration",
-            "4",
-            "--output",
-            out.to_str().expect("utf-8"),
-        ],
-        Duration::from_secs(30),
-    )
-    .expect("the daemon exits on its own: nothing blocked it");
-    assert!(output.status.success());
+    // The daemon exits on its own: nothing blocked it.
+    DaemonRun::new()
+        .pid(workload.pid())
+        .frequency(49)
+        .interval(1)
+        .duration(4)
+        .output(&out)
+        .run(Duration::from_secs(30));
     let profiles = profiles_of(&out, workload.pid()).expect("profiles");
     assert!(profiles.len() >= 3, "{} profiles in 4 s", profiles.len());
     let names = frame_names(&profiles);

@@ -329,26 +329,13 @@ fn a_jvm_in_its_own_mount_namespace_with_a_private_tmp_is_attached() {
 /// seconds to read six JVMs' layouts on two busy CPUs; names before that are not the point).
 /// Returns the daemon's log.
 fn profile_once_named(pids: &[u32], out: &Path, seconds: u64, log_dir: &Path) -> String {
-    let out_arg = out.to_str().expect("utf-8").to_owned();
-    let mut args: Vec<String> = Vec::new();
-    for pid in pids {
-        args.extend(["--pid".to_owned(), pid.to_string()]);
-    }
-    args.extend(
-        [
-            "--frequency",
-            "99",
-            "--interval",
-            "2",
-            "--grpc-listen",
-            "off",
-            "--output",
-            &out_arg,
-        ]
-        .map(str::to_owned),
-    );
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let daemon = BackgroundDaemon::start(&args, log_dir).expect("daemon starts");
+    let daemon = DaemonRun::new()
+        .pids(pids.iter().copied())
+        .frequency(99)
+        .interval(2)
+        .no_stream()
+        .output(out)
+        .start(log_dir);
     for pid in pids {
         daemon
             .wait_for_log(
@@ -533,7 +520,6 @@ fn attach_auto_loads_the_agent_unless_denied() {
             let thread_name = format!("-Dspin.thread={POOL_THREAD}");
             start_java(&jdk, &classes, "Spin", &[&thread_name]).expect("JVM starts")
         };
-        let pid = jvm.pid().to_string();
         let config = dir.path().join(format!("config-{deny}.toml"));
         let deny_list = if deny {
             r#"["Workloads"]"#
@@ -546,24 +532,14 @@ fn attach_auto_loads_the_agent_unless_denied() {
         )
         .expect("config");
         let out = dir.path().join(format!("profiles-{deny}"));
-        let output = run_daemon(
-            &[
-                "--config",
-                config.to_str().expect("utf-8"),
-                "--pid",
-                &pid,
-                "--duration",
-                "8",
-                "--interval",
-                "8",
-                "--output",
-                out.to_str().expect("utf-8"),
-            ],
-            Duration::from_secs(60),
-        )
-        .expect("daemon runs");
-        assert!(output.status.success(), "daemon failed");
-        let log = String::from_utf8_lossy(&output.stderr);
+        let log = DaemonRun::new()
+            .config(&config)
+            .pid(jvm.pid())
+            .duration(8)
+            .interval(8)
+            .output(&out)
+            .run(Duration::from_secs(60))
+            .log;
         let records = PathBuf::from(format!(
             "/proc/{0}/root/tmp/.jvm-profiler-{0}/records",
             jvm.pid()
@@ -843,27 +819,15 @@ fn a_refused_attach_is_logged_and_frames_are_still_named_from_memory() {
     let config = dir.path().join("config.toml");
     std::fs::write(&config, "attach = \"auto\"\ngrpc_listen = \"off\"\n").expect("config");
     let out = dir.path().join("profiles");
-    let pid = jvm.pid().to_string();
-    let output = run_daemon(
-        &[
-            "--config",
-            config.to_str().expect("utf-8"),
-            "--pid",
-            &pid,
-            "--frequency",
-            "99",
-            "--duration",
-            "10",
-            "--interval",
-            "10",
-            "--output",
-            out.to_str().expect("utf-8"),
-        ],
-        Duration::from_secs(60),
-    )
-    .expect("daemon runs");
-    assert!(output.status.success(), "daemon failed");
-    let log = String::from_utf8_lossy(&output.stderr);
+    let log = DaemonRun::new()
+        .config(&config)
+        .pid(jvm.pid())
+        .frequency(99)
+        .duration(10)
+        .interval(10)
+        .output(&out)
+        .run(Duration::from_secs(60))
+        .log;
     assert!(
         log.contains("sidecar: cannot load the agent")
             && log.contains("attach mechanism disabled or not responding"),

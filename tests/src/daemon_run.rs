@@ -1,0 +1,103 @@
+//! One way to run the daemon under test: [`DaemonRun`] says what to profile and how, then runs
+//! the daemon to its end ([`DaemonRun::run`]: its exit status checked, its log returned) or
+//! starts it in the background ([`DaemonRun::start`]).
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use crate::background::BackgroundDaemon;
+use crate::run_daemon;
+
+/// The arguments of one `profiler-daemon run`, built flag by flag.
+#[derive(Clone, Debug, Default)]
+pub struct DaemonRun {
+    args: Vec<String>,
+}
+
+/// A finished run: the daemon exited successfully with this log (its stderr).
+#[derive(Debug)]
+pub struct Finished {
+    pub log: String,
+    pub output: Output,
+}
+
+impl DaemonRun {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn flag(mut self, name: &str, value: impl ToString) -> Self {
+        self.args.push(name.to_owned());
+        self.args.push(value.to_string());
+        self
+    }
+
+    /// Profile this process (repeat for several).
+    pub fn pid(self, pid: u32) -> Self {
+        self.flag("--pid", pid)
+    }
+
+    pub fn pids(self, pids: impl IntoIterator<Item = u32>) -> Self {
+        pids.into_iter().fold(self, Self::pid)
+    }
+
+    pub fn frequency(self, hz: u32) -> Self {
+        self.flag("--frequency", hz)
+    }
+
+    /// Seconds per profile.
+    pub fn interval(self, seconds: u64) -> Self {
+        self.flag("--interval", seconds)
+    }
+
+    /// Seconds until the daemon stops by itself.
+    pub fn duration(self, seconds: u64) -> Self {
+        self.flag("--duration", seconds)
+    }
+
+    /// Where the local pprof files go.
+    pub fn output(self, dir: &Path) -> Self {
+        self.flag("--output", dir.to_str().expect("a UTF-8 output path"))
+    }
+
+    /// A configuration file.
+    pub fn config(self, path: &Path) -> Self {
+        self.flag("--config", path.to_str().expect("a UTF-8 config path"))
+    }
+
+    /// Serve metrics at `address`.
+    pub fn metrics(self, address: std::net::SocketAddr) -> Self {
+        self.flag("--metrics-listen", address)
+    }
+
+    /// No live stream (its port may be taken by a daemon another test left).
+    pub fn no_stream(self) -> Self {
+        self.flag("--grpc-listen", "off")
+    }
+
+    /// Any other argument.
+    pub fn arg(mut self, arg: impl ToString) -> Self {
+        self.args.push(arg.to_string());
+        self
+    }
+
+    /// Runs the daemon until it exits (within `timeout`), asserting it exited successfully.
+    pub fn run(self, timeout: Duration) -> Finished {
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        let output = run_daemon(&args, timeout).expect("the daemon runs");
+        let log = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(
+            output.status.success(),
+            "daemon {args:?} failed ({}): {log}",
+            output.status
+        );
+        Finished { log, output }
+    }
+
+    /// Starts the daemon in the background, logging to `log_dir/daemon.log`.
+    pub fn start(self, log_dir: &Path) -> BackgroundDaemon {
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        BackgroundDaemon::start(&args, log_dir).expect("the daemon starts")
+    }
+}
