@@ -1,0 +1,568 @@
+//! The sampling loop: drains the BPF ring buffers into the interval's aggregates, hands new
+//! stacks' Java frames and each finished interval to the worker, and tells the JVM tracker and
+//! the unwind tables' loader which processes it saw. It never blocks on the worker: if its queue
+//! is full, work is dropped and counted.
+
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::time::Duration;
+
+use profiler_common::{Counter, FrameKind, OffCpuEnd, UnwindEnd};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::signal::unix::{signal, SignalKind};
+
+use super::threads::TrackerThread;
+use super::DaemonError;
+use crate::aggregate::{Added, Aggregator};
+use crate::hotspot::tracker::TrackerCounts;
+use crate::metrics::{Metrics, OffCpuSnapshot, Snapshot};
+use crate::off_cpu::{OffCpuConfig, OffCpuJoiner, OffCpuStats};
+use crate::profiles::ProfileKind;
+use crate::record::SampleView;
+use crate::sampler::{KernelCounters, Sampler};
+use crate::worker::{JavaFrameSeen, Work};
+
+/// How often the ring buffer is drained when it does not fill up: each drain is a wake-up of an
+/// otherwise idle daemon. Bursts do not wait for it: the BPF side wakes us when the ring is a
+/// quarter full (at 1000 Hz on 64 CPUs and 1 KiB records, after about 30 ms).
+const DRAIN_PERIOD: Duration = Duration::from_millis(250);
+/// After a drain that found nothing (an idle host, or `--pid` targets that sleep), the next one
+/// comes this late: on a virtual machine a wake-up costs about 0.1 ms of CPU, and an idle
+/// daemon's CPU is mostly its wake-ups. The first samples after a quiet spell wait at most this.
+const IDLE_DRAIN_PERIOD: Duration = Duration::from_secs(1);
+/// At start-up (the first [`PERISHING_FOR`]), when most new stacks come from JVMs met for the
+/// first time, a drain that finds new Java stacks is followed by another this soon, so that
+/// their methods are read while they exist.
+const STARTUP_JAVA_DRAIN_PERIOD: Duration = Duration::from_millis(50);
+/// While Java names perish (the worker found methods of new stacks already unloaded within
+/// [`PERISHING_FOR`]), the same, sooner: under class churn a class lives a few hundred
+/// milliseconds after its last sample (measured: 50 ms lost about 6% of a churning JVM's
+/// samples to unknown frames, 10 ms about 1%). Otherwise the slower period costs no names and
+/// saves the wake-ups.
+const PERISHING_JAVA_DRAIN_PERIOD: Duration = Duration::from_millis(10);
+const PERISHING_FOR: Duration = Duration::from_secs(30);
+/// How often the metrics endpoint's snapshot is refreshed, at the next wake-up after it is due
+/// (no wake-up of its own: at most [`IDLE_DRAIN_PERIOD`] late).
+const METRICS_PERIOD: Duration = Duration::from_secs(1);
+
+/// Counts what the sampling loop saw.
+#[derive(Default)]
+pub(super) struct LoopStats {
+    pub(super) records: u64,
+    pub(super) malformed: u64,
+    pub(super) dropped_work: u64,
+    /// How user stack walks ended, indexed by `UnwindEnd` (this interval).
+    unwind_ends: [u64; UnwindEnd::ALL.len()],
+    /// The same, over the whole run.
+    unwind_ends_total: [u64; UnwindEnd::ALL.len()],
+    dropped_over_stack_bound: u64,
+    /// Drains the BPF side asked for (the ring was filling up).
+    ring_wakeups: u64,
+    /// Records of the off-CPU ring (waits' stacks and ends).
+    off_cpu_records: u64,
+    /// What the off-CPU joiner counted, as of the last interval.
+    off_cpu: OffCpuStats,
+    off_cpu_open_waits: u64,
+    /// Whether off-CPU profiling is on.
+    off_cpu_on: bool,
+}
+
+/// When the loop ends: at a signal, or after the run's duration.
+pub(super) struct Until {
+    /// When the run's `--duration` is over, if it has one.
+    pub(super) stop_at: Option<tokio::time::Instant>,
+    /// How long each profile covers.
+    pub(super) interval: Duration,
+}
+
+/// The loop's state: what it drains, where it folds, whom it tells.
+pub(super) struct SamplingLoop {
+    sampler: Sampler,
+    aggregator: Aggregator,
+    off_cpu: Option<OffCpu>,
+    work: SyncSender<Work>,
+    unwind_tables: SyncSender<Vec<u32>>,
+    tracker: TrackerThread,
+    stats: LoopStats,
+    last_counters: KernelCounters,
+    intervals: u64,
+}
+
+/// What the loop leaves when it ends: the sampler detached (no new samples while the last
+/// interval is written), the tracker still running, and the figures of the run.
+pub(super) struct Ended {
+    pub(super) tracker: TrackerThread,
+    pub(super) stats: LoopStats,
+    pub(super) kernel: KernelCounters,
+    pub(super) intervals: u64,
+}
+
+impl SamplingLoop {
+    pub(super) fn new(
+        sampler: Sampler,
+        (work, unwind_tables): (SyncSender<Work>, SyncSender<Vec<u32>>),
+        tracker: TrackerThread,
+        max_stacks_per_interval: usize,
+        off_cpu: Option<OffCpuConfig>,
+    ) -> Self {
+        let stats = LoopStats {
+            off_cpu_on: sampler.off_cpu(),
+            ..LoopStats::default()
+        };
+        Self {
+            aggregator: Aggregator::new(max_stacks_per_interval),
+            off_cpu: off_cpu.map(|off_cpu| OffCpu {
+                joiner: OffCpuJoiner::new(off_cpu.min_wait.as_nanos() as u64),
+                aggregator: Aggregator::of_kind(ProfileKind::OffCpu, max_stacks_per_interval),
+            }),
+            last_counters: sampler.counters(),
+            sampler,
+            work,
+            unwind_tables,
+            tracker,
+            stats,
+            intervals: 0,
+        }
+    }
+
+    /// Runs until SIGTERM, SIGINT or the end of the run's duration, then ends the interval
+    /// under way.
+    pub(super) async fn run(
+        mut self,
+        until: Until,
+        metrics: &Metrics,
+        frequency_hz: u64,
+    ) -> Result<Ended, DaemonError> {
+        let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signal)?;
+        let mut sigint = signal(SignalKind::interrupt()).map_err(DaemonError::Signal)?;
+        let stop = async {
+            match until.stop_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(stop);
+        let mut drain = tokio::time::interval(DRAIN_PERIOD);
+        drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let ring_wakeups = self
+            .sampler
+            .ring_wakeups()
+            .and_then(|fd| {
+                // SAFETY: the descriptor is owned by the AsyncFd, so it stays open and the same.
+                unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
+                    .map_err(Into::into)
+            })
+            .map_err(DaemonError::RingWakeups)?;
+        let mut flush =
+            tokio::time::interval_at(tokio::time::Instant::now() + until.interval, until.interval);
+        let mut last_misses = 0;
+        let started = tokio::time::Instant::now();
+        let mut missed_at: Option<tokio::time::Instant> = None;
+        let mut published: Option<tokio::time::Instant> = None;
+        let cpus = self.sampler.cpus();
+
+        loop {
+            if published.is_none_or(|at| at.elapsed() >= METRICS_PERIOD) {
+                published = Some(tokio::time::Instant::now());
+                metrics.publish(self.snapshot(cpus, frequency_hz));
+            }
+            let finishing = tokio::select! {
+                _ = drain.tick() => false,
+                ready = ring_wakeups.readable() => {
+                    // Edge-triggered: the next wake-up comes with the next fill, after this
+                    // drain.
+                    if let Ok(mut guard) = ready {
+                        guard.clear_ready();
+                    }
+                    self.stats.ring_wakeups += 1;
+                    drain.reset();
+                    false
+                }
+                _ = flush.tick() => {
+                    self.drain();
+                    self.end_interval();
+                    continue;
+                }
+                _ = sigterm.recv() => { tracing::info!("SIGTERM: writing the current interval, then exiting"); true }
+                _ = sigint.recv() => { tracing::info!("SIGINT: writing the current interval, then exiting"); true }
+                _ = &mut stop => { tracing::info!("duration reached"); true }
+            };
+            let records_before = self.stats.records;
+            let found_java = self.drain();
+            let misses = metrics.worker.java_prefetch_misses.load(Ordering::Relaxed);
+            if misses != last_misses {
+                last_misses = misses;
+                missed_at = Some(tokio::time::Instant::now());
+            }
+            drain.reset_after(next_drain(Drained {
+                records: self.stats.records != records_before,
+                new_java_stacks: found_java,
+                names_perishing: missed_at.is_some_and(|at| at.elapsed() < PERISHING_FOR),
+                starting: started.elapsed() < PERISHING_FOR,
+            }));
+            if finishing {
+                self.end_interval();
+                break;
+            }
+        }
+        let kernel = self.sampler.counters();
+        Ok(Ended {
+            tracker: self.tracker,
+            stats: self.stats,
+            kernel,
+            intervals: self.intervals,
+        })
+    }
+
+    /// Takes every record in the rings; true if new stacks with Java frames were found.
+    fn drain(&mut self) -> bool {
+        drain_ring(
+            &mut self.sampler,
+            &mut self.aggregator,
+            self.off_cpu.as_mut(),
+            &self.work,
+            &self.unwind_tables,
+            &mut self.stats,
+        )
+    }
+
+    /// Hands the interval's aggregates to the worker and starts the next interval.
+    fn end_interval(&mut self) {
+        let counters = self.sampler.counters();
+        end_interval(
+            &mut self.aggregator,
+            self.off_cpu.as_mut(),
+            &self.work,
+            &mut self.stats,
+            &counters.since(&self.last_counters),
+            &self.tracker,
+        );
+        self.last_counters = counters;
+        self.intervals += 1;
+    }
+
+    fn snapshot(&self, cpus: usize, frequency_hz: u64) -> Snapshot {
+        snapshot(
+            &self.stats,
+            self.sampler.counters(),
+            self.tracker.counts(),
+            self.intervals,
+            cpus,
+            frequency_hz,
+        )
+    }
+}
+
+/// Most Java frames in one prefetch message (24 bytes each): a drain that finds more new stacks
+/// sends several, and the worker queue's bound applies to them as to any work.
+const MAX_PREFETCH_FRAMES: usize = 16 * 1024;
+
+/// What a drain found, and in which phase of the daemon.
+#[derive(Clone, Copy, Debug)]
+struct Drained {
+    records: bool,
+    new_java_stacks: bool,
+    names_perishing: bool,
+    starting: bool,
+}
+
+/// How long until the next drain. While names perish, every new stack is read within
+/// [`STARTUP_JAVA_DRAIN_PERIOD`] at most, even after a drain without one: the slow periods would
+/// let an nmethod be freed (and its `Method*`s reused) before its first sample is named.
+fn next_drain(drained: Drained) -> Duration {
+    match drained {
+        Drained {
+            names_perishing: true,
+            new_java_stacks: true,
+            ..
+        } => PERISHING_JAVA_DRAIN_PERIOD,
+        Drained {
+            names_perishing: true,
+            ..
+        }
+        | Drained {
+            starting: true,
+            new_java_stacks: true,
+            ..
+        } => STARTUP_JAVA_DRAIN_PERIOD,
+        Drained { records: false, .. } => IDLE_DRAIN_PERIOD,
+        _ => DRAIN_PERIOD,
+    }
+}
+
+/// Off-CPU profiling's state in the sampling loop: waits whose end has not come, and the
+/// interval's folded waits.
+struct OffCpu {
+    joiner: OffCpuJoiner,
+    aggregator: Aggregator,
+}
+
+fn drain_ring(
+    sampler: &mut Sampler,
+    aggregator: &mut Aggregator,
+    off_cpu: Option<&mut OffCpu>,
+    work: &SyncSender<Work>,
+    unwind_tables: &SyncSender<Vec<u32>>,
+    stats: &mut LoopStats,
+) -> bool {
+    let mut found = FoundInDrain::default();
+    sampler.drain(|bytes| {
+        stats.records += 1;
+        let Some(view) = parse_record(bytes, stats) else {
+            return;
+        };
+        if let Some(end) = view.user_end() {
+            stats.unwind_ends[end as usize] += 1;
+            stats.unwind_ends_total[end as usize] += 1;
+        }
+        let added = aggregator.add(&view);
+        found.note(&view, added, work, stats);
+    });
+    if let Some(off_cpu) = off_cpu {
+        let OffCpu { joiner, aggregator } = off_cpu;
+        sampler.drain_off_cpu(|bytes| {
+            stats.off_cpu_records += 1;
+            if let Some(end) = OffCpuEnd::from_bytes(bytes) {
+                joiner.end(&end, aggregator, |view, added| {
+                    found.note(view, added, work, stats)
+                });
+                return;
+            }
+            if let Some(view) = parse_record(bytes, stats) {
+                joiner.stack(&view, bytes);
+            }
+        });
+    }
+    found.finish(work, unwind_tables, stats)
+}
+
+/// Parses a ring record; a malformed one is counted (and the first logged).
+fn parse_record<'a>(bytes: &'a [u8], stats: &mut LoopStats) -> Option<SampleView<'a>> {
+    match SampleView::parse(bytes) {
+        Ok(view) => Some(view),
+        Err(err) => {
+            stats.malformed += 1;
+            if stats.malformed == 1 {
+                tracing::warn!(%err, "malformed sample record (further ones are only counted)");
+            }
+            None
+        }
+    }
+}
+
+/// What one drain found that the other threads must hear of: new processes, and the Java
+/// frames of new stacks.
+#[derive(Default)]
+struct FoundInDrain {
+    java_frames: Vec<JavaFrameSeen>,
+    new_processes: Vec<u32>,
+    sent_java: bool,
+}
+
+impl FoundInDrain {
+    fn note(
+        &mut self,
+        view: &SampleView<'_>,
+        added: Added,
+        work: &SyncSender<Work>,
+        stats: &mut LoopStats,
+    ) {
+        if added == Added::NewProcess {
+            send(work, Work::ProcessSeen(view.pid()), stats);
+            self.new_processes.push(view.pid());
+        }
+        // The Java frames of a new stack are read soon, in one batch per drain: the methods of
+        // short-lived classes may be unloaded (their memory reused) before the interval ends.
+        if matches!(added, Added::NewProcess | Added::NewStack) {
+            let pid = view.pid();
+            self.java_frames.extend(
+                view.user_frames()
+                    .filter(|frame| frame.kind() != Some(FrameKind::Native))
+                    .map(|frame| JavaFrameSeen { pid, frame }),
+            );
+            if self.java_frames.len() >= MAX_PREFETCH_FRAMES {
+                self.sent_java = true;
+                send(
+                    work,
+                    Work::PrefetchJava(std::mem::take(&mut self.java_frames)),
+                    stats,
+                );
+            }
+        }
+    }
+
+    /// Sends what is left; true if new stacks with Java frames were found.
+    fn finish(
+        mut self,
+        work: &SyncSender<Work>,
+        unwind_tables: &SyncSender<Vec<u32>>,
+        stats: &mut LoopStats,
+    ) -> bool {
+        // A full queue means the loader is behind (building tables): these processes come again
+        // at their first sample of the next interval.
+        if !self.new_processes.is_empty() {
+            self.new_processes.sort_unstable();
+            self.new_processes.dedup();
+            let _ = unwind_tables.try_send(self.new_processes);
+        }
+        let found_java = self.sent_java || !self.java_frames.is_empty();
+        if !self.java_frames.is_empty() {
+            send(work, Work::PrefetchJava(self.java_frames), stats);
+        }
+        found_java
+    }
+}
+
+fn end_interval(
+    aggregator: &mut Aggregator,
+    off_cpu: Option<&mut OffCpu>,
+    work: &SyncSender<Work>,
+    stats: &mut LoopStats,
+    kernel: &KernelCounters,
+    tracker: &TrackerThread,
+) {
+    let interval = aggregator.take_interval();
+    tracker.tell_sampled(interval.processes.keys().copied().collect());
+    let jvms = tracker.counts();
+    stats.dropped_over_stack_bound += interval.dropped_over_bound;
+    tracing::info!(
+        processes = interval.processes.len(),
+        samples = kernel.get(Counter::Samples),
+        sent = kernel.get(Counter::Sent),
+        idle = kernel.get(Counter::Idle),
+        filtered = kernel.get(Counter::Filtered),
+        ring_full = kernel.get(Counter::RingFull),
+        kernel_stack_failed = kernel.get(Counter::KernelStackFailed),
+        user_stack_truncated = kernel.get(Counter::UserStackTruncated),
+        malformed_records = stats.malformed,
+        dropped_work = stats.dropped_work,
+        unwind_ends = %format_unwind_ends(&stats.unwind_ends),
+        jvms_ready = jvms.jvms_ready,
+        jvms_pending = jvms.jvms_pending,
+        jvms_failed = jvms.jvms_failed,
+        jvms_over_bound = jvms.jvms_over_bound,
+        "interval sampled"
+    );
+    stats.unwind_ends = Default::default();
+    let mut intervals = vec![interval];
+    if let Some(off_cpu) = off_cpu {
+        let interval = off_cpu.aggregator.take_interval();
+        // Waits whose end was lost would stay open for good: forget those of exited processes
+        // (a check per process with open waits, once an interval).
+        off_cpu
+            .joiner
+            .forget_waits_of_exited(crate::process_key::ProcessKey::of_live);
+        stats.off_cpu = off_cpu.joiner.stats;
+        stats.off_cpu_open_waits = off_cpu.joiner.open_waits() as u64;
+        tracing::info!(
+            processes = interval.processes.len(),
+            switches = kernel.get(Counter::OffCpuSwitches),
+            sampled = kernel.get(Counter::OffCpuSampled),
+            ring_full = kernel.get(Counter::OffCpuRingFull),
+            no_storage = kernel.get(Counter::OffCpuNoStorage),
+            open_waits = stats.off_cpu_open_waits,
+            "off-CPU interval sampled"
+        );
+        intervals.push(interval);
+    }
+    send(work, Work::Interval(intervals), stats);
+}
+
+fn snapshot(
+    stats: &LoopStats,
+    kernel: KernelCounters,
+    jvms: TrackerCounts,
+    intervals: u64,
+    cpus: usize,
+    frequency_hz: u64,
+) -> Snapshot {
+    Snapshot {
+        kernel,
+        records: stats.records,
+        malformed_records: stats.malformed,
+        dropped_work: stats.dropped_work,
+        dropped_over_stack_bound: stats.dropped_over_stack_bound,
+        ring_wakeups: stats.ring_wakeups,
+        unwind_ends: stats.unwind_ends_total,
+        jvms,
+        intervals,
+        cpus,
+        frequency_hz,
+        off_cpu: stats.off_cpu_on.then_some(OffCpuSnapshot {
+            joined: stats.off_cpu,
+            open_waits: stats.off_cpu_open_waits,
+        }),
+    }
+}
+
+fn format_unwind_ends(ends: &[u64; UnwindEnd::ALL.len()]) -> String {
+    UnwindEnd::ALL
+        .iter()
+        .map(|end| format!("{}={}", end.name(), ends[*end as usize]))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn send(work: &SyncSender<Work>, item: Work, stats: &mut LoopStats) {
+    match work.try_send(item) {
+        Ok(()) => {}
+        Err(TrySendError::Full(_)) => {
+            stats.dropped_work += 1;
+            // Counted every time, logged at 1, 2, 4, 8... drops: never a log line per sample.
+            if stats.dropped_work.is_power_of_two() {
+                tracing::warn!(
+                    dropped = stats.dropped_work,
+                    "symbolizer queue full: work dropped"
+                );
+            }
+        }
+        Err(TrySendError::Disconnected(_)) => stats.dropped_work += 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drained(records: bool, new_java_stacks: bool, names_perishing: bool) -> Drained {
+        Drained {
+            records,
+            new_java_stacks,
+            names_perishing,
+            starting: false,
+        }
+    }
+
+    #[test]
+    fn perishing_names_keep_drains_fast_even_after_an_empty_drain() {
+        assert_eq!(
+            next_drain(drained(true, true, true)),
+            PERISHING_JAVA_DRAIN_PERIOD
+        );
+        assert_eq!(
+            next_drain(drained(true, false, true)),
+            STARTUP_JAVA_DRAIN_PERIOD
+        );
+        assert_eq!(
+            next_drain(drained(false, false, true)),
+            STARTUP_JAVA_DRAIN_PERIOD
+        );
+    }
+
+    #[test]
+    fn quiet_drains_slow_down() {
+        assert_eq!(next_drain(drained(true, false, false)), DRAIN_PERIOD);
+        assert_eq!(next_drain(drained(false, false, false)), IDLE_DRAIN_PERIOD);
+        let starting = Drained {
+            starting: true,
+            ..drained(true, true, false)
+        };
+        assert_eq!(next_drain(starting), STARTUP_JAVA_DRAIN_PERIOD);
+        let starting_quiet = Drained {
+            starting: true,
+            ..drained(false, false, false)
+        };
+        assert_eq!(next_drain(starting_quiet), IDLE_DRAIN_PERIOD);
+    }
+}

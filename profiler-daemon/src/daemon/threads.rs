@@ -1,0 +1,115 @@
+//! The daemon's background threads beside the sampling loop: the JVM tracker and the unwind
+//! tables' loader, each spawned with the BPF maps it owns.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::{Arc, Mutex};
+
+use aya::maps::{MapData, RingBuf};
+
+use super::DaemonError;
+use crate::hotspot::jvm_directory::JvmDirectory;
+use crate::hotspot::thread_directory::ThreadDirectory;
+use crate::hotspot::tracker::{self, JvmTracker, TrackerCounts};
+use crate::native_unwind;
+
+/// The JVM tracker's thread, stopped through a flag.
+pub(super) struct TrackerThread {
+    stop: Arc<AtomicBool>,
+    counts: Arc<Mutex<TrackerCounts>>,
+    /// The pids of each interval's samples.
+    sampled: SyncSender<Vec<u32>>,
+    handle: std::thread::JoinHandle<()>,
+}
+
+impl TrackerThread {
+    pub(super) fn counts(&self) -> TrackerCounts {
+        self.counts.lock().map(|c| *c).unwrap_or_default()
+    }
+
+    /// Tells the tracker which processes were sampled (it checks those it does not know).
+    pub(super) fn tell_sampled(&self, pids: Vec<u32>) {
+        // A full queue means the tracker is behind: it will see these at its next rescan.
+        let _ = self.sampled.try_send(pids);
+    }
+
+    pub(super) fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.handle.join();
+    }
+}
+
+/// The unwind tables' loader thread (`native_unwind::loader`); it ends when the sender is
+/// dropped.
+pub(super) fn spawn_unwind_tables(
+    maps: native_unwind::loader::BpfTableMaps,
+    budget_bytes: u64,
+    stats: Arc<native_unwind::loader::TableStats>,
+) -> Result<SyncSender<Vec<u32>>, DaemonError> {
+    let (sampled, sampled_rx) = sync_channel::<Vec<u32>>(16);
+    std::thread::Builder::new()
+        .name("unwind-tables".into())
+        .spawn(move || {
+            native_unwind::loader::UnwindTables::new(maps, budget_bytes, stats).run(sampled_rx)
+        })
+        .map_err(|err| DaemonError::Worker(err.to_string()))?;
+    Ok(sampled)
+}
+
+pub(super) fn spawn_jvm_tracker(
+    maps: tracker::BpfMaps,
+    mut process_events: RingBuf<MapData>,
+    max_jvms: usize,
+    pids: Vec<u32>,
+    (threads, jvms): (ThreadDirectory, JvmDirectory),
+) -> Result<TrackerThread, DaemonError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let counts = Arc::new(Mutex::new(TrackerCounts::default()));
+    let (sampled, sampled_rx) = sync_channel::<Vec<u32>>(4);
+    let (stop_flag, shared_counts) = (stop.clone(), counts.clone());
+    let handle = std::thread::Builder::new()
+        .name("jvm-tracker".into())
+        .spawn(move || {
+            let mut tracker = JvmTracker::new(maps, max_jvms, pids)
+                .with_directory(threads)
+                .with_jvms(jvms);
+            let mut events = Vec::new();
+            let mut panics = 0;
+            while !stop_flag.load(Ordering::Relaxed) {
+                // Reading an empty ring is two loads from shared memory: no syscall.
+                events.clear();
+                while let Some(item) = process_events.next() {
+                    if let Some(event) = profiler_common::ProcessEvent::from_bytes(&item) {
+                        events.push(event);
+                    }
+                }
+                let sampled: Vec<u32> = sampled_rx.try_iter().flatten().collect();
+                // The tracker reads every JVM's memory and /proc entries: a bug that input
+                // trips costs this tick, not the node's JVM tracking.
+                let ticked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    tracker.tick(&events, &sampled)
+                }));
+                if ticked.is_err() {
+                    panics += 1;
+                    tracing::error!(
+                        "the JVM tracker panicked (a bug; please report it with the log above): \
+                         that tick is lost, tracking goes on"
+                    );
+                }
+                if let Ok(mut counts) = shared_counts.lock() {
+                    *counts = TrackerCounts {
+                        panics,
+                        ..tracker.counts()
+                    };
+                }
+                std::thread::sleep(tracker::TICK_PERIOD);
+            }
+        })
+        .map_err(|err| DaemonError::Worker(err.to_string()))?;
+    Ok(TrackerThread {
+        stop,
+        counts,
+        sampled,
+        handle,
+    })
+}
