@@ -1,6 +1,7 @@
 // A pool of 32 threads named as a Java pool's would be, `pool-worker-0` to `pool-worker-31`,
-// each running `pool_task` a millisecond in every twenty (together about 1.6 CPUs, spread over
-// the pool so that most threads get sampled), while the main thread waits for them.
+// each running `pool_task` a millisecond in every fifty (together about 0.64 of a CPU, spread
+// over the pool so that most threads get sampled and a program beside it still gets its
+// share), while the main thread waits for them.
 // Usage: thread_pool SECONDS
 
 #include <pthread.h>
@@ -29,7 +30,7 @@ static void *worker(void *arg) {
     snprintf(name, sizeof name, "pool-worker-%d", (int)(long)arg);
     prctl(PR_SET_NAME, name, 0, 0, 0);
     double end = now() + seconds;
-    struct timespec rest = {0, 19 * 1000 * 1000};
+    struct timespec rest = {0, 49 * 1000 * 1000};
     while (now() < end) {
         pool_task(now() + 0.001);
         nanosleep(&rest, NULL);
