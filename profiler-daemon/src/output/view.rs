@@ -428,17 +428,9 @@ pub fn run(request: &ViewRequest) -> Result<ViewSummary, ViewError> {
         ProfileKind::Cpu => "samples",
         ProfileKind::OffCpu => "ns blocked",
     };
-    let (lines, distinct_stacks) = match &before {
-        None => {
-            let lines: Vec<String> = after
-                .counts
-                .iter()
-                .map(|(stack, count)| format!("{} {count}", names.folded(stack)))
-                .collect();
-            (lines, after.counts.len())
-        }
-        Some(before) => differential_lines(&names, before, &after),
-    };
+    let stacks = stack_counts(before.as_ref(), &after);
+    let distinct_stacks = stacks.len();
+    let lines = drawn_lines(&names, stacks, before.is_some());
     let title = title(request, &after, before.as_ref());
     let svg = render_folded(lines.iter().map(String::as_str), &title, count_name)
         .map_err(ViewError::Render)?;
@@ -458,10 +450,17 @@ pub fn run(request: &ViewRequest) -> Result<ViewSummary, ViewError> {
     })
 }
 
-/// `stack before after` lines, inferno's differential input (drawn as `after`, coloured by the
-/// change), with `before` scaled to `after`'s total so that windows of different lengths or
+/// Each distinct stack of the windows with its (before, after) counts: before is 0 without a
+/// differential, and with one scaled to after's total, so that windows of different lengths or
 /// load compare by share, not by count.
-fn differential_lines(names: &FrameNames, before: &Window, after: &Window) -> (Vec<String>, usize) {
+fn stack_counts<'w>(before: Option<&'w Window>, after: &'w Window) -> Vec<(&'w [u32], u64, u64)> {
+    let Some(before) = before else {
+        return after
+            .counts
+            .iter()
+            .map(|(stack, &count)| (&stack[..], 0, count))
+            .collect();
+    };
     let scale = if before.samples == 0 {
         1.0
     } else {
@@ -474,11 +473,94 @@ fn differential_lines(names: &FrameNames, before: &Window, after: &Window) -> (V
     for (stack, &count) in &after.counts {
         both.entry(stack).or_default().1 = count;
     }
-    let lines = both
-        .iter()
-        .map(|(stack, (before, after))| format!("{} {before} {after}", names.folded(stack)))
-        .collect();
-    (lines, both.len())
+    both.into_iter()
+        .map(|(stack, (before, after))| (stack, before, after))
+        .collect()
+}
+
+/// Inferno draws a frame only if it is at least 0.1 px wide in a 1200 px image: about one
+/// 12,000th of the samples.
+const SHOWN_SHARE: f64 = 0.1 / 1200.0;
+
+/// The folded lines to draw (`stack count`, or inferno's differential `stack before after`,
+/// drawn as after and coloured by the change), each stack cut after its last frame that would
+/// be drawn. Widths are after's counts, so a frame is drawn if the stacks under it hold at
+/// least [`SHOWN_SHARE`] of after's samples; cutting a stack there moves its counts to that
+/// frame, so every drawn frame keeps its width and its change, and the lines (and inferno's
+/// memory and time) are bounded by what can be seen, not by the distinct stacks read.
+fn drawn_lines(
+    names: &FrameNames,
+    mut stacks: Vec<(&[u32], u64, u64)>,
+    differential: bool,
+) -> Vec<String> {
+    stacks.retain(|(stack, _, _)| !stack.is_empty());
+    // Stacks that share a prefix next to each other.
+    stacks.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    let total: u64 = stacks.iter().map(|&(_, _, after)| after).sum();
+    // A frame of no width is never drawn (a differential's frames with no sample after).
+    let shown_from = ((total as f64 * SHOWN_SHARE) as u64).max(1);
+    // How many frames of each stack are drawn: a frame's width is the sum over the run of
+    // stacks that share it, known when the run ends (frames deepest first).
+    let mut drawn_depth = vec![0usize; stacks.len()];
+    // The frames of the current stack: where their run started, their width so far.
+    let mut open: Vec<(usize, u64)> = Vec::new();
+    let close_deeper_than =
+        |depth: usize, open: &mut Vec<(usize, u64)>, end: usize, drawn_depth: &mut [usize]| {
+            while open.len() > depth {
+                let (start, width) = open.pop().unwrap_or_default();
+                if width >= shown_from {
+                    let frame_depth = open.len() + 1;
+                    for drawn in &mut drawn_depth[start..end] {
+                        *drawn = (*drawn).max(frame_depth);
+                    }
+                }
+            }
+        };
+    for index in 0..stacks.len() {
+        let stack = stacks[index].0;
+        let shared = match index.checked_sub(1) {
+            Some(previous) => stacks[previous]
+                .0
+                .iter()
+                .zip(stack)
+                .take_while(|(a, b)| a == b)
+                .count(),
+            None => 0,
+        };
+        close_deeper_than(shared, &mut open, index, &mut drawn_depth);
+        open.extend((open.len()..stack.len()).map(|_| (index, 0)));
+        for (_, width) in &mut open {
+            *width += stacks[index].2;
+        }
+    }
+    close_deeper_than(0, &mut open, stacks.len(), &mut drawn_depth);
+
+    // Stacks cut to the same frames are one line; a stack none of whose frames is drawn keeps
+    // its root, so the total (every percentage's base) stays whole.
+    let mut index_of: HashMap<&[u32], usize> = HashMap::new();
+    let mut cut: Vec<(&[u32], u64, u64)> = Vec::new();
+    for (&(stack, before, after), &depth) in stacks.iter().zip(&drawn_depth) {
+        let prefix = &stack[..depth.max(1)];
+        match index_of.get(prefix) {
+            Some(&at) => {
+                cut[at].1 += before;
+                cut[at].2 += after;
+            }
+            None => {
+                index_of.insert(prefix, cut.len());
+                cut.push((prefix, before, after));
+            }
+        }
+    }
+    cut.iter()
+        .map(|&(stack, before, after)| {
+            if differential {
+                format!("{} {before} {after}", names.folded(stack))
+            } else {
+                format!("{} {after}", names.folded(stack))
+            }
+        })
+        .collect()
 }
 
 fn title(request: &ViewRequest, after: &Window, before: Option<&Window>) -> String {
@@ -724,11 +806,44 @@ mod tests {
         before.add(&[a], 30, u32::MAX);
         before.add(&[a, b], 10, u32::MAX);
         after.add(&[a], 10, u32::MAX);
-        let (mut lines, distinct) = differential_lines(&names, &before, &after);
+        let stacks = stack_counts(Some(&before), &after);
+        assert_eq!(stacks.len(), 2);
+        let mut lines = drawn_lines(&names, stacks, true);
         lines.sort();
-        // Before's 40 samples scaled to after's 10: 30 -> 7.5, 10 -> 2.5, rounded.
-        assert_eq!(distinct, 2);
-        assert_eq!(lines, vec!["a 8 10", "a;b:c 3 0"]);
+        // Before's 40 samples scaled to after's 10: 30 -> 7.5, 10 -> 2.5, rounded. `a;b:c`
+        // has no sample after: too narrow to draw, its change goes to `a`.
+        assert_eq!(lines, vec!["a 11 10"]);
+    }
+
+    #[test]
+    fn stacks_are_cut_after_their_last_frame_wide_enough_to_draw() {
+        let mut names = FrameNames::default();
+        let [main, hot, cold, colder, other] =
+            ["main", "hot", "cold", "colder", "other"].map(|name| names.id(name));
+        let mut after = Window::default();
+        after.add(&[main, hot], 100_000, u32::MAX);
+        after.add(&[main, cold], 3, u32::MAX);
+        after.add(&[main, cold, colder], 3, u32::MAX);
+        after.add(&[main, hot, colder], 20, u32::MAX);
+        after.add(&[other, cold], 2, u32::MAX);
+        let mut lines = drawn_lines(&names, stack_counts(None, &after), false);
+        lines.sort();
+        // 100,028 samples: a frame needs 8 to be drawn. `main;cold` holds 6 (cut to `main`),
+        // `other` 2 (kept as a root so the total stays whole); `main;hot;colder` 20.
+        assert_eq!(
+            lines,
+            vec!["main 6", "main;hot 100000", "main;hot;colder 20", "other 2"]
+        );
+        let drawn: u64 = lines
+            .iter()
+            .map(|line| {
+                line.rsplit(' ')
+                    .next()
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .unwrap_or(0)
+            })
+            .sum();
+        assert_eq!(drawn, after.samples);
     }
 
     #[test]
