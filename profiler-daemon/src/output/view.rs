@@ -4,12 +4,15 @@
 //!
 //! The local output writes a file per process per interval: thousands an hour on a busy host.
 //! Files are selected by name alone ([`super::file_name`]: kind, start, pid, process, service),
-//! then read one at a time: each is decoded, folded ([`super::flamegraph::fold_samples`]) into
-//! one table of stacks and dropped. Memory is bounded by the distinct stacks, not by the files:
-//! frame names are interned once, a stack is its frame ids, and past [`MAX_DISTINCT_STACKS`]
-//! samples of new stacks are counted under one visible `[stacks past the view's bound]` stack.
+//! then decoded on the other cores and folded ([`super::flamegraph::fold_samples`]) one at a
+//! time into one table of stacks, and dropped. Memory is bounded by the distinct stacks, not by
+//! the files: frame names are interned once, a stack is its frame ids, and past
+//! [`MAX_DISTINCT_STACKS`] samples of new stacks are counted under one visible
+//! `[stacks past the view's bound]` stack. What inferno gets is bounded by what can be drawn
+//! (`drawn_lines`). Figures for an hour of a busy host are in docs/benchmarks.md.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use hashbrown::HashMap;
@@ -177,7 +180,7 @@ impl Window {
     }
 }
 
-/// Reads the files `selection` takes in `dir` (names sorted, so by time) into `window`.
+/// Reads the files `selection` takes in `dir` into `window`.
 fn merge(
     dir: &Path,
     selection: &Selection,
@@ -206,29 +209,47 @@ fn merge(
     if files.is_empty() {
         return Err(nothing_selected(dir, selection, &all_of_kind));
     }
-    files.sort();
     let past_bound = names.id(PAST_THE_BOUND);
-    for (start, path) in files {
-        // A file retention deleted since the listing, or one cut short, is counted and skipped.
-        let Ok(bytes) = std::fs::read(&path) else {
-            window.unreadable += 1;
-            continue;
-        };
-        let Ok(profile) = crate::pprof::decode(&bytes) else {
-            window.unreadable += 1;
-            continue;
-        };
-        drop(bytes);
-        fold_samples(
-            &profile,
-            threads,
-            |name| names.id(name),
-            |stack, count| window.add(stack, count, past_bound),
-        );
-        window.files += 1;
-        window.first = Some(window.first.map_or(start, |first| first.min(start)));
-        window.last = Some(window.last.map_or(start, |last| last.max(start)));
-    }
+    // Reading and decoding (gunzip, protobuf) is most of the work: other threads do it while
+    // this one folds; at most two decoded profiles per decoder wait, whatever the files.
+    let decoders = std::thread::available_parallelism()
+        .map_or(1, |cores| cores.get() - 1)
+        .clamp(1, 8);
+    let next = AtomicUsize::new(0);
+    let (decoded, received) = std::sync::mpsc::sync_channel(2 * decoders);
+    std::thread::scope(|scope| {
+        for _ in 0..decoders {
+            let (decoded, next, files) = (decoded.clone(), &next, &files);
+            scope.spawn(move || {
+                while let Some((start, path)) = files.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    // A file retention deleted since the listing, or one cut short, is counted
+                    // and skipped.
+                    let profile = std::fs::read(path)
+                        .ok()
+                        .and_then(|bytes| crate::pprof::decode(&bytes).ok());
+                    if decoded.send((*start, profile)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(decoded);
+        for (start, profile) in received {
+            let Some(profile) = profile else {
+                window.unreadable += 1;
+                continue;
+            };
+            fold_samples(
+                &profile,
+                threads,
+                |name| names.id(name),
+                |stack, count| window.add(stack, count, past_bound),
+            );
+            window.files += 1;
+            window.first = Some(window.first.map_or(start, |first| first.min(start)));
+            window.last = Some(window.last.map_or(start, |last| last.max(start)));
+        }
+    });
     Ok(())
 }
 
