@@ -147,6 +147,8 @@ fn generate(dir: &Path, start: SystemTime) -> (usize, u64) {
 /// Runs the view; returns its wall time, peak RSS in bytes and summary line.
 fn measure(daemon: &Path, args: &[&str], output: &Path) -> (Duration, u64, String) {
     let started = Instant::now();
+    // Reaped by `wait4` below, which gives its resource usage (std's `wait` does not).
+    #[allow(clippy::zombie_processes)]
     let child = Command::new(daemon)
         .arg("view")
         .args(args)
