@@ -25,6 +25,23 @@ use crate::thread_roots::ThreadRoots;
 /// Distinct stacks the view keeps (about 100 MB of 30-frame stacks).
 pub const MAX_DISTINCT_STACKS: usize = 500_000;
 
+/// A file, gzipped or not, or its profile gunzipped, larger than this is counted as unreadable
+/// and skipped (the daemon's are well under a megabyte): memory stays bounded whatever was put
+/// in the directory.
+pub const MAX_PROFILE_BYTES: u64 = 64 << 20;
+
+/// The bytes of `path` if it is at most [`MAX_PROFILE_BYTES`] long.
+fn read_bounded(path: &Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(MAX_PROFILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    (bytes.len() as u64 <= MAX_PROFILE_BYTES).then_some(bytes)
+}
+
 /// Where the samples of stacks past [`MAX_DISTINCT_STACKS`] go.
 const PAST_THE_BOUND: &str = "[stacks past the view's bound]";
 
@@ -224,9 +241,9 @@ fn merge(
                 while let Some((start, path)) = files.get(next.fetch_add(1, Ordering::Relaxed)) {
                     // A file retention deleted since the listing, or one cut short, is counted
                     // and skipped.
-                    let profile = std::fs::read(path)
-                        .ok()
-                        .and_then(|bytes| crate::pprof::decode(&bytes).ok());
+                    let profile = read_bounded(path).and_then(|bytes| {
+                        crate::pprof::decode_within(&bytes, MAX_PROFILE_BYTES).ok()
+                    });
                     if decoded.send((*start, profile)).is_err() {
                         break;
                     }
