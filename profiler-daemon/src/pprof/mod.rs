@@ -64,8 +64,10 @@ mod tests {
 
     #[test]
     fn decoding_within_a_bound_refuses_what_inflates_past_it() {
-        let mut profile = proto::Profile::default();
-        profile.string_table = vec![String::new(), "x".repeat(10_000)];
+        let profile = proto::Profile {
+            string_table: vec![String::new(), "x".repeat(10_000)],
+            ..Default::default()
+        };
         let gzipped = encode_gzipped(&profile).expect("encodes");
         assert!(gzipped.len() < 1_000, "compresses: {}", gzipped.len());
         assert_eq!(decode_within(&gzipped, 20_000).expect("fits"), profile);
