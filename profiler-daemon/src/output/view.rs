@@ -404,6 +404,14 @@ impl ViewRequest {
                     reason: "needs --before-from".into(),
                 })
             }
+            (Some(_), None) if selection.from.is_none() => {
+                return Err(ViewError::Argument {
+                    flag: "before-from",
+                    reason: "needs --from (where the earlier window ends, unless --before-to \
+                             says)"
+                        .into(),
+                })
+            }
             (Some(_), before_to) => Some(Selection {
                 from: time("before-from", &options.before_from)?,
                 // The window before the one viewed, by default.
@@ -950,6 +958,22 @@ mod tests {
                     ..base.clone()
                 },
                 "--before-to",
+            ),
+            (
+                ViewOptions {
+                    before_from: Some("2m".into()),
+                    ..base.clone()
+                },
+                "--before-from",
+            ),
+            (
+                ViewOptions {
+                    from: Some("1m".into()),
+                    before_from: Some("2m".into()),
+                    before_to: Some("3m".into()),
+                    ..base.clone()
+                },
+                "--before-from",
             ),
         ] {
             let err = ViewRequest::resolve(options, at(3600)).expect_err(flag);
