@@ -14,6 +14,7 @@ use crate::export::pyroscope::PyroscopeConfig;
 use crate::export::stream::GrpcListen;
 use crate::off_cpu::OffCpuConfig;
 use crate::output::LocalOutput;
+use crate::thread_roots::ThreadRoots;
 
 pub use crate::config_error::{invalid, ConfigError};
 pub use crate::kubernetes::Environment;
@@ -54,6 +55,11 @@ pub struct FileConfig {
     pub retention_max_age_secs: Option<u64>,
     /// Delete the oldest local profiles past this many bytes (default 1 GiB; 0: no limit).
     pub retention_max_bytes: Option<u64>,
+    /// How flame graphs (Pyroscope's and the local SVGs) show threads: "merged" (default: no
+    /// thread frame), "pool" (each stack rooted at its thread pool, `[http-nio-8080-exec-*]`)
+    /// or "thread" (rooted at its thread, `[http-nio-8080-exec-12 tid=4242]`). Local pprof
+    /// files and the live stream label every sample with its thread whatever this says.
+    pub threads: Option<String>,
     /// Suffix frame names with their kind, as async-profiler does: `_[j]` JIT-compiled, `_[1]`
     /// C1, `_[i]` inlined, `_[0]` interpreted, `_[k]` kernel. Default true.
     pub annotate_frames: Option<bool>,
@@ -105,6 +111,7 @@ pub struct Overrides {
     pub grpc_listen: Option<String>,
     pub attach: Option<String>,
     pub off_cpu: bool,
+    pub threads: Option<String>,
 }
 
 /// The checked configuration the daemon runs with.
@@ -120,6 +127,8 @@ pub struct Config {
     /// Bytes for the symbolization caches.
     pub cache_budget_bytes: u64,
     pub annotate_frames: bool,
+    /// How Pyroscope's profiles and the local flame graphs show threads.
+    pub threads: ThreadRoots,
     pub local_output: LocalOutput,
     pub metrics_listen: Option<SocketAddr>,
     pub grpc_listen: Option<GrpcListen>,
@@ -264,6 +273,14 @@ impl Config {
         let naming = ServiceNaming::resolve(file.service_name, file.service_names)?;
         let labels = file.labels.unwrap_or_default();
         crate::export::identity::check_labels(&labels)?;
+        let threads = match flags.threads.or(file.threads) {
+            None => ThreadRoots::default(),
+            Some(text) => ThreadRoots::parse(&text).ok_or_else(|| ConfigError::Invalid {
+                field: "threads",
+                flag: Some("threads"),
+                reason: format!("{text:?} is not {}", ThreadRoots::VALUES),
+            })?,
+        };
         let pyroscope = match (flags.pyroscope_url, file.pyroscope) {
             (None, None) => None,
             (url, table) => Some(PyroscopeConfig::resolve(url, table.unwrap_or_default())?),
@@ -293,6 +310,7 @@ impl Config {
             metrics_listen,
             local_output,
             annotate_frames: file.annotate_frames.unwrap_or(true),
+            threads,
             off_cpu,
             max_jvms,
             cache_budget_bytes: cache_budget_mib << 20,
@@ -456,14 +474,48 @@ mod tests {
     }
 
     #[test]
-    fn per_thread_series_is_off_unless_asked_for() {
+    fn threads_are_merged_unless_asked_for() {
+        assert_eq!(
+            resolve_text("").expect("valid").threads,
+            ThreadRoots::Merged
+        );
+        assert_eq!(
+            resolve_text("threads = \"pool\"").expect("valid").threads,
+            ThreadRoots::Pool
+        );
+        assert_eq!(
+            resolve_text("threads = \"thread\"").expect("valid").threads,
+            ThreadRoots::Thread
+        );
+        let flags = Overrides {
+            threads: Some("thread".into()),
+            ..Default::default()
+        };
+        let file = FileConfig::parse("threads = \"pool\"").expect("parses");
+        let config = Config::resolve(file, flags, &Environment::default()).expect("valid");
+        assert_eq!(config.threads, ThreadRoots::Thread, "the flag wins");
+        let err = resolve_text("threads = \"per-thread\"").expect_err("unknown value");
+        assert!(
+            err.contains("`threads`") && err.contains("--threads") && err.contains("\"pool\""),
+            "{err}"
+        );
+        let err = resolve_text("threads = true").expect_err("not a string");
+        assert!(err.contains("threads"), "{err}");
+    }
+
+    #[test]
+    fn the_old_per_thread_series_key_names_its_replacement() {
         let url = "[pyroscope]\nurl = \"http://x\"\n";
-        let config = resolve_text(url).expect("valid");
-        assert!(!config.pyroscope.expect("enabled").per_thread_series);
-        let config = resolve_text(&format!("{url}per_thread_series = true")).expect("valid");
-        assert!(config.pyroscope.expect("enabled").per_thread_series);
-        let err = resolve_text(&format!("{url}per_thread_series = \"yes\"")).expect_err("string");
-        assert!(err.contains("per_thread_series"), "{err}");
+        for value in ["true", "false", "\"yes\""] {
+            let err = resolve_text(&format!("{url}per_thread_series = {value}"))
+                .expect_err("replaced key");
+            assert!(
+                err.contains("`pyroscope.per_thread_series`")
+                    && err.contains("`threads`")
+                    && err.contains("threads = \"thread\""),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -266,6 +266,7 @@ async fn build_sinks(
     let local = LocalFiles::new(
         &config.output_dir,
         config.local_output,
+        config.threads,
         metrics.worker.clone(),
     )
     .map_err(|source| DaemonError::Output {
@@ -274,7 +275,12 @@ async fn build_sinks(
     })?;
     let mut sinks: Vec<Box<dyn Sink>> = vec![Box::new(local)];
     if let Some(pyroscope) = &config.pyroscope {
-        let sink = PyroscopeSink::start(pyroscope, metrics.export.clone(), &mut tasks)?;
+        let sink = PyroscopeSink::start(
+            pyroscope,
+            config.threads,
+            metrics.export.clone(),
+            &mut tasks,
+        )?;
         sinks.push(Box::new(sink));
     }
     if let Some(listen) = config.grpc_listen {

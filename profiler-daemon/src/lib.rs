@@ -31,6 +31,7 @@ pub mod sidecar;
 pub mod sink;
 pub mod subscribe;
 pub mod symbolize;
+pub mod thread_roots;
 pub mod untrusted;
 pub mod user_time;
 pub mod vdso;

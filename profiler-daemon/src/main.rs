@@ -36,6 +36,10 @@ enum Command {
     },
     /// Receive profiles live from a running daemon's stream (its --grpc-listen address).
     Subscribe(SubscribeArgs),
+    /// Merge the stored profiles of a time window into one flame graph (interactive SVG), of a
+    /// service, a process or the whole host; with --before-from, a differential flame graph
+    /// of what changed since an earlier window.
+    View(ViewArgs),
     /// Load the JVMTI sidecar agent into a running JVM (HotSpot dynamic attach).
     Attach {
         pid: u32,
@@ -68,6 +72,46 @@ struct SubscribeArgs {
     /// Exit after this many profiles.
     #[arg(long, value_name = "N")]
     count: Option<u64>,
+}
+
+#[derive(clap::Args)]
+struct ViewArgs {
+    /// The directory `run` writes to (its --output).
+    #[arg(long, value_name = "DIR", default_value = profiler_daemon::config::DEFAULT_OUTPUT_DIR)]
+    dir: PathBuf,
+    /// Profiles that started at or after TIME: UTC (2026-11-26T10:00:00Z) or a duration ago
+    /// (10m, 1h30m) [default: the oldest].
+    #[arg(long, value_name = "TIME")]
+    from: Option<String>,
+    /// ... and before TIME (same forms) [default: now].
+    #[arg(long, value_name = "TIME")]
+    to: Option<String>,
+    /// Only this service (its service_name); repeat for several.
+    #[arg(long = "service", value_name = "NAME")]
+    services: Vec<String>,
+    /// Only processes of this name (`comm`, as in the file names); repeat for several.
+    #[arg(long = "process", value_name = "NAME")]
+    processes: Vec<String>,
+    /// Only this process (host pid); repeat for several.
+    #[arg(long = "pid", value_name = "PID")]
+    pids: Vec<u32>,
+    /// Which profiles: where threads run (cpu) or wait (offcpu).
+    #[arg(long, value_name = "cpu|offcpu", default_value = "cpu")]
+    kind: String,
+    /// Stacks of all threads merged, rooted at their thread pool, or at their thread.
+    #[arg(long, value_name = "merged|pool|thread", default_value = "merged")]
+    threads: String,
+    /// Draw what changed since this earlier window (same forms as --from): a differential
+    /// flame graph, red where the viewed window spends more, blue less (the earlier window
+    /// scaled to the same total).
+    #[arg(long, value_name = "TIME")]
+    before_from: Option<String>,
+    /// End of the earlier window [default: --from].
+    #[arg(long, value_name = "TIME")]
+    before_to: Option<String>,
+    /// The SVG to write.
+    #[arg(short, long, value_name = "FILE", default_value = "view.svg")]
+    output: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -109,6 +153,11 @@ struct RunArgs {
     /// for how long; the config file's off_cpu_period_us / off_cpu_min_wait_us tune it.
     #[arg(long)]
     off_cpu: bool,
+    /// How Pyroscope's profiles and the local flame graphs show threads: "merged" (no thread
+    /// frame), "pool" (a root per thread pool) or "thread" (a root per thread) [default:
+    /// merged].
+    #[arg(long, value_name = "merged|pool|thread")]
+    threads: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -126,6 +175,7 @@ fn main() -> ExitCode {
         Command::JvmInfo { pid, json } => jvm_info(pid, json),
         Command::UnwindInfo { files } => unwind_info(&files),
         Command::Subscribe(args) => subscribe(args),
+        Command::View(args) => view(args),
         Command::Attach {
             pid,
             agent,
@@ -150,6 +200,7 @@ fn run(args: RunArgs) -> ExitCode {
         grpc_listen: args.grpc_listen,
         attach: args.attach,
         off_cpu: args.off_cpu,
+        threads: args.threads,
     };
     let config = match Config::resolve(file, overrides, &Environment::of_this_process()) {
         Ok(config) => config,
@@ -201,6 +252,35 @@ fn subscribe(args: SubscribeArgs) -> ExitCode {
         Err(err) => {
             eprintln!("error: {err:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+fn view(args: ViewArgs) -> ExitCode {
+    use profiler_daemon::output::view;
+    let options = view::ViewOptions {
+        dir: args.dir,
+        from: args.from,
+        to: args.to,
+        services: args.services,
+        processes: args.processes,
+        pids: args.pids,
+        kind: args.kind,
+        threads: args.threads,
+        before_from: args.before_from,
+        before_to: args.before_to,
+        output: args.output,
+    };
+    let result = view::ViewRequest::resolve(options, std::time::SystemTime::now())
+        .and_then(|request| view::run(&request));
+    match result {
+        Ok(summary) => {
+            eprintln!("{summary}");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::from(err.exit_code())
         }
     }
 }

@@ -10,14 +10,12 @@
 //! - Local files and the live stream ([`build`]) carry string labels `pid`, `comm`,
 //!   `thread_name`, `thread_name_source` (`sidecar` or `comm`) and a numeric label `thread_id`
 //!   (host tid). The stream's subscribers get one process's profiles, not series.
-//! - Pyroscope ([`export_profile`]) gets no sample labels by default:
-//!   Pyroscope makes one series per distinct set of string sample labels, so a thread name, a
-//!   pid or a tid there would make a series per thread and per restart. Each stack gets the
-//!   thread as its root frame instead, `[<name> tid=<N>]`, as async-profiler's threads mode
-//!   does: visible in every flame graph, and free for the series count. (Numeric labels would
-//!   not split series either, but Pyroscope does not show them.) With
-//!   `[pyroscope] per_thread_series = true` a string `thread_name` label is added: one series
-//!   per thread name.
+//! - Pyroscope ([`export_profile`]) gets no sample labels: Pyroscope makes one series per
+//!   distinct set of string sample labels, so a thread name, a pid or a tid there would make a
+//!   series per thread and per restart. By default stacks are merged across threads, as
+//!   Pyroscope's own agents push them; the `threads` setting ([`ThreadRoots`]) roots each stack
+//!   at its thread's pool or at the thread instead. Samples whose stacks are then equal are
+//!   merged into one.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -41,6 +39,7 @@ use crate::symbolize::java::JavaSymbolizer;
 use crate::symbolize::kernel::KernelSymbolizer;
 use crate::symbolize::native::NativeSymbolizer;
 use crate::symbolize::ResolvedFrame;
+use crate::thread_roots::ThreadRoots;
 use profiler_common::FrameKind;
 
 /// The symbolizers, kept across intervals so their caches pay off.
@@ -142,20 +141,6 @@ pub struct SampleThread {
     pub tid: u32,
     pub name: String,
     pub source: NameSource,
-}
-
-impl SampleThread {
-    /// The synthetic root frame of its stacks in exported profiles.
-    pub fn root_frame(&self) -> String {
-        format!("[{} tid={}]", self.name, self.tid)
-    }
-}
-
-/// How profiles exported to Pyroscope show threads.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ExportThreads {
-    /// Add a string `thread_name` sample label: one Pyroscope series per thread name.
-    pub per_thread_series: bool,
 }
 
 /// The address to look up for user frame `index`: frame 0 is the interrupted instruction, the
@@ -338,27 +323,36 @@ fn saturating_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
-/// The profile Pyroscope gets (see the module documentation): `built`'s,
-/// with each thread as the root frame of its stacks and only the labels `threads` asks for.
-pub fn export_profile(built: &BuiltProfile, threads: ExportThreads) -> proto::Profile {
-    let mut builder = ProfileBuilder::resume(built.profile.clone());
-    for (index, thread) in built.threads.iter().enumerate() {
-        let name = builder.string(&thread.name);
-        let key = LocationKey::Thread {
-            tid: thread.tid,
-            name,
-        };
-        let root =
-            builder.location_with(key, 0, || ResolvedFrame::named(thread.root_frame(), None));
-        let label = threads
-            .per_thread_series
-            .then(|| builder.label(&Label::Str("thread_name", &thread.name)));
-        if let Some(sample) = builder.samples_mut().get_mut(index) {
+/// The profile Pyroscope gets (see the module documentation): `built`'s without sample labels,
+/// each stack rooted as `threads` asks, and samples whose stacks are then equal merged.
+pub fn export_profile(built: &BuiltProfile, threads: ThreadRoots) -> proto::Profile {
+    let mut profile = built.profile.clone();
+    let samples = std::mem::take(&mut profile.sample);
+    let mut builder = ProfileBuilder::resume(profile);
+    let mut merged: Vec<(Vec<u64>, Vec<i64>)> = Vec::with_capacity(samples.len());
+    let mut index_of: HashMap<Vec<u64>, usize> = HashMap::with_capacity(samples.len());
+    for (sample, thread) in samples.into_iter().zip(&built.threads) {
+        let mut location_ids = sample.location_id;
+        if let Some(frame) = threads.root_frame(&thread.name, thread.tid) {
+            let key = LocationKey::ThreadRoot(builder.string(&frame));
             // Locations are innermost first: the root goes last.
-            sample.location_id.push(root);
-            sample.label.clear();
-            sample.label.extend(label);
+            location_ids.push(builder.location_with(key, 0, || ResolvedFrame::named(frame, None)));
         }
+        match index_of.entry(location_ids) {
+            hashbrown::hash_map::Entry::Occupied(entry) => {
+                let values = &mut merged[*entry.get()].1;
+                for (total, value) in values.iter_mut().zip(&sample.value) {
+                    *total = total.saturating_add(*value);
+                }
+            }
+            hashbrown::hash_map::Entry::Vacant(entry) => {
+                merged.push((entry.key().clone(), sample.value));
+                entry.insert(merged.len() - 1);
+            }
+        }
+    }
+    for (location_ids, values) in merged {
+        builder.add_sample_values(location_ids, values, &[]);
     }
     builder.finish()
 }
@@ -440,10 +434,20 @@ mod tests {
 
     /// [`built`] with both threads named `thread_name`.
     fn built_on(thread_name: &str) -> BuiltProfile {
+        built_from(&[
+            (70, thread_name),
+            (70, thread_name),
+            (70, thread_name),
+            (71, thread_name),
+        ])
+    }
+
+    /// A profile of one stack sampled once per (tid, thread name) of `samples`.
+    fn built_from(samples: &[(u32, &str)]) -> BuiltProfile {
         let mut aggregator = Aggregator::new(100);
-        let mut record = encode(PID, thread_name, &[], &[0x10, 0x20], UnwindEnd::Complete);
         let tid_at = std::mem::offset_of!(profiler_common::SampleHeader, tid);
-        for tid in [70u32, 70, 70, 71] {
+        for &(tid, thread_name) in samples {
+            let mut record = encode(PID, thread_name, &[], &[0x10, 0x20], UnwindEnd::Complete);
             record[tid_at..tid_at + 4].copy_from_slice(&tid.to_ne_bytes());
             aggregator.add(&SampleView::parse(&record).expect("valid"));
         }
@@ -529,37 +533,67 @@ mod tests {
         assert!(samples.iter().all(|s| s.3 == "[unknown]"));
     }
 
+    /// Three threads of one pool and `main`, all on one stack: 3, 2, 1 and 1 samples.
+    fn pool_and_main() -> BuiltProfile {
+        built_from(&[
+            (70, "pool-1-thread-1"),
+            (70, "pool-1-thread-1"),
+            (70, "pool-1-thread-1"),
+            (71, "pool-1-thread-2"),
+            (71, "pool-1-thread-2"),
+            (72, "pool-1-thread-13"),
+            (73, "main"),
+        ])
+    }
+
     #[test]
-    fn exported_profiles_root_stacks_in_their_thread_and_carry_no_string_labels() {
-        let built = built();
-        let export = export_profile(&built, ExportThreads::default());
-        let samples = summary(&export);
+    fn exported_profiles_merge_threads_by_default_and_carry_no_labels() {
+        let built = pool_and_main();
         assert_eq!(
-            samples,
+            built.profile.sample.len(),
+            4,
+            "one sample per thread locally"
+        );
+        let export = export_profile(&built, ThreadRoots::default());
+        assert_eq!(summary(&export), vec![(7, vec![], vec![], "[unknown]")]);
+        // The merged stack is the local one, no frame added; both values summed.
+        assert_eq!(
+            export.sample[0].location_id,
+            built.profile.sample[0].location_id
+        );
+        assert_eq!(export.sample[0].value, vec![7, 7 * export.period]);
+        assert_eq!(export.location.len(), built.profile.location.len());
+    }
+
+    #[test]
+    fn exported_profiles_root_stacks_at_their_pool_or_thread_when_asked() {
+        let built = pool_and_main();
+        let pools = export_profile(&built, ThreadRoots::Pool);
+        assert_eq!(
+            summary(&pools),
             vec![
-                (1, vec![], vec![], "[pool-1 tid=71]"),
-                (3, vec![], vec![], "[pool-1 tid=70]"),
+                (1, vec![], vec![], "[main]"),
+                (6, vec![], vec![], "[pool-1-thread-*]"),
+            ]
+        );
+        let threads = export_profile(&built, ThreadRoots::Thread);
+        assert_eq!(
+            summary(&threads),
+            vec![
+                (1, vec![], vec![], "[main tid=73]"),
+                (1, vec![], vec![], "[pool-1-thread-13 tid=72]"),
+                (2, vec![], vec![], "[pool-1-thread-2 tid=71]"),
+                (3, vec![], vec![], "[pool-1-thread-1 tid=70]"),
             ]
         );
         // The stack under the root is the local one.
-        for (local, exported) in built.profile.sample.iter().zip(&export.sample) {
+        for exported in &threads.sample {
             assert_eq!(
                 exported.location_id[..exported.location_id.len() - 1],
-                local.location_id[..]
+                built.profile.sample[0].location_id[..]
             );
         }
-        assert_eq!(export.location.len(), built.profile.location.len() + 2);
-
-        let series = export_profile(
-            &built,
-            ExportThreads {
-                per_thread_series: true,
-            },
-        );
-        let samples = summary(&series);
-        assert_eq!(samples[0].1, vec![("thread_name", "pool-1")]);
-        assert_eq!(samples[1].1, vec![("thread_name", "pool-1")]);
-        assert_eq!(samples[0].3, "[pool-1 tid=71]");
+        assert_eq!(threads.location.len(), built.profile.location.len() + 4);
     }
 
     #[test]
@@ -571,31 +605,16 @@ mod tests {
         let samples = summary(&built.profile);
         assert!(samples[0].1.contains(&("comm", shown)));
         assert!(samples[0].1.contains(&("thread_name", shown)));
-        let export = export_profile(
-            &built,
-            ExportThreads {
-                per_thread_series: true,
-            },
-        );
-        let samples = summary(&export);
-        assert_eq!(samples[0].1, vec![("thread_name", shown)]);
-        assert_eq!(samples[0].3, format!("[{shown} tid=71]"));
-        for profile in [&built.profile, &export] {
+        let threads = export_profile(&built, ThreadRoots::Thread);
+        assert_eq!(summary(&threads)[0].3, format!("[{shown} tid=71]"));
+        let pools = export_profile(&built, ThreadRoots::Pool);
+        assert_eq!(summary(&pools)[0].3, "[?[*mX???]");
+        for profile in [&built.profile, &threads, &pools] {
             assert!(!profile
                 .string_table
                 .iter()
                 .any(|s| s.chars().any(crate::printable::is_unprintable)));
         }
-    }
-
-    #[test]
-    fn root_frames_name_the_thread_and_its_tid() {
-        let thread = SampleThread {
-            tid: 4242,
-            name: "http-nio-8080-exec-12".into(),
-            source: NameSource::Sidecar,
-        };
-        assert_eq!(thread.root_frame(), "[http-nio-8080-exec-12 tid=4242]");
     }
 
     #[test]

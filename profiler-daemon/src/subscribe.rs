@@ -76,9 +76,11 @@ pub async fn run(subscription: Subscription) -> anyhow::Result<()> {
                 } else {
                     ProfileKind::Cpu
                 };
+                // The stream carries no process name: the service stands in for it.
+                let service = &message.service_name;
                 let name = format!(
                     "{}.pb.gz",
-                    crate::output::file_stem(kind, start, message.pid, &message.service_name)
+                    crate::output::file_name::file_stem(kind, start, message.pid, service, service)
                 );
                 let path = dir.join(name);
                 std::fs::write(&path, &message.pprof_gzip)

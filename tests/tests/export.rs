@@ -1,8 +1,10 @@
 //! End to end on export: the daemon pushes to a gRPC receiver that shares no code with it
 //! (Python grpcio, stubs generated from our .proto files), survives outages and bad endpoints,
-//! and streams profiles live to subscribers. Exported profiles carry no string sample labels
-//! (each would split Pyroscope series) but name each stack's thread in a root frame, with the
-//! full Java name the sidecar agent reported; `per_thread_series` adds the `thread_name` label.
+//! and streams profiles live to subscribers. Exported profiles carry no sample labels (a string
+//! one would split Pyroscope series); their stacks are merged across threads by default, rooted
+//! at their thread pool with `threads = "pool"` (a 32-thread pool is one root) or at their
+//! thread with `threads = "thread"`. Local files keep each sample's thread, with the full Java
+//! name the sidecar agent reported.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -86,26 +88,61 @@ fn start_times(profiles: &[(PathBuf, proto::Profile)]) -> Vec<i64> {
 /// A pool thread's Java name, longer than the kernel's 15 bytes (`http-nio-8080-e`).
 const POOL_THREAD: &str = "http-nio-8080-exec-12";
 
-/// Checks that no sample of `profiles` has a string label, and that each has its thread as root
-/// frame; returns (root frame's thread name, tid) -> samples.
-fn exported_threads(
+/// The name of a sample's outermost frame.
+fn root_frame(profile: &proto::Profile, sample: &proto::Sample) -> String {
+    sample_frames(profile, sample)
+        .pop()
+        .map(|frame| frame.name)
+        .unwrap_or_default()
+}
+
+/// Checks that no sample of `profiles` has a label; returns root frame -> samples.
+fn exported_roots(
     profiles: &[(PathBuf, proto::Profile)],
-) -> std::collections::BTreeMap<(String, u32), i64> {
-    let mut threads = std::collections::BTreeMap::new();
+) -> std::collections::BTreeMap<String, i64> {
+    let mut roots = std::collections::BTreeMap::new();
     for (path, profile) in profiles {
         for sample in &profile.sample {
-            assert_eq!(
-                string_label_keys(profile, sample),
-                Vec::<&str>::new(),
-                "{}: no string sample labels by default",
+            assert!(
+                sample.label.is_empty(),
+                "{}: exported samples carry no labels",
                 path.display()
             );
-            let thread = root_thread(profile, sample)
-                .unwrap_or_else(|| panic!("{}: a sample without thread root", path.display()));
-            *threads.entry(thread).or_insert(0) += count(sample);
+            *roots.entry(root_frame(profile, sample)).or_insert(0) += count(sample);
         }
     }
-    threads
+    roots
+}
+
+/// The thread names local samples are labelled with.
+fn local_thread_names(
+    profiles: &[(PathBuf, proto::Profile)],
+) -> std::collections::BTreeSet<String> {
+    profiles
+        .iter()
+        .flat_map(|(_, profile)| {
+            profile
+                .sample
+                .iter()
+                .filter_map(|sample| label(profile, sample, "thread_name").map(str::to_owned))
+        })
+        .collect()
+}
+
+/// Checks that no root of `roots` names one of `threads` (merged: no thread frame).
+fn assert_merged(
+    roots: &std::collections::BTreeMap<String, i64>,
+    threads: &std::collections::BTreeSet<String>,
+) {
+    assert!(!threads.is_empty(), "local samples name their threads");
+    for root in roots.keys() {
+        assert!(
+            !threads
+                .iter()
+                .any(|thread| root.starts_with(&format!("[{thread}"))),
+            "merged by default, but {root:?} roots a stack ({threads:?})"
+        );
+    }
 }
 
 /// The `name=value` fields of the daemon's "pyroscope export totals" log line.
@@ -216,33 +253,15 @@ fn pushes_labelled_pprof_to_a_grpc_receiver() {
         "Java frames named in the exported profile"
     );
 
-    // Threads: the root frame of each exported stack, the labels of each local sample.
-    let native_threads = exported_threads(&native_profiles);
-    let java_threads = exported_threads(&java_profiles);
-    eprintln!("exported threads: native {native_threads:?}, Java {java_threads:?}");
-    assert_eq!(
-        native_threads.keys().collect::<Vec<_>>(),
-        vec![&("native_split".to_string(), native.pid())],
-        "the native program's one thread, its tid its pid"
-    );
-    let pool: Vec<(u32, i64)> = java_threads
-        .iter()
-        .filter(|((name, _), _)| name == POOL_THREAD)
-        .map(|((_, tid), samples)| (*tid, *samples))
-        .collect();
-    let [(pool_tid, pool_samples)] = pool[..] else {
-        panic!("one {POOL_THREAD} thread in the exported roots: {java_threads:?}")
-    };
-    assert!(
-        Path::new(&format!("/proc/{}/task/{pool_tid}", java.pid())).exists(),
-        "the root frame's tid {pool_tid} is a thread of the JVM"
-    );
-    let truncated: i64 = java_threads
-        .iter()
-        .filter(|((name, _), _)| name == &POOL_THREAD[..15])
-        .map(|(_, samples)| samples)
-        .sum();
+    // Threads: merged in what is exported (no thread frame, no label); each local sample
+    // labelled with its thread, the pool thread by its full Java name.
+    let native_roots = exported_roots(&native_profiles);
+    let java_roots = exported_roots(&java_profiles);
+    eprintln!("exported roots: native {native_roots:?}, Java {java_roots:?}");
+    assert_merged(&native_roots, &local_thread_names(&local_native));
+    assert_merged(&java_roots, &local_thread_names(&local_java));
     let (mut full, mut by_comm) = (0, 0);
+    let mut pool_tids = std::collections::BTreeSet::new();
     for (_, profile) in &local_java {
         for sample in &profile.sample {
             let name = label(profile, sample, "thread_name");
@@ -255,27 +274,116 @@ fn pushes_labelled_pprof_to_a_grpc_receiver() {
                 "local samples keep pid, comm, thread_name and add thread_id"
             );
             if name == Some(POOL_THREAD) {
-                assert_eq!(tid, Some(i64::from(pool_tid)));
                 assert_eq!(
                     label(profile, sample, "thread_name_source"),
                     Some("sidecar")
                 );
+                pool_tids.extend(tid);
                 full += count(sample);
-            } else if tid == Some(i64::from(pool_tid)) {
+            } else if name == Some(&POOL_THREAD[..15]) {
                 assert_eq!(label(profile, sample, "thread_name_source"), Some("comm"));
                 by_comm += count(sample);
             }
         }
     }
-    println!(
-        "{POOL_THREAD} (tid {pool_tid}): {pool_samples} exported samples under its full name, \
-         {truncated} under {:?}; locally {full} with the sidecar's name, {by_comm} with comm",
-        &POOL_THREAD[..15]
-    );
+    let [pool_tid] = pool_tids.iter().copied().collect::<Vec<_>>()[..] else {
+        panic!("one {POOL_THREAD} thread in the local labels: {pool_tids:?}")
+    };
     assert!(
-        pool_samples > 0 && full > 0,
-        "the pool thread is named in full"
+        Path::new(&format!("/proc/{}/task/{pool_tid}", java.pid())).exists(),
+        "the label's tid {pool_tid} is a thread of the JVM"
     );
+    println!(
+        "{POOL_THREAD} (tid {pool_tid}): locally {full} samples with the sidecar's name, \
+         {by_comm} with comm"
+    );
+    assert!(full > 0, "the pool thread is named in full");
+}
+
+/// The 32-thread pool workload (`pool-worker-0` to `-31`, in `pool_task`), running for `secs`.
+fn thread_pool_workload(dir: &Path, secs: u32) -> Workload {
+    let binary = compile_c("thread_pool.c", dir).expect("compiles");
+    Workload::spawn(Command::new(binary).arg(secs.to_string())).expect("starts")
+}
+
+#[test]
+fn a_thread_pool_is_one_root_when_asked_and_merged_by_default() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pool = thread_pool_workload(dir.path(), 60);
+    let config = dir.path().join("config.toml");
+    // Local flame graphs too: they show threads as the same setting says.
+    std::fs::write(
+        &config,
+        "flame_graphs = true\n[pyroscope]\nshutdown_grace_secs = 5\n",
+    )
+    .expect("config written");
+    let pid = pool.pid().to_string();
+    for threads in ["merged", "pool"] {
+        let record_dir = dir.path().join(format!("received-{threads}"));
+        let receiver = Receiver::start(0, &record_dir, &[]).expect("receiver");
+        let out = dir.path().join(threads);
+        let mut extra = vec!["--duration", "3"];
+        if threads != "merged" {
+            extra.extend(["--threads", threads]);
+        }
+        let output = run_daemon(
+            &export_args(&config, &receiver.url(), &pid, &out, &extra),
+            Duration::from_secs(60),
+        )
+        .expect("daemon runs");
+        assert!(output.status.success(), "{threads}: daemon failed");
+        drop(receiver);
+
+        let local = profiles_of(&out, pool.pid()).expect("local profiles");
+        let thread_names = local_thread_names(&local);
+        let exported = received_profiles(&record_dir, "thread_pool");
+        let roots = exported_roots(&exported);
+        let (local_samples, exported_samples) = (
+            local.iter().map(|(_, p)| p.sample.len()).sum::<usize>(),
+            exported.iter().map(|(_, p)| p.sample.len()).sum::<usize>(),
+        );
+        eprintln!(
+            "{threads}: {} threads sampled, {local_samples} local samples (stack, thread), \
+             {exported_samples} exported; roots {roots:?}",
+            thread_names.len()
+        );
+        assert!(
+            thread_names.len() >= 8
+                && thread_names
+                    .iter()
+                    .all(|name| name.starts_with("pool-worker-")),
+            "local samples keep each pool thread: {thread_names:?}"
+        );
+        assert!(
+            frame_names(&exported)
+                .iter()
+                .any(|name| name.contains("pool_task")),
+            "{threads}: the pool's work is exported"
+        );
+        let svgs: Vec<String> = std::fs::read_dir(&out)
+            .expect("output")
+            .filter_map(|entry| {
+                let path = entry.ok()?.path();
+                (path.extension()? == "svg").then(|| std::fs::read_to_string(path).ok())?
+            })
+            .collect();
+        assert!(!svgs.is_empty(), "{threads}: local flame graphs drawn");
+        if threads == "merged" {
+            assert_merged(&roots, &thread_names);
+            assert!(
+                exported_samples < local_samples,
+                "threads merged: fewer samples than (stack, thread) pairs"
+            );
+            assert!(svgs.iter().all(|svg| !svg.contains("pool-worker")));
+        } else {
+            assert_eq!(
+                roots.keys().collect::<Vec<_>>(),
+                vec!["[pool-worker-*]"],
+                "one root for the whole pool"
+            );
+            assert!(svgs.iter().all(|svg| svg.contains("[pool-worker-*]")));
+        }
+    }
 }
 
 #[test]
@@ -288,7 +396,7 @@ fn an_outage_delays_profiles_without_losing_reordering_or_duplicating_them() {
     let config = dir.path().join("config.toml");
     std::fs::write(
         &config,
-        "[pyroscope]\nmax_backoff_secs = 2\nshutdown_grace_secs = 10\nper_thread_series = true\n",
+        "threads = \"thread\"\n[pyroscope]\nmax_backoff_secs = 2\nshutdown_grace_secs = 10\n",
     )
     .expect("config written");
     let out = dir.path().join("profiles");
@@ -315,27 +423,20 @@ fn an_outage_delays_profiles_without_losing_reordering_or_duplicating_them() {
     drop(receiver);
 
     let received_profiles = received_profiles(&record_dir, "native_split");
-    // per_thread_series: the thread's name as the one string label (one series per name), the
-    // thread still as the root frame.
-    let mut labelled = 0;
+    // threads = "thread": each stack rooted at its thread, still no label.
+    let mut rooted = 0;
     for (path, profile) in &received_profiles {
         for sample in &profile.sample {
-            assert_eq!(
-                string_label_keys(profile, sample),
-                vec!["thread_name"],
-                "{}",
-                path.display()
-            );
-            assert_eq!(label(profile, sample, "thread_name"), Some("native_split"));
+            assert!(sample.label.is_empty(), "{}", path.display());
             assert_eq!(
                 root_thread(profile, sample),
                 Some(("native_split".to_string(), workload.pid()))
             );
-            labelled += count(sample);
+            rooted += count(sample);
         }
     }
-    eprintln!("per_thread_series: {labelled} samples labelled thread_name=native_split");
-    assert!(labelled > 0);
+    eprintln!("threads = \"thread\": {rooted} samples under [native_split tid={pid}]");
+    assert!(rooted > 0);
     let received = start_times(&received_profiles);
     let written = start_times(&profiles_of(&out, workload.pid()).expect("local profiles"));
     let totals = export_totals(&log);

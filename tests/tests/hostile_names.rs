@@ -81,8 +81,9 @@ fn names_with_terminal_escapes_are_shown_replaced_in_every_output() {
 
     let receiver = Receiver::start(0, &dir.path().join("received"), &[]).expect("receiver");
     let config = dir.path().join("config.toml");
-    // Flame graphs are off by default when profiles are exported.
-    std::fs::write(&config, "flame_graphs = true\n").expect("config written");
+    // Flame graphs are off by default when profiles are exported; with threads = "thread"
+    // every flame graph draws each thread's name, so its shown form is checked there too.
+    std::fs::write(&config, "flame_graphs = true\nthreads = \"thread\"\n").expect("config written");
     let address = format!(
         "127.0.0.1:{}",
         free_local_address().expect("free port").port()
@@ -133,8 +134,9 @@ fn names_with_terminal_escapes_are_shown_replaced_in_every_output() {
     for (path, _) in &local {
         let name = path.file_name().expect("a name").to_string_lossy();
         assert!(
-            name.ends_with(&format!("-{pid}-__31m__X__.pb.gz")),
-            "{name}: the comm's characters other than [A-Za-z0-9._-] become `_`"
+            name.ends_with(&format!("-{pid}-__31m__X__@hostile%3F%5B31m%3F.pb.gz")),
+            "{name}: the comm's characters other than [A-Za-z0-9._-] become `_`, the \
+             service's (as shown) are percent-encoded"
         );
     }
     let mut thread_names = std::collections::BTreeSet::new();

@@ -101,7 +101,7 @@ fn main() -> Result<()> {
             let daemon = build_daemon(&root, true)?;
             // `--attach auto` finds the agent beside the daemon.
             build_agent(&root, true)?;
-            let mut command = Command::new(daemon);
+            let mut command = Command::new(&daemon);
             command.arg("run");
             if !args
                 .iter()
@@ -110,7 +110,14 @@ fn main() -> Result<()> {
                 command.arg("--output").arg(root.join("profiles"));
             }
             command.args(&args);
-            let status = command.status().context("starting profiler-daemon")?;
+            let mut child = command.spawn().context("starting profiler-daemon")?;
+            // Ctrl-C reaches the daemon (it writes its last interval and exits) and this
+            // process alike: this one stays to say how to look at what was written.
+            // SAFETY: SIG_IGN for SIGINT, set once, no handler runs.
+            unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+            let status = child.wait().context("waiting for profiler-daemon")?;
+            let output = run_output_dir(&root, &args);
+            eprintln!("\n{}", view_hint(&daemon, &output));
             std::process::exit(status.code().unwrap_or(1));
         }
         Task::Test { filter } => {
@@ -176,6 +183,44 @@ fn workspace_root() -> Result<PathBuf> {
         .parent()
         .map(Path::to_path_buf)
         .context("xtask has no parent directory")
+}
+
+/// Where `cargo xtask run ARGS` has the daemon write: `--output`, else `./profiles` (the
+/// directory a `--config` file names is not read here: that case is said in the hint).
+fn run_output_dir(root: &Path, args: &[String]) -> Option<PathBuf> {
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        if arg == "--output" {
+            return args.next().map(PathBuf::from);
+        }
+        if let Some(dir) = arg.strip_prefix("--output=") {
+            return Some(PathBuf::from(dir));
+        }
+        if arg == "--config" {
+            return None;
+        }
+    }
+    Some(root.join("profiles"))
+}
+
+/// How to open what a run wrote: one flame graph of the last 10 minutes of every process, then
+/// the selectors.
+fn view_hint(daemon: &Path, output: &Option<PathBuf>) -> String {
+    let dir = output
+        .as_ref()
+        .map_or("OUTPUT_DIR".to_string(), |dir| dir.display().to_string());
+    let mut hint = format!(
+        "profiles are in {dir}; one flame graph of the last 10 minutes of every process:\n  \
+         {daemon} view --dir {dir} --from 10m -o view.svg   (open view.svg in a browser)\n\
+         narrow it with --service NAME, --process NAME or --pid PID; --threads pool roots stacks \
+         at their thread pool; --before-from 20m draws what changed against the 10 minutes \
+         before",
+        daemon = daemon.display()
+    );
+    if output.is_none() {
+        hint.push_str("\n(OUTPUT_DIR: the config file's output_dir, ./profiles by default)");
+    }
+    hint
 }
 
 fn run(command: &mut Command) -> Result<()> {
@@ -548,4 +593,37 @@ fn e2e_groups(root: &Path) -> Result<Vec<String>> {
 extern "C" {
     #[link_name = "geteuid"]
     fn libc_geteuid() -> u32;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_view_hint_names_the_directory_the_run_wrote() {
+        let root = Path::new("/repo");
+        let args = |list: &[&str]| list.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            run_output_dir(root, &args(&["--pid", "1"])),
+            Some(PathBuf::from("/repo/profiles"))
+        );
+        assert_eq!(
+            run_output_dir(root, &args(&["--output", "/tmp/p"])),
+            Some(PathBuf::from("/tmp/p"))
+        );
+        assert_eq!(
+            run_output_dir(root, &args(&["--output=/tmp/q"])),
+            Some(PathBuf::from("/tmp/q"))
+        );
+        assert_eq!(run_output_dir(root, &args(&["--config", "c.toml"])), None);
+        let daemon = Path::new("/repo/target/release/profiler-daemon");
+        let hint = view_hint(daemon, &Some(PathBuf::from("/repo/profiles")));
+        assert!(
+            hint.contains(
+                "/repo/target/release/profiler-daemon view --dir /repo/profiles --from 10m -o view.svg"
+            ),
+            "{hint}"
+        );
+        assert!(view_hint(daemon, &None).contains("output_dir"));
+    }
 }

@@ -50,8 +50,8 @@ pub struct ExportedProfile {
     pub labels: Vec<(String, String)>,
     pub start: SystemTime,
     pub duration: Duration,
-    /// Pyroscope's variant (threads as root frames, no string sample labels unless
-    /// `per_thread_series`) or, for the live stream, the local files' profile with `pid`,
+    /// Pyroscope's variant (no sample labels, threads merged or rooted as the `threads`
+    /// setting asks) or, for the live stream, the local files' profile with `pid`,
     /// `comm` and thread sample labels: its subscribers receive one process's profiles at a
     /// time, not series a label could multiply. See `crate::profiles`.
     pub pprof_gzip: Arc<[u8]>,

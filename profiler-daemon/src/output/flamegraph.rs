@@ -1,68 +1,139 @@
-//! Flame graphs (self-contained interactive SVG, through inferno) of a pprof profile, for the
-//! local output: a look at a process without any pprof tooling.
+//! Flame graphs (self-contained interactive SVG, through inferno) of pprof profiles, for the
+//! local output and the `view` command: a look at a process or a service without any pprof
+//! tooling.
 
-use crate::pprof::proto::Profile;
+use hashbrown::HashMap;
 
-/// The profile's stacks in the "folded" form flame graph tools read: `root;...;leaf count`,
-/// one line per sample, inlined frames expanded, thread name as the root frame.
-pub fn folded_stacks(profile: &Profile) -> Vec<String> {
+use crate::pprof::proto::{Location, Profile};
+use crate::thread_roots::ThreadRoots;
+
+/// Hands each sample of `profile` to `add` as flame graphs read it: its frames root first
+/// (inlined frames expanded, each frame as `frame` makes it from its name), with its value of
+/// the first sample type. Stacks are rooted at their thread as `threads` asks, from the
+/// `thread_name` and `thread_id` labels local files and the live stream keep whatever the
+/// setting. Samples with a value of 0 or less are skipped. `frame` is called once per
+/// location and thread of the profile, not per sample.
+pub fn fold_samples<F: Clone>(
+    profile: &Profile,
+    threads: ThreadRoots,
+    mut frame: impl FnMut(&str) -> F,
+    mut add: impl FnMut(&[F], u64),
+) {
+    let string = |index: i64| {
+        profile
+            .string_table
+            .get(usize::try_from(index).unwrap_or(usize::MAX))
+            .map_or("", String::as_str)
+    };
     let name_of = |function_id: u64| -> &str {
         profile
             .function
             .get(function_id.wrapping_sub(1) as usize)
             .filter(|f| f.id == function_id)
             .or_else(|| profile.function.iter().find(|f| f.id == function_id))
-            .and_then(|f| profile.string_table.get(f.name as usize))
-            .map_or("[unknown]", String::as_str)
+            .map_or("[unknown]", |f| string(f.name))
     };
-    let thread_key = profile
-        .string_table
-        .iter()
-        .position(|s| s == "thread_name")
-        .map(|i| i as i64);
-    let mut lines = Vec::with_capacity(profile.sample.len());
+    // Lines within a location are innermost first.
+    let location_frames = |location: &Location, frame: &mut dyn FnMut(&str) -> F| -> Vec<F> {
+        location
+            .line
+            .iter()
+            .rev()
+            .map(|line| frame(name_of(line.function_id)))
+            .collect()
+    };
+    // Ids are usually positions + 1 (as the builder numbers them); others are looked up.
+    let mut by_position: Vec<Option<Vec<F>>> = vec![None; profile.location.len()];
+    let mut roots: HashMap<(i64, u32), Option<F>> = HashMap::new();
+    let key_of = |name: &str| profile.string_table.iter().position(|s| s == name);
+    let (thread_key, tid_key) = (key_of("thread_name"), key_of("thread_id"));
+    let mut stack: Vec<F> = Vec::new();
     for sample in &profile.sample {
-        let count = sample.value.first().copied().unwrap_or(0);
-        if count <= 0 {
+        let Some(count) = sample.value.first().and_then(|&v| u64::try_from(v).ok()) else {
+            continue;
+        };
+        if count == 0 {
             continue;
         }
-        let mut frames: Vec<&str> = Vec::new();
-        if let Some(thread) = sample
-            .label
-            .iter()
-            .find(|l| Some(l.key) == thread_key)
-            .and_then(|l| profile.string_table.get(l.str as usize))
-        {
-            frames.push(thread);
+        stack.clear();
+        let label = |key: Option<usize>| {
+            let key = key?;
+            sample.label.iter().find(|l| l.key as usize == key)
+        };
+        if let Some(thread) = label(thread_key).filter(|l| l.str != 0) {
+            let tid = label(tid_key).map_or(0, |l| u32::try_from(l.num).unwrap_or(0));
+            let root = roots.entry((thread.str, tid)).or_insert_with(|| {
+                threads
+                    .root_frame(string(thread.str), tid)
+                    .map(|root| frame(&root))
+            });
+            stack.extend(root.clone());
         }
-        // Locations are innermost first, and lines within a location innermost first too.
+        // Locations are innermost first.
         for id in sample.location_id.iter().rev() {
-            let location = profile
-                .location
-                .get(id.wrapping_sub(1) as usize)
-                .filter(|l| l.id == *id)
-                .or_else(|| profile.location.iter().find(|l| l.id == *id));
-            if let Some(location) = location {
-                frames.extend(
-                    location
-                        .line
-                        .iter()
-                        .rev()
-                        .map(|line| name_of(line.function_id)),
-                );
+            let position = id.wrapping_sub(1) as usize;
+            match profile.location.get(position).filter(|l| l.id == *id) {
+                Some(location) => stack.extend_from_slice(
+                    by_position[position]
+                        .get_or_insert_with(|| location_frames(location, &mut frame)),
+                ),
+                None => {
+                    if let Some(location) = profile.location.iter().find(|l| l.id == *id) {
+                        stack.extend(location_frames(location, &mut frame));
+                    }
+                }
             }
         }
-        // `;` separates frames in the folded format.
-        let stack: Vec<String> = frames.iter().map(|f| f.replace(';', ":")).collect();
-        lines.push(format!("{} {count}", stack.join(";")));
+        add(&stack, count);
     }
+}
+
+/// A frame's name as the folded form holds it: `;` separates frames there.
+pub fn folded_frame(name: &str) -> std::borrow::Cow<'_, str> {
+    if name.contains(';') {
+        std::borrow::Cow::Owned(name.replace(';', ":"))
+    } else {
+        std::borrow::Cow::Borrowed(name)
+    }
+}
+
+/// The profile's stacks in the folded form flame graph tools read, `root;...;leaf count`, one
+/// line per sample (see [`fold_samples`]).
+pub fn folded_stacks(profile: &Profile, threads: ThreadRoots) -> Vec<String> {
+    let mut lines = Vec::with_capacity(profile.sample.len());
+    fold_samples(
+        profile,
+        threads,
+        |name| std::rc::Rc::<str>::from(folded_frame(name)),
+        |frames, count| {
+            let mut line = frames.join(";");
+            line.push_str(&format!(" {count}"));
+            lines.push(line);
+        },
+    );
     lines
 }
 
 /// Renders the profile as an SVG flame graph titled `title`, of its first sample type
-/// (`count_name` says what that counts: `samples`, `ns off CPU`).
-pub fn render_svg(profile: &Profile, title: &str, count_name: &str) -> std::io::Result<Vec<u8>> {
-    let lines = folded_stacks(profile);
+/// (`count_name` says what that counts: `samples`, `ns off CPU`), threads shown as `threads`
+/// asks.
+pub fn render_svg(
+    profile: &Profile,
+    threads: ThreadRoots,
+    title: &str,
+    count_name: &str,
+) -> std::io::Result<Vec<u8>> {
+    let lines = folded_stacks(profile, threads);
+    render_folded(lines.iter().map(String::as_str), title, count_name)
+}
+
+/// Renders folded lines (`stack count`, or `stack before after` for a differential flame
+/// graph, coloured by the change) as an SVG flame graph.
+pub fn render_folded<'a>(
+    lines: impl IntoIterator<Item = &'a str>,
+    title: &str,
+    count_name: &str,
+) -> std::io::Result<Vec<u8>> {
     let mut options = inferno::flamegraph::Options::default();
     // XML allows no control characters: the frames' names are printable as every string of a
     // profile is (`pprof::ProfileBuilder::string`); the title may name the process, so it is
@@ -74,7 +145,7 @@ pub fn render_svg(profile: &Profile, title: &str, count_name: &str) -> std::io::
     options.colors =
         inferno::flamegraph::color::Palette::Multi(inferno::flamegraph::color::MultiPalette::Java);
     let mut svg = Vec::new();
-    inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)
+    inferno::flamegraph::from_lines(&mut options, lines, &mut svg)
         .map_err(|err| std::io::Error::other(err.to_string()))?;
     Ok(svg)
 }
@@ -82,7 +153,7 @@ pub fn render_svg(profile: &Profile, title: &str, count_name: &str) -> std::io::
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pprof::{LocationKey, ProfileBuilder};
+    use crate::pprof::{Label, LocationKey, ProfileBuilder};
     use crate::symbolize::{ResolvedFrame, SourceLine};
     use std::time::{Duration, SystemTime};
 
@@ -108,15 +179,55 @@ mod tests {
         let main = ResolvedFrame::named("main", None);
         let leaf = builder.location(LocationKey::User(1), 1, &leaf);
         let main = builder.location(LocationKey::User(2), 2, &main);
-        builder.add_sample(vec![leaf, main], 7, &[("thread_name", "worker")]);
+        // Two threads of one pool, as local files label them.
+        for (tid, name, count) in [(11, "worker-1", 7), (12, "worker-2", 2)] {
+            builder.add_sample_with(
+                vec![leaf, main],
+                count,
+                &[
+                    Label::Str("thread_name", name),
+                    Label::Num {
+                        key: "thread_id",
+                        value: tid,
+                        unit: "",
+                    },
+                ],
+            );
+        }
         builder.finish()
     }
 
     #[test]
-    fn stacks_fold_root_first_with_inlined_frames() {
+    fn stacks_fold_root_first_with_inlined_frames_rooted_as_asked() {
         assert_eq!(
-            folded_stacks(&profile()),
-            vec!["worker;main;outer_[j];inner_[i] 7".to_string()]
+            folded_stacks(&profile(), ThreadRoots::Merged),
+            vec!["main;outer_[j];inner_[i] 7", "main;outer_[j];inner_[i] 2"]
+        );
+        assert_eq!(
+            folded_stacks(&profile(), ThreadRoots::Pool),
+            vec![
+                "[worker-*];main;outer_[j];inner_[i] 7",
+                "[worker-*];main;outer_[j];inner_[i] 2"
+            ]
+        );
+        assert_eq!(
+            folded_stacks(&profile(), ThreadRoots::Thread),
+            vec![
+                "[worker-1 tid=11];main;outer_[j];inner_[i] 7",
+                "[worker-2 tid=12];main;outer_[j];inner_[i] 2"
+            ]
+        );
+    }
+
+    #[test]
+    fn samples_without_thread_labels_have_no_root_and_separators_stay_inside_frames() {
+        let mut builder = ProfileBuilder::new_cpu(100, SystemTime::now(), Duration::from_secs(1));
+        let odd = builder.location(LocationKey::User(1), 1, &ResolvedFrame::named("a;b", None));
+        builder.add_sample(vec![odd], 3, &[]);
+        builder.add_sample(vec![odd], 0, &[]);
+        assert_eq!(
+            folded_stacks(&builder.finish(), ThreadRoots::Thread),
+            vec!["a:b 3"]
         );
     }
 
@@ -127,7 +238,13 @@ mod tests {
         let leaf = builder.location(LocationKey::User(1), 1, &frame);
         builder.add_sample(vec![leaf], 2, &[("thread_name", "t\u{7}\u{ffff}")]);
         let svg = String::from_utf8(
-            render_svg(&builder.finish(), "cpu: x\u{1b}", "samples").expect("renders"),
+            render_svg(
+                &builder.finish(),
+                ThreadRoots::Thread,
+                "cpu: x\u{1b}",
+                "samples",
+            )
+            .expect("renders"),
         )
         .expect("utf-8");
         let bad: Vec<char> = svg
@@ -140,12 +257,14 @@ mod tests {
 
     #[test]
     fn renders_an_svg_with_the_frames() {
-        let svg = String::from_utf8(render_svg(&profile(), "cpu", "samples").expect("renders"))
-            .expect("utf-8");
+        let svg = String::from_utf8(
+            render_svg(&profile(), ThreadRoots::Merged, "cpu", "samples").expect("renders"),
+        )
+        .expect("utf-8");
         assert!(
             svg.contains("<svg")
-                && svg.contains("<title>outer (7 samples")
-                && svg.contains("<title>inner (7 samples"),
+                && svg.contains("<title>outer (9 samples")
+                && svg.contains("<title>inner (9 samples"),
             "{}",
             &svg[..svg.len().min(300)]
         );

@@ -1,10 +1,13 @@
 //! Local output: one gzipped pprof file (and optionally an SVG flame graph) per process per
-//! interval, under a retention policy.
+//! interval, under a retention policy, named as `file_name` says; `view` merges them back into
+//! one flame graph per service, process or host.
 //!
 //! Files are written under a temporary name and renamed, so a reader never sees half a file.
 
+pub mod file_name;
 pub mod flamegraph;
 pub mod retention;
+pub mod view;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -15,6 +18,8 @@ use crate::metrics::WorkerCounters;
 use crate::pprof::proto;
 use crate::profiles::ProfileKind;
 use crate::sink::{Sink, SinkProfile};
+use crate::thread_roots::ThreadRoots;
+use file_name::file_stem;
 use retention::{Removed, Retention};
 
 /// What the local output writes, and how long it keeps it.
@@ -52,29 +57,45 @@ impl LocalOutput {
 pub struct LocalWriter {
     dir: PathBuf,
     options: LocalOutput,
+    /// How the flame graphs show threads (the pprof files label every sample with its thread).
+    threads: ThreadRoots,
+}
+
+/// One profile as the local output writes it.
+pub struct LocalProfile<'a> {
+    pub kind: ProfileKind,
+    pub start: SystemTime,
+    pub pid: u32,
+    pub comm: &'a str,
+    pub service: &'a str,
+    pub profile: &'a proto::Profile,
+    /// `profile`, encoded.
+    pub gzipped: &'a [u8],
 }
 
 impl LocalWriter {
-    pub fn new(dir: &Path, options: LocalOutput) -> std::io::Result<Self> {
+    pub fn new(dir: &Path, options: LocalOutput, threads: ThreadRoots) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         Ok(Self {
             dir: dir.to_owned(),
             options,
+            threads,
         })
     }
 
-    /// Writes `<kind>-<UTC time>-<pid>-<comm>.pb.gz` (`gzipped`, the encoded `profile`;
-    /// `cpu-` or `offcpu-`) and, with flame graphs on, `.svg`; returns the pprof file's path.
-    pub fn write(
-        &self,
-        kind: ProfileKind,
-        start: SystemTime,
-        pid: u32,
-        comm: &str,
-        profile: &proto::Profile,
-        gzipped: &[u8],
-    ) -> std::io::Result<PathBuf> {
-        let stem = file_stem(kind, start, pid, comm);
+    /// Writes `<kind>-<UTC time>-<pid>-<comm>@<service>.pb.gz` (see [`file_name`]) and, with
+    /// flame graphs on, `.svg`; returns the pprof file's path.
+    pub fn write(&self, local: &LocalProfile<'_>) -> std::io::Result<PathBuf> {
+        let LocalProfile {
+            kind,
+            start,
+            pid,
+            comm,
+            service,
+            profile,
+            gzipped,
+        } = *local;
+        let stem = file_stem(kind, start, pid, comm, service);
         let path = self.write_atomically(&format!("{stem}.pb.gz"), gzipped)?;
         // A flame graph of nothing is no use (and inferno refuses it).
         if self.options.flame_graphs && !profile.sample.is_empty() {
@@ -89,7 +110,7 @@ impl LocalWriter {
             };
             self.write_atomically(
                 &format!("{stem}.svg"),
-                &flamegraph::render_svg(profile, &title, count_name)?,
+                &flamegraph::render_svg(profile, self.threads, &title, count_name)?,
             )?;
         }
         Ok(path)
@@ -120,9 +141,10 @@ impl LocalFiles {
     pub fn new(
         dir: &Path,
         options: LocalOutput,
+        threads: ThreadRoots,
         counters: Arc<WorkerCounters>,
     ) -> std::io::Result<Self> {
-        let writer = LocalWriter::new(dir, options)?;
+        let writer = LocalWriter::new(dir, options, threads)?;
         Ok(Self { writer, counters })
     }
 }
@@ -134,14 +156,15 @@ impl Sink for LocalFiles {
 
     fn accept(&mut self, profile: &SinkProfile<'_>) {
         let built = profile.built;
-        let written = self.writer.write(
-            profile.kind,
-            profile.start,
-            built.pid,
-            &built.comm,
-            &built.profile,
-            profile.gzipped,
-        );
+        let written = self.writer.write(&LocalProfile {
+            kind: profile.kind,
+            start: profile.start,
+            pid: built.pid,
+            comm: &built.comm,
+            service: profile.service_name,
+            profile: &built.profile,
+            gzipped: profile.gzipped,
+        });
         match written {
             Ok(_) => self
                 .counters
@@ -167,47 +190,9 @@ impl Sink for LocalFiles {
     }
 }
 
-pub fn file_stem(kind: ProfileKind, start: SystemTime, pid: u32, comm: &str) -> String {
-    // 2026-11-22T02:11:41Z -> 20261122T021141Z: sortable, no colons.
-    let time: String = humantime::format_rfc3339_seconds(start)
-        .to_string()
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric())
-        .collect();
-    let comm: String = comm
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("{}-{time}-{pid}-{comm}", kind.file_prefix())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn file_names_sort_by_time_and_are_safe() {
-        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        assert_eq!(
-            format!(
-                "{}.pb.gz",
-                file_stem(ProfileKind::Cpu, start, 42, "java/Main x")
-            ),
-            "cpu-20231114T221320Z-42-java_Main_x.pb.gz"
-        );
-        // A `comm` is any 15 bytes a process chose: escapes, separators, `..`.
-        assert_eq!(
-            file_stem(ProfileKind::OffCpu, start, 7, "\u{1b}[31m/..\u{7}\n\u{9b}"),
-            "offcpu-20231114T221320Z-7-__31m_..___"
-        );
-    }
 
     #[test]
     fn writes_a_readable_profile() {
@@ -219,8 +204,8 @@ mod tests {
                 max_bytes: None,
             },
         };
-        let writer =
-            LocalWriter::new(&dir.path().join("out"), options).expect("creates the directory");
+        let writer = LocalWriter::new(&dir.path().join("out"), options, ThreadRoots::Pool)
+            .expect("creates the directory");
         let mut builder = crate::pprof::ProfileBuilder::new_cpu(
             19,
             SystemTime::now(),
@@ -231,15 +216,20 @@ mod tests {
         builder.add_sample(vec![location], 3, &[]);
         let profile = builder.finish();
         let path = writer
-            .write(
-                ProfileKind::Cpu,
-                SystemTime::now(),
-                1,
-                "x",
-                &profile,
-                &crate::pprof::encode_gzipped(&profile).expect("encodes"),
-            )
+            .write(&LocalProfile {
+                kind: ProfileKind::Cpu,
+                start: SystemTime::now(),
+                pid: 1,
+                comm: "x",
+                service: "svc/x",
+                profile: &profile,
+                gzipped: &crate::pprof::encode_gzipped(&profile).expect("encodes"),
+            })
             .expect("writes");
+        let name = path.file_name().and_then(|n| n.to_str()).expect("utf-8");
+        let parsed = file_name::ProfileFileName::parse(name).expect("a profile's name");
+        assert_eq!((parsed.pid, parsed.comm), (1, "x"));
+        assert_eq!(parsed.service_name().as_deref(), Some("svc/x"));
         let back = crate::pprof::decode(&std::fs::read(&path).expect("reads")).expect("decodes");
         assert_eq!(back, profile);
         let svg = path.to_string_lossy().replace(".pb.gz", ".svg");

@@ -17,18 +17,13 @@ pub struct Removed {
     pub bytes: u64,
 }
 
-fn is_ours(name: &str) -> bool {
-    (name.starts_with("cpu-") || name.starts_with("offcpu-"))
-        && (name.ends_with(".pb.gz") || name.ends_with(".svg"))
-}
-
 /// Applies `retention` to `dir` as of `now`.
 pub fn enforce(dir: &Path, retention: Retention, now: SystemTime) -> std::io::Result<Removed> {
     let mut files: Vec<(SystemTime, PathBuf, u64)> = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let Ok(entry) = entry else { continue };
         let name = entry.file_name();
-        if !name.to_str().is_some_and(is_ours) {
+        if !name.to_str().is_some_and(super::file_name::is_ours) {
             continue;
         }
         let Ok(metadata) = entry.metadata() else {
@@ -98,10 +93,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let hour = Duration::from_secs(3600);
         write(dir.path(), "cpu-1-old.pb.gz", 100, 30 * hour);
-        write(dir.path(), "cpu-2-a.pb.gz", 100, 3 * hour);
-        write(dir.path(), "cpu-2-a.svg", 100, 3 * hour);
+        write(dir.path(), "cpu-2-a@svc.pb.gz", 100, 3 * hour);
+        write(dir.path(), "cpu-2-a@svc.svg", 100, 3 * hour);
         write(dir.path(), "cpu-3-b.pb.gz", 100, 2 * hour);
-        write(dir.path(), "cpu-4-c.pb.gz", 100, hour);
+        write(dir.path(), "cpu-4-c@svc.pb.gz", 100, hour);
         write(dir.path(), "notes.txt", 10_000, 40 * hour);
 
         let removed = enforce(
@@ -123,7 +118,7 @@ mod tests {
         // Newest kept within 250 bytes; files that are not ours are never touched.
         assert_eq!(
             names(dir.path()),
-            vec!["cpu-3-b.pb.gz", "cpu-4-c.pb.gz", "notes.txt"]
+            vec!["cpu-3-b.pb.gz", "cpu-4-c@svc.pb.gz", "notes.txt"]
         );
     }
 

@@ -22,12 +22,9 @@ pub enum LocationKey {
     User(u64),
     /// A marker frame such as `[truncated: max_depth]`, by marker number.
     Marker(u8),
-    /// A thread as a synthetic root frame `[<name> tid=<N>]`, by tid and name (string index):
-    /// a thread renamed within the interval gets a root per name.
-    Thread {
-        tid: u32,
-        name: i64,
-    },
+    /// A synthetic root frame naming a thread or its pool (`crate::thread_roots`), by the
+    /// frame's text (string index): a thread renamed within the interval gets a root per name.
+    ThreadRoot(i64),
     /// A HotSpot frame as the BPF unwinder recorded it (see `profiler_common::FrameKind`); the
     /// top frame resolves differently from a return address, hence `top`.
     Java {
@@ -106,7 +103,7 @@ impl ProfileBuilder {
 
     /// Carries on building `profile` (e.g. a copy of a finished one, to derive a variant):
     /// its strings and functions are interned again; new locations must use keys of their own
-    /// (such as [`LocationKey::Thread`]), as the keys of its locations are not known.
+    /// (such as [`LocationKey::ThreadRoot`]), as the keys of its locations are not known.
     pub fn resume(profile: proto::Profile) -> Self {
         let strings = profile
             .string_table
@@ -410,7 +407,7 @@ mod tests {
             &ResolvedFrame::named("main", None),
         );
         let root = resumed.location(
-            LocationKey::Thread { tid: 42, name: 0 },
+            LocationKey::ThreadRoot(0),
             0,
             &ResolvedFrame::named("[t tid=42]", None),
         );

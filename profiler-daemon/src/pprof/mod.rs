@@ -25,14 +25,26 @@ pub fn encode_gzipped(profile: &proto::Profile) -> std::io::Result<Vec<u8>> {
 
 /// Gunzips (if needed) and decodes a profile: the inverse of [`encode_gzipped`].
 pub fn decode(bytes: &[u8]) -> Result<proto::Profile, DecodeError> {
+    decode_within(bytes, u64::MAX)
+}
+
+/// [`decode`], refusing a profile over `max_bytes` once gunzipped (a few KB of gzip can
+/// inflate to gigabytes): for files read back, which anything able to write there could have
+/// made.
+pub fn decode_within(bytes: &[u8], max_bytes: u64) -> Result<proto::Profile, DecodeError> {
     use std::io::Read;
     let raw = if bytes.starts_with(&[0x1f, 0x8b]) {
         let mut raw = Vec::new();
-        flate2::read::GzDecoder::new(bytes).read_to_end(&mut raw)?;
+        flate2::read::GzDecoder::new(bytes)
+            .take(max_bytes.saturating_add(1))
+            .read_to_end(&mut raw)?;
         raw
     } else {
         bytes.to_vec()
     };
+    if raw.len() as u64 > max_bytes {
+        return Err(DecodeError::TooLarge { max_bytes });
+    }
     Ok(proto::Profile::decode(raw.as_slice())?)
 }
 
@@ -42,4 +54,27 @@ pub enum DecodeError {
     Gzip(#[from] std::io::Error),
     #[error("protobuf: {0}")]
     Protobuf(#[from] prost::DecodeError),
+    #[error("over {max_bytes} bytes gunzipped")]
+    TooLarge { max_bytes: u64 },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decoding_within_a_bound_refuses_what_inflates_past_it() {
+        let profile = proto::Profile {
+            string_table: vec![String::new(), "x".repeat(10_000)],
+            ..Default::default()
+        };
+        let gzipped = encode_gzipped(&profile).expect("encodes");
+        assert!(gzipped.len() < 1_000, "compresses: {}", gzipped.len());
+        assert_eq!(decode_within(&gzipped, 20_000).expect("fits"), profile);
+        assert!(matches!(
+            decode_within(&gzipped, 5_000),
+            Err(DecodeError::TooLarge { max_bytes: 5_000 })
+        ));
+        assert_eq!(decode(&gzipped).expect("no bound"), profile);
+    }
 }

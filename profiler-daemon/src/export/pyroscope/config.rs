@@ -41,10 +41,19 @@ pub struct PyroscopeFile {
     pub max_backoff_secs: Option<u64>,
     /// How long queued profiles are still tried at shutdown in seconds (default 5).
     pub shutdown_grace_secs: Option<u64>,
-    /// Add a string `thread_name` label to every sample: one series per thread name (default
-    /// false: the thread is the root frame of each stack, `[name tid=N]`, and no sample label
-    /// splits series).
-    pub per_thread_series: Option<bool>,
+    /// Replaced by the top-level `threads` key; read (of any type) only to say so.
+    pub per_thread_series: Option<RemovedKey>,
+}
+
+/// A key no longer read: any value is taken, so that the check can name what replaced it
+/// rather than fail as an unknown key.
+#[derive(Debug, PartialEq, Eq)]
+pub struct RemovedKey;
+
+impl<'de> Deserialize<'de> for RemovedKey {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        serde::de::IgnoredAny::deserialize(deserializer).map(|_| RemovedKey)
+    }
 }
 
 /// Reads a secret from a file (a mounted Kubernetes secret, typically), without its final
@@ -85,6 +94,14 @@ impl PyroscopeConfig {
                 flag: Some("pyroscope"),
                 reason: format!("{url:?} has no host"),
             });
+        }
+        if file.per_thread_series.is_some() {
+            return Err(invalid(
+                "pyroscope.per_thread_series",
+                "replaced by the top-level key `threads` (for every output, before any table): \
+                 threads = \"thread\" roots each stack at its thread, threads = \"pool\" at \
+                 its thread pool; the default merges threads",
+            ));
         }
         let password = match (file.password, file.password_file) {
             (Some(_), Some(_)) => {
@@ -203,7 +220,6 @@ impl PyroscopeConfig {
                 DEFAULT_SHUTDOWN_GRACE,
                 0..=600,
             )?,
-            per_thread_series: file.per_thread_series.unwrap_or(false),
         })
     }
 }

@@ -24,23 +24,26 @@ use super::proto::push::v1::{
 use super::queue::{ExportCounters, ExportQueue, PushBatch, QueueBound};
 use super::{batches_by_labels, label_pairs, ExportedProfile};
 use crate::pprof::encode_gzipped;
-use crate::profiles::{export_profile, ExportThreads};
+use crate::profiles::export_profile;
 use crate::sink::{Sink, SinkProfile, SinkTasks};
+use crate::thread_roots::ThreadRoots;
 
 /// Pyroscope as a sink: each interval's profiles, in Pyroscope's variant, go to the export
 /// queue as one batch per label set (a service's processes share one series) for the
 /// exporter task to send.
 pub struct PyroscopeSink {
     queue: Arc<ExportQueue>,
-    threads: ExportThreads,
+    threads: ThreadRoots,
     interval: Vec<Arc<ExportedProfile>>,
     counters: Arc<ExportCounters>,
 }
 
 impl PyroscopeSink {
     /// Starts the exporter task; connects lazily, so an unreachable server is not an error.
+    /// `threads` is how exported stacks show their thread.
     pub fn start(
         config: &PyroscopeConfig,
+        threads: ThreadRoots,
         counters: Arc<ExportCounters>,
         tasks: &mut SinkTasks,
     ) -> Result<Self, ExporterError> {
@@ -50,9 +53,7 @@ impl PyroscopeSink {
         tasks.spawn(|stopped| exporter.run(stopped));
         Ok(Self {
             queue,
-            threads: ExportThreads {
-                per_thread_series: config.per_thread_series,
-            },
+            threads,
             interval: Vec::new(),
             counters,
         })
@@ -110,9 +111,6 @@ pub struct PyroscopeConfig {
     pub max_backoff: Duration,
     /// How long queued profiles are still tried at shutdown.
     pub shutdown_grace: Duration,
-    /// A string `thread_name` sample label on exported profiles: one series per thread name
-    /// (see `crate::profiles`).
-    pub per_thread_series: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -415,7 +413,6 @@ mod tests {
             },
             max_backoff: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(1),
-            per_thread_series: false,
         }
     }
 

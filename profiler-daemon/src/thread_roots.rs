@@ -1,0 +1,116 @@
+//! How flame graphs show the thread a stack ran on (the `threads` setting): not at all
+//! (`merged`, the default), as its pool (`pool`), or as the thread itself (`thread`).
+//!
+//! Merged is what Grafana users read: a service's flame graph merges every pod and interval,
+//! and a root per thread (a 200-thread pool on 10 pods is 2,000 roots that differ by tid) makes
+//! "what is hot here?" a sum done by eye; Pyroscope's own agents push merged stacks too. A
+//! pool's name is its threads' name with the last run of digits collapsed
+//! (`http-nio-8080-exec-12` -> `http-nio-8080-exec-*`), so a pool is one root whatever its size
+//! and across restarts. A leaf module: Pyroscope's variant (`profiles`), the local flame graphs
+//! and the `view` command all root stacks through it.
+
+use std::borrow::Cow;
+
+/// The `threads` setting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ThreadRoots {
+    /// No thread frame: stacks of every thread merged.
+    #[default]
+    Merged,
+    /// Each stack rooted at its thread's pool, `[http-nio-8080-exec-*]`.
+    Pool,
+    /// Each stack rooted at its thread, `[http-nio-8080-exec-12 tid=4242]`.
+    Thread,
+}
+
+impl ThreadRoots {
+    pub const VALUES: &'static str = "\"merged\", \"pool\" or \"thread\"";
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "merged" => Some(Self::Merged),
+            "pool" => Some(Self::Pool),
+            "thread" => Some(Self::Thread),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Merged => "merged",
+            Self::Pool => "pool",
+            Self::Thread => "thread",
+        }
+    }
+
+    /// The synthetic root frame of a stack that ran on thread `tid` named `name`, if any.
+    pub fn root_frame(self, name: &str, tid: u32) -> Option<String> {
+        match self {
+            Self::Merged => None,
+            Self::Pool => Some(format!("[{}]", pool_name(name))),
+            Self::Thread => Some(format!("[{name} tid={tid}]")),
+        }
+    }
+}
+
+/// The pool a thread named `name` belongs to: its last run of ASCII digits collapsed to `*`
+/// (`GC Thread#3` -> `GC Thread#*`, `ForkJoinPool-1-worker-7` -> `ForkJoinPool-1-worker-*`);
+/// a name without digits is its own pool (`main`).
+pub fn pool_name(name: &str) -> Cow<'_, str> {
+    let Some(last_digit) = name.rfind(|c: char| c.is_ascii_digit()) else {
+        return Cow::Borrowed(name);
+    };
+    let start = name[..last_digit]
+        .rfind(|c: char| !c.is_ascii_digit())
+        .map_or(0, |before| before + 1);
+    Cow::Owned(format!("{}*{}", &name[..start], &name[last_digit + 1..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pools_collapse_the_last_run_of_digits() {
+        for (thread, pool) in [
+            ("http-nio-8080-exec-12", "http-nio-8080-exec-*"),
+            ("http-nio-8080-exec-1", "http-nio-8080-exec-*"),
+            ("GC Thread#3", "GC Thread#*"),
+            ("ForkJoinPool-1-worker-7", "ForkJoinPool-1-worker-*"),
+            ("C2 CompilerThread0", "C2 CompilerThread*"),
+            ("pool-2-thread-15", "pool-2-thread-*"),
+            ("worker-3a", "worker-*a"),
+            ("42", "*"),
+            ("main", "main"),
+            ("", ""),
+            // Digits elsewhere than ASCII are names, not numbers.
+            ("w\u{0663}", "w\u{0663}"),
+        ] {
+            assert_eq!(pool_name(thread), pool, "{thread}");
+        }
+    }
+
+    #[test]
+    fn root_frames_per_setting() {
+        let name = "http-nio-8080-exec-12";
+        assert_eq!(ThreadRoots::Merged.root_frame(name, 4242), None);
+        assert_eq!(
+            ThreadRoots::Pool.root_frame(name, 4242).as_deref(),
+            Some("[http-nio-8080-exec-*]")
+        );
+        assert_eq!(
+            ThreadRoots::Thread.root_frame(name, 4242).as_deref(),
+            Some("[http-nio-8080-exec-12 tid=4242]")
+        );
+    }
+
+    #[test]
+    fn settings_parse_by_name_only() {
+        assert_eq!(ThreadRoots::default(), ThreadRoots::Merged);
+        for roots in [ThreadRoots::Merged, ThreadRoots::Pool, ThreadRoots::Thread] {
+            assert_eq!(ThreadRoots::parse(roots.as_str()), Some(roots));
+        }
+        assert_eq!(ThreadRoots::parse("Pool"), None);
+        assert_eq!(ThreadRoots::parse("true"), None);
+    }
+}
