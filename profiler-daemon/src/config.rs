@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::export::identity::ServiceNaming;
 use crate::export::pyroscope::config::PyroscopeFile;
 use crate::export::pyroscope::PyroscopeConfig;
 use crate::export::stream::GrpcListen;
+use crate::identity::ServiceNaming;
 use crate::off_cpu::OffCpuConfig;
 use crate::output::LocalOutput;
 use crate::thread_roots::ThreadRoots;
@@ -272,7 +272,7 @@ impl Config {
         let grpc_listen = GrpcListen::resolve(flags.grpc_listen.or(file.grpc_listen))?;
         let naming = ServiceNaming::resolve(file.service_name, file.service_names)?;
         let labels = file.labels.unwrap_or_default();
-        crate::export::identity::check_labels(&labels)?;
+        crate::identity::check_labels(&labels)?;
         let threads = match flags.threads.or(file.threads) {
             None => ThreadRoots::default(),
             Some(text) => ThreadRoots::parse(&text).ok_or_else(|| ConfigError::Invalid {

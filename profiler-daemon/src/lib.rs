@@ -9,6 +9,7 @@ pub mod daemon;
 pub mod export;
 pub mod frame_kind;
 pub mod hotspot;
+pub mod identity;
 pub mod java_names;
 pub mod jvm_info;
 pub mod kubernetes;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::aggregate::IntervalStacks;
-use crate::export::identity::ServiceNaming;
+use crate::identity::ServiceNaming;
 use crate::metrics::WorkerCounters;
 use crate::pprof::encode_gzipped;
 use crate::process::ProcessTable;

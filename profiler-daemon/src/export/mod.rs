@@ -9,7 +9,6 @@
 //! The worker never waits on either: the queue drops its oldest batch when full (counted), and a
 //! subscriber too slow for the broadcast misses profiles (counted, and told).
 
-pub mod identity;
 pub mod pyroscope;
 pub mod queue;
 pub mod stream;
