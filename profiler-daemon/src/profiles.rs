@@ -1,5 +1,6 @@
-//! Turns one process's folded stacks into a symbolized pprof profile, and derives from it what
-//! each destination gets.
+//! Turns one process's folded stacks into a symbolized pprof profile: the one local files and
+//! the live stream get, and each other sink derives its own from (Pyroscope's:
+//! `export::pyroscope::profile`).
 //!
 //! # Threads
 //!
@@ -10,10 +11,10 @@
 //! - Local files and the live stream ([`build`]) carry string labels `pid`, `comm`,
 //!   `thread_name`, `thread_name_source` (`sidecar` or `comm`) and a numeric label `thread_id`
 //!   (host tid). The stream's subscribers get one process's profiles, not series.
-//! - Pyroscope ([`export_profile`]) gets no sample labels: Pyroscope makes one series per
+//! - Pyroscope (`export::pyroscope::profile`) gets no sample labels: Pyroscope makes one series per
 //!   distinct set of string sample labels, so a thread name, a pid or a tid there would make a
 //!   series per thread and per restart. By default stacks are merged across threads, as
-//!   Pyroscope's own agents push them; the `threads` setting ([`ThreadRoots`]) roots each stack
+//!   Pyroscope's own agents push them; the `threads` setting ([`crate::thread_roots::ThreadRoots`]) roots each stack
 //!   at its thread's pool or at the thread instead. Samples whose stacks are then equal are
 //!   merged into one.
 
@@ -39,7 +40,6 @@ use crate::symbolize::java::JavaSymbolizer;
 use crate::symbolize::kernel::KernelSymbolizer;
 use crate::symbolize::native::NativeSymbolizer;
 use crate::symbolize::ResolvedFrame;
-use crate::thread_roots::ThreadRoots;
 use profiler_common::FrameKind;
 
 /// The symbolizers, kept across intervals so their caches pay off.
@@ -323,40 +323,6 @@ fn saturating_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
-/// The profile Pyroscope gets (see the module documentation): `built`'s without sample labels,
-/// each stack rooted as `threads` asks, and samples whose stacks are then equal merged.
-pub fn export_profile(built: &BuiltProfile, threads: ThreadRoots) -> proto::Profile {
-    let mut profile = built.profile.clone();
-    let samples = std::mem::take(&mut profile.sample);
-    let mut builder = ProfileBuilder::resume(profile);
-    let mut merged: Vec<(Vec<u64>, Vec<i64>)> = Vec::with_capacity(samples.len());
-    let mut index_of: HashMap<Vec<u64>, usize> = HashMap::with_capacity(samples.len());
-    for (sample, thread) in samples.into_iter().zip(&built.threads) {
-        let mut location_ids = sample.location_id;
-        if let Some(frame) = threads.root_frame(&thread.name, thread.tid) {
-            let key = LocationKey::ThreadRoot(builder.string(&frame));
-            // Locations are innermost first: the root goes last.
-            location_ids.push(builder.location_with(key, 0, || ResolvedFrame::named(frame, None)));
-        }
-        match index_of.entry(location_ids) {
-            hashbrown::hash_map::Entry::Occupied(entry) => {
-                let values = &mut merged[*entry.get()].1;
-                for (total, value) in values.iter_mut().zip(&sample.value) {
-                    *total = total.saturating_add(*value);
-                }
-            }
-            hashbrown::hash_map::Entry::Vacant(entry) => {
-                merged.push((entry.key().clone(), sample.value));
-                entry.insert(merged.len() - 1);
-            }
-        }
-    }
-    for (location_ids, values) in merged {
-        builder.add_sample_values(location_ids, values, &[]);
-    }
-    builder.finish()
-}
-
 /// Which stack ends deserve a visible marker at the root. A frame-pointer walk that runs into
 /// code built without frame pointers (libc's start-up code, typically) ends with a failed or
 /// non-monotonic read: that is the normal end of native stacks, counted but not marked. A walk
@@ -417,23 +383,24 @@ fn resolve_user(
     resolved
 }
 
+/// Built profiles for the tests of this module and of the sinks that derive theirs from them.
 #[cfg(test)]
-mod tests {
+pub(crate) mod fixtures {
     use super::*;
     use crate::aggregate::Aggregator;
     use crate::record::tests::encode;
     use crate::record::SampleView;
 
     /// No such process: frames stay unknown, names come from the records.
-    const PID: u32 = 0x7fff_fff0;
+    pub(crate) const PID: u32 = 0x7fff_fff0;
 
     /// A profile of one stack sampled 3 times on thread 70 and once on 71, both `pool-1`.
-    fn built() -> BuiltProfile {
+    pub(crate) fn built() -> BuiltProfile {
         built_on("pool-1")
     }
 
     /// [`built`] with both threads named `thread_name`.
-    fn built_on(thread_name: &str) -> BuiltProfile {
+    pub(crate) fn built_on(thread_name: &str) -> BuiltProfile {
         built_from(&[
             (70, thread_name),
             (70, thread_name),
@@ -443,7 +410,7 @@ mod tests {
     }
 
     /// A profile of one stack sampled once per (tid, thread name) of `samples`.
-    fn built_from(samples: &[(u32, &str)]) -> BuiltProfile {
+    pub(crate) fn built_from(samples: &[(u32, &str)]) -> BuiltProfile {
         let mut aggregator = Aggregator::new(100);
         let tid_at = std::mem::offset_of!(profiler_common::SampleHeader, tid);
         for &(tid, thread_name) in samples {
@@ -466,13 +433,15 @@ mod tests {
         )
     }
 
-    fn string(profile: &proto::Profile, index: i64) -> &str {
+    pub(crate) fn string(profile: &proto::Profile, index: i64) -> &str {
         &profile.string_table[index as usize]
     }
 
     /// Per sample: (count, string labels, numeric labels, outermost frame's name).
     #[allow(clippy::type_complexity)]
-    fn summary(profile: &proto::Profile) -> Vec<(i64, Vec<(&str, &str)>, Vec<(&str, i64)>, &str)> {
+    pub(crate) fn summary(
+        profile: &proto::Profile,
+    ) -> Vec<(i64, Vec<(&str, &str)>, Vec<(&str, i64)>, &str)> {
         let mut samples: Vec<_> = profile
             .sample
             .iter()
@@ -502,6 +471,12 @@ mod tests {
         samples.sort();
         samples
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::*;
+    use super::*;
 
     #[test]
     fn local_profiles_label_each_thread_with_its_tid() {
@@ -531,90 +506,6 @@ mod tests {
         );
         // No synthetic frames locally: the root is the stack's own outermost frame.
         assert!(samples.iter().all(|s| s.3 == "[unknown]"));
-    }
-
-    /// Three threads of one pool and `main`, all on one stack: 3, 2, 1 and 1 samples.
-    fn pool_and_main() -> BuiltProfile {
-        built_from(&[
-            (70, "pool-1-thread-1"),
-            (70, "pool-1-thread-1"),
-            (70, "pool-1-thread-1"),
-            (71, "pool-1-thread-2"),
-            (71, "pool-1-thread-2"),
-            (72, "pool-1-thread-13"),
-            (73, "main"),
-        ])
-    }
-
-    #[test]
-    fn exported_profiles_merge_threads_by_default_and_carry_no_labels() {
-        let built = pool_and_main();
-        assert_eq!(
-            built.profile.sample.len(),
-            4,
-            "one sample per thread locally"
-        );
-        let export = export_profile(&built, ThreadRoots::default());
-        assert_eq!(summary(&export), vec![(7, vec![], vec![], "[unknown]")]);
-        // The merged stack is the local one, no frame added; both values summed.
-        assert_eq!(
-            export.sample[0].location_id,
-            built.profile.sample[0].location_id
-        );
-        assert_eq!(export.sample[0].value, vec![7, 7 * export.period]);
-        assert_eq!(export.location.len(), built.profile.location.len());
-    }
-
-    #[test]
-    fn exported_profiles_root_stacks_at_their_pool_or_thread_when_asked() {
-        let built = pool_and_main();
-        let pools = export_profile(&built, ThreadRoots::Pool);
-        assert_eq!(
-            summary(&pools),
-            vec![
-                (1, vec![], vec![], "[main]"),
-                (6, vec![], vec![], "[pool-1-thread-*]"),
-            ]
-        );
-        let threads = export_profile(&built, ThreadRoots::Thread);
-        assert_eq!(
-            summary(&threads),
-            vec![
-                (1, vec![], vec![], "[main tid=73]"),
-                (1, vec![], vec![], "[pool-1-thread-13 tid=72]"),
-                (2, vec![], vec![], "[pool-1-thread-2 tid=71]"),
-                (3, vec![], vec![], "[pool-1-thread-1 tid=70]"),
-            ]
-        );
-        // The stack under the root is the local one.
-        for exported in &threads.sample {
-            assert_eq!(
-                exported.location_id[..exported.location_id.len() - 1],
-                built.profile.sample[0].location_id[..]
-            );
-        }
-        assert_eq!(threads.location.len(), built.profile.location.len() + 4);
-    }
-
-    #[test]
-    fn names_a_process_chose_are_printable_in_every_variant() {
-        // A `comm` set with escape sequences (prctl(PR_SET_NAME) takes any bytes).
-        let built = built_on("\u{1b}[31mX\u{7}\n\u{9b}");
-        let shown = "?[31mX???";
-        assert_eq!(built.comm, shown);
-        let samples = summary(&built.profile);
-        assert!(samples[0].1.contains(&("comm", shown)));
-        assert!(samples[0].1.contains(&("thread_name", shown)));
-        let threads = export_profile(&built, ThreadRoots::Thread);
-        assert_eq!(summary(&threads)[0].3, format!("[{shown} tid=71]"));
-        let pools = export_profile(&built, ThreadRoots::Pool);
-        assert_eq!(summary(&pools)[0].3, "[?[*mX???]");
-        for profile in [&built.profile, &threads, &pools] {
-            assert!(!profile
-                .string_table
-                .iter()
-                .any(|s| s.chars().any(crate::printable::is_unprintable)));
-        }
     }
 
     #[test]

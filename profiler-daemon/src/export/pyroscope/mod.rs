@@ -6,6 +6,7 @@
 //! duplicating them.
 
 pub mod config;
+pub mod profile;
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -24,7 +25,6 @@ use super::proto::push::v1::{
 use super::queue::{ExportCounters, ExportQueue, PushBatch, QueueBound};
 use super::{batches_by_labels, label_pairs, ExportedProfile};
 use crate::pprof::encode_gzipped;
-use crate::profiles::export_profile;
 use crate::sink::{Sink, SinkProfile, SinkTasks};
 use crate::thread_roots::ThreadRoots;
 
@@ -66,7 +66,7 @@ impl Sink for PyroscopeSink {
     }
 
     fn accept(&mut self, profile: &SinkProfile<'_>) {
-        match encode_gzipped(&export_profile(profile.built, self.threads)) {
+        match encode_gzipped(&profile::export_profile(profile.built, self.threads)) {
             Ok(bytes) => {
                 let exported = ExportedProfile::new(profile, Arc::from(bytes));
                 self.interval.push(Arc::new(exported));
