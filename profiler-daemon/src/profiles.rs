@@ -18,91 +18,22 @@
 //!   at its thread's pool or at the thread instead. Samples whose stacks are then equal are
 //!   merged into one.
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use hashbrown::HashMap;
 
-use crate::frame_kind::ShownKind;
 use profiler_common::{JavaState, UnwindEnd};
 
 use crate::aggregate::ProcessStacks;
 pub use crate::aggregate::ProfileKind;
-use crate::hotspot::jvm_directory::JvmDirectory;
-use crate::hotspot::remote::ProcessMemory;
-use crate::java_names::UnnamedCounts;
 use crate::pprof::{proto, Label, LocationKey, ProfileBuilder};
 use crate::printable::printable;
 use crate::process::ProcessTable;
 use crate::record::comm_to_string;
 use crate::sidecar::threads::NameSource;
-use crate::symbolize::java::JavaSymbolizer;
-use crate::symbolize::kernel::KernelSymbolizer;
-use crate::symbolize::native::NativeSymbolizer;
+pub use crate::symbolize::symbolizers::Symbolizers;
+use crate::symbolize::symbolizers::{user_frame_key, UserFrameKey};
 use crate::symbolize::ResolvedFrame;
-use profiler_common::FrameKind;
-
-/// The symbolizers, kept across intervals so their caches pay off.
-pub struct Symbolizers {
-    pub native: NativeSymbolizer,
-    pub kernel: KernelSymbolizer,
-    pub java: JavaSymbolizer<ProcessMemory>,
-    /// Java marker frames put in profiles, by reason (shared with the metrics endpoint).
-    pub java_unnamed: Arc<UnnamedCounts>,
-    /// The host's JVMs as inspected once, shared with the JVM tracker (see `with_jvms`).
-    pub jvms: JvmDirectory,
-    /// Append frame-kind suffixes (`_[j]`, `_[i]`, `_[0]`, `_[1]`, `_[k]`).
-    pub annotate: bool,
-    /// Loads the sidecar agent into JVMs, if the configuration asks for it.
-    pub attacher: crate::sidecar::Attacher,
-}
-
-impl Symbolizers {
-    pub fn new(annotate: bool) -> Self {
-        Self {
-            native: NativeSymbolizer::new(),
-            kernel: KernelSymbolizer::new(),
-            java: JavaSymbolizer::new(annotate),
-            java_unnamed: Arc::default(),
-            jvms: JvmDirectory::default(),
-            annotate,
-            attacher: crate::sidecar::Attacher::default(),
-        }
-    }
-
-    /// Makes sure the Java symbolizer knows the JVM `pid`; false if it cannot be read.
-    pub fn ensure_jvm(&mut self, pid: u32, processes: &ProcessTable) -> bool {
-        if self.java.has(pid) {
-            return true;
-        }
-        let Some(info) = processes.get(pid) else {
-            return false;
-        };
-        let memory = ProcessMemory::new(pid);
-        match self.jvms.inspect(info, &memory) {
-            Ok(jvm) => {
-                self.java.add(jvm, memory);
-                self.attacher.consider(info);
-                true
-            }
-            Err(err) => {
-                tracing::debug!(pid, %err, "cannot read JVM for symbolization");
-                false
-            }
-        }
-    }
-
-    /// Forgets per-process state of processes the table no longer knows.
-    pub fn forget_exited(&mut self, processes: &ProcessTable) {
-        self.attacher.retain(|pid| processes.get(pid).is_some());
-        for pid in self.java.pids() {
-            if processes.get(pid).is_none() {
-                self.java.remove(pid);
-                self.jvms.forget(pid);
-            }
-        }
-    }
-}
 
 /// The `state` label of an off-CPU sample: what the thread was doing when it left the CPU (the
 /// scheduler's task state).
@@ -143,16 +74,6 @@ pub struct SampleThread {
     pub source: NameSource,
 }
 
-/// The address to look up for user frame `index`: frame 0 is the interrupted instruction, the
-/// others are return addresses, which point after the call; one byte back is inside the call.
-fn lookup_address(index: usize, addr: u64) -> u64 {
-    if index == 0 {
-        addr
-    } else {
-        addr.saturating_sub(1)
-    }
-}
-
 pub fn build(
     request: ProfileRequest<'_>,
     processes: &mut ProcessTable,
@@ -167,38 +88,11 @@ pub fn build(
         duration,
     } = request;
 
-    // Every distinct address once, then one batched lookup per source.
-    let mut kernel_addrs: Vec<u64> = Vec::new();
-    let mut user_addrs: Vec<u64> = Vec::new();
-    let mut thread_comm: Option<String> = None;
-    let mut has_java = false;
-    for (view, _) in stacks.stacks() {
-        kernel_addrs.extend(view.kernel_ips());
-        for (index, frame) in view.user_frames().enumerate() {
-            if frame.kind() == Some(FrameKind::Native) {
-                user_addrs.push(lookup_address(index, frame.addr));
-            } else {
-                has_java = true;
-            }
-        }
-        if thread_comm.is_none() {
-            thread_comm = Some(comm_to_string(view.thread_name()));
-        }
-    }
-    kernel_addrs.sort_unstable();
-    kernel_addrs.dedup();
-    user_addrs.sort_unstable();
-    user_addrs.dedup();
-
-    let kernel_frames: HashMap<u64, Arc<ResolvedFrame>> = kernel_addrs
-        .iter()
-        .copied()
-        .zip(symbolizers.kernel.resolve(&kernel_addrs))
-        .collect();
-    let user_frames = resolve_user(pid, &user_addrs, processes, &mut symbolizers.native);
-    if has_java {
-        symbolizers.ensure_jvm(pid, processes);
-    }
+    let frames = symbolizers.prepare(pid, stacks, processes);
+    let thread_comm = stacks
+        .stacks()
+        .next()
+        .map(|(view, _)| comm_to_string(view.thread_name()));
 
     // Shown as is in file names, flame graph titles and the service-name fallback, hence
     // printable here; every string inside the profile is made so by the builder.
@@ -218,46 +112,23 @@ pub fn build(
         ProfileKind::Cpu => ProfileBuilder::new_cpu(frequency_hz, start, duration),
         ProfileKind::OffCpu => ProfileBuilder::new_off_cpu(start, duration),
     };
-    let unknown = ResolvedFrame::named("[unknown]", None);
     for (view, totals) in stacks.stacks() {
         let mut locations = Vec::with_capacity(
             view.header.kernel_frames as usize + view.header.user_frames as usize + 1,
         );
         for ip in view.kernel_ips() {
-            let key = LocationKey::Kernel(ip);
-            let id = builder.location_with(key, ip, || {
-                let frame = kernel_frames.get(&ip).map_or(&unknown, |f| f.as_ref());
-                if symbolizers.annotate {
-                    with_suffix(frame, ShownKind::Kernel.suffix())
-                } else {
-                    frame.clone()
-                }
-            });
-            locations.push(id);
+            let annotate = symbolizers.annotate;
+            locations.push(
+                builder.location_with(LocationKey::Kernel(ip), ip, || frames.kernel(ip, annotate)),
+            );
         }
         for (index, user) in view.user_frames().enumerate() {
-            if user.kind() == Some(FrameKind::Native) {
-                let addr = lookup_address(index, user.addr);
-                let frame = user_frames.get(&addr).map_or(&unknown, |f| f.as_ref());
-                locations.push(builder.location(LocationKey::User(addr), addr, frame));
-            } else {
-                let top = index == 0;
-                let key = LocationKey::Java {
-                    kind: user.kind,
-                    addr: user.addr,
-                    aux: user.aux,
-                    cookie: user.cookie,
-                    top,
-                };
-                let java = &mut symbolizers.java;
-                let unnamed = &symbolizers.java_unnamed;
-                // Counted once per location of the profile, as it shows them (not per sample).
-                locations.push(builder.location_with(key, 0, || {
-                    let named = java.resolve(pid, &user, top);
-                    unnamed.add_all(&named.unnamed);
-                    named.frame
-                }));
-            }
+            let key = user_frame_key(index, &user);
+            let (location, address) = location_of(key);
+            // Named once per location of the profile, as it shows them (not per sample).
+            locations.push(
+                builder.location_with(location, address, || frames.user(symbolizers, key, &user)),
+            );
         }
         if let Some(marker) = truncation_marker(view.user_end()) {
             let frame = ResolvedFrame::named(format!("[truncated: {}]", marker.name()), None);
@@ -274,7 +145,7 @@ pub fn build(
                 };
                 SampleThread { tid, name, source }
             });
-        let mut labels = vec![
+        let labels = vec![
             Label::Str("pid", &pid_label),
             Label::Str("comm", &comm),
             Label::Str("thread_name", &thread.name),
@@ -287,27 +158,7 @@ pub fn build(
         ];
         match kind {
             ProfileKind::Cpu => builder.add_sample_with(locations, totals.count, &labels),
-            ProfileKind::OffCpu => {
-                // What the thread waited in: the kernel's state, and the JVM's for Java threads.
-                labels.push(Label::Str(
-                    "state",
-                    wait_state_label(view.header.task_state),
-                ));
-                let java_state =
-                    JavaState::from_u8(view.header.java_state).unwrap_or(JavaState::Unknown);
-                if java_state != JavaState::Unknown {
-                    labels.push(Label::Str("java_state", java_state.name()));
-                }
-                builder.add_sample_values(
-                    locations,
-                    vec![
-                        saturating_i64(totals.blocked_ns),
-                        saturating_i64(totals.runqueue_ns),
-                        saturating_i64(totals.count),
-                    ],
-                    &labels,
-                )
-            }
+            ProfileKind::OffCpu => add_wait(&mut builder, locations, &view, &totals, labels),
         }
         threads.push(thread.clone());
     }
@@ -317,6 +168,58 @@ pub fn build(
         profile: builder.finish(),
         threads,
     }
+}
+
+/// The pprof location of a user frame, and its address (0 for Java frames, which have none of
+/// their own in the process's mappings).
+fn location_of(key: UserFrameKey) -> (LocationKey, u64) {
+    match key {
+        UserFrameKey::Native(addr) => (LocationKey::User(addr), addr),
+        UserFrameKey::Java {
+            kind,
+            addr,
+            aux,
+            cookie,
+            top,
+        } => (
+            LocationKey::Java {
+                kind,
+                addr,
+                aux,
+                cookie,
+                top,
+            },
+            0,
+        ),
+    }
+}
+
+/// Adds an off-CPU sample: its blocked and run-queue time and count, labelled with what the
+/// thread waited in (the kernel's state, and the JVM's for Java threads).
+fn add_wait(
+    builder: &mut ProfileBuilder,
+    locations: Vec<u64>,
+    view: &crate::record::SampleView<'_>,
+    totals: &crate::aggregate::StackTotals,
+    mut labels: Vec<Label<'_>>,
+) {
+    labels.push(Label::Str(
+        "state",
+        wait_state_label(view.header.task_state),
+    ));
+    let java_state = JavaState::from_u8(view.header.java_state).unwrap_or(JavaState::Unknown);
+    if java_state != JavaState::Unknown {
+        labels.push(Label::Str("java_state", java_state.name()));
+    }
+    builder.add_sample_values(
+        locations,
+        vec![
+            saturating_i64(totals.blocked_ns),
+            saturating_i64(totals.runqueue_ns),
+            saturating_i64(totals.count),
+        ],
+        &labels,
+    )
 }
 
 fn saturating_i64(value: u64) -> i64 {
@@ -339,48 +242,6 @@ fn truncation_marker(end: Option<UnwindEnd>) -> Option<UnwindEnd> {
         | UnwindEnd::NotMonotonic
         | UnwindEnd::NoUserContext => None,
     }
-}
-
-/// The frame with `suffix` on its function names.
-fn with_suffix(frame: &ResolvedFrame, suffix: &str) -> ResolvedFrame {
-    let mut frame = frame.clone();
-    for line in &mut frame.lines {
-        line.function.push_str(suffix);
-    }
-    frame
-}
-
-fn resolve_user(
-    pid: u32,
-    addrs: &[u64],
-    processes: &mut ProcessTable,
-    native: &mut NativeSymbolizer,
-) -> HashMap<u64, Arc<ResolvedFrame>> {
-    let mut resolved = HashMap::with_capacity(addrs.len());
-    let Some(info) = processes.get(pid) else {
-        return resolved;
-    };
-    let frames = native.resolve(info, addrs);
-    let mut unmapped = Vec::new();
-    for (&addr, frame) in addrs.iter().zip(frames) {
-        match frame {
-            Some(frame) => {
-                resolved.insert(addr, frame);
-            }
-            None => unmapped.push(addr),
-        }
-    }
-    // Addresses outside the mappings we read: the process has mapped more since (dlopen, JIT).
-    if !unmapped.is_empty() {
-        if let Some(info) = processes.refresh(pid) {
-            for (addr, frame) in unmapped.iter().zip(native.resolve(info, &unmapped)) {
-                if let Some(frame) = frame {
-                    resolved.insert(*addr, frame);
-                }
-            }
-        }
-    }
-    resolved
 }
 
 /// Built profiles for the tests of this module and of the sinks that derive theirs from them.

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::time::Duration;
 
-use profiler_common::{Counter, FrameKind, OffCpuEnd, UnwindEnd};
+use profiler_common::{Counter, OffCpuEnd, UnwindEnd};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::signal::unix::{signal, SignalKind};
@@ -21,6 +21,7 @@ use crate::off_cpu::{OffCpuConfig, OffCpuJoiner, OffCpuStats};
 use crate::profiles::ProfileKind;
 use crate::record::SampleView;
 use crate::sampler::{KernelCounters, Sampler};
+use crate::symbolize::symbolizers::{user_frame_key, UserFrameKey};
 use crate::worker::{JavaFrameSeen, Work};
 
 /// How often the ring buffer is drained when it does not fill up: each drain is a wake-up of an
@@ -378,8 +379,11 @@ impl FoundInDrain {
             let pid = view.pid();
             self.java_frames.extend(
                 view.user_frames()
-                    .filter(|frame| frame.kind() != Some(FrameKind::Native))
-                    .map(|frame| JavaFrameSeen { pid, frame }),
+                    .enumerate()
+                    .filter(|(index, frame)| {
+                        matches!(user_frame_key(*index, frame), UserFrameKey::Java { .. })
+                    })
+                    .map(|(_, frame)| JavaFrameSeen { pid, frame }),
             );
             if self.java_frames.len() >= MAX_PREFETCH_FRAMES {
                 self.sent_java = true;

@@ -11,6 +11,7 @@ pub mod elf_facts;
 pub mod java;
 pub mod kernel;
 pub mod native;
+pub mod symbolizers;
 
 pub use crate::resolved_frame::{ResolvedFrame, SourceLine};
 
