@@ -1,4 +1,4 @@
-//! [`labelled_enum!`](crate::labelled_enum): field-less enums whose variants each have a label,
+//! [`labelled_enum!`](macro@crate::labelled_enum): field-less enums whose variants each have a label,
 //! with the lists and conversions every such enum here needs written once.
 
 /// Declares a field-less enum whose variants each have a label (the name metrics, markers and

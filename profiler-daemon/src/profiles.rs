@@ -31,7 +31,7 @@ use crate::printable::printable;
 use crate::process::ProcessTable;
 use crate::record::comm_to_string;
 use crate::sidecar::threads::NameSource;
-pub use crate::symbolize::symbolizers::Symbolizers;
+use crate::symbolize::symbolizers::Symbolizers;
 use crate::symbolize::symbolizers::{user_frame_key, UserFrameKey};
 use crate::symbolize::ResolvedFrame;
 

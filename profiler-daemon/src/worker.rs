@@ -12,8 +12,9 @@ use crate::identity::ServiceNaming;
 use crate::metrics::WorkerCounters;
 use crate::pprof::encode_gzipped;
 use crate::process::ProcessTable;
-use crate::profiles::{self, ProfileRequest, Symbolizers};
+use crate::profiles::{self, ProfileRequest};
 use crate::sink::{Sink, SinkProfile};
+use crate::symbolize::symbolizers::Symbolizers;
 
 pub enum Work {
     /// A process had its first sample of the interval: read its mappings while it is alive.
