@@ -11,36 +11,25 @@
 
 use std::borrow::Cow;
 
-/// The `threads` setting.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum ThreadRoots {
-    /// No thread frame: stacks of every thread merged.
-    #[default]
-    Merged,
-    /// Each stack rooted at its thread's pool, `[http-nio-8080-exec-*]`.
-    Pool,
-    /// Each stack rooted at its thread, `[http-nio-8080-exec-12 tid=4242]`.
-    Thread,
+profiler_common::labelled_enum! {
+    /// The `threads` setting; its label is the setting's value.
+    #[derive(Default)]
+    pub enum ThreadRoots {
+        /// No thread frame: stacks of every thread merged.
+        #[default]
+        Merged => "merged",
+        /// Each stack rooted at its thread's pool, `[http-nio-8080-exec-*]`.
+        Pool => "pool",
+        /// Each stack rooted at its thread, `[http-nio-8080-exec-12 tid=4242]`.
+        Thread => "thread",
+    }
 }
 
 impl ThreadRoots {
     pub const VALUES: &'static str = "\"merged\", \"pool\" or \"thread\"";
 
     pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "merged" => Some(Self::Merged),
-            "pool" => Some(Self::Pool),
-            "thread" => Some(Self::Thread),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Merged => "merged",
-            Self::Pool => "pool",
-            Self::Thread => "thread",
-        }
+        Self::ALL.into_iter().find(|roots| roots.name() == text)
     }
 
     /// The synthetic root frame of a stack that ran on thread `tid` named `name`, if any.
@@ -108,7 +97,7 @@ mod tests {
     fn settings_parse_by_name_only() {
         assert_eq!(ThreadRoots::default(), ThreadRoots::Merged);
         for roots in [ThreadRoots::Merged, ThreadRoots::Pool, ThreadRoots::Thread] {
-            assert_eq!(ThreadRoots::parse(roots.as_str()), Some(roots));
+            assert_eq!(ThreadRoots::parse(roots.name()), Some(roots));
         }
         assert_eq!(ThreadRoots::parse("Pool"), None);
         assert_eq!(ThreadRoots::parse("true"), None);

@@ -31,6 +31,17 @@ fn start_workloads(jdk: &Jdk, classes: &Path, jvm_args: &[&str]) -> Workload {
     )
 }
 
+/// The workloads started on every test JDK at once (their start-ups overlap).
+fn start_on_every_jdk(classes: &Path, jvm_args: &[&str]) -> Vec<(Jdk, Workload)> {
+    jdks()
+        .into_iter()
+        .map(|jdk| {
+            let jvm = start_workloads(&jdk, classes, jvm_args);
+            (jdk, jvm)
+        })
+        .collect()
+}
+
 fn attach(pid: u32) -> Output {
     Command::new(daemon_binary())
         .args(["attach", &pid.to_string(), "--agent"])
@@ -155,13 +166,7 @@ fn the_sidecar_attaches_to_a_running_jvm_and_records_inline_chains_on_every_jdk(
     let classes = compile_java(&["Workloads.java"], dir.path()).expect("javac");
     // Every JDK's JVM at once; let the JIT compile the hot chain first: the agent must replay
     // existing code.
-    let jvms: Vec<(Jdk, Workload)> = jdks()
-        .into_iter()
-        .map(|jdk| {
-            let jvm = start_workloads(&jdk, &classes, &[]);
-            (jdk, jvm)
-        })
-        .collect();
+    let jvms = start_on_every_jdk(&classes, &[]);
     std::thread::sleep(Duration::from_secs(2));
     for (jdk, jvm) in jvms {
         let output = attach(jvm.pid());
@@ -216,13 +221,7 @@ fn the_sidecar_attaches_to_a_running_jvm_and_records_inline_chains_on_every_jdk(
 fn attach_to_a_jvm_with_disable_attach_mechanism_fails_clearly() {
     let dir = tempfile::tempdir().expect("tempdir");
     let classes = compile_java(&["Workloads.java"], dir.path()).expect("javac");
-    let mut jvms: Vec<(Jdk, Workload)> = jdks()
-        .into_iter()
-        .map(|jdk| {
-            let jvm = start_workloads(&jdk, &classes, &["-XX:+DisableAttachMechanism"]);
-            (jdk, jvm)
-        })
-        .collect();
+    let mut jvms = start_on_every_jdk(&classes, &["-XX:+DisableAttachMechanism"]);
     // Each refusal waits out the attach timeout: all JDKs at once, not one after the other.
     let started = Instant::now();
     let outputs: Vec<(Output, Duration)> = std::thread::scope(|scope| {
@@ -410,13 +409,7 @@ fn the_daemon_names_inlined_frames_from_the_sidecar_and_reports_both_paths() {
     let classes = compile_java(&["Workloads.java"], dir.path()).expect("javac");
     // Every JDK's JVM at once, profiled by one daemon: first from memory only, then with the
     // agent attached to each (the time of a run, not of one run per JDK).
-    let jvms: Vec<(Jdk, Workload)> = jdks()
-        .into_iter()
-        .map(|jdk| {
-            let jvm = start_workloads(&jdk, &classes, &[]);
-            (jdk, jvm)
-        })
-        .collect();
+    let jvms = start_on_every_jdk(&classes, &[]);
     let pids: Vec<u32> = jvms.iter().map(|(_, jvm)| jvm.pid()).collect();
     let mut results: Vec<Vec<(i64, i64, i64, i64)>> = vec![Vec::new(); jvms.len()];
     for with_agent in [false, true] {
@@ -911,13 +904,7 @@ fn an_agent_on_an_unknown_jvm_version_reads_no_method_ptrs_and_frames_are_named_
         agent_library().display()
     );
     // Every JDK at once, in two phases (the time of one, not of one per JDK).
-    let unknown: Vec<(Jdk, Workload)> = jdks()
-        .into_iter()
-        .map(|jdk| {
-            let jvm = start_workloads(&jdk, &classes, &[&option]);
-            (jdk, jvm)
-        })
-        .collect();
+    let unknown = start_on_every_jdk(&classes, &[&option]);
     for (jdk, jvm) in &unknown {
         wait_for_workload_code(&records_of(jvm.pid()), jdk.major);
     }
@@ -1001,13 +988,7 @@ fn an_agent_on_an_unknown_jvm_version_reads_no_method_ptrs_and_frames_are_named_
     // Control: the same JDKs with the agent attached plainly (the live phase) read Method*
     // where the agent's version gate allows (11 to 25) and, on a version it knows to be
     // different (26 and later), none, without assuming anything.
-    let known: Vec<(Jdk, Workload)> = jdks()
-        .into_iter()
-        .map(|jdk| {
-            let jvm = start_workloads(&jdk, &classes, &[]);
-            (jdk, jvm)
-        })
-        .collect();
+    let known = start_on_every_jdk(&classes, &[]);
     for ((jdk, jvm), report) in known.into_iter().zip(reports) {
         let reads = jdk.agent_reads_method_ptrs();
         let output = attach(jvm.pid());

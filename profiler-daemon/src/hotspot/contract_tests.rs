@@ -3,7 +3,9 @@
 //! derives its layout and the record BPF reads (`hotspot_proc`) from those, and reads the same
 //! memory as it reads a JVM's (`remote.rs` reads the fake as a process). A layout change on either side fails here, without root or a JVM:
 //! the record must be the one the walker's tests use, the walk with it must give the same frames,
-//! and each interpreted frame's cookie must be the one the daemon computes for its method.
+//! and each interpreted frame's cookie must be the one the daemon computes for its method. The
+//! record's equality covers every offset, flag and constant `hotspot_proc` writes, for both
+//! layout generations (JDK 17's pointers, JDK 23's offsets).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -337,4 +339,17 @@ fn walks_with_the_derived_record_name_methods_the_daemon_verifies() {
             );
         }
     }
+}
+
+#[test]
+fn an_offset_past_the_bpf_records_16_bits_is_refused_by_name() {
+    let fake = FakeJvm::new(Layout::Offsets);
+    let mut tables = vmstructs_of(&fake.hs, Layout::Offsets);
+    if let Some(anchor) = tables.fields.get_mut("JavaThread::_anchor") {
+        anchor.offset = 0x1_0000;
+    }
+    let (mut jvm, code) = daemon_view(&fake, Layout::Offsets);
+    jvm.layout = Arc::new(JvmLayout::from_vmstructs(&tables).expect("a complete layout"));
+    let err = hotspot_proc(&jvm, &code).expect_err("does not fit");
+    assert_eq!(err.what, "JavaThread::_anchor");
 }
