@@ -26,6 +26,7 @@ use crate::native_unwind;
 use crate::output::LocalFiles;
 use crate::privileges::{self, MissingPrivileges};
 use crate::sampler::{KernelCounters, OffCpuSampling, Sampler, SamplerError};
+use crate::sidecar::{Attacher, AttachesStarted};
 use crate::sink::{Sink, SinkTasks};
 use crate::worker::Worker;
 use sampling_loop::{SamplingLoop, Until};
@@ -106,12 +107,15 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     let java_threads = ThreadDirectory::default();
     // Each JVM inspected once, for the tracker and the symbolizer both.
     let jvms = JvmDirectory::default();
+    // The tracker decides which JVMs get the sidecar agent; the symbolizer expects their records.
+    let attaches = AttachesStarted::default();
     let tracker = spawn_jvm_tracker(
         sampler.take_hotspot_maps()?,
         sampler.take_process_events()?,
         config.max_jvms as usize,
         config.pids.clone(),
         (java_threads.clone(), jvms.clone()),
+        Attacher::new(config.attach.clone(), attaches.clone()),
     )?;
     tracing::info!(
         frequency_hz = config.frequency_hz,
@@ -144,7 +148,6 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     let worker_counters = metrics.worker.clone();
     let naming = config.naming.clone();
     let extra_labels = config.labels.clone();
-    let attach = config.attach.clone();
     // The unwind tables take their share of the one budget; the symbolization caches the rest.
     let cache_budget = config.cache_budget_bytes - table_budget;
     // Built on its own thread: blazesym's symbolizer is not Send.
@@ -157,7 +160,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         .spawn(move || {
             Worker::new(sinks, naming, frequency_hz, annotate, worker_counters)
                 .with_cache_budget(cache_budget)
-                .with_attach(attach)
+                .expecting_agents(attaches)
                 .with_thread_directory(java_threads)
                 .with_jvms(jvms)
                 .with_pods_if(pods)

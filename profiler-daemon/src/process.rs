@@ -163,7 +163,7 @@ pub fn owner_uid(pid: u32) -> Option<u32> {
 pub use crate::process_key::read_stat;
 
 /// `/proc/PID/cmdline` as arguments, bounded (a process can make its own very long).
-fn read_command_line(pid: u32) -> Vec<String> {
+pub fn read_command_line(pid: u32) -> Vec<String> {
     let Ok(bytes) = untrusted::read_proc_file(pid, "cmdline", MAX_COMMAND_LINE) else {
         return Vec::new();
     };

@@ -60,6 +60,8 @@ pub struct Worker {
     /// What the symbolizers were built with, to build them anew after a panic.
     cache_budget: Option<u64>,
     thread_directory: Option<crate::hotspot::thread_directory::ThreadDirectory>,
+    /// The JVMs the tracker started loading the sidecar agent into.
+    attaches: crate::sidecar::AttachesStarted,
 }
 
 impl Worker {
@@ -83,6 +85,7 @@ impl Worker {
             counters,
             cache_budget: None,
             thread_directory: None,
+            attaches: Default::default(),
         }
     }
 
@@ -125,8 +128,9 @@ impl Worker {
         self
     }
 
-    pub fn with_attach(mut self, policy: crate::sidecar::AttachPolicy) -> Self {
-        self.symbolizers.attacher = crate::sidecar::Attacher::new(policy);
+    /// Reads the records of the agents the tracker started attaching more often, until they come.
+    pub fn expecting_agents(mut self, attaches: crate::sidecar::AttachesStarted) -> Self {
+        self.attaches = attaches;
         self
     }
 
@@ -156,10 +160,10 @@ impl Worker {
                     self.handle(item);
                 }
                 if read_sidecars {
-                    let attacher = &self.symbolizers.attacher;
+                    let attaches = &self.attaches;
                     self.symbolizers
                         .java
-                        .read_sidecars(|pid| attacher.started(pid));
+                        .read_sidecars(|pid| attaches.contains(pid));
                 }
             }));
             if handled.is_err() {
@@ -184,12 +188,10 @@ impl Worker {
     }
 
     /// Builds the symbolizers and the process table anew, as configured: after a panic their
-    /// state may be half updated. The agent attacher keeps its record of the JVMs it attached.
+    /// state may be half updated.
     fn restart_symbolizers(&mut self) {
-        let attacher = std::mem::take(&mut self.symbolizers.attacher);
         let mut symbolizers = Symbolizers::new(self.symbolizers.annotate);
         symbolizers.java_unnamed = self.counters.java_unnamed.clone();
-        symbolizers.attacher = attacher;
         if let Some(limit_bytes) = self.cache_budget {
             symbolizers.native = crate::symbolize::native::NativeSymbolizer::with_budget_stats(
                 limit_bytes,

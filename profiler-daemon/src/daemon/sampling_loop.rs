@@ -216,16 +216,22 @@ impl SamplingLoop {
         })
     }
 
-    /// Takes every record in the rings; true if new stacks with Java frames were found.
+    /// Takes every record in the rings; true if new stacks with Java frames were found (their
+    /// JVMs are told to the tracker, which decides the sidecar agent's attach).
     fn drain(&mut self) -> bool {
-        drain_ring(
+        let java_pids = drain_ring(
             &mut self.sampler,
             &mut self.aggregator,
             self.off_cpu.as_mut(),
             &self.work,
             &self.unwind_tables,
             &mut self.stats,
-        )
+        );
+        if java_pids.is_empty() {
+            return false;
+        }
+        self.tracker.tell_java_sampled(java_pids);
+        true
     }
 
     /// Hands the interval's aggregates to the worker and starts the next interval.
@@ -306,7 +312,7 @@ fn drain_ring(
     work: &SyncSender<Work>,
     unwind_tables: &SyncSender<Vec<u32>>,
     stats: &mut LoopStats,
-) -> bool {
+) -> Vec<u32> {
     let mut found = FoundInDrain::default();
     sampler.drain(|bytes| {
         stats.records += 1;
@@ -357,8 +363,9 @@ fn parse_record<'a>(bytes: &'a [u8], stats: &mut LoopStats) -> Option<SampleView
 #[derive(Default)]
 struct FoundInDrain {
     java_frames: Vec<JavaFrameSeen>,
+    /// The processes of the new stacks with Java frames (JVMs whose Java frames unwind).
+    java_pids: Vec<u32>,
     new_processes: Vec<u32>,
-    sent_java: bool,
 }
 
 impl FoundInDrain {
@@ -377,6 +384,7 @@ impl FoundInDrain {
         // short-lived classes may be unloaded (their memory reused) before the interval ends.
         if matches!(added, Added::NewProcess | Added::NewStack) {
             let pid = view.pid();
+            let before = self.java_frames.len();
             self.java_frames.extend(
                 view.user_frames()
                     .enumerate()
@@ -385,8 +393,10 @@ impl FoundInDrain {
                     })
                     .map(|(_, frame)| JavaFrameSeen { pid, frame }),
             );
+            if self.java_frames.len() > before && self.java_pids.last() != Some(&pid) {
+                self.java_pids.push(pid);
+            }
             if self.java_frames.len() >= MAX_PREFETCH_FRAMES {
-                self.sent_java = true;
                 send(
                     work,
                     Work::PrefetchJava(std::mem::take(&mut self.java_frames)),
@@ -396,13 +406,13 @@ impl FoundInDrain {
         }
     }
 
-    /// Sends what is left; true if new stacks with Java frames were found.
+    /// Sends what is left; returns the processes with new Java stacks (sorted).
     fn finish(
         mut self,
         work: &SyncSender<Work>,
         unwind_tables: &SyncSender<Vec<u32>>,
         stats: &mut LoopStats,
-    ) -> bool {
+    ) -> Vec<u32> {
         // A full queue means the loader is behind (building tables): these processes come again
         // at their first sample of the next interval.
         if !self.new_processes.is_empty() {
@@ -410,11 +420,12 @@ impl FoundInDrain {
             self.new_processes.dedup();
             let _ = unwind_tables.try_send(self.new_processes);
         }
-        let found_java = self.sent_java || !self.java_frames.is_empty();
         if !self.java_frames.is_empty() {
             send(work, Work::PrefetchJava(self.java_frames), stats);
         }
-        found_java
+        self.java_pids.sort_unstable();
+        self.java_pids.dedup();
+        self.java_pids
     }
 }
 

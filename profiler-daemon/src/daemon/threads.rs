@@ -12,6 +12,7 @@ use crate::hotspot::jvm_directory::JvmDirectory;
 use crate::hotspot::thread_directory::ThreadDirectory;
 use crate::hotspot::tracker::{self, JvmTracker, TrackerCounts};
 use crate::native_unwind;
+use crate::sidecar::Attacher;
 
 /// The JVM tracker's thread, stopped through a flag.
 pub(super) struct TrackerThread {
@@ -19,6 +20,8 @@ pub(super) struct TrackerThread {
     counts: Arc<Mutex<TrackerCounts>>,
     /// The pids of each interval's samples.
     sampled: SyncSender<Vec<u32>>,
+    /// The pids of new stacks with Java frames, each drain.
+    java_sampled: SyncSender<Vec<u32>>,
     handle: std::thread::JoinHandle<()>,
 }
 
@@ -31,6 +34,13 @@ impl TrackerThread {
     pub(super) fn tell_sampled(&self, pids: Vec<u32>) {
         // A full queue means the tracker is behind: it will see these at its next rescan.
         let _ = self.sampled.try_send(pids);
+    }
+
+    /// Tells the tracker which JVMs have new stacks with Java frames: the JVMs the sidecar
+    /// agent may be loaded into.
+    pub(super) fn tell_java_sampled(&self, pids: Vec<u32>) {
+        // A full queue: the same JVMs come again with their next new stacks.
+        let _ = self.java_sampled.try_send(pids);
     }
 
     pub(super) fn stop(self) {
@@ -62,10 +72,12 @@ pub(super) fn spawn_jvm_tracker(
     max_jvms: usize,
     pids: Vec<u32>,
     (threads, jvms): (ThreadDirectory, JvmDirectory),
+    mut attacher: Attacher,
 ) -> Result<TrackerThread, DaemonError> {
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(Mutex::new(TrackerCounts::default()));
     let (sampled, sampled_rx) = sync_channel::<Vec<u32>>(4);
+    let (java_sampled, java_sampled_rx) = sync_channel::<Vec<u32>>(64);
     let (stop_flag, shared_counts) = (stop.clone(), counts.clone());
     let handle = std::thread::Builder::new()
         .name("jvm-tracker".into())
@@ -86,8 +98,10 @@ pub(super) fn spawn_jvm_tracker(
                 let sampled: Vec<u32> = sampled_rx.try_iter().flatten().collect();
                 // The tracker reads every JVM's memory and /proc entries: a bug that input
                 // trips costs this tick, not the node's JVM tracking.
+                let java_sampled: Vec<u32> = java_sampled_rx.try_iter().flatten().collect();
                 let ticked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    tracker.tick(&events, &sampled)
+                    tracker.tick(&events, &sampled);
+                    attach_sampled_jvms(&tracker, &mut attacher, java_sampled);
                 }));
                 if ticked.is_err() {
                     panics += 1;
@@ -110,6 +124,25 @@ pub(super) fn spawn_jvm_tracker(
         stop,
         counts,
         sampled,
+        java_sampled,
         handle,
     })
+}
+
+/// The attach decision, from the tracker's view: a JVM whose layout is ready and whose samples
+/// show Java frames is offered to the attacher (which applies the policy, once per JVM).
+fn attach_sampled_jvms<S: tracker::LayoutSink>(
+    tracker: &JvmTracker<S>,
+    attacher: &mut Attacher,
+    mut pids: Vec<u32>,
+) {
+    // First forget the JVMs that exited, so that a reused pid is a new JVM.
+    attacher.retain(|pid, start_time| tracker.ready_jvm(pid) == Some(start_time));
+    pids.sort_unstable();
+    pids.dedup();
+    for pid in pids {
+        if let Some(start_time) = tracker.ready_jvm(pid) {
+            attacher.consider(pid, start_time);
+        }
+    }
 }

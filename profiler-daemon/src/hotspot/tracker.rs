@@ -418,6 +418,14 @@ impl<S: LayoutSink> JvmTracker<S> {
             .count()
     }
 
+    /// The start time of `pid` if it is a JVM whose layout is ready (its Java frames unwind).
+    pub fn ready_jvm(&self, pid: u32) -> Option<u64> {
+        self.tracked
+            .get(&pid)
+            .filter(|tracked| matches!(tracked.state, State::Ready { .. }))
+            .map(|tracked| tracked.start_time)
+    }
+
     fn is_ready(&self, pid: u32) -> bool {
         self.tracked
             .get(&pid)

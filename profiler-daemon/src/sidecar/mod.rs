@@ -9,4 +9,4 @@ pub mod threads;
 
 pub use attach::{attach, Attached};
 pub use index::SidecarIndex;
-pub use policy::{AttachMode, AttachPolicy, Attacher};
+pub use policy::{AttachMode, AttachPolicy, Attacher, AttachesStarted};

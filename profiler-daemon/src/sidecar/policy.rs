@@ -2,6 +2,11 @@
 //! allow and deny lists matched against the command line) or `"never"` (the default: the agent
 //! changes the JVM, and JDK 21+ print a warning on dynamic loads, so it is opt-in).
 //!
+//! The JVM tracker decides, from its view of the host's JVMs: a JVM is considered once its
+//! layout is ready and its samples show Java frames (JVMs that have samples: an idle JVM is
+//! never changed). The symbolizer only learns, through [`AttachesStarted`], which JVMs'
+//! records to expect.
+//!
 //! Attaching blocks for up to several seconds (a JVM without attach listener), so each attach
 //! runs on its own short-lived thread, a few at a time, at most once per JVM; only an attach
 //! refused because the JVM's socket was someone else's is tried again, later (the other user's
@@ -16,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use super::attach::{NotTheJvmsSocket, Target};
 use crate::config_error::{invalid, ConfigError};
-use crate::process::ProcessInfo;
 use crate::untrusted;
 
 /// Attaches running at once.
@@ -112,7 +116,7 @@ impl AttachPolicy {
 /// A JVM: its pid and start time (pids are reused).
 type JvmKey = (u32, u64);
 
-/// Applies the policy to the JVMs the symbolizer meets.
+/// Applies the policy to the JVMs the tracker reports sampled.
 #[derive(Default)]
 pub struct Attacher {
     policy: AttachPolicy,
@@ -120,9 +124,32 @@ pub struct Attacher {
     tried: HashMap<JvmKey, u32>,
     /// JVMs to try again, and from when: set by the attach threads.
     retries: Retries,
-    /// Pids an attach was started for: their agent's records are expected soon.
-    started: HashSet<u32>,
+    started: AttachesStarted,
     in_flight: Arc<AtomicUsize>,
+}
+
+/// The pids an attach was started for (it may still be under way, or have failed): their
+/// agent's records are expected soon. Written by the tracker's [`Attacher`], read by the
+/// symbolizer, which looks for records more often while one is expected.
+#[derive(Clone, Default)]
+pub struct AttachesStarted(Arc<Mutex<HashSet<u32>>>);
+
+impl AttachesStarted {
+    pub fn contains(&self, pid: u32) -> bool {
+        self.0.lock().is_ok_and(|started| started.contains(&pid))
+    }
+
+    fn insert(&self, pid: u32) {
+        if let Ok(mut started) = self.0.lock() {
+            started.insert(pid);
+        }
+    }
+
+    fn remove(&self, pid: u32) {
+        if let Ok(mut started) = self.0.lock() {
+            started.remove(&pid);
+        }
+    }
 }
 
 /// When JVMs whose attach was refused for a socket that was not theirs may be tried again.
@@ -150,9 +177,9 @@ impl Retries {
         }
     }
 
-    fn retain(&self, alive: impl Fn(u32) -> bool) {
+    fn forget(&self, pid: u32) {
         if let Ok(mut due) = self.0.lock() {
-            due.retain(|(pid, _), _| alive(*pid));
+            due.retain(|(due_pid, _), _| *due_pid != pid);
         }
     }
 }
@@ -173,31 +200,34 @@ fn agent_records_present(target: &Target) -> bool {
 }
 
 impl Attacher {
-    pub fn new(policy: AttachPolicy) -> Self {
+    pub fn new(policy: AttachPolicy, started: AttachesStarted) -> Self {
         Self {
             policy,
+            started,
             ..Self::default()
         }
     }
 
-    /// Starts an attach to `process` (a JVM) if the policy wants one and none was tried (or a
-    /// retry is due).
-    pub fn consider(&mut self, process: &ProcessInfo) {
-        let jvm = (process.pid, process.start_time);
+    /// Starts an attach to the JVM `pid` (started at `start_time`, in clock ticks since boot)
+    /// if the policy wants one and none was tried (or a retry is due).
+    pub fn consider(&mut self, pid: u32, start_time: u64) {
+        let jvm = (pid, start_time);
         if self.policy.mode == AttachMode::Never
             || (self.tried.contains_key(&jvm) && !self.retries.take_due(jvm, Instant::now()))
         {
             return;
         }
         if self.in_flight.load(Ordering::Acquire) >= MAX_IN_FLIGHT {
-            // Tried again at its next symbolization.
+            // Tried again when it is next sampled.
             return;
         }
         let attempts = self.tried.entry(jvm).or_insert(0);
         *attempts += 1;
         let attempt = *attempts;
-        let pid = process.pid;
-        if !self.policy.allows(&process.command_line.join(" ")) {
+        if !self
+            .policy
+            .allows(&crate::process::read_command_line(pid).join(" "))
+        {
             tracing::debug!(
                 pid,
                 "sidecar: attach not allowed by attach_allow/attach_deny"
@@ -257,16 +287,17 @@ impl Attacher {
         }
     }
 
-    /// Whether an attach to `pid` was started (it may still be under way, or have failed).
-    pub fn started(&self, pid: u32) -> bool {
-        self.started.contains(&pid)
-    }
-
-    /// Forgets JVMs that exited (pids are reused).
-    pub fn retain(&mut self, alive: impl Fn(u32) -> bool) {
-        self.tried.retain(|(pid, _), _| alive(*pid));
-        self.retries.retain(&alive);
-        self.started.retain(|pid| alive(*pid));
+    /// Forgets the JVMs `alive` no longer knows (by pid and start time: pids are reused).
+    pub fn retain(&mut self, alive: impl Fn(u32, u64) -> bool) {
+        let (retries, started) = (&self.retries, &self.started);
+        self.tried.retain(|&(pid, start_time), _| {
+            let keep = alive(pid, start_time);
+            if !keep {
+                retries.forget(pid);
+                started.remove(pid);
+            }
+            keep
+        });
     }
 }
 
@@ -286,7 +317,7 @@ mod tests {
         assert!(retries.take_due(jvm, now + RETRY_AFTER));
         assert!(!retries.take_due(jvm, now + RETRY_AFTER), "taken");
         retries.schedule(jvm, now);
-        retries.retain(|pid| pid != 42);
+        retries.forget(42);
         assert!(!retries.take_due(jvm, now), "forgotten with its JVM");
     }
 

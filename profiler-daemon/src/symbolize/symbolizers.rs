@@ -30,8 +30,6 @@ pub struct Symbolizers {
     pub jvms: JvmDirectory,
     /// Append frame-kind suffixes (`_[j]`, `_[i]`, `_[0]`, `_[1]`, `_[k]`).
     pub annotate: bool,
-    /// Loads the sidecar agent into JVMs, if the configuration asks for it.
-    pub attacher: crate::sidecar::Attacher,
 }
 
 /// How a user frame is told apart from the profile's others (its location), and what names it.
@@ -67,7 +65,6 @@ impl Symbolizers {
             java_unnamed: Arc::default(),
             jvms: JvmDirectory::default(),
             annotate,
-            attacher: crate::sidecar::Attacher::default(),
         }
     }
 
@@ -124,7 +121,6 @@ impl Symbolizers {
         match self.jvms.inspect(info, &memory) {
             Ok(jvm) => {
                 self.java.add(jvm, memory);
-                self.attacher.consider(info);
                 true
             }
             Err(err) => {
@@ -136,7 +132,6 @@ impl Symbolizers {
 
     /// Forgets per-process state of processes the table no longer knows.
     pub fn forget_exited(&mut self, processes: &ProcessTable) {
-        self.attacher.retain(|pid| processes.get(pid).is_some());
         for pid in self.java.pids() {
             if processes.get(pid).is_none() {
                 self.java.remove(pid);

@@ -12,37 +12,89 @@ use crate::resolved_frame::ResolvedFrame;
 use crate::thread_roots::ThreadRoots;
 
 /// The profile Pyroscope gets: `built`'s without sample labels, each stack rooted as `threads`
-/// asks, and samples whose stacks are then equal merged.
+/// asks, and samples whose stacks are then equal merged. The local samples are read, never
+/// cloned; the builder (and its string index) is made only when roots are added.
 pub fn export_profile(built: &BuiltProfile, threads: ThreadRoots) -> proto::Profile {
-    let mut profile = built.profile.clone();
-    let samples = std::mem::take(&mut profile.sample);
-    let mut builder = ProfileBuilder::resume(profile);
-    let mut merged: Vec<(Vec<u64>, Vec<i64>)> = Vec::with_capacity(samples.len());
-    let mut index_of: HashMap<Vec<u64>, usize> = HashMap::with_capacity(samples.len());
-    for (sample, thread) in samples.into_iter().zip(&built.threads) {
-        let mut location_ids = sample.location_id;
+    let local = &built.profile;
+    let mut profile = without_samples(local);
+    let mut roots: Option<(ProfileBuilder, HashMap<String, u64>)> = None;
+    let mut merged: Vec<proto::Sample> = Vec::with_capacity(local.sample.len());
+    let mut index_of: HashMap<Vec<u64>, usize> = HashMap::with_capacity(local.sample.len());
+    for (sample, thread) in local.sample.iter().zip(&built.threads) {
+        let mut location_ids = sample.location_id.clone();
         if let Some(frame) = threads.root_frame(&thread.name, thread.tid) {
-            let key = LocationKey::ThreadRoot(builder.string(&frame));
+            let (builder, ids) = roots.get_or_insert_with(|| {
+                (
+                    ProfileBuilder::resume(std::mem::take(&mut profile)),
+                    HashMap::new(),
+                )
+            });
+            let id = *ids.entry(frame).or_insert_with_key(|frame| {
+                let key = LocationKey::ThreadRoot(builder.string(frame));
+                builder.location_with(key, 0, || ResolvedFrame::named(frame.clone(), None))
+            });
             // Locations are innermost first: the root goes last.
-            location_ids.push(builder.location_with(key, 0, || ResolvedFrame::named(frame, None)));
+            location_ids.push(id);
         }
         match index_of.entry(location_ids) {
             hashbrown::hash_map::Entry::Occupied(entry) => {
-                let values = &mut merged[*entry.get()].1;
+                let values = &mut merged[*entry.get()].value;
                 for (total, value) in values.iter_mut().zip(&sample.value) {
                     *total = total.saturating_add(*value);
                 }
             }
             hashbrown::hash_map::Entry::Vacant(entry) => {
-                merged.push((entry.key().clone(), sample.value));
+                merged.push(proto::Sample {
+                    location_id: entry.key().clone(),
+                    value: sample.value.clone(),
+                    label: Vec::new(),
+                });
                 entry.insert(merged.len() - 1);
             }
         }
     }
-    for (location_ids, values) in merged {
-        builder.add_sample_values(location_ids, values, &[]);
+    if let Some((builder, _)) = roots {
+        profile = builder.finish();
     }
-    builder.finish()
+    profile.sample = merged;
+    profile
+}
+
+/// `profile` without its samples, every other field cloned. Written out field by field (no
+/// `..`), so that a field added to the message fails to compile here rather than go missing.
+fn without_samples(profile: &proto::Profile) -> proto::Profile {
+    let proto::Profile {
+        sample_type,
+        sample: _,
+        mapping,
+        location,
+        function,
+        string_table,
+        drop_frames,
+        keep_frames,
+        time_nanos,
+        duration_nanos,
+        period_type,
+        period,
+        comment,
+        default_sample_type,
+    } = profile;
+    proto::Profile {
+        sample_type: sample_type.clone(),
+        sample: Vec::new(),
+        mapping: mapping.clone(),
+        location: location.clone(),
+        function: function.clone(),
+        string_table: string_table.clone(),
+        drop_frames: *drop_frames,
+        keep_frames: *keep_frames,
+        time_nanos: *time_nanos,
+        duration_nanos: *duration_nanos,
+        period_type: period_type.clone(),
+        period: *period,
+        comment: comment.clone(),
+        default_sample_type: *default_sample_type,
+    }
 }
 
 #[cfg(test)]
