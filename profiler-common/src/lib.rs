@@ -54,6 +54,11 @@ crate::labelled_enum! {
         /// A frame in a HotSpot code blob (an nmethod, or a stub): `addr` is the `CodeBlob*`, `aux`
         /// the pc's offset from the blob's code start, `cookie` the nmethod's `_compile_id`.
         Compiled = 3 => "compiled",
+        /// The class of an allocated object (the first frame of allocation records): `addr` is
+        /// the `Symbol*` of its name, `aux` the name's length, `cookie` its
+        /// [`class_name_cookie`]. The name is read later, so the cookie proves it is still the
+        /// symbol sampled.
+        AllocatedClass = 4 => "allocated_class",
     }
 }
 
@@ -116,6 +121,18 @@ crate::labelled_enum! {
         /// with them): the difference is the threads tracked now.
         OffCpuThreadsTracked = 13 => "off_cpu_threads_tracked",
         OffCpuThreadsGone = 14 => "off_cpu_threads_gone",
+        /// Allocation hook calls in profiled JVMs (allocation profiling on).
+        AllocEvents = 15 => "alloc_events",
+        /// Those sampled and sent.
+        AllocSampled = 16 => "alloc_sampled",
+        /// Sampled allocations lost: the ring was full.
+        AllocRingFull = 17 => "alloc_ring_full",
+        /// Allocation hook calls not looked at because another one was under way on the CPU (a
+        /// preempted hook program): not sampled.
+        AllocNested = 18 => "alloc_nested",
+        /// Sampled allocations whose walk could not start at the thread's last Java frame (its
+        /// `JavaFrameAnchor`) and started at the hook's caller instead.
+        AllocWalkFromHook = 19 => "alloc_walk_from_hook",
     }
 }
 
@@ -181,10 +198,13 @@ pub struct SampleHeader {
     pub task_state: u8,
     /// Off-CPU records of Java threads: a [`JavaState`] (0 otherwise).
     pub java_state: u8,
-    /// Off-CPU records: the probability this switch was sampled, in units of
-    /// 2^-[`OFF_CPU_PROBABILITY_BITS`] (a wait's time is weighted by its inverse). Zero in
-    /// CPU samples.
-    pub probability: u32,
+    /// What the sample weighs, by kind (not part of its stack's identity):
+    /// - off-CPU: the probability this switch was sampled, in units of
+    ///   2^-[`OFF_CPU_PROBABILITY_BITS`] (a wait's time is weighted by its inverse);
+    /// - allocation: the event's size in 8-byte heap words, saturating (see
+    ///   [`SampleKind::AllocInNewTlab`]);
+    /// - CPU: zero.
+    pub weight: u32,
     /// The thread's name (`comm`), NUL padded.
     pub comm: [u8; COMM_LEN],
 }
@@ -198,8 +218,24 @@ crate::labelled_enum! {
         /// when; the stack is where it waits. How long it waited comes later, in an
         /// [`OffCpuEnd`] with the same thread and `ktime_ns`.
         OffCpu = 1 => "off_cpu",
+        /// A thread's TLAB was refilled (HotSpot's `AllocTracer::send_allocation_in_new_tlab`):
+        /// `weight` is the new TLAB's size. The first user frame is the class of the object
+        /// whose allocation refilled it ([`FrameKind::AllocatedClass`]), then the thread's
+        /// stack. Each event of size `w` is sampled with probability `min(1, w / interval)`
+        /// ([`ALLOC_INTERVAL_BYTES`] as set at load time).
+        AllocInNewTlab = 2 => "alloc_in_new_tlab",
+        /// An object allocated outside any TLAB (`send_allocation_outside_tlab`: large arrays,
+        /// a full TLAB not worth retiring): `weight` is the object's size; sampled as above.
+        AllocOutsideTlab = 3 => "alloc_outside_tlab",
     }
 }
+
+/// The allocation sampling interval the BPF side starts with, in bytes (as async-profiler's
+/// and Alloy's default); the daemon sets its own at load time.
+pub const ALLOC_INTERVAL_BYTES: u64 = 512 << 10;
+
+/// The bytes of one unit of an allocation record's `weight` (a HotSpot heap word).
+pub const ALLOC_WEIGHT_UNIT: u64 = 8;
 
 crate::labelled_enum! {
     /// What a Java thread was doing in the JVM when it left the CPU, from its
@@ -482,6 +518,13 @@ pub struct HotspotProc {
     /// `VERIFIED_ENTRY_OFFSET`): where the prologue starts, to decode it when a sample lands
     /// there. `u16::MAX` if the layout has neither.
     pub nmethod_verified_entry: u16,
+}
+
+/// The cookie of an allocated class's name ([`FrameKind::AllocatedClass`]): its `Symbol*`, the
+/// symbol's random hash and the name's tail, mixed as in [`interpreted_cookie`], so that a
+/// symbol freed with its class and another made at its address later do not match.
+pub const fn class_name_cookie(symbol: u64, name_hash_word: u32, name_tail: [u64; 2]) -> u32 {
+    interpreted_cookie(symbol, name_hash_word, name_tail)
 }
 
 /// [`HotspotProc::symbol_hash_word`] when the layout has no such word.

@@ -28,13 +28,18 @@ struct StackSlot {
 }
 
 /// What one stack adds up to over an interval: for CPU profiles, how often it was sampled; for
-/// off-CPU profiles, how many of its waits were sampled and their time (each weighted by the
-/// inverse of its sampling probability, see `crate::off_cpu`).
+/// off-CPU profiles, how many of its waits were sampled and their time; for allocation
+/// profiles, how many of its allocations were sampled, and the bytes and events they stand
+/// for. Waits and allocations are weighted by the inverse of their sampling probability (see
+/// `crate::off_cpu`, `crate::alloc`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StackTotals {
     pub count: u64,
     pub blocked_ns: u64,
     pub runqueue_ns: u64,
+    pub alloc_bytes: u64,
+    /// In units of 1/[`crate::alloc::EVENT_SCALE`] event.
+    pub alloc_events: u64,
 }
 
 impl StackTotals {
@@ -43,12 +48,16 @@ impl StackTotals {
         count: 1,
         blocked_ns: 0,
         runqueue_ns: 0,
+        alloc_bytes: 0,
+        alloc_events: 0,
     };
 
     fn add(&mut self, other: &Self) {
         self.count += other.count;
         self.blocked_ns = self.blocked_ns.saturating_add(other.blocked_ns);
         self.runqueue_ns = self.runqueue_ns.saturating_add(other.runqueue_ns);
+        self.alloc_bytes = self.alloc_bytes.saturating_add(other.alloc_bytes);
+        self.alloc_events = self.alloc_events.saturating_add(other.alloc_events);
     }
 }
 
@@ -228,7 +237,7 @@ fn normalized_header(header: &SampleHeader) -> SampleHeader {
     SampleHeader {
         ktime_ns: 0,
         cpu: 0,
-        probability: 0,
+        weight: 0,
         ..*header
     }
 }
@@ -245,22 +254,28 @@ pub enum ProfileKind {
     Cpu,
     /// Where threads wait, and how long (`crate::off_cpu`).
     OffCpu,
+    /// Where Java threads allocate, and how much (`crate::alloc`).
+    Alloc,
 }
 
 impl ProfileKind {
-    /// How local file names start: `cpu-...`, `offcpu-...`.
+    pub const ALL: [Self; 3] = [Self::Cpu, Self::OffCpu, Self::Alloc];
+
+    /// How local file names start: `cpu-...`, `offcpu-...`, `alloc-...`.
     pub const fn file_prefix(self) -> &'static str {
         match self {
             Self::Cpu => "cpu",
             Self::OffCpu => "offcpu",
+            Self::Alloc => "alloc",
         }
     }
 
-    /// Pyroscope's `__name__` for it (the names its own eBPF and OTLP ingestion use).
+    /// Pyroscope's `__name__` for it (the names its own eBPF, OTLP and JFR ingestion use).
     pub const fn pyroscope_name(self) -> &'static str {
         match self {
             Self::Cpu => "process_cpu",
             Self::OffCpu => "off_cpu",
+            Self::Alloc => "memory",
         }
     }
 
@@ -269,7 +284,31 @@ impl ProfileKind {
         match self {
             Self::Cpu => "CPU",
             Self::OffCpu => "Off-CPU",
+            Self::Alloc => "Allocation",
         }
+    }
+
+    /// What a flame graph of it counts (see `output::flamegraph`).
+    pub const fn counted(self) -> &'static str {
+        match self {
+            Self::Cpu => "samples",
+            Self::OffCpu => "ns blocked",
+            Self::Alloc => "bytes",
+        }
+    }
+
+    /// The kind whose files start with `prefix`.
+    pub fn from_file_prefix(prefix: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|kind| kind.file_prefix() == prefix)
+    }
+
+    /// The kind Pyroscope calls `name`.
+    pub fn from_pyroscope_name(name: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|kind| kind.pyroscope_name() == name)
     }
 }
 

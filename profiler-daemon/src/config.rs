@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::alloc::AllocConfig;
 use crate::export::pyroscope::config::PyroscopeFile;
 use crate::export::pyroscope::PyroscopeConfig;
 use crate::export::stream::GrpcListen;
@@ -96,6 +97,11 @@ pub struct FileConfig {
     /// Off-CPU: leave out waits shorter than this many microseconds (default 0: none). A
     /// filter: the time of the waits it drops is not in the profile.
     pub off_cpu_min_wait_us: Option<u64>,
+    /// Java allocation profiles too: where Java threads allocate and how much (default false).
+    pub alloc: Option<bool>,
+    /// Allocation: about one sample per this many bytes allocated (default 524288, 512 KiB,
+    /// as async-profiler's and Alloy's). Lower: more precise for small sites, more costly.
+    pub alloc_interval_bytes: Option<u64>,
 }
 
 /// Flags that override the file.
@@ -111,6 +117,8 @@ pub struct Overrides {
     pub grpc_listen: Option<String>,
     pub attach: Option<String>,
     pub off_cpu: bool,
+    /// `--alloc` (`Some(None)`) or `--alloc=BYTES`.
+    pub alloc: Option<Option<u64>>,
     pub threads: Option<String>,
 }
 
@@ -140,6 +148,8 @@ pub struct Config {
     pub kubernetes_node: Option<String>,
     /// Off-CPU profiling, when on.
     pub off_cpu: Option<OffCpuConfig>,
+    /// Java allocation profiling, when on.
+    pub alloc: Option<AllocConfig>,
 }
 
 impl FileConfig {
@@ -251,6 +261,7 @@ impl Config {
             file.off_cpu_period_us,
             file.off_cpu_min_wait_us,
         )?;
+        let alloc = AllocConfig::resolve(flags.alloc, file.alloc, file.alloc_interval_bytes)?;
         let cache_budget_mib = file
             .cache_budget_mib
             .unwrap_or(crate::symbolize::cache_budget::DEFAULT_LIMIT_BYTES >> 20);
@@ -312,6 +323,7 @@ impl Config {
             annotate_frames: file.annotate_frames.unwrap_or(true),
             threads,
             off_cpu,
+            alloc,
             max_jvms,
             cache_budget_bytes: cache_budget_mib << 20,
             frequency_hz,

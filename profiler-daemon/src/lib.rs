@@ -2,6 +2,7 @@
 //! writes pprof profiles.
 
 pub mod aggregate;
+pub mod alloc;
 pub mod config;
 pub mod config_error;
 pub mod container;

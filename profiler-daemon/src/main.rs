@@ -153,6 +153,11 @@ struct RunArgs {
     /// for how long; the config file's off_cpu_period_us / off_cpu_min_wait_us tune it.
     #[arg(long)]
     off_cpu: bool,
+    /// Java allocation profiles too (`alloc-*` files, Pyroscope's `memory`): where Java
+    /// threads allocate and how much, about one sample per BYTES allocated [default: 512k].
+    #[arg(long, value_name = "BYTES", num_args = 0..=1, require_equals = true,
+          value_parser = profiler_daemon::alloc::parse_bytes)]
+    alloc: Option<Option<u64>>,
     /// How Pyroscope's profiles and the local flame graphs show threads: "merged" (no thread
     /// frame), "pool" (a root per thread pool) or "thread" (a root per thread) [default:
     /// merged].
@@ -200,6 +205,7 @@ fn run(args: RunArgs) -> ExitCode {
         grpc_listen: args.grpc_listen,
         attach: args.attach,
         off_cpu: args.off_cpu,
+        alloc: args.alloc,
         threads: args.threads,
     };
     let config = match Config::resolve(file, overrides, &Environment::of_this_process()) {

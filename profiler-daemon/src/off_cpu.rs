@@ -149,7 +149,7 @@ impl OffCpuJoiner {
             record: spare.pop().unwrap_or_default(),
         });
         wait.out_ktime_ns = header.ktime_ns;
-        wait.probability = header.probability;
+        wait.probability = header.weight;
         wait.record.clear();
         wait.record.extend_from_slice(bytes);
         self.open_bytes = self.open_bytes - held + wait.record.capacity();
@@ -248,6 +248,7 @@ fn weighted(end: &OffCpuEnd, probability: u32) -> StackTotals {
         count: 1,
         blocked_ns: scale(end.blocked_ns),
         runqueue_ns: scale(end.runqueue_ns),
+        ..StackTotals::default()
     }
 }
 
@@ -273,7 +274,7 @@ mod tests {
         header.kind = SampleKind::OffCpu as u8;
         header.task_state = 1;
         header.java_state = 3;
-        header.probability = probability;
+        header.weight = probability;
         record
     }
 
@@ -345,7 +346,8 @@ mod tests {
             StackTotals {
                 count: 2,
                 blocked_ns: 5_004_000,
-                runqueue_ns: 1_000_000
+                runqueue_ns: 1_000_000,
+                ..StackTotals::default()
             }
         );
     }

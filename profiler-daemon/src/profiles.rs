@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime};
 
 use hashbrown::HashMap;
 
-use profiler_common::{JavaState, UnwindEnd};
+use profiler_common::{JavaState, SampleKind, UnwindEnd};
 
 use crate::aggregate::ProcessStacks;
 pub use crate::aggregate::ProfileKind;
@@ -51,6 +51,8 @@ pub struct ProfileRequest<'a> {
     pub pid: u32,
     pub stacks: &'a ProcessStacks,
     pub frequency_hz: u64,
+    /// Allocation profiles' sampling interval (their period).
+    pub alloc_interval_bytes: u64,
     pub start: SystemTime,
     pub duration: Duration,
 }
@@ -84,6 +86,7 @@ pub fn build(
         pid,
         stacks,
         frequency_hz,
+        alloc_interval_bytes,
         start,
         duration,
     } = request;
@@ -111,6 +114,7 @@ pub fn build(
     let mut builder = match kind {
         ProfileKind::Cpu => ProfileBuilder::new_cpu(frequency_hz, start, duration),
         ProfileKind::OffCpu => ProfileBuilder::new_off_cpu(start, duration),
+        ProfileKind::Alloc => ProfileBuilder::new_alloc(alloc_interval_bytes, start, duration),
     };
     for (view, totals) in stacks.stacks() {
         let mut locations = Vec::with_capacity(
@@ -159,6 +163,7 @@ pub fn build(
         match kind {
             ProfileKind::Cpu => builder.add_sample_with(locations, totals.count, &labels),
             ProfileKind::OffCpu => add_wait(&mut builder, locations, &view, &totals, labels),
+            ProfileKind::Alloc => add_allocation(&mut builder, locations, &view, &totals, &labels),
         }
         threads.push(thread.clone());
     }
@@ -220,6 +225,25 @@ fn add_wait(
         ],
         &labels,
     )
+}
+
+/// Adds an allocation sample: its estimated events and bytes, in the TLAB or outside-TLAB
+/// columns as its record says.
+fn add_allocation(
+    builder: &mut ProfileBuilder,
+    locations: Vec<u64>,
+    view: &crate::record::SampleView<'_>,
+    totals: &crate::aggregate::StackTotals,
+    labels: &[Label<'_>],
+) {
+    let scale = crate::alloc::EVENT_SCALE;
+    let events = saturating_i64((totals.alloc_events + scale / 2) / scale);
+    let bytes = saturating_i64(totals.alloc_bytes);
+    let values = match SampleKind::from_u8(view.header.kind) {
+        Some(SampleKind::AllocOutsideTlab) => vec![0, 0, events, bytes],
+        _ => vec![events, bytes, 0, 0],
+    };
+    builder.add_sample_values(locations, values, labels)
 }
 
 fn saturating_i64(value: u64) -> i64 {
@@ -286,6 +310,7 @@ pub(crate) mod fixtures {
                 pid: PID,
                 stacks: &interval.processes[&PID],
                 frequency_hz: 19,
+                alloc_interval_bytes: profiler_common::ALLOC_INTERVAL_BYTES,
                 start: SystemTime::UNIX_EPOCH,
                 duration: Duration::from_secs(1),
             },

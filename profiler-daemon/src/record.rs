@@ -115,7 +115,7 @@ pub(crate) mod tests {
             kind: profiler_common::SampleKind::Cpu as u8,
             task_state: 0,
             java_state: 0,
-            probability: 0,
+            weight: 0,
             comm: name,
         };
         let mut bytes = Vec::new();

@@ -69,13 +69,12 @@ pub async fn run(subscription: Subscription) -> anyhow::Result<()> {
             Sink::Directory(dir) => {
                 let start = UNIX_EPOCH + Duration::from_nanos(message.start_unix_nanos as u64);
                 // The profile's type is its `__name__` label, as Pyroscope's.
-                let kind = if message.labels.iter().any(|l| {
-                    l.name == "__name__" && l.value == ProfileKind::OffCpu.pyroscope_name()
-                }) {
-                    ProfileKind::OffCpu
-                } else {
-                    ProfileKind::Cpu
-                };
+                let kind = message
+                    .labels
+                    .iter()
+                    .find(|l| l.name == "__name__")
+                    .and_then(|l| ProfileKind::from_pyroscope_name(&l.value))
+                    .unwrap_or(ProfileKind::Cpu);
                 // The stream carries no process name: the service stands in for it.
                 let service = &message.service_name;
                 let name = format!(

@@ -55,6 +55,7 @@ pub struct Worker {
     extra_labels: std::collections::BTreeMap<String, String>,
     pods: Option<crate::kubernetes::SharedPodIndex>,
     frequency_hz: u64,
+    alloc_interval_bytes: u64,
     /// Shared with the metrics endpoint.
     counters: Arc<WorkerCounters>,
     /// What the symbolizers were built with, to build them anew after a panic.
@@ -82,11 +83,18 @@ impl Worker {
             extra_labels: Default::default(),
             pods: None,
             frequency_hz,
+            alloc_interval_bytes: profiler_common::ALLOC_INTERVAL_BYTES,
             counters,
             cache_budget: None,
             thread_directory: None,
             attaches: Default::default(),
         }
+    }
+
+    /// The allocation sampling interval, allocation profiles' period (`--alloc=BYTES`).
+    pub fn with_alloc_interval(mut self, bytes: u64) -> Self {
+        self.alloc_interval_bytes = bytes;
+        self
     }
 
     /// Labels the series of every profile with these too (the config's `labels`).
@@ -280,6 +288,7 @@ impl Worker {
                     pid,
                     stacks,
                     frequency_hz: self.frequency_hz,
+                    alloc_interval_bytes: self.alloc_interval_bytes,
                     start: interval.start,
                     duration: interval.duration,
                 },

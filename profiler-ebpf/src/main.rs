@@ -14,6 +14,7 @@
 #![no_std]
 #![no_main]
 
+mod alloc;
 mod memory;
 mod off_cpu;
 mod process_events;
@@ -38,7 +39,7 @@ use profiler_common::{
     DEFAULT_MAX_JVMS, DEFAULT_SAMPLE_RING_BYTES, FRAMES_BYTES, HEADER_BYTES, KERNEL_FRAME_BYTES,
     MAX_KERNEL_FRAMES, MAX_TARGET_PIDS, MAX_USER_FRAMES, RECORD_BYTES, USER_FRAME_BYTES,
 };
-use profiler_unwind::{unwind_step, FrameSink, UserRegs, Walk, MAX_WALK_STEPS};
+use profiler_unwind::{start_at_anchor, unwind_step, FrameSink, UserRegs, Walk, MAX_WALK_STEPS};
 
 /// Set by the daemon at load time: non-zero when only the pids in `TARGET_PIDS` are sampled.
 #[no_mangle]
@@ -53,8 +54,23 @@ static RING_WAKEUP_BYTES: u64 = DEFAULT_SAMPLE_RING_BYTES as u64 / 4;
 #[map]
 static SAMPLES: RingBuf = RingBuf::with_byte_size(DEFAULT_SAMPLE_RING_BYTES, 0);
 
+/// Which per-CPU walk state (record, walk, stack window, table caches) a program uses. The
+/// sampler and the off-CPU switch program never run at once on one CPU (see [`fill_record`]).
+/// The allocation hook runs in a task's context with interrupts on: the sampler can fire in
+/// the middle of it, so it has a slot of its own (and a guard against a preempted hook, see
+/// `alloc.rs`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum WalkSlot {
+    Interrupt = 0,
+    AllocHook = 1,
+}
+
+/// Entries of every per-CPU walk state map: one per [`WalkSlot`].
+pub(crate) const WALK_SLOTS: u32 = 2;
+
 #[map]
-pub(crate) static SCRATCH: PerCpuArray<SampleRecord> = PerCpuArray::with_max_entries(1, 0);
+pub(crate) static SCRATCH: PerCpuArray<SampleRecord> = PerCpuArray::with_max_entries(WALK_SLOTS, 0);
 
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT as u32, 0);
@@ -139,7 +155,7 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
         count(Counter::Filtered);
         return;
     }
-    let Some(record) = SCRATCH.get_ptr_mut(0) else {
+    let Some(record) = SCRATCH.get_ptr_mut(WalkSlot::Interrupt as u32) else {
         count(Counter::ScratchMissing);
         return;
     };
@@ -160,12 +176,26 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
         ktime_ns: unsafe { bpf_ktime_get_ns() },
         task_state: 0,
         java_state: 0,
-        probability: 0,
+        weight: 0,
     };
-    let Some(bytes) = fill_record(record, pid_tgid, user, kernel_bytes, origin) else {
+    let start = WalkStart {
+        user,
+        slot: WalkSlot::Interrupt,
+        allocated: None,
+    };
+    let Some(bytes) = fill_record(record, pid_tgid, start, kernel_bytes, origin) else {
         return;
     };
-    // The daemon drains on a slow timer; it is woken early only when the ring fills up.
+    match send_sample(bytes) {
+        Ok(()) => count(Counter::Sent),
+        Err(()) => count(Counter::RingFull),
+    }
+}
+
+/// Sends a sample record to the daemon. It drains on a slow timer; it is woken early only
+/// when the ring fills up.
+#[inline(always)]
+pub(crate) fn send_sample(bytes: &[u8]) -> Result<(), ()> {
     // SAFETY: a global the loader sets once; read-only afterwards.
     let wakeup_bytes = unsafe { read_volatile(&RING_WAKEUP_BYTES) };
     let wakeup = if SAMPLES.query(BPF_RB_AVAIL_DATA) >= wakeup_bytes {
@@ -173,10 +203,7 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
     } else {
         BPF_RB_NO_WAKEUP
     };
-    match SAMPLES.output::<[u8]>(bytes, wakeup) {
-        Ok(()) => count(Counter::Sent),
-        Err(_) => count(Counter::RingFull),
-    }
+    SAMPLES.output::<[u8]>(bytes, wakeup).map_err(|_| ())
 }
 
 /// Whether `pid` is profiled: every process, or one of the `--pid` targets.
@@ -194,24 +221,35 @@ pub(crate) struct RecordOrigin {
     pub ktime_ns: u64,
     pub task_state: u8,
     pub java_state: u8,
-    pub probability: u32,
+    pub weight: u32,
 }
 
-/// Walks the current task's user stack (from `user`) into `record` after its `kernel_bytes` of
-/// kernel stack, fills the header, and returns the bytes to send. Shared by the CPU sampler and
-/// the off-CPU switch program: they never run at once on one CPU (the perf event's interrupt
-/// cannot fire inside the scheduler, which runs with interrupts off), so they share the per-CPU
-/// record and walk state.
+/// Where a walk starts, and with which per-CPU state.
+pub(crate) struct WalkStart {
+    /// The registers to walk from (none: no user stack).
+    pub user: Option<UserRegs>,
+    pub slot: WalkSlot,
+    /// Allocation records: the allocated class's frame, which goes first, and the thread's
+    /// `JavaThread*`, whose last Java frame the walk starts at when it can.
+    pub allocated: Option<(UserFrame, u64)>,
+}
+
+/// Walks the current task's user stack (from `start`) into `record` after its `kernel_bytes`
+/// of kernel stack, fills the header, and returns the bytes to send. The CPU sampler and the
+/// off-CPU switch program share their per-CPU record and walk state ([`WalkSlot::Interrupt`]):
+/// they never run at once on one CPU (the perf event's interrupt cannot fire inside the
+/// scheduler, which runs with interrupts off).
 #[inline(always)]
 pub(crate) fn fill_record(
     record: &mut SampleRecord,
     pid_tgid: u64,
-    user: Option<UserRegs>,
+    start: WalkStart,
     kernel_bytes: usize,
     origin: RecordOrigin,
 ) -> Option<&[u8]> {
     let pid = (pid_tgid >> 32) as u32;
-    let Some(state) = WALK.get_ptr_mut(0) else {
+    let slot = start.slot as u32;
+    let Some(state) = WALK.get_ptr_mut(slot) else {
         count(Counter::ScratchMissing);
         return None;
     };
@@ -219,20 +257,31 @@ pub(crate) fn fill_record(
     let state = unsafe { &mut *state };
     state.base = kernel_bytes as u32;
     let walk = &mut state.walk;
-    if let Some(window) = STACK_WINDOW.get_ptr_mut(0) {
+    if let Some(window) = STACK_WINDOW.get_ptr_mut(slot) {
         // SAFETY: as above.
         unsafe { (*window).clear() };
     }
-    match user {
+    match start.user {
         Some(regs) => {
             // SAFETY: the value is copied out at once.
             walk.start(pid_tgid as u32, regs, unsafe { HOTSPOT_PROCS.get(&pid) });
-            // SAFETY: bpf_loop calls `unwind_steps`, which finds its state in WALK.
+            if let Some((class, java_thread)) = start.allocated {
+                let mut frames = RecordFrames {
+                    record: &mut *record,
+                    base: state.base,
+                };
+                frames.record(0, class);
+                let task = CurrentTask::new(pid, slot);
+                if !start_at_anchor(walk, &task, java_thread, 1) {
+                    count(Counter::AllocWalkFromHook);
+                }
+            }
+            // SAFETY: bpf_loop calls `unwind_steps` with the slot, where it finds its state.
             unsafe {
                 gen::bpf_loop(
                     MAX_WALK_STEPS.div_ceil(STEPS_PER_CALLBACK),
                     unwind_steps as *mut c_void,
-                    core::ptr::null_mut(),
+                    &slot as *const u32 as *mut c_void,
                     0,
                 )
             };
@@ -260,7 +309,7 @@ pub(crate) fn fill_record(
         kind: origin.kind as u8,
         task_state: origin.task_state,
         java_state: origin.java_state,
-        probability: origin.probability,
+        weight: origin.weight,
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
     };
 
@@ -304,7 +353,7 @@ struct SampleWalk {
 }
 
 #[map]
-static WALK: PerCpuArray<SampleWalk> = PerCpuArray::with_max_entries(1, 0);
+static WALK: PerCpuArray<SampleWalk> = PerCpuArray::with_max_entries(WALK_SLOTS, 0);
 
 /// Frames unwound per `bpf_loop` iteration: amortises the callback and map lookups. The verifier
 /// explores every step of a callback on every path into it, so its work grows faster than the
@@ -312,22 +361,25 @@ static WALK: PerCpuArray<SampleWalk> = PerCpuArray::with_max_entries(1, 0);
 /// at 4 (a debug daemon on this 2-CPU machine).
 const STEPS_PER_CALLBACK: u32 = 2;
 
-/// `STEPS_PER_CALLBACK` unwinding steps. Returns 1 to stop the loop.
+/// `STEPS_PER_CALLBACK` unwinding steps of the walk in `slot` (a [`WalkSlot`]). Returns 1 to
+/// stop the loop.
 #[inline(never)]
-extern "C" fn unwind_steps(_index: u64, _ctx: *mut c_void) -> i64 {
-    let Some(state) = WALK.get_ptr_mut(0) else {
+extern "C" fn unwind_steps(_index: u64, slot: *mut c_void) -> i64 {
+    // SAFETY: `fill_record` passes a pointer to the slot on its stack.
+    let slot = unsafe { *(slot as *const u32) };
+    let Some(state) = WALK.get_ptr_mut(slot) else {
         return 1;
     };
     // SAFETY: per-CPU state of this sample.
     let state = unsafe { &mut *state };
     let walk = &mut state.walk;
-    let Some(record) = SCRATCH.get_ptr_mut(0) else {
+    let Some(record) = SCRATCH.get_ptr_mut(slot) else {
         walk.end = UnwindEnd::ReadFailed as u8;
         return 1;
     };
     // SAFETY: a per-CPU map value, used by this program on this CPU only.
     let record = unsafe { &mut *record };
-    let Some(window) = STACK_WINDOW.get_ptr_mut(0) else {
+    let Some(window) = STACK_WINDOW.get_ptr_mut(slot) else {
         walk.end = UnwindEnd::ReadFailed as u8;
         return 1;
     };
@@ -337,7 +389,7 @@ extern "C" fn unwind_steps(_index: u64, _ctx: *mut c_void) -> i64 {
         record,
         base: state.base,
     };
-    let task = CurrentTask::new((bpf_get_current_pid_tgid() >> 32) as u32);
+    let task = CurrentTask::new((bpf_get_current_pid_tgid() >> 32) as u32, slot);
     for _ in 0..STEPS_PER_CALLBACK {
         if unwind_step(walk, window, &task, &mut frames) {
             return 1;

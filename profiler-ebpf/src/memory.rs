@@ -19,8 +19,10 @@ use profiler_common::cfi::{
 use profiler_common::{JavaThreadEntry, MAX_JAVA_THREADS};
 use profiler_unwind::{JavaThreads, NativeTables, ReadError, StackWindow, UserMemory};
 
+/// One per [`WalkSlot`](crate::WalkSlot), as the tables' caches below.
 #[map]
-pub(crate) static STACK_WINDOW: PerCpuArray<StackWindow> = PerCpuArray::with_max_entries(1, 0);
+pub(crate) static STACK_WINDOW: PerCpuArray<StackWindow> =
+    PerCpuArray::with_max_entries(crate::WALK_SLOTS, 0);
 
 /// Host tid -> `JavaThread*` (and its JVM's pid) of every Java thread of the JVMs in `HOTSPOT_PROCS`; written by the
 /// daemon. Lets the walk resume at a thread's last Java frame when native code without frame
@@ -50,11 +52,12 @@ static CFI_BLOCKS: HashMap<u64, CfiBlock> =
 
 /// Rows found by earlier walks on this CPU (see `cfi::CfiRowCache`).
 #[map]
-static CFI_ROW_CACHE: PerCpuArray<CfiRowCache> = PerCpuArray::with_max_entries(1, 0);
+static CFI_ROW_CACHE: PerCpuArray<CfiRowCache> =
+    PerCpuArray::with_max_entries(crate::WALK_SLOTS, 0);
 
 /// A per-CPU word the table searches pass their bounds through (see `cfi::Opaque`).
 #[map]
-static CFI_OPAQUE: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+static CFI_OPAQUE: PerCpuArray<u32> = PerCpuArray::with_max_entries(crate::WALK_SLOTS, 0);
 
 /// [`Opaque`] through the `CFI_OPAQUE` slot.
 struct OpaqueSlot(*mut u32);
@@ -71,15 +74,17 @@ impl Opaque for OpaqueSlot {
     }
 }
 
-/// The sampled process, as the current task sees it.
+/// The sampled process, as the current task sees it, walked with the per-CPU state of `slot`
+/// (a [`WalkSlot`](crate::WalkSlot)).
 pub(crate) struct CurrentTask {
     pid: u32,
+    slot: u32,
 }
 
 impl CurrentTask {
     #[inline(always)]
-    pub(crate) fn new(pid: u32) -> Self {
-        Self { pid }
+    pub(crate) fn new(pid: u32, slot: u32) -> Self {
+        Self { pid, slot }
     }
 
     /// The process's mappings with tables: looked up only when a native frame falls outside the
@@ -152,9 +157,9 @@ impl UserMemory for CurrentTask {
 impl NativeTables for CurrentTask {
     #[inline(always)]
     fn cfi_row(&self, pc: u64, cache: &mut CfiCache) -> Option<CfiRow> {
-        let slot = CFI_OPAQUE.get_ptr_mut(0)?;
+        let slot = CFI_OPAQUE.get_ptr_mut(self.slot)?;
         // SAFETY: a per-CPU map value, used by one program at a time on this CPU.
-        let rows = unsafe { &mut *CFI_ROW_CACHE.get_ptr_mut(0)? };
+        let rows = unsafe { &mut *CFI_ROW_CACHE.get_ptr_mut(self.slot)? };
         // SAFETY: the values are only read; the daemon writes a table's blocks before its index,
         // and its index before any process refers to it.
         find_cfi_row_cached(

@@ -43,8 +43,8 @@ use profiler_common::{
 
 use crate::memory::CurrentTask;
 use crate::{
-    count, fill_record, kernel_stack, profiled, saved_user_regs, RecordOrigin, BPF_RB_NO_WAKEUP,
-    HOTSPOT_PROCS, SCRATCH,
+    count, fill_record, kernel_stack, profiled, saved_user_regs, RecordOrigin, WalkSlot, WalkStart,
+    BPF_RB_NO_WAKEUP, HOTSPOT_PROCS, SCRATCH,
 };
 use profiler_unwind::JavaThreads as _;
 
@@ -190,7 +190,7 @@ fn switched_in(task: *mut task_struct) {
 /// the JVM.
 #[inline(always)]
 fn java_state(pid: u32, tid: u32) -> JavaState {
-    let task = CurrentTask::new(pid);
+    let task = CurrentTask::new(pid, WalkSlot::Interrupt as u32);
     // SAFETY: map values only read.
     let (Some(layout), Some(thread)) = (unsafe { HOTSPOT_PROCS.get(&pid) }, task.java_thread(tid))
     else {
@@ -274,7 +274,7 @@ fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, idle: Option<*mut u
     let Some(user) = saved_user_regs() else {
         return;
     };
-    let Some(record) = SCRATCH.get_ptr_mut(0) else {
+    let Some(record) = SCRATCH.get_ptr_mut(WalkSlot::Interrupt as u32) else {
         count(Counter::ScratchMissing);
         return;
     };
@@ -286,9 +286,14 @@ fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, idle: Option<*mut u
         ktime_ns: now,
         task_state: prev_state as u8,
         java_state: java_state(pid, pid_tgid as u32) as u8,
-        probability,
+        weight: probability,
     };
-    let Some(bytes) = fill_record(record, pid_tgid, Some(user), kernel_bytes, origin) else {
+    let start = WalkStart {
+        user: Some(user),
+        slot: WalkSlot::Interrupt,
+        allocated: None,
+    };
+    let Some(bytes) = fill_record(record, pid_tgid, start, kernel_bytes, origin) else {
         return;
     };
     if OFF_CPU_EVENTS

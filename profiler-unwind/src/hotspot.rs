@@ -1,14 +1,16 @@
 //! HotSpot frames, by the per-JVM layout the daemon pushed into `HOTSPOT_PROCS`: interpreted
 //! frames (interpreter code range), compiled frames and stubs (code blobs found through their
 //! heap's segment map, sized by `CodeBlob::_frame_size`), the call stub back into native code, and
-//! threads in native or VM code resumed at their `JavaFrameAnchor`. Every loop is bounded and every
-//! read checked; a frame that does not make sense ends the walk with a reason.
+//! threads in native or VM code resumed at their `JavaFrameAnchor`; and the class of an allocated
+//! object, for allocation records. Every loop is bounded and every read checked; a frame that
+//! does not make sense ends the walk with a reason.
 
 use core::mem::MaybeUninit;
 
 use profiler_common::{
-    hotspot_flags, interpreted_cookie, name_tail, name_tail_start, FrameKind, HotspotProc,
-    JavaState, UnwindEnd, UserFrame, BCI_UNKNOWN, MAX_CODE_HEAPS, NAME_TAIL_BYTES, NO_SYMBOL_HASH,
+    class_name_cookie, hotspot_flags, interpreted_cookie, name_tail, name_tail_start, FrameKind,
+    HotspotProc, JavaState, UnwindEnd, UserFrame, BCI_UNKNOWN, MAX_CODE_HEAPS, NAME_TAIL_BYTES,
+    NO_SYMBOL_HASH,
 };
 
 use crate::memory::{read_u64, JavaThreads, StackWindow, UserMemory};
@@ -39,6 +41,13 @@ pub(crate) fn resume_at_anchor<P: UserMemory + JavaThreads>(walk: &mut Walk, pro
     let Some(thread) = process.java_thread(walk.tid) else {
         return false;
     };
+    jump_to_anchor(walk, process, thread)
+}
+
+/// Moves the walk to the last Java frame of the Java thread `thread` (its `JavaThread*`) if
+/// the thread is out of Java code, where its `JavaFrameAnchor` is valid. True if it moved.
+#[inline(always)]
+pub(crate) fn jump_to_anchor<M: UserMemory>(walk: &mut Walk, process: &M, thread: u64) -> bool {
     let hs = &walk.hotspot;
     // Out of Java code, the anchor is valid.
     if !matches!(
@@ -361,22 +370,60 @@ fn method_cookie<M: UserMemory>(hs: &HotspotProc, memory: &M, const_method: u64)
         .and_then(|cp| read_u64(memory, cp + hs.constant_pool_holder as u64))
         .and_then(|holder| read_u64(memory, holder + hs.klass_name as u64))
         .unwrap_or(0);
-    let (mut hash_word, mut tail) = (0, [0u64; 2]);
-    if name != 0 {
-        // Read as one word and taken apart by shifts: indexing a stack array by a variable
-        // offset can compile to pointer arithmetic the verifier refuses.
-        if let Ok(header) = memory.read_u64(name) {
-            if hs.symbol_hash_word != NO_SYMBOL_HASH {
-                hash_word = header_field(header, hs.symbol_hash_word, 4) as u32;
-            }
-            let len = header_field(header, hs.symbol_length, 2) as u16;
-            let start = name + hs.symbol_body as u64 + name_tail_start(len);
-            if let Ok(bytes) = memory.read_array::<NAME_TAIL_BYTES>(start) {
-                tail = name_tail(bytes, len);
-            }
+    let name = symbol_identity(hs, memory, name);
+    interpreted_cookie(const_method, name.hash_word, name.tail)
+}
+
+/// What tells a `Symbol` from another made later at its address: its random hash word, its
+/// length and its last bytes (zeros for what cannot be read).
+#[derive(Clone, Copy, Default)]
+struct SymbolIdentity {
+    hash_word: u32,
+    len: u16,
+    tail: [u64; 2],
+}
+
+#[inline(always)]
+fn symbol_identity<M: UserMemory>(hs: &HotspotProc, memory: &M, symbol: u64) -> SymbolIdentity {
+    let mut identity = SymbolIdentity::default();
+    if symbol == 0 {
+        return identity;
+    }
+    // Read as one word and taken apart by shifts: indexing a stack array by a variable offset
+    // can compile to pointer arithmetic the verifier refuses.
+    if let Ok(header) = memory.read_u64(symbol) {
+        if hs.symbol_hash_word != NO_SYMBOL_HASH {
+            identity.hash_word = header_field(header, hs.symbol_hash_word, 4) as u32;
+        }
+        identity.len = header_field(header, hs.symbol_length, 2) as u16;
+        let start = symbol + hs.symbol_body as u64 + name_tail_start(identity.len);
+        if let Ok(bytes) = memory.read_array::<NAME_TAIL_BYTES>(start) {
+            identity.tail = name_tail(bytes, identity.len);
         }
     }
-    interpreted_cookie(const_method, hash_word, tail)
+    identity
+}
+
+/// The frame naming the class `klass` (a `Klass*`) of an allocated object: its name's `Symbol*`,
+/// length and [`class_name_cookie`], read now, while the class surely exists (the allocating
+/// thread holds an instance). `None` if the name cannot be read.
+#[inline(always)]
+pub fn allocated_class_frame<M: UserMemory>(
+    hs: &HotspotProc,
+    memory: &M,
+    klass: u64,
+) -> Option<UserFrame> {
+    let symbol = read_u64(memory, klass.wrapping_add(hs.klass_name as u64)).ok()?;
+    if symbol == 0 {
+        return None;
+    }
+    let name = symbol_identity(hs, memory, symbol);
+    Some(frame(
+        FrameKind::AllocatedClass,
+        symbol,
+        name.len as u32,
+        class_name_cookie(symbol, name.hash_word, name.tail),
+    ))
 }
 
 /// Bytes at the start of a `Symbol` that hold its hash word and length (both below 8).

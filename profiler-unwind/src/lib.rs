@@ -38,9 +38,9 @@ pub mod fakes;
 #[cfg(test)]
 mod tests;
 
-pub use hotspot::java_state;
+pub use hotspot::{allocated_class_frame, java_state};
 pub use memory::{
     FrameSink, JavaThreads, NativeTables, ReadError, StackWindow, UserMemory, STACK_WINDOW_BYTES,
 };
 pub use state::{BlobCache, UserRegs, Walk, END_UNSET};
-pub use walk::{unwind_step, walk_stack, MAX_WALK_STEPS};
+pub use walk::{start_at_anchor, unwind_step, walk_stack, MAX_WALK_STEPS};

@@ -3,7 +3,7 @@
 
 use profiler_common::{UnwindEnd, MAX_USER_FRAMES};
 
-use crate::hotspot::{java_step, resume_at_anchor};
+use crate::hotspot::{java_step, jump_to_anchor, resume_at_anchor};
 use crate::memory::{FrameSink, JavaThreads, NativeTables, StackWindow, UserMemory};
 use crate::native::native_step;
 use crate::state::{Walk, END_UNSET};
@@ -63,6 +63,30 @@ pub fn unwind_step<P: UserMemory + JavaThreads + NativeTables, S: FrameSink>(
         return true;
     }
     false
+}
+
+/// Starts a walk prepared by [`Walk::start`] at the last Java frame of `thread` (the current
+/// thread's `JavaThread*`, as a hook in the JVM was handed it) instead of at the registers, when
+/// the thread is in the VM or native code: the VM's frames above that Java frame are then not
+/// walked. `frames` frames count as recorded already (the caller puts them first), so the walk's
+/// first frame is read as a caller's (its pc a return address), not as an interrupted one's.
+/// False, and the walk unchanged but for `frames`, when the thread's anchor is not usable.
+#[inline(always)]
+pub fn start_at_anchor<M: UserMemory>(
+    walk: &mut Walk,
+    process: &M,
+    thread: u64,
+    frames: u32,
+) -> bool {
+    walk.frames = frames;
+    if walk.is_jvm == 0 || thread == 0 {
+        return false;
+    }
+    let moved = jump_to_anchor(walk, process, thread);
+    if moved {
+        walk.java_seen = 1;
+    }
+    moved
 }
 
 /// A whole walk, for host use: the BPF program runs the same steps from a `bpf_loop`

@@ -19,6 +19,7 @@
 //!
 //! Not supported yet: JDK 8's single code heap layout (`CodeCache::_heap`), aarch64.
 
+pub mod alloc_hooks;
 pub mod jvm;
 pub mod jvm_directory;
 pub mod layout;

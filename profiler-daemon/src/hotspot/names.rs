@@ -125,6 +125,8 @@ pub struct MemoryNames<M: RemoteMemory> {
     memory: M,
     methods: HashMap<(u64, u32), Cached<Arc<MethodInfo>>>,
     blobs: HashMap<(u64, u32), Cached<Arc<BlobInfo>>>,
+    /// Allocated classes' internal names, by (`Symbol*`, cookie).
+    classes: HashMap<(u64, u32), Cached<Arc<str>>>,
 }
 
 impl<M: RemoteMemory> MemoryNames<M> {
@@ -134,7 +136,24 @@ impl<M: RemoteMemory> MemoryNames<M> {
             memory,
             methods: HashMap::new(),
             blobs: HashMap::new(),
+            classes: HashMap::new(),
         }
+    }
+
+    /// The internal name (`java/lang/String`, `[I`) in the `Symbol` at `symbol`, if it is still
+    /// the one whose identity gives `cookie` (see [`profiler_common::class_name_cookie`]).
+    pub fn class_name(&mut self, symbol: u64, cookie: u32) -> Result<Arc<str>, UnnamedReason> {
+        let key = (symbol, cookie);
+        if let Some(cached) = self
+            .classes
+            .get(&key)
+            .and_then(|c| c.current(Instant::now()))
+        {
+            return cached;
+        }
+        let name = read_class_name(&self.jvm, &self.memory, symbol, cookie).map(Arc::from);
+        self.classes.insert(key, Cached::new(name.clone()));
+        name
     }
 
     pub fn pid(&self) -> u32 {
@@ -143,9 +162,13 @@ impl<M: RemoteMemory> MemoryNames<M> {
 
     /// Starts the caches over once either holds too many entries.
     pub fn bound_caches(&mut self) {
-        if self.methods.len() > MAX_CACHED || self.blobs.len() > MAX_CACHED {
+        if self.methods.len() > MAX_CACHED
+            || self.blobs.len() > MAX_CACHED
+            || self.classes.len() > MAX_CACHED
+        {
             self.methods.clear();
             self.blobs.clear();
+            self.classes.clear();
         }
     }
 
@@ -313,22 +336,7 @@ pub(super) fn read_identity(
     let cp = memory.read_ptr(const_method + offset(jvm, Field::ConstMethodConstants)?)?;
     let holder = memory.read_ptr(cp + offset(jvm, Field::ConstantPoolPoolHolder)?)?;
     let class_symbol = memory.read_ptr(holder + offset(jvm, Field::KlassName)?)?;
-    let hash_at = super::unwind_info::symbol_hash_word(&jvm.layout);
-    let hash_word = if hash_at == profiler_common::NO_SYMBOL_HASH {
-        0
-    } else {
-        memory.read_u32(class_symbol + hash_at as u64)?
-    };
-    // The name's tail, read as BPF reads it (see `profiler_common::name_tail`).
-    let length_at =
-        super::unwind_info::symbol_length(&jvm.layout).ok_or(UnnamedReason::MissingField)?;
-    let length = memory.read_u16(class_symbol + length_at as u64)?;
-    let mut tail_bytes = [0u8; profiler_common::NAME_TAIL_BYTES];
-    memory.read(
-        class_symbol + offset(jvm, Field::SymbolBody)? + profiler_common::name_tail_start(length),
-        &mut tail_bytes,
-    )?;
-    let tail = profiler_common::name_tail(tail_bytes, length);
+    let (hash_word, _, tail) = symbol_identity(jvm, memory, class_symbol)?;
     Ok(MethodIdentity {
         const_method,
         cp,
@@ -336,6 +344,56 @@ pub(super) fn read_identity(
         class_symbol,
         cookie: profiler_common::interpreted_cookie(const_method, hash_word, tail),
     })
+}
+
+/// A `Symbol`'s hash word, length and name tail, read as BPF reads them (see
+/// `profiler_common::name_tail`): what its cookies are made of.
+fn symbol_identity(
+    jvm: &Jvm,
+    memory: &dyn RemoteMemory,
+    symbol: u64,
+) -> Result<(u32, u16, [u64; 2]), UnnamedReason> {
+    let hash_at = super::unwind_info::symbol_hash_word(&jvm.layout);
+    let hash_word = if hash_at == profiler_common::NO_SYMBOL_HASH {
+        0
+    } else {
+        memory.read_u32(symbol + hash_at as u64)?
+    };
+    let length_at =
+        super::unwind_info::symbol_length(&jvm.layout).ok_or(UnnamedReason::MissingField)?;
+    let length = memory.read_u16(symbol + length_at as u64)?;
+    let mut tail_bytes = [0u8; profiler_common::NAME_TAIL_BYTES];
+    memory.read(
+        symbol + offset(jvm, Field::SymbolBody)? + profiler_common::name_tail_start(length),
+        &mut tail_bytes,
+    )?;
+    Ok((
+        hash_word,
+        length,
+        profiler_common::name_tail(tail_bytes, length),
+    ))
+}
+
+/// The name in `symbol` if its identity still gives the sampled `cookie`, checked again after
+/// the name is read (the class may be unloaded meanwhile).
+fn read_class_name(
+    jvm: &Jvm,
+    memory: &dyn RemoteMemory,
+    symbol: u64,
+    cookie: u32,
+) -> Result<String, UnnamedReason> {
+    let matches = |jvm: &Jvm| -> Result<bool, UnnamedReason> {
+        let (hash_word, _, tail) = symbol_identity(jvm, memory, symbol)?;
+        Ok(profiler_common::class_name_cookie(symbol, hash_word, tail) == cookie)
+    };
+    if !matches(jvm)? {
+        return Err(UnnamedReason::ClassReused);
+    }
+    let name = read_symbol(jvm, memory, symbol)?;
+    if !matches(jvm)? {
+        return Err(UnnamedReason::ClassReused);
+    }
+    Ok(name)
 }
 
 fn read_method(

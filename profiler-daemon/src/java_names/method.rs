@@ -65,6 +65,37 @@ pub fn stable_class_name(internal: &str) -> String {
     name.replace('/', ".")
 }
 
+/// The Java name of a class from its internal name, as allocation profiles show it:
+/// `java/lang/String` -> `java.lang.String`, `[I` -> `int[]`, `[[Ljava/lang/Object;` ->
+/// `java.lang.Object[][]` (hidden classes' addresses dropped, see [`stable_class_name`]).
+pub fn java_type_name(internal: &str) -> String {
+    let dimensions = internal.bytes().take_while(|b| *b == b'[').count();
+    if dimensions == 0 {
+        return stable_class_name(internal);
+    }
+    let element = &internal[dimensions..];
+    let mut name = match element {
+        "Z" => "boolean".to_owned(),
+        "B" => "byte".to_owned(),
+        "C" => "char".to_owned(),
+        "S" => "short".to_owned(),
+        "I" => "int".to_owned(),
+        "J" => "long".to_owned(),
+        "F" => "float".to_owned(),
+        "D" => "double".to_owned(),
+        object => stable_class_name(
+            object
+                .strip_prefix('L')
+                .and_then(|o| o.strip_suffix(';'))
+                .unwrap_or(object),
+        ),
+    };
+    for _ in 0..dimensions {
+        name.push_str("[]");
+    }
+    name
+}
+
 /// `Thread.java` of `java/lang/Thread` -> `java/lang/Thread.java`: pprof file names are paths.
 pub fn source_path(internal_class: &str, source_file: &str) -> String {
     match internal_class.rfind('/') {
@@ -85,6 +116,22 @@ pub fn internal_of_signature(signature: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allocated_types_get_their_java_names() {
+        assert_eq!(java_type_name("java/lang/String"), "java.lang.String");
+        assert_eq!(java_type_name("[I"), "int[]");
+        assert_eq!(java_type_name("[[J"), "long[][]");
+        assert_eq!(java_type_name("[Ljava/lang/Object;"), "java.lang.Object[]");
+        assert_eq!(
+            java_type_name("[[LAllocSplit$Seventy;"),
+            "AllocSplit$Seventy[][]"
+        );
+        assert_eq!(
+            java_type_name("Busy$$Lambda+0x00007f8e84000c28"),
+            "Busy$$Lambda"
+        );
+    }
 
     #[test]
     fn hidden_class_addresses_are_dropped() {

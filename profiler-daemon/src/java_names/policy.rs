@@ -109,6 +109,18 @@ fn java_line(
     }
 }
 
+/// The class of an allocated object, by its internal name as memory read it.
+pub fn allocated_class(internal_name: Result<&str, UnnamedReason>) -> Named {
+    match internal_name {
+        Ok(internal) => Named {
+            frame: ResolvedFrame::named(super::method::java_type_name(internal), None),
+            unnamed: Vec::new(),
+            from_sidecar: false,
+        },
+        Err(reason) => Named::unknown(Unnamed::AllocatedClass, reason),
+    }
+}
+
 /// An interpreted frame: `method` as memory read it for the sampled `Method*` and cookie.
 pub fn interpreted(
     method: Result<&MethodInfo, UnnamedReason>,

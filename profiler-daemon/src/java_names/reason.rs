@@ -25,6 +25,9 @@ profiler_common::labelled_enum! {
         /// The code blob holds another compilation now (its compile id differs): freed and reused
         /// since the sample.
         CodeReused = 6 => "code_reused",
+        /// The allocated class's name `Symbol` is another one now (its cookie differs): the class
+        /// was unloaded since the sample and its name freed.
+        ClassReused = 7 => "class_reused",
     }
 }
 
@@ -37,6 +40,8 @@ pub enum Unnamed {
     Method,
     /// `[unknown compiled frame: code_reused]`
     Compiled,
+    /// `[unknown allocated class: class_reused]`
+    AllocatedClass,
 }
 
 impl Unnamed {
@@ -46,6 +51,7 @@ impl Unnamed {
             Self::Frame => "java frame",
             Self::Method => "java method",
             Self::Compiled => "compiled frame",
+            Self::AllocatedClass => "allocated class",
         };
         format!("[unknown {what}: {}]", reason.name())
     }

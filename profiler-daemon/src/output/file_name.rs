@@ -107,11 +107,8 @@ impl<'a> ProfileFileName<'a> {
     /// Reads a pprof file's name; `None` for anything else.
     pub fn parse(name: &'a str) -> Option<Self> {
         let stem = name.strip_suffix(PPROF_SUFFIX)?;
-        let (kind, rest) = if let Some(rest) = stem.strip_prefix("cpu-") {
-            (ProfileKind::Cpu, rest)
-        } else {
-            (ProfileKind::OffCpu, stem.strip_prefix("offcpu-")?)
-        };
+        let (prefix, rest) = stem.split_once('-')?;
+        let kind = ProfileKind::from_file_prefix(prefix)?;
         let (time, rest) = rest.split_once('-')?;
         let (pid, rest) = rest.split_once('-')?;
         let (comm, service) = match rest.split_once('@') {

@@ -8,8 +8,8 @@ use crate::pprof::proto::{Location, Profile};
 use crate::thread_roots::ThreadRoots;
 
 /// Hands each sample of `profile` to `add` as flame graphs read it: its frames root first
-/// (inlined frames expanded, each frame as `frame` makes it from its name), with its value of
-/// the first sample type. Stacks are rooted at their thread as `threads` asks, from the
+/// (inlined frames expanded, each frame as `frame` makes it from its name), with its value
+/// ([`FlameValue`]). Stacks are rooted at their thread as `threads` asks, from the
 /// `thread_name` and `thread_id` labels local files and the live stream keep whatever the
 /// setting. Samples with a value of 0 or less are skipped. `frame` is called once per
 /// location and thread of the profile, not per sample.
@@ -48,8 +48,9 @@ pub fn fold_samples<F: Clone>(
     let key_of = |name: &str| profile.string_table.iter().position(|s| s == name);
     let (thread_key, tid_key) = (key_of("thread_name"), key_of("thread_id"));
     let mut stack: Vec<F> = Vec::new();
+    let value = FlameValue::of(profile);
     for sample in &profile.sample {
-        let Some(count) = sample.value.first().and_then(|&v| u64::try_from(v).ok()) else {
+        let Some(count) = value.of_sample(&sample.value) else {
             continue;
         };
         if count == 0 {
@@ -85,6 +86,43 @@ pub fn fold_samples<F: Clone>(
             }
         }
         add(&stack, count);
+    }
+}
+
+/// Which of a sample's values a flame graph draws: the first sample type's (samples of CPU
+/// profiles, time blocked of off-CPU ones), or for allocation profiles the bytes, in and
+/// outside TLABs together.
+enum FlameValue {
+    First,
+    Sum([usize; 2]),
+}
+
+impl FlameValue {
+    fn of(profile: &Profile) -> Self {
+        let type_at = |name: &str| {
+            profile.sample_type.iter().position(|t| {
+                profile
+                    .string_table
+                    .get(usize::try_from(t.r#type).unwrap_or(usize::MAX))
+                    .is_some_and(|s| s == name)
+            })
+        };
+        match (
+            type_at(crate::pprof::ALLOC_IN_NEW_TLAB_BYTES),
+            type_at(crate::pprof::ALLOC_OUTSIDE_TLAB_BYTES),
+        ) {
+            (Some(tlab), Some(outside)) => Self::Sum([tlab, outside]),
+            _ => Self::First,
+        }
+    }
+
+    /// `None` for a negative or missing value.
+    fn of_sample(&self, values: &[i64]) -> Option<u64> {
+        let value = |at: usize| values.get(at).and_then(|&v| u64::try_from(v).ok());
+        match self {
+            Self::First => value(0),
+            Self::Sum(at) => value(at[0])?.checked_add(value(at[1])?),
+        }
     }
 }
 

@@ -104,10 +104,7 @@ impl LocalWriter {
                 kind.title(),
                 humantime::format_rfc3339_seconds(start)
             );
-            let count_name = match kind {
-                ProfileKind::Cpu => "samples",
-                ProfileKind::OffCpu => "ns blocked",
-            };
+            let count_name = kind.counted();
             self.write_atomically(
                 &format!("{stem}.svg"),
                 &flamegraph::render_svg(profile, self.threads, &title, count_name)?,

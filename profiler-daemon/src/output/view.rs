@@ -370,16 +370,11 @@ impl ViewRequest {
                 .transpose()
                 .map_err(|reason| ViewError::Argument { flag, reason })
         };
-        let kind = match options.kind.as_str() {
-            "cpu" => ProfileKind::Cpu,
-            "offcpu" => ProfileKind::OffCpu,
-            other => {
-                return Err(ViewError::Argument {
-                    flag: "kind",
-                    reason: format!("{other:?} is not \"cpu\" or \"offcpu\""),
-                })
-            }
-        };
+        let kind =
+            ProfileKind::from_file_prefix(&options.kind).ok_or_else(|| ViewError::Argument {
+                flag: "kind",
+                reason: format!("{:?} is not \"cpu\", \"offcpu\" or \"alloc\"", options.kind),
+            })?;
         let threads = ThreadRoots::parse(&options.threads).ok_or_else(|| ViewError::Argument {
             flag: "threads",
             reason: format!("{:?} is not {}", options.threads, ThreadRoots::VALUES),
@@ -470,10 +465,7 @@ pub fn run(request: &ViewRequest) -> Result<ViewSummary, ViewError> {
         None => None,
     };
     let kind = request.selection.kind;
-    let count_name = match kind {
-        ProfileKind::Cpu => "samples",
-        ProfileKind::OffCpu => "ns blocked",
-    };
+    let count_name = kind.counted();
     let stacks = stack_counts(before.as_ref(), &after);
     let distinct_stacks = stacks.len();
     let lines = drawn_lines(&names, stacks, before.is_some());

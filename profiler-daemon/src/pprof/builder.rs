@@ -84,6 +84,26 @@ impl ProfileBuilder {
         builder
     }
 
+    /// An allocation profile: per sample `alloc_in_new_tlab_objects/count`,
+    /// `alloc_in_new_tlab_bytes/bytes`, `alloc_outside_tlab_objects/count` and
+    /// `alloc_outside_tlab_bytes/bytes` (the names and order Pyroscope's `memory` profiles from
+    /// JFR carry, so Grafana's views apply), period `space/bytes` of `interval_bytes`.
+    pub fn new_alloc(interval_bytes: u64, start: SystemTime, duration: Duration) -> Self {
+        let mut builder = Self::empty(0, start, duration);
+        let types = [
+            (super::ALLOC_IN_NEW_TLAB_OBJECTS, "count"),
+            (super::ALLOC_IN_NEW_TLAB_BYTES, "bytes"),
+            (super::ALLOC_OUTSIDE_TLAB_OBJECTS, "count"),
+            (super::ALLOC_OUTSIDE_TLAB_BYTES, "bytes"),
+        ]
+        .map(|(name, unit)| builder.value_type(name, unit));
+        builder.profile.sample_type = types.to_vec();
+        builder.profile.default_sample_type = types[1].r#type;
+        builder.profile.period_type = Some(builder.value_type("space", "bytes"));
+        builder.profile.period = i64::try_from(interval_bytes).unwrap_or(i64::MAX);
+        builder
+    }
+
     fn empty(period_ns: i64, start: SystemTime, duration: Duration) -> Self {
         let mut builder = Self {
             profile: proto::Profile::default(),

@@ -5,6 +5,12 @@ mod builder;
 
 pub use builder::{Label, LocationKey, ProfileBuilder};
 
+/// The sample types of allocation profiles, as Pyroscope names them for JFR's allocation events.
+pub const ALLOC_IN_NEW_TLAB_OBJECTS: &str = "alloc_in_new_tlab_objects";
+pub const ALLOC_IN_NEW_TLAB_BYTES: &str = "alloc_in_new_tlab_bytes";
+pub const ALLOC_OUTSIDE_TLAB_OBJECTS: &str = "alloc_outside_tlab_objects";
+pub const ALLOC_OUTSIDE_TLAB_BYTES: &str = "alloc_outside_tlab_bytes";
+
 /// The protobuf types, generated at build time from `proto/pprof/profile.proto`.
 pub mod proto {
     #![allow(clippy::all)]

@@ -153,12 +153,18 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
         let missed = match frame.kind() {
             Some(FrameKind::Interpreted) => jvm.memory.method(frame.addr, frame.cookie).err(),
             Some(FrameKind::Compiled) => jvm.memory.code(frame.addr, frame.cookie).err(),
+            Some(FrameKind::AllocatedClass) => {
+                jvm.memory.class_name(frame.addr, frame.cookie).err()
+            }
             Some(FrameKind::Native) | None => None,
         };
         !matches!(
             missed,
             Some(
-                UnnamedReason::Unreadable | UnnamedReason::MethodReused | UnnamedReason::CodeReused
+                UnnamedReason::Unreadable
+                    | UnnamedReason::MethodReused
+                    | UnnamedReason::CodeReused
+                    | UnnamedReason::ClassReused
             )
         )
     }
@@ -179,6 +185,10 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
                 policy::interpreted(method.as_deref().map_err(|r| *r), bci, annotate)
             }
             Some(FrameKind::Compiled) => jvm.compiled(frame, top, annotate),
+            Some(FrameKind::AllocatedClass) => {
+                let name = jvm.memory.class_name(frame.addr, frame.cookie);
+                policy::allocated_class(name.as_deref().map_err(|r| *r))
+            }
             Some(FrameKind::Native) | None => {
                 Named::unknown(Unnamed::Frame, UnnamedReason::BadFrameKind)
             }

@@ -183,13 +183,15 @@ pub fn user_frame_key(index: usize, frame: &UserFrame) -> UserFrameKey {
         Some(FrameKind::Native) => UserFrameKey::Native(lookup_address(index, frame.addr)),
         // A kind BPF never writes goes to the Java symbolizer too, which shows it as the
         // `bad_frame_kind` marker.
-        Some(FrameKind::Interpreted | FrameKind::Compiled) | None => UserFrameKey::Java {
-            kind: frame.kind,
-            addr: frame.addr,
-            aux: frame.aux,
-            cookie: frame.cookie,
-            top: index == 0,
-        },
+        Some(FrameKind::Interpreted | FrameKind::Compiled | FrameKind::AllocatedClass) | None => {
+            UserFrameKey::Java {
+                kind: frame.kind,
+                addr: frame.addr,
+                aux: frame.aux,
+                cookie: frame.cookie,
+                top: index == 0,
+            }
+        }
     }
 }
 

