@@ -13,7 +13,9 @@
 //! plausible size inside an executable segment of the file. An offset a hostile file claims can
 //! only put a breakpoint in that file's own code, which only its own users run.
 
+use std::collections::HashMap;
 use std::fs::File;
+use std::sync::mpsc::SyncSender;
 
 use object::elf::{FileHeader64, Sym64, PF_X, PT_LOAD, SHT_SYMTAB, STT_FUNC};
 use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _, Sym as _};
@@ -21,6 +23,10 @@ use object::read::{ReadCache, StringTable};
 use object::{LittleEndian, ReadRef};
 
 use crate::untrusted::BoundedReads;
+
+/// Most libjvm files hooked (one per JDK build on the node): a user who makes many files
+/// that look like libjvm cannot make the daemon set breakpoints without end.
+const MAX_HOOKED_FILES: usize = 64;
 
 /// Most bytes read from one libjvm file: its headers and symbol sections (Debian's JDK 17:
 /// 1.4 MB of symbols and 2.7 MB of their names), with room for builds carrying more.
@@ -39,7 +45,7 @@ pub struct AllocHookOffsets {
     pub outside_tlab: u64,
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AllocHookError {
     #[error("not a 64-bit little-endian ELF file, or its headers are over the read bound: {0}")]
     Headers(String),
@@ -47,6 +53,87 @@ pub enum AllocHookError {
     NoSymbolTable,
     #[error("its .symtab lacks AllocTracer::{0} (or it is not a function in executable code)")]
     Missing(&'static str),
+}
+
+/// A libjvm file whose allocation events should be hooked, for the thread that owns the BPF
+/// programs (the sampler's): the file as a JVM maps it, opened, and the offsets in it.
+#[derive(Debug)]
+pub struct AllocHookRequest {
+    pub file: File,
+    pub offsets: AllocHookOffsets,
+    /// The JVM it was found for, for logs.
+    pub pid: u32,
+}
+
+/// The allocation hooks of the host's libjvm files, as the JVM tracker finds JVMs: each file is
+/// read once, and its hooks asked for once.
+pub struct AllocHooks {
+    requests: SyncSender<AllocHookRequest>,
+    /// Each libjvm file (device, inode) looked at, and whether its events were found.
+    files: HashMap<(u64, u64), Result<(), AllocHookError>>,
+    /// Ready JVMs whose allocations are profiled, and those whose are not.
+    pub jvms_hooked: u64,
+    pub jvms_not_hooked: u64,
+}
+
+impl AllocHooks {
+    pub fn new(requests: SyncSender<AllocHookRequest>) -> Self {
+        Self {
+            requests,
+            files: HashMap::new(),
+            jvms_hooked: 0,
+            jvms_not_hooked: 0,
+        }
+    }
+
+    /// Makes sure the libjvm of `pid`, a JVM that just became ready, has its hooks; logs for
+    /// each JVM whether its allocations are profiled.
+    pub fn on_ready(&mut self, pid: u32) {
+        let outcome = self.hook_libjvm_of(pid);
+        match outcome {
+            Ok(()) => {
+                self.jvms_hooked += 1;
+                tracing::info!(pid, "allocation profiling: events hooked");
+            }
+            Err(reason) => {
+                self.jvms_not_hooked += 1;
+                tracing::warn!(pid, %reason, "allocation profiling: no allocation profile for this JVM");
+            }
+        }
+    }
+
+    fn hook_libjvm_of(&mut self, pid: u32) -> Result<(), String> {
+        let mapping =
+            super::libjvm::LibJvmMapping::find_in(pid).ok_or("its libjvm mapping is gone")?;
+        let key = mapping
+            .file_identity()
+            .ok_or("its libjvm is not a file")?;
+        if let Some(found) = self.files.get(&key) {
+            return found.clone().map_err(|err| err.to_string());
+        }
+        if self.files.len() >= MAX_HOOKED_FILES {
+            return Err(format!(
+                "{MAX_HOOKED_FILES} libjvm files are hooked already (one per JDK build is usual)"
+            ));
+        }
+        let file = mapping
+            .open(pid)
+            .map_err(|refused| format!("cannot open its libjvm: {refused}"))?;
+        let for_reading = file
+            .try_clone()
+            .map_err(|err| format!("cannot open its libjvm: {err}"))?;
+        let found = find(for_reading);
+        self.files.insert(key, found.clone().map(|_| ()));
+        let offsets = found.map_err(|err| err.to_string())?;
+        // A full queue (never in practice: one request per file) leaves the file unhooked;
+        // forgotten, so that its next JVM asks again.
+        self.requests
+            .try_send(AllocHookRequest { file, offsets, pid })
+            .map_err(|_| {
+                self.files.remove(&key);
+                "the hook request queue is full".to_owned()
+            })
+    }
 }
 
 /// Finds the two functions in the libjvm `file`.

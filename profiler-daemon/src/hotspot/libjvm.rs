@@ -109,6 +109,27 @@ impl LibJvmMapping {
     }
 }
 
+impl LibJvmMapping {
+    /// The file's identity on the host (device, inode): one per libjvm file, whatever the
+    /// path or mount namespace a JVM reaches it by.
+    pub fn file_identity(&self) -> Option<(u64, u64)> {
+        match &self.region.backing {
+            Backing::File { dev, inode, .. } => Some((*dev, *inode)),
+            _ => None,
+        }
+    }
+
+    /// Opens the very file process `pid` maps (as untrusted input, see
+    /// [`crate::process::open_mapped_file`]).
+    pub fn open(&self, pid: u32) -> Result<File, crate::untrusted::Refused> {
+        crate::process::open_mapped_file(
+            pid,
+            crate::process::shares_our_root(pid),
+            &self.region,
+        )
+    }
+}
+
 /// What the libjvm file itself says: build-id, symbol values and where its first segment loads.
 #[derive(Clone, Debug)]
 pub struct ExportedSymbols {

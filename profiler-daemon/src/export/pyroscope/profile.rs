@@ -90,7 +90,7 @@ fn without_samples(profile: &proto::Profile) -> proto::Profile {
         keep_frames: *keep_frames,
         time_nanos: *time_nanos,
         duration_nanos: *duration_nanos,
-        period_type: period_type.clone(),
+        period_type: *period_type,
         period: *period,
         comment: comment.clone(),
         default_sample_type: *default_sample_type,
