@@ -16,14 +16,19 @@ pub struct BackgroundDaemon {
 }
 
 impl BackgroundDaemon {
-    /// Starts `profiler-daemon run ARGS`, logging to `log_dir/daemon.log`.
-    pub fn start(args: &[&str], log_dir: &Path) -> Result<Self> {
+    /// Starts `profiler-daemon run ARGS`, logging to `log_dir/daemon.log`. Tests start it with
+    /// [`DaemonRun`](crate::DaemonRun), which builds ARGS and calls this.
+    pub(crate) fn start(args: &[&str], log_dir: &Path) -> Result<Self> {
         Self::start_in(None, args, log_dir)
     }
 
     /// The same, the daemon a member of `cgroup` from its first instruction (a shell joins it,
     /// then execs the daemon), so that every byte it is charged is charged there.
-    pub fn start_in(cgroup: Option<&MemoryCgroup>, args: &[&str], log_dir: &Path) -> Result<Self> {
+    pub(crate) fn start_in(
+        cgroup: Option<&MemoryCgroup>,
+        args: &[&str],
+        log_dir: &Path,
+    ) -> Result<Self> {
         let log = log_dir.join("daemon.log");
         let file = std::fs::File::create(&log)?;
         let mut command = match cgroup {

@@ -6,7 +6,10 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
+use anyhow::Result;
+
 use crate::background::BackgroundDaemon;
+use crate::cgroup::MemoryCgroup;
 use crate::run_daemon;
 
 /// The arguments of one `profiler-daemon run`, built flag by flag.
@@ -76,6 +79,16 @@ impl DaemonRun {
         self.flag("--grpc-listen", "off")
     }
 
+    /// Serve the live profile stream at `address`, for subscribers.
+    pub fn stream(self, address: &str) -> Self {
+        self.flag("--grpc-listen", address)
+    }
+
+    /// Export every profile to the Pyroscope server at `url`.
+    pub fn pyroscope(self, url: &str) -> Self {
+        self.flag("--pyroscope", url)
+    }
+
     /// Any other argument.
     pub fn arg(mut self, arg: impl ToString) -> Self {
         self.args.push(arg.to_string());
@@ -84,7 +97,7 @@ impl DaemonRun {
 
     /// Runs the daemon until it exits (within `timeout`), asserting it exited successfully.
     pub fn run(self, timeout: Duration) -> Finished {
-        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        let args = self.arg_strs();
         let output = run_daemon(&args, timeout).expect("the daemon runs");
         let log = String::from_utf8_lossy(&output.stderr).into_owned();
         assert!(
@@ -97,7 +110,22 @@ impl DaemonRun {
 
     /// Starts the daemon in the background, logging to `log_dir/daemon.log`.
     pub fn start(self, log_dir: &Path) -> BackgroundDaemon {
-        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
-        BackgroundDaemon::start(&args, log_dir).expect("the daemon starts")
+        self.try_start(log_dir).expect("the daemon starts")
+    }
+
+    /// [`Self::start`], a failure returned: for a test that reports it beside other results.
+    pub fn try_start(self, log_dir: &Path) -> Result<BackgroundDaemon> {
+        BackgroundDaemon::start(&self.arg_strs(), log_dir)
+    }
+
+    /// [`Self::start`], the daemon in `cgroup` from its first instruction, so that all the
+    /// memory it uses is charged there.
+    pub fn start_in(self, cgroup: &MemoryCgroup, log_dir: &Path) -> BackgroundDaemon {
+        BackgroundDaemon::start_in(Some(cgroup), &self.arg_strs(), log_dir)
+            .expect("the daemon starts")
+    }
+
+    fn arg_strs(&self) -> Vec<&str> {
+        self.args.iter().map(String::as_str).collect()
     }
 }

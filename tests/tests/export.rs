@@ -11,7 +11,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use profiler_daemon::pprof::{decode, proto};
-use profiler_tests::background::BackgroundDaemon;
 use profiler_tests::receiver::{recorded_pushes, Receiver};
 use profiler_tests::*;
 
@@ -19,33 +18,17 @@ fn path_str(path: &Path) -> &str {
     path.to_str().expect("utf-8 path")
 }
 
-/// `run` arguments of the export tests: one 49 Hz, 1 s-interval profile of `pid` exported to
-/// `url`, written locally to `out`, no live stream; then `extra`.
-fn export_args<'a>(
-    config: &'a Path,
-    url: &'a str,
-    pid: &'a str,
-    out: &'a Path,
-    extra: &[&'a str],
-) -> Vec<&'a str> {
-    let mut args = vec![
-        "--config",
-        path_str(config),
-        "--pyroscope",
-        url,
-        "--pid",
-        pid,
-        "--frequency",
-        "49",
-        "--interval",
-        "1",
-        "--grpc-listen",
-        "off",
-        "--output",
-        path_str(out),
-    ];
-    args.extend_from_slice(extra);
-    args
+/// The run of the export tests: one 49 Hz, 1 s-interval profile of `pid` exported to `url`,
+/// written locally to `out`, no live stream.
+fn export_run(config: &Path, url: &str, pid: u32, out: &Path) -> DaemonRun {
+    DaemonRun::new()
+        .config(config)
+        .pyroscope(url)
+        .pid(pid)
+        .frequency(49)
+        .interval(1)
+        .no_stream()
+        .output(out)
 }
 
 /// The native workload (70% hot_a, 30% hot_b), running for `secs`.
@@ -317,21 +300,15 @@ fn a_thread_pool_is_one_root_when_asked_and_merged_by_default() {
         "flame_graphs = true\n[pyroscope]\nshutdown_grace_secs = 5\n",
     )
     .expect("config written");
-    let pid = pool.pid().to_string();
     for threads in ["merged", "pool"] {
         let record_dir = dir.path().join(format!("received-{threads}"));
         let receiver = Receiver::start(0, &record_dir, &[]).expect("receiver");
         let out = dir.path().join(threads);
-        let mut extra = vec!["--duration", "3"];
+        let mut daemon = export_run(&config, &receiver.url(), pool.pid(), &out).duration(3);
         if threads != "merged" {
-            extra.extend(["--threads", threads]);
+            daemon = daemon.arg("--threads").arg(threads);
         }
-        let output = run_daemon(
-            &export_args(&config, &receiver.url(), &pid, &out, &extra),
-            Duration::from_secs(60),
-        )
-        .expect("daemon runs");
-        assert!(output.status.success(), "{threads}: daemon failed");
+        daemon.run(Duration::from_secs(60));
         drop(receiver);
 
         let local = profiles_of(&out, pool.pid()).expect("local profiles");
@@ -400,12 +377,8 @@ fn an_outage_delays_profiles_without_losing_reordering_or_duplicating_them() {
     )
     .expect("config written");
     let out = dir.path().join("profiles");
-    let pid = workload.pid().to_string();
-    let daemon = BackgroundDaemon::start(
-        &export_args(&config, &receiver.url(), &pid, &out, &[]),
-        dir.path(),
-    )
-    .expect("daemon starts");
+    let pid = workload.pid();
+    let daemon = export_run(&config, &receiver.url(), pid, &out).start(dir.path());
     daemon
         .wait_for_log("interval written", Duration::from_secs(30))
         .expect("daemon profiles");
@@ -473,10 +446,8 @@ fn past_the_queue_bound_the_oldest_profiles_are_dropped_and_counted_exactly() {
     .expect("config written");
     let out = dir.path().join("profiles");
     let record_dir = dir.path().join("received");
-    let pid = workload.pid().to_string();
     let url = format!("http://127.0.0.1:{port}");
-    let daemon = BackgroundDaemon::start(&export_args(&config, &url, &pid, &out, &[]), dir.path())
-        .expect("daemon starts");
+    let daemon = export_run(&config, &url, workload.pid(), &out).start(dir.path());
     daemon
         .wait_for_log("interval written", Duration::from_secs(30))
         .expect("daemon profiles");
@@ -529,7 +500,6 @@ fn bad_endpoints_are_logged_and_counted_never_fatal() {
     let plaintext = Receiver::start(0, &dir.path().join("plaintext"), &[]).expect("receiver");
     let config = dir.path().join("config.toml");
     std::fs::write(&config, "[pyroscope]\nshutdown_grace_secs = 1\n").expect("config written");
-    let pid = workload.pid().to_string();
     let cases = [
         // Nothing listens on port 1.
         ("refused", "http://127.0.0.1:1".to_string(), "Unavailable"),
@@ -543,13 +513,11 @@ fn bad_endpoints_are_logged_and_counted_never_fatal() {
     ];
     for (case, url, expected) in cases {
         let out = dir.path().join(case.replace(' ', "-"));
-        let output = run_daemon(
-            &export_args(&config, &url, &pid, &out, &["--duration", "4"]),
-            Duration::from_secs(60),
-        )
-        .expect("daemon runs");
-        assert!(output.status.success(), "{case}: the daemon must not fail");
-        let log = String::from_utf8_lossy(&output.stderr);
+        // The daemon must not fail: `run` asserts it exited successfully.
+        let log = export_run(&config, &url, workload.pid(), &out)
+            .duration(4)
+            .run(Duration::from_secs(60))
+            .log;
         assert!(log.contains(expected), "{case}: log lacks {expected:?}");
         let totals = export_totals(&log);
         let written = profiles_of(&out, workload.pid()).expect("local").len() as u64;
@@ -574,26 +542,15 @@ fn stream_subscribers_get_exactly_the_profiles_they_filter_for() {
     let address = format!("127.0.0.1:{port}");
     let out = dir.path().join("profiles");
     let (first_pid, second_pid) = (first.pid().to_string(), second.pid().to_string());
-    let daemon = BackgroundDaemon::start(
-        &[
-            "--pid",
-            &first_pid,
-            "--pid",
-            &second_pid,
-            "--frequency",
-            "49",
-            "--interval",
-            "1",
-            "--duration",
-            "8",
-            "--grpc-listen",
-            &address,
-            "--output",
-            path_str(&out),
-        ],
-        dir.path(),
-    )
-    .expect("daemon starts");
+    let daemon = DaemonRun::new()
+        .pid(first.pid())
+        .pid(second.pid())
+        .frequency(49)
+        .interval(1)
+        .duration(8)
+        .stream(&address)
+        .output(&out)
+        .start(dir.path());
     daemon
         .wait_for_log("serving the live profile stream", Duration::from_secs(30))
         .expect("stream served");
@@ -737,7 +694,6 @@ fn tls_to_a_server_of_a_private_ca_needs_its_ca_file() {
     )
     .expect("TLS receiver");
     let url = format!("https://localhost:{}", receiver.port);
-    let pid = workload.pid().to_string();
     for (case, config_text) in [
         (
             "untrusted",
@@ -751,13 +707,10 @@ fn tls_to_a_server_of_a_private_ca_needs_its_ca_file() {
         let config = dir.path().join(format!("{case}.toml"));
         std::fs::write(&config, config_text).expect("config written");
         let out = dir.path().join(case);
-        let output = run_daemon(
-            &export_args(&config, &url, &pid, &out, &["--duration", "3"]),
-            Duration::from_secs(60),
-        )
-        .expect("daemon runs");
-        assert!(output.status.success(), "{case}");
-        let log = String::from_utf8_lossy(&output.stderr);
+        let log = export_run(&config, &url, workload.pid(), &out)
+            .duration(3)
+            .run(Duration::from_secs(60))
+            .log;
         let totals = export_totals(&log);
         let written = profiles_of(&out, workload.pid()).expect("local").len() as u64;
         if case == "trusted" {

@@ -10,7 +10,6 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use profiler_tests::background::BackgroundDaemon;
 use profiler_tests::cgroup::MemoryCgroup;
 use profiler_tests::*;
 
@@ -77,23 +76,13 @@ fn a_tight_cache_budget_bounds_memory_on_a_whole_host_run() {
     let metrics = free_local_address().expect("a free port");
     let cgroup = MemoryCgroup::create("profiler-footprint", CGROUP_LIMIT_MIB << 20)
         .expect("a memory cgroup (cgroup v2 or v1's memory controller)");
-    let daemon = BackgroundDaemon::start_in(
-        Some(&cgroup),
-        &[
-            "--config",
-            config.to_str().expect("utf-8"),
-            "--frequency",
-            "99",
-            "--interval",
-            "2",
-            "--output",
-            out.to_str().expect("utf-8"),
-            "--metrics-listen",
-            &metrics.to_string(),
-        ],
-        dir.path(),
-    )
-    .expect("daemon starts");
+    let daemon = DaemonRun::new()
+        .config(&config)
+        .frequency(99)
+        .interval(2)
+        .output(&out)
+        .metrics(metrics)
+        .start_in(&cgroup, dir.path());
     std::thread::sleep(Duration::from_secs(2));
     let mut pids = Vec::new();
     let started = std::time::Instant::now();

@@ -221,18 +221,11 @@ fn a_library_copy_with_a_renamed_symbol_never_names_another_users_frames() {
 
     let out = dir.path().join("profiles");
     std::fs::create_dir(&out).expect("mkdir");
-    let daemon = background::BackgroundDaemon::start(
-        &[
-            "--frequency",
-            "49",
-            "--interval",
-            "1",
-            "--output",
-            out.to_str().expect("utf-8"),
-        ],
-        dir.path(),
-    )
-    .expect("the daemon starts");
+    let daemon = DaemonRun::new()
+        .frequency(49)
+        .interval(1)
+        .output(&out)
+        .start(dir.path());
     daemon
         .wait_for_log("sampling", Duration::from_secs(60))
         .expect("the daemon samples");

@@ -9,7 +9,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use profiler_daemon::pprof::{decode, proto};
-use profiler_tests::background::BackgroundDaemon;
 use profiler_tests::receiver::{recorded_pushes, Receiver};
 use profiler_tests::*;
 
@@ -89,28 +88,16 @@ fn names_with_terminal_escapes_are_shown_replaced_in_every_output() {
         free_local_address().expect("free port").port()
     );
     let out = dir.path().join("profiles");
-    let daemon = BackgroundDaemon::start(
-        &[
-            "--config",
-            config.to_str().expect("utf-8"),
-            "--pid",
-            &pid,
-            "--frequency",
-            "99",
-            "--interval",
-            "1",
-            "--duration",
-            "4",
-            "--pyroscope",
-            &receiver.url(),
-            "--grpc-listen",
-            &address,
-            "--output",
-            out.to_str().expect("utf-8"),
-        ],
-        dir.path(),
-    )
-    .expect("daemon starts");
+    let daemon = DaemonRun::new()
+        .config(&config)
+        .pid(workload.pid())
+        .frequency(99)
+        .interval(1)
+        .duration(4)
+        .pyroscope(&receiver.url())
+        .stream(&address)
+        .output(&out)
+        .start(dir.path());
     daemon
         .wait_for_log("serving the live profile stream", Duration::from_secs(30))
         .expect("stream served");

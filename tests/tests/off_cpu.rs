@@ -16,7 +16,6 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use profiler_daemon::pprof::proto;
-use profiler_tests::background::BackgroundDaemon;
 use profiler_tests::receiver::{recorded_pushes, Receiver};
 use profiler_tests::*;
 
@@ -230,23 +229,14 @@ fn off_cpu_time_lands_on_the_waiting_method() {
     let out = dir.path().join("profiles");
     let receiver = Receiver::start(0, &dir.path().join("received"), &[]).expect("receiver");
     let metrics = free_local_address().expect("port");
-    let daemon = BackgroundDaemon::start(
-        &[
-            "--off-cpu",
-            "--frequency",
-            "99",
-            "--interval",
-            "5",
-            "--output",
-            out.to_str().expect("utf-8"),
-            "--pyroscope",
-            &receiver.url(),
-            "--metrics-listen",
-            &metrics.to_string(),
-        ],
-        dir.path(),
-    )
-    .expect("daemon starts");
+    let daemon = DaemonRun::new()
+        .arg("--off-cpu")
+        .frequency(99)
+        .interval(5)
+        .output(&out)
+        .pyroscope(&receiver.url())
+        .metrics(metrics)
+        .start(dir.path());
     daemon
         .wait_for_log("off-CPU interval sampled", Duration::from_secs(60))
         .expect("the daemon samples off-CPU time");

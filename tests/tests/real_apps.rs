@@ -37,7 +37,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use profiler_tests::background::BackgroundDaemon;
 use profiler_tests::*;
 
 /// JFR's recording starts this long after the JVM (its `delay`), once start-up and JIT warm-up
@@ -48,7 +47,7 @@ const WARM_UP_SECS: u64 = 8;
 /// with the same verdicts): enough for the shares asserted, and CI time for more JDKs.
 const WINDOW_SECS: u64 = 20;
 const INTERVAL_SECS: u64 = 5;
-const FREQUENCY_HZ: &str = "99";
+const FREQUENCY_HZ: u32 = 99;
 /// Below this many samples of the JVM from either profiler, the harness failed.
 const MIN_SAMPLES: i64 = 500;
 
@@ -397,21 +396,13 @@ fn measure(app: &App, jdk: &Jdk, dir: &Path, helper: &Path) -> anyhow::Result<Me
     });
 
     let metrics = free_local_address()?;
-    let daemon = BackgroundDaemon::start(
-        &[
-            "--pid",
-            &pid.to_string(),
-            "--frequency",
-            FREQUENCY_HZ,
-            "--interval",
-            &INTERVAL_SECS.to_string(),
-            "--output",
-            out.to_str().context("utf-8 path")?,
-            "--metrics-listen",
-            &metrics.to_string(),
-        ],
-        &logs,
-    )?;
+    let daemon = DaemonRun::new()
+        .pid(pid)
+        .frequency(FREQUENCY_HZ)
+        .interval(INTERVAL_SECS)
+        .output(&out)
+        .metrics(metrics)
+        .try_start(&logs)?;
     if app.prints_ready {
         ready_rx
             .recv_timeout(Duration::from_secs(60))

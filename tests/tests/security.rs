@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use profiler_tests::background::BackgroundDaemon;
 use profiler_tests::hostile::{unprivileged_user, with_debug_links_to, User};
 use profiler_tests::*;
 
@@ -239,25 +238,13 @@ fn hostile_records_files_never_stall_profiling() {
     }
 
     let metrics = free_local_address().expect("a free port");
-    let mut args: Vec<String> = [
-        "--frequency",
-        "49",
-        "--interval",
-        "1",
-        "--output",
-        out.to_str().expect("utf-8"),
-        "--metrics-listen",
-        &metrics.to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    for jvm in &jvms {
-        args.push("--pid".into());
-        args.push(jvm.pid().to_string());
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let daemon = BackgroundDaemon::start(&args, dir.path()).expect("daemon starts");
+    let daemon = DaemonRun::new()
+        .frequency(49)
+        .interval(1)
+        .output(&out)
+        .metrics(metrics)
+        .pids(jvms.iter().map(|jvm| jvm.pid()))
+        .start(dir.path());
     let run = Duration::from_secs(10);
     std::thread::sleep(run);
     let page = scrape_metrics(metrics).expect("metrics");

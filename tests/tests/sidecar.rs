@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use profiler_jvmti_records::channel::{Reader, Update};
 use profiler_jvmti_records::record::{AgentStats, CompiledMethod, Record};
-use profiler_tests::background::BackgroundDaemon;
 use profiler_tests::*;
 
 /// Starts `command` (a JVM running Workloads), waits for "ready" and keeps draining its stdout
@@ -677,21 +676,13 @@ fn class_churn_with_the_agent_loaded_for_minutes_keeps_jvms_alive_and_agent_memo
 
     let metrics = free_local_address().expect("a free port");
     let output = dir.path().join("profiles");
-    let mut args = vec![
-        "--frequency".to_owned(),
-        "49".to_owned(),
-        "--interval".to_owned(),
-        "10".to_owned(),
-        "--metrics-listen".to_owned(),
-        metrics.to_string(),
-        "--output".to_owned(),
-        output.display().to_string(),
-    ];
-    for one in &churning {
-        args.extend(["--pid".to_owned(), one.jvm.pid().to_string()]);
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let daemon = BackgroundDaemon::start(&args, dir.path()).expect("daemon starts");
+    let daemon = DaemonRun::new()
+        .frequency(49)
+        .interval(10)
+        .metrics(metrics)
+        .output(&output)
+        .pids(churning.iter().map(|one| one.jvm.pid()))
+        .start(dir.path());
 
     let started = Instant::now();
     while started.elapsed() < soak {
