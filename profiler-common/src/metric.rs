@@ -56,6 +56,15 @@ pub const OFF_CPU_WAITS: &str = "profiler_off_cpu_waits_total";
 pub const OFF_CPU_WAITS_NOT_PROFILED: &str = "profiler_off_cpu_waits_not_profiled_total";
 pub const OFF_CPU_OPEN_WAITS: &str = "profiler_off_cpu_open_waits";
 pub const OFF_CPU_THREADS: &str = "profiler_off_cpu_threads";
+pub const ALLOC_EVENTS: &str = "profiler_alloc_events_total";
+pub const ALLOC_SAMPLED: &str = "profiler_alloc_sampled_total";
+/// Labelled `reason`: [`crate::Counter::AllocRingFull`], `AllocNested` by their names.
+pub const ALLOC_NOT_PROFILED: &str = "profiler_alloc_not_profiled_total";
+pub const ALLOC_WALKS_FROM_HOOK: &str = "profiler_alloc_walks_from_hook_total";
+/// Labelled `hooked`: `true` or `false`.
+pub const ALLOC_JVMS: &str = "profiler_alloc_jvms_total";
+/// Libjvm files whose hooks could not be attached.
+pub const ALLOC_HOOK_ATTACH_FAILURES: &str = "profiler_alloc_hook_attach_failures_total";
 pub const CPUS: &str = "profiler_cpus";
 pub const FREQUENCY_HERTZ: &str = "profiler_frequency_hertz";
 pub const EXPORT_PROFILES: &str = "profiler_export_profiles_total";

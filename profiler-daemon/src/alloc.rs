@@ -157,9 +157,9 @@ mod tests {
             resolved(None, Some(true), Some(1 << 20)),
             Some(Some(config(1 << 20)))
         );
-        let off = AllocConfig::resolve(None, Some(false), Some(1 << 20)).unwrap_err();
+        let off = AllocConfig::resolve(None, Some(false), Some(1 << 20)).expect_err("off");
         assert!(off.to_string().contains("alloc_interval_bytes"), "{off}");
-        let tiny = AllocConfig::resolve(Some(Some(100)), None, None).unwrap_err();
+        let tiny = AllocConfig::resolve(Some(Some(100)), None, None).expect_err("too small");
         assert!(tiny.to_string().contains("alloc_interval_bytes"), "{tiny}");
         assert_eq!(parse_bytes("512k"), Ok(512 << 10));
         assert_eq!(parse_bytes("65536"), Ok(65536));

@@ -19,13 +19,14 @@ use profiler_common::Counter;
 use crate::config::Config;
 use crate::export::pyroscope::{ExporterError, PyroscopeSink};
 use crate::export::stream::StreamSink;
+use crate::hotspot::alloc_hooks::AllocHooks;
 use crate::hotspot::jvm_directory::JvmDirectory;
 use crate::hotspot::thread_directory::ThreadDirectory;
 use crate::metrics::Metrics;
 use crate::native_unwind;
 use crate::output::LocalFiles;
 use crate::privileges::{self, MissingPrivileges};
-use crate::sampler::{KernelCounters, OffCpuSampling, Sampler, SamplerError};
+use crate::sampler::{AllocSampling, KernelCounters, OffCpuSampling, Sampler, SamplerError};
 use crate::sidecar::{Attacher, AttachesStarted};
 use crate::sink::{Sink, SinkTasks};
 use crate::worker::Worker;
@@ -34,6 +35,8 @@ use threads::{spawn_jvm_tracker, spawn_unwind_tables};
 
 /// Work items queued for the worker before the loop starts dropping them.
 const WORK_QUEUE: usize = 4096;
+/// Libjvm files waiting for their allocation hooks (one request per file, so a few at most).
+const ALLOC_HOOK_QUEUE: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -103,7 +106,19 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         config.off_cpu.map(|off_cpu| OffCpuSampling {
             period_ns: off_cpu.period.as_nanos() as u64,
         }),
+        config.alloc.map(|alloc| AllocSampling {
+            interval_bytes: alloc.interval_bytes,
+        }),
     )?;
+    // The tracker finds each libjvm's allocation events; the loop, which owns the programs,
+    // attaches them.
+    let (alloc_hooks, alloc_hook_requests) = match config.alloc {
+        Some(alloc) => {
+            let (requests, received) = sync_channel(ALLOC_HOOK_QUEUE);
+            (Some(AllocHooks::new(requests)), Some((alloc, received)))
+        }
+        None => (None, None),
+    };
     let java_threads = ThreadDirectory::default();
     // Each JVM inspected once, for the tracker and the symbolizer both.
     let jvms = JvmDirectory::default();
@@ -116,6 +131,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         config.pids.clone(),
         (java_threads.clone(), jvms.clone()),
         Attacher::new(config.attach.clone(), attaches.clone()),
+        alloc_hooks,
     )?;
     tracing::info!(
         frequency_hz = config.frequency_hz,
@@ -148,6 +164,11 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     let worker_counters = metrics.worker.clone();
     let naming = config.naming.clone();
     let extra_labels = config.labels.clone();
+    let alloc_interval = config
+        .alloc
+        .map_or(profiler_common::ALLOC_INTERVAL_BYTES, |alloc| {
+            alloc.interval_bytes
+        });
     // The unwind tables take their share of the one budget; the symbolization caches the rest.
     let cache_budget = config.cache_budget_bytes - table_budget;
     // Built on its own thread: blazesym's symbolizer is not Send.
@@ -165,6 +186,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
                 .with_jvms(jvms)
                 .with_pods_if(pods)
                 .with_extra_labels(extra_labels)
+                .with_alloc_interval(alloc_interval)
                 .run(work_rx)
         })
         .map_err(|err| DaemonError::Worker(err.to_string()))?;
@@ -179,6 +201,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         tracker,
         config.max_stacks_per_interval,
         config.off_cpu,
+        alloc_hook_requests,
     )
     .run(until, &metrics, frequency_hz)
     .await?;

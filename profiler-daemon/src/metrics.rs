@@ -68,6 +68,8 @@ pub struct Snapshot {
     pub frequency_hz: u64,
     /// Off-CPU profiling, when on.
     pub off_cpu: Option<OffCpuSnapshot>,
+    /// Allocation profiling, when on: libjvm files whose hooks could not be attached.
+    pub alloc_hook_attach_failures: Option<u64>,
 }
 
 /// What off-CPU profiling counted.
@@ -114,6 +116,11 @@ impl Metrics {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct Reason {
     reason: &'static str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct Hooked {
+    hooked: &'static str,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -218,6 +225,48 @@ impl Collector for DaemonCollector {
         encode_export(&mut out, &metrics.export)?;
         encode_endpoint(&mut out, &metrics.closed_connections)
     }
+}
+
+fn encode_alloc(out: &mut Families, s: &Snapshot, attach_failures: u64) -> fmt::Result {
+    let k = |c: Counter| s.kernel.get(c);
+    out.counter(
+        metric::ALLOC_EVENTS,
+        "Allocation events (TLAB refills, allocations outside TLABs) of profiled JVMs.",
+        k(Counter::AllocEvents),
+    )?;
+    out.counter(
+        metric::ALLOC_SAMPLED,
+        "Allocation events sampled and sent (the others are accounted for by the weights).",
+        k(Counter::AllocSampled),
+    )?;
+    out.counters(
+        metric::ALLOC_NOT_PROFILED,
+        "Sampled allocation events lost, by reason (alloc_nested: another hook was under way \
+         on the CPU).",
+        reasons([
+            (Counter::AllocRingFull.name(), k(Counter::AllocRingFull)),
+            (Counter::AllocNested.name(), k(Counter::AllocNested)),
+        ]),
+    )?;
+    out.counter(
+        metric::ALLOC_WALKS_FROM_HOOK,
+        "Sampled allocations walked from the hook's caller: the thread's last Java frame was \
+         not usable.",
+        k(Counter::AllocWalkFromHook),
+    )?;
+    out.counters(
+        metric::ALLOC_JVMS,
+        "JVMs that became ready, by whether their allocation events were hooked.",
+        [
+            (Hooked { hooked: "true" }, s.jvms.jvms_alloc_hooked),
+            (Hooked { hooked: "false" }, s.jvms.jvms_alloc_not_hooked),
+        ],
+    )?;
+    out.counter(
+        metric::ALLOC_HOOK_ATTACH_FAILURES,
+        "Libjvm files whose allocation hooks could not be attached (see the log).",
+        attach_failures,
+    )
 }
 
 fn encode_off_cpu(out: &mut Families, s: &Snapshot, off_cpu: &OffCpuSnapshot) -> fmt::Result {
@@ -464,6 +513,9 @@ fn encode_sampling(
     )?;
     if let Some(off_cpu) = &s.off_cpu {
         encode_off_cpu(out, s, off_cpu)?;
+    }
+    if let Some(attach_failures) = s.alloc_hook_attach_failures {
+        encode_alloc(out, s, attach_failures)?;
     }
     out.gauge(metric::CPUS, "CPUs sampled.", s.cpus as u64)?;
     out.gauge(

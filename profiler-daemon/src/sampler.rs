@@ -3,10 +3,12 @@
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::programs::{BtfTracePoint, PerfEvent, RawTracePoint};
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeScope};
+use aya::programs::{BtfTracePoint, PerfEvent, RawTracePoint, UProbe};
 use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::Counter;
 
+use crate::hotspot::alloc_hooks::AllocHookRequest;
 use crate::hotspot::tracker::BpfMaps;
 use crate::native_unwind::loader::BpfTableMaps;
 
@@ -26,6 +28,9 @@ const OFF_CPU_PROGRAMS: [(&str, &str); 2] = [
     ("off_cpu_wakeup", "sched_wakeup"),
 ];
 
+/// The allocation programs (`profiler-ebpf/src/alloc.rs`), each for one of HotSpot's events.
+const ALLOC_PROGRAMS: [&str; 2] = ["alloc_in_new_tlab", "alloc_outside_tlab"];
+
 /// The smallest ring the kernel takes (a page): what the off-CPU ring is sized to when off-CPU
 /// profiling is off, so it costs nothing.
 const UNUSED_RING_BYTES: u32 = 4096;
@@ -36,6 +41,13 @@ pub struct OffCpuSampling {
     /// A thread's switches are sampled about once per this much of its time (see
     /// `profiler-ebpf/src/off_cpu.rs`).
     pub period_ns: u64,
+}
+
+/// Allocation profiling, when on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocSampling {
+    /// About one sample per this many bytes allocated (see `profiler-ebpf/src/alloc.rs`).
+    pub interval_bytes: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -124,6 +136,7 @@ impl Sampler {
         max_jvms: u32,
         cfi_blocks: u32,
         off_cpu: Option<OffCpuSampling>,
+        alloc: Option<AllocSampling>,
     ) -> Result<Self, SamplerError> {
         let filter: u8 = u8::from(!pids.is_empty());
         let cpus = aya::util::online_cpus()
@@ -131,6 +144,9 @@ impl Sampler {
         let ring_bytes = profiler_common::sample_ring_bytes(cpus.len() as u32, frequency_hz);
         let ring_wakeup_bytes = u64::from(ring_bytes / 4);
         let off_cpu_period_ns = off_cpu.map_or(1, |o| o.period_ns.max(1));
+        let alloc_interval = alloc.map_or(profiler_common::ALLOC_INTERVAL_BYTES, |a| {
+            a.interval_bytes.max(1)
+        });
         let off_cpu_ring_bytes = match off_cpu {
             Some(_) => profiler_common::OFF_CPU_RING_BYTES,
             None => UNUSED_RING_BYTES,
@@ -142,6 +158,7 @@ impl Sampler {
             .override_global("FILTER_PIDS", &filter, true)
             .override_global("RING_WAKEUP_BYTES", &ring_wakeup_bytes, true)
             .override_global("OFF_CPU_PERIOD_NS", &off_cpu_period_ns, true)
+            .override_global("ALLOC_INTERVAL", &alloc_interval, true)
             .map_max_entries("OFF_CPU_EVENTS", off_cpu_ring_bytes)
             .map_max_entries("HOTSPOT_PROCS", max_jvms)
             .map_max_entries("SAMPLES", ring_bytes)
@@ -238,6 +255,15 @@ impl Sampler {
             None => None,
         };
 
+        // Loaded now, attached to each libjvm file as JVMs are found (`attach_alloc_hooks`).
+        if alloc.is_some() {
+            for name in ALLOC_PROGRAMS {
+                uprobe(&mut ebpf, name)?
+                    .load()
+                    .map_err(|source| SamplerError::Program { name, source })?;
+            }
+        }
+
         let ring = ebpf
             .take_map("SAMPLES")
             .ok_or(SamplerError::MissingMap("SAMPLES"))?;
@@ -259,6 +285,29 @@ impl Sampler {
             counters,
             cpus: cpus.len(),
         })
+    }
+
+    /// Attaches the allocation programs to the events of one libjvm file, for every process
+    /// that maps it (the programs keep only profiled JVMs' events). The links live as long as
+    /// the sampler.
+    pub fn attach_alloc_hooks(&mut self, request: &AllocHookRequest) -> Result<(), SamplerError> {
+        use std::os::fd::AsRawFd as _;
+        // The file as the JVM maps it, reached through our descriptor whatever its path or
+        // mount namespace.
+        let path = format!("/proc/self/fd/{}", request.file.as_raw_fd());
+        for (name, offset) in ALLOC_PROGRAMS
+            .into_iter()
+            .zip([request.offsets.in_new_tlab, request.offsets.outside_tlab])
+        {
+            uprobe(&mut self.ebpf, name)?
+                .attach(
+                    UProbeAttachLocation::AbsoluteOffset(offset),
+                    &path,
+                    UProbeScope::AllProcesses,
+                )
+                .map_err(|source| SamplerError::Program { name, source })?;
+        }
+        Ok(())
     }
 
     /// The maps of per-JVM layouts and Java threads, for the JVM tracker (can be taken once).
@@ -366,4 +415,12 @@ impl Sampler {
         }
         totals
     }
+}
+
+/// The uprobe program `name` of the object.
+fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut UProbe, SamplerError> {
+    ebpf.program_mut(name)
+        .ok_or(SamplerError::MissingProgram(name))?
+        .try_into()
+        .map_err(|source| SamplerError::Program { name, source })
 }

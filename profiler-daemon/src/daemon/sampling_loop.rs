@@ -1,13 +1,15 @@
-//! The sampling loop: drains the BPF ring buffers into the interval's aggregates, hands new
-//! stacks' Java frames and each finished interval to the worker, and tells the JVM tracker and
-//! the unwind tables' loader which processes it saw. It never blocks on the worker: if its queue
-//! is full, work is dropped and counted.
+//! The sampling loop: drains the BPF ring buffers into the interval's aggregates (CPU samples
+//! and allocation samples share a ring; each kind has its aggregate), hands new stacks' Java
+//! frames and each finished interval to the worker, and tells the JVM tracker and the unwind
+//! tables' loader which processes it saw. It never blocks on the worker: if its queue is full,
+//! work is dropped and counted. It also owns the BPF programs, so it attaches the allocation
+//! hooks the tracker finds.
 
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::time::Duration;
 
-use profiler_common::{Counter, OffCpuEnd, UnwindEnd};
+use profiler_common::{Counter, OffCpuEnd, SampleKind, UnwindEnd};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::signal::unix::{signal, SignalKind};
@@ -15,6 +17,8 @@ use tokio::signal::unix::{signal, SignalKind};
 use super::threads::TrackerThread;
 use super::DaemonError;
 use crate::aggregate::{Added, Aggregator};
+use crate::alloc::AllocConfig;
+use crate::hotspot::alloc_hooks::AllocHookRequest;
 use crate::hotspot::tracker::TrackerCounts;
 use crate::metrics::{Metrics, OffCpuSnapshot, Snapshot};
 use crate::off_cpu::{OffCpuConfig, OffCpuJoiner, OffCpuStats};
@@ -82,6 +86,7 @@ pub(super) struct SamplingLoop {
     sampler: Sampler,
     aggregator: Aggregator,
     off_cpu: Option<OffCpu>,
+    alloc: Option<Alloc>,
     work: SyncSender<Work>,
     unwind_tables: SyncSender<Vec<u32>>,
     tracker: TrackerThread,
@@ -106,6 +111,7 @@ impl SamplingLoop {
         tracker: TrackerThread,
         max_stacks_per_interval: usize,
         off_cpu: Option<OffCpuConfig>,
+        alloc: Option<(AllocConfig, Receiver<AllocHookRequest>)>,
     ) -> Self {
         let stats = LoopStats {
             off_cpu_on: sampler.off_cpu(),
@@ -116,6 +122,12 @@ impl SamplingLoop {
             off_cpu: off_cpu.map(|off_cpu| OffCpu {
                 joiner: OffCpuJoiner::new(off_cpu.min_wait.as_nanos() as u64),
                 aggregator: Aggregator::of_kind(ProfileKind::OffCpu, max_stacks_per_interval),
+            }),
+            alloc: alloc.map(|(config, hook_requests)| Alloc {
+                config,
+                aggregator: Aggregator::of_kind(ProfileKind::Alloc, max_stacks_per_interval),
+                hook_requests,
+                attach_failures: 0,
             }),
             last_counters: sampler.counters(),
             sampler,
@@ -219,9 +231,12 @@ impl SamplingLoop {
     /// Takes every record in the rings; true if new stacks with Java frames were found (their
     /// JVMs are told to the tracker, which decides the sidecar agent's attach).
     fn drain(&mut self) -> bool {
+        if let Some(alloc) = &mut self.alloc {
+            alloc.attach_requested_hooks(&mut self.sampler);
+        }
         let java_pids = drain_ring(
             &mut self.sampler,
-            &mut self.aggregator,
+            (&mut self.aggregator, self.alloc.as_mut()),
             self.off_cpu.as_mut(),
             &self.work,
             &self.unwind_tables,
@@ -238,7 +253,7 @@ impl SamplingLoop {
     fn end_interval(&mut self) {
         let counters = self.sampler.counters();
         end_interval(
-            &mut self.aggregator,
+            (&mut self.aggregator, self.alloc.as_mut()),
             self.off_cpu.as_mut(),
             &self.work,
             &mut self.stats,
@@ -255,8 +270,8 @@ impl SamplingLoop {
             self.sampler.counters(),
             self.tracker.counts(),
             self.intervals,
-            cpus,
-            frequency_hz,
+            (cpus, frequency_hz),
+            self.alloc.as_ref().map(|alloc| alloc.attach_failures),
         )
     }
 }
@@ -305,9 +320,41 @@ struct OffCpu {
     aggregator: Aggregator,
 }
 
+/// Allocation profiling's state in the sampling loop: the interval's folded allocations, what
+/// weighs them, and the libjvm files whose hooks the tracker found.
+struct Alloc {
+    config: AllocConfig,
+    aggregator: Aggregator,
+    hook_requests: Receiver<AllocHookRequest>,
+    attach_failures: u64,
+}
+
+impl Alloc {
+    /// Attaches the hooks the tracker found since the last drain (once per libjvm file).
+    fn attach_requested_hooks(&mut self, sampler: &mut Sampler) {
+        while let Ok(request) = self.hook_requests.try_recv() {
+            match sampler.attach_alloc_hooks(&request) {
+                Ok(()) => tracing::info!(
+                    pid = request.pid,
+                    "allocation profiling: hooks attached to this JVM's libjvm"
+                ),
+                Err(err) => {
+                    self.attach_failures += 1;
+                    tracing::warn!(
+                        pid = request.pid,
+                        %err,
+                        "allocation profiling: cannot attach to this JVM's libjvm; its \
+                         allocations (and those of every JVM of the same JDK) are not profiled"
+                    );
+                }
+            }
+        }
+    }
+}
+
 fn drain_ring(
     sampler: &mut Sampler,
-    aggregator: &mut Aggregator,
+    (aggregator, mut alloc): (&mut Aggregator, Option<&mut Alloc>),
     off_cpu: Option<&mut OffCpu>,
     work: &SyncSender<Work>,
     unwind_tables: &SyncSender<Vec<u32>>,
@@ -319,11 +366,23 @@ fn drain_ring(
         let Some(view) = parse_record(bytes, stats) else {
             return;
         };
-        if let Some(end) = view.user_end() {
-            stats.unwind_ends[end as usize] += 1;
-            stats.unwind_ends_total[end as usize] += 1;
-        }
-        let added = aggregator.add(&view);
+        let added = match (SampleKind::from_u8(view.header.kind), alloc.as_deref_mut()) {
+            (Some(SampleKind::Cpu), _) => {
+                if let Some(end) = view.user_end() {
+                    stats.unwind_ends[end as usize] += 1;
+                    stats.unwind_ends_total[end as usize] += 1;
+                }
+                aggregator.add(&view)
+            }
+            (Some(SampleKind::AllocInNewTlab | SampleKind::AllocOutsideTlab), Some(alloc)) => {
+                let totals = alloc.config.weigh(view.header.weight);
+                alloc.aggregator.add_totals(&view, &totals)
+            }
+            _ => {
+                stats.malformed += 1;
+                return;
+            }
+        };
         found.note(&view, added, work, stats);
     });
     if let Some(off_cpu) = off_cpu {
@@ -430,7 +489,7 @@ impl FoundInDrain {
 }
 
 fn end_interval(
-    aggregator: &mut Aggregator,
+    (aggregator, alloc): (&mut Aggregator, Option<&mut Alloc>),
     off_cpu: Option<&mut OffCpu>,
     work: &SyncSender<Work>,
     stats: &mut LoopStats,
@@ -481,6 +540,20 @@ fn end_interval(
         );
         intervals.push(interval);
     }
+    if let Some(alloc) = alloc {
+        let interval = alloc.aggregator.take_interval();
+        stats.dropped_over_stack_bound += interval.dropped_over_bound;
+        tracing::info!(
+            processes = interval.processes.len(),
+            events = kernel.get(Counter::AllocEvents),
+            sampled = kernel.get(Counter::AllocSampled),
+            ring_full = kernel.get(Counter::AllocRingFull),
+            nested = kernel.get(Counter::AllocNested),
+            walks_from_hook = kernel.get(Counter::AllocWalkFromHook),
+            "allocation interval sampled"
+        );
+        intervals.push(interval);
+    }
     send(work, Work::Interval(intervals), stats);
 }
 
@@ -489,8 +562,8 @@ fn snapshot(
     kernel: KernelCounters,
     jvms: TrackerCounts,
     intervals: u64,
-    cpus: usize,
-    frequency_hz: u64,
+    (cpus, frequency_hz): (usize, u64),
+    alloc_hook_attach_failures: Option<u64>,
 ) -> Snapshot {
     Snapshot {
         kernel,
@@ -508,6 +581,7 @@ fn snapshot(
             joined: stats.off_cpu,
             open_waits: stats.off_cpu_open_waits,
         }),
+        alloc_hook_attach_failures,
     }
 }
 

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use aya::maps::{MapData, RingBuf};
 
 use super::DaemonError;
+use crate::hotspot::alloc_hooks::AllocHooks;
 use crate::hotspot::jvm_directory::JvmDirectory;
 use crate::hotspot::thread_directory::ThreadDirectory;
 use crate::hotspot::tracker::{self, JvmTracker, TrackerCounts};
@@ -73,6 +74,7 @@ pub(super) fn spawn_jvm_tracker(
     pids: Vec<u32>,
     (threads, jvms): (ThreadDirectory, JvmDirectory),
     mut attacher: Attacher,
+    alloc_hooks: Option<AllocHooks>,
 ) -> Result<TrackerThread, DaemonError> {
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(Mutex::new(TrackerCounts::default()));
@@ -84,7 +86,8 @@ pub(super) fn spawn_jvm_tracker(
         .spawn(move || {
             let mut tracker = JvmTracker::new(maps, max_jvms, pids)
                 .with_directory(threads)
-                .with_jvms(jvms);
+                .with_jvms(jvms)
+                .with_alloc_hooks(alloc_hooks);
             let mut events = Vec::new();
             let mut panics = 0;
             while !stop_flag.load(Ordering::Relaxed) {

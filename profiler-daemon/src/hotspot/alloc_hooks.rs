@@ -105,9 +105,7 @@ impl AllocHooks {
     fn hook_libjvm_of(&mut self, pid: u32) -> Result<(), String> {
         let mapping =
             super::libjvm::LibJvmMapping::find_in(pid).ok_or("its libjvm mapping is gone")?;
-        let key = mapping
-            .file_identity()
-            .ok_or("its libjvm is not a file")?;
+        let key = mapping.file_identity().ok_or("its libjvm is not a file")?;
         if let Some(found) = self.files.get(&key) {
             return found.clone().map_err(|err| err.to_string());
         }

@@ -122,11 +122,7 @@ impl LibJvmMapping {
     /// Opens the very file process `pid` maps (as untrusted input, see
     /// [`crate::process::open_mapped_file`]).
     pub fn open(&self, pid: u32) -> Result<File, crate::untrusted::Refused> {
-        crate::process::open_mapped_file(
-            pid,
-            crate::process::shares_our_root(pid),
-            &self.region,
-        )
+        crate::process::open_mapped_file(pid, crate::process::shares_our_root(pid), &self.region)
     }
 }
 

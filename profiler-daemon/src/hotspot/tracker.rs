@@ -26,6 +26,7 @@ use profiler_common::{
     HotspotProc, JavaThreadEntry, ProcessEvent, ProcessEventKind, JAVA_THREADS_PER_TARGET,
 };
 
+use super::alloc_hooks::AllocHooks;
 use super::jvm::{Jvm, JvmError};
 use super::jvm_directory::JvmDirectory;
 use super::remote::ProcessMemory;
@@ -233,6 +234,10 @@ pub struct TrackerCounts {
     pub rescans: u64,
     /// Panics caught around the tracker's ticks (counted by the thread that runs it).
     pub panics: u64,
+    /// With allocation profiling: JVMs that became ready with their allocation events hooked,
+    /// and without (since the start).
+    pub jvms_alloc_hooked: u64,
+    pub jvms_alloc_not_hooked: u64,
 }
 
 pub struct JvmTracker<S: LayoutSink> {
@@ -257,6 +262,8 @@ pub struct JvmTracker<S: LayoutSink> {
     exec_events: u64,
     exit_events: u64,
     rescans: u64,
+    /// Allocation profiling's hooks, found for each JVM that becomes ready (when it is on).
+    alloc_hooks: Option<AllocHooks>,
 }
 
 impl<S: LayoutSink> JvmTracker<S> {
@@ -279,7 +286,14 @@ impl<S: LayoutSink> JvmTracker<S> {
             exec_events: 0,
             exit_events: 0,
             rescans: 0,
+            alloc_hooks: None,
         }
+    }
+
+    /// Finds the allocation events of each JVM's libjvm as it becomes ready.
+    pub fn with_alloc_hooks(mut self, hooks: Option<AllocHooks>) -> Self {
+        self.alloc_hooks = hooks;
+        self
     }
 
     /// Shares the JVMs it inspects (and their layouts) with the symbolizer.
@@ -304,6 +318,8 @@ impl<S: LayoutSink> JvmTracker<S> {
             exec_events: self.exec_events,
             exit_events: self.exit_events,
             rescans: self.rescans,
+            jvms_alloc_hooked: self.alloc_hooks.as_ref().map_or(0, |h| h.jvms_hooked),
+            jvms_alloc_not_hooked: self.alloc_hooks.as_ref().map_or(0, |h| h.jvms_not_hooked),
             ..Default::default()
         };
         for tracked in self.tracked.values() {
@@ -716,6 +732,9 @@ impl<S: LayoutSink> JvmTracker<S> {
             other_pid_namespace: None,
         };
         self.sync_threads(pid);
+        if let Some(hooks) = &mut self.alloc_hooks {
+            hooks.on_ready(pid);
+        }
     }
 
     /// Brings the BPF map of this JVM's Java threads up to date (threads start and end often).
