@@ -87,8 +87,10 @@ pub fn service_in_name(service: &str) -> String {
 /// Whether retention manages a file of this name: the local output's pprof files and flame
 /// graphs, with or without a service (names written before services were recorded).
 pub fn is_ours(name: &str) -> bool {
-    (name.starts_with("cpu-") || name.starts_with("offcpu-"))
-        && (name.ends_with(PPROF_SUFFIX) || name.ends_with(SVG_SUFFIX))
+    let kind_prefix = name
+        .split_once('-')
+        .and_then(|(prefix, _)| ProfileKind::from_file_prefix(prefix));
+    kind_prefix.is_some() && (name.ends_with(PPROF_SUFFIX) || name.ends_with(SVG_SUFFIX))
 }
 
 /// What the name of a pprof file says about it.
@@ -277,10 +279,17 @@ mod tests {
             "cpu-20231114T221320Z-42-java@orders.pb.gz",
             "offcpu-20231114T221320Z-42-java@orders.svg",
             "cpu-20231114T221320Z-42-java.pb.gz",
+            "alloc-20231114T221320Z-42-java@orders.pb.gz",
         ] {
             assert!(is_ours(name), "{name}");
         }
-        for name in ["notes.txt", "cpu-x.txt", "view.svg", ".cpu-1.pb.gz.tmp"] {
+        for name in [
+            "notes.txt",
+            "cpu-x.txt",
+            "view.svg",
+            ".cpu-1.pb.gz.tmp",
+            "heap-1.pb.gz",
+        ] {
             assert!(!is_ours(name), "{name}");
         }
     }

@@ -1,6 +1,6 @@
 //! Keeps the local output bounded: profiles older than a maximum age are deleted, then the oldest
 //! ones until the directory's profiles fit a byte budget. Only files this daemon writes
-//! (`cpu-*` and `offcpu-*`, `.pb.gz` and `.svg`) are ever touched.
+//! (`cpu-*`, `offcpu-*` and `alloc-*`, `.pb.gz` and `.svg`) are ever touched.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
