@@ -113,9 +113,7 @@ fn sample_allocation(
 ) {
     let pid = (pid_tgid >> 32) as u32;
     let task = CurrentTask::new(pid, WalkSlot::AllocHook as u32);
-    let Some(class) = allocated_class_frame(hotspot, &task, regs.rdi) else {
-        return;
-    };
+    let class = allocated_class_frame(hotspot, &task, regs.rdi);
     let Some(record) = SCRATCH.get_ptr_mut(WalkSlot::AllocHook as u32) else {
         count(Counter::ScratchMissing);
         return;

@@ -406,24 +406,18 @@ fn symbol_identity<M: UserMemory>(hs: &HotspotProc, memory: &M, symbol: u64) -> 
 
 /// The frame naming the class `klass` (a `Klass*`) of an allocated object: its name's `Symbol*`,
 /// length and [`class_name_cookie`], read now, while the class surely exists (the allocating
-/// thread holds an instance). `None` if the name cannot be read.
+/// thread holds an instance). A name that cannot be read gives a null `Symbol*`, which the
+/// daemon shows as an unreadable class: the sample is kept.
 #[inline(always)]
-pub fn allocated_class_frame<M: UserMemory>(
-    hs: &HotspotProc,
-    memory: &M,
-    klass: u64,
-) -> Option<UserFrame> {
-    let symbol = read_u64(memory, klass.wrapping_add(hs.klass_name as u64)).ok()?;
-    if symbol == 0 {
-        return None;
-    }
+pub fn allocated_class_frame<M: UserMemory>(hs: &HotspotProc, memory: &M, klass: u64) -> UserFrame {
+    let symbol = read_u64(memory, klass.wrapping_add(hs.klass_name as u64)).unwrap_or(0);
     let name = symbol_identity(hs, memory, symbol);
-    Some(frame(
+    frame(
         FrameKind::AllocatedClass,
         symbol,
         name.len as u32,
         class_name_cookie(symbol, name.hash_word, name.tail),
-    ))
+    )
 }
 
 /// Bytes at the start of a `Symbol` that hold its hash word and length (both below 8).

@@ -10,16 +10,26 @@
 //   fake_jvm LIBJVM SECONDS fill          a "ready" VM listing 65,536 tids no process can have
 //   fake_jvm LIBJVM SECONDS hostile       a struct table with no end, 10,240 entries of distinct
 //                                         255-byte names: as costly to read as a table can be
+//   fake_jvm LIBJVM SECONDS alloc IN OUT  a "ready" VM that calls libjvm's allocation events
+//                                         (AllocTracer::send_allocation_in_new_tlab at symbol
+//                                         value IN, send_allocation_outside_tlab at OUT, hex)
+//                                         with garbage: classes and threads that are not there.
+//                                         The functions' bodies fault on it; the fault is caught
+//                                         and the next call made, until SECONDS are over.
 //
 // "Ready" means what the daemon checks before it pushes a JVM's layout (hotspot/jvm.rs,
 // Jvm::code_cache): one code heap, the interpreter, the call stub. None of it is real code; the
 // process only sleeps. It prints "ready" once set up and exits after SECONDS.
+#define _GNU_SOURCE
 #include <dlfcn.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 // Tids far above PID_MAX_LIMIT (2^22): never a real thread's.
@@ -228,9 +238,53 @@ static void hostile_layout(void) {
     *(char **)dlsym(libjvm, "gHotSpotVMStructs") = table;
 }
 
+static sigjmp_buf fault_return;
+
+static void on_fault(int signal) {
+    siglongjmp(fault_return, signal);
+}
+
+// The garbage a hostile process can hand its own allocation events: no class, an unmapped one,
+// one whose bytes are random.
+static void call_allocation_events(uint64_t in_new_tlab, uint64_t outside_tlab, unsigned seconds) {
+    Dl_info info;
+    if (dladdr(dlsym(libjvm, "gHotSpotVMStructs"), &info) == 0) {
+        die("dladdr");
+    }
+    // A shared library's symbol values are offsets from where it is loaded.
+    typedef void (*in_new_tlab_fn)(void *, void *, size_t, size_t, void *);
+    typedef void (*outside_tlab_fn)(void *, void *, size_t, void *);
+    in_new_tlab_fn in_tlab = (in_new_tlab_fn)((char *)info.dli_fbase + in_new_tlab);
+    outside_tlab_fn outside = (outside_tlab_fn)((char *)info.dli_fbase + outside_tlab);
+    struct sigaction action = {0};
+    action.sa_handler = on_fault;
+    action.sa_flags = SA_NODEFER;
+    sigaction(SIGSEGV, &action, NULL);
+    sigaction(SIGBUS, &action, NULL);
+    sigaction(SIGILL, &action, NULL);
+    static uint64_t random_bytes[64];
+    for (size_t i = 0; i < 64; i++) {
+        random_bytes[i] = 0x9e3779b97f4a7c15ull * (i + 1);
+    }
+    void *classes[] = {NULL, (void *)0xdead0000ull, random_bytes};
+    time_t end = time(NULL) + seconds;
+    for (unsigned long call = 0; time(NULL) < end; call++) {
+        void *klass = classes[call % 3];
+        // Sizes over any sampling interval: every call is sampled.
+        if (sigsetjmp(fault_return, 1) == 0) {
+            if (call % 2 == 0) {
+                in_tlab(klass, random_bytes, 1 << 30, 64, random_bytes);
+            } else {
+                outside(klass, random_bytes, 1 << 30, (void *)0xdead0000ull);
+            }
+        }
+        usleep(1000);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 4) {
-        die("usage: fake_jvm LIBJVM SECONDS poison|threads TID...|fill|hostile");
+        die("usage: fake_jvm LIBJVM SECONDS poison|threads TID...|fill|hostile|alloc IN OUT");
     }
     // Loading runs libjvm's static initialisers (they fill the VMStructs offset variables);
     // JNI_CreateJavaVM is never called.
@@ -258,6 +312,13 @@ int main(int argc, char **argv) {
         fake_runtime(tids, FILL_THREADS);
     } else if (strcmp(mode, "hostile") == 0) {
         hostile_layout();
+    } else if (strcmp(mode, "alloc") == 0 && argc == 6) {
+        fake_runtime(NULL, 0);
+        printf("ready\n");
+        fflush(stdout);
+        call_allocation_events(strtoull(argv[4], NULL, 16), strtoull(argv[5], NULL, 16),
+                               (unsigned)atoi(argv[2]));
+        return 0;
     } else {
         die("unknown mode");
     }

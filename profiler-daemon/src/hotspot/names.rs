@@ -382,6 +382,10 @@ fn read_class_name(
     symbol: u64,
     cookie: u32,
 ) -> Result<String, UnnamedReason> {
+    if symbol == 0 {
+        // BPF could not read the class's name.
+        return Err(UnnamedReason::Unreadable);
+    }
     let matches = |jvm: &Jvm| -> Result<bool, UnnamedReason> {
         let (hash_word, _, tail) = symbol_identity(jvm, memory, symbol)?;
         Ok(profiler_common::class_name_cookie(symbol, hash_word, tail) == cookie)
