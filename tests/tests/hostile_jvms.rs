@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime};
 
+use profiler_daemon::pprof::proto;
 use profiler_tests::hostile::{unprivileged_user, AttackContext, HostileRun, Scenario, User};
 use profiler_tests::*;
 
@@ -395,5 +396,92 @@ fn fake_jvms_do_not_delay_a_real_jvms_layout() {
          without the fake JVMs; bound {bound} ms)"
     );
     assert_spin_named_right(&attacked.output.join("profiles"), pid);
+    println!("took {:.1} s", started.elapsed().as_secs_f64());
+}
+
+/// The values (addresses relative to where the file loads) of libjvm's two allocation events.
+fn allocation_event_symbols(libjvm: &Path) -> (u64, u64) {
+    use object::{Object as _, ObjectSymbol as _};
+    let bytes = std::fs::read(libjvm).expect("libjvm readable");
+    let elf = object::File::parse(&*bytes).expect("libjvm parses");
+    let value = |prefix: &str| {
+        elf.symbols()
+            .find(|symbol| symbol.name().is_ok_and(|name| name.starts_with(prefix)))
+            .map(|symbol| symbol.address())
+            .unwrap_or_else(|| panic!("libjvm has {prefix}"))
+    };
+    (
+        value("_ZN11AllocTracer27send_allocation_in_new_tlabE"),
+        value("_ZN11AllocTracer28send_allocation_outside_tlabE"),
+    )
+}
+
+/// A fake JVM of another user calls libjvm's allocation events itself, with garbage: classes
+/// that are not there (null, unmapped, random bytes) and threads that are not either. The daemon
+/// (`--alloc`, whole host) hooks that file, JDK 17's, which a real JVM of root runs too. The
+/// daemon must stay unharmed; the fake's allocation samples must show the unreadable-class
+/// marker, never a class name; the real JVM must keep its Java names.
+#[test]
+fn garbage_given_to_the_allocation_events_names_no_class_and_harms_nothing() {
+    let started = Instant::now();
+    let user = unprivileged_user();
+    let jdk = jdk17();
+    let libjvm = libjvm_of(&jdk);
+    let dir = readable_tempdir();
+    let fake_jvm = compile_c_with("fake_jvm.c", dir.path(), &["-O1", "-g", "-ldl"]).expect("gcc");
+    let classes = compile_java(&["Spin.java"], dir.path()).expect("javac");
+    let (in_new_tlab, outside_tlab) = allocation_event_symbols(&libjvm);
+    let events = [format!("{in_new_tlab:x}"), format!("{outside_tlab:x}")];
+    let scenario = Scenario::new(Duration::from_secs(10))
+        .whole_host()
+        .daemon_args(&["--alloc"]);
+    let (run, (fake_pid, jvm_pid, _running)) = scenario.run(|context: &AttackContext| {
+        let jvm = start_java(&jdk, &classes, "Spin", &[]).expect("JVM starts");
+        let fake = start_fake(user, &fake_jvm, &libjvm, "alloc", &events);
+        wait_for_layout(context, fake.pid(), Duration::from_secs(20));
+        wait_for_layout(context, jvm.pid(), Duration::from_secs(20));
+        (fake.pid(), jvm.pid(), (fake, jvm))
+    });
+    assert_daemon_fine(&run);
+    let profiles = run.output.join("profiles");
+    let alloc_profiles: Vec<proto::Profile> = profiles_of(&profiles, fake_pid)
+        .expect("profiles readable")
+        .into_iter()
+        .filter(|(path, _)| {
+            path.file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.starts_with("alloc-"))
+        })
+        .map(|(_, profile)| profile)
+        .collect();
+    let classes_shown: std::collections::BTreeMap<String, usize> = alloc_profiles
+        .iter()
+        .flat_map(|profile| {
+            profile.sample.iter().filter_map(move |sample| {
+                sample_frames(profile, sample)
+                    .first()
+                    .map(|leaf| leaf.name.clone())
+            })
+        })
+        .fold(Default::default(), |mut counts, name| {
+            *counts.entry(name).or_default() += 1;
+            counts
+        });
+    println!("the fake's allocation samples, by innermost frame: {classes_shown:?}");
+    assert!(
+        !classes_shown.is_empty(),
+        "the fake's calls were never sampled (were the hooks attached?): {}",
+        run.log
+            .lines()
+            .filter(|line| line.contains("allocation"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let named: Vec<&String> = classes_shown
+        .keys()
+        .filter(|name| !name.starts_with("[unknown allocated class: "))
+        .collect();
+    assert!(named.is_empty(), "garbage classes were named: {named:?}");
+    assert_spin_named_right(&profiles, jvm_pid);
     println!("took {:.1} s", started.elapsed().as_secs_f64());
 }

@@ -280,6 +280,60 @@ mod tests {
         assert_ne!(offsets.in_new_tlab, offsets.outside_tlab);
     }
 
+    /// A library built from `source` (C).
+    fn library_of(dir: &Path, source: &str) -> PathBuf {
+        let c_file = dir.join("hostile.c");
+        std::fs::write(&c_file, source).expect("write the C source");
+        let library = dir.join("libjvm.so");
+        let status = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&library)
+            .arg(&c_file)
+            .status()
+            .expect("run cc");
+        assert!(status.success(), "cc failed");
+        library
+    }
+
+    /// A function named as an event, of a plausible size.
+    fn function_named(name: &str, size: u64) -> String {
+        format!(
+            "__asm__(\".text\\n.type {name}, @function\\n{name}: ret\\n.size {name}, {size}\\n\");\n"
+        )
+    }
+
+    /// Symbols that claim the events' names but are data, or a function claiming to be 100 MB
+    /// long: neither may get a breakpoint.
+    #[test]
+    fn symbols_that_are_not_plausible_functions_are_not_believed() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let outside = function_named("_ZN11AllocTracer28send_allocation_outside_tlabEv", 1);
+        let data = format!(
+            "__attribute__((used)) char data_named_like_the_event[64] \
+             __asm__(\"_ZN11AllocTracer27send_allocation_in_new_tlabEP5Klass\");\n{outside}"
+        );
+        let err = find(File::open(library_of(dir.path(), &data)).expect("open"))
+            .expect_err("data is not a function");
+        assert_eq!(err, AllocHookError::Missing("send_allocation_in_new_tlab"));
+
+        let in_new_tlab = function_named("_ZN11AllocTracer27send_allocation_in_new_tlabEv", 1);
+        let huge = function_named(
+            "_ZN11AllocTracer28send_allocation_outside_tlabEv",
+            100_000_000,
+        );
+        let err = find(
+            File::open(library_of(dir.path(), &format!("{in_new_tlab}{huge}"))).expect("open"),
+        )
+        .expect_err("too large");
+        assert_eq!(err, AllocHookError::Missing("send_allocation_outside_tlab"));
+        // And the same library with plausible sizes is found: the refusals were the claims'.
+        let plausible = function_named("_ZN11AllocTracer28send_allocation_outside_tlabEv", 1);
+        find(
+            File::open(library_of(dir.path(), &format!("{in_new_tlab}{plausible}"))).expect("open"),
+        )
+        .expect("plausible functions are found");
+    }
+
     #[test]
     fn a_stripped_libjvm_is_refused_by_name() {
         let dir = tempfile::tempdir().expect("temporary directory");
