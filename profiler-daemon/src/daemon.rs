@@ -29,9 +29,8 @@ use crate::privileges::{self, MissingPrivileges};
 use crate::sampler::{AllocSampling, KernelCounters, OffCpuSampling, Sampler, SamplerError};
 use crate::sidecar::{Attacher, AttachesStarted};
 use crate::sink::{Sink, SinkTasks};
-use crate::worker::Worker;
 use sampling_loop::{SamplingLoop, Until};
-use threads::{spawn_jvm_tracker, spawn_unwind_tables};
+use threads::{spawn_jvm_tracker, spawn_unwind_tables, spawn_worker, SharedWithWorker};
 
 /// Work items queued for the worker before the loop starts dropping them.
 const WORK_QUEUE: usize = 4096;
@@ -160,36 +159,25 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     }
 
     let (work_tx, work_rx) = sync_channel(WORK_QUEUE);
-    let (frequency_hz, annotate) = (config.frequency_hz, config.annotate_frames);
-    let worker_counters = metrics.worker.clone();
-    let naming = config.naming.clone();
-    let extra_labels = config.labels.clone();
-    let alloc_interval = config
-        .alloc
-        .map_or(profiler_common::ALLOC_INTERVAL_BYTES, |alloc| {
-            alloc.interval_bytes
-        });
-    // The unwind tables take their share of the one budget; the symbolization caches the rest.
-    let cache_budget = config.cache_budget_bytes - table_budget;
-    // Built on its own thread: blazesym's symbolizer is not Send.
     let pods = match &config.kubernetes_node {
         Some(node) => start_pod_watch(node.clone()).await,
         None => None,
     };
-    let worker = std::thread::Builder::new()
-        .name("symbolizer".into())
-        .spawn(move || {
-            Worker::new(sinks, naming, frequency_hz, annotate, worker_counters)
-                .with_cache_budget(cache_budget)
-                .expecting_agents(attaches)
-                .with_thread_directory(java_threads)
-                .with_jvms(jvms)
-                .with_pods_if(pods)
-                .with_extra_labels(extra_labels)
-                .with_alloc_interval(alloc_interval)
-                .run(work_rx)
-        })
-        .map_err(|err| DaemonError::Worker(err.to_string()))?;
+    let worker = spawn_worker(
+        &config,
+        (sinks, metrics.worker.clone()),
+        // The unwind tables take their share of the one budget; the symbolization caches the
+        // rest.
+        config.cache_budget_bytes - table_budget,
+        SharedWithWorker {
+            java_threads,
+            jvms,
+            attaches,
+            pods,
+        },
+        work_rx,
+    )?;
+    let frequency_hz = config.frequency_hz;
 
     let until = Until {
         stop_at: config.duration.map(|d| tokio::time::Instant::now() + d),

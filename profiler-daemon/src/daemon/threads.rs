@@ -1,19 +1,68 @@
 //! The daemon's background threads beside the sampling loop: the JVM tracker and the unwind
-//! tables' loader, each spawned with the BPF maps it owns.
+//! tables' loader, each spawned with the BPF maps it owns, and the symbolizer.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 
 use aya::maps::{MapData, RingBuf};
 
 use super::DaemonError;
+use crate::config::Config;
 use crate::hotspot::alloc_hooks::AllocHooks;
 use crate::hotspot::jvm_directory::JvmDirectory;
 use crate::hotspot::thread_directory::ThreadDirectory;
 use crate::hotspot::tracker::{self, JvmTracker, TrackerCounts};
+use crate::kubernetes::SharedPodIndex;
+use crate::metrics::WorkerCounters;
 use crate::native_unwind;
-use crate::sidecar::Attacher;
+use crate::sidecar::{Attacher, AttachesStarted};
+use crate::sink::Sink;
+use crate::worker::{Work, Worker};
+
+/// What the symbolizer shares with the other threads.
+pub(super) struct SharedWithWorker {
+    /// The JVMs' Java threads, as the tracker reads them.
+    pub(super) java_threads: ThreadDirectory,
+    /// Each JVM inspected once, by the tracker or the symbolizer.
+    pub(super) jvms: JvmDirectory,
+    /// The JVMs the tracker started loading the sidecar agent into.
+    pub(super) attaches: AttachesStarted,
+    /// Kubernetes pods' metadata, when watched.
+    pub(super) pods: Option<SharedPodIndex>,
+}
+
+/// The symbolizer thread (`worker.rs`), on a thread of its own (blazesym's symbolizer is not
+/// `Send`); it ends when the work queue's sender is dropped.
+pub(super) fn spawn_worker(
+    config: &Config,
+    (sinks, counters): (Vec<Box<dyn Sink>>, Arc<WorkerCounters>),
+    cache_budget: u64,
+    shared: SharedWithWorker,
+    work: Receiver<Work>,
+) -> Result<std::thread::JoinHandle<()>, DaemonError> {
+    let (frequency_hz, annotate) = (config.frequency_hz, config.annotate_frames);
+    let (naming, extra_labels) = (config.naming.clone(), config.labels.clone());
+    let alloc_interval = config
+        .alloc
+        .map_or(profiler_common::ALLOC_INTERVAL_BYTES, |alloc| {
+            alloc.interval_bytes
+        });
+    std::thread::Builder::new()
+        .name("symbolizer".into())
+        .spawn(move || {
+            Worker::new(sinks, naming, frequency_hz, annotate, counters)
+                .with_cache_budget(cache_budget)
+                .expecting_agents(shared.attaches)
+                .with_thread_directory(shared.java_threads)
+                .with_jvms(shared.jvms)
+                .with_pods_if(shared.pods)
+                .with_extra_labels(extra_labels)
+                .with_alloc_interval(alloc_interval)
+                .run(work)
+        })
+        .map_err(|err| DaemonError::Worker(err.to_string()))
+}
 
 /// The JVM tracker's thread, stopped through a flag.
 pub(super) struct TrackerThread {
