@@ -247,11 +247,16 @@ crate::labelled_enum! {
         InNative = 1 => "in_native",
         /// In the VM's own code.
         InVm = 2 => "in_vm",
-        /// Blocked by the VM: monitors, `Object.wait`, `Thread.sleep`, `LockSupport.park`,
-        /// safepoints.
+        /// Blocked by the VM, but neither on a monitor's entry nor in `Object.wait`:
+        /// `LockSupport.park`, `Thread.sleep`, safepoints.
         Blocked = 3 => "blocked",
         /// Running Java code (preempted), or between two states.
         InJava = 4 => "in_java",
+        /// Blocked waiting to enter a contended monitor (`synchronized`): its
+        /// `_current_pending_monitor` is set (off-CPU records only).
+        MonitorEnter = 5 => "monitor_enter",
+        /// Blocked in `Object.wait`: its `_current_waiting_monitor` is set (off-CPU records only).
+        MonitorWait = 6 => "monitor_wait",
     }
 }
 
@@ -513,7 +518,11 @@ pub struct HotspotProc {
     /// Offsets in a `Symbol` of its 16-bit length and of its bytes, for the name's tail.
     pub symbol_length: u16,
     pub symbol_body: u16,
-    pub _reserved2: [u16; 2],
+    /// `JavaThread::_current_pending_monitor` and `_current_waiting_monitor`: the monitor a
+    /// blocked thread waits to enter, or waits on in `Object.wait` (`u16::MAX`: not in this
+    /// JVM's VMStructs).
+    pub java_thread_pending_monitor: u16,
+    pub java_thread_waiting_monitor: u16,
     /// `nmethod::_verified_entry_point` (pointer) or `_verified_entry_offset` (see
     /// `VERIFIED_ENTRY_OFFSET`): where the prologue starts, to decode it when a sample lands
     /// there. `u16::MAX` if the layout has neither.

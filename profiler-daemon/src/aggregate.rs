@@ -28,18 +28,18 @@ struct StackSlot {
 }
 
 /// What one stack adds up to over an interval: for CPU profiles, how often it was sampled; for
-/// off-CPU profiles, how many of its waits were sampled and their time; for allocation
-/// profiles, how many of its allocations were sampled, and the bytes and events they stand
-/// for. Waits and allocations are weighted by the inverse of their sampling probability (see
-/// `crate::off_cpu`, `crate::alloc`).
+/// off-CPU profiles, how many of its waits were sampled, the waits and the time they stand for;
+/// for allocation profiles, how many of its allocations were sampled, and the events and bytes
+/// they stand for. Waits and allocations are weighted by the inverse of their sampling
+/// probability (see `crate::off_cpu`, `crate::alloc`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StackTotals {
     pub count: u64,
     pub blocked_ns: u64,
     pub runqueue_ns: u64,
     pub alloc_bytes: u64,
-    /// In units of 1/[`crate::alloc::EVENT_SCALE`] event.
-    pub alloc_events: u64,
+    /// The waits or allocations the samples stand for, in units of 1/[`EVENT_SCALE`].
+    pub events: u64,
 }
 
 impl StackTotals {
@@ -49,7 +49,7 @@ impl StackTotals {
         blocked_ns: 0,
         runqueue_ns: 0,
         alloc_bytes: 0,
-        alloc_events: 0,
+        events: 0,
     };
 
     fn add(&mut self, other: &Self) {
@@ -57,8 +57,17 @@ impl StackTotals {
         self.blocked_ns = self.blocked_ns.saturating_add(other.blocked_ns);
         self.runqueue_ns = self.runqueue_ns.saturating_add(other.runqueue_ns);
         self.alloc_bytes = self.alloc_bytes.saturating_add(other.alloc_bytes);
-        self.alloc_events = self.alloc_events.saturating_add(other.alloc_events);
+        self.events = self.events.saturating_add(other.events);
     }
+}
+
+/// Estimated events are summed in units of 1/`EVENT_SCALE` event: a wait or allocation sampled
+/// with probability 1/5.24 counts 5.24, not 5.
+pub const EVENT_SCALE: u64 = 1024;
+
+/// `events` (in units of 1/[`EVENT_SCALE`]) as a whole number, rounded.
+pub fn whole_events(events: u64) -> u64 {
+    events.saturating_add(EVENT_SCALE / 2) / EVENT_SCALE
 }
 
 /// The stacks of one process during one interval.
@@ -256,10 +265,20 @@ pub enum ProfileKind {
     OffCpu,
     /// Where Java threads allocate, and how much (`crate::alloc`).
     Alloc,
+    /// Where Java threads wait to enter contended monitors (`crate::lock`).
+    Mutex,
+    /// Where Java threads are parked (`crate::lock`).
+    Block,
 }
 
 impl ProfileKind {
-    pub const ALL: [Self; 3] = [Self::Cpu, Self::OffCpu, Self::Alloc];
+    pub const ALL: [Self; 5] = [
+        Self::Cpu,
+        Self::OffCpu,
+        Self::Alloc,
+        Self::Mutex,
+        Self::Block,
+    ];
 
     /// How local file names start: `cpu-...`, `offcpu-...`, `alloc-...`.
     pub const fn file_prefix(self) -> &'static str {
@@ -267,6 +286,8 @@ impl ProfileKind {
             Self::Cpu => "cpu",
             Self::OffCpu => "offcpu",
             Self::Alloc => "alloc",
+            Self::Mutex => "mutex",
+            Self::Block => "block",
         }
     }
 
@@ -276,6 +297,8 @@ impl ProfileKind {
             Self::Cpu => "process_cpu",
             Self::OffCpu => "off_cpu",
             Self::Alloc => "memory",
+            Self::Mutex => "mutex",
+            Self::Block => "block",
         }
     }
 
@@ -285,6 +308,8 @@ impl ProfileKind {
             Self::Cpu => "CPU",
             Self::OffCpu => "Off-CPU",
             Self::Alloc => "Allocation",
+            Self::Mutex => "Monitor contention",
+            Self::Block => "Parked",
         }
     }
 
@@ -294,6 +319,7 @@ impl ProfileKind {
             Self::Cpu => "samples",
             Self::OffCpu => "ns blocked",
             Self::Alloc => "bytes",
+            Self::Mutex | Self::Block => "ns waited",
         }
     }
 

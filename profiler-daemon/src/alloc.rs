@@ -10,12 +10,8 @@
 
 use profiler_common::{ALLOC_INTERVAL_BYTES, ALLOC_WEIGHT_UNIT};
 
-use crate::aggregate::StackTotals;
+use crate::aggregate::{StackTotals, EVENT_SCALE};
 use crate::config_error::{invalid, ConfigError};
-
-/// Allocation profiles' events are summed in units of 1/`EVENT_SCALE` event: an event of a
-/// sampling probability of 1/5.24 counts 5.24, not 5.
-pub const EVENT_SCALE: u64 = 1024;
 
 /// The bounds on the interval: below 4 KiB most TLAB refills would be walked; above 1 GiB
 /// a profile would hold almost nothing.
@@ -70,7 +66,7 @@ impl AllocConfig {
         StackTotals {
             count: 1,
             alloc_bytes: bytes,
-            alloc_events: events,
+            events,
             ..StackTotals::default()
         }
     }
@@ -112,14 +108,14 @@ mod tests {
         // 64 KiB: sampled with p = 1/8, so it stands for 512 KiB and 8 events.
         let small = alloc.weigh((64 << 10) / 8);
         assert_eq!(small.alloc_bytes, 512 << 10);
-        assert_eq!(small.alloc_events, 8 * EVENT_SCALE);
+        assert_eq!(small.events, 8 * EVENT_SCALE);
         // 8 MiB: always sampled, it stands for itself.
         let large = alloc.weigh((8 << 20) / 8);
         assert_eq!(large.alloc_bytes, 8 << 20);
-        assert_eq!(large.alloc_events, EVENT_SCALE);
+        assert_eq!(large.events, EVENT_SCALE);
         // 100 KB: 5.24 events, kept to 1/1024.
         let odd = alloc.weigh(100_000 / 8);
-        assert_eq!(odd.alloc_events, (512 << 10) * EVENT_SCALE / 100_000);
+        assert_eq!(odd.events, (512 << 10) * EVENT_SCALE / 100_000);
         assert_eq!(odd.count, 1);
     }
 
@@ -131,7 +127,7 @@ mod tests {
             let p = (size as f64 / alloc.interval_bytes as f64).min(1.0);
             let totals = alloc.weigh((size / 8) as u32);
             let expected_bytes = p * totals.alloc_bytes as f64;
-            let expected_events = p * totals.alloc_events as f64 / EVENT_SCALE as f64;
+            let expected_events = p * totals.events as f64 / EVENT_SCALE as f64;
             assert!((expected_bytes / size as f64 - 1.0).abs() < 1e-9, "{size}");
             assert!(
                 (expected_events - 1.0).abs() < 0.01,

@@ -13,6 +13,7 @@ use crate::export::pyroscope::config::PyroscopeFile;
 use crate::export::pyroscope::PyroscopeConfig;
 use crate::export::stream::GrpcListen;
 use crate::identity::ServiceNaming;
+use crate::lock::LockConfig;
 use crate::off_cpu::OffCpuConfig;
 use crate::output::LocalOutput;
 use crate::thread_roots::ThreadRoots;
@@ -102,6 +103,12 @@ pub struct FileConfig {
     /// Allocation: about one sample per this many bytes allocated (default 524288, 512 KiB,
     /// as async-profiler's and Alloy's). Lower: more precise for small sites, more costly.
     pub alloc_interval_bytes: Option<u64>,
+    /// Java lock profiles too: where Java threads wait for monitors and parks (default false;
+    /// it samples waits as off-CPU profiling does).
+    pub lock: Option<bool>,
+    /// Lock profiles: leave out waits shorter than this many milliseconds (default 10, as
+    /// Alloy's; 0 keeps every wait).
+    pub lock_threshold_ms: Option<u64>,
 }
 
 /// Flags that override the file.
@@ -119,6 +126,8 @@ pub struct Overrides {
     pub off_cpu: bool,
     /// `--alloc` (`Some(None)`) or `--alloc=BYTES`.
     pub alloc: Option<Option<u64>>,
+    /// `--lock` (`Some(None)`) or `--lock=DURATION`.
+    pub lock: Option<Option<Duration>>,
     pub threads: Option<String>,
 }
 
@@ -150,6 +159,8 @@ pub struct Config {
     pub off_cpu: Option<OffCpuConfig>,
     /// Java allocation profiling, when on.
     pub alloc: Option<AllocConfig>,
+    /// Java lock profiling, when on.
+    pub lock: Option<LockConfig>,
 }
 
 impl FileConfig {
@@ -262,6 +273,7 @@ impl Config {
             file.off_cpu_min_wait_us,
         )?;
         let alloc = AllocConfig::resolve(flags.alloc, file.alloc, file.alloc_interval_bytes)?;
+        let lock = LockConfig::resolve(flags.lock, file.lock, file.lock_threshold_ms)?;
         let cache_budget_mib = file
             .cache_budget_mib
             .unwrap_or(crate::symbolize::cache_budget::DEFAULT_LIMIT_BYTES >> 20);
@@ -324,6 +336,7 @@ impl Config {
             threads,
             off_cpu,
             alloc,
+            lock,
             max_jvms,
             cache_budget_bytes: cache_budget_mib << 20,
             frequency_hz,

@@ -102,9 +102,14 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         &config.pids,
         config.max_jvms,
         native_unwind::loader::block_capacity(table_budget),
-        config.off_cpu.map(|off_cpu| OffCpuSampling {
-            period_ns: off_cpu.period.as_nanos() as u64,
-        }),
+        // Lock profiles are made of off-CPU waits: they sample them too.
+        config
+            .off_cpu
+            .map(|off_cpu| off_cpu.period)
+            .or(config.lock.map(|_| crate::off_cpu::DEFAULT_OFF_CPU_PERIOD))
+            .map(|period| OffCpuSampling {
+                period_ns: period.as_nanos() as u64,
+            }),
         config.alloc.map(|alloc| AllocSampling {
             interval_bytes: alloc.interval_bytes,
         }),
@@ -188,7 +193,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         (work_tx, unwind_tables),
         tracker,
         config.max_stacks_per_interval,
-        config.off_cpu,
+        (config.off_cpu, config.lock),
         alloc_hook_requests,
     )
     .run(until, &metrics, frequency_hz)

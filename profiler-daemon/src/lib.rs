@@ -14,6 +14,7 @@ pub mod identity;
 pub mod java_names;
 pub mod jvm_info;
 pub mod kubernetes;
+pub mod lock;
 pub mod metrics;
 pub mod native_unwind;
 pub mod off_cpu;

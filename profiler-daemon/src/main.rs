@@ -158,6 +158,12 @@ struct RunArgs {
     #[arg(long, value_name = "BYTES", num_args = 0..=1, require_equals = true,
           value_parser = profiler_daemon::alloc::parse_bytes)]
     alloc: Option<Option<u64>>,
+    /// Java lock profiles too (`mutex-*` and `block-*` files, Pyroscope's `mutex` and
+    /// `block`): where Java threads wait to enter monitors and are parked, leaving out waits
+    /// shorter than DURATION [default: 10ms]. Samples waits as --off-cpu does.
+    #[arg(long, value_name = "DURATION", num_args = 0..=1, require_equals = true,
+          value_parser = profiler_daemon::lock::parse_duration)]
+    lock: Option<Option<std::time::Duration>>,
     /// How Pyroscope's profiles and the local flame graphs show threads: "merged" (no thread
     /// frame), "pool" (a root per thread pool) or "thread" (a root per thread) [default:
     /// merged].
@@ -206,6 +212,7 @@ fn run(args: RunArgs) -> ExitCode {
         attach: args.attach,
         off_cpu: args.off_cpu,
         alloc: args.alloc,
+        lock: args.lock,
         threads: args.threads,
     };
     let config = match Config::resolve(file, overrides, &Environment::of_this_process()) {

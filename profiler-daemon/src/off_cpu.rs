@@ -156,13 +156,14 @@ impl OffCpuJoiner {
     }
 
     /// A wait's end: folds the wait into `aggregator` if its stack is here, and tells `folded`
-    /// the stack and what the aggregator said (for the caller's bookkeeping of new processes
-    /// and stacks). Returns that too.
+    /// the stack, what the aggregator said (for the caller's bookkeeping of new processes and
+    /// stacks) and the wait itself (for profiles derived from waits, `crate::lock`). Returns
+    /// what the aggregator said too.
     pub fn end(
         &mut self,
         end: &OffCpuEnd,
         aggregator: &mut Aggregator,
-        mut folded: impl FnMut(&SampleView<'_>, Added),
+        mut folded: impl FnMut(&SampleView<'_>, Added, &JoinedWait),
     ) -> Option<Added> {
         let matches = self
             .open
@@ -187,7 +188,11 @@ impl OffCpuJoiner {
                     } else {
                         self.stats.waits += 1;
                     }
-                    folded(&view, added);
+                    let joined = JoinedWait {
+                        totals,
+                        wait_ns: end.blocked_ns.saturating_add(end.runqueue_ns),
+                    };
+                    folded(&view, added, &joined);
                     Some(added)
                 }
                 // Parsed once already when it arrived.
@@ -228,6 +233,14 @@ impl OffCpuJoiner {
     }
 }
 
+/// One wait joined with its end: what it adds to its stack, and how long it was.
+#[derive(Clone, Copy, Debug)]
+pub struct JoinedWait {
+    pub totals: StackTotals,
+    /// Blocked and run-queue time.
+    pub wait_ns: u64,
+}
+
 fn pid_of(record: &[u8]) -> u32 {
     let at = std::mem::offset_of!(SampleHeader, pid);
     record
@@ -248,6 +261,7 @@ fn weighted(end: &OffCpuEnd, probability: u32) -> StackTotals {
         count: 1,
         blocked_ns: scale(end.blocked_ns),
         runqueue_ns: scale(end.runqueue_ns),
+        events: scale(crate::aggregate::EVENT_SCALE),
         ..StackTotals::default()
     }
 }
@@ -320,14 +334,14 @@ mod tests {
         joiner.end(
             &end(70, 100, 5_000_000, 1_000_000),
             &mut aggregator,
-            |_, _| {},
+            |_, _, _| {},
         );
         // Sampled with probability 1/4: counts four times its time.
         offer(
             &mut joiner,
             &wait_stack(71, 200, OFF_CPU_PROBABILITY_ONE / 4, 0x10),
         );
-        joiner.end(&end(71, 200, 1_000, 0), &mut aggregator, |_, _| {});
+        joiner.end(&end(71, 200, 1_000, 0), &mut aggregator, |_, _, _| {});
         assert_eq!(joiner.stats.waits, 2);
         assert_eq!(joiner.open_waits(), 0);
         let folded = totals(&mut aggregator);
@@ -339,6 +353,7 @@ mod tests {
                 sum.count += t.count;
                 sum.blocked_ns += t.blocked_ns;
                 sum.runqueue_ns += t.runqueue_ns;
+                sum.events += t.events;
                 sum
             });
         assert_eq!(
@@ -347,6 +362,8 @@ mod tests {
                 count: 2,
                 blocked_ns: 5_004_000,
                 runqueue_ns: 1_000_000,
+                // One wait, and one that stands for four.
+                events: 5 * crate::aggregate::EVENT_SCALE,
                 ..StackTotals::default()
             }
         );
@@ -362,12 +379,12 @@ mod tests {
         );
         // An end of another wait of the same thread (its stack was lost): not joined.
         assert_eq!(
-            joiner.end(&end(70, 50, 10, 0), &mut aggregator, |_, _| {}),
+            joiner.end(&end(70, 50, 10, 0), &mut aggregator, |_, _, _| {}),
             None
         );
         // An end of a thread with nothing open.
         assert_eq!(
-            joiner.end(&end(99, 100, 10, 0), &mut aggregator, |_, _| {}),
+            joiner.end(&end(99, 100, 10, 0), &mut aggregator, |_, _, _| {}),
             None
         );
         assert_eq!(joiner.stats.unmatched_ends, 2);
@@ -378,7 +395,7 @@ mod tests {
         );
         assert_eq!(joiner.open_waits(), 1);
         assert_eq!(
-            joiner.end(&end(70, 300, 10, 0), &mut aggregator, |_, _| {}),
+            joiner.end(&end(70, 300, 10, 0), &mut aggregator, |_, _, _| {}),
             Some(Added::NewProcess)
         );
         let folded = totals(&mut aggregator);
@@ -395,7 +412,11 @@ mod tests {
             &wait_stack(70, 100, OFF_CPU_PROBABILITY_ONE, 0x10),
         );
         assert_eq!(
-            joiner.end(&end(70, 100, 600_000, 300_000), &mut aggregator, |_, _| {}),
+            joiner.end(
+                &end(70, 100, 600_000, 300_000),
+                &mut aggregator,
+                |_, _, _| {}
+            ),
             None
         );
         offer(
@@ -403,7 +424,11 @@ mod tests {
             &wait_stack(70, 200, OFF_CPU_PROBABILITY_ONE, 0x10),
         );
         assert!(joiner
-            .end(&end(70, 200, 600_000, 400_000), &mut aggregator, |_, _| {})
+            .end(
+                &end(70, 200, 600_000, 400_000),
+                &mut aggregator,
+                |_, _, _| {}
+            )
             .is_some());
         assert_eq!(joiner.stats.filtered_short, 1);
         assert_eq!(joiner.stats.waits, 1);
@@ -475,7 +500,7 @@ mod tests {
         assert_eq!(joiner.stats.over_open_bound, 10);
         let mut aggregator = Aggregator::of_kind(ProfileKind::OffCpu, 100);
         assert!(joiner
-            .end(&end(0, 200, 10, 0), &mut aggregator, |_, _| {})
+            .end(&end(0, 200, 10, 0), &mut aggregator, |_, _, _| {})
             .is_some());
         assert_eq!(joiner.open_waits(), fit as usize - 1);
     }

@@ -24,8 +24,8 @@ use hashbrown::HashMap;
 
 use profiler_common::{JavaState, SampleKind, UnwindEnd};
 
-use crate::aggregate::ProcessStacks;
 pub use crate::aggregate::ProfileKind;
+use crate::aggregate::{whole_events, ProcessStacks};
 use crate::pprof::{proto, Label, LocationKey, ProfileBuilder};
 use crate::printable::printable;
 use crate::process::ProcessTable;
@@ -115,7 +115,13 @@ pub fn build(
         ProfileKind::Cpu => ProfileBuilder::new_cpu(frequency_hz, start, duration),
         ProfileKind::OffCpu => ProfileBuilder::new_off_cpu(start, duration),
         ProfileKind::Alloc => ProfileBuilder::new_alloc(alloc_interval_bytes, start, duration),
+        ProfileKind::Mutex | ProfileKind::Block => {
+            ProfileBuilder::new_lock(kind.pyroscope_name(), start, duration)
+        }
     };
+    // Locations whose frames include `Unsafe.park`: block profiles keep only the stacks
+    // through one.
+    let mut park_locations = hashbrown::HashSet::new();
     for (view, totals) in stacks.stacks() {
         let mut locations = Vec::with_capacity(
             view.header.kernel_frames as usize + view.header.user_frames as usize + 1,
@@ -130,9 +136,23 @@ pub fn build(
             let key = user_frame_key(index, &user);
             let (location, address) = location_of(key);
             // Named once per location of the profile, as it shows them (not per sample).
-            locations.push(
-                builder.location_with(location, address, || frames.user(symbolizers, key, &user)),
-            );
+            let mut parks = false;
+            let id = builder.location_with(location, address, || {
+                let frame = frames.user(symbolizers, key, &user);
+                parks = frame
+                    .lines
+                    .iter()
+                    .any(|line| crate::lock::is_park(&line.function));
+                frame
+            });
+            if parks {
+                park_locations.insert(id);
+            }
+            locations.push(id);
+        }
+        if kind == ProfileKind::Block && !locations.iter().any(|id| park_locations.contains(id)) {
+            // Blocked, but not parked: `Thread.sleep`, a safepoint.
+            continue;
         }
         if let Some(marker) = truncation_marker(view.user_end()) {
             let frame = ResolvedFrame::named(format!("[truncated: {}]", marker.name()), None);
@@ -164,6 +184,14 @@ pub fn build(
             ProfileKind::Cpu => builder.add_sample_with(locations, totals.count, &labels),
             ProfileKind::OffCpu => add_wait(&mut builder, locations, &view, &totals, labels),
             ProfileKind::Alloc => add_allocation(&mut builder, locations, &view, &totals, &labels),
+            ProfileKind::Mutex | ProfileKind::Block => builder.add_sample_values(
+                locations,
+                vec![
+                    saturating_i64(whole_events(totals.events)),
+                    saturating_i64(totals.blocked_ns.saturating_add(totals.runqueue_ns)),
+                ],
+                &labels,
+            ),
         }
         threads.push(thread.clone());
     }
@@ -222,6 +250,7 @@ fn add_wait(
             saturating_i64(totals.blocked_ns),
             saturating_i64(totals.runqueue_ns),
             saturating_i64(totals.count),
+            saturating_i64(whole_events(totals.events)),
         ],
         &labels,
     )
@@ -236,8 +265,7 @@ fn add_allocation(
     totals: &crate::aggregate::StackTotals,
     labels: &[Label<'_>],
 ) {
-    let scale = crate::alloc::EVENT_SCALE;
-    let events = saturating_i64((totals.alloc_events + scale / 2) / scale);
+    let events = saturating_i64(whole_events(totals.events));
     let bytes = saturating_i64(totals.alloc_bytes);
     let values = match SampleKind::from_u8(view.header.kind) {
         Some(SampleKind::AllocOutsideTlab) => vec![0, 0, events, bytes],

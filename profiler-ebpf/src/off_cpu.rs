@@ -196,7 +196,7 @@ fn java_state(pid: u32, tid: u32) -> JavaState {
     else {
         return JavaState::Unknown;
     };
-    profiler_unwind::java_state(layout, &task, thread)
+    profiler_unwind::waiting_state(layout, &task, thread)
 }
 
 /// The current thread leaves the CPU: decide whether this wait is sampled, and if so send its

@@ -206,6 +206,8 @@ const HEAP_BLOCK_HEADER: u64 = 16;
 pub const METHOD_SLOT: i8 = -3;
 pub const BCP_SLOT: i8 = -7;
 const JAVA_THREAD_STATE: u64 = 0x80;
+const JAVA_THREAD_PENDING_MONITOR: u64 = 0x88;
+const JAVA_THREAD_WAITING_MONITOR: u64 = 0x90;
 const JAVA_THREAD_ANCHOR: u64 = 0x100;
 const CONST_METHOD_SIZE: u64 = 48;
 
@@ -370,6 +372,8 @@ impl Jvm {
             method_const_method: 8,
             java_thread_anchor: JAVA_THREAD_ANCHOR as u16,
             java_thread_state: JAVA_THREAD_STATE as u16,
+            java_thread_pending_monitor: JAVA_THREAD_PENDING_MONITOR as u16,
+            java_thread_waiting_monitor: JAVA_THREAD_WAITING_MONITOR as u16,
             anchor_sp: 0,
             anchor_pc: 8,
             anchor_fp: 16,
@@ -385,7 +389,6 @@ impl Jvm {
             symbol_length: 4,
             symbol_body: 6,
             nmethod_verified_entry: 64,
-            ..HotspotProc::default()
         };
         Self {
             memory,
@@ -537,7 +540,7 @@ impl Jvm {
 
     /// A Java thread of host tid `tid` in `state`, its anchor holding (sp, pc, fp).
     pub fn add_java_thread(&mut self, tid: u32, state: u32, anchor: (u64, u64, u64)) {
-        let thread = THREADS + tid as u64 * 0x200 % 0x800;
+        let thread = Self::java_thread_of(tid);
         let hs = self.hs;
         let a = thread + hs.java_thread_anchor as u64;
         let m = &mut self.memory;
@@ -546,6 +549,21 @@ impl Jvm {
         m.put_u64(a + hs.anchor_pc as u64, anchor.1);
         m.put_u64(a + hs.anchor_fp as u64, anchor.2);
         m.add_thread(tid, thread);
+    }
+
+    /// The `JavaThread*` of the thread `add_java_thread` made for `tid`.
+    pub fn java_thread_of(tid: u32) -> u64 {
+        THREADS + tid as u64 * 0x200 % 0x800
+    }
+
+    /// Makes the Java thread of `tid` wait to enter the monitor at `pending`, or wait on the one
+    /// at `waiting` (0: none).
+    pub fn set_thread_monitors(&mut self, tid: u32, pending: u64, waiting: u64) {
+        let thread = Self::java_thread_of(tid);
+        let hs = self.hs;
+        let m = &mut self.memory;
+        m.put_u64(thread + hs.java_thread_pending_monitor as u64, pending);
+        m.put_u64(thread + hs.java_thread_waiting_monitor as u64, waiting);
     }
 
     /// Walks thread `tid` from `regs` as the BPF program would.

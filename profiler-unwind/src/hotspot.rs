@@ -95,6 +95,30 @@ pub fn java_state<M: UserMemory>(hs: &HotspotProc, memory: &M, thread: u64) -> J
     }
 }
 
+/// What a Java thread leaving the CPU waits for: [`java_state`], with a blocked thread told
+/// apart by the monitor it waits to enter or waits on, if any (the JVM keeps both in the thread
+/// while it blocks; the serviceability agent's deadlock detection reads the same fields).
+#[inline(always)]
+pub fn waiting_state<M: UserMemory>(hs: &HotspotProc, memory: &M, thread: u64) -> JavaState {
+    let state = java_state(hs, memory, thread);
+    if state != JavaState::Blocked {
+        return state;
+    }
+    let monitor_set = |offset: u16| {
+        offset != u16::MAX
+            && memory
+                .read_u64(thread.wrapping_add(offset as u64))
+                .is_ok_and(|monitor| monitor != 0)
+    };
+    if monitor_set(hs.java_thread_pending_monitor) {
+        JavaState::MonitorEnter
+    } else if monitor_set(hs.java_thread_waiting_monitor) {
+        JavaState::MonitorWait
+    } else {
+        JavaState::Blocked
+    }
+}
+
 /// One HotSpot frame: interpreted (the interpreter's code range), the call stub (skipped), or a
 /// code blob found through its heap's segment map (nmethods and stubs).
 #[inline(always)]

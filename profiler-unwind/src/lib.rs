@@ -38,7 +38,7 @@ pub mod fakes;
 #[cfg(test)]
 mod tests;
 
-pub use hotspot::{allocated_class_frame, java_state};
+pub use hotspot::{allocated_class_frame, java_state, waiting_state};
 pub use memory::{
     FrameSink, JavaThreads, NativeTables, ReadError, StackWindow, UserMemory, STACK_WINDOW_BYTES,
 };

@@ -20,6 +20,7 @@ use crate::aggregate::{Added, Aggregator};
 use crate::alloc::AllocConfig;
 use crate::hotspot::alloc_hooks::AllocHookRequest;
 use crate::hotspot::tracker::TrackerCounts;
+use crate::lock::{LockAggregators, LockConfig};
 use crate::metrics::{Metrics, OffCpuSnapshot, Snapshot};
 use crate::off_cpu::{OffCpuConfig, OffCpuJoiner, OffCpuStats};
 use crate::profiles::ProfileKind;
@@ -110,7 +111,7 @@ impl SamplingLoop {
         (work, unwind_tables): (SyncSender<Work>, SyncSender<Vec<u32>>),
         tracker: TrackerThread,
         max_stacks_per_interval: usize,
-        off_cpu: Option<OffCpuConfig>,
+        (off_cpu, lock): (Option<OffCpuConfig>, Option<LockConfig>),
         alloc: Option<(AllocConfig, Receiver<AllocHookRequest>)>,
     ) -> Self {
         let stats = LoopStats {
@@ -119,9 +120,11 @@ impl SamplingLoop {
         };
         Self {
             aggregator: Aggregator::new(max_stacks_per_interval),
-            off_cpu: off_cpu.map(|off_cpu| OffCpu {
-                joiner: OffCpuJoiner::new(off_cpu.min_wait.as_nanos() as u64),
+            off_cpu: (off_cpu.is_some() || lock.is_some()).then(|| OffCpu {
+                joiner: OffCpuJoiner::new(off_cpu.map_or(0, |o| o.min_wait.as_nanos() as u64)),
                 aggregator: Aggregator::of_kind(ProfileKind::OffCpu, max_stacks_per_interval),
+                write_profiles: off_cpu.is_some(),
+                lock: lock.map(|lock| LockAggregators::new(lock, max_stacks_per_interval)),
             }),
             alloc: alloc.map(|(config, hook_requests)| Alloc {
                 config,
@@ -314,10 +317,13 @@ fn next_drain(drained: Drained) -> Duration {
 }
 
 /// Off-CPU profiling's state in the sampling loop: waits whose end has not come, and the
-/// interval's folded waits.
+/// interval's folded waits; with lock profiling, its folded lock waits too.
 struct OffCpu {
     joiner: OffCpuJoiner,
     aggregator: Aggregator,
+    /// Whether off-CPU profiles are asked for (lock profiles alone sample waits too).
+    write_profiles: bool,
+    lock: Option<LockAggregators>,
 }
 
 /// Allocation profiling's state in the sampling loop: the interval's folded allocations, what
@@ -386,12 +392,20 @@ fn drain_ring(
         found.note(&view, added, work, stats);
     });
     if let Some(off_cpu) = off_cpu {
-        let OffCpu { joiner, aggregator } = off_cpu;
+        let OffCpu {
+            joiner,
+            aggregator,
+            lock,
+            ..
+        } = off_cpu;
         sampler.drain_off_cpu(|bytes| {
             stats.off_cpu_records += 1;
             if let Some(end) = OffCpuEnd::from_bytes(bytes) {
-                joiner.end(&end, aggregator, |view, added| {
-                    found.note(view, added, work, stats)
+                joiner.end(&end, aggregator, |view, added, wait| {
+                    found.note(view, added, work, stats);
+                    if let Some(lock) = lock.as_mut() {
+                        lock.fold(view, wait);
+                    }
                 });
                 return;
             }
@@ -538,7 +552,16 @@ fn end_interval(
             open_waits = stats.off_cpu_open_waits,
             "off-CPU interval sampled"
         );
-        intervals.push(interval);
+        if off_cpu.write_profiles {
+            intervals.push(interval);
+        }
+        if let Some(lock) = &mut off_cpu.lock {
+            for aggregator in [&mut lock.mutex, &mut lock.block] {
+                let interval = aggregator.take_interval();
+                stats.dropped_over_stack_bound += interval.dropped_over_bound;
+                intervals.push(interval);
+            }
+        }
     }
     if let Some(alloc) = alloc {
         let interval = alloc.aggregator.take_interval();

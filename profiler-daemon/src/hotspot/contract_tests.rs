@@ -73,6 +73,16 @@ fn vmstructs_of(hs: &HotspotProc, layout: Layout) -> VmStructs {
             "JavaThreadState",
         ),
         (
+            "JavaThread::_current_pending_monitor",
+            hs.java_thread_pending_monitor.into(),
+            "ObjectMonitor*",
+        ),
+        (
+            "JavaThread::_current_waiting_monitor",
+            hs.java_thread_waiting_monitor.into(),
+            "ObjectMonitor*",
+        ),
+        (
             "JavaFrameAnchor::_last_Java_sp",
             hs.anchor_sp.into(),
             "intptr_t*",

@@ -129,6 +129,9 @@ wanted_fields! {
     // Threads: the last Java frame of threads in native or VM code.
     JavaThreadAnchor = "JavaThread::_anchor", required, ["JavaThread::_anchor"];
     JavaThreadThreadState = "JavaThread::_thread_state", required, ["JavaThread::_thread_state"];
+    // What a blocked thread waits for: a monitor's entry, or `Object.wait` (lock profiles).
+    JavaThreadCurrentPendingMonitor = "JavaThread::_current_pending_monitor", optional, ["JavaThread::_current_pending_monitor"];
+    JavaThreadCurrentWaitingMonitor = "JavaThread::_current_waiting_monitor", optional, ["JavaThread::_current_waiting_monitor"];
     ThreadOsthread = "Thread::_osthread", required, ["Thread::_osthread", "JavaThread::_osthread"];
     OSThreadThreadId = "OSThread::_thread_id", required, ["OSThread::_thread_id"];
     JavaFrameAnchorLastJavaSp = "JavaFrameAnchor::_last_Java_sp", required, ["JavaFrameAnchor::_last_Java_sp"];

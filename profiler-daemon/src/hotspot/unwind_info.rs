@@ -130,7 +130,16 @@ pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, Does
             value: -1,
         })?,
         symbol_body: offset(Field::SymbolBody)?,
-        _reserved2: [0; 2],
+        java_thread_pending_monitor: layout
+            .offset(Field::JavaThreadCurrentPendingMonitor)
+            .map_or(Ok(u16::MAX), |_| {
+                offset(Field::JavaThreadCurrentPendingMonitor)
+            })?,
+        java_thread_waiting_monitor: layout
+            .offset(Field::JavaThreadCurrentWaitingMonitor)
+            .map_or(Ok(u16::MAX), |_| {
+                offset(Field::JavaThreadCurrentWaitingMonitor)
+            })?,
         nmethod_verified_entry: match (
             layout.offset(Field::NmethodVerifiedEntryPoint),
             layout.offset(Field::NmethodVerifiedEntryOffset),

@@ -90,10 +90,11 @@ pub fn fold_samples<F: Clone>(
 }
 
 /// Which of a sample's values a flame graph draws: the first sample type's (samples of CPU
-/// profiles, time blocked of off-CPU ones), or for allocation profiles the bytes, in and
-/// outside TLABs together.
+/// profiles, time blocked of off-CPU ones), for allocation profiles the bytes, in and outside
+/// TLABs together, for lock profiles the delay.
 enum FlameValue {
     First,
+    At(usize),
     Sum([usize; 2]),
 }
 
@@ -110,8 +111,10 @@ impl FlameValue {
         match (
             type_at(crate::pprof::ALLOC_IN_NEW_TLAB_BYTES),
             type_at(crate::pprof::ALLOC_OUTSIDE_TLAB_BYTES),
+            type_at(crate::pprof::LOCK_DELAY),
         ) {
-            (Some(tlab), Some(outside)) => Self::Sum([tlab, outside]),
+            (Some(tlab), Some(outside), _) => Self::Sum([tlab, outside]),
+            (_, _, Some(delay)) => Self::At(delay),
             _ => Self::First,
         }
     }
@@ -121,6 +124,7 @@ impl FlameValue {
         let value = |at: usize| values.get(at).and_then(|&v| u64::try_from(v).ok());
         match self {
             Self::First => value(0),
+            Self::At(at) => value(*at),
             Self::Sum(at) => value(at[0])?.checked_add(value(at[1])?),
         }
     }

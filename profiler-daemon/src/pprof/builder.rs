@@ -72,14 +72,15 @@ impl ProfileBuilder {
 
     /// An off-CPU profile: each sample has `off_cpu/nanoseconds` (time blocked, the type
     /// Pyroscope's `off_cpu` profiles carry), `runqueue/nanoseconds` (time runnable but waiting
-    /// for a CPU) and `samples/count` (waits sampled). No period: waits are measured, not
-    /// counted at a rate.
+    /// for a CPU), `samples/count` (waits sampled) and `waits/count` (the waits they stand
+    /// for). No period: waits are measured, not counted at a rate.
     pub fn new_off_cpu(start: SystemTime, duration: Duration) -> Self {
         let mut builder = Self::empty(0, start, duration);
         let off_cpu = builder.value_type("off_cpu", "nanoseconds");
         let runqueue = builder.value_type("runqueue", "nanoseconds");
         let samples = builder.value_type("samples", "count");
-        builder.profile.sample_type = vec![off_cpu, runqueue, samples];
+        let waits = builder.value_type("waits", "count");
+        builder.profile.sample_type = vec![off_cpu, runqueue, samples, waits];
         builder.profile.default_sample_type = off_cpu.r#type;
         builder
     }
@@ -101,6 +102,20 @@ impl ProfileBuilder {
         builder.profile.default_sample_type = types[1].r#type;
         builder.profile.period_type = Some(builder.value_type("space", "bytes"));
         builder.profile.period = i64::try_from(interval_bytes).unwrap_or(i64::MAX);
+        builder
+    }
+
+    /// A lock profile: per sample `contentions/count` (waits) and `delay/nanoseconds` (their
+    /// time), period `<period_type>/count`: `mutex` or `block`, the names Pyroscope gives
+    /// JFR's monitor and park events.
+    pub fn new_lock(period_type: &str, start: SystemTime, duration: Duration) -> Self {
+        let mut builder = Self::empty(0, start, duration);
+        let contentions = builder.value_type("contentions", "count");
+        let delay = builder.value_type(super::LOCK_DELAY, "nanoseconds");
+        builder.profile.sample_type = vec![contentions, delay];
+        builder.profile.default_sample_type = delay.r#type;
+        builder.profile.period_type = Some(builder.value_type(period_type, "count"));
+        builder.profile.period = 1;
         builder
     }
 

@@ -10,6 +10,8 @@ pub const ALLOC_IN_NEW_TLAB_OBJECTS: &str = "alloc_in_new_tlab_objects";
 pub const ALLOC_IN_NEW_TLAB_BYTES: &str = "alloc_in_new_tlab_bytes";
 pub const ALLOC_OUTSIDE_TLAB_OBJECTS: &str = "alloc_outside_tlab_objects";
 pub const ALLOC_OUTSIDE_TLAB_BYTES: &str = "alloc_outside_tlab_bytes";
+/// The time sample type of lock profiles.
+pub const LOCK_DELAY: &str = "delay";
 
 /// The protobuf types, generated at build time from `proto/pprof/profile.proto`.
 pub mod proto {

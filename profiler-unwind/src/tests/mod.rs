@@ -546,6 +546,30 @@ fn a_thread_in_native_or_vm_code_resumes_at_its_java_frame_anchor() {
 }
 
 #[test]
+fn a_blocked_thread_is_told_apart_by_the_monitor_it_waits_for() {
+    use profiler_common::JavaState;
+    let mut jvm = Jvm::new(Layout::Pointers);
+    jvm.add_java_thread(TID, THREAD_BLOCKED, (0, 0, 0));
+    let thread = Jvm::java_thread_of(TID);
+    let state = |jvm: &Jvm| crate::waiting_state(&jvm.hs, &jvm.memory, thread);
+    assert_eq!(state(&jvm), JavaState::Blocked, "parked or sleeping");
+    jvm.set_thread_monitors(TID, 0x7000_1000, 0);
+    assert_eq!(state(&jvm), JavaState::MonitorEnter);
+    jvm.set_thread_monitors(TID, 0, 0x7000_2000);
+    assert_eq!(state(&jvm), JavaState::MonitorWait);
+    // A JVM without the fields: blocked, whatever the thread's memory holds there.
+    jvm.set_thread_monitors(TID, 0x7000_1000, 0x7000_2000);
+    jvm.hs.java_thread_pending_monitor = u16::MAX;
+    jvm.hs.java_thread_waiting_monitor = u16::MAX;
+    assert_eq!(state(&jvm), JavaState::Blocked);
+    // Only a blocked thread is looked at: one in native code with a stale field is in native.
+    let mut native = Jvm::new(Layout::Pointers);
+    native.add_java_thread(TID, THREAD_IN_NATIVE, (0, 0, 0));
+    native.set_thread_monitors(TID, 0x7000_1000, 0);
+    assert_eq!(state(&native), JavaState::InNative);
+}
+
+#[test]
 fn thread_states_are_the_ones_the_jvm_exports() {
     // A build whose in-native value is 5: 5 resumes at the anchor, HotSpot's usual 4 does not.
     let mut jvm = Jvm::new(Layout::Pointers);

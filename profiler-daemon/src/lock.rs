@@ -1,0 +1,163 @@
+//! Java lock profiles (`--lock`): where Java threads wait for locks, and how long, from the
+//! off-CPU profiler's waits (docs/lock-profiling.md).
+//!
+//! - **mutex**: waits of threads blocked entering a contended monitor (`synchronized`). The BPF
+//!   side tells them by the thread's own record of the monitor it waits for
+//!   (`JavaState::MonitorEnter`), so neither `Object.wait` nor `Thread.sleep` counts.
+//! - **block**: waits of threads parked by `Unsafe.park` (`LockSupport.park`: `ReentrantLock`,
+//!   `Semaphore`, conditions, executors' queues), told by that Java frame when the profile is
+//!   named; other blocked waits (`Thread.sleep`, safepoints) are left out then.
+//!
+//! Both count each wait once (`contentions`, weighted as off-CPU waits are) and its blocked and
+//! run-queue time (`delay`). Waits shorter than the threshold are left out: a filter, as
+//! async-profiler's and Alloy's, that keeps profiles of heavy, brief contention small.
+
+use std::time::Duration;
+
+use profiler_common::JavaState;
+
+use crate::aggregate::{Added, Aggregator, ProfileKind};
+use crate::config_error::{invalid, ConfigError};
+use crate::off_cpu::JoinedWait;
+use crate::record::SampleView;
+
+/// The default threshold (as Alloy's `--lock 10ms`).
+pub const DEFAULT_THRESHOLD: Duration = Duration::from_millis(10);
+
+/// `lock = true` (or `--lock[=DURATION]`) and its threshold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LockConfig {
+    pub threshold: Duration,
+}
+
+impl LockConfig {
+    /// The lock section (`lock`, `lock_threshold_ms`) with the flag: `--lock` turns it on,
+    /// `--lock=DURATION` also sets the threshold. `None` when off, and then the threshold
+    /// must not be set.
+    pub fn resolve(
+        flag: Option<Option<Duration>>,
+        on: Option<bool>,
+        threshold_ms: Option<u64>,
+    ) -> Result<Option<Self>, ConfigError> {
+        let on = flag.is_some() || on.unwrap_or(false);
+        if !on {
+            if threshold_ms.is_some() {
+                return Err(invalid(
+                    "lock_threshold_ms",
+                    "set, but lock profiling is off (`lock = true` or --lock turns it on)",
+                ));
+            }
+            return Ok(None);
+        }
+        let threshold = flag
+            .flatten()
+            .or(threshold_ms.map(Duration::from_millis))
+            .unwrap_or(DEFAULT_THRESHOLD);
+        if threshold > Duration::from_secs(3600) {
+            return Err(invalid(
+                "lock_threshold_ms",
+                format!("{threshold:?} is over an hour"),
+            ));
+        }
+        Ok(Some(Self { threshold }))
+    }
+}
+
+/// The interval's lock waits, folded as they end.
+pub struct LockAggregators {
+    threshold_ns: u64,
+    pub mutex: Aggregator,
+    pub block: Aggregator,
+}
+
+impl LockAggregators {
+    pub fn new(config: LockConfig, max_stacks: usize) -> Self {
+        Self {
+            threshold_ns: config.threshold.as_nanos() as u64,
+            mutex: Aggregator::of_kind(ProfileKind::Mutex, max_stacks),
+            block: Aggregator::of_kind(ProfileKind::Block, max_stacks),
+        }
+    }
+
+    /// Folds one joined off-CPU wait if it is a lock wait at least the threshold long: a
+    /// monitor's entry into the mutex profile, another blocked wait into the block profile's
+    /// candidates (whose parks are told apart by their frames when named).
+    pub fn fold(&mut self, view: &SampleView<'_>, wait: &JoinedWait) -> Option<Added> {
+        if wait.wait_ns < self.threshold_ns {
+            return None;
+        }
+        let aggregator = match JavaState::from_u8(view.header.java_state) {
+            Some(JavaState::MonitorEnter) => &mut self.mutex,
+            Some(JavaState::Blocked) => &mut self.block,
+            _ => return None,
+        };
+        Some(aggregator.add_totals(view, &wait.totals))
+    }
+}
+
+/// The Java frames a parked thread waits under (`LockSupport.park` calls one of them).
+const PARK_METHODS: [&str; 2] = ["jdk.internal.misc.Unsafe.park", "sun.misc.Unsafe.park"];
+
+/// Whether a frame named `function` (a Java frame's name, maybe with a kind suffix) is the
+/// park a block profile's stacks must have.
+pub fn is_park(function: &str) -> bool {
+    PARK_METHODS.iter().any(|park| {
+        function
+            .strip_prefix(park)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with("_["))
+    })
+}
+
+/// `--lock`'s value: a duration (`10ms`, `1s`, `500us`, or `0`).
+pub fn parse_duration(value: &str) -> Result<Duration, String> {
+    if value.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(value.trim())
+        .map_err(|err| format!("{value:?} is not a duration such as 10ms or 1s ({err})"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_setting_needs_the_switch_and_a_sane_threshold() {
+        let resolved = |flag, on, ms| LockConfig::resolve(flag, on, ms).ok();
+        assert_eq!(resolved(None, None, None), Some(None));
+        assert_eq!(
+            resolved(Some(None), None, None),
+            Some(Some(LockConfig {
+                threshold: DEFAULT_THRESHOLD
+            }))
+        );
+        assert_eq!(
+            resolved(Some(Some(Duration::ZERO)), None, Some(50)),
+            Some(Some(LockConfig {
+                threshold: Duration::ZERO
+            })),
+            "the flag's value wins"
+        );
+        assert_eq!(
+            resolved(None, Some(true), Some(50)),
+            Some(Some(LockConfig {
+                threshold: Duration::from_millis(50)
+            }))
+        );
+        let off = LockConfig::resolve(None, None, Some(5)).expect_err("off");
+        assert!(off.to_string().contains("lock_threshold_ms"), "{off}");
+        assert_eq!(parse_duration("10ms"), Ok(Duration::from_millis(10)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert!(parse_duration("ten").is_err());
+    }
+
+    #[test]
+    fn parks_are_the_unsafe_park_frames_whatever_their_kind() {
+        assert!(is_park("jdk.internal.misc.Unsafe.park"));
+        assert!(is_park("jdk.internal.misc.Unsafe.park_[j]"));
+        assert!(is_park("sun.misc.Unsafe.park_[0]"));
+        assert!(!is_park("java.util.concurrent.locks.LockSupport.park_[i]"));
+        assert!(!is_park("jdk.internal.misc.Unsafe.parkNanos"));
+        assert!(!is_park("java.lang.Thread.sleep"));
+    }
+}
