@@ -95,8 +95,9 @@ struct ViewArgs {
     /// Only this process (host pid); repeat for several.
     #[arg(long = "pid", value_name = "PID")]
     pids: Vec<u32>,
-    /// Which profiles: where threads run (cpu) or wait (offcpu).
-    #[arg(long, value_name = "cpu|offcpu", default_value = "cpu")]
+    /// Which profiles: where threads run (cpu), wait (offcpu), allocate (alloc), wait for
+    /// monitors (mutex) or are parked (block).
+    #[arg(long, value_name = "cpu|offcpu|alloc|mutex|block", default_value = "cpu")]
     kind: String,
     /// Stacks of all threads merged, rooted at their thread pool, or at their thread.
     #[arg(long, value_name = "merged|pool|thread", default_value = "merged")]

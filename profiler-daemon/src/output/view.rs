@@ -55,7 +55,7 @@ pub struct ViewOptions {
     pub services: Vec<String>,
     pub processes: Vec<String>,
     pub pids: Vec<u32>,
-    /// `cpu` or `offcpu`.
+    /// A profile kind's file prefix: `cpu`, `offcpu`, `alloc`, `mutex` or `block`.
     pub kind: String,
     /// `merged`, `pool` or `thread`.
     pub threads: String,
@@ -373,7 +373,11 @@ impl ViewRequest {
         let kind =
             ProfileKind::from_file_prefix(&options.kind).ok_or_else(|| ViewError::Argument {
                 flag: "kind",
-                reason: format!("{:?} is not \"cpu\", \"offcpu\" or \"alloc\"", options.kind),
+                reason: format!(
+                    "{:?} is none of {}",
+                    options.kind,
+                    ProfileKind::ALL.map(ProfileKind::file_prefix).join(", ")
+                ),
             })?;
         let threads = ThreadRoots::parse(&options.threads).ok_or_else(|| ViewError::Argument {
             flag: "threads",
