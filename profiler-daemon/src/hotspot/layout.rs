@@ -130,8 +130,8 @@ wanted_fields! {
     JavaThreadAnchor = "JavaThread::_anchor", required, ["JavaThread::_anchor"];
     JavaThreadThreadState = "JavaThread::_thread_state", required, ["JavaThread::_thread_state"];
     // What a blocked thread waits for: a monitor's entry, or `Object.wait` (lock profiles).
-    JavaThreadCurrentPendingMonitor = "JavaThread::_current_pending_monitor", optional, ["JavaThread::_current_pending_monitor"];
-    JavaThreadCurrentWaitingMonitor = "JavaThread::_current_waiting_monitor", optional, ["JavaThread::_current_waiting_monitor"];
+    JavaThreadCurrentPendingMonitor = "JavaThread::_current_pending_monitor", optional, ["JavaThread::_current_pending_monitor", "Thread::_current_pending_monitor"];
+    JavaThreadCurrentWaitingMonitor = "JavaThread::_current_waiting_monitor", optional, ["JavaThread::_current_waiting_monitor", "Thread::_current_waiting_monitor"];
     ThreadOsthread = "Thread::_osthread", required, ["Thread::_osthread", "JavaThread::_osthread"];
     OSThreadThreadId = "OSThread::_thread_id", required, ["OSThread::_thread_id"];
     JavaFrameAnchorLastJavaSp = "JavaFrameAnchor::_last_Java_sp", required, ["JavaFrameAnchor::_last_Java_sp"];
