@@ -13,6 +13,9 @@
 //!    bound, and how fast a backlog goes out ([`export`]).
 //! 7. Off-CPU profiling: a context-switch-heavy program's throughput without and with it, and
 //!    the BPF run time per switch ([`off_cpu`]).
+//! 8. Allocation profiling: an allocation-heavy JVM's throughput without and with `--alloc`, the
+//!    hooks' hits per second and their cost per hit, split on small TLABs into a cost per hit
+//!    and per stack taken with the default interval and a small one ([`alloc`]).
 //!
 //! Every figure is measured and compared with the targets; nothing is asserted.
 //!
@@ -34,6 +37,7 @@ mod metrics_endpoint;
 
 use anyhow::{bail, Context as _, Result};
 
+mod alloc;
 mod daemon;
 mod export;
 mod measure;
@@ -106,6 +110,8 @@ enum Section {
     Bpf,
     /// 7: what off-CPU profiling costs a program that switches often.
     OffCpu,
+    /// 8: what allocation profiling costs a program that allocates about 1 GB/s.
+    Alloc,
 }
 
 /// How long and how often to measure.
@@ -128,6 +134,10 @@ struct Plan {
     bpf_rounds: usize,
     /// Sections 3 and 4's window per run.
     cost_window: Duration,
+    /// Section 8: the window per setting (`pairs` rounds on the realistic program), and the
+    /// rounds on small TLABs (whose windows are half as long).
+    alloc_window: Duration,
+    alloc_small_tlab_rounds: usize,
 }
 
 const FULL: Plan = Plan {
@@ -145,6 +155,8 @@ const FULL: Plan = Plan {
     bpf_rounds: 3,
     // Two profile intervals: the window holds two profile builds.
     cost_window: Duration::from_secs(30),
+    alloc_window: Duration::from_secs(8),
+    alloc_small_tlab_rounds: 2,
 };
 
 const QUICK: Plan = Plan {
@@ -158,6 +170,8 @@ const QUICK: Plan = Plan {
     bpf_window: Duration::from_secs(3),
     bpf_rounds: 2,
     cost_window: Duration::from_secs(15),
+    alloc_window: Duration::from_secs(4),
+    alloc_small_tlab_rounds: 1,
 };
 
 pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
@@ -174,6 +188,7 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
         Some(Section::Bpf) => return run_bpf_section(&bench, machine, args),
         Some(Section::Overhead) => return run_overhead_section(&bench, args),
         Some(Section::OffCpu) => return run_off_cpu_section(&bench, args),
+        Some(Section::Alloc) => return run_alloc_section(&bench, args),
         None => {}
     }
 
@@ -182,6 +197,7 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
     let (runs, export) = bench.measure_daemon_costs(|bench, pids| bench.measure_export(pids))?;
     let agent = bench.measure_agent_cost()?;
     let off_cpu = bench.measure_off_cpu_cost(&bench.pingpong)?;
+    let alloc = bench.measure_alloc_cost()?;
 
     let report = Report {
         machine,
@@ -195,6 +211,7 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
         agent,
         export,
         off_cpu,
+        alloc,
     };
     let markdown = report.to_markdown();
     println!("{markdown}");
@@ -238,7 +255,16 @@ fn run_off_cpu_section(bench: &Bench, args: &BenchArgs) -> Result<()> {
     let cost = bench.measure_off_cpu_cost(&bench.pingpong)?;
     let (mut rows, mut notes) = (Vec::new(), Vec::new());
     cost.rows(&mut rows, &mut notes);
-    write_section(bench, args, "off-cpu", &rows, &notes)
+    write_section(bench, args, "off-cpu", &rows, &notes, "")
+}
+
+/// Section 8 alone; written to target/bench/.
+fn run_alloc_section(bench: &Bench, args: &BenchArgs) -> Result<()> {
+    let cost = bench.measure_alloc_cost()?;
+    let (mut rows, mut notes) = (Vec::new(), Vec::new());
+    cost.rows(&mut rows, &mut notes);
+    let method = format!("\n## How it measures\n\n{}\n", cost.method());
+    write_section(bench, args, "alloc", &rows, &notes, &method)
 }
 
 /// Section 1 alone; written to target/bench/.
@@ -246,19 +272,22 @@ fn run_overhead_section(bench: &Bench, args: &BenchArgs) -> Result<()> {
     let overheads = bench.measure_overheads()?;
     let (mut rows, mut notes) = (Vec::new(), Vec::new());
     overhead::rows(&overheads, &mut rows, &mut notes);
-    write_section(bench, args, "overhead", &rows, &notes)
+    write_section(bench, args, "overhead", &rows, &notes, "")
 }
 
-/// Prints a section's table and writes it to target/bench/`stem`.md (`stem`-quick.md).
+/// Prints a section's table (and `method`, Markdown after it) and writes them to
+/// target/bench/`stem`.md (`stem`-quick.md).
 fn write_section(
     bench: &Bench,
     args: &BenchArgs,
     stem: &str,
     rows: &[Row],
     notes: &[String],
+    method: &str,
 ) -> Result<()> {
     let mut markdown = String::new();
     write_rows(&mut markdown, rows, notes);
+    markdown.push_str(method);
     println!("{markdown}");
     let name = if args.quick {
         format!("{stem}-quick.md")

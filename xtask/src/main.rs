@@ -76,7 +76,7 @@ enum Task {
     Image(image::ImageArgs),
     /// Install the daemon as a systemd service (binary, unit, default config).
     Install(install::InstallArgs),
-    /// Measure what the profiler costs (about 21 minutes on 2 CPUs); writes docs/benchmarks.md.
+    /// Measure what the profiler costs (about 29 minutes on 2 CPUs); writes docs/benchmarks.md.
     Bench(bench::BenchArgs),
 }
 
@@ -490,10 +490,18 @@ fn build_daemon(root: &Path, release: bool) -> Result<PathBuf> {
         command.arg("--release");
     }
     run(&mut command)?;
-    Ok(root
-        .join("target")
+    Ok(target_dir(root)
         .join(if release { "release" } else { "debug" })
         .join("profiler-daemon"))
+}
+
+/// Where cargo builds: `$CARGO_TARGET_DIR` when set (relative to the workspace root), else
+/// `target`.
+fn target_dir(root: &Path) -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) if !dir.is_empty() => root.join(dir),
+        _ => root.join("target"),
+    }
 }
 
 fn test(root: &Path, filter: Option<&str>) -> Result<()> {

@@ -30,6 +30,69 @@ pub(super) fn process_cpu_seconds(pid: u32) -> Result<f64> {
     Ok(nanos as f64 / 1e9)
 }
 
+/// CPU time in seconds of a process's live threads whose name (`comm`) starts with `prefix`,
+/// as [`process_cpu_seconds`] counts it.
+pub(super) fn threads_cpu_seconds(pid: u32, prefix: &str) -> Result<f64> {
+    let tasks = format!("/proc/{pid}/task");
+    let mut nanos: u64 = 0;
+    for entry in fs::read_dir(&tasks).with_context(|| format!("listing {tasks}"))? {
+        let dir = entry?.path();
+        // A thread may end between the listing and the reads.
+        let (Ok(comm), Ok(text)) = (
+            fs::read_to_string(dir.join("comm")),
+            fs::read_to_string(dir.join("schedstat")),
+        ) else {
+            continue;
+        };
+        if !comm.starts_with(prefix) {
+            continue;
+        }
+        let ran: u64 = text
+            .split_whitespace()
+            .next()
+            .and_then(|field| field.parse().ok())
+            .with_context(|| format!("malformed {}/schedstat", dir.display()))?;
+        nanos += ran;
+    }
+    Ok(nanos as f64 / 1e9)
+}
+
+/// System (kernel mode) CPU time in seconds of a process's live threads whose name starts with
+/// `prefix`: the `stime` field of /proc/PID/task/TID/stat. The kernel splits a thread's run time
+/// between user and system at its timer ticks, so this is a sampled figure, and in clock ticks
+/// (`sysconf(_SC_CLK_TCK)`, 10 ms): read over seconds, and summed over windows.
+pub(super) fn threads_system_seconds(pid: u32, prefix: &str) -> Result<f64> {
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks_per_second <= 0 {
+        bail!("sysconf(_SC_CLK_TCK) failed");
+    }
+    let tasks = format!("/proc/{pid}/task");
+    let mut ticks: u64 = 0;
+    for entry in fs::read_dir(&tasks).with_context(|| format!("listing {tasks}"))? {
+        let path = entry?.path().join("stat");
+        // A thread may end between the listing and the read.
+        let Ok(stat) = fs::read_to_string(&path) else {
+            continue;
+        };
+        // "TID (COMM) STATE ...": the name may hold spaces and parentheses, so fields are
+        // counted from the last ')'; stime is field 15, the 13th after the name.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            bail!("malformed {}", path.display());
+        };
+        if !stat[open + 1..close].starts_with(prefix) {
+            continue;
+        }
+        let stime: u64 = stat[close + 1..]
+            .split_whitespace()
+            .nth(12)
+            .and_then(|field| field.parse().ok())
+            .with_context(|| format!("malformed {}", path.display()))?;
+        ticks += stime;
+    }
+    Ok(ticks as f64 / ticks_per_second as f64)
+}
+
 /// Peak resident set size (VmHWM) in MB (10^6 bytes, the unit of the target).
 pub(super) fn peak_rss_mb(pid: u32) -> Result<f64> {
     status_mb(pid, "VmHWM:")
@@ -80,6 +143,35 @@ pub(super) fn bpf_stats(id: u32) -> Result<BpfStats> {
     })
 }
 
+/// The id of the daemon's BPF program called `name`, found through its file descriptors. The
+/// kernel keeps 15 bytes of a program's name (bpftool may print the whole name from BTF), so
+/// names are compared on those.
+pub(super) fn daemon_program(daemon_pid: u32, name: &str) -> Result<u32> {
+    let kept = &name[..name.len().min(BPF_NAME_BYTES)];
+    let dir = format!("/proc/{daemon_pid}/fdinfo");
+    for entry in fs::read_dir(&dir).with_context(|| format!("listing {dir}"))? {
+        // A descriptor may close between listing and reading: skip it.
+        let Ok(info) = fs::read_to_string(entry?.path()) else {
+            continue;
+        };
+        for id in info.lines().filter_map(|l| l.strip_prefix("prog_id:")) {
+            let id: u32 = id.trim().parse()?;
+            let prog = bpftool_prog(id)?;
+            if prog
+                .get("name")
+                .and_then(|n| n.as_str())
+                .is_some_and(|n| n.starts_with(kept))
+            {
+                return Ok(id);
+            }
+        }
+    }
+    bail!("the daemon (pid {daemon_pid}) holds no {name} program")
+}
+
+/// The bytes of a BPF program's name the kernel keeps (BPF_OBJ_NAME_LEN less its NUL).
+const BPF_NAME_BYTES: usize = 15;
+
 /// The id of the daemon's perf_event program, found through the daemon's own file descriptors so
 /// that BPF programs of other profilers on the machine (tests, perf) are never mistaken for it.
 pub(super) fn sampling_program(daemon_pid: u32) -> Result<u32> {
@@ -123,6 +215,25 @@ impl BpfStatsEnabled {
 impl Drop for BpfStatsEnabled {
     fn drop(&mut self) {
         let _ = fs::write(BPF_STATS_SYSCTL, self.previous.trim());
+    }
+}
+
+/// Turns the kernel's BPF run-time statistics off until dropped (the bench keeps them on): they
+/// cost two clock reads per program run, which matters where a program runs in a measured
+/// program's critical path (a context switch, an allocation hook).
+pub(super) struct BpfStatsPaused;
+
+impl BpfStatsPaused {
+    pub(super) fn pause() -> Result<Self> {
+        fs::write(BPF_STATS_SYSCTL, "0")
+            .with_context(|| format!("pausing BPF statistics ({BPF_STATS_SYSCTL})"))?;
+        Ok(Self)
+    }
+}
+
+impl Drop for BpfStatsPaused {
+    fn drop(&mut self) {
+        let _ = fs::write(BPF_STATS_SYSCTL, "1");
     }
 }
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 
 use super::daemon::Ready;
-use super::measure::{bpf_stats, bpftool_prog, BpfStats, BPF_STATS_SYSCTL};
+use super::measure::{bpf_stats, daemon_program, BpfStats, BpfStatsPaused};
 use super::scenarios::Bench;
 use super::statistics::median;
 use super::table::{verdict, Row};
@@ -49,19 +49,7 @@ fn round_trips(binary: &Path, window: Duration) -> Result<f64> {
 
 /// The daemon's off-CPU switch program, through its file descriptors.
 fn switch_program(daemon_pid: u32) -> Result<u32> {
-    let dir = format!("/proc/{daemon_pid}/fdinfo");
-    for entry in fs::read_dir(&dir).with_context(|| format!("listing {dir}"))? {
-        let Ok(info) = fs::read_to_string(entry?.path()) else {
-            continue;
-        };
-        for id in info.lines().filter_map(|l| l.strip_prefix("prog_id:")) {
-            let id: u32 = id.trim().parse()?;
-            if bpftool_prog(id)?.get("name").and_then(|n| n.as_str()) == Some(SWITCH_PROGRAM) {
-                return Ok(id);
-            }
-        }
-    }
-    anyhow::bail!("the daemon (pid {daemon_pid}) holds no {SWITCH_PROGRAM} program")
+    daemon_program(daemon_pid, SWITCH_PROGRAM)
 }
 
 impl Bench {
@@ -159,23 +147,6 @@ impl Bench {
 }
 
 const SAMPLED: &str = profiler_common::metric::OFF_CPU_WAITS_SAMPLED;
-
-/// Turns the kernel's BPF run-time statistics off until dropped (the bench keeps them on).
-struct BpfStatsPaused;
-
-impl BpfStatsPaused {
-    fn pause() -> Result<Self> {
-        fs::write(BPF_STATS_SYSCTL, "0")
-            .with_context(|| format!("pausing BPF statistics ({BPF_STATS_SYSCTL})"))?;
-        Ok(Self)
-    }
-}
-
-impl Drop for BpfStatsPaused {
-    fn drop(&mut self) {
-        let _ = fs::write(BPF_STATS_SYSCTL, "1");
-    }
-}
 
 impl OffCpuCost {
     pub(super) fn rows(&self, rows: &mut Vec<Row>, notes: &mut Vec<String>) {

@@ -16,7 +16,7 @@ use super::scenarios::Jdk;
 use super::statistics::{median, min_max, thousands, CpuFit};
 use super::table::{verdict, write_rows, Row};
 use super::{
-    export, off_cpu, Plan, COST_INTERVAL_SECS, MAX_HZ, QUICK, SMALL_JVMS, SMALL_JVM_FLAGS,
+    alloc, export, off_cpu, Plan, COST_INTERVAL_SECS, MAX_HZ, QUICK, SMALL_JVMS, SMALL_JVM_FLAGS,
     TARGET_HZ,
 };
 
@@ -209,6 +209,7 @@ pub(super) struct Report {
     pub(super) agent: AgentCost,
     pub(super) export: export::ExportRun,
     pub(super) off_cpu: off_cpu::OffCpuCost,
+    pub(super) alloc: alloc::AllocCost,
 }
 
 /// The targets.
@@ -281,6 +282,7 @@ impl Report {
         self.agent_rows(&mut rows);
         self.export.rows(&mut rows);
         self.off_cpu.rows(&mut rows, &mut notes);
+        self.alloc.rows(&mut rows, &mut notes);
 
         let mut out = String::new();
         let _ = writeln!(out, "# Benchmarks\n");
@@ -303,6 +305,7 @@ impl Report {
         write_rows(&mut out, &rows, &notes);
         let _ = writeln!(out, "\n## How it measures\n");
         let _ = write!(out, "{}", self.method());
+        let _ = writeln!(out, "{}", self.alloc.method());
         out
     }
 

@@ -161,9 +161,11 @@ impl Bench {
             Command::new(JDK17_JAVAC)
                 .args(["--release", "11", "-d"])
                 .arg(&classes)
-                .arg(sources.join("Bench.java")),
+                .arg(sources.join("Bench.java"))
+                // Section 8's workload.
+                .arg(sources.join("Alloc.java")),
         )
-        .context("compiling the Java workload")?;
+        .context("compiling the Java workloads")?;
         let native = work_dir.join("throughput");
         super::super::run(
             Command::new("gcc")
@@ -220,12 +222,23 @@ impl Bench {
     }
 
     fn java_command(&self, jdk: &Jdk, flags: &[&str], args: &[String]) -> Command {
+        self.java_class_command(jdk, flags, "Bench", args)
+    }
+
+    /// `java FLAGS -cp CLASSES CLASS ARGS`: one of the workloads in `xtask/bench`.
+    pub(super) fn java_class_command(
+        &self,
+        jdk: &Jdk,
+        flags: &[&str],
+        class: &str,
+        args: &[String],
+    ) -> Command {
         let mut command = Command::new(&jdk.java);
         command
             .args(flags)
             .arg("-cp")
             .arg(&self.classes)
-            .arg("Bench")
+            .arg(class)
             .args(args);
         command
     }
