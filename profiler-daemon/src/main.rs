@@ -97,7 +97,11 @@ struct ViewArgs {
     pids: Vec<u32>,
     /// Which profiles: where threads run (cpu), wait (offcpu), allocate (alloc), wait for
     /// monitors (mutex) or are parked (block).
-    #[arg(long, value_name = "cpu|offcpu|alloc|mutex|block", default_value = "cpu")]
+    #[arg(
+        long,
+        value_name = "cpu|offcpu|alloc|mutex|block",
+        default_value = "cpu"
+    )]
     kind: String,
     /// Stacks of all threads merged, rooted at their thread pool, or at their thread.
     #[arg(long, value_name = "merged|pool|thread", default_value = "merged")]

@@ -180,19 +180,7 @@ pub fn build(
                 unit: "",
             },
         ];
-        match kind {
-            ProfileKind::Cpu => builder.add_sample_with(locations, totals.count, &labels),
-            ProfileKind::OffCpu => add_wait(&mut builder, locations, &view, &totals, labels),
-            ProfileKind::Alloc => add_allocation(&mut builder, locations, &view, &totals, &labels),
-            ProfileKind::Mutex | ProfileKind::Block => builder.add_sample_values(
-                locations,
-                vec![
-                    saturating_i64(whole_events(totals.events)),
-                    saturating_i64(totals.blocked_ns.saturating_add(totals.runqueue_ns)),
-                ],
-                &labels,
-            ),
-        }
+        add_sample(kind, &mut builder, locations, (&view, &totals), labels);
         threads.push(thread.clone());
     }
     BuiltProfile {
@@ -223,6 +211,32 @@ fn location_of(key: UserFrameKey) -> (LocationKey, u64) {
                 top,
             },
             0,
+        ),
+    }
+}
+
+/// Adds one stack's sample with the values of the profile's kind.
+fn add_sample(
+    kind: ProfileKind,
+    builder: &mut ProfileBuilder,
+    locations: Vec<u64>,
+    (view, totals): (
+        &crate::record::SampleView<'_>,
+        &crate::aggregate::StackTotals,
+    ),
+    labels: Vec<Label<'_>>,
+) {
+    match kind {
+        ProfileKind::Cpu => builder.add_sample_with(locations, totals.count, &labels),
+        ProfileKind::OffCpu => add_wait(builder, locations, view, totals, labels),
+        ProfileKind::Alloc => add_allocation(builder, locations, view, totals, &labels),
+        ProfileKind::Mutex | ProfileKind::Block => builder.add_sample_values(
+            locations,
+            vec![
+                saturating_i64(whole_events(totals.events)),
+                saturating_i64(totals.blocked_ns.saturating_add(totals.runqueue_ns)),
+            ],
+            &labels,
         ),
     }
 }
