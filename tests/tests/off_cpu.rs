@@ -68,6 +68,8 @@ fn expected_java_state(thread: &str) -> &'static str {
     match thread {
         // Sockets are read in native code (JNI).
         "offcpu-reader" => "in_native",
+        // Waiting for the monitor the holder keeps: the JVM records the monitor it waits for.
+        "offcpu-blocked" => "monitor_enter",
         _ => "blocked",
     }
 }
