@@ -524,6 +524,8 @@ fn attach_auto_loads_the_agent_unless_denied() {
         )
         .expect("config");
         let out = dir.path().join(format!("profiles-{deny}"));
+        // An earlier JVM with this pid (pids are reused) may have left its agent's records.
+        let _ = std::fs::remove_dir_all(format!("/tmp/.jvm-profiler-{}", jvm.pid()));
         let log = DaemonRun::new()
             .config(&config)
             .pid(jvm.pid())
