@@ -260,7 +260,7 @@ crate::labelled_enum! {
     }
 }
 
-/// [`SampleHeader::probability`] of a switch sampled for sure: probabilities are in units of
+/// [`SampleHeader::weight`] of an off-CPU switch sampled for sure: probabilities are in units of
 /// 2^-`OFF_CPU_PROBABILITY_BITS`.
 pub const OFF_CPU_PROBABILITY_BITS: u32 = 24;
 pub const OFF_CPU_PROBABILITY_ONE: u32 = 1 << OFF_CPU_PROBABILITY_BITS;
