@@ -139,10 +139,11 @@ pub fn build(
             let mut parks = false;
             let id = builder.location_with(location, address, || {
                 let frame = frames.user(symbolizers, key, &user);
-                parks = frame
-                    .lines
-                    .iter()
-                    .any(|line| crate::lock::is_park(&line.function));
+                parks = kind == ProfileKind::Block
+                    && frame
+                        .lines
+                        .iter()
+                        .any(|line| crate::lock::is_park(&line.function));
                 frame
             });
             if parks {
