@@ -4,7 +4,11 @@ import java.io.PrintWriter;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 import java.time.Instant;
+import java.util.IdentityHashMap;
+import java.util.List;
+import java.util.Map;
 
+import jdk.jfr.consumer.RecordedClass;
 import jdk.jfr.consumer.RecordedEvent;
 import jdk.jfr.consumer.RecordedFrame;
 import jdk.jfr.consumer.RecordedMethod;
@@ -19,39 +23,128 @@ import jdk.jfr.consumer.RecordingFile;
 //
 // Line: <epoch nanos> TAB <truncated 0|1> TAB <thread name> {TAB <frame type> | <class.method>}
 // frames innermost first; frame type as JFR names it ("JIT compiled", "Inlined", ...).
+//
+// With `--alloc` after the file, also every jdk.ObjectAllocationInNewTLAB and
+// jdk.ObjectAllocationOutsideTLAB event, one line each (the first field tells them apart):
+// alloc TAB <epoch nanos> TAB <in_new_tlab|outside_tlab> TAB <bytes> TAB <class> TAB
+// <truncated 0|1> TAB <thread name> {TAB <frame type> | <class.method>}
+// bytes: the new TLAB's size (`tlabSize`) for in_new_tlab, the object's (`allocationSize`) for
+// outside_tlab, the weights the daemon's alloc profiles give these events; class in Java form
+// (`java.lang.String`, `byte[]`, `java.lang.Object[][]`); only the innermost ALLOC_FRAMES
+// frames (the comparison needs the innermost Java method; tens of thousands of deep stacks
+// would be megabytes).
 public class JfrSamples {
+    static final int ALLOC_FRAMES = 8;
+    // The parser shares a stack trace's and a class's object among the events that refer to
+    // it (one constant of the recording): each is formatted once.
+    static final Map<RecordedStackTrace, String> STACKS = new IdentityHashMap<>();
+    static final Map<RecordedStackTrace, String> ALLOC_STACKS = new IdentityHashMap<>();
+    static final Map<RecordedClass, String> CLASSES = new IdentityHashMap<>();
+
     public static void main(String[] args) throws Exception {
+        boolean alloc = args.length > 1 && args[1].equals("--alloc");
         PrintWriter out = new PrintWriter(new BufferedWriter(
                 new OutputStreamWriter(System.out, StandardCharsets.UTF_8), 1 << 16));
         try (RecordingFile file = new RecordingFile(Path.of(args[0]))) {
             while (file.hasMoreEvents()) {
                 RecordedEvent event = file.readEvent();
-                if (!event.getEventType().getName().equals("jdk.ExecutionSample")) {
-                    continue;
+                String type = event.getEventType().getName();
+                if (type.equals("jdk.ExecutionSample")) {
+                    out.println(executionSample(event));
+                } else if (alloc && type.equals("jdk.ObjectAllocationInNewTLAB")) {
+                    out.println(allocation(event, "in_new_tlab", event.getLong("tlabSize")));
+                } else if (alloc && type.equals("jdk.ObjectAllocationOutsideTLAB")) {
+                    out.println(allocation(event, "outside_tlab", event.getLong("allocationSize")));
                 }
-                Instant start = event.getStartTime();
-                RecordedThread thread = event.getThread("sampledThread");
-                RecordedStackTrace stack = event.getStackTrace();
-                StringBuilder line = new StringBuilder();
-                line.append(start.getEpochSecond() * 1_000_000_000L + start.getNano()).append('\t');
-                line.append(stack != null && stack.isTruncated() ? '1' : '0').append('\t');
-                line.append(clean(thread == null ? "" : thread.getJavaName()));
-                if (stack != null) {
-                    for (RecordedFrame frame : stack.getFrames()) {
-                        RecordedMethod method = frame.getMethod();
-                        line.append('\t').append(frame.getType()).append('|');
-                        if (method == null) {
-                            line.append("[no method]");
-                        } else {
-                            line.append(clean(method.getType().getName())).append('.')
-                                    .append(clean(method.getName()));
-                        }
-                    }
-                }
-                out.println(line);
             }
         }
         out.flush();
+    }
+
+    static String executionSample(RecordedEvent event) {
+        RecordedThread thread = event.getThread("sampledThread");
+        RecordedStackTrace stack = event.getStackTrace();
+        StringBuilder line = new StringBuilder();
+        line.append(nanos(event.getStartTime())).append('\t');
+        line.append(stack != null && stack.isTruncated() ? '1' : '0').append('\t');
+        line.append(clean(thread == null ? "" : thread.getJavaName()));
+        line.append(frames(STACKS, stack, Integer.MAX_VALUE));
+        return line.toString();
+    }
+
+    static String allocation(RecordedEvent event, String kind, long bytes) {
+        RecordedThread thread = event.getThread();
+        RecordedStackTrace stack = event.getStackTrace();
+        RecordedClass objectClass = event.getClass("objectClass");
+        StringBuilder line = new StringBuilder("alloc\t");
+        line.append(nanos(event.getStartTime())).append('\t');
+        line.append(kind).append('\t').append(bytes).append('\t');
+        line.append(objectClass == null ? "[no class]"
+                : CLASSES.computeIfAbsent(objectClass, c -> clean(javaName(c.getName()))));
+        line.append('\t').append(stack != null && stack.isTruncated() ? '1' : '0').append('\t');
+        line.append(clean(thread == null ? "" : thread.getJavaName()));
+        line.append(frames(ALLOC_STACKS, stack, ALLOC_FRAMES));
+        return line.toString();
+    }
+
+    static long nanos(Instant at) {
+        return at.getEpochSecond() * 1_000_000_000L + at.getNano();
+    }
+
+    // {TAB <frame type> | <class.method>} of the innermost `limit` frames, formatted once per
+    // stack trace (`formatted`).
+    static String frames(Map<RecordedStackTrace, String> formatted, RecordedStackTrace stack,
+            int limit) {
+        if (stack == null) {
+            return "";
+        }
+        return formatted.computeIfAbsent(stack, s -> {
+            StringBuilder line = new StringBuilder();
+            appendFrames(line, s, limit);
+            return line.toString();
+        });
+    }
+
+    static void appendFrames(StringBuilder line, RecordedStackTrace stack, int limit) {
+        List<RecordedFrame> frames = stack.getFrames();
+        for (RecordedFrame frame : frames.subList(0, Math.min(limit, frames.size()))) {
+            RecordedMethod method = frame.getMethod();
+            line.append('\t').append(frame.getType()).append('|');
+            if (method == null) {
+                line.append("[no method]");
+            } else {
+                line.append(clean(method.getType().getName())).append('.')
+                        .append(clean(method.getName()));
+            }
+        }
+    }
+
+    // A class name as JFR's consumer gives it (`java.lang.String`, arrays as descriptors:
+    // `[B`, `[[Ljava.lang.Object;`) -> its Java form (`byte[]`, `java.lang.Object[][]`).
+    static String javaName(String name) {
+        int dimensions = 0;
+        while (dimensions < name.length() && name.charAt(dimensions) == '[') {
+            dimensions++;
+        }
+        if (dimensions == 0) {
+            return name;
+        }
+        String element = name.substring(dimensions);
+        switch (element) {
+            case "Z": element = "boolean"; break;
+            case "B": element = "byte"; break;
+            case "C": element = "char"; break;
+            case "S": element = "short"; break;
+            case "I": element = "int"; break;
+            case "J": element = "long"; break;
+            case "F": element = "float"; break;
+            case "D": element = "double"; break;
+            default:
+                if (element.startsWith("L") && element.endsWith(";")) {
+                    element = element.substring(1, element.length() - 1);
+                }
+        }
+        return element + "[]".repeat(dimensions);
     }
 
     static String clean(String s) {
