@@ -33,16 +33,27 @@ import jdk.jfr.consumer.RecordingFile;
 // (`java.lang.String`, `byte[]`, `java.lang.Object[][]`); only the innermost ALLOC_FRAMES
 // frames (the comparison needs the innermost Java method; tens of thousands of deep stacks
 // would be megabytes).
+//
+// With `--lock`, also every jdk.JavaMonitorEnter and jdk.ThreadPark event, one line each:
+// lock TAB <epoch nanos at its end> TAB <monitor_enter|park> TAB <duration nanos> TAB <class>
+// TAB <truncated 0|1> TAB <thread name> {TAB <frame type> | <class.method>}
+// class: the monitor's (`monitorClass`) or the object parked on's (`parkedClass`, often none);
+// only the innermost LOCK_FRAMES frames (enough to get past the lock's own classes to the
+// method that took it).
 public class JfrSamples {
     static final int ALLOC_FRAMES = 8;
+    static final int LOCK_FRAMES = 16;
     // The parser shares a stack trace's and a class's object among the events that refer to
     // it (one constant of the recording): each is formatted once.
     static final Map<RecordedStackTrace, String> STACKS = new IdentityHashMap<>();
     static final Map<RecordedStackTrace, String> ALLOC_STACKS = new IdentityHashMap<>();
+    static final Map<RecordedStackTrace, String> LOCK_STACKS = new IdentityHashMap<>();
     static final Map<RecordedClass, String> CLASSES = new IdentityHashMap<>();
 
     public static void main(String[] args) throws Exception {
-        boolean alloc = args.length > 1 && args[1].equals("--alloc");
+        List<String> options = List.of(args).subList(1, args.length);
+        boolean alloc = options.contains("--alloc");
+        boolean lock = options.contains("--lock");
         PrintWriter out = new PrintWriter(new BufferedWriter(
                 new OutputStreamWriter(System.out, StandardCharsets.UTF_8), 1 << 16));
         try (RecordingFile file = new RecordingFile(Path.of(args[0]))) {
@@ -55,6 +66,10 @@ public class JfrSamples {
                     out.println(allocation(event, "in_new_tlab", event.getLong("tlabSize")));
                 } else if (alloc && type.equals("jdk.ObjectAllocationOutsideTLAB")) {
                     out.println(allocation(event, "outside_tlab", event.getLong("allocationSize")));
+                } else if (lock && type.equals("jdk.JavaMonitorEnter")) {
+                    out.println(lockWait(event, "monitor_enter", event.getClass("monitorClass")));
+                } else if (lock && type.equals("jdk.ThreadPark")) {
+                    out.println(lockWait(event, "park", event.getClass("parkedClass")));
                 }
             }
         }
@@ -84,6 +99,20 @@ public class JfrSamples {
         line.append('\t').append(stack != null && stack.isTruncated() ? '1' : '0').append('\t');
         line.append(clean(thread == null ? "" : thread.getJavaName()));
         line.append(frames(ALLOC_STACKS, stack, ALLOC_FRAMES));
+        return line.toString();
+    }
+
+    static String lockWait(RecordedEvent event, String kind, RecordedClass objectClass) {
+        RecordedThread thread = event.getThread();
+        RecordedStackTrace stack = event.getStackTrace();
+        StringBuilder line = new StringBuilder("lock\t");
+        line.append(nanos(event.getEndTime())).append('\t');
+        line.append(kind).append('\t').append(event.getDuration().toNanos()).append('\t');
+        line.append(objectClass == null ? "[no class]"
+                : CLASSES.computeIfAbsent(objectClass, c -> clean(javaName(c.getName()))));
+        line.append('\t').append(stack != null && stack.isTruncated() ? '1' : '0').append('\t');
+        line.append(clean(thread == null ? "" : thread.getJavaName()));
+        line.append(frames(LOCK_STACKS, stack, LOCK_FRAMES));
         return line.toString();
     }
 

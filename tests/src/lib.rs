@@ -17,7 +17,9 @@ pub mod background;
 pub mod cgroup;
 pub mod daemon_run;
 pub use daemon_run::DaemonRun;
+pub use measured_truth::{MeasuringJvm, Totals, Window};
 pub mod hostile;
+pub mod measured_truth;
 pub mod metrics_endpoint;
 pub mod receiver;
 

@@ -6,11 +6,9 @@
 //! sampled, are also counted: their estimated number is the number allocated.
 
 use std::collections::HashMap;
-use std::io::BufRead as _;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use profiler_daemon::pprof::proto;
 use profiler_tests::*;
@@ -73,141 +71,19 @@ const SITES: [Site; 3] = [
 /// off_cpu.rs) and of the main thread, which prints the totals.
 const ROOTS: [&str; 2] = ["java.lang.Thread.run", "AllocSplit.main"];
 
-/// What the workload had allocated at one moment (wall clock, nanoseconds since the epoch):
-/// bytes per site (as [`SITES`]) and the large site's arrays, cumulative.
-#[derive(Clone, Copy, Debug)]
-struct Totals {
-    at: i64,
-    bytes: [f64; 3],
-    arrays: f64,
-}
+/// The keys of AllocSplit's `ALLOC <epoch ns> seventy=<bytes> thirty=<bytes> large=<bytes>
+/// arrays=<count>` lines: bytes per site (as [`SITES`]) and the large site's arrays, cumulative.
+const TOTALS: &[&str] = &["seventy", "thirty", "large", "arrays"];
 
-impl Totals {
-    /// `ALLOC <epoch ns> seventy=<bytes> thirty=<bytes> large=<bytes> arrays=<count>`.
-    fn parse(line: &str) -> Option<Self> {
-        let mut fields = line.strip_prefix("ALLOC ")?.split_whitespace();
-        let at = fields.next()?.parse().ok()?;
-        let values: HashMap<&str, f64> = fields
-            .filter_map(|field| {
-                let (key, value) = field.split_once('=')?;
-                Some((key, value.parse().ok()?))
-            })
-            .collect();
-        let mut bytes = [0.0; 3];
-        for (slot, site) in bytes.iter_mut().zip(&SITES) {
-            *slot = *values.get(site.key)?;
-        }
-        Some(Self {
-            at,
-            bytes,
-            arrays: *values.get("arrays")?,
-        })
-    }
-
-    /// The totals at `at`, between these and `next`'s (each site's rate is steady in between).
-    fn towards(&self, next: &Self, at: i64) -> Self {
-        let part = (at - self.at) as f64 / (next.at - self.at) as f64;
-        let mix = |from: f64, to: f64| from + (to - from) * part;
-        Self {
-            at,
-            bytes: std::array::from_fn(|i| mix(self.bytes[i], next.bytes[i])),
-            arrays: mix(self.arrays, next.arrays),
-        }
-    }
-
-    /// What was allocated from `earlier` to these.
-    fn since(&self, earlier: &Self) -> Self {
-        Self {
-            at: self.at,
-            bytes: std::array::from_fn(|i| self.bytes[i] - earlier.bytes[i]),
-            arrays: self.arrays - earlier.arrays,
-        }
-    }
-}
-
-/// A running AllocSplit and every `ALLOC` line it has printed.
-struct Split {
-    jdk: Jdk,
-    jvm: Workload,
-    printed: Arc<Mutex<Vec<Totals>>>,
-}
-
-impl Split {
-    fn start(jdk: Jdk, classes: &Path) -> Self {
-        let mut child = Command::new(&jdk.java)
-            .args(JVM_ARGS)
-            .arg("-cp")
-            .arg(classes)
-            .arg("AllocSplit")
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("JVM starts");
-        let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let jvm = Workload(child);
-        let first = lines.next().and_then(Result::ok).unwrap_or_default();
-        assert_eq!(first, "ready", "JDK {}: AllocSplit starts", jdk.major);
-        let printed = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&printed);
-        std::thread::spawn(move || {
-            for totals in lines
-                .map_while(Result::ok)
-                .filter_map(|l| Totals::parse(&l))
-            {
-                sink.lock().expect("totals").push(totals);
-            }
-        });
-        Self { jdk, jvm, printed }
-    }
-
-    /// What the workload allocated within `window`, each bound interpolated between the lines
-    /// printed around it; waits for the first line after the window's end.
-    fn truth(&self, window: Window) -> Totals {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            {
-                let printed = self.printed.lock().expect("totals");
-                if printed.last().is_some_and(|last| last.at > window.end) {
-                    let at = |nanos: i64| {
-                        let next = printed.partition_point(|t| t.at <= nanos);
-                        assert!(
-                            next > 0,
-                            "JDK {}: the profiles start before the workload's first totals",
-                            self.jdk.major
-                        );
-                        printed[next - 1].towards(&printed[next], nanos)
-                    };
-                    return at(window.end).since(&at(window.start));
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "JDK {}: no ALLOC line printed after the profiles' end",
-                self.jdk.major
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn assert_alive(&mut self) {
-        assert!(
-            self.jvm.0.try_wait().expect("JVM status").is_none(),
-            "JDK {}: the JVM died under allocation profiling",
-            self.jdk.major
-        );
-    }
-}
-
-/// The span the compared profiles cover, in nanoseconds since the epoch.
-#[derive(Clone, Copy, Debug)]
-struct Window {
-    start: i64,
-    end: i64,
-}
-
-impl Window {
-    fn seconds(&self) -> f64 {
-        (self.end - self.start) as f64 / 1e9
-    }
+/// A running AllocSplit, reading its totals.
+fn start_split(jdk: Jdk, classes: &Path) -> MeasuringJvm {
+    let mut command = Command::new(&jdk.java);
+    command
+        .args(JVM_ARGS)
+        .arg("-cp")
+        .arg(classes)
+        .arg("AllocSplit");
+    MeasuringJvm::start(jdk, &mut command, "ALLOC", TOTALS)
 }
 
 /// Which profiles are compared, over which window. The hooks take a JVM's allocations once the
@@ -337,7 +213,7 @@ fn share(part: i64, whole: i64) -> f64 {
 /// Profiles `splits` with one daemon run (`--alloc` with `alloc`), `seconds` long, 2 s
 /// intervals, and returns each JVM's whole-interval profiles and their window.
 fn profile(
-    splits: &mut [Split],
+    splits: &mut [MeasuringJvm],
     alloc: &str,
     seconds: u64,
     out: &Path,
@@ -354,7 +230,7 @@ fn profile(
     splits
         .iter_mut()
         .map(|split| {
-            split.assert_alive();
+            split.assert_alive("allocation profiling");
             whole_intervals(out, split.jvm.pid(), split.jdk.major)
         })
         .collect()
@@ -364,9 +240,9 @@ fn profile(
 fn allocation_bytes_per_site_match_the_truth_on_every_jdk() {
     let dir = tempfile::tempdir().expect("tempdir");
     let classes = compile_java(&["AllocSplit.java"], dir.path()).expect("javac");
-    let mut splits: Vec<Split> = jdks()
+    let mut splits: Vec<MeasuringJvm> = jdks()
         .into_iter()
-        .map(|jdk| Split::start(jdk, &classes))
+        .map(|jdk| start_split(jdk, &classes))
         .collect();
     let out = dir.path().join("profiles");
     let profiled = profile(&mut splits, "--alloc=65536", 20, &out);
@@ -391,7 +267,8 @@ fn allocation_bytes_per_site_match_the_truth_on_every_jdk() {
             "leaf class",
             "outside TLAB"
         );
-        for ((site, got), &expected) in SITES.iter().zip(&measured.sites).zip(&truth.bytes) {
+        for (site, got) in SITES.iter().zip(&measured.sites) {
+            let expected = truth.get(site.key);
             let error = got.bytes as f64 / expected - 1.0;
             let class = share(got.class_bytes, got.bytes);
             let outside = share(got.outside_tlab_bytes, got.bytes);
@@ -472,10 +349,10 @@ fn objects_are_the_estimated_count_of_events() {
     println!("JDKs {wanted:?} (PROFILER_ALLOC_JDKS chooses)");
     let dir = tempfile::tempdir().expect("tempdir");
     let classes = compile_java(&["AllocSplit.java"], dir.path()).expect("javac");
-    let mut splits: Vec<Split> = jdks()
+    let mut splits: Vec<MeasuringJvm> = jdks()
         .into_iter()
         .filter(|jdk| wanted.contains(&jdk.major))
-        .map(|jdk| Split::start(jdk, &classes))
+        .map(|jdk| start_split(jdk, &classes))
         .collect();
     assert!(!splits.is_empty(), "no test JDK among {wanted:?}");
     let out = dir.path().join("profiles");
@@ -487,7 +364,7 @@ fn objects_are_the_estimated_count_of_events() {
         .expect("the large site");
     for (split, (profiles, window)) in splits.iter().zip(profiled) {
         let major = split.jdk.major;
-        let arrays = split.truth(window).arrays;
+        let arrays = split.truth(window).get("arrays");
         let estimated = measure(&profiles, major).sites[large].outside_tlab_objects;
         let error = estimated as f64 / arrays - 1.0;
         println!(

@@ -7,11 +7,9 @@
 //! neither site is in the other's.
 
 use std::collections::HashMap;
-use std::io::BufRead as _;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use profiler_daemon::pprof::proto;
 use profiler_tests::*;
@@ -70,139 +68,20 @@ const NOT_LOCKS: [&str; 2] = ["LockSplit.sleepSite", "LockSplit.waitSite"];
 /// off_cpu.rs and alloc.rs).
 const ROOT: &str = "java.lang.Thread.run";
 
-/// What the workload's threads had waited at one moment (wall clock, nanoseconds since the
-/// epoch), per site (as [`SITES`]): nanoseconds and waits over 1 ms, cumulative.
-#[derive(Clone, Copy, Debug)]
-struct Totals {
-    at: i64,
-    nanos: [f64; 2],
-    waits: [f64; 2],
-}
+/// The keys of LockSplit's `LOCK <epoch ns> monitor_ns=<ns> monitor_waits=<n> park_ns=<ns>
+/// park_waits=<n>` lines: nanoseconds and waits over 1 ms per site (`<key>_ns`, `<key>_waits`
+/// of [`SITES`]), cumulative.
+const TOTALS: &[&str] = &["monitor_ns", "monitor_waits", "park_ns", "park_waits"];
 
-impl Totals {
-    /// `LOCK <epoch ns> monitor_ns=<ns> monitor_waits=<n> park_ns=<ns> park_waits=<n>`.
-    fn parse(line: &str) -> Option<Self> {
-        let mut fields = line.strip_prefix("LOCK ")?.split_whitespace();
-        let at = fields.next()?.parse().ok()?;
-        let values: HashMap<&str, f64> = fields
-            .filter_map(|field| {
-                let (key, value) = field.split_once('=')?;
-                Some((key, value.parse().ok()?))
-            })
-            .collect();
-        let mut nanos = [0.0; 2];
-        let mut waits = [0.0; 2];
-        for ((site_nanos, site_waits), site) in nanos.iter_mut().zip(&mut waits).zip(&SITES) {
-            *site_nanos = *values.get(format!("{}_ns", site.key).as_str())?;
-            *site_waits = *values.get(format!("{}_waits", site.key).as_str())?;
-        }
-        Some(Self { at, nanos, waits })
-    }
-
-    /// The totals at `at`, between these and `next`'s.
-    fn towards(&self, next: &Self, at: i64) -> Self {
-        let part = (at - self.at) as f64 / (next.at - self.at) as f64;
-        let mix = |from: f64, to: f64| from + (to - from) * part;
-        Self {
-            at,
-            nanos: std::array::from_fn(|i| mix(self.nanos[i], next.nanos[i])),
-            waits: std::array::from_fn(|i| mix(self.waits[i], next.waits[i])),
-        }
-    }
-
-    /// What was waited from `earlier` to these.
-    fn since(&self, earlier: &Self) -> Self {
-        Self {
-            at: self.at,
-            nanos: std::array::from_fn(|i| self.nanos[i] - earlier.nanos[i]),
-            waits: std::array::from_fn(|i| self.waits[i] - earlier.waits[i]),
-        }
-    }
-}
-
-/// A running LockSplit and every `LOCK` line it has printed.
-struct Split {
-    jdk: Jdk,
-    jvm: Workload,
-    printed: Arc<Mutex<Vec<Totals>>>,
-}
-
-impl Split {
-    fn start(jdk: Jdk, classes: &Path) -> Self {
-        let mut child = Command::new(&jdk.java)
-            .args(JVM_ARGS)
-            .arg("-cp")
-            .arg(classes)
-            .arg("LockSplit")
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("JVM starts");
-        let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let jvm = Workload(child);
-        let first = lines.next().and_then(Result::ok).unwrap_or_default();
-        assert_eq!(first, "ready", "JDK {}: LockSplit starts", jdk.major);
-        let printed = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&printed);
-        std::thread::spawn(move || {
-            for totals in lines
-                .map_while(Result::ok)
-                .filter_map(|l| Totals::parse(&l))
-            {
-                sink.lock().expect("totals").push(totals);
-            }
-        });
-        Self { jdk, jvm, printed }
-    }
-
-    /// What the workload waited within `window`, each bound interpolated between the lines
-    /// printed around it; waits for the first line after the window's end.
-    fn truth(&self, window: Window) -> Totals {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            {
-                let printed = self.printed.lock().expect("totals");
-                if printed.last().is_some_and(|last| last.at > window.end) {
-                    let at = |nanos: i64| {
-                        let next = printed.partition_point(|t| t.at <= nanos);
-                        assert!(
-                            next > 0,
-                            "JDK {}: the profiles start before the workload's first totals",
-                            self.jdk.major
-                        );
-                        printed[next - 1].towards(&printed[next], nanos)
-                    };
-                    return at(window.end).since(&at(window.start));
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "JDK {}: no LOCK line printed after the profiles' end",
-                self.jdk.major
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn assert_alive(&mut self) {
-        assert!(
-            self.jvm.0.try_wait().expect("JVM status").is_none(),
-            "JDK {}: the JVM died under lock profiling",
-            self.jdk.major
-        );
-    }
-}
-
-/// The span the compared profiles cover, in nanoseconds since the epoch.
-#[derive(Clone, Copy, Debug)]
-struct Window {
-    start: i64,
-    end: i64,
-}
-
-impl Window {
-    fn seconds(&self) -> f64 {
-        (self.end - self.start) as f64 / 1e9
-    }
+/// A running LockSplit, reading its totals.
+fn start_split(jdk: Jdk, classes: &Path) -> MeasuringJvm {
+    let mut command = Command::new(&jdk.java);
+    command
+        .args(JVM_ARGS)
+        .arg("-cp")
+        .arg(classes)
+        .arg("LockSplit");
+    MeasuringJvm::start(jdk, &mut command, "LOCK", TOTALS)
 }
 
 /// Which profiles of one kind (`mutex` or `block`) are compared, over which window. A wait is
@@ -365,9 +244,9 @@ struct Profiled {
 fn lock_delays_per_site_match_the_truth_on_every_jdk() {
     let dir = tempfile::tempdir().expect("tempdir");
     let classes = compile_java(&["LockSplit.java"], dir.path()).expect("javac");
-    let mut splits: Vec<Split> = jdks()
+    let mut splits: Vec<MeasuringJvm> = jdks()
         .into_iter()
-        .map(|jdk| Split::start(jdk, &classes))
+        .map(|jdk| start_split(jdk, &classes))
         .collect();
     let out = dir.path().join("profiles");
     let seconds = 20;
@@ -382,7 +261,7 @@ fn lock_delays_per_site_match_the_truth_on_every_jdk() {
         .run(Duration::from_secs(seconds + 60));
 
     for split in &mut splits {
-        split.assert_alive();
+        split.assert_alive("lock profiling");
     }
 
     let mut failures = Vec::new();
@@ -450,7 +329,10 @@ fn lock_delays_per_site_match_the_truth_on_every_jdk() {
             let own = of_kind(site.profile);
             let truth = split.truth(own.window);
             let got = &own.measured;
-            let (expected_ns, expected_waits) = (truth.nanos[index], truth.waits[index]);
+            let (expected_ns, expected_waits) = (
+                truth.get(&format!("{}_ns", site.key)),
+                truth.get(&format!("{}_waits", site.key)),
+            );
             let delay_error = got.delay[index] as f64 / expected_ns - 1.0;
             let count_error = got.contentions[index] as f64 / expected_waits - 1.0;
             let own_threads = share(got.own_threads_delay[index], got.delay[index]);

@@ -40,6 +40,7 @@ use anyhow::{bail, Context as _, Result};
 mod alloc;
 mod daemon;
 mod export;
+mod lock;
 mod measure;
 mod off_cpu;
 mod overhead;
@@ -112,6 +113,9 @@ enum Section {
     OffCpu,
     /// 8: what allocation profiling costs a program that allocates about 1 GB/s.
     Alloc,
+    /// 9: what lock profiling costs a program that switches often and one whose threads
+    /// contend for locks.
+    Lock,
 }
 
 /// How long and how often to measure.
@@ -189,6 +193,7 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
         Some(Section::Overhead) => return run_overhead_section(&bench, args),
         Some(Section::OffCpu) => return run_off_cpu_section(&bench, args),
         Some(Section::Alloc) => return run_alloc_section(&bench, args),
+        Some(Section::Lock) => return run_lock_section(&bench, args),
         None => {}
     }
 
@@ -198,6 +203,7 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
     let agent = bench.measure_agent_cost()?;
     let off_cpu = bench.measure_off_cpu_cost(&bench.pingpong)?;
     let alloc = bench.measure_alloc_cost()?;
+    let lock = bench.measure_lock_cost()?;
 
     let report = Report {
         machine,
@@ -212,6 +218,7 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
         export,
         off_cpu,
         alloc,
+        lock,
     };
     let markdown = report.to_markdown();
     println!("{markdown}");
@@ -265,6 +272,15 @@ fn run_alloc_section(bench: &Bench, args: &BenchArgs) -> Result<()> {
     cost.rows(&mut rows, &mut notes);
     let method = format!("\n## How it measures\n\n{}\n", cost.method());
     write_section(bench, args, "alloc", &rows, &notes, &method)
+}
+
+/// Section 9 alone; written to target/bench/.
+fn run_lock_section(bench: &Bench, args: &BenchArgs) -> Result<()> {
+    let cost = bench.measure_lock_cost()?;
+    let (mut rows, mut notes) = (Vec::new(), Vec::new());
+    cost.rows(&mut rows, &mut notes);
+    let method = format!("\n## How it measures\n\n{}\n", cost.method());
+    write_section(bench, args, "lock", &rows, &notes, &method)
 }
 
 /// Section 1 alone; written to target/bench/.

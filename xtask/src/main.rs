@@ -582,13 +582,19 @@ fn test(root: &Path, filter: Option<&str>) -> Result<()> {
     Ok(())
 }
 
-/// The end-to-end test groups: the files of tests/tests, by name.
+/// The end-to-end test groups, as cargo finds test targets: the files of tests/tests and its
+/// directories with a `main.rs`, by name.
 fn e2e_groups(root: &Path) -> Result<Vec<String>> {
     let dir = root.join("tests/tests");
     let mut groups = Vec::new();
     for entry in std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
         let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "rs") {
+        let is_target = if path.is_dir() {
+            path.join("main.rs").is_file()
+        } else {
+            path.extension().is_some_and(|e| e == "rs")
+        };
+        if is_target {
             if let Some(stem) = path.file_stem().and_then(|s| s.to_str()) {
                 groups.push(stem.to_owned());
             }

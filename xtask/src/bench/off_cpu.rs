@@ -38,7 +38,7 @@ pub(super) struct OffCpuCost {
 }
 
 /// Runs the workload for `window` and returns its round trips per second.
-fn round_trips(binary: &Path, window: Duration) -> Result<f64> {
+pub(super) fn round_trips(binary: &Path, window: Duration) -> Result<f64> {
     let output =
         super::super::output(Command::new(binary).arg(format!("{:.1}", window.as_secs_f64())))?;
     output

@@ -16,7 +16,7 @@ use super::scenarios::Jdk;
 use super::statistics::{median, min_max, thousands, CpuFit};
 use super::table::{verdict, write_rows, Row};
 use super::{
-    alloc, export, off_cpu, Plan, COST_INTERVAL_SECS, MAX_HZ, QUICK, SMALL_JVMS, SMALL_JVM_FLAGS,
+    alloc, export, lock, off_cpu, Plan, COST_INTERVAL_SECS, MAX_HZ, QUICK, SMALL_JVMS, SMALL_JVM_FLAGS,
     TARGET_HZ,
 };
 
@@ -210,6 +210,7 @@ pub(super) struct Report {
     pub(super) export: export::ExportRun,
     pub(super) off_cpu: off_cpu::OffCpuCost,
     pub(super) alloc: alloc::AllocCost,
+    pub(super) lock: lock::LockCost,
 }
 
 /// The targets.
@@ -283,6 +284,7 @@ impl Report {
         self.export.rows(&mut rows);
         self.off_cpu.rows(&mut rows, &mut notes);
         self.alloc.rows(&mut rows, &mut notes);
+        self.lock.rows(&mut rows, &mut notes);
 
         let mut out = String::new();
         let _ = writeln!(out, "# Benchmarks\n");
@@ -306,6 +308,7 @@ impl Report {
         let _ = writeln!(out, "\n## How it measures\n");
         let _ = write!(out, "{}", self.method());
         let _ = writeln!(out, "{}", self.alloc.method());
+        let _ = writeln!(out, "{}", self.lock.method());
         out
     }
 

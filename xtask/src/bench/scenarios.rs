@@ -162,8 +162,9 @@ impl Bench {
                 .args(["--release", "11", "-d"])
                 .arg(&classes)
                 .arg(sources.join("Bench.java"))
-                // Section 8's workload.
-                .arg(sources.join("Alloc.java")),
+                // Sections 8 and 9's workloads.
+                .arg(sources.join("Alloc.java"))
+                .arg(sources.join("Contention.java")),
         )
         .context("compiling the Java workloads")?;
         let native = work_dir.join("throughput");

@@ -24,7 +24,10 @@
 //!     exact, ours an estimate: their ratio), and the byte share of the top allocation sites, a
 //!     site being the allocated class and the innermost Java method under it (stub frames
 //!     skipped), with the standard error of our share computed from JFR's events; and the share
-//!     of our CPU samples in the hooks' uprobe traps.
+//!     of our CPU samples in the hooks' uprobe traps;
+//! (f) lock waits: the daemon's `mutex` and `block` profiles (`--lock`) against the same
+//!     recording's `jdk.JavaMonitorEnter` and `jdk.ThreadPark` events: waits and wait time per
+//!     kind, and each site's share of the waits (see `lock.rs`).
 //!
 //! JFR is the reference, not the truth: its own biases show in (c). JDK 11's JFR marks no frame
 //! inlined (there both sides compare innermost frames, unfolded); JDK 17's drops samples it
@@ -38,7 +41,8 @@
 //! window) and the targets: at most 1% lost, at least 99% rooted, top leaf methods within 3
 //! standard errors plus 10 pp of JFR's; allocation sites (the top 5 of either side, each at
 //! least 2% of its bytes) within 3 standard errors plus 3 pp of JFR's, and our total bytes
-//! within 3 standard errors plus 2% of JFR's (see [`Measurement::alloc_target_failures`]).
+//! within 3 standard errors plus 2% of JFR's (see [`Measurement::alloc_target_failures`]); lock
+//! sites with enough waits within 3 standard errors plus 5 pp of JFR's share.
 //! `PROFILER_REAL_APP_TARGETS=0` reports missed targets without failing (to survey an
 //! application or JDK not yet met). `PROFILER_TESTS_SKIP=real-apps` skips these tests where the
 //! Debian packages are missing (`cargo xtask test` installs them). `PROFILER_REAL_APP_KEEP=DIR`
@@ -51,6 +55,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use profiler_tests::*;
+
+mod jfr;
+mod lock;
+
+use jfr::*;
+use lock::*;
 
 /// JFR's recording starts this long after the JVM (its `delay`), once start-up and JIT warm-up
 /// are over; `WINDOW` later the daemon is stopped, then the JVM, whose exit ends the recording.
@@ -81,11 +91,6 @@ const ALLOC_EVENTS_JFC: &str = r#"<?xml version="1.0" encoding="UTF-8"?>
   </event>
 </configuration>
 "#;
-/// JFR's allocation events, in the order of [`AllocKind`].
-const JFR_ALLOC_EVENTS: [&str; 2] = [
-    "jdk.ObjectAllocationInNewTLAB",
-    "jdk.ObjectAllocationOutsideTLAB",
-];
 /// The daemon's `--alloc` sampling interval when a profile does not say (its default).
 const DEFAULT_ALLOC_INTERVAL: i64 = 512 * 1024;
 /// The allocation sites asserted: the top `ASSERTED_SITES` of each side by bytes, each at least
@@ -467,6 +472,7 @@ fn measure(
         .output(&out)
         .metrics(metrics)
         .arg("--alloc")
+        .arg("--lock")
         .try_start(&logs)?;
     if app.prints_ready {
         ready_rx
@@ -530,6 +536,7 @@ fn measure(
     };
     let profiles = of_kind("cpu-");
     let alloc_profiles = of_kind("alloc-");
+    let lock_profiles = [(LockKind::MonitorEnter, "mutex-"), (LockKind::Park, "block-")];
     let mut m = Measurement::new(app.name, jdk.major);
     m.ran_through = ran_through;
     m.ready_after = ready_after;
@@ -616,6 +623,35 @@ fn measure(
             .filter(|a| a.nanos >= from && a.nanos < to)
             .collect();
     }
+    // The lock profiles of the same intervals, as the allocation profiles; JFR's lock events
+    // that ended inside them.
+    m.lock.jfr_summary = jfr.lock_summary;
+    for lock in &jfr.locks {
+        m.lock.jfr_parsed[lock.kind as usize] += 1;
+    }
+    let mut lock_window: Option<(i64, i64)> = None;
+    for (kind, prefix) in lock_profiles {
+        for profile in of_kind(prefix) {
+            let (start, end) = (
+                profile.time_nanos,
+                profile.time_nanos + profile.duration_nanos,
+            );
+            if start < recorded_from.max(from - 1_000_000)
+                || end > recorded_to.min(to + 1_000_000)
+            {
+                continue;
+            }
+            lock_window = Some(match lock_window {
+                None => (start, end),
+                Some((a, b)) => (a.min(start), b.max(end)),
+            });
+            m.lock.add_profile(kind, profile);
+        }
+    }
+    if let Some((from, to)) = lock_window {
+        m.lock.window_secs = (to - from) as f64 / 1e9;
+        m.lock.add_jfr(&jfr.locks, from, to);
+    }
     m.ends = ends_after
         .iter()
         .map(|(reason, after)| {
@@ -693,187 +729,6 @@ impl Regions {
             None => "[unknown] (outside the code cache: unmapped)".to_owned(),
         }
     }
-}
-
-/// One JFR execution sample: frames innermost first, as (type, `class.method`).
-struct JfrSample {
-    nanos: i64,
-    truncated: bool,
-    thread: String,
-    frames: Vec<(String, String)>,
-}
-
-/// The two kinds of allocation event, as both profilers split them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum AllocKind {
-    /// A thread took a new TLAB for the object: weighed by the TLAB's size.
-    InNewTlab = 0,
-    /// The object was allocated outside any TLAB: weighed by its own size.
-    OutsideTlab = 1,
-}
-
-impl AllocKind {
-    const ALL: [AllocKind; 2] = [AllocKind::InNewTlab, AllocKind::OutsideTlab];
-
-    fn name(self) -> &'static str {
-        match self {
-            AllocKind::InNewTlab => "in_new_tlab",
-            AllocKind::OutsideTlab => "outside_tlab",
-        }
-    }
-}
-
-/// One JFR allocation event: its weight in bytes (`tlabSize` in a new TLAB, `allocationSize`
-/// outside), the allocated class in Java form, and its stack's innermost frame, `class.method`
-/// (JFR's stacks have Java methods only), if it has a stack: what a site needs.
-struct JfrAlloc {
-    nanos: i64,
-    kind: AllocKind,
-    bytes: i64,
-    class: String,
-    method: Option<String>,
-}
-
-struct JfrRecording {
-    samples: Vec<JfrSample>,
-    /// What `jfr summary` counts: every sample must have been read.
-    summary_count: Option<u64>,
-    allocs: Vec<JfrAlloc>,
-    /// What `jfr summary` counts of each [`JFR_ALLOC_EVENTS`].
-    alloc_summary: [Option<u64>; 2],
-}
-
-/// `class.method` frames of a `JfrSamples` line, as (type, name).
-fn jfr_frames<'a>(fields: impl Iterator<Item = &'a str>) -> Vec<(String, String)> {
-    fields
-        .map(|f| {
-            let (kind, name) = f.split_once('|').unwrap_or(("", f));
-            (kind.to_owned(), normalize(name))
-        })
-        .collect()
-}
-
-/// The JVMs that read the recording compile with C1 only: they run for a second or two, too
-/// short for C2's compilations to pay on a busy machine (JfrSamples on Jetty's recording: 0.7 s
-/// instead of 1.5 s).
-const C1_ONLY: &str = "-XX:TieredStopAtLevel=1";
-const C1_ONLY_LAUNCHER: &str = "-J-XX:TieredStopAtLevel=1";
-
-/// Reads the recording with the same JDK: `jfr summary` for the counts, the JDK's
-/// `jdk.jfr.consumer` parser (`JfrSamples`) for the samples and allocation events.
-fn read_jfr(jdk: &Jdk, helper: &Path, file: &Path) -> anyhow::Result<JfrRecording> {
-    use anyhow::{bail, Context as _};
-    let bin = jdk.java.parent().context("JDK bin directory")?;
-    // Both at once: each is a JVM of its own, on an otherwise idle machine by now.
-    let summary = Command::new(bin.join("jfr"))
-        .arg(C1_ONLY_LAUNCHER)
-        .arg("summary")
-        .arg(file)
-        .stdout(Stdio::piped())
-        .spawn()?;
-    let output = Command::new(&jdk.java)
-        .arg(C1_ONLY)
-        .arg("-cp")
-        .arg(helper)
-        .arg("JfrSamples")
-        .arg(file)
-        .arg("--alloc")
-        .output()?;
-    let summary = summary.wait_with_output()?;
-    let summary = String::from_utf8_lossy(&summary.stdout);
-    let summary_count = |event: &str| {
-        summary.lines().find_map(|line| {
-            let mut words = line.split_whitespace();
-            (words.next() == Some(event)).then(|| words.next()?.parse().ok())?
-        })
-    };
-    if !output.status.success() {
-        bail!(
-            "reading {} failed: {}",
-            file.display(),
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    let text = String::from_utf8_lossy(&output.stdout);
-    let mut samples = Vec::new();
-    let mut allocs = Vec::new();
-    for line in text.lines() {
-        if let Some(alloc) = line.strip_prefix("alloc\t") {
-            let mut fields = alloc.split('\t');
-            let (
-                Some(nanos),
-                Some(kind),
-                Some(bytes),
-                Some(class),
-                Some(_truncated),
-                Some(_thread),
-            ) = (
-                fields.next(),
-                fields.next(),
-                fields.next(),
-                fields.next(),
-                fields.next(),
-                fields.next(),
-            )
-            else {
-                bail!("malformed JfrSamples alloc line {line:?}");
-            };
-            allocs.push(JfrAlloc {
-                nanos: nanos.parse().context("allocation time")?,
-                kind: match kind {
-                    "in_new_tlab" => AllocKind::InNewTlab,
-                    "outside_tlab" => AllocKind::OutsideTlab,
-                    _ => bail!("allocation kind {kind:?} in {line:?}"),
-                },
-                bytes: bytes.parse().context("allocation size")?,
-                class: normalize_class(class),
-                method: jfr_frames(fields.take(1)).pop().map(|(_, name)| name),
-            });
-            continue;
-        }
-        let mut fields = line.split('\t');
-        let (Some(nanos), Some(truncated), Some(thread)) =
-            (fields.next(), fields.next(), fields.next())
-        else {
-            bail!("malformed JfrSamples line {line:?}");
-        };
-        samples.push(JfrSample {
-            nanos: nanos.parse().context("sample time")?,
-            truncated: truncated == "1",
-            thread: thread.to_owned(),
-            frames: jfr_frames(fields),
-        });
-    }
-    Ok(JfrRecording {
-        samples,
-        summary_count: summary_count("jdk.ExecutionSample"),
-        allocs,
-        alloc_summary: JFR_ALLOC_EVENTS.map(summary_count),
-    })
-}
-
-/// A hidden class's address suffix dropped, as the daemon drops it, so both profilers' names
-/// compare: `pkg.Class/0x0000000800c0c000.method` (JFR up to JDK 21),
-/// `pkg.Class+0x0000000800c0c000.712256162.method` (JDK 17's, with JFR's own number after it),
-/// `pkg.Class.0x77108000.method` (JDK 25) -> `pkg.Class.method`.
-fn normalize(name: &str) -> String {
-    match name.rsplit_once('.') {
-        Some((class, method)) => format!("{}.{method}", normalize_class(class)),
-        None => name.to_owned(),
-    }
-}
-
-/// A class name without a hidden class's suffix (`pkg.Foo$$Lambda/0x0000000800c03000`,
-/// `+0x...` or `.0x...`, as JFR names it, -> `pkg.Foo$$Lambda`), as the daemon names classes.
-/// No part of a Java name starts with a digit: what follows one of these markers is JFR's.
-fn normalize_class(name: &str) -> String {
-    let element = name.trim_end_matches("[]");
-    let end = ["/", "+0x", ".0x"]
-        .iter()
-        .filter_map(|marker| element.find(marker))
-        .min()
-        .unwrap_or(element.len());
-    format!("{}{}", &element[..end], &name[element.len()..])
 }
 
 /// What a frame of our profiles is, from its name.
@@ -988,6 +843,7 @@ struct Measurement {
     jfr_alloc_summary: [Option<u64>; 2],
     /// `profiler_alloc_*` -> (from just after JFR's start to its end, whole run).
     alloc_counters: BTreeMap<String, (f64, f64)>,
+    lock: LockComparison,
 }
 
 /// One sample of our allocation profiles: estimated events and bytes per [`AllocKind`].
@@ -1119,6 +975,7 @@ impl Measurement {
             jfr_alloc_parsed: [0; 2],
             jfr_alloc_summary: [None; 2],
             alloc_counters: BTreeMap::new(),
+            lock: LockComparison::default(),
         }
     }
 
@@ -1679,6 +1536,7 @@ impl Measurement {
                 .join(", ")
         );
         self.alloc_report(&mut r);
+        self.lock.report(&mut r);
         r
     }
 
@@ -1831,6 +1689,8 @@ impl Measurement {
                 row.method
             ))
         ) + &self.alloc_summary()
+            + "\n                   lock waits: "
+            + &self.lock.summary()
     }
 
     /// The summary line's allocation part: total bytes' ratio, the worst asserted site.
@@ -1895,6 +1755,7 @@ impl Measurement {
                 "{tag}: JFR recorded no allocation event in the window"
             ));
         }
+        failures.extend(self.lock.harness_failures(&tag));
         failures
     }
 
@@ -1924,6 +1785,7 @@ impl Measurement {
             }
         }
         failures.extend(self.alloc_target_failures());
+        failures.extend(self.lock.target_failures(&tag));
         failures
     }
 

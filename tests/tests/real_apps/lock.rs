@@ -1,0 +1,301 @@
+//! (f) Lock waits: the daemon's `mutex` and `block` profiles (`--lock`, 10 ms threshold) against
+//! the same recording's `jdk.JavaMonitorEnter` and `jdk.ThreadPark` events (JFR's `profile`
+//! settings record both from 10 ms), over the same window: waits and wait time per kind, and the
+//! share of waits at each site, a site being the innermost Java method that is not the lock's
+//! own machinery (`Unsafe.park`, `LockSupport`, `java.util.concurrent.locks`): the method that
+//! entered the monitor, or the one that parked (`LinkedBlockingQueue.poll`, a pool's idle wait).
+//!
+//! Both count a wait when it ends. What differs, and so bounds the agreement: JFR's threshold
+//! applies to the whole `park` or monitor entry, ours to each time the thread blocked (an entry
+//! woken without the monitor counts twice); a wait begun before JFR's recording started and
+//! ended inside the window is the daemon's only (at most one per thread); a wait of ours whose
+//! switch was not sampled is weighted (waits of milliseconds are sampled every time, see
+//! docs/off-cpu.md). Site shares of waits are asserted for sites with enough waits on both
+//! sides to compare; wait times are reported (a few idle threads' parks of seconds dominate
+//! them).
+
+use std::collections::{BTreeMap, HashMap};
+
+use profiler_daemon::pprof::proto::Profile;
+use profiler_tests::base_name;
+
+use crate::jfr::{JfrLock, LockKind};
+use crate::Kind;
+
+/// The sites asserted: among the top `ASSERTED_SITES` of either side by waits, with at least
+/// `MIN_SITE_WAITS` JFR events (fewer is too little to compare shares).
+const ASSERTED_SITES: usize = 5;
+const MIN_SITE_WAITS: f64 = 20.0;
+/// Below this many waits on both sides, a kind's sites are reported, not asserted.
+const MIN_KIND_WAITS: f64 = 50.0;
+
+/// Waits and their total time, at one site or for one kind.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct WaitTally {
+    pub(crate) waits: f64,
+    pub(crate) nanos: f64,
+}
+
+impl WaitTally {
+    fn add(&mut self, waits: f64, nanos: f64) {
+        self.waits += waits;
+        self.nanos += nanos;
+    }
+}
+
+/// Both profilers' lock waits over one window, per kind and site.
+#[derive(Default)]
+pub(crate) struct LockComparison {
+    /// Our `mutex` and `block` profiles counted, and the span they cover.
+    pub(crate) profiles: usize,
+    pub(crate) window_secs: f64,
+    ours: [BTreeMap<String, WaitTally>; 2],
+    jfr: [BTreeMap<String, WaitTally>; 2],
+    /// JFR's lock events read from the whole recording, and `jfr summary`'s counts.
+    pub(crate) jfr_parsed: [usize; 2],
+    pub(crate) jfr_summary: [Option<u64>; 2],
+}
+
+/// One row of the site comparison: shares of a kind's waits.
+struct SiteRow {
+    site: String,
+    ours: f64,
+    jfr: f64,
+    jfr_waits: f64,
+    /// Standard error of the difference (binomial on each side's waits).
+    sigma: f64,
+    asserted: bool,
+}
+
+impl SiteRow {
+    fn diff_pp(&self) -> f64 {
+        (self.ours - self.jfr) * 100.0
+    }
+
+    /// 3 standard errors plus 5 pp (the differences of definition in the module's notes).
+    fn allowed_pp(&self) -> f64 {
+        3.0 * self.sigma * 100.0 + 5.0
+    }
+}
+
+/// Whether a frame belongs to the lock's own machinery, above the method that waited.
+fn is_lock_machinery(method: &str) -> bool {
+    ["jdk.internal.misc.Unsafe.", "sun.misc.Unsafe.", "java.util.concurrent.locks."]
+        .iter()
+        .any(|prefix| method.starts_with(prefix))
+}
+
+/// The innermost Java method of `frames` (innermost first) that is not lock machinery.
+fn site<'a>(frames: impl Iterator<Item = &'a str>) -> String {
+    frames
+        .filter(|name| !is_lock_machinery(name))
+        .next()
+        .unwrap_or("(no Java frame)")
+        .to_owned()
+}
+
+impl LockComparison {
+    /// Adds one of our `mutex-` or `block-` profiles.
+    pub(crate) fn add_profile(&mut self, kind: LockKind, profile: &Profile) {
+        self.profiles += 1;
+        let column = |name: &str| {
+            profile
+                .sample_type
+                .iter()
+                .position(|t| profile.string_table[t.r#type as usize] == name)
+        };
+        let (Some(waits), Some(delay)) = (column("contentions"), column("delay")) else {
+            return;
+        };
+        let locations: HashMap<u64, &profiler_daemon::pprof::proto::Location> =
+            profile.location.iter().map(|l| (l.id, l)).collect();
+        let functions: HashMap<u64, &str> = profile
+            .function
+            .iter()
+            .map(|f| (f.id, profile.string_table[f.name as usize].as_str()))
+            .collect();
+        for sample in &profile.sample {
+            let java_frames = sample
+                .location_id
+                .iter()
+                .filter_map(|id| locations.get(id))
+                .flat_map(|location| &location.line)
+                .filter_map(|line| functions.get(&line.function_id).copied())
+                .filter(|name| Kind::of(name).is_java())
+                .map(base_name);
+            let value = |at: usize| sample.value.get(at).copied().unwrap_or(0) as f64;
+            self.ours[kind as usize]
+                .entry(site(java_frames))
+                .or_default()
+                .add(value(waits), value(delay));
+        }
+    }
+
+    /// Adds JFR's events that ended inside `[from, to)`.
+    pub(crate) fn add_jfr(&mut self, locks: &[JfrLock], from: i64, to: i64) {
+        for lock in locks
+            .iter()
+            .filter(|l| l.end_nanos >= from && l.end_nanos < to)
+        {
+            self.jfr[lock.kind as usize]
+                .entry(site(lock.frames.iter().map(String::as_str)))
+                .or_default()
+                .add(1.0, lock.nanos as f64);
+        }
+    }
+
+    fn total(sites: &BTreeMap<String, WaitTally>) -> WaitTally {
+        let mut total = WaitTally::default();
+        for tally in sites.values() {
+            total.add(tally.waits, tally.nanos);
+        }
+        total
+    }
+
+    fn top(sites: &BTreeMap<String, WaitTally>, n: usize) -> Vec<&String> {
+        let mut entries: Vec<(&String, &WaitTally)> = sites.iter().collect();
+        entries.sort_by(|a, b| b.1.waits.total_cmp(&a.1.waits).then(a.0.cmp(b.0)));
+        entries.into_iter().take(n).map(|(site, _)| site).collect()
+    }
+
+    /// Whether a kind has waits enough on both sides for its sites to be compared.
+    fn comparable(&self, kind: LockKind) -> bool {
+        let (ours, jfr) = (
+            Self::total(&self.ours[kind as usize]),
+            Self::total(&self.jfr[kind as usize]),
+        );
+        ours.waits >= MIN_KIND_WAITS && jfr.waits >= MIN_KIND_WAITS
+    }
+
+    /// The top sites of either side, by waits, with both shares.
+    fn site_rows(&self, kind: LockKind) -> Vec<SiteRow> {
+        let (ours, jfr) = (&self.ours[kind as usize], &self.jfr[kind as usize]);
+        let (our_total, jfr_total) = (Self::total(ours).waits, Self::total(jfr).waits);
+        let comparable = self.comparable(kind);
+        let mut sites: Vec<&String> = Self::top(ours, ASSERTED_SITES);
+        for site in Self::top(jfr, ASSERTED_SITES) {
+            if !sites.contains(&site) {
+                sites.push(site);
+            }
+        }
+        let share = |sites: &BTreeMap<String, WaitTally>, site: &str, total: f64| {
+            sites.get(site).map_or(0.0, |t| t.waits) / total.max(1.0)
+        };
+        let mut rows: Vec<SiteRow> = sites
+            .into_iter()
+            .map(|site| {
+                let (o, j) = (share(ours, site, our_total), share(jfr, site, jfr_total));
+                let jfr_waits = jfr.get(site).map_or(0.0, |t| t.waits);
+                SiteRow {
+                    site: site.clone(),
+                    ours: o,
+                    jfr: j,
+                    jfr_waits,
+                    sigma: (o * (1.0 - o) / our_total.max(1.0)
+                        + j * (1.0 - j) / jfr_total.max(1.0))
+                    .sqrt(),
+                    asserted: comparable && jfr_waits >= MIN_SITE_WAITS,
+                }
+            })
+            .collect();
+        rows.sort_by(|a, b| b.jfr.total_cmp(&a.jfr).then(b.ours.total_cmp(&a.ours)));
+        rows
+    }
+
+    /// The report's part (f).
+    pub(crate) fn report(&self, r: &mut String) {
+        use std::fmt::Write as _;
+        let _ = writeln!(
+            r,
+            "(f) lock waits: {} mutex and block profiles ({:.1} s); JFR's events read in the \
+             recording: {} JavaMonitorEnter, {} ThreadPark (jfr summary says {:?})",
+            self.profiles,
+            self.window_secs,
+            self.jfr_parsed[0],
+            self.jfr_parsed[1],
+            self.jfr_summary
+        );
+        for kind in LockKind::ALL {
+            let (ours, jfr) = (
+                Self::total(&self.ours[kind as usize]),
+                Self::total(&self.jfr[kind as usize]),
+            );
+            let _ = writeln!(
+                r,
+                "    {:<14} waits: ours {:.0}, JFR {:.0}; wait time: ours {:.2} s, JFR {:.2} s{}",
+                kind.name(),
+                ours.waits,
+                jfr.waits,
+                ours.nanos / 1e9,
+                jfr.nanos / 1e9,
+                if self.comparable(kind) {
+                    ""
+                } else {
+                    " (too few waits to compare sites)"
+                }
+            );
+            for row in self.site_rows(kind) {
+                let _ = writeln!(
+                    r,
+                    "      {} {:>5.1}% ours {:>5.1}% JFR ({:.0} events) {:+5.1} pp (allowed {:.1})  {}",
+                    if row.asserted { '*' } else { ' ' },
+                    row.ours * 100.0,
+                    row.jfr * 100.0,
+                    row.jfr_waits,
+                    row.diff_pp(),
+                    row.allowed_pp(),
+                    row.site
+                );
+            }
+        }
+    }
+
+    /// The harness held: JFR's lock events were all read.
+    pub(crate) fn harness_failures(&self, tag: &str) -> Vec<String> {
+        let mut failures = Vec::new();
+        for kind in LockKind::ALL {
+            let summary = self.jfr_summary[kind as usize].unwrap_or(0);
+            if summary != self.jfr_parsed[kind as usize] as u64 {
+                failures.push(format!(
+                    "{tag}: {} of JFR's {summary} {} events read",
+                    self.jfr_parsed[kind as usize],
+                    kind.name()
+                ));
+            }
+        }
+        failures
+    }
+
+    pub(crate) fn target_failures(&self, tag: &str) -> Vec<String> {
+        let mut failures = Vec::new();
+        for kind in LockKind::ALL {
+            for row in self.site_rows(kind).iter().filter(|row| row.asserted) {
+                if row.diff_pp().abs() > row.allowed_pp() {
+                    failures.push(format!(
+                        "{tag}: {} site {}: {:.1}% of our waits vs JFR {:.1}% ({:+.1} pp, allowed {:.1})",
+                        kind.name(),
+                        row.site,
+                        row.ours * 100.0,
+                        row.jfr * 100.0,
+                        row.diff_pp(),
+                        row.allowed_pp()
+                    ));
+                }
+            }
+        }
+        failures
+    }
+
+    /// The summary line's part.
+    pub(crate) fn summary(&self) -> String {
+        LockKind::ALL
+            .map(|kind| {
+                let (ours, jfr) = (
+                    Self::total(&self.ours[kind as usize]),
+                    Self::total(&self.jfr[kind as usize]),
+                );
+                format!("{} {:.0}/{:.0} JFR", kind.name(), ours.waits, jfr.waits)
+            })
+            .join(", ")
+    }
+}
