@@ -529,6 +529,11 @@ fn test(root: &Path, filter: Option<&str>) -> Result<()> {
             "--",
         ])
         .args(&filter_args))?;
+    // The end-to-end crate's own helpers (parsers, interpolation): unit tests of its library.
+    run(Command::new("cargo")
+        .current_dir(root)
+        .args(["test", "--package", "profiler-tests", "--lib", "--"])
+        .args(&filter_args))?;
     // End-to-end: one group (test file) at a time, since each profiles the machine and measures
     // CPU shares; every group runs even if one fails, and each one's time is printed at the end
     // (CI must stay under its time budget as groups are added).

@@ -52,8 +52,7 @@ pub(crate) const JFR_ALLOC_EVENTS: [&str; 2] = [
     "jdk.ObjectAllocationOutsideTLAB",
 ];
 
-/// JFR's lock events, in the order of [`LockKind`], which the `profile` settings record with
-/// stack traces from 10 ms (`locking-threshold`), as the daemon's `--lock` default.
+/// JFR's lock events, in the order of [`LockKind`].
 pub(crate) const JFR_LOCK_EVENTS: [&str; 2] = ["jdk.JavaMonitorEnter", "jdk.ThreadPark"];
 
 /// The two kinds of lock wait, as both profilers split them.
