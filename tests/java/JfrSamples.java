@@ -17,7 +17,7 @@ import jdk.jfr.consumer.RecordedThread;
 import jdk.jfr.consumer.RecordingFile;
 
 // Prints every jdk.ExecutionSample of a JFR recording, one line each, with the JDK's own
-// parser (what `jfr print` uses): what tests/tests/real_apps.rs compares the daemon with.
+// parser (what `jfr print` uses): what tests/tests/real_apps/ compares the daemon with.
 // `jfr print --json` writes each frame's class loader and module in full (kilobytes per frame),
 // too much for thousands of deep stacks; this keeps what the comparison needs.
 //

@@ -32,7 +32,7 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
     ("patchelf", "patchelf"),
 ];
 
-/// Debian packages of the real applications tests/tests/real_apps.rs profiles, by a file each
+/// Debian packages of the real applications tests/tests/real_apps/ profiles, by a file each
 /// installs: the H2 database, Clojure, Jetty 9 (embedded) and `ab` to load it over HTTP. Only
 /// libraries and tools: none of them starts a service.
 const REAL_APP_PACKAGES: &[(&str, &str)] = &[

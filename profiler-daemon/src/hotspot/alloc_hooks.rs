@@ -43,7 +43,7 @@ const OUTSIDE_TLAB: &[u8] = b"_ZN11AllocTracer28send_allocation_outside_tlabE";
 /// it: a uprobe there has it single-stepped out of line, in the process's `[uprobes]` page,
 /// and a CPU sample taken during that single step's debug trap has its user pc in that page,
 /// which no unwinder knows (1.7% of a Clojure program's CPU samples lost on JDK 27,
-/// tests/tests/real_apps.rs). It changes no register or memory the hook reads; the next
+/// tests/tests/real_apps/). It changes no register or memory the hook reads; the next
 /// instruction (`push %rbp` in these builds) is one x86 kernels emulate, without single step.
 const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 

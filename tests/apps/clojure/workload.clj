@@ -1,4 +1,4 @@
-;; A CPU-bound Clojure program for the real-application corpus of tests/tests/real_apps.rs, run
+;; A CPU-bound Clojure program for the real-application corpus of tests/tests/real_apps/, run
 ;; by Debian's Clojure 1.11 (`java -cp clojure.jar clojure.main workload.clj SECONDS`). It does
 ;; what Clojure programs spend their time on: persistent and transient collections, lazy
 ;; sequences, reducers over maps, protocol and multimethod dispatch, regular expressions and

@@ -1,4 +1,4 @@
--- Schema and data of the H2 workload (tests/tests/real_apps.rs): run once, then round.sql runs
+-- Schema and data of the H2 workload (tests/tests/real_apps/): run once, then round.sql runs
 -- until the test stops the JVM.
 CREATE TABLE customers(id INT PRIMARY KEY, name VARCHAR(40), region VARCHAR(10), since DATE);
 INSERT INTO customers SELECT X, 'customer-' || X, ARRAY['north','south','east','west','centre'][MOD(X, 5) + 1],

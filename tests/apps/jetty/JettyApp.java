@@ -27,7 +27,7 @@ import org.eclipse.jetty.servlet.ServletHolder;
 import org.eclipse.jetty.util.thread.QueuedThreadPool;
 
 // An embedded Jetty 9.4 server (Debian's libjetty9-java) for the real-application corpus of
-// tests/tests/real_apps.rs, loaded over HTTP by `ab`. What it serves exercises what web
+// tests/tests/real_apps/, loaded over HTTP by `ab`. What it serves exercises what web
 // applications run: Jetty's HTTP parsing, dispatch and gzip; static files through Jetty's
 // DefaultServlet; and two servlets doing typical request work (parameter parsing, regular
 // expressions, hashing, collections, string formatting and concatenation, JSON-like output).
