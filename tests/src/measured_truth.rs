@@ -34,7 +34,10 @@ pub struct Totals {
 impl Totals {
     /// `<prefix> <epoch ns> key=value ...`, with every one of `keys`.
     fn parse(prefix: &str, keys: &[&'static str], line: &str) -> Option<Self> {
-        let mut fields = line.strip_prefix(prefix)?.strip_prefix(' ')?.split_whitespace();
+        let mut fields = line
+            .strip_prefix(prefix)?
+            .strip_prefix(' ')?
+            .split_whitespace();
         let at = fields.next()?.parse().ok()?;
         let printed: BTreeMap<&str, f64> = fields
             .filter_map(|field| {
@@ -100,10 +103,7 @@ impl MeasuringJvm {
         prefix: &'static str,
         keys: &'static [&'static str],
     ) -> Self {
-        let mut child = command
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("JVM starts");
+        let mut child = command.stdout(Stdio::piped()).spawn().expect("JVM starts");
         let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
         let jvm = Workload(child);
         let first = lines.next().and_then(Result::ok).unwrap_or_default();
@@ -175,11 +175,20 @@ mod tests {
         const KEYS: &[&str] = &["a", "b"];
         let first = Totals::parse("T", KEYS, "T 1000 a=10 b=0 c=5").expect("parses");
         let second = Totals::parse("T", KEYS, "T 2000 b=100 a=30").expect("parses");
-        assert!(Totals::parse("T", KEYS, "T 3000 a=1").is_none(), "b missing");
-        assert!(Totals::parse("T", KEYS, "TX 3000 a=1 b=2").is_none(), "other prefix");
+        assert!(
+            Totals::parse("T", KEYS, "T 3000 a=1").is_none(),
+            "b missing"
+        );
+        assert!(
+            Totals::parse("T", KEYS, "TX 3000 a=1 b=2").is_none(),
+            "other prefix"
+        );
         let middle = first.towards(&second, 1250);
         assert_eq!((middle.get("a"), middle.get("b")), (15.0, 25.0));
         let added = second.since(&middle);
-        assert_eq!((added.at, added.get("a"), added.get("b")), (2000, 15.0, 75.0));
+        assert_eq!(
+            (added.at, added.get("a"), added.get("b")),
+            (2000, 15.0, 75.0)
+        );
     }
 }

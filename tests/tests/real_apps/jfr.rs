@@ -106,6 +106,16 @@ pub(crate) fn jfr_frames<'a>(fields: impl Iterator<Item = &'a str>) -> Vec<(Stri
         .collect()
 }
 
+/// The first `N` tab-separated fields of a `JfrSamples` line, and the rest (its frames).
+fn leading_fields<const N: usize>(line: &str) -> Option<([&str; N], std::str::Split<'_, char>)> {
+    let mut fields = line.split('\t');
+    let mut leading = [""; N];
+    for field in &mut leading {
+        *field = fields.next()?;
+    }
+    Some((leading, fields))
+}
+
 /// The JVMs that read the recording compile with C1 only: they run for a second or two, too
 /// short for C2's compilations to pay on a busy machine (JfrSamples on Jetty's recording: 0.7 s
 /// instead of 1.5 s).
@@ -153,22 +163,8 @@ pub(crate) fn read_jfr(jdk: &Jdk, helper: &Path, file: &Path) -> anyhow::Result<
     let mut locks = Vec::new();
     for line in text.lines() {
         if let Some(lock) = line.strip_prefix("lock\t") {
-            let mut fields = lock.split('\t');
-            let (
-                Some(end_nanos),
-                Some(kind),
-                Some(nanos),
-                Some(_class),
-                Some(_truncated),
-                Some(_thread),
-            ) = (
-                fields.next(),
-                fields.next(),
-                fields.next(),
-                fields.next(),
-                fields.next(),
-                fields.next(),
-            )
+            let Some(([end_nanos, kind, nanos, _class, _truncated, _thread], frames)) =
+                leading_fields(lock)
             else {
                 bail!("malformed JfrSamples lock line {line:?}");
             };
@@ -180,27 +176,16 @@ pub(crate) fn read_jfr(jdk: &Jdk, helper: &Path, file: &Path) -> anyhow::Result<
                     _ => bail!("lock kind {kind:?} in {line:?}"),
                 },
                 nanos: nanos.parse().context("lock event duration")?,
-                frames: jfr_frames(fields).into_iter().map(|(_, name)| name).collect(),
+                frames: jfr_frames(frames)
+                    .into_iter()
+                    .map(|(_, name)| name)
+                    .collect(),
             });
             continue;
         }
         if let Some(alloc) = line.strip_prefix("alloc\t") {
-            let mut fields = alloc.split('\t');
-            let (
-                Some(nanos),
-                Some(kind),
-                Some(bytes),
-                Some(class),
-                Some(_truncated),
-                Some(_thread),
-            ) = (
-                fields.next(),
-                fields.next(),
-                fields.next(),
-                fields.next(),
-                fields.next(),
-                fields.next(),
-            )
+            let Some(([nanos, kind, bytes, class, _truncated, _thread], frames)) =
+                leading_fields(alloc)
             else {
                 bail!("malformed JfrSamples alloc line {line:?}");
             };
@@ -213,21 +198,18 @@ pub(crate) fn read_jfr(jdk: &Jdk, helper: &Path, file: &Path) -> anyhow::Result<
                 },
                 bytes: bytes.parse().context("allocation size")?,
                 class: normalize_class(class),
-                method: jfr_frames(fields.take(1)).pop().map(|(_, name)| name),
+                method: jfr_frames(frames.take(1)).pop().map(|(_, name)| name),
             });
             continue;
         }
-        let mut fields = line.split('\t');
-        let (Some(nanos), Some(truncated), Some(thread)) =
-            (fields.next(), fields.next(), fields.next())
-        else {
+        let Some(([nanos, truncated, thread], frames)) = leading_fields(line) else {
             bail!("malformed JfrSamples line {line:?}");
         };
         samples.push(JfrSample {
             nanos: nanos.parse().context("sample time")?,
             truncated: truncated == "1",
             thread: thread.to_owned(),
-            frames: jfr_frames(fields),
+            frames: jfr_frames(frames),
         });
     }
     Ok(JfrRecording {
@@ -263,4 +245,3 @@ pub(crate) fn normalize_class(name: &str) -> String {
         .unwrap_or(element.len());
     format!("{}{}", &element[..end], &name[element.len()..])
 }
-

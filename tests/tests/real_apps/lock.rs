@@ -14,13 +14,13 @@
 //! Asserted where both sides have enough waits to compare: each kind's total wait time, and
 //! each top site's share of the waits.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use profiler_daemon::pprof::proto::Profile;
 use profiler_tests::base_name;
 
 use crate::jfr::{JfrLock, LockKind};
-use crate::Kind;
+use crate::{sample_type, FrameNames, Kind, SiteRow};
 
 /// The sites asserted: among the top `ASSERTED_SITES` of either side by waits, with at least
 /// `MIN_SITE_WAITS` JFR events (fewer is too little to compare shares).
@@ -60,33 +60,18 @@ pub(crate) struct LockComparison {
     pub(crate) jfr_summary: [Option<u64>; 2],
 }
 
-/// One row of the site comparison: shares of a kind's waits.
-struct SiteRow {
-    site: String,
-    ours: f64,
-    jfr: f64,
-    jfr_waits: f64,
-    /// Standard error of the difference (binomial on each side's waits).
-    sigma: f64,
-    asserted: bool,
-}
-
-impl SiteRow {
-    fn diff_pp(&self) -> f64 {
-        (self.ours - self.jfr) * 100.0
-    }
-
-    /// 3 standard errors plus 5 pp (the differences of definition in the module's notes).
-    fn allowed_pp(&self) -> f64 {
-        3.0 * self.sigma * 100.0 + 5.0
-    }
-}
+/// Lock sites: 5 pp beyond the noise (the differences of definition in the module's notes).
+const SITE_SLACK_PP: f64 = 5.0;
 
 /// Whether a frame belongs to the lock's own machinery, above the method that waited.
 fn is_lock_machinery(method: &str) -> bool {
-    ["jdk.internal.misc.Unsafe.", "sun.misc.Unsafe.", "java.util.concurrent.locks."]
-        .iter()
-        .any(|prefix| method.starts_with(prefix))
+    [
+        "jdk.internal.misc.Unsafe.",
+        "sun.misc.Unsafe.",
+        "java.util.concurrent.locks.",
+    ]
+    .iter()
+    .any(|prefix| method.starts_with(prefix))
 }
 
 /// The innermost Java method of `frames` (innermost first) that is not lock machinery.
@@ -102,29 +87,16 @@ impl LockComparison {
     /// Adds one of our `mutex-` or `block-` profiles.
     pub(crate) fn add_profile(&mut self, kind: LockKind, profile: &Profile) {
         self.profiles += 1;
-        let column = |name: &str| {
-            profile
-                .sample_type
-                .iter()
-                .position(|t| profile.string_table[t.r#type as usize] == name)
-        };
-        let (Some(waits), Some(delay)) = (column("contentions"), column("delay")) else {
+        let (Some(waits), Some(delay)) = (
+            sample_type(profile, "contentions"),
+            sample_type(profile, "delay"),
+        ) else {
             return;
         };
-        let locations: HashMap<u64, &profiler_daemon::pprof::proto::Location> =
-            profile.location.iter().map(|l| (l.id, l)).collect();
-        let functions: HashMap<u64, &str> = profile
-            .function
-            .iter()
-            .map(|f| (f.id, profile.string_table[f.name as usize].as_str()))
-            .collect();
+        let names = FrameNames::of(profile);
         for sample in &profile.sample {
-            let java_frames = sample
-                .location_id
-                .iter()
-                .filter_map(|id| locations.get(id))
-                .flat_map(|location| &location.line)
-                .filter_map(|line| functions.get(&line.function_id).copied())
+            let java_frames = names
+                .frames(sample)
                 .filter(|name| Kind::of(name).is_java())
                 .map(base_name);
             let value = |at: usize| sample.value.get(at).copied().unwrap_or(0) as f64;
@@ -156,6 +128,10 @@ impl LockComparison {
         total
     }
 
+    fn waits(sites: &BTreeMap<String, WaitTally>, site: &str) -> f64 {
+        sites.get(site).map_or(0.0, |t| t.waits)
+    }
+
     fn top(sites: &BTreeMap<String, WaitTally>, n: usize) -> Vec<&String> {
         let mut entries: Vec<(&String, &WaitTally)> = sites.iter().collect();
         entries.sort_by(|a, b| b.1.waits.total_cmp(&a.1.waits).then(a.0.cmp(b.0)));
@@ -183,22 +159,22 @@ impl LockComparison {
             }
         }
         let share = |sites: &BTreeMap<String, WaitTally>, site: &str, total: f64| {
-            sites.get(site).map_or(0.0, |t| t.waits) / total.max(1.0)
+            Self::waits(sites, site) / total.max(1.0)
         };
         let mut rows: Vec<SiteRow> = sites
             .into_iter()
             .map(|site| {
                 let (o, j) = (share(ours, site, our_total), share(jfr, site, jfr_total));
-                let jfr_waits = jfr.get(site).map_or(0.0, |t| t.waits);
                 SiteRow {
                     site: site.clone(),
                     ours: o,
                     jfr: j,
-                    jfr_waits,
+                    // Binomial on each side's waits.
                     sigma: (o * (1.0 - o) / our_total.max(1.0)
                         + j * (1.0 - j) / jfr_total.max(1.0))
                     .sqrt(),
-                    asserted: comparable && jfr_waits >= MIN_SITE_WAITS,
+                    slack_pp: SITE_SLACK_PP,
+                    asserted: comparable && Self::waits(jfr, site) >= MIN_SITE_WAITS,
                 }
             })
             .collect();
@@ -245,7 +221,7 @@ impl LockComparison {
                     if row.asserted { '*' } else { ' ' },
                     row.ours * 100.0,
                     row.jfr * 100.0,
-                    row.jfr_waits,
+                    Self::waits(&self.jfr[kind as usize], &row.site),
                     row.diff_pp(),
                     row.allowed_pp(),
                     row.site
@@ -272,7 +248,10 @@ impl LockComparison {
 
     pub(crate) fn target_failures(&self, tag: &str) -> Vec<String> {
         let mut failures = Vec::new();
-        for kind in LockKind::ALL.into_iter().filter(|&kind| self.comparable(kind)) {
+        for kind in LockKind::ALL
+            .into_iter()
+            .filter(|&kind| self.comparable(kind))
+        {
             let (ours, jfr) = (
                 Self::total(&self.ours[kind as usize]),
                 Self::total(&self.jfr[kind as usize]),

@@ -551,7 +551,10 @@ fn measure(
     };
     let profiles = of_kind("cpu-");
     let alloc_profiles = of_kind("alloc-");
-    let lock_profiles = [(LockKind::MonitorEnter, "mutex-"), (LockKind::Park, "block-")];
+    let lock_profiles = [
+        (LockKind::MonitorEnter, "mutex-"),
+        (LockKind::Park, "block-"),
+    ];
     let mut m = Measurement::new(app.name, jdk.major);
     m.ran_through = ran_through;
     m.ready_after = ready_after;
@@ -651,8 +654,7 @@ fn measure(
                 profile.time_nanos,
                 profile.time_nanos + profile.duration_nanos,
             );
-            if start < recorded_from.max(from - 1_000_000)
-                || end > recorded_to.min(to + 1_000_000)
+            if start < recorded_from.max(from - 1_000_000) || end > recorded_to.min(to + 1_000_000)
             {
                 continue;
             }
@@ -903,14 +905,17 @@ impl AllocTally {
     }
 }
 
-/// One row of the allocation-site comparison: byte shares.
+/// One row of a site comparison (allocation sites' byte shares, lock sites' shares of waits):
+/// a site's share in our profiles and in JFR's events.
 struct SiteRow {
     site: String,
     ours: f64,
     jfr: f64,
-    /// Standard error of our share, given JFR's (see [`Measurement::site_rows`]).
+    /// Standard error of the difference.
     sigma: f64,
-    /// Whether the site is among the top [`ASSERTED_SITES`] of either side.
+    /// What is allowed beyond 3 standard errors (what sampling noise does not explain).
+    slack_pp: f64,
+    /// Whether the site is among those whose difference is asserted.
     asserted: bool,
 }
 
@@ -919,12 +924,60 @@ impl SiteRow {
         (self.ours - self.jfr) * 100.0
     }
 
-    /// 3 standard errors (sampling noise) plus 3 pp (the rest, see
-    /// [`Measurement::alloc_target_failures`]).
     fn allowed_pp(&self) -> f64 {
-        3.0 * self.sigma * 100.0 + 3.0
+        3.0 * self.sigma * 100.0 + self.slack_pp
     }
 }
+
+/// The index of `profile`'s sample type named `name`.
+fn sample_type(profile: &profiler_daemon::pprof::proto::Profile, name: &str) -> Option<usize> {
+    profile
+        .sample_type
+        .iter()
+        .position(|t| profile.string_table[t.r#type as usize] == name)
+}
+
+/// A profile's frame names per sample, through its locations and functions by id: allocation
+/// and lock profiles have thousands of samples of deep stacks, too many for `sample_frames`'
+/// search of every location per frame.
+struct FrameNames<'a> {
+    locations: HashMap<u64, &'a profiler_daemon::pprof::proto::Location>,
+    functions: HashMap<u64, &'a str>,
+}
+
+impl<'a> FrameNames<'a> {
+    fn of(profile: &'a profiler_daemon::pprof::proto::Profile) -> Self {
+        Self {
+            locations: profile.location.iter().map(|l| (l.id, l)).collect(),
+            functions: profile
+                .function
+                .iter()
+                .map(|f| (f.id, profile.string_table[f.name as usize].as_str()))
+                .collect(),
+        }
+    }
+
+    /// The sample's frames, innermost first (an unknown function as "").
+    fn frames<'s>(
+        &'s self,
+        sample: &'s profiler_daemon::pprof::proto::Sample,
+    ) -> impl Iterator<Item = &'a str> + 's {
+        sample
+            .location_id
+            .iter()
+            .filter_map(|id| self.locations.get(id))
+            .flat_map(|location| &location.line)
+            .map(|line| {
+                self.functions
+                    .get(&line.function_id)
+                    .copied()
+                    .unwrap_or_default()
+            })
+    }
+}
+
+/// Allocation sites: 3 pp beyond the noise (see [`Measurement::alloc_target_failures`]).
+const ALLOC_SITE_SLACK_PP: f64 = 3.0;
 
 /// Shares of a distribution.
 struct Distribution {
@@ -1001,45 +1054,19 @@ impl Measurement {
         if profile.period > 0 {
             self.alloc_interval = profile.period;
         }
-        let column = |name: &str| {
-            profile
-                .sample_type
-                .iter()
-                .position(|t| profile.string_table[t.r#type as usize] == name)
-        };
         let columns = AllocKind::ALL.map(|kind| {
             (
-                column(&format!("alloc_{}_objects", kind.name())),
-                column(&format!("alloc_{}_bytes", kind.name())),
+                sample_type(profile, &format!("alloc_{}_objects", kind.name())),
+                sample_type(profile, &format!("alloc_{}_bytes", kind.name())),
             )
         });
-        // Locations and functions by id: an allocation profile has thousands of samples of
-        // deep stacks, too many for `sample_frames`' search of every location per frame.
-        let locations: HashMap<u64, &profiler_daemon::pprof::proto::Location> =
-            profile.location.iter().map(|l| (l.id, l)).collect();
-        let functions: HashMap<u64, &str> = profile
-            .function
-            .iter()
-            .map(|f| (f.id, profile.string_table[f.name as usize].as_str()))
-            .collect();
+        let names = FrameNames::of(profile);
         for sample in &profile.sample {
             let value = |at: Option<usize>| at.and_then(|i| sample.value.get(i)).copied();
             self.allocs.push(AllocSample {
                 events: columns.map(|(events, _)| value(events).unwrap_or(0)),
                 bytes: columns.map(|(_, bytes)| value(bytes).unwrap_or(0)),
-                frames: sample
-                    .location_id
-                    .iter()
-                    .filter_map(|id| locations.get(id))
-                    .flat_map(|location| &location.line)
-                    .map(|line| {
-                        functions
-                            .get(&line.function_id)
-                            .copied()
-                            .unwrap_or_default()
-                            .to_owned()
-                    })
-                    .collect(),
+                frames: names.frames(sample).map(str::to_owned).collect(),
             });
         }
     }
@@ -1153,7 +1180,9 @@ impl Measurement {
                 SiteRow {
                     ours: tally.ours as f64 / total.ours.max(1) as f64,
                     jfr: q,
+                    // Of our share, given JFR's: JFR's events are the population sampled.
                     sigma: variance.max(0.0).sqrt(),
+                    slack_pp: ALLOC_SITE_SLACK_PP,
                     asserted: asserted.contains(&site),
                     site,
                 }

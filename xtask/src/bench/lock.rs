@@ -106,9 +106,17 @@ impl Bench {
         let mut rounds = Vec::new();
         for round in 0..self.plan.pairs {
             let mut pair = (Window::default(), Window::default());
-            let order = if round % 2 == 0 { [false, true] } else { [true, false] };
+            let order = if round % 2 == 0 {
+                [false, true]
+            } else {
+                [true, false]
+            };
             for lock in order {
-                let args: Vec<String> = if lock { vec!["--lock".to_owned()] } else { Vec::new() };
+                let args: Vec<String> = if lock {
+                    vec!["--lock".to_owned()]
+                } else {
+                    Vec::new()
+                };
                 let jvms = usize::from(jvm.is_some());
                 let mut daemon =
                     self.start_daemon(TARGET_HZ, 15, &[], Ready::Sampling { jvms }, &args)?;

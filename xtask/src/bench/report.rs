@@ -16,8 +16,8 @@ use super::scenarios::Jdk;
 use super::statistics::{median, min_max, thousands, CpuFit};
 use super::table::{verdict, write_rows, Row};
 use super::{
-    alloc, export, lock, off_cpu, Plan, COST_INTERVAL_SECS, MAX_HZ, QUICK, SMALL_JVMS, SMALL_JVM_FLAGS,
-    TARGET_HZ,
+    alloc, export, lock, off_cpu, Plan, COST_INTERVAL_SECS, MAX_HZ, QUICK, SMALL_JVMS,
+    SMALL_JVM_FLAGS, TARGET_HZ,
 };
 
 /// Where and on what the bench ran.
