@@ -38,6 +38,10 @@ pub struct DebianJdk {
 /// The JDKs the tests run on beyond the machine's and PyPI's.
 pub const DEBIAN_JDKS: &[DebianJdk] = &[
     DebianJdk {
+        major: 8,
+        suite: "sid",
+    },
+    DebianJdk {
         major: 26,
         suite: "sid",
     },
@@ -49,9 +53,24 @@ pub const DEBIAN_JDKS: &[DebianJdk] = &[
 
 /// The `java` launcher of an installed Debian JDK under `tools` (the repository's `.tools/`).
 pub fn java_path(tools: &Path, major: u32) -> PathBuf {
+    // JDK 8 keeps its runtime, the launcher included, under `jre/`.
+    let launcher = if major == 8 {
+        "jre/bin/java"
+    } else {
+        "bin/java"
+    };
     tools
         .join(format!("jdk{major}"))
-        .join(format!("usr/lib/jvm/java-{major}-openjdk-amd64/bin/java"))
+        .join(format!("usr/lib/jvm/java-{major}-openjdk-amd64/{launcher}"))
+}
+
+/// What `java -version` prints for a major: `version "1.8.0_504"` for 8, `version "26..."` later.
+fn version_banner(major: u32) -> String {
+    if major == 8 {
+        "version \"1.8".to_owned()
+    } else {
+        format!("version \"{major}")
+    }
 }
 
 /// Installs each of `jdks` missing under `tools`.
@@ -125,7 +144,7 @@ fn install_one(tools: &Path, major: u32, debs: &[PathBuf]) -> Result<()> {
         .output()
         .with_context(|| format!("running {}", java.display()))?;
     let banner = String::from_utf8_lossy(&version.stderr);
-    if !version.status.success() || !banner.contains(&format!("version \"{major}")) {
+    if !version.status.success() || !banner.contains(&version_banner(major)) {
         bail!("the patched JDK {major} does not run: {banner}");
     }
     std::fs::write(installed_marker(tools, major), banner.as_bytes())?;

@@ -120,50 +120,20 @@ impl Jvm {
 
     /// Reads the code heaps, the interpreter range and the call stub's return address.
     pub fn code_cache(&self, memory: &dyn RemoteMemory) -> Result<CodeCacheInfo, JvmError> {
-        let heaps_array = memory.read_u64(self.static_address(Field::CodeCacheHeaps)?)?;
-        if heaps_array == 0 {
-            return Err(JvmError::NotReady("CodeCache::_heaps is null"));
-        }
-        let count = memory.read_i32(heaps_array + self.offset(Field::GrowableArrayLen)?)?;
-        if count <= 0 {
-            return Err(JvmError::NotReady("no code heap yet"));
-        }
-        if count as usize > MAX_CODE_HEAPS {
-            return Err(JvmError::Implausible(format!("{count} code heaps")));
-        }
-        let data = memory.read_ptr(heaps_array + self.offset(Field::GrowableArrayData)?)?;
-        let memory_field = self.offset(Field::CodeHeapMemory)?;
-        let segmap_field = self.offset(Field::CodeHeapSegmap)?;
-        let mut heaps = Vec::with_capacity(count as usize);
-        for index in 0..count as u64 {
-            let heap = memory.read_ptr(data + 8 * index)?;
-            let low = memory
-                .read_u64(heap + memory_field + self.offset(Field::VirtualSpaceLowBoundary)?)?;
-            let high = memory
-                .read_u64(heap + memory_field + self.offset(Field::VirtualSpaceHighBoundary)?)?;
-            let committed_high =
-                memory.read_u64(heap + memory_field + self.offset(Field::VirtualSpaceHigh)?)?;
-            let segmap =
-                memory.read_u64(heap + segmap_field + self.offset(Field::VirtualSpaceLow)?)?;
-            let log2_segment_size =
-                memory.read_i32(heap + self.offset(Field::CodeHeapLog2SegmentSize)?)?;
-            if low == 0 || high <= low || segmap == 0 || !(4..=16).contains(&log2_segment_size) {
-                return Err(JvmError::Implausible(format!(
-                    "code heap {index}: [{low:#x}, {high:#x}) segmap {segmap:#x} log2 segment {log2_segment_size}"
-                )));
+        let (heaps, low_bound, high_bound) = if self.layout.has(Field::CodeCacheHeaps) {
+            let heaps = self.segmented_heaps(memory)?;
+            let low_bound = memory.read_u64(self.static_address(Field::CodeCacheLowBound)?)?;
+            let high_bound = memory.read_u64(self.static_address(Field::CodeCacheHighBound)?)?;
+            (heaps, low_bound, high_bound)
+        } else {
+            // JDK 8: one heap; the code cache's bounds are its reserved range.
+            let heap = memory.read_u64(self.static_address(Field::CodeCacheHeap)?)?;
+            if heap == 0 {
+                return Err(JvmError::NotReady("CodeCache::_heap is null"));
             }
-            heaps.push(CodeHeapInfo {
-                low,
-                high,
-                committed_high,
-                segmap,
-                log2_segment_size: log2_segment_size as u32,
-            });
-        }
-        heaps.sort_by_key(|h| h.low);
-
-        let low_bound = memory.read_u64(self.static_address(Field::CodeCacheLowBound)?)?;
-        let high_bound = memory.read_u64(self.static_address(Field::CodeCacheHighBound)?)?;
+            let heap = self.code_heap(memory, heap, 0)?;
+            (vec![heap], heap.low, heap.high)
+        };
         let interpreter = memory.read_u64(self.static_address(Field::AbstractInterpreterCode)?)?;
         if interpreter == 0 {
             return Err(JvmError::NotReady("interpreter not generated yet"));
@@ -189,6 +159,61 @@ impl Jvm {
             interpreter_low,
             interpreter_high: interpreter_low + interpreter_size as u64,
             call_stub_return_address,
+        })
+    }
+
+    /// The heaps of a segmented code cache (JDK 9+), sorted by address.
+    fn segmented_heaps(&self, memory: &dyn RemoteMemory) -> Result<Vec<CodeHeapInfo>, JvmError> {
+        let heaps_array = memory.read_u64(self.static_address(Field::CodeCacheHeaps)?)?;
+        if heaps_array == 0 {
+            return Err(JvmError::NotReady("CodeCache::_heaps is null"));
+        }
+        let count = memory.read_i32(heaps_array + self.offset(Field::GrowableArrayLen)?)?;
+        if count <= 0 {
+            return Err(JvmError::NotReady("no code heap yet"));
+        }
+        if count as usize > MAX_CODE_HEAPS {
+            return Err(JvmError::Implausible(format!("{count} code heaps")));
+        }
+        let data = memory.read_ptr(heaps_array + self.offset(Field::GrowableArrayData)?)?;
+        let mut heaps = Vec::with_capacity(count as usize);
+        for index in 0..count as u64 {
+            let heap = memory.read_ptr(data + 8 * index)?;
+            heaps.push(self.code_heap(memory, heap, index)?);
+        }
+        heaps.sort_by_key(|h| h.low);
+        Ok(heaps)
+    }
+
+    /// One `CodeHeap`: its reserved and committed range and its segment map.
+    fn code_heap(
+        &self,
+        memory: &dyn RemoteMemory,
+        heap: u64,
+        index: u64,
+    ) -> Result<CodeHeapInfo, JvmError> {
+        let memory_field = self.offset(Field::CodeHeapMemory)?;
+        let segmap_field = self.offset(Field::CodeHeapSegmap)?;
+        let low =
+            memory.read_u64(heap + memory_field + self.offset(Field::VirtualSpaceLowBoundary)?)?;
+        let high =
+            memory.read_u64(heap + memory_field + self.offset(Field::VirtualSpaceHighBoundary)?)?;
+        let committed_high =
+            memory.read_u64(heap + memory_field + self.offset(Field::VirtualSpaceHigh)?)?;
+        let segmap = memory.read_u64(heap + segmap_field + self.offset(Field::VirtualSpaceLow)?)?;
+        let log2_segment_size =
+            memory.read_i32(heap + self.offset(Field::CodeHeapLog2SegmentSize)?)?;
+        if low == 0 || high <= low || segmap == 0 || !(4..=16).contains(&log2_segment_size) {
+            return Err(JvmError::Implausible(format!(
+                "code heap {index}: [{low:#x}, {high:#x}) segmap {segmap:#x} log2 segment {log2_segment_size}"
+            )));
+        }
+        Ok(CodeHeapInfo {
+            low,
+            high,
+            committed_high,
+            segmap,
+            log2_segment_size: log2_segment_size as u32,
         })
     }
 }
@@ -276,10 +301,22 @@ fn read_version(
             .ok_or_else(|| JvmError::Implausible(format!("no {}", field.key())))
     };
     let release_ptr = memory.read_ptr(address(Field::VmRelease)?)?;
+    let release = memory.read_c_string(release_ptr, 128)?;
+    let major = memory.read_u32(address(Field::VmMajorVersion)?)?;
+    let minor = memory.read_u32(address(Field::VmMinorVersion)?)?;
+    if !layout.has(Field::VmSecurityVersion) {
+        // JDK 8 numbers HotSpot on its own: "25.504-b01" is JDK 8 update 504.
+        return Ok(JvmVersion {
+            major: 8,
+            minor: 0,
+            security: minor,
+            release,
+        });
+    }
     Ok(JvmVersion {
-        major: memory.read_u32(address(Field::VmMajorVersion)?)?,
-        minor: memory.read_u32(address(Field::VmMinorVersion)?)?,
+        major,
+        minor,
         security: memory.read_u32(address(Field::VmSecurityVersion)?)?,
-        release: memory.read_c_string(release_ptr, 128)?,
+        release,
     })
 }

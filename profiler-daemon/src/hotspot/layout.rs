@@ -63,11 +63,14 @@ macro_rules! wanted_fields {
 // the compiler checks.
 wanted_fields! {
     // Code cache: where JIT code is, and its segment maps.
-    CodeCacheHeaps = "CodeCache::_heaps", required, ["CodeCache::_heaps"];
-    CodeCacheLowBound = "CodeCache::_low_bound", required, ["CodeCache::_low_bound"];
-    CodeCacheHighBound = "CodeCache::_high_bound", required, ["CodeCache::_high_bound"];
-    GrowableArrayLen = "GrowableArray::_len", required, ["GrowableArrayBase::_len", "GenericGrowableArray::_len"];
-    GrowableArrayData = "GrowableArray::_data", required, ["GrowableArray<int>::_data"];
+    // Segmented code cache (JDK 9+): an array of heaps and the bounds of all of them.
+    CodeCacheHeaps = "CodeCache::_heaps", optional, ["CodeCache::_heaps"];
+    CodeCacheLowBound = "CodeCache::_low_bound", optional, ["CodeCache::_low_bound"];
+    CodeCacheHighBound = "CodeCache::_high_bound", optional, ["CodeCache::_high_bound"];
+    GrowableArrayLen = "GrowableArray::_len", optional, ["GrowableArrayBase::_len", "GenericGrowableArray::_len"];
+    GrowableArrayData = "GrowableArray::_data", optional, ["GrowableArray<int>::_data"];
+    // JDK 8: one heap, whose reserved range is the code cache's bounds.
+    CodeCacheHeap = "CodeCache::_heap", optional, ["CodeCache::_heap"];
     CodeHeapMemory = "CodeHeap::_memory", required, ["CodeHeap::_memory"];
     CodeHeapSegmap = "CodeHeap::_segmap", required, ["CodeHeap::_segmap"];
     CodeHeapLog2SegmentSize = "CodeHeap::_log2_segment_size", required, ["CodeHeap::_log2_segment_size"];
@@ -105,7 +108,7 @@ wanted_fields! {
     NmethodMetadataOffset = "nmethod::_metadata_offset", optional, ["nmethod::_metadata_offset"];
     NmethodDependenciesOffset = "nmethod::_dependencies_offset", optional, ["nmethod::_dependencies_offset"];
     NmethodDeoptHandlerBegin = "nmethod::_deopt_handler_begin", optional, ["CompiledMethod::_deopt_handler_begin"];
-    NmethodDeoptHandlerOffset = "nmethod::_deopt_handler_offset", optional, ["nmethod::_deopt_handler_entry_offset", "nmethod::_deopt_handler_offset"];
+    NmethodDeoptHandlerOffset = "nmethod::_deopt_handler_offset", optional, ["nmethod::_deopt_handler_entry_offset", "nmethod::_deopt_handler_offset", "nmethod::_deoptimize_offset"];
     NmethodVerifiedEntryPoint = "nmethod::_verified_entry_point", optional, ["nmethod::_verified_entry_point"];
     NmethodVerifiedEntryOffset = "nmethod::_verified_entry_offset", optional, ["nmethod::_verified_entry_offset"];
     // Method metadata: names, lines.
@@ -155,7 +158,8 @@ wanted_fields! {
     VmRelease = "Abstract_VM_Version::_s_vm_release", required, ["Abstract_VM_Version::_s_vm_release"];
     VmMajorVersion = "Abstract_VM_Version::_vm_major_version", required, ["Abstract_VM_Version::_vm_major_version"];
     VmMinorVersion = "Abstract_VM_Version::_vm_minor_version", required, ["Abstract_VM_Version::_vm_minor_version"];
-    VmSecurityVersion = "Abstract_VM_Version::_vm_security_version", required, ["Abstract_VM_Version::_vm_security_version"];
+    // Absent in JDK 8, whose major and minor are HotSpot's own (25 and the update).
+    VmSecurityVersion = "Abstract_VM_Version::_vm_security_version", optional, ["Abstract_VM_Version::_vm_security_version"];
 }
 
 /// A type whose size the layout holds.
@@ -277,6 +281,8 @@ pub enum LayoutError {
     NoCodeStart,
     #[error("VMStructs has neither Symbol::_length nor Symbol::_length_and_refcount")]
     NoSymbolLength,
+    #[error("VMStructs has neither CodeCache::_heaps with its bounds and GrowableArray fields nor CodeCache::_heap")]
+    NoCodeCache,
 }
 
 /// One resolved field.
@@ -332,6 +338,19 @@ impl JvmLayout {
         {
             return Err(LayoutError::NoCodeStart);
         }
+        let has = |field: Field| fields.contains_key(field.key());
+        let segmented = [
+            Field::CodeCacheHeaps,
+            Field::CodeCacheLowBound,
+            Field::CodeCacheHighBound,
+            Field::GrowableArrayLen,
+            Field::GrowableArrayData,
+        ]
+        .into_iter()
+        .all(has);
+        if !segmented && !has(Field::CodeCacheHeap) {
+            return Err(LayoutError::NoCodeCache);
+        }
         if !fields.contains_key(Field::SymbolLength.key())
             && !fields.contains_key(Field::SymbolLengthAndRefcount.key())
         {
@@ -366,6 +385,11 @@ impl JvmLayout {
     /// for an optional field this JVM does not have.
     pub fn offset(&self, field: Field) -> Option<u64> {
         self.fields.get(field.key()).map(|f| f.offset)
+    }
+
+    /// Whether this JVM has `field` (an optional one may be absent).
+    pub fn has(&self, field: Field) -> bool {
+        self.fields.contains_key(field.key())
     }
 
     pub fn size(&self, type_size: TypeSize) -> Option<u64> {

@@ -544,9 +544,10 @@ fn nmethod_alive(
     };
     let id = memory.read_u32(blob + offset(jvm, Field::NmethodCompileId)?)?;
     // `signed char` in every JDK: 3 and 4 are unloaded and zombie (JDK 11-19); JDK 20+ has no
-    // state past not_entrant (2).
+    // state past not_entrant (2); JDK 8 has no not_used state, so zombie is 2 and unloaded 3.
+    let first_dead_state = if jvm.version.major <= 8 { 2 } else { 3 };
     let dead_state = match layout.offset(Field::NmethodState) {
-        Some(at) => (memory.read_u8(blob + at)? as i8) >= 3,
+        Some(at) => (memory.read_u8(blob + at)? as i8) >= first_dead_state,
         None => false,
     };
     if !used || id != compile_id || dead_state {
@@ -615,8 +616,13 @@ fn read_blob(
             let pcs = memory.read_i32(blob + offset(jvm, Field::NmethodScopesPcsOffset)?)? as u64;
             let deps =
                 memory.read_i32(blob + offset(jvm, Field::NmethodDependenciesOffset)?)? as u64;
-            let scopes_begin =
-                memory.read_ptr(blob + offset(jvm, Field::NmethodScopesDataBegin)?)?;
+            let scopes_begin = match layout.offset(Field::NmethodScopesDataBegin) {
+                Some(at) => memory.read_ptr(blob + at)?,
+                // JDK 8: an offset from the blob, as the other sections'.
+                None => blob.wrapping_add(
+                    memory.read_i32(blob + offset(jvm, Field::NmethodScopesDataOffset)?)? as u64,
+                ),
+            };
             let metadata =
                 memory.read_i32(blob + offset(jvm, Field::NmethodMetadataOffset)?)? as u64;
             (
