@@ -68,10 +68,20 @@ public class Churn {
         return thread;
     }
 
+    // InputStream.readAllBytes is JDK 9's; the classes run on JDK 8 too.
+    static byte[] readAll(InputStream in) throws java.io.IOException {
+        java.io.ByteArrayOutputStream out = new java.io.ByteArrayOutputStream();
+        byte[] buffer = new byte[8192];
+        for (int n; (n = in.read(buffer)) > 0; ) {
+            out.write(buffer, 0, n);
+        }
+        return out.toByteArray();
+    }
+
     public static void main(String[] args) throws Exception {
         byte[] bytes;
         try (InputStream in = Churn.class.getResourceAsStream("Churn$Generated.class")) {
-            bytes = in.readAllBytes();
+            bytes = readAll(in);
         }
         start("churn-worker", () -> {
             try {

@@ -77,7 +77,12 @@ public class NameChurn {
 
     static byte[] read(String name) throws Exception {
         try (InputStream in = NameChurn.class.getResourceAsStream(name)) {
-            return in.readAllBytes();
+            java.io.ByteArrayOutputStream out = new java.io.ByteArrayOutputStream();
+            byte[] buffer = new byte[8192];
+            for (int n; (n = in.read(buffer)) > 0; ) {
+                out.write(buffer, 0, n);
+            }
+            return out.toByteArray();
         }
     }
 

@@ -159,7 +159,7 @@ public class Workloads {
         }
     }
 
-    static java.util.Set<String> only = java.util.Set.of();
+    static java.util.Set<String> only = java.util.Collections.emptySet();
 
     static Thread start(String name, Runnable body) {
         if (!only.isEmpty() && !only.contains(name)) {
@@ -172,7 +172,7 @@ public class Workloads {
     }
 
     public static void main(String[] args) throws Exception {
-        only = java.util.Set.of(args);
+        only = new java.util.HashSet<>(java.util.Arrays.asList(args));
         start("split-worker", () -> {
             long seed = 1;
             while (true) {

@@ -426,13 +426,20 @@ fn debian_sid_java(root: &Path, major: u32) -> PathBuf {
     ))
 }
 
-/// `javac` (JDK 17's), compiling for release 11 so every test JDK runs the classes.
+/// `javac` (JDK 17's), compiling for release 8 so every test JDK runs the classes.
 pub fn compile_java(sources: &[&str], out_dir: &Path) -> Result<PathBuf> {
+    compile_java_for(sources, out_dir, "8")
+}
+
+/// `javac` (JDK 17's), compiling for `release` (`"11"` for what needs a JDK 11 API, such as
+/// JFR's parser).
+pub fn compile_java_for(sources: &[&str], out_dir: &Path, release: &str) -> Result<PathBuf> {
     let classes = out_dir.join("classes");
     std::fs::create_dir_all(&classes)?;
     let java_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("java");
     let status = Command::new("/usr/lib/jvm/java-17-openjdk-amd64/bin/javac")
-        .args(["--release", "11", "-g", "-d"])
+        // No warning for release 8's deprecation.
+        .args(["-Xlint:-options", "--release", release, "-g", "-d"])
         .arg(&classes)
         .args(sources.iter().map(|s| java_dir.join(s)))
         .status()

@@ -329,7 +329,8 @@ fn real_app_jetty_server() {
 /// Runs `app` on each JDK, prints every figure, and asserts the harness (and, when asked, the
 /// targets) once all JDKs ran.
 fn run_app(app: &App, dir: &Path) {
-    let helper = compile_java(&["JfrSamples.java"], &dir.join("helper")).expect("javac helper");
+    let helper =
+        compile_java_for(&["JfrSamples.java"], &dir.join("helper"), "11").expect("javac helper");
     let extra_jfc = dir.join("extra-events.jfc");
     std::fs::write(&extra_jfc, EXTRA_EVENTS_JFC).expect("extra-events.jfc written");
     let mut summaries = Vec::new();
