@@ -35,6 +35,14 @@ fn field(info: &Value, key: &str) -> u64 {
 /// against what jvm-info derived from that build's VMStructs.
 fn known_offsets(major: u64) -> &'static [(&'static str, u64)] {
     match major {
+        8 => &[
+            ("CodeBlob::_frame_size", 44),
+            ("nmethod::_compile_id", 204),
+            ("JavaThread::_anchor", 576),
+            ("CodeHeap::_log2_segment_size", 248),
+            ("Method::_constMethod", 8),
+            ("Symbol::_body", 8),
+        ],
         11 => &[
             ("CodeBlob::_frame_size", 28),
             ("nmethod::_compile_id", 324),
@@ -132,7 +140,7 @@ fn jvm_info_reads_every_jdk() {
             .to_owned();
         assert_eq!(
             growable,
-            if jdk.major == 11 {
+            if jdk.major <= 11 {
                 "GenericGrowableArray::_len"
             } else {
                 "GrowableArrayBase::_len"
@@ -144,24 +152,26 @@ fn jvm_info_reads_every_jdk() {
             .to_owned();
         assert_eq!(
             method,
-            if jdk.major >= 23 {
+            // `CompiledMethod` existed from JDK 9 to 22.
+            if jdk.major >= 23 || jdk.major <= 8 {
                 "nmethod::_method"
             } else {
                 "CompiledMethod::_method"
             }
         );
 
-        // Default flags: a segmented code cache, three heaps of 128-byte segments, and the
-        // interpreter and call stub inside the code cache.
+        // Default flags: a segmented code cache, three heaps of 128-byte segments (JDK 8: one
+        // heap of 64-byte segments), and the interpreter and call stub inside the code cache.
         let code = &info["code_cache"];
         let heaps = code["heaps"].as_array().expect("heaps");
-        assert_eq!(heaps.len(), 3, "{code}");
+        let (heap_count, log2_segment) = if jdk.major <= 8 { (1, 6) } else { (3, 7) };
+        assert_eq!(heaps.len(), heap_count, "{code}");
         let (low, high) = (
             code["low_bound"].as_u64().unwrap_or(0),
             code["high_bound"].as_u64().unwrap_or(0),
         );
         for heap in heaps {
-            assert_eq!(heap["log2_segment_size"].as_u64(), Some(7));
+            assert_eq!(heap["log2_segment_size"].as_u64(), Some(log2_segment));
             assert!(
                 heap["low"].as_u64() >= Some(low) && heap["high"].as_u64() <= Some(high),
                 "{heap}"
@@ -172,7 +182,10 @@ fn jvm_info_reads_every_jdk() {
             inside("interpreter_low") && inside("call_stub_return_address"),
             "{code}"
         );
-        assert_eq!(info["facts"]["interpreter_bcp_slot"].as_i64(), Some(-8));
+        assert_eq!(
+            info["facts"]["interpreter_bcp_slot"].as_i64(),
+            Some(if jdk.major <= 8 { -7 } else { -8 })
+        );
         assert_eq!(
             info["facts"]["unsigned5_excludes_zero"].as_bool(),
             Some(jdk.major >= 20)

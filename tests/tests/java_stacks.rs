@@ -80,7 +80,8 @@ fn java_stacks_on_every_jdk() {
         let (mut deep_leaf, mut deep_complete) = (0i64, 0i64);
         let (mut inline_samples, mut with_inlined) = (0i64, 0i64);
         let (mut zip_samples, mut zip_native_under_java) = (0i64, 0i64);
-        let (mut leaf_line_checked, mut leaf_line_right) = (0i64, 0i64);
+        let (mut leaf_line_checked, mut leaf_line_right, mut leaf_line_unknown) =
+            (0i64, 0i64, 0i64);
         for (_, profile) in &profiles {
             for sample in &profile.sample {
                 let n = count(sample);
@@ -128,7 +129,9 @@ fn java_stacks_on_every_jdk() {
                         }
                         leaf_line_checked += n;
                         let line = frames[0].line;
-                        if line >= deep_leaf_lines.0 && line <= deep_leaf_lines.1 {
+                        if line == 0 {
+                            leaf_line_unknown += n;
+                        } else if line >= deep_leaf_lines.0 && line <= deep_leaf_lines.1 {
                             leaf_line_right += n;
                         }
                     }
@@ -179,7 +182,7 @@ fn java_stacks_on_every_jdk() {
         let line = format!(
             "JDK {}: split {:.1}/{:.1}/{:.1}% over {split_total} samples (max error {:.1} pp); root reach {:.1}% of {java_thread_samples}; \
              200-deep complete {deep_complete}/{deep_leaf}; inlined frames in {with_inlined}/{inline_samples}; \
-             native zip under Java {zip_native_under_java}/{zip_samples}; deepLeaf line right {leaf_line_right}/{leaf_line_checked}; unwind ends {}",
+             native zip under Java {zip_native_under_java}/{zip_samples}; deepLeaf line right {leaf_line_right}/{leaf_line_checked} (unknown {leaf_line_unknown}); unwind ends {}",
             jdk.major, a * 100.0, b * 100.0, c * 100.0, error * 100.0, root_reach * 100.0, unwind_ends.join(" | ")
         );
         eprintln!("{line}");
@@ -224,7 +227,17 @@ fn java_stacks_on_every_jdk() {
             jdk.major
         );
         assert!(
-            leaf_line_right as f64 >= 0.95 * leaf_line_checked as f64,
+            leaf_line_checked - leaf_line_right - leaf_line_unknown
+                <= leaf_line_checked / 20,
+            "JDK {}: deepLeaf lines: {leaf_line_right} of {leaf_line_checked} in \
+             {deep_leaf_lines:?}, {leaf_line_unknown} unknown, the rest wrong",
+            jdk.major
+        );
+        // JDK 8 puts no safepoint in a C2-compiled counted loop (loop strip mining came in
+        // 10): a pc inside deepLeaf's has no debug information, and its line is unknown.
+        let known_wanted = if jdk.major <= 8 { 0.0 } else { 0.95 };
+        assert!(
+            leaf_line_right as f64 >= known_wanted * leaf_line_checked as f64,
             "JDK {}: deepLeaf lines {leaf_line_right}/{leaf_line_checked} in {deep_leaf_lines:?}",
             jdk.major
         );
