@@ -227,8 +227,7 @@ fn java_stacks_on_every_jdk() {
             jdk.major
         );
         assert!(
-            leaf_line_checked - leaf_line_right - leaf_line_unknown
-                <= leaf_line_checked / 20,
+            leaf_line_checked - leaf_line_right - leaf_line_unknown <= leaf_line_checked / 20,
             "JDK {}: deepLeaf lines: {leaf_line_right} of {leaf_line_checked} in \
              {deep_leaf_lines:?}, {leaf_line_unknown} unknown, the rest wrong",
             jdk.major

@@ -442,6 +442,14 @@ impl<S: LayoutSink> JvmTracker<S> {
             .map(|tracked| tracked.start_time)
     }
 
+    /// The JDK major version of `pid`'s JVM, once its layout is ready.
+    pub fn ready_jvm_major(&self, pid: u32) -> Option<u32> {
+        match &self.tracked.get(&pid)?.state {
+            State::Ready { jvm, .. } => Some(jvm.version.major),
+            _ => None,
+        }
+    }
+
     fn is_ready(&self, pid: u32) -> bool {
         self.tracked
             .get(&pid)

@@ -322,7 +322,12 @@ pub fn parse_load_reply(reply: &[u8]) -> std::result::Result<(), String> {
     let (code, rest) = text.split_once('\n').unwrap_or((&text, ""));
     let rest = rest.trim();
     match code.trim().parse::<i32>() {
-        Ok(0) => match rest.strip_prefix("return code:").map(str::trim) {
+        // JDK 9+ writes "return code: N" after the command's status; JDK 8 writes N alone.
+        Ok(0) => match rest
+            .strip_prefix("return code:")
+            .map(str::trim)
+            .or_else(|| rest.parse::<i32>().is_ok().then_some(rest))
+        {
             Some("0") => Ok(()),
             Some(rc) => Err(format!("the agent's Agent_OnAttach returned {}", shown(rc))),
             None if rest.is_empty() => Err("empty reply".into()),
@@ -970,6 +975,12 @@ mod tests {
         assert_eq!(
             parse_load_reply(b"0\nAgent_OnAttach failed\n"),
             Err("Agent_OnAttach failed".into())
+        );
+        // JDK 8: the return code alone.
+        assert_eq!(parse_load_reply(b"0\n0\n"), Ok(()));
+        assert_eq!(
+            parse_load_reply(b"0\n1\n"),
+            Err("the agent's Agent_OnAttach returned 1".into())
         );
         assert!(parse_load_reply(b"").is_err());
         assert!(parse_load_reply(b"garbage").is_err());
