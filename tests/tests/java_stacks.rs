@@ -33,7 +33,7 @@ fn java_stacks_on_every_jdk() {
     let deep_leaf_lines = method_lines(&source, "static long deepLeaf");
     let mut report = Vec::new();
 
-    for jdk in jdks() {
+    for jdk in jdks_with_8() {
         let jvm = start_java(&jdk, &classes, "Workloads", &[]).expect("JVM starts");
         // Let the JIT compile the hot paths, as in a long-running service.
         std::thread::sleep(Duration::from_secs(4));

@@ -36,8 +36,11 @@ pub struct DebianJdk {
 }
 
 /// The JDKs the tests run on beyond the machine's and PyPI's.
-/// (JDK 8, `major: 8`, installs the same way; it is not in the matrix yet: see README, JDKs.)
 pub const DEBIAN_JDKS: &[DebianJdk] = &[
+    DebianJdk {
+        major: 8,
+        suite: "sid",
+    },
     DebianJdk {
         major: 26,
         suite: "sid",
