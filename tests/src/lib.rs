@@ -422,7 +422,11 @@ pub fn jdks() -> Vec<Jdk> {
 /// Where `cargo xtask test` installs Debian sid's JDK `major` (xtask/src/debian_jdks.rs); JDK
 /// 8 keeps its launcher under `jre/`.
 fn debian_sid_java(root: &Path, major: u32) -> PathBuf {
-    let launcher = if major == 8 { "jre/bin/java" } else { "bin/java" };
+    let launcher = if major == 8 {
+        "jre/bin/java"
+    } else {
+        "bin/java"
+    };
     root.join(format!(
         ".tools/jdk{major}/usr/lib/jvm/java-{major}-openjdk-amd64/{launcher}"
     ))

@@ -208,6 +208,17 @@ impl Attacher {
         }
     }
 
+    /// Never attaches to the JVM `pid` (started at `start_time`), for `reason`: logged once per
+    /// JVM, when the policy would have attached.
+    pub fn decline(&mut self, pid: u32, start_time: u64, reason: &str) {
+        if self.policy.mode == AttachMode::Never {
+            return;
+        }
+        if self.tried.insert((pid, start_time), 0).is_none() {
+            tracing::info!(pid, reason, "sidecar: not attaching to this JVM");
+        }
+    }
+
     /// Starts an attach to the JVM `pid` (started at `start_time`, in clock ticks since boot)
     /// if the policy wants one and none was tried (or a retry is due).
     pub fn consider(&mut self, pid: u32, start_time: u64) {
@@ -363,6 +374,25 @@ mod tests {
         }
         assert!(agent_records_present(&target), "the JVM user's own file");
         std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    #[test]
+    fn a_declined_jvm_is_never_attached_until_it_exits() {
+        let started = AttachesStarted::default();
+        let policy = AttachPolicy {
+            mode: AttachMode::Auto,
+            ..AttachPolicy::default()
+        };
+        let mut attacher = Attacher::new(policy, started.clone());
+        // A pid no process has: were it considered, no attach could start either; what is
+        // checked is that declining records the JVM as tried and starts nothing.
+        let (pid, start_time) = (u32::MAX - 7, 42);
+        attacher.decline(pid, start_time, "test");
+        attacher.consider(pid, start_time);
+        assert!(!started.contains(pid));
+        assert!(attacher.tried.contains_key(&(pid, start_time)));
+        attacher.retain(|_, _| false);
+        assert!(!attacher.tried.contains_key(&(pid, start_time)));
     }
 
     #[test]
