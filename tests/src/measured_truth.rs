@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::io::BufRead as _;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -95,15 +96,24 @@ pub struct MeasuringJvm {
 }
 
 impl MeasuringJvm {
-    /// Starts `command` (the JDK's `java` with its arguments), waits for its "ready" line, and
+    /// Starts `java JVM_ARGS -cp CLASSES MAIN_CLASS` on `jdk`, waits for its "ready" line, and
     /// keeps its lines starting with `prefix` that carry every one of `keys`.
     pub fn start(
         jdk: Jdk,
-        command: &mut Command,
+        jvm_args: &[&str],
+        classes: &Path,
+        main_class: &str,
         prefix: &'static str,
         keys: &'static [&'static str],
     ) -> Self {
-        let mut child = command.stdout(Stdio::piped()).spawn().expect("JVM starts");
+        let mut child = Command::new(&jdk.java)
+            .args(jvm_args)
+            .arg("-cp")
+            .arg(classes)
+            .arg(main_class)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("JVM starts");
         let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
         let jvm = Workload(child);
         let first = lines.next().and_then(Result::ok).unwrap_or_default();

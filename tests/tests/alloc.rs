@@ -7,7 +7,6 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use profiler_daemon::pprof::proto;
@@ -74,17 +73,6 @@ const ROOTS: [&str; 2] = ["java.lang.Thread.run", "AllocSplit.main"];
 /// The keys of AllocSplit's `ALLOC <epoch ns> seventy=<bytes> thirty=<bytes> large=<bytes>
 /// arrays=<count>` lines: bytes per site (as [`SITES`]) and the large site's arrays, cumulative.
 const TOTALS: &[&str] = &["seventy", "thirty", "large", "arrays"];
-
-/// A running AllocSplit, reading its totals.
-fn start_split(jdk: Jdk, classes: &Path) -> MeasuringJvm {
-    let mut command = Command::new(&jdk.java);
-    command
-        .args(JVM_ARGS)
-        .arg("-cp")
-        .arg(classes)
-        .arg("AllocSplit");
-    MeasuringJvm::start(jdk, &mut command, "ALLOC", TOTALS)
-}
 
 /// Which profiles are compared, over which window. The hooks take a JVM's allocations once the
 /// daemon has pushed its layout, partway through the interval of its first alloc profile, whose
@@ -242,7 +230,7 @@ fn allocation_bytes_per_site_match_the_truth_on_every_jdk() {
     let classes = compile_java(&["AllocSplit.java"], dir.path()).expect("javac");
     let mut splits: Vec<MeasuringJvm> = jdks()
         .into_iter()
-        .map(|jdk| start_split(jdk, &classes))
+        .map(|jdk| MeasuringJvm::start(jdk, JVM_ARGS, &classes, "AllocSplit", "ALLOC", TOTALS))
         .collect();
     let out = dir.path().join("profiles");
     let profiled = profile(&mut splits, "--alloc=65536", 20, &out);
@@ -352,7 +340,7 @@ fn objects_are_the_estimated_count_of_events() {
     let mut splits: Vec<MeasuringJvm> = jdks()
         .into_iter()
         .filter(|jdk| wanted.contains(&jdk.major))
-        .map(|jdk| start_split(jdk, &classes))
+        .map(|jdk| MeasuringJvm::start(jdk, JVM_ARGS, &classes, "AllocSplit", "ALLOC", TOTALS))
         .collect();
     assert!(!splits.is_empty(), "no test JDK among {wanted:?}");
     let out = dir.path().join("profiles");

@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use profiler_daemon::pprof::proto;
@@ -72,17 +71,6 @@ const ROOT: &str = "java.lang.Thread.run";
 /// park_waits=<n>` lines: nanoseconds and waits over 1 ms per site (`<key>_ns`, `<key>_waits`
 /// of [`SITES`]), cumulative.
 const TOTALS: &[&str] = &["monitor_ns", "monitor_waits", "park_ns", "park_waits"];
-
-/// A running LockSplit, reading its totals.
-fn start_split(jdk: Jdk, classes: &Path) -> MeasuringJvm {
-    let mut command = Command::new(&jdk.java);
-    command
-        .args(JVM_ARGS)
-        .arg("-cp")
-        .arg(classes)
-        .arg("LockSplit");
-    MeasuringJvm::start(jdk, &mut command, "LOCK", TOTALS)
-}
 
 /// Which profiles of one kind (`mutex` or `block`) are compared, over which window. A wait is
 /// in the profile of the interval in which it ends, if the daemon saw it begin: the first
@@ -246,7 +234,7 @@ fn lock_delays_per_site_match_the_truth_on_every_jdk() {
     let classes = compile_java(&["LockSplit.java"], dir.path()).expect("javac");
     let mut splits: Vec<MeasuringJvm> = jdks()
         .into_iter()
-        .map(|jdk| start_split(jdk, &classes))
+        .map(|jdk| MeasuringJvm::start(jdk, JVM_ARGS, &classes, "LockSplit", "LOCK", TOTALS))
         .collect();
     let out = dir.path().join("profiles");
     let seconds = 20;

@@ -193,19 +193,10 @@ fn attach_sampled_jvms<S: tracker::LayoutSink>(
     pids.sort_unstable();
     pids.dedup();
     for pid in pids {
-        let Some(start_time) = tracker.ready_jvm(pid) else {
-            continue;
-        };
-        // JDK 8: its agent would record no `Method*` (the daemon names its frames from memory
-        // anyway), and enabling compiled-method events can crash 8u before 382 (JDK-8305165).
-        if tracker.ready_jvm_major(pid).is_some_and(|major| major <= 8) {
-            attacher.decline(
-                pid,
-                start_time,
-                "JDK 8: frames are named from the JVM's memory",
-            );
-            continue;
+        if let (Some(start_time), Some(major)) =
+            (tracker.ready_jvm(pid), tracker.ready_jvm_major(pid))
+        {
+            attacher.consider(pid, start_time, major);
         }
-        attacher.consider(pid, start_time);
     }
 }

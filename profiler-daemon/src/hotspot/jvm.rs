@@ -120,7 +120,7 @@ impl Jvm {
 
     /// Reads the code heaps, the interpreter range and the call stub's return address.
     pub fn code_cache(&self, memory: &dyn RemoteMemory) -> Result<CodeCacheInfo, JvmError> {
-        let (heaps, low_bound, high_bound) = if self.layout.has(Field::CodeCacheHeaps) {
+        let (heaps, low_bound, high_bound) = if self.layout.segmented_code_cache() {
             let heaps = self.segmented_heaps(memory)?;
             let low_bound = memory.read_u64(self.static_address(Field::CodeCacheLowBound)?)?;
             let high_bound = memory.read_u64(self.static_address(Field::CodeCacheHighBound)?)?;
@@ -305,7 +305,13 @@ fn read_version(
     let major = memory.read_u32(address(Field::VmMajorVersion)?)?;
     let minor = memory.read_u32(address(Field::VmMinorVersion)?)?;
     if !layout.has(Field::VmSecurityVersion) {
-        // JDK 8 numbers HotSpot on its own: "25.504-b01" is JDK 8 update 504.
+        // JDK 8 numbers HotSpot on its own: "25.504-b01" is JDK 8 update 504. Anything else
+        // without a security version is a layout the frame facts do not know.
+        if major != 25 {
+            return Err(JvmError::Implausible(format!(
+                "HotSpot {major}.{minor} without a security version"
+            )));
+        }
         return Ok(JvmVersion {
             major: 8,
             minor: 0,

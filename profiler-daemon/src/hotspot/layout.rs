@@ -162,6 +162,16 @@ wanted_fields! {
     VmSecurityVersion = "Abstract_VM_Version::_vm_security_version", optional, ["Abstract_VM_Version::_vm_security_version"];
 }
 
+/// The fields a segmented code cache (JDK 9+) is read through; without them, JDK 8's single
+/// `CodeCache::_heap`.
+const SEGMENTED_CODE_CACHE: [Field; 5] = [
+    Field::CodeCacheHeaps,
+    Field::CodeCacheLowBound,
+    Field::CodeCacheHighBound,
+    Field::GrowableArrayLen,
+    Field::GrowableArrayData,
+];
+
 /// A type whose size the layout holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TypeSize {
@@ -339,16 +349,7 @@ impl JvmLayout {
             return Err(LayoutError::NoCodeStart);
         }
         let has = |field: Field| fields.contains_key(field.key());
-        let segmented = [
-            Field::CodeCacheHeaps,
-            Field::CodeCacheLowBound,
-            Field::CodeCacheHighBound,
-            Field::GrowableArrayLen,
-            Field::GrowableArrayData,
-        ]
-        .into_iter()
-        .all(has);
-        if !segmented && !has(Field::CodeCacheHeap) {
+        if !SEGMENTED_CODE_CACHE.into_iter().all(has) && !has(Field::CodeCacheHeap) {
             return Err(LayoutError::NoCodeCache);
         }
         if !fields.contains_key(Field::SymbolLength.key())
@@ -390,6 +391,13 @@ impl JvmLayout {
     /// Whether this JVM has `field` (an optional one may be absent).
     pub fn has(&self, field: Field) -> bool {
         self.fields.contains_key(field.key())
+    }
+
+    /// Whether the code cache is segmented (JDK 9+: an array of heaps), else one heap (JDK 8).
+    pub fn segmented_code_cache(&self) -> bool {
+        SEGMENTED_CODE_CACHE
+            .into_iter()
+            .all(|field| self.has(field))
     }
 
     pub fn size(&self, type_size: TypeSize) -> Option<u64> {

@@ -208,24 +208,24 @@ impl Attacher {
         }
     }
 
-    /// Never attaches to the JVM `pid` (started at `start_time`), for `reason`: logged once per
-    /// JVM, when the policy would have attached.
-    pub fn decline(&mut self, pid: u32, start_time: u64, reason: &str) {
-        if self.policy.mode == AttachMode::Never {
-            return;
-        }
-        if self.tried.insert((pid, start_time), 0).is_none() {
-            tracing::info!(pid, reason, "sidecar: not attaching to this JVM");
-        }
-    }
-
-    /// Starts an attach to the JVM `pid` (started at `start_time`, in clock ticks since boot)
-    /// if the policy wants one and none was tried (or a retry is due).
-    pub fn consider(&mut self, pid: u32, start_time: u64) {
+    /// Starts an attach to the JVM `pid` (started at `start_time`, in clock ticks since boot,
+    /// of JDK `major`) if the policy wants one and none was tried (or a retry is due).
+    pub fn consider(&mut self, pid: u32, start_time: u64, major: u32) {
         let jvm = (pid, start_time);
         if self.policy.mode == AttachMode::Never
             || (self.tried.contains_key(&jvm) && !self.retries.take_due(jvm, Instant::now()))
         {
+            return;
+        }
+        if major <= 8 {
+            // Its agent would record no `Method*` (the daemon names its frames from memory
+            // anyway), and enabling compiled-method events can crash 8u before 382
+            // (JDK-8305165). Declined once per JVM.
+            self.tried.insert(jvm, 0);
+            tracing::info!(
+                pid,
+                "sidecar: not attaching to this JVM: JDK 8, its frames are named from its memory"
+            );
             return;
         }
         if self.in_flight.load(Ordering::Acquire) >= MAX_IN_FLIGHT {
@@ -377,18 +377,18 @@ mod tests {
     }
 
     #[test]
-    fn a_declined_jvm_is_never_attached_until_it_exits() {
+    fn a_jdk_8_jvm_is_declined_until_it_exits() {
         let started = AttachesStarted::default();
         let policy = AttachPolicy {
             mode: AttachMode::Auto,
             ..AttachPolicy::default()
         };
         let mut attacher = Attacher::new(policy, started.clone());
-        // A pid no process has: were it considered, no attach could start either; what is
-        // checked is that declining records the JVM as tried and starts nothing.
+        // A pid no process has: no attach could start either; what is checked is that the JVM
+        // is recorded as tried (declined once) and nothing starts.
         let (pid, start_time) = (u32::MAX - 7, 42);
-        attacher.decline(pid, start_time, "test");
-        attacher.consider(pid, start_time);
+        attacher.consider(pid, start_time, 8);
+        attacher.consider(pid, start_time, 8);
         assert!(!started.contains(pid));
         assert!(attacher.tried.contains_key(&(pid, start_time)));
         attacher.retain(|_, _| false);
