@@ -2,9 +2,8 @@
 //! (tests/java/NameChurn.java) are defined, run hot and unloaded while the daemon profiles them,
 //! so metaspace and code-cache addresses are reused all the time. In every sampled stack, every
 //! frame of a generation must carry the same tag; a frame the daemon cannot verify must show as
-//! unknown, never under another generation's name. From memory alone and with the JVMTI sidecar,
-//! on JDK 17, 21 and 25; from memory on 26 and 27, where the daemon does not use the agent's
-//! records (`NAMES_JDK=25` runs one).
+//! unknown, never under another generation's name. From memory alone on JDK 8, 17, 21, 25, 26
+//! and 27, and with the JVMTI sidecar on 25 (`NAMES_JDK=25` runs one JDK).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -172,9 +171,10 @@ fn generations_of_same_shape_classes_are_never_named_after_each_other() {
             v == j.major.to_string()
         })
     }) {
-        // Where the daemon does not use the agent's records (JDK 26 and later), the run with
-        // the agent would repeat the one without.
-        let agent_runs: &[bool] = if jdk.agent_reads_method_ptrs() {
+        // The agent's records are checked the same way on every JDK that has them: one run with
+        // the agent (JDK 25) covers that path. Where the daemon does not use them (JDK 26 and
+        // later), a run with the agent would repeat the one without.
+        let agent_runs: &[bool] = if jdk.major == 25 && jdk.agent_reads_method_ptrs() {
             &[false, true]
         } else {
             &[false]
@@ -201,29 +201,31 @@ fn generations_of_same_shape_classes_are_never_named_after_each_other() {
                     .map(|e| format!("\n    mixed: {e}"))
                     .collect::<String>()
             );
-            assert!(
-                t.samples > 150,
-                "JDK {}: {} churn samples",
-                jdk.major,
-                t.samples
-            );
+            if t.samples <= 150 {
+                failures.push(format!(
+                    "JDK {} ({source}): {} churn samples (floor 150)",
+                    jdk.major, t.samples
+                ));
+            }
             // Every marker names a known reason, and the counter (scraped mid-run) has not
             // counted more than all the profiles show.
             for (reason, shown) in &t.markers {
                 let scraped = t.scraped.get(reason).copied();
-                assert!(
-                    scraped.is_some_and(|scraped| scraped <= *shown),
-                    "JDK {} ({source}): marker reason {reason} shown {shown} times, counted \
-                     {scraped:?}",
-                    jdk.major
-                );
+                if scraped.is_none_or(|scraped| scraped > *shown) {
+                    failures.push(format!(
+                        "JDK {} ({source}): marker reason {reason} shown {shown} times, counted \
+                         {scraped:?}",
+                        jdk.major
+                    ));
+                }
             }
             for (reason, scraped) in &t.scraped {
-                assert!(
-                    *scraped <= t.markers.get(reason).copied().unwrap_or(0),
-                    "JDK {} ({source}): {reason} counted {scraped} times, shown less",
-                    jdk.major
-                );
+                if *scraped > t.markers.get(reason).copied().unwrap_or(0) {
+                    failures.push(format!(
+                        "JDK {} ({source}): {reason} counted {scraped} times, shown less",
+                        jdk.major
+                    ));
+                }
             }
             let floor = if with_agent { 0.95 } else { 0.90 };
             // The target is 0. It used to be about 0.3%: the cookie then mixed only a 16-bit

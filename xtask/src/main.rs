@@ -6,13 +6,13 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
 mod debian_jdks;
+mod e2e;
 mod image;
 mod install;
 
@@ -121,9 +121,11 @@ fn main() -> Result<()> {
             std::process::exit(status.code().unwrap_or(1));
         }
         Task::Test { filter } => {
+            let mut phases = e2e::Phases::start();
             setup_build()?;
             setup_tests(&root)?;
-            test(&root, filter.as_deref())
+            phases.end("setup (toolchain pieces, packages, JDKs)");
+            test(&root, filter.as_deref(), phases)
         }
         Task::Image(args) => {
             if args.daemon.is_none() {
@@ -504,109 +506,58 @@ fn target_dir(root: &Path) -> PathBuf {
     }
 }
 
-fn test(root: &Path, filter: Option<&str>) -> Result<()> {
-    let command_started = Instant::now();
+fn test(root: &Path, filter: Option<&str>, mut phases: e2e::Phases) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc_geteuid() } != 0 {
         bail!("the end-to-end tests load BPF programs and profile other processes: run `cargo xtask test` as root");
     }
-    let daemon = build_daemon(root, false)?;
-    // The JVMTI sidecar agent, which the end-to-end tests load into JVMs (found beside the
-    // daemon binary).
-    build_agent(root, false)?;
+    let executables = e2e::build(root)?;
+    let daemon = target_dir(root).join("debug/profiler-daemon");
+    phases.end("build (daemon, eBPF object, agent, tests)");
     let filter_args: Vec<&str> = filter.into_iter().collect();
 
-    // Unit tests of every crate but the end-to-end one.
+    // Unit tests of every crate but the end-to-end one (with the same features as the build:
+    // leaving out a package that adds none changes nothing).
     run(Command::new("cargo")
         .current_dir(root)
-        .args([
-            "test",
-            "--workspace",
-            "--exclude",
-            "profiler-ebpf",
-            "--exclude",
-            "profiler-tests",
-            "--",
-        ])
+        .arg("test")
+        .args(e2e::SELECTION)
+        .args(["--exclude", "profiler-tests", "--"])
         .args(&filter_args))?;
+    let (library, groups): (Vec<_>, Vec<_>) = e2e::end_to_end(root, executables)
+        .into_iter()
+        .partition(|e| e.kind == "lib");
     // The end-to-end crate's own helpers (parsers, interpolation): unit tests of its library.
-    run(Command::new("cargo")
-        .current_dir(root)
-        .args(["test", "--package", "profiler-tests", "--lib", "--"])
-        .args(&filter_args))?;
+    for executable in &library {
+        run(Command::new(&executable.path)
+            .current_dir(root.join("tests"))
+            .args(&filter_args))?;
+    }
+    phases.end("unit tests");
     // End-to-end: one group (test file) at a time, since each profiles the machine and measures
     // CPU shares; every group runs even if one fails, and each one's time is printed at the end
     // (CI must stay under its time budget as groups are added).
-    run(Command::new("cargo").current_dir(root).args([
-        "test",
-        "--package",
-        "profiler-tests",
-        "--no-run",
-    ]))?;
-    let mut groups = Vec::new();
-    for group in e2e_groups(root)? {
-        let started = Instant::now();
-        let passed = Command::new("cargo")
-            .current_dir(root)
-            .args([
-                "test",
-                "--package",
-                "profiler-tests",
-                "--test",
-                &group,
-                "--",
-            ])
+    let mut runs = Vec::new();
+    for group in &groups {
+        let mut command = Command::new(&group.path);
+        command
+            .current_dir(root.join("tests"))
             .args(&filter_args)
             .args(["--test-threads=1", "--nocapture"])
-            .env("PROFILER_DAEMON", &daemon)
-            .status()
-            .with_context(|| format!("starting the {group} tests"))?
-            .success();
-        groups.push((group, started.elapsed(), passed));
+            .env("PROFILER_DAEMON", &daemon);
+        runs.push(e2e::run_group(&mut command, &group.name)?);
     }
-    eprintln!("\nend-to-end test groups (tests/tests/*.rs):");
-    for (group, took, passed) in &groups {
-        let verdict = if *passed { "ok" } else { "FAILED" };
-        eprintln!("  {group:<14} {:>7.1} s  {verdict}", took.as_secs_f64());
-    }
-    let total: Duration = groups.iter().map(|(_, took, _)| *took).sum();
-    eprintln!(
-        "  {:<14} {:>7.1} s; whole command {:.1} min",
-        "all groups",
-        total.as_secs_f64(),
-        command_started.elapsed().as_secs_f64() / 60.0
-    );
+    let groups = runs;
+    e2e::print_summary(&groups, &phases);
     let failed: Vec<&str> = groups
         .iter()
-        .filter(|(_, _, passed)| !passed)
-        .map(|(group, _, _)| group.as_str())
+        .filter(|g| !g.passed)
+        .map(|g| g.name.as_str())
         .collect();
     if !failed.is_empty() {
         bail!("end-to-end test groups failed: {}", failed.join(", "));
     }
     Ok(())
-}
-
-/// The end-to-end test groups, as cargo finds test targets: the files of tests/tests and its
-/// directories with a `main.rs`, by name.
-fn e2e_groups(root: &Path) -> Result<Vec<String>> {
-    let dir = root.join("tests/tests");
-    let mut groups = Vec::new();
-    for entry in std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
-        let path = entry?.path();
-        let is_target = if path.is_dir() {
-            path.join("main.rs").is_file()
-        } else {
-            path.extension().is_some_and(|e| e == "rs")
-        };
-        if is_target {
-            if let Some(stem) = path.file_stem().and_then(|s| s.to_str()) {
-                groups.push(stem.to_owned());
-            }
-        }
-    }
-    groups.sort();
-    Ok(groups)
 }
 
 extern "C" {

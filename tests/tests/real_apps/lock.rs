@@ -75,10 +75,9 @@ fn is_lock_machinery(method: &str) -> bool {
 }
 
 /// The innermost Java method of `frames` (innermost first) that is not lock machinery.
-fn site<'a>(frames: impl Iterator<Item = &'a str>) -> String {
+fn site<'a>(mut frames: impl Iterator<Item = &'a str>) -> String {
     frames
-        .filter(|name| !is_lock_machinery(name))
-        .next()
+        .find(|name| !is_lock_machinery(name))
         .unwrap_or("(no Java frame)")
         .to_owned()
 }

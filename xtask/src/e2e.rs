@@ -1,0 +1,282 @@
+//! The end-to-end test groups (tests/tests/*.rs): found, run one at a time, timed, and, when one
+//! fails, its panic messages repeated at the end of the output, where a CI log's tail shows them.
+
+use std::io::{BufRead as _, BufReader, Read, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+
+/// Lines kept per panic: the message and the start of its backtrace or assertion values.
+const LINES_PER_PANIC: usize = 12;
+/// Panics kept per failed group.
+const PANICS_PER_GROUP: usize = 4;
+
+/// The steps before the groups, timed: what CI spends besides the tests themselves.
+pub struct Phases {
+    started: Instant,
+    last: Instant,
+    ended: Vec<(&'static str, Duration)>,
+}
+
+impl Phases {
+    pub fn start() -> Self {
+        let now = Instant::now();
+        Self {
+            started: now,
+            last: now,
+            ended: Vec::new(),
+        }
+    }
+
+    /// Ends the phase running since the last one ended.
+    pub fn end(&mut self, name: &'static str) {
+        let now = Instant::now();
+        self.ended.push((name, now - self.last));
+        self.last = now;
+    }
+}
+
+/// How one group ended.
+pub struct GroupRun {
+    pub name: String,
+    pub took: Duration,
+    pub passed: bool,
+    /// The panic messages of a failed group, each a few lines.
+    pub panics: Vec<String>,
+}
+
+/// The packages every cargo command of a test run selects. Cargo unifies features over the
+/// selected packages (and their dev-dependencies when tests are built), so a second selection
+/// would build the daemon and much of its dependency tree again, a minute or more from clean.
+pub const SELECTION: [&str; 3] = ["--workspace", "--exclude", "profiler-ebpf"];
+
+/// A test executable cargo built.
+pub struct TestExecutable {
+    /// The target's name: for the end-to-end crate, the group (`java_names`, `real_apps`).
+    pub name: String,
+    /// `lib`, `bin` or `test`.
+    pub kind: String,
+    /// The Cargo.toml of its package.
+    pub manifest: PathBuf,
+    pub path: PathBuf,
+}
+
+/// Builds, in one selection, the daemon, the agent and every test executable, and lists the
+/// executables. The daemon binary is built with the features the tests' dependencies add: a
+/// debug build that differs from a plain `cargo build` only in code the tests use.
+pub fn build(root: &Path) -> Result<Vec<TestExecutable>> {
+    let status = Command::new("cargo")
+        .current_dir(root)
+        .arg("build")
+        .args(SELECTION)
+        .args(["--lib", "--bin", "profiler-daemon", "--tests"])
+        .status()
+        .context("starting cargo build")?;
+    anyhow::ensure!(
+        status.success(),
+        "cargo build of the test run failed: {status}"
+    );
+    let output = Command::new("cargo")
+        .current_dir(root)
+        .arg("test")
+        .args(SELECTION)
+        .args(["--no-run", "--message-format=json-render-diagnostics"])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("starting cargo test --no-run")?;
+    anyhow::ensure!(
+        output.status.success(),
+        "cargo test --no-run failed: {}",
+        output.status
+    );
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(test_executable)
+        .collect())
+}
+
+/// The test executable a `compiler-artifact` message of `cargo --message-format=json` names.
+fn test_executable(line: &str) -> Option<TestExecutable> {
+    let message: serde_json::Value = serde_json::from_str(line).ok()?;
+    if message["reason"] != "compiler-artifact" || message["profile"]["test"] != true {
+        return None;
+    }
+    Some(TestExecutable {
+        name: message["target"]["name"].as_str()?.to_owned(),
+        kind: message["target"]["kind"][0].as_str()?.to_owned(),
+        manifest: PathBuf::from(message["manifest_path"].as_str()?),
+        path: PathBuf::from(message["executable"].as_str()?),
+    })
+}
+
+/// The end-to-end crate's test executables: its library's unit tests, and the groups.
+pub fn end_to_end(root: &Path, executables: Vec<TestExecutable>) -> Vec<TestExecutable> {
+    let manifest = root.join("tests/Cargo.toml");
+    let mut ours: Vec<TestExecutable> = executables
+        .into_iter()
+        .filter(|e| e.manifest == manifest)
+        .collect();
+    ours.sort_by(|a, b| a.name.cmp(&b.name));
+    ours
+}
+
+/// Runs one group's test executable, its output passed through as it comes and kept to find the
+/// panics in.
+pub fn run_group(command: &mut Command, name: &str) -> Result<GroupRun> {
+    let started = Instant::now();
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting the {name} tests"))?;
+    let kept = Arc::new(Mutex::new(Vec::new()));
+    let stdout = child.stdout.take().expect("piped");
+    let stderr = child.stderr.take().expect("piped");
+    let out = pass_through(stdout, false, kept.clone());
+    let err = pass_through(stderr, true, kept.clone());
+    let status = child.wait().context("waiting for cargo test")?;
+    let _ = out.join();
+    let _ = err.join();
+    let passed = status.success();
+    let panics = if passed {
+        Vec::new()
+    } else {
+        let lines = kept.lock().unwrap_or_else(|e| e.into_inner());
+        panic_excerpts(&lines)
+    };
+    Ok(GroupRun {
+        name: name.to_owned(),
+        took: started.elapsed(),
+        passed,
+        panics,
+    })
+}
+
+/// Copies a child's stream to ours line by line, keeping each line. The two streams interleave
+/// by line, which is all a reader of the log needs.
+fn pass_through(
+    stream: impl Read + Send + 'static,
+    to_stderr: bool,
+    kept: Arc<Mutex<Vec<String>>>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stream);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match reader.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            let _ = if to_stderr {
+                std::io::stderr().write_all(&line)
+            } else {
+                std::io::stdout().write_all(&line)
+            };
+            let text = String::from_utf8_lossy(&line).trim_end().to_owned();
+            kept.lock().unwrap_or_else(|e| e.into_inner()).push(text);
+        }
+    })
+}
+
+/// Each `thread '...' panicked at` line and the lines after it, up to the next blank line.
+fn panic_excerpts(lines: &[String]) -> Vec<String> {
+    let mut panics = Vec::new();
+    for (at, line) in lines.iter().enumerate() {
+        if !line.contains("panicked at ") {
+            continue;
+        }
+        let excerpt: Vec<&str> = lines[at..]
+            .iter()
+            .take(LINES_PER_PANIC)
+            .take_while(|l| !l.is_empty())
+            .map(String::as_str)
+            .collect();
+        panics.push(excerpt.join("\n"));
+        if panics.len() == PANICS_PER_GROUP {
+            break;
+        }
+    }
+    panics
+}
+
+/// The closing summary: each group's time and verdict, then the failed groups' panics.
+pub fn print_summary(groups: &[GroupRun], phases: &Phases) {
+    eprintln!("\nbefore the end-to-end groups:");
+    for (name, took) in &phases.ended {
+        eprintln!("  {name:<40} {:>7.1} s", took.as_secs_f64());
+    }
+    eprintln!("end-to-end test groups (tests/tests/*.rs):");
+    for group in groups {
+        let verdict = if group.passed { "ok" } else { "FAILED" };
+        eprintln!(
+            "  {:<18} {:>7.1} s  {verdict}",
+            group.name,
+            group.took.as_secs_f64()
+        );
+    }
+    let total: Duration = groups.iter().map(|g| g.took).sum();
+    eprintln!(
+        "  {:<18} {:>7.1} s; whole command {:.1} min",
+        "all groups",
+        total.as_secs_f64(),
+        phases.started.elapsed().as_secs_f64() / 60.0
+    );
+    for group in groups.iter().filter(|g| !g.passed) {
+        eprintln!("\n{} failed:", group.name);
+        if group.panics.is_empty() {
+            eprintln!("  (no panic message: see the group's output above)");
+        }
+        for panic in &group.panics {
+            for line in panic.lines() {
+                eprintln!("  {line}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_executables_are_read_from_cargo_messages() {
+        let line = r#"{"reason":"compiler-artifact","manifest_path":"/r/tests/Cargo.toml","target":{"kind":["test"],"name":"java_names"},"profile":{"test":true},"executable":"/r/target/debug/deps/java_names-1"}"#;
+        let executable = test_executable(line).expect("a test executable");
+        assert_eq!(executable.name, "java_names");
+        assert_eq!(executable.kind, "test");
+        assert_eq!(
+            executable.path,
+            PathBuf::from("/r/target/debug/deps/java_names-1")
+        );
+        let plain_build = line.replace(r#""test":true"#, r#""test":false"#);
+        assert!(test_executable(&plain_build).is_none());
+        assert!(test_executable(r#"{"reason":"build-finished","success":true}"#).is_none());
+    }
+
+    #[test]
+    fn panics_are_cut_at_the_blank_line_after_them() {
+        let lines: Vec<String> = [
+            "JDK 8: fine",
+            "thread 'names' panicked at tests/tests/java_names.rs:250:5:",
+            "[\"JDK 27 (memory): 16.0% unnamed\"]",
+            "",
+            "failures:",
+            "thread 'other' panicked at x.rs:1:1:",
+            "boom",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            panic_excerpts(&lines),
+            [
+                "thread 'names' panicked at tests/tests/java_names.rs:250:5:\n[\"JDK 27 (memory): 16.0% unnamed\"]",
+                "thread 'other' panicked at x.rs:1:1:\nboom",
+            ]
+        );
+    }
+}
