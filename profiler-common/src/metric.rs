@@ -67,11 +67,12 @@ pub const ALLOC_JVMS: &str = "profiler_alloc_jvms_total";
 pub const ALLOC_HOOK_ATTACH_FAILURES: &str = "profiler_alloc_hook_attach_failures_total";
 pub const CPUS: &str = "profiler_cpus";
 pub const FREQUENCY_HERTZ: &str = "profiler_frequency_hertz";
+// The export families have one sample per remote sink, labelled `sink` (`pyroscope`).
 pub const EXPORT_PROFILES: &str = "profiler_export_profiles_total";
 pub const EXPORT_REQUESTS: &str = "profiler_export_requests_total";
 pub const EXPORT_BYTES: &str = "profiler_export_bytes_total";
 pub const EXPORT_RETRIES: &str = "profiler_export_retries_total";
-/// Labelled `reason`: [`export_dropped`]'s values.
+/// Labelled `sink` and `reason`: [`export_dropped`]'s values.
 pub const EXPORT_DROPPED_PROFILES: &str = "profiler_export_dropped_profiles_total";
 pub const EXPORT_QUEUE_PROFILES: &str = "profiler_export_queue_profiles";
 pub const EXPORT_QUEUE_BYTES: &str = "profiler_export_queue_bytes";

@@ -476,7 +476,7 @@ mod tests {
                 password: "pw".into()
             })
         );
-        assert_eq!(pyroscope.max_backoff, DEFAULT_MAX_BACKOFF);
+        assert_eq!(pyroscope.delivery.max_backoff, DEFAULT_MAX_BACKOFF);
         for (text, field) in [
             ("[pyroscope]\ntenant_id = \"x\"", "pyroscope.url"),
             ("[pyroscope]\nurl = \"ftp://x\"", "pyroscope.url"),

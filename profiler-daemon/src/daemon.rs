@@ -216,12 +216,12 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
             .load(std::sync::atomic::Ordering::Relaxed),
         kernel: ended.kernel,
     };
-    log_totals(&summary, &metrics, config.pyroscope.is_some());
+    log_totals(&summary, &metrics);
     Ok(summary)
 }
 
-/// The run's last log lines: what was sampled and written, and what was exported.
-fn log_totals(summary: &RunSummary, metrics: &Metrics, exported: bool) {
+/// The run's last log lines: what was sampled and written, and what each remote sink exported.
+fn log_totals(summary: &RunSummary, metrics: &Metrics) {
     let kernel = summary.kernel;
     tracing::info!(
         records = summary.records,
@@ -233,17 +233,17 @@ fn log_totals(summary: &RunSummary, metrics: &Metrics, exported: bool) {
         bpf_ring_full = kernel.get(Counter::RingFull),
         "stopped"
     );
-    if exported {
-        let export = &metrics.export;
+    for (sink, export) in metrics.export.sinks() {
         let get = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
         tracing::info!(
+            sink,
             exported_profiles = get(&export.exported_profiles),
             exported_requests = get(&export.exported_requests),
             retries = get(&export.failed_attempts),
             dropped_queue_full = get(&export.dropped_queue_full),
             dropped_at_shutdown = get(&export.dropped_at_shutdown),
             rejected = get(&export.rejected),
-            "pyroscope export totals"
+            "export totals"
         );
     }
 }

@@ -25,7 +25,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
-use crate::export::queue::ExportCounters;
+use crate::export::counters::{ExportCounters, SinkCounters};
 use crate::hotspot::tracker::TrackerCounts;
 use crate::sampler::KernelCounters;
 
@@ -115,6 +115,18 @@ impl Metrics {
 /// The label sets of labelled families: the key is the field's name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct Reason {
+    reason: &'static str,
+}
+
+/// A remote sink's families: by sink (`pyroscope`, `otlp`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct Sink {
+    sink: &'static str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct SinkReason {
+    sink: &'static str,
     reason: &'static str,
 }
 
@@ -583,47 +595,57 @@ fn encode_unwind_tables(
 
 fn encode_export(out: &mut Families, c: &ExportCounters) -> fmt::Result {
     let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-    out.counter(
+    let sinks = c.sinks();
+    // One sample per remote sink of each family.
+    let per_sink = |value: fn(&SinkCounters) -> &AtomicU64| {
+        sinks
+            .iter()
+            .map(move |(sink, counters)| (Sink { sink }, get(value(counters))))
+    };
+    out.counters(
         metric::EXPORT_PROFILES,
-        "Profiles delivered to Pyroscope.",
-        get(&c.exported_profiles),
+        "Profiles delivered, by remote sink.",
+        per_sink(|c| &c.exported_profiles),
     )?;
-    out.counter(
+    out.counters(
         metric::EXPORT_REQUESTS,
-        "Push requests Pyroscope accepted.",
-        get(&c.exported_requests),
+        "Requests the backend accepted, by remote sink.",
+        per_sink(|c| &c.exported_requests),
     )?;
-    out.counter(
+    out.counters(
         metric::EXPORT_BYTES,
-        "Gzipped profile bytes delivered to Pyroscope.",
-        get(&c.exported_bytes),
+        "Encoded profile bytes delivered, by remote sink.",
+        per_sink(|c| &c.exported_bytes),
     )?;
-    out.counter(
+    out.counters(
         metric::EXPORT_RETRIES,
-        "Push attempts that failed and were retried.",
-        get(&c.failed_attempts),
+        "Requests that failed and were retried, by remote sink.",
+        per_sink(|c| &c.failed_attempts),
     )?;
     out.counters(
         metric::EXPORT_DROPPED_PROFILES,
-        "Profiles never delivered to Pyroscope, by reason.",
-        reasons([
-            (
-                export_dropped::EXPORT_QUEUE_FULL,
-                get(&c.dropped_queue_full),
-            ),
-            (export_dropped::SHUTDOWN, get(&c.dropped_at_shutdown)),
-            (export_dropped::REJECTED, get(&c.rejected)),
-        ]),
+        "Profiles never delivered, by remote sink and reason.",
+        sinks.iter().flat_map(|(sink, c)| {
+            [
+                (
+                    export_dropped::EXPORT_QUEUE_FULL,
+                    get(&c.dropped_queue_full),
+                ),
+                (export_dropped::SHUTDOWN, get(&c.dropped_at_shutdown)),
+                (export_dropped::REJECTED, get(&c.rejected)),
+            ]
+            .map(|(reason, value)| (SinkReason { sink, reason }, value))
+        }),
     )?;
-    out.gauge(
+    out.gauges(
         metric::EXPORT_QUEUE_PROFILES,
-        "Profiles waiting for Pyroscope (or being sent).",
-        get(&c.queued_profiles),
+        "Profiles waiting for the backend (or being sent), by remote sink.",
+        per_sink(|c| &c.queued_profiles),
     )?;
-    out.gauge(
+    out.gauges(
         metric::EXPORT_QUEUE_BYTES,
-        "Bytes of profiles waiting for Pyroscope.",
-        get(&c.queued_bytes),
+        "Bytes of profiles waiting for the backend, by remote sink.",
+        per_sink(|c| &c.queued_bytes),
     )?;
     out.gauge(
         metric::STREAM_SUBSCRIBERS,
@@ -798,10 +820,26 @@ mod tests {
         }
         // The two queues have different reasons: samples for the worker, profiles for export.
         assert!(!text.contains("profiler_samples_not_profiled_total{reason=\"queue_full\"}"));
-        assert!(
-            text.contains("profiler_export_dropped_profiles_total{reason=\"queue_full\"} 0"),
-            "{text}"
-        );
+        // Remote sinks' families have one sample per sink started, labelled by it.
+        assert!(!text.contains("profiler_export_dropped_profiles_total{"));
+        let metrics = Metrics::default();
+        metrics.export.sink("pyroscope");
+        metrics.export.sink("otlp");
+        let text = metrics.render();
+        for sink in ["pyroscope", "otlp"] {
+            for reason in [
+                export_dropped::EXPORT_QUEUE_FULL,
+                export_dropped::SHUTDOWN,
+                export_dropped::REJECTED,
+            ] {
+                let key = format!(
+                    "profiler_export_dropped_profiles_total{{sink=\"{sink}\",reason=\"{reason}\"}} 0"
+                );
+                assert!(text.contains(&key), "{key} in {text}");
+            }
+            let key = format!("profiler_export_queue_profiles{{sink=\"{sink}\"}} 0");
+            assert!(text.contains(&key), "{key} in {text}");
+        }
     }
 
     #[tokio::test]

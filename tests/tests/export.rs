@@ -128,12 +128,12 @@ fn assert_merged(
     }
 }
 
-/// The `name=value` fields of the daemon's "pyroscope export totals" log line.
+/// The `name=value` fields of the daemon's "export totals" log line of the Pyroscope sink.
 fn export_totals(log: &str) -> std::collections::HashMap<String, u64> {
     let line = log
         .lines()
         .rev()
-        .find(|line| line.contains("pyroscope export totals"))
+        .find(|line| line.contains("export totals") && line.contains("sink=\"pyroscope\""))
         .expect("the daemon logs its export totals");
     line.split_whitespace()
         .filter_map(|field| {

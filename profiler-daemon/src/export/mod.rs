@@ -1,22 +1,22 @@
-//! The network sinks: Grafana Pyroscope (`pyroscope`, through a bounded queue) and the daemon's
+//! The network sinks: Grafana Pyroscope (`pyroscope`, a buffered remote sink) and the daemon's
 //! own live stream (`stream`). Pyroscope gets a variant without high-cardinality sample labels,
 //! the stream the local files' profile (see `crate::profiles`).
 //!
 //! ```text
-//! Worker --> PyroscopeSink --batches by label set--> ExportQueue --> Pyroscope exporter task
+//! Worker --> PyroscopeSink --batches by label set--> BufferedSink: queue --> delivery task
 //!        \--> StreamSink --each profile--> broadcast --> one task per stream subscriber
 //! ```
-//! The worker never waits on either: the queue drops its oldest batch when full (counted), and a
-//! subscriber too slow for the broadcast misses profiles (counted, and told).
+//! The worker never waits on either: a remote sink's queue drops its oldest batch when full
+//! (counted), and a subscriber too slow for the broadcast misses profiles (counted, and told).
 
+pub mod buffered;
+pub mod counters;
 pub mod pyroscope;
 pub mod queue;
 pub mod stream;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-
-use queue::PushBatch;
 
 use crate::sink::SinkProfile;
 
@@ -70,7 +70,6 @@ impl ExportedProfile {
     }
 }
 
-/// Groups profiles that share all their labels, in the order of first appearance.
 /// Label pairs as the protocols (Pyroscope's push, the live stream) carry them.
 fn label_pairs(labels: &[(String, String)]) -> Vec<proto::types::v1::LabelPair> {
     labels
@@ -80,43 +79,4 @@ fn label_pairs(labels: &[(String, String)]) -> Vec<proto::types::v1::LabelPair> 
             value: value.clone(),
         })
         .collect()
-}
-
-pub(crate) fn batches_by_labels(profiles: Vec<Arc<ExportedProfile>>) -> Vec<PushBatch> {
-    let mut batches: Vec<PushBatch> = Vec::new();
-    for profile in profiles {
-        match batches.iter_mut().find(|b| b.labels == profile.labels) {
-            Some(batch) => batch.profiles.push(profile),
-            None => batches.push(PushBatch {
-                labels: profile.labels.clone(),
-                profiles: vec![profile],
-            }),
-        }
-    }
-    batches
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn profile(pid: u32, service: &str) -> Arc<ExportedProfile> {
-        Arc::new(ExportedProfile {
-            pid,
-            service_name: service.into(),
-            labels: vec![("service_name".into(), service.into())],
-            start: SystemTime::UNIX_EPOCH,
-            duration: Duration::from_secs(1),
-            pprof_gzip: Arc::from(vec![1u8, 2, 3]),
-        })
-    }
-
-    #[test]
-    fn a_service_s_processes_share_one_batch() {
-        let batches = batches_by_labels(vec![profile(1, "a"), profile(2, "b"), profile(3, "a")]);
-        assert_eq!(batches.len(), 2);
-        let pids: Vec<u32> = batches[0].profiles.iter().map(|p| p.pid).collect();
-        assert_eq!(pids, vec![1, 3]);
-        assert_eq!(batches[1].profiles[0].pid, 2);
-    }
 }

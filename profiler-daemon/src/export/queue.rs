@@ -1,5 +1,5 @@
-//! The bounded queue between the worker (which builds profiles) and the Pyroscope exporter task
-//! (which may be stuck retrying an unreachable server).
+//! The bounded queue between the worker (which builds profiles) and a remote sink's delivery
+//! task (which may be stuck retrying an unreachable backend). Each remote sink has its own.
 //!
 //! Pushing never blocks: past the bound the oldest waiting batch is dropped and its profiles
 //! counted. The batches being sent are never dropped, so a profile is either delivered or
@@ -7,31 +7,25 @@
 //! quickly after an outage.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 
-use super::ExportedProfile;
+use super::counters::SinkCounters;
 
-/// Profiles sent together as one `RawProfileSeries`: they share every label.
-#[derive(Debug)]
-pub struct PushBatch {
-    pub labels: Vec<(String, String)>,
-    pub profiles: Vec<Arc<ExportedProfile>>,
+/// What a queue holds: profiles that go out together, of a known size.
+pub trait QueuedBatch: Send + Sync + 'static {
+    /// Profiles in the batch, as the drop counters count them.
+    fn profiles(&self) -> usize;
+    /// Encoded bytes, as the queue's and the requests' byte bounds count them.
+    fn bytes(&self) -> usize;
 }
 
-impl PushBatch {
-    pub fn bytes(&self) -> usize {
-        self.profiles.iter().map(|p| p.pprof_gzip.len()).sum()
-    }
-}
-
-/// Bounds on one push request: a backlog is sent in requests of up to this many series (one per
-/// batch) and, past the first batch, this many bytes (gRPC servers refuse messages over 4 MiB by
-/// default).
-const MAX_BATCHES_PER_PUSH: usize = 64;
-const MAX_BYTES_PER_PUSH: usize = 3 << 20;
+/// Bounds on one request: a backlog is sent in requests of up to this many batches and, past the
+/// first batch, this many bytes (gRPC servers refuse messages over 4 MiB by default).
+const MAX_BATCHES_PER_REQUEST: usize = 64;
+const MAX_BYTES_PER_REQUEST: usize = 3 << 20;
 
 /// How much the queue holds before it drops its oldest batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,56 +34,45 @@ pub struct QueueBound {
     pub max_bytes: usize,
 }
 
-/// Tallies of the export side, for the metrics endpoint.
-#[derive(Debug, Default)]
-pub struct ExportCounters {
-    pub exported_profiles: AtomicU64,
-    pub exported_requests: AtomicU64,
-    pub exported_bytes: AtomicU64,
-    /// Push attempts that failed and will be retried.
-    pub failed_attempts: AtomicU64,
-    /// Profiles dropped because the queue was full.
-    pub dropped_queue_full: AtomicU64,
-    /// Profiles still queued when the shutdown grace period ran out.
-    pub dropped_at_shutdown: AtomicU64,
-    /// Profiles the server refused for good (invalid argument): never retried.
-    pub rejected: AtomicU64,
-    pub queued_profiles: AtomicU64,
-    pub queued_bytes: AtomicU64,
-    pub stream_subscribers: AtomicU64,
-    /// Profiles live-stream subscribers missed because they read too slowly.
-    pub stream_skipped: AtomicU64,
-    /// Profiles whose Pyroscope variant could not be encoded (counted with the local files
-    /// that could not be written).
-    pub encode_errors: AtomicU64,
-}
-
-#[derive(Default)]
-struct State {
-    waiting: VecDeque<Arc<PushBatch>>,
-    in_flight: Vec<Arc<PushBatch>>,
+struct State<B> {
+    waiting: VecDeque<Arc<B>>,
+    in_flight: Vec<Arc<B>>,
     profiles: usize,
     bytes: usize,
 }
 
-pub struct ExportQueue {
-    state: Mutex<State>,
-    ready: Notify,
-    bound: QueueBound,
-    counters: Arc<ExportCounters>,
+impl<B> Default for State<B> {
+    fn default() -> Self {
+        Self {
+            waiting: VecDeque::new(),
+            in_flight: Vec::new(),
+            profiles: 0,
+            bytes: 0,
+        }
+    }
 }
 
-impl ExportQueue {
-    pub fn new(bound: QueueBound, counters: Arc<ExportCounters>) -> Self {
+pub struct ExportQueue<B> {
+    state: Mutex<State<B>>,
+    ready: Notify,
+    bound: QueueBound,
+    counters: Arc<SinkCounters>,
+    /// The sink's name, for the log line about drops.
+    sink: &'static str,
+}
+
+impl<B: QueuedBatch> ExportQueue<B> {
+    pub fn new(sink: &'static str, bound: QueueBound, counters: Arc<SinkCounters>) -> Self {
         Self {
             state: Mutex::default(),
             ready: Notify::new(),
             bound,
             counters,
+            sink,
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, State<B>> {
         // A panic while holding the lock leaves consistent data (plain pushes and pops).
         self.state
             .lock()
@@ -97,9 +80,9 @@ impl ExportQueue {
     }
 
     /// Queues a batch, dropping the oldest waiting ones past the bound.
-    pub fn push(&self, batch: PushBatch) {
+    pub fn push(&self, batch: B) {
         let mut state = self.lock();
-        state.profiles += batch.profiles.len();
+        state.profiles += batch.profiles();
         state.bytes += batch.bytes();
         state.waiting.push_back(Arc::new(batch));
         let mut dropped = 0;
@@ -107,9 +90,9 @@ impl ExportQueue {
             let Some(oldest) = state.waiting.pop_front() else {
                 break;
             };
-            state.profiles -= oldest.profiles.len();
+            state.profiles -= oldest.profiles();
             state.bytes -= oldest.bytes();
-            dropped += oldest.profiles.len() as u64;
+            dropped += oldest.profiles() as u64;
         }
         self.publish_depth(&state);
         drop(state);
@@ -121,6 +104,7 @@ impl ExportQueue {
             // Logged when the total crosses a power of two: never a line per interval.
             if (before + dropped).ilog2() != before.checked_ilog2().unwrap_or(u32::MAX) {
                 tracing::warn!(
+                    sink = self.sink,
                     dropped_total = before + dropped,
                     "export queue full: oldest profiles dropped"
                 );
@@ -131,7 +115,7 @@ impl ExportQueue {
 
     /// The batches of the next request: those whose sending failed, else the oldest waiting
     /// (several, within the per-request bounds). Waits for one.
-    pub async fn next(&self) -> Vec<Arc<PushBatch>> {
+    pub async fn next(&self) -> Vec<Arc<B>> {
         loop {
             {
                 let mut state = self.lock();
@@ -140,9 +124,9 @@ impl ExportQueue {
                 }
                 let mut bytes = 0;
                 while let Some(batch) = state.waiting.front() {
-                    let fits = state.in_flight.len() < MAX_BATCHES_PER_PUSH
+                    let fits = state.in_flight.len() < MAX_BATCHES_PER_REQUEST
                         && (state.in_flight.is_empty()
-                            || bytes + batch.bytes() <= MAX_BYTES_PER_PUSH);
+                            || bytes + batch.bytes() <= MAX_BYTES_PER_REQUEST);
                     if !fits {
                         break;
                     }
@@ -164,7 +148,7 @@ impl ExportQueue {
     pub fn done_with_in_flight(&self) {
         let mut state = self.lock();
         for batch in std::mem::take(&mut state.in_flight) {
-            state.profiles -= batch.profiles.len();
+            state.profiles -= batch.profiles();
             state.bytes -= batch.bytes();
         }
         self.publish_depth(&state);
@@ -191,7 +175,7 @@ impl ExportQueue {
         abandoned
     }
 
-    fn publish_depth(&self, state: &State) {
+    fn publish_depth(&self, state: &State<B>) {
         self.counters
             .queued_profiles
             .store(state.profiles as u64, Ordering::Relaxed);
@@ -204,39 +188,43 @@ impl ExportQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, SystemTime};
 
-    fn batch(pid: u32, bytes: usize) -> PushBatch {
-        PushBatch {
-            labels: vec![],
-            profiles: vec![Arc::new(ExportedProfile {
-                pid,
-                service_name: "s".into(),
-                labels: vec![],
-                start: SystemTime::UNIX_EPOCH,
-                duration: Duration::from_secs(1),
-                pprof_gzip: Arc::from(vec![0u8; bytes]),
-            })],
+    /// One profile of `bytes` bytes, known by its pid.
+    struct Batch {
+        pid: u32,
+        bytes: usize,
+    }
+
+    impl QueuedBatch for Batch {
+        fn profiles(&self) -> usize {
+            1
+        }
+        fn bytes(&self) -> usize {
+            self.bytes
         }
     }
 
-    fn queue(max_profiles: usize, max_bytes: usize) -> (ExportQueue, Arc<ExportCounters>) {
-        let counters = Arc::new(ExportCounters::default());
+    fn batch(pid: u32, bytes: usize) -> Batch {
+        Batch { pid, bytes }
+    }
+
+    fn queue(max_profiles: usize, max_bytes: usize) -> (ExportQueue<Batch>, Arc<SinkCounters>) {
+        let counters = Arc::new(SinkCounters::default());
         let bound = QueueBound {
             max_profiles,
             max_bytes,
         };
-        (ExportQueue::new(bound, counters.clone()), counters)
+        (ExportQueue::new("test", bound, counters.clone()), counters)
     }
 
     /// The pids of the next request's batches.
-    fn next_now(queue: &ExportQueue) -> Vec<u32> {
+    fn next_now(queue: &ExportQueue<Batch>) -> Vec<u32> {
         tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("runtime")
             .block_on(queue.next())
             .iter()
-            .map(|batch| batch.profiles[0].pid)
+            .map(|batch| batch.pid)
             .collect()
     }
 

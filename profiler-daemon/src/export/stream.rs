@@ -12,9 +12,9 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::{Request, Response, Status};
 
+use super::counters::ExportCounters;
 use super::proto::profiler::v1::profile_stream_server::{ProfileStream, ProfileStreamServer};
 use super::proto::profiler::v1::{ProfileMessage, SubscribeRequest};
-use super::queue::ExportCounters;
 use super::{label_pairs, ExportedProfile};
 use crate::config_error::ConfigError;
 use crate::sink::{Sink, SinkProfile, SinkTasks};

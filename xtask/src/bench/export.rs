@@ -37,17 +37,16 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Export counters are read live at each scrape (not once a second): fine polling is exact.
 const FINE_POLL: Duration = Duration::from_millis(10);
 
-const EXPORTED: &str = metric::EXPORT_PROFILES;
-const REQUESTS: &str = metric::EXPORT_REQUESTS;
-const BYTES: &str = metric::EXPORT_BYTES;
-const QUEUED: &str = metric::EXPORT_QUEUE_PROFILES;
-const QUEUED_BYTES: &str = metric::EXPORT_QUEUE_BYTES;
+/// A remote-sink family's sample of the Pyroscope sink.
+fn pyroscope(name: &str) -> String {
+    labelled(name, "sink", "pyroscope")
+}
 
 fn dropped_queue_full() -> String {
-    labelled(
+    format!(
+        "{}{{sink=\"pyroscope\",reason=\"{}\"}}",
         metric::EXPORT_DROPPED_PROFILES,
-        "reason",
-        metric::export_dropped::EXPORT_QUEUE_FULL,
+        metric::export_dropped::EXPORT_QUEUE_FULL
     )
 }
 
@@ -131,12 +130,15 @@ impl Bench {
         let extra = ["--config".to_owned(), config.display().to_string()];
         let ready = Ready::Profiling { jvms: pids.len() };
         let daemon = self.start_daemon(EXPORT_HZ, EXPORT_INTERVAL_SECS, pids, ready, &extra)?;
+        let exported = pyroscope(metric::EXPORT_PROFILES);
+        let requests = pyroscope(metric::EXPORT_REQUESTS);
+        let queued = pyroscope(metric::EXPORT_QUEUE_PROFILES);
         let window = daemon.measure(self.plan.cost_window)?;
         let per_second = |key: &str| -> Result<f64> { Ok(window.delta(key)? / window.cpu.seconds) };
         let daemon_pid = daemon.process.pid();
         let rss_mb_steady = rss_mb(daemon_pid)?;
         let (built_per_second, exported_per_second) =
-            (per_second(PROFILES_WRITTEN)?, per_second(EXPORTED)?);
+            (per_second(PROFILES_WRITTEN)?, per_second(&exported)?);
         self.progress(format_args!(
             "6. export, {} JVMs: {built_per_second:.1} profiles/s built, \
              {exported_per_second:.1} exported, daemon {:.2}% of a core",
@@ -147,7 +149,7 @@ impl Bench {
         drop(receiver);
         let outage = Instant::now();
         let at_bound = wait_for(daemon.metrics, FILL_TIMEOUT, |m| {
-            Ok(m.get(QUEUED)? >= QUEUE_BOUND as f64 && m.get(&dropped_queue_full())? > 0.0)
+            Ok(m.get(&queued)? >= QUEUE_BOUND as f64 && m.get(&dropped_queue_full())? > 0.0)
         })
         .context("the export queue never reached its bound")?;
         let rss_mb_at_bound = rss_mb(daemon_pid)?;
@@ -157,14 +159,14 @@ impl Bench {
         let _receiver = Receiver::start(root, address.port(), &record_dir)?;
         let back = Instant::now();
         wait_for(daemon.metrics, DRAIN_TIMEOUT, |m| {
-            Ok(m.get(EXPORTED)? > before.get(EXPORTED)?)
+            Ok(m.get(&exported)? > before.get(&exported)?)
         })
         .context("nothing was delivered after the receiver came back")?;
         let first_delivery_seconds = back.elapsed().as_secs_f64();
         // Drained: what was queued at the bound has gone (new profiles keep arriving, one
         // interval's worth at a time).
         let drained = wait_for(daemon.metrics, DRAIN_TIMEOUT, |m| {
-            Ok(m.get(EXPORTED)? - before.get(EXPORTED)? >= before.get(QUEUED)?)
+            Ok(m.get(&exported)? - before.get(&exported)? >= before.get(&queued)?)
         })
         .context("the backlog was not delivered")?;
         let drain_seconds = back.elapsed().as_secs_f64();
@@ -175,16 +177,16 @@ impl Bench {
             cpu: window.cpu,
             built_per_second,
             exported_per_second,
-            requests_per_second: per_second(REQUESTS)?,
-            kilobytes_per_second: per_second(BYTES)? / 1e3,
+            requests_per_second: per_second(&requests)?,
+            kilobytes_per_second: per_second(&pyroscope(metric::EXPORT_BYTES))? / 1e3,
             rss_mb_steady,
-            queued_at_bound: at_bound.get(QUEUED)?,
-            queued_mb_at_bound: at_bound.get(QUEUED_BYTES)? / 1e6,
+            queued_at_bound: at_bound.get(&queued)?,
+            queued_mb_at_bound: at_bound.get(&pyroscope(metric::EXPORT_QUEUE_BYTES))? / 1e6,
             dropped_at_bound: at_bound.get(&dropped_queue_full())?,
             rss_mb_at_bound,
             outage_seconds,
-            backlog_delivered: drained.get(EXPORTED)? - before.get(EXPORTED)?,
-            backlog_requests: drained.get(REQUESTS)? - before.get(REQUESTS)?,
+            backlog_delivered: drained.get(&exported)? - before.get(&exported)?,
+            backlog_requests: drained.get(&requests)? - before.get(&requests)?,
             first_delivery_seconds,
             drain_seconds,
         };

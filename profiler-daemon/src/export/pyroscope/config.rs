@@ -7,6 +7,7 @@ use serde::Deserialize;
 
 use super::{Auth, PyroscopeConfig};
 use crate::config_error::{invalid, ConfigError};
+use crate::export::buffered::Delivery;
 use crate::export::queue::QueueBound;
 
 pub const DEFAULT_EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -207,19 +208,21 @@ impl PyroscopeConfig {
                 DEFAULT_EXPORT_TIMEOUT,
                 1..=300,
             )?,
-            queue,
-            max_backoff: seconds(
-                "pyroscope.max_backoff_secs",
-                file.max_backoff_secs,
-                DEFAULT_MAX_BACKOFF,
-                1..=60,
-            )?,
-            shutdown_grace: seconds(
-                "pyroscope.shutdown_grace_secs",
-                file.shutdown_grace_secs,
-                DEFAULT_SHUTDOWN_GRACE,
-                0..=600,
-            )?,
+            delivery: Delivery {
+                queue,
+                max_backoff: seconds(
+                    "pyroscope.max_backoff_secs",
+                    file.max_backoff_secs,
+                    DEFAULT_MAX_BACKOFF,
+                    1..=60,
+                )?,
+                shutdown_grace: seconds(
+                    "pyroscope.shutdown_grace_secs",
+                    file.shutdown_grace_secs,
+                    DEFAULT_SHUTDOWN_GRACE,
+                    0..=600,
+                )?,
+            },
         })
     }
 }

@@ -1,9 +1,6 @@
-//! The Grafana Pyroscope exporter: one task that sends the export queue's batches, oldest first,
-//! with `push.v1.PusherService/Push`, retrying with capped exponential backoff.
-//!
-//! One request is in flight at a time, and its batches leave the queue only once the server
-//! accepted them (or refused them for good), so an outage delays profiles without reordering or
-//! duplicating them.
+//! The Grafana Pyroscope sink: each interval's profiles, in Pyroscope's variant, grouped into
+//! series by label set and sent with `push.v1.PusherService/Push` through the buffered sink
+//! (`export::buffered`: queue, retries, shutdown).
 
 pub mod config;
 pub mod profile;
@@ -13,33 +10,68 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
-use tokio::time::Instant;
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::Code;
 
+use super::buffered::{BufferedSink, Delivery, SendFailure, Transport};
+use super::counters::ExportCounters;
 use super::proto::push::v1::{
     pusher_service_client::PusherServiceClient, PushRequest, RawProfileSeries, RawSample,
 };
-use super::queue::{ExportCounters, ExportQueue, PushBatch, QueueBound};
-use super::{batches_by_labels, label_pairs, ExportedProfile};
+use super::queue::QueuedBatch;
+use super::{label_pairs, ExportedProfile};
 use crate::pprof::encode_gzipped;
 use crate::sink::{Sink, SinkProfile, SinkTasks};
 use crate::thread_roots::ThreadRoots;
+
+/// The sink's name in metrics and logs.
+const SINK: &str = "pyroscope";
+
+/// Profiles sent together as one `RawProfileSeries`: they share every label.
+#[derive(Debug)]
+pub struct PushBatch {
+    pub labels: Vec<(String, String)>,
+    pub profiles: Vec<Arc<ExportedProfile>>,
+}
+
+impl QueuedBatch for PushBatch {
+    fn profiles(&self) -> usize {
+        self.profiles.len()
+    }
+
+    fn bytes(&self) -> usize {
+        self.profiles.iter().map(|p| p.pprof_gzip.len()).sum()
+    }
+}
+
+/// Groups profiles that share all their labels, in the order of first appearance.
+fn batches_by_labels(profiles: Vec<Arc<ExportedProfile>>) -> Vec<PushBatch> {
+    let mut batches: Vec<PushBatch> = Vec::new();
+    for profile in profiles {
+        match batches.iter_mut().find(|b| b.labels == profile.labels) {
+            Some(batch) => batch.profiles.push(profile),
+            None => batches.push(PushBatch {
+                labels: profile.labels.clone(),
+                profiles: vec![profile],
+            }),
+        }
+    }
+    batches
+}
 
 /// Pyroscope as a sink: each interval's profiles, in Pyroscope's variant, go to the export
 /// queue as one batch per label set (a service's processes share one series) for the
 /// exporter task to send.
 pub struct PyroscopeSink {
-    queue: Arc<ExportQueue>,
+    buffered: BufferedSink<PushBatch>,
     threads: ThreadRoots,
     interval: Vec<Arc<ExportedProfile>>,
     counters: Arc<ExportCounters>,
 }
 
 impl PyroscopeSink {
-    /// Starts the exporter task; connects lazily, so an unreachable server is not an error.
+    /// Starts the delivery task; connects lazily, so an unreachable server is not an error.
     /// `threads` is how exported stacks show their thread.
     pub fn start(
         config: &PyroscopeConfig,
@@ -47,12 +79,18 @@ impl PyroscopeSink {
         counters: Arc<ExportCounters>,
         tasks: &mut SinkTasks,
     ) -> Result<Self, ExporterError> {
-        let queue = Arc::new(ExportQueue::new(config.queue, counters.clone()));
-        let exporter = PyroscopeExporter::new(config, queue.clone(), counters.clone())?;
+        let transport = PyroscopeTransport::new(config)?;
         tracing::info!(url = %config.url, "exporting to pyroscope");
-        tasks.spawn(|stopped| exporter.run(stopped));
+        let buffered = BufferedSink::start(
+            SINK,
+            config.url.clone(),
+            transport,
+            config.delivery,
+            &counters,
+            tasks,
+        );
         Ok(Self {
-            queue,
+            buffered,
             threads,
             interval: Vec::new(),
             counters,
@@ -62,7 +100,7 @@ impl PyroscopeSink {
 
 impl Sink for PyroscopeSink {
     fn name(&self) -> &'static str {
-        "pyroscope"
+        SINK
     }
 
     fn accept(&mut self, profile: &SinkProfile<'_>) {
@@ -81,13 +119,11 @@ impl Sink for PyroscopeSink {
 
     fn end_interval(&mut self) {
         for batch in batches_by_labels(std::mem::take(&mut self.interval)) {
-            self.queue.push(batch);
+            self.buffered.push(batch);
         }
     }
 }
 
-/// First wait after a failed push; doubled after each failure up to `max_backoff`.
-const INITIAL_BACKOFF: Duration = Duration::from_millis(250);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,10 +143,8 @@ pub struct PyroscopeConfig {
     pub ca_file: Option<PathBuf>,
     /// Bound on each push, connection included.
     pub timeout: Duration,
-    pub queue: QueueBound,
-    pub max_backoff: Duration,
-    /// How long queued profiles are still tried at shutdown.
-    pub shutdown_grace: Duration,
+    /// The queue bound and retry settings.
+    pub delivery: Delivery,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -126,32 +160,15 @@ pub enum ExporterError {
     Header(&'static str),
 }
 
-pub struct PyroscopeExporter {
+/// Sends push requests to one Pyroscope server.
+pub struct PyroscopeTransport {
     client: PusherServiceClient<Channel>,
     headers: MetadataMap,
-    queue: Arc<ExportQueue>,
-    counters: Arc<ExportCounters>,
-    url: String,
-    max_backoff: Duration,
-    shutdown_grace: Duration,
 }
 
-/// How a failed push is handled.
-enum Failure {
-    /// Worth retrying: the server is down, slow, overloaded, or refused our credentials (which
-    /// an operator may fix without restarting us).
-    Retry(tonic::Status),
-    /// The server will never take this batch (a malformed profile, for instance).
-    Refused(tonic::Status),
-}
-
-impl PyroscopeExporter {
+impl PyroscopeTransport {
     /// Prepares the client; connects lazily, so an unreachable server is not an error here.
-    pub fn new(
-        config: &PyroscopeConfig,
-        queue: Arc<ExportQueue>,
-        counters: Arc<ExportCounters>,
-    ) -> Result<Self, ExporterError> {
+    pub fn new(config: &PyroscopeConfig) -> Result<Self, ExporterError> {
         let url_error = |reason: String| ExporterError::Url {
             url: config.url.clone(),
             reason,
@@ -178,141 +195,28 @@ impl PyroscopeExporter {
         Ok(Self {
             client: PusherServiceClient::new(endpoint.connect_lazy()),
             headers: request_headers(config)?,
-            queue,
-            counters,
-            url: config.url.clone(),
-            max_backoff: config.max_backoff,
-            shutdown_grace: config.shutdown_grace,
         })
     }
+}
 
-    /// Sends batches until `shutdown` turns true, then for at most the grace period while
-    /// profiles remain; what is left after it is counted as dropped.
-    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
-        let mut deadline: Option<Instant> = None;
-        let mut backoff = INITIAL_BACKOFF;
-        let mut failures_in_a_row: u64 = 0;
-        loop {
-            if deadline.is_some() && self.queue.is_empty() {
-                break;
-            }
-            if deadline.is_some_and(|at| Instant::now() >= at) {
-                break;
-            }
-            let batches = tokio::select! {
-                batches = self.queue.next() => batches,
-                _ = shutdown.changed(), if deadline.is_none() => {
-                    deadline = Some(Instant::now() + self.shutdown_grace);
-                    continue;
-                }
-                _ = sleep_until_deadline(deadline) => break,
-            };
-            let outcome = tokio::select! {
-                outcome = self.push(&batches) => outcome,
-                _ = sleep_until_deadline(deadline) => break,
-            };
-            match outcome {
-                Ok(()) => {
-                    if failures_in_a_row > 0 {
-                        tracing::info!(
-                            url = %self.url,
-                            failed_attempts = failures_in_a_row,
-                            "pyroscope: delivering again"
-                        );
-                    }
-                    failures_in_a_row = 0;
-                    backoff = INITIAL_BACKOFF;
-                    self.counted_as_delivered(&batches);
-                    self.queue.done_with_in_flight();
-                }
-                Err(Failure::Refused(status)) => {
-                    let profiles = profile_count(&batches);
-                    self.counters
-                        .rejected
-                        .fetch_add(profiles, Ordering::Relaxed);
-                    tracing::error!(
-                        url = %self.url,
-                        error = %describe(&status),
-                        profiles,
-                        "pyroscope refused profiles: dropped"
-                    );
-                    self.queue.done_with_in_flight();
-                }
-                Err(Failure::Retry(status)) => {
-                    failures_in_a_row += 1;
-                    self.counters
-                        .failed_attempts
-                        .fetch_add(1, Ordering::Relaxed);
-                    // The first failure and then every power of two: an outage is visible
-                    // without a line per retry.
-                    if failures_in_a_row.is_power_of_two() {
-                        let error = describe(&status);
-                        tracing::warn!(
-                            url = %self.url,
-                            %error,
-                            failed_attempts = failures_in_a_row,
-                            queued_profiles = self.queue.len(),
-                            retry_in_ms = backoff.as_millis() as u64,
-                            "pyroscope push failed, retrying{}",
-                            hint(&status, &error)
-                        );
-                    }
-                    let wake = Instant::now() + backoff;
-                    let wake = deadline.map_or(wake, |at| wake.min(at));
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(wake) => {}
-                        _ = shutdown.changed(), if deadline.is_none() => {
-                            deadline = Some(Instant::now() + self.shutdown_grace);
-                        }
-                    }
-                    backoff = (backoff * 2).min(self.max_backoff);
-                }
-            }
-        }
-        if !self.queue.is_empty() {
-            let abandoned = self.queue.abandon();
-            tracing::warn!(
-                url = %self.url,
-                profiles = abandoned,
-                "shutdown: profiles not delivered to pyroscope within the grace period"
-            );
-        }
-    }
+impl Transport for PyroscopeTransport {
+    type Batch = PushBatch;
 
-    async fn push(&mut self, batches: &[Arc<PushBatch>]) -> Result<(), Failure> {
+    async fn send(&mut self, batches: &[Arc<PushBatch>]) -> Result<(), SendFailure> {
         let mut request = tonic::Request::new(push_request(batches));
         *request.metadata_mut() = self.headers.clone();
         match self.client.push(request).await {
             Ok(_) => Ok(()),
-            Err(status) => Err(match status.code() {
-                Code::InvalidArgument => Failure::Refused(status),
-                _ => Failure::Retry(status),
+            Err(status) if status.code() == Code::InvalidArgument => Err(SendFailure::Refused {
+                error: describe(&status),
             }),
+            Err(status) => {
+                let error = describe(&status);
+                let hint = hint(&status, &error);
+                Err(SendFailure::Retry { error, hint })
+            }
         }
     }
-
-    fn counted_as_delivered(&self, batches: &[Arc<PushBatch>]) {
-        let c = &self.counters;
-        c.exported_requests.fetch_add(1, Ordering::Relaxed);
-        c.exported_profiles
-            .fetch_add(profile_count(batches), Ordering::Relaxed);
-        let bytes: usize = batches.iter().map(|batch| batch.bytes()).sum();
-        c.exported_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
-    }
-}
-
-async fn sleep_until_deadline(deadline: Option<Instant>) {
-    match deadline {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-fn profile_count(batches: &[Arc<PushBatch>]) -> u64 {
-    batches
-        .iter()
-        .map(|batch| batch.profiles.len() as u64)
-        .sum()
 }
 
 /// One series per batch.
@@ -399,6 +303,28 @@ fn hint(status: &tonic::Status, described: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::export::queue::QueueBound;
+    use std::time::SystemTime;
+
+    fn profile(pid: u32, service: &str) -> Arc<ExportedProfile> {
+        Arc::new(ExportedProfile {
+            pid,
+            service_name: service.into(),
+            labels: vec![("service_name".into(), service.into())],
+            start: SystemTime::UNIX_EPOCH,
+            duration: Duration::from_secs(1),
+            pprof_gzip: Arc::from(vec![1u8, 2, 3]),
+        })
+    }
+
+    #[test]
+    fn a_service_s_processes_share_one_batch() {
+        let batches = batches_by_labels(vec![profile(1, "a"), profile(2, "b"), profile(3, "a")]);
+        assert_eq!(batches.len(), 2);
+        let pids: Vec<u32> = batches[0].profiles.iter().map(|p| p.pid).collect();
+        assert_eq!(pids, vec![1, 3]);
+        assert_eq!(batches[1].profiles[0].pid, 2);
+    }
 
     fn config(auth: Option<Auth>, tenant: Option<&str>) -> PyroscopeConfig {
         PyroscopeConfig {
@@ -407,12 +333,14 @@ mod tests {
             auth,
             ca_file: None,
             timeout: Duration::from_secs(1),
-            queue: QueueBound {
-                max_profiles: 1,
-                max_bytes: 1,
+            delivery: Delivery {
+                queue: QueueBound {
+                    max_profiles: 1,
+                    max_bytes: 1,
+                },
+                max_backoff: Duration::from_secs(1),
+                shutdown_grace: Duration::from_secs(1),
             },
-            max_backoff: Duration::from_secs(1),
-            shutdown_grace: Duration::from_secs(1),
         }
     }
 
