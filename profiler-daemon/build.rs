@@ -13,16 +13,20 @@ fn build_protos() -> anyhow::Result<()> {
         "proto/types/v1/types.proto",
         "proto/push/v1/push.proto",
         "proto/profiler/v1/stream.proto",
+        // OTLP profiles (client); the files it imports are found from the include path.
+        "proto/opentelemetry/proto/collector/profiles/v1development/profiles_service.proto",
     ];
     for proto in pprof.iter().chain(&services) {
         println!("cargo:rerun-if-changed={proto}");
     }
+    println!("cargo:rerun-if-changed=proto/opentelemetry");
     // protox is a protobuf compiler in Rust: no `protoc` needed on the build machine.
     let descriptors = protox::compile(pprof, ["proto"]).context("compiling .proto files")?;
     prost_build::Config::new()
         .compile_fds(descriptors)
         .context("generating Rust from .proto files")?;
-    // The gRPC services: Pyroscope's push API (client) and our live stream (client and server).
+    // The gRPC services: Pyroscope's push API and OTLP's profiles service (clients) and our live
+    // stream (client and server).
     let descriptors = protox::compile(services, ["proto"]).context("compiling .proto files")?;
     tonic_prost_build::configure()
         .compile_fds(descriptors)

@@ -9,8 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::alloc::AllocConfig;
-use crate::export::pyroscope::config::PyroscopeFile;
-use crate::export::pyroscope::PyroscopeConfig;
+use crate::export::remote_config::{RemoteConfig, RemoteFile, OTLP, PYROSCOPE};
 use crate::export::stream::GrpcListen;
 use crate::identity::ServiceNaming;
 use crate::lock::LockConfig;
@@ -75,7 +74,9 @@ pub struct FileConfig {
     /// Extra labels on every exported profile (Pyroscope and the live stream).
     pub labels: Option<BTreeMap<String, String>>,
     /// Export to Grafana Pyroscope.
-    pub pyroscope: Option<PyroscopeFile>,
+    pub pyroscope: Option<RemoteFile>,
+    /// Export OTLP profiles (an OpenTelemetry Collector, or a backend that takes them).
+    pub otlp: Option<RemoteFile>,
     /// Load the JVMTI sidecar agent into JVMs: "auto" or "never" (default).
     pub attach: Option<String>,
     /// With `attach = "auto"`: only JVMs whose command line contains one of these.
@@ -121,6 +122,7 @@ pub struct Overrides {
     pub pids: Vec<u32>,
     pub metrics_listen: Option<String>,
     pub pyroscope_url: Option<String>,
+    pub otlp_url: Option<String>,
     pub grpc_listen: Option<String>,
     pub attach: Option<String>,
     pub off_cpu: bool,
@@ -151,7 +153,8 @@ pub struct Config {
     pub grpc_listen: Option<GrpcListen>,
     pub naming: ServiceNaming,
     pub labels: BTreeMap<String, String>,
-    pub pyroscope: Option<PyroscopeConfig>,
+    pub pyroscope: Option<RemoteConfig>,
+    pub otlp: Option<RemoteConfig>,
     pub attach: crate::sidecar::AttachPolicy,
     /// The node whose pods label processes, when Kubernetes metadata is on.
     pub kubernetes_node: Option<String>,
@@ -306,13 +309,25 @@ impl Config {
         };
         let pyroscope = match (flags.pyroscope_url, file.pyroscope) {
             (None, None) => None,
-            (url, table) => Some(PyroscopeConfig::resolve(url, table.unwrap_or_default())?),
+            (url, table) => Some(RemoteConfig::resolve(
+                &PYROSCOPE,
+                url,
+                table.unwrap_or_default(),
+            )?),
+        };
+        let otlp = match (flags.otlp_url, file.otlp) {
+            (None, None) => None,
+            (url, table) => Some(RemoteConfig::resolve(
+                &OTLP,
+                url,
+                table.unwrap_or_default(),
+            )?),
         };
         let local_output = LocalOutput::resolve(
             file.flame_graphs,
             file.retention_max_age_secs,
             file.retention_max_bytes,
-            pyroscope.is_some(),
+            pyroscope.is_some() || otlp.is_some(),
         );
         let attach = crate::sidecar::AttachPolicy::resolve(
             flags.attach,
@@ -330,6 +345,7 @@ impl Config {
             naming,
             labels,
             pyroscope,
+            otlp,
             metrics_listen,
             local_output,
             annotate_frames: file.annotate_frames.unwrap_or(true),
@@ -352,8 +368,8 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::pyroscope::config::DEFAULT_MAX_BACKOFF;
-    use crate::export::pyroscope::Auth;
+    use crate::export::grpc::Auth;
+    use crate::export::remote_config::DEFAULT_MAX_BACKOFF;
 
     #[test]
     fn defaults_when_nothing_is_given() {
@@ -470,7 +486,7 @@ mod tests {
         .expect("valid");
         let pyroscope = config.pyroscope.expect("enabled");
         assert_eq!(
-            pyroscope.auth,
+            pyroscope.target.auth,
             Some(Auth::Basic {
                 username: "42".into(),
                 password: "pw".into()
@@ -544,6 +560,43 @@ mod tests {
     }
 
     #[test]
+    fn the_otlp_table_is_checked_as_pyroscope_s_and_names_its_own_fields() {
+        let config = resolve_text(
+            "[otlp]\nurl = \"https://otel.example.com:4317\"\nbearer_token = \"t\"\nqueue_max_profiles = 10\n",
+        )
+        .expect("valid");
+        let otlp = config.otlp.expect("enabled");
+        assert_eq!(otlp.target.auth, Some(Auth::Bearer("t".into())));
+        assert_eq!(otlp.delivery.queue.max_profiles, 10);
+        assert!(config.pyroscope.is_none());
+        assert!(!config.local_output.flame_graphs, "a backend is configured");
+        for (text, field) in [
+            ("[otlp]\nurl = \"ftp://x\"", "`otlp.url` (flag --otlp)"),
+            (
+                "[otlp]\nurl = \"http://x\"\nusername = \"u\"",
+                "`otlp.password`",
+            ),
+            (
+                "[otlp]\nurl = \"http://x\"\nmax_backoff_secs = 0",
+                "`otlp.max_backoff_secs`",
+            ),
+        ] {
+            let err = resolve_text(text).expect_err(text);
+            assert!(err.contains(field), "{text}: {err}");
+        }
+        let flags = Overrides {
+            otlp_url: Some("http://127.0.0.1:4317".into()),
+            ..Default::default()
+        };
+        let config =
+            Config::resolve(FileConfig::default(), flags, &Environment::default()).expect("valid");
+        assert_eq!(
+            config.otlp.expect("enabled").target.url,
+            "http://127.0.0.1:4317"
+        );
+    }
+
+    #[test]
     fn the_pyroscope_flag_alone_enables_export() {
         let flags = Overrides {
             pyroscope_url: Some("http://127.0.0.1:4040".into()),
@@ -552,7 +605,7 @@ mod tests {
         let config =
             Config::resolve(FileConfig::default(), flags, &Environment::default()).expect("valid");
         assert_eq!(
-            config.pyroscope.expect("enabled").url,
+            config.pyroscope.expect("enabled").target.url,
             "http://127.0.0.1:4040"
         );
         assert!(Config::resolve(

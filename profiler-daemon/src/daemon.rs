@@ -17,7 +17,9 @@ use std::sync::mpsc::sync_channel;
 use profiler_common::Counter;
 
 use crate::config::Config;
-use crate::export::pyroscope::{ExporterError, PyroscopeSink};
+use crate::export::grpc::ExporterError;
+use crate::export::otlp::OtlpSink;
+use crate::export::pyroscope::PyroscopeSink;
 use crate::export::stream::StreamSink;
 use crate::hotspot::alloc_hooks::AllocHooks;
 use crate::hotspot::jvm_directory::JvmDirectory;
@@ -297,6 +299,16 @@ async fn build_sinks(
         let sink = PyroscopeSink::start(
             pyroscope,
             config.threads,
+            metrics.export.clone(),
+            &mut tasks,
+        )?;
+        sinks.push(Box::new(sink));
+    }
+    if let Some(otlp) = &config.otlp {
+        let sink = OtlpSink::start(
+            otlp,
+            config.threads,
+            config.annotate_frames,
             metrics.export.clone(),
             &mut tasks,
         )?;

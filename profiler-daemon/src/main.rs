@@ -146,6 +146,10 @@ struct RunArgs {
     /// [pyroscope] table sets auth, tenant, TLS and queue bounds.
     #[arg(long, value_name = "URL")]
     pyroscope: Option<String>,
+    /// Export OTLP profiles over gRPC to this collector or backend, e.g. http://otel-collector:4317;
+    /// the [otlp] table sets auth, tenant, TLS and queue bounds.
+    #[arg(long, value_name = "URL")]
+    otlp: Option<String>,
     /// Serve the live profile stream (gRPC, unauthenticated) at ADDR, e.g. 127.0.0.1:4980, or
     /// "off" [default: off].
     #[arg(long, value_name = "ADDR")]
@@ -213,6 +217,7 @@ fn run(args: RunArgs) -> ExitCode {
         pids: args.pids,
         metrics_listen: args.metrics_listen,
         pyroscope_url: args.pyroscope,
+        otlp_url: args.otlp,
         grpc_listen: args.grpc_listen,
         attach: args.attach,
         off_cpu: args.off_cpu,

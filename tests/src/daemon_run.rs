@@ -89,6 +89,10 @@ impl DaemonRun {
         self.flag("--pyroscope", url)
     }
 
+    pub fn otlp(self, url: &str) -> Self {
+        self.flag("--otlp", url)
+    }
+
     /// Any other argument.
     pub fn arg(mut self, arg: impl ToString) -> Self {
         self.args.push(arg.to_string());

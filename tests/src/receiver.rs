@@ -1,5 +1,7 @@
-//! The Pyroscope stand-in (`tests/receiver/pyroscope_receiver.py`, grpcio in Python) and what it
-//! recorded.
+//! The gRPC peers in Python (grpcio), sharing no code with the daemon: the Pyroscope stand-in
+//! (`tests/receiver/pyroscope_receiver.py`, stubs generated from our .proto files) and the OTLP
+//! profiles receiver (`tests/receiver/otlp_receiver.py`, PyPI's official opentelemetry-proto
+//! stubs), and what they recorded.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -44,19 +46,35 @@ fn workspace_root() -> &'static Path {
 }
 
 impl Receiver {
-    /// Starts a receiver on `port` (0: any free port) recording into `record_dir`; `extra`
-    /// arguments go to the script (e.g. `--fail-with UNAUTHENTICATED`).
+    /// Starts a Pyroscope stand-in on `port` (0: any free port) recording into `record_dir`;
+    /// `extra` arguments go to the script (e.g. `--fail-with UNAUTHENTICATED`).
     pub fn start(port: u16, record_dir: &Path, extra: &[&str]) -> Result<Self> {
+        let proto_root = workspace_root().join("profiler-daemon/proto");
+        let proto_args = ["--proto-root", proto_root.to_str().context("UTF-8 path")?];
+        Self::spawn(
+            "pyroscope_receiver.py",
+            port,
+            record_dir,
+            &[&proto_args, extra].concat(),
+        )
+    }
+
+    /// Starts an OTLP profiles receiver on `port` (0: any free port) recording into
+    /// `record_dir` (see `recorded_exports`).
+    pub fn start_otlp(port: u16, record_dir: &Path, extra: &[&str]) -> Result<Self> {
+        Self::spawn("otlp_receiver.py", port, record_dir, extra)
+    }
+
+    fn spawn(script: &str, port: u16, record_dir: &Path, extra: &[&str]) -> Result<Self> {
         let root = workspace_root();
         let mut child = Command::new("python3")
-            .arg(root.join("tests/receiver/pyroscope_receiver.py"))
-            .arg("--proto-root")
-            .arg(root.join("profiler-daemon/proto"))
+            .arg(root.join("tests/receiver").join(script))
             .arg("--record-dir")
             .arg(record_dir)
             .args(["--port", &port.to_string()])
             .args(extra)
-            // grpcio and grpcio-tools, installed there by `cargo xtask test`.
+            // grpcio, grpcio-tools and opentelemetry-proto, installed there by
+            // `cargo xtask test`.
             .env("PYTHONPATH", root.join(".tools/python"))
             .stdout(Stdio::piped())
             .spawn()
@@ -128,4 +146,37 @@ pub fn recorded_pushes(record_dir: &Path) -> Result<Vec<PushRecord>> {
         pushes.push(PushRecord { headers, series });
     }
     Ok(pushes)
+}
+
+/// The OTLP receiver's records of `record_dir`, one JSON object per request in arrival order
+/// (see `tests/receiver/otlp_receiver.py` for their fields).
+pub fn recorded_exports(record_dir: &Path) -> Result<Vec<serde_json::Value>> {
+    let path = record_dir.join("requests.jsonl");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+        Err(err) => return Err(err).with_context(|| format!("reading {}", path.display())),
+    };
+    text.lines()
+        .map(|line| serde_json::from_str(line).context("a request record"))
+        .collect()
+}
+
+/// Compares the daemon's OTLP .proto files with PyPI's official generated code
+/// (`tests/receiver/otlp_proto_check.py`): its report, and whether they match.
+pub fn check_otlp_protos() -> Result<(String, bool)> {
+    let root = workspace_root();
+    let output = Command::new("python3")
+        .arg(root.join("tests/receiver/otlp_proto_check.py"))
+        .arg("--proto-root")
+        .arg(root.join("profiler-daemon/proto"))
+        .env("PYTHONPATH", root.join(".tools/python"))
+        .output()
+        .context("running otlp_proto_check.py")?;
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok((report, output.status.success()))
 }

@@ -1,6 +1,7 @@
 //! End to end on export: the daemon pushes to a gRPC receiver that shares no code with it
-//! (Python grpcio, stubs generated from our .proto files), survives outages and bad endpoints,
-//! and streams profiles live to subscribers. Exported profiles carry no sample labels (a string
+//! (Python grpcio, stubs generated from our .proto files), exports OTLP profiles to a receiver
+//! built on the official OTLP stubs, survives outages and bad endpoints, and streams profiles
+//! live to subscribers. Exported profiles carry no sample labels (a string
 //! one would split Pyroscope series); their stacks are merged across threads by default, rooted
 //! at their thread pool with `threads = "pool"` (a 32-thread pool is one root) or at their
 //! thread with `threads = "thread"`. Local files keep each sample's thread, with the full Java
@@ -11,7 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use profiler_daemon::pprof::{decode, proto};
-use profiler_tests::receiver::{recorded_pushes, Receiver};
+use profiler_tests::receiver::{check_otlp_protos, recorded_exports, recorded_pushes, Receiver};
 use profiler_tests::*;
 
 fn path_str(path: &Path) -> &str {
@@ -130,10 +131,16 @@ fn assert_merged(
 
 /// The `name=value` fields of the daemon's "export totals" log line of the Pyroscope sink.
 fn export_totals(log: &str) -> std::collections::HashMap<String, u64> {
+    sink_totals(log, "pyroscope")
+}
+
+/// The `name=value` fields of the daemon's "export totals" log line of `sink`.
+fn sink_totals(log: &str, sink: &str) -> std::collections::HashMap<String, u64> {
+    let sink_field = format!("sink=\"{sink}\"");
     let line = log
         .lines()
         .rev()
-        .find(|line| line.contains("export totals") && line.contains("sink=\"pyroscope\""))
+        .find(|line| line.contains("export totals") && line.contains(&sink_field))
         .expect("the daemon logs its export totals");
     line.split_whitespace()
         .filter_map(|field| {
@@ -724,4 +731,183 @@ fn tls_to_a_server_of_a_private_ca_needs_its_ca_file() {
         }
     }
     assert!(!received_profiles(&record_dir, "native_split").is_empty());
+}
+
+#[test]
+fn our_otlp_protos_are_the_official_ones() {
+    let (report, matching) = check_otlp_protos().expect("the check runs");
+    println!("{report}");
+    assert!(
+        matching,
+        "our OTLP .proto files differ from opentelemetry-proto's:\n{report}"
+    );
+}
+
+/// What the OTLP receiver got for one process: per profile start and sample type, the values'
+/// total, and every frame name ("function|frame type") seen.
+#[derive(Default)]
+struct OtlpReceived {
+    totals: std::collections::BTreeMap<(u64, String), i64>,
+    frames: std::collections::BTreeSet<String>,
+    /// How many times each profile start arrived (once per sample type).
+    starts: std::collections::BTreeMap<u64, usize>,
+}
+
+fn otlp_received(records: &[serde_json::Value], pid: u32) -> OtlpReceived {
+    let mut received = OtlpReceived::default();
+    for record in records {
+        for resource in record["resources"].as_array().expect("resources") {
+            if resource["attributes"]["process.pid"].as_i64() != Some(i64::from(pid)) {
+                continue;
+            }
+            for profile in resource["profiles"].as_array().expect("profiles") {
+                let start = profile["time_unix_nano"].as_u64().expect("start");
+                let sample_type = profile["sample_type"][0].as_str().expect("type").to_owned();
+                *received.starts.entry(start).or_default() += 1;
+                for stack in profile["stacks"].as_array().expect("stacks") {
+                    *received
+                        .totals
+                        .entry((start, sample_type.clone()))
+                        .or_default() += stack["value"].as_i64().expect("value");
+                    for frame in stack["frames"].as_array().expect("frames") {
+                        received
+                            .frames
+                            .insert(frame.as_str().expect("name").to_owned());
+                    }
+                }
+            }
+        }
+    }
+    received
+}
+
+/// The local profiles' totals per start and sample type, as `OtlpReceived::totals`.
+fn local_totals(out: &Path, pid: u32) -> std::collections::BTreeMap<(u64, String), i64> {
+    let mut totals = std::collections::BTreeMap::new();
+    for (_, profile) in profiles_of(out, pid).expect("local profiles") {
+        for (index, sample_type) in profile.sample_type.iter().enumerate() {
+            let name = profile.string_table[sample_type.r#type as usize].clone();
+            let total: i64 = profile.sample.iter().map(|s| s.value[index]).sum();
+            totals.insert((profile.time_nanos as u64, name), total);
+        }
+    }
+    totals
+}
+
+#[test]
+fn otlp_profiles_reach_a_receiver_of_the_official_protos_across_an_outage() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let native = native_workload(dir.path(), 60);
+    let classes = compile_java(&["Spin.java"], dir.path()).expect("javac");
+    let jdk = jdks().into_iter().find(|j| j.major == 25).expect("JDK 25");
+    let java = start_java(&jdk, &classes, "Spin", &[]).expect("JVM starts");
+    let record_dir = dir.path().join("received");
+    let receiver = Receiver::start_otlp(0, &record_dir, &[]).expect("receiver");
+    let port = receiver.port;
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "[labels]\nenv = \"test\"\n\n[otlp]\ntenant_id = \"team-a\"\nbearer_token = \"t0k\"\n\
+         max_backoff_secs = 1\nshutdown_grace_secs = 10\n",
+    )
+    .expect("config written");
+    let out = dir.path().join("profiles");
+    let daemon = DaemonRun::new()
+        .config(&config)
+        .otlp(&receiver.url())
+        .pids([native.pid(), java.pid()])
+        .frequency(99)
+        .interval(1)
+        .no_stream()
+        .output(&out)
+        .start(dir.path());
+    daemon
+        .wait_for_log("interval written", Duration::from_secs(30))
+        .expect("daemon profiles");
+    std::thread::sleep(Duration::from_secs(3));
+    receiver.kill();
+    eprintln!("receiver down for 8 s");
+    std::thread::sleep(Duration::from_secs(8));
+    let receiver = Receiver::start_otlp(port, &record_dir, &[]).expect("receiver restarts");
+    std::thread::sleep(Duration::from_secs(4));
+    daemon.terminate();
+    let (status, log) = daemon.wait(Duration::from_secs(60)).expect("daemon exits");
+    assert!(status.success(), "daemon failed");
+    drop(receiver);
+
+    let records = recorded_exports(&record_dir).expect("records");
+    assert!(!records.is_empty(), "nothing received");
+    for record in &records {
+        assert_eq!(
+            record["errors"],
+            serde_json::json!([]),
+            "the receiver read it whole"
+        );
+        assert_eq!(record["headers"]["x-scope-orgid"], "team-a");
+        assert_eq!(record["headers"]["authorization"], "Bearer t0k");
+        for resource in record["resources"].as_array().expect("resources") {
+            let attributes = &resource["attributes"];
+            for key in ["service.name", "process.executable.name", "host.name"] {
+                assert!(attributes[key].is_string(), "{key} in {attributes}");
+            }
+            assert_eq!(attributes["env"], "test");
+            assert_eq!(resource["scopes"][0][0], "jvm-profiler");
+        }
+    }
+    let totals = sink_totals(&log, "otlp");
+    eprintln!("{} requests; totals {totals:?}", records.len());
+    assert!(totals["retries"] > 0, "the outage was noticed");
+    assert_eq!(totals["dropped_queue_full"], 0);
+    assert_eq!(totals["dropped_at_shutdown"], 0);
+    assert_eq!(totals["rejected"], 0);
+
+    for (pid, service, frame) in [
+        (native.pid(), "native_split", "hot_a|native"),
+        (java.pid(), "Spin", "Spin."),
+    ] {
+        let received = otlp_received(&records, pid);
+        let local = local_totals(&out, pid);
+        eprintln!(
+            "{service}: {} intervals exported, {} written; {} distinct frames",
+            received.starts.len(),
+            local.len() / 2,
+            received.frames.len()
+        );
+        // Every interval arrives once per sample type (samples, cpu), outage or not, and its
+        // values sum to the local profile's.
+        assert!(
+            received.starts.values().all(|&n| n == 2),
+            "{:?}",
+            received.starts
+        );
+        assert_eq!(
+            received.totals, local,
+            "{service}: every interval, its totals"
+        );
+        assert!(
+            local.len() >= 2 * 12,
+            "{service}: {} local totals",
+            local.len()
+        );
+        assert!(
+            received.frames.iter().any(|name| name.contains(frame)),
+            "{service}: {frame} among {:?}",
+            received.frames
+        );
+        let service_names: std::collections::BTreeSet<&str> = records
+            .iter()
+            .flat_map(|r| r["resources"].as_array().expect("resources"))
+            .filter(|r| r["attributes"]["process.pid"].as_i64() == Some(i64::from(pid)))
+            .filter_map(|r| r["attributes"]["service.name"].as_str())
+            .collect();
+        assert_eq!(service_names, [service].into());
+    }
+    let java = otlp_received(&records, java.pid());
+    assert!(
+        java.frames
+            .iter()
+            .any(|name| name.starts_with("Spin.") && name.ends_with("|jvm")),
+        "Java frames are of type jvm, named without their suffix: {:?}",
+        java.frames
+    );
 }

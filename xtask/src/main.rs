@@ -406,13 +406,22 @@ fn setup_deploy_tests(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// PyPI packages for the tests' independent gRPC peer (a Pyroscope stand-in in Python).
-const PYTHON_TEST_PACKAGES: &[&str] = &["grpcio==1.85.1", "grpcio-tools==1.85.1"];
+/// PyPI packages for the tests' independent gRPC peers (a Pyroscope stand-in and an OTLP
+/// profiles receiver in Python): grpcio, and the official OTLP stubs (opentelemetry-proto 1.45.2
+/// is generated from opentelemetry-proto v1.10.0, the protocol our OTLP files follow).
+const PYTHON_TEST_PACKAGES: &[&str] = &[
+    "grpcio==1.85.1",
+    "grpcio-tools==1.85.1",
+    "opentelemetry-proto==1.45.2",
+];
 
 /// Installs them under `.tools/python` (the tests put it on `PYTHONPATH`).
 fn install_python_packages(root: &Path) -> Result<()> {
     let target = root.join(".tools/python");
-    if target.join("grpc_tools").exists() {
+    let installed = ["grpc_tools", "opentelemetry/proto/profiles/v1development"]
+        .iter()
+        .all(|package| target.join(package).exists());
+    if installed {
         return Ok(());
     }
     eprintln!(

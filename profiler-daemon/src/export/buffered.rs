@@ -27,7 +27,15 @@ pub trait Transport: Send + 'static {
     fn send(
         &mut self,
         batches: &[Arc<Self::Batch>],
-    ) -> impl Future<Output = Result<(), SendFailure>> + Send;
+    ) -> impl Future<Output = Result<Delivered, SendFailure>> + Send;
+}
+
+/// A request the backend took, whole or in part.
+#[derive(Debug, Default)]
+pub struct Delivered {
+    /// Profiles the backend took the request but refused, by its own count (OTLP's partial
+    /// success); counted as rejected.
+    pub rejected: u64,
 }
 
 /// How a failed request is handled.
@@ -154,7 +162,7 @@ impl<T: Transport> DeliveryTask<T> {
                 _ = sleep_until(deadline) => break,
             };
             match outcome {
-                Ok(()) => {
+                Ok(delivered) => {
                     if failures_in_a_row > 0 {
                         tracing::info!(
                             sink = self.name,
@@ -166,6 +174,9 @@ impl<T: Transport> DeliveryTask<T> {
                     failures_in_a_row = 0;
                     self.backoff.reset();
                     self.count_delivered(&batches);
+                    self.counters
+                        .rejected
+                        .fetch_add(delivered.rejected, Ordering::Relaxed);
                     self.queue.done_with_in_flight();
                 }
                 Err(SendFailure::Refused { error }) => {
@@ -294,7 +305,7 @@ mod tests {
     impl Transport for Flaky {
         type Batch = Batch;
 
-        async fn send(&mut self, batches: &[Arc<Batch>]) -> Result<(), SendFailure> {
+        async fn send(&mut self, batches: &[Arc<Batch>]) -> Result<Delivered, SendFailure> {
             if self.failures > 0 {
                 self.failures -= 1;
                 return Err(SendFailure::Retry {
@@ -309,7 +320,7 @@ mod tests {
             }
             let mut delivered = self.delivered.lock().expect("lock");
             delivered.extend(batches.iter().map(|b| b.0));
-            Ok(())
+            Ok(Delivered::default())
         }
     }
 

@@ -1,9 +1,10 @@
-//! The network sinks: Grafana Pyroscope (`pyroscope`, a buffered remote sink) and the daemon's
-//! own live stream (`stream`). Pyroscope gets a variant without high-cardinality sample labels,
-//! the stream the local files' profile (see `crate::profiles`).
+//! The network sinks: Grafana Pyroscope (`pyroscope`) and OTLP profiles (`otlp`), the remote
+//! sinks, and the daemon's own live stream (`stream`). The remote sinks get a variant without
+//! high-cardinality sample labels, the stream the local files' profile (see `crate::profiles`).
 //!
 //! ```text
 //! Worker --> PyroscopeSink --batches by label set--> BufferedSink: queue --> delivery task
+//!        \--> OtlpSink --one batch per process------> BufferedSink: queue --> delivery task
 //!        \--> StreamSink --each profile--> broadcast --> one task per stream subscriber
 //! ```
 //! The worker never waits on either: a remote sink's queue drops its oldest batch when full
@@ -11,8 +12,11 @@
 
 pub mod buffered;
 pub mod counters;
+pub mod grpc;
+pub mod otlp;
 pub mod pyroscope;
 pub mod queue;
+pub mod remote_config;
 pub mod stream;
 
 use std::sync::Arc;
@@ -36,6 +40,46 @@ pub mod proto {
     pub mod profiler {
         pub mod v1 {
             include!(concat!(env!("OUT_DIR"), "/profiler.v1.rs"));
+        }
+    }
+    /// OTLP, nested as its packages are: the generated code names other packages by
+    /// relative paths.
+    pub mod opentelemetry {
+        pub mod proto {
+            pub mod common {
+                pub mod v1 {
+                    include!(concat!(
+                        env!("OUT_DIR"),
+                        "/opentelemetry.proto.common.v1.rs"
+                    ));
+                }
+            }
+            pub mod resource {
+                pub mod v1 {
+                    include!(concat!(
+                        env!("OUT_DIR"),
+                        "/opentelemetry.proto.resource.v1.rs"
+                    ));
+                }
+            }
+            pub mod profiles {
+                pub mod v1development {
+                    include!(concat!(
+                        env!("OUT_DIR"),
+                        "/opentelemetry.proto.profiles.v1development.rs"
+                    ));
+                }
+            }
+            pub mod collector {
+                pub mod profiles {
+                    pub mod v1development {
+                        include!(concat!(
+                            env!("OUT_DIR"),
+                            "/opentelemetry.proto.collector.profiles.v1development.rs"
+                        ));
+                    }
+                }
+            }
         }
     }
 }

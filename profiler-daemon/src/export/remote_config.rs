@@ -1,14 +1,15 @@
-//! The `[pyroscope]` section of the configuration: the table as written, and its checks.
+//! The sections of the remote sinks (`[pyroscope]`, `[otlp]`): one table as written and one
+//! set of checks for both, each error naming the section's own field and flag.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{Auth, PyroscopeConfig};
+use super::buffered::Delivery;
+use super::grpc::{Auth, GrpcTarget};
+use super::queue::QueueBound;
 use crate::config_error::{invalid, ConfigError};
-use crate::export::buffered::Delivery;
-use crate::export::queue::QueueBound;
 
 pub const DEFAULT_EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_QUEUE_MAX_PROFILES: usize = 4096;
@@ -16,10 +17,66 @@ pub const DEFAULT_QUEUE_MAX_BYTES: usize = 64 << 20;
 pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(5);
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// The `[pyroscope]` table.
+/// A remote sink's section: its name, and its fields' and flag's names as errors show them.
+#[derive(Debug)]
+pub struct Section {
+    pub name: &'static str,
+    pub flag: &'static str,
+    url: &'static str,
+    per_thread_series: &'static str,
+    password: &'static str,
+    password_file: &'static str,
+    username: &'static str,
+    bearer_token: &'static str,
+    bearer_token_file: &'static str,
+    ca_file: &'static str,
+    tenant_id: &'static str,
+    timeout_secs: &'static str,
+    queue_max_profiles: &'static str,
+    queue_max_bytes: &'static str,
+    max_backoff_secs: &'static str,
+    shutdown_grace_secs: &'static str,
+}
+
+/// The `Section` of the table `$name`, whose url the flag `--$name` sets.
+macro_rules! section {
+    ($name:literal) => {
+        Section {
+            name: $name,
+            flag: $name,
+            url: concat!($name, ".url"),
+            per_thread_series: concat!($name, ".per_thread_series"),
+            password: concat!($name, ".password"),
+            password_file: concat!($name, ".password_file"),
+            username: concat!($name, ".username"),
+            bearer_token: concat!($name, ".bearer_token"),
+            bearer_token_file: concat!($name, ".bearer_token_file"),
+            ca_file: concat!($name, ".ca_file"),
+            tenant_id: concat!($name, ".tenant_id"),
+            timeout_secs: concat!($name, ".timeout_secs"),
+            queue_max_profiles: concat!($name, ".queue_max_profiles"),
+            queue_max_bytes: concat!($name, ".queue_max_bytes"),
+            max_backoff_secs: concat!($name, ".max_backoff_secs"),
+            shutdown_grace_secs: concat!($name, ".shutdown_grace_secs"),
+        }
+    };
+}
+
+pub const PYROSCOPE: Section = section!("pyroscope");
+pub const OTLP: Section = section!("otlp");
+
+/// A remote sink's checked section.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteConfig {
+    pub target: GrpcTarget,
+    /// The queue bound and retry settings.
+    pub delivery: Delivery,
+}
+
+/// A remote sink's table (`[pyroscope]`, `[otlp]`).
 #[derive(Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
-pub struct PyroscopeFile {
+pub struct RemoteFile {
     /// `http://host:4040` (plaintext) or `https://...` (TLS).
     pub url: Option<String>,
     /// Sent as the `X-Scope-OrgID` header (multi-tenant Pyroscope).
@@ -65,17 +122,21 @@ fn read_secret(field: &'static str, path: &Path) -> Result<String, ConfigError> 
     Ok(text.trim_end_matches(['\n', '\r']).to_string())
 }
 
-impl PyroscopeConfig {
-    /// Checks the `[pyroscope]` table; `flag_url` is `--pyroscope`, which wins over `url`.
-    pub fn resolve(flag_url: Option<String>, file: PyroscopeFile) -> Result<Self, ConfigError> {
+impl RemoteConfig {
+    /// Checks the `section` table; `flag_url` is its flag (`--pyroscope`), which wins over `url`.
+    pub fn resolve(
+        section: &Section,
+        flag_url: Option<String>,
+        file: RemoteFile,
+    ) -> Result<Self, ConfigError> {
         let url = flag_url.or(file.url).ok_or_else(|| ConfigError::Invalid {
-            field: "pyroscope.url",
-            flag: Some("pyroscope"),
-            reason: "missing (the [pyroscope] table needs a url)".into(),
+            field: section.url,
+            flag: Some(section.flag),
+            reason: format!("missing (the [{}] table needs a url)", section.name),
         })?;
         let uri: tonic::transport::Uri = url.parse().map_err(|err| ConfigError::Invalid {
-            field: "pyroscope.url",
-            flag: Some("pyroscope"),
+            field: section.url,
+            flag: Some(section.flag),
             reason: format!("{url:?} is not a URL ({err})"),
         })?;
         let https = match uri.scheme_str() {
@@ -83,22 +144,22 @@ impl PyroscopeConfig {
             Some("http") => false,
             _ => {
                 return Err(ConfigError::Invalid {
-                    field: "pyroscope.url",
-                    flag: Some("pyroscope"),
+                    field: section.url,
+                    flag: Some(section.flag),
                     reason: format!("{url:?} must start with http:// or https://"),
                 })
             }
         };
         if uri.host().is_none_or(str::is_empty) {
             return Err(ConfigError::Invalid {
-                field: "pyroscope.url",
-                flag: Some("pyroscope"),
+                field: section.url,
+                flag: Some(section.flag),
                 reason: format!("{url:?} has no host"),
             });
         }
         if file.per_thread_series.is_some() {
             return Err(invalid(
-                "pyroscope.per_thread_series",
+                section.per_thread_series,
                 "replaced by the top-level key `threads` (for every output, before any table): \
                  threads = \"thread\" roots each stack at its thread, threads = \"pool\" at \
                  its thread pool; the default merges threads",
@@ -107,23 +168,23 @@ impl PyroscopeConfig {
         let password = match (file.password, file.password_file) {
             (Some(_), Some(_)) => {
                 return Err(invalid(
-                    "pyroscope.password_file",
+                    section.password_file,
                     "give password or password_file, not both",
                 ))
             }
             (Some(password), None) => Some(password),
-            (None, Some(path)) => Some(read_secret("pyroscope.password_file", &path)?),
+            (None, Some(path)) => Some(read_secret(section.password_file, &path)?),
             (None, None) => None,
         };
         let token = match (file.bearer_token, file.bearer_token_file) {
             (Some(_), Some(_)) => {
                 return Err(invalid(
-                    "pyroscope.bearer_token_file",
+                    section.bearer_token_file,
                     "give bearer_token or bearer_token_file, not both",
                 ))
             }
             (Some(token), None) => Some(token),
-            (None, Some(path)) => Some(read_secret("pyroscope.bearer_token_file", &path)?),
+            (None, Some(path)) => Some(read_secret(section.bearer_token_file, &path)?),
             (None, None) => None,
         };
         let auth = match (file.username, password, token) {
@@ -132,27 +193,27 @@ impl PyroscopeConfig {
             (None, None, Some(token)) => Some(Auth::Bearer(token)),
             (Some(_), None, None) => {
                 return Err(invalid(
-                    "pyroscope.password",
+                    section.password,
                     "username needs a password (or password_file)",
                 ))
             }
             (None, Some(_), None) => {
-                return Err(invalid("pyroscope.username", "a password needs a username"))
+                return Err(invalid(section.username, "a password needs a username"))
             }
             (_, _, Some(_)) => {
                 return Err(invalid(
-                    "pyroscope.bearer_token",
+                    section.bearer_token,
                     "use basic auth (username, password) or a bearer token, not both",
                 ))
             }
         };
         if file.ca_file.is_some() && !https {
-            return Err(invalid("pyroscope.ca_file", "needs an https:// url"));
+            return Err(invalid(section.ca_file, "needs an https:// url"));
         }
         if let Some(path) = &file.ca_file {
             std::fs::metadata(path).map_err(|err| {
                 invalid(
-                    "pyroscope.ca_file",
+                    section.ca_file,
                     format!("cannot read {}: {err}", path.display()),
                 )
             })?;
@@ -160,7 +221,7 @@ impl PyroscopeConfig {
         if let Some(tenant) = &file.tenant_id {
             if tenant.is_empty() || !tenant.chars().all(|c| c.is_ascii_graphic()) {
                 return Err(invalid(
-                    "pyroscope.tenant_id",
+                    section.tenant_id,
                     format!("{tenant:?} must be printable ASCII without spaces"),
                 ));
             }
@@ -186,38 +247,34 @@ impl PyroscopeConfig {
             max_bytes: file.queue_max_bytes.unwrap_or(DEFAULT_QUEUE_MAX_BYTES),
         };
         if queue.max_profiles == 0 {
-            return Err(invalid(
-                "pyroscope.queue_max_profiles",
-                "must be at least 1",
-            ));
+            return Err(invalid(section.queue_max_profiles, "must be at least 1"));
         }
         if queue.max_bytes < 1 << 20 {
-            return Err(invalid(
-                "pyroscope.queue_max_bytes",
-                "must be at least 1 MiB",
-            ));
+            return Err(invalid(section.queue_max_bytes, "must be at least 1 MiB"));
         }
-        Ok(PyroscopeConfig {
-            url,
-            tenant_id: file.tenant_id,
-            auth,
-            ca_file: file.ca_file,
-            timeout: seconds(
-                "pyroscope.timeout_secs",
-                file.timeout_secs,
-                DEFAULT_EXPORT_TIMEOUT,
-                1..=300,
-            )?,
+        Ok(RemoteConfig {
+            target: GrpcTarget {
+                url,
+                tenant_id: file.tenant_id,
+                auth,
+                ca_file: file.ca_file,
+                timeout: seconds(
+                    section.timeout_secs,
+                    file.timeout_secs,
+                    DEFAULT_EXPORT_TIMEOUT,
+                    1..=300,
+                )?,
+            },
             delivery: Delivery {
                 queue,
                 max_backoff: seconds(
-                    "pyroscope.max_backoff_secs",
+                    section.max_backoff_secs,
                     file.max_backoff_secs,
                     DEFAULT_MAX_BACKOFF,
                     1..=60,
                 )?,
                 shutdown_grace: seconds(
-                    "pyroscope.shutdown_grace_secs",
+                    section.shutdown_grace_secs,
                     file.shutdown_grace_secs,
                     DEFAULT_SHUTDOWN_GRACE,
                     0..=600,
