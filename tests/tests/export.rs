@@ -868,10 +868,11 @@ fn otlp_profiles_reach_a_receiver_of_the_official_protos_across_an_outage() {
         let received = otlp_received(&records, pid);
         let local = local_totals(&out, pid);
         eprintln!(
-            "{service}: {} intervals exported, {} written; {} distinct frames",
+            "{service}: {} intervals exported, {} written; {} distinct frames, e.g. {:?}",
             received.starts.len(),
             local.len() / 2,
-            received.frames.len()
+            received.frames.len(),
+            received.frames.iter().take(8).collect::<Vec<_>>()
         );
         // Every interval arrives once per sample type (samples, cpu), outage or not, and its
         // values sum to the local profile's.
