@@ -1,9 +1,12 @@
-//! Section 6: export to Pyroscope. The daemon profiles the small JVMs of section 3 with a 1 s
-//! interval (the most profiles per second a user would configure) and pushes them to the tests'
-//! Pyroscope stand-in (`tests/receiver/pyroscope_receiver.py`, Python grpcio, which writes each
-//! profile to disk): profiles built and exported per second and the daemon's CPU while it
+//! Section 6: export to Pyroscope and OTLP. The daemon profiles the small JVMs of section 3 with
+//! a 1 s interval (the most profiles per second a user would configure) and pushes them to the
+//! tests' Pyroscope stand-in (`tests/receiver/pyroscope_receiver.py`, Python grpcio, which writes
+//! each profile to disk): profiles built and exported per second and the daemon's CPU while it
 //! exports; then the receiver goes away until the export queue reaches its bound (the
-//! exporter's memory at the bound), comes back, and the backlog's delivery is timed.
+//! exporter's memory at the bound), comes back, and the backlog's delivery is timed. Then the
+//! same JVMs are profiled by a daemon exporting OTLP to the tests' OTLP receiver
+//! (`tests/receiver/otlp_receiver.py`, which reads every request through its dictionary), for
+//! the same window: the two exports' costs side by side.
 
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -72,36 +75,65 @@ pub(super) struct ExportRun {
     /// the whole backlog's.
     first_delivery_seconds: f64,
     drain_seconds: f64,
+    /// The OTLP export's steady state, for the same JVMs and window.
+    otlp: OtlpRun,
 }
 
-/// The Pyroscope stand-in, killed when dropped.
+struct OtlpRun {
+    cpu: CpuUse,
+    built_per_second: f64,
+    exported_per_second: f64,
+    requests_per_second: f64,
+    /// Of the profiles' pprof encoding, which is what the queue's byte bound counts (the
+    /// request on the wire is gzipped).
+    kilobytes_per_second: f64,
+    rss_mb: f64,
+}
+
+/// A receiver of the tests (the Pyroscope stand-in, the OTLP receiver), killed when dropped.
 struct Receiver {
     _process: Guarded,
 }
 
 impl Receiver {
     fn start(root: &Path, port: u16, record_dir: &Path) -> Result<Self> {
+        let proto_root = root.join("profiler-daemon/proto");
+        let proto_args = ["--proto-root".as_ref(), proto_root.as_os_str()];
+        Self::spawn(root, "pyroscope_receiver.py", &proto_args, port, record_dir)
+    }
+
+    fn start_otlp(root: &Path, port: u16, record_dir: &Path) -> Result<Self> {
+        Self::spawn(root, "otlp_receiver.py", &[], port, record_dir)
+    }
+
+    fn spawn(
+        root: &Path,
+        script: &str,
+        args: &[&std::ffi::OsStr],
+        port: u16,
+        record_dir: &Path,
+    ) -> Result<Self> {
         if record_dir.exists() {
             fs::remove_dir_all(record_dir)
                 .with_context(|| format!("clearing {}", record_dir.display()))?;
         }
         let mut command = Command::new("python3");
         command
-            .arg(root.join("tests/receiver/pyroscope_receiver.py"))
-            .arg("--proto-root")
-            .arg(root.join("profiler-daemon/proto"))
+            .arg(root.join("tests/receiver").join(script))
+            .args(args)
             .arg("--record-dir")
             .arg(record_dir)
             .args(["--port", &port.to_string()])
-            // grpcio and grpcio-tools, installed there by `cargo xtask setup --tests`.
+            // grpcio, grpcio-tools and opentelemetry-proto, installed there by
+            // `cargo xtask setup --tests`.
             .env("PYTHONPATH", root.join(".tools/python"))
             .stdout(Stdio::piped());
-        let mut process = Guarded::spawn("Pyroscope receiver", &mut command)?;
+        let mut process = Guarded::spawn(script, &mut command)?;
         let stdout = process.child.stdout.take().context("receiver stdout")?;
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line)?;
         if !line.starts_with("listening on ") {
-            bail!("the Pyroscope receiver did not start: it printed {line:?}");
+            bail!("{script} did not start: it printed {line:?}");
         }
         Ok(Self { _process: process })
     }
@@ -171,6 +203,7 @@ impl Bench {
         .context("the backlog was not delivered")?;
         let drain_seconds = back.elapsed().as_secs_f64();
         daemon.stop()?;
+        let otlp = self.measure_otlp_export(root, pids)?;
 
         let run = ExportRun {
             jvms: pids.len(),
@@ -189,6 +222,7 @@ impl Bench {
             backlog_requests: drained.get(&requests)? - before.get(&requests)?,
             first_delivery_seconds,
             drain_seconds,
+            otlp,
         };
         self.progress(format_args!(
             "6. export outage: {} profiles ({:.2} MB) queued at the bound, RSS {:.0} MB; \
@@ -198,6 +232,40 @@ impl Bench {
             run.rss_mb_at_bound,
             run.backlog_delivered,
             run.drain_seconds
+        ));
+        Ok(run)
+    }
+}
+
+impl Bench {
+    /// The same JVMs exported as OTLP for one cost window.
+    fn measure_otlp_export(&self, root: &Path, pids: &[u32]) -> Result<OtlpRun> {
+        let address = free_local_address()?;
+        let config = self.work_dir.join("export-otlp.toml");
+        fs::write(&config, format!("[otlp]\nurl = \"http://{address}\"\n"))
+            .with_context(|| format!("writing {}", config.display()))?;
+        let _receiver =
+            Receiver::start_otlp(root, address.port(), &self.work_dir.join("otlp-receiver"))?;
+        let extra = ["--config".to_owned(), config.display().to_string()];
+        let ready = Ready::Profiling { jvms: pids.len() };
+        let daemon = self.start_daemon(EXPORT_HZ, EXPORT_INTERVAL_SECS, pids, ready, &extra)?;
+        let window = daemon.measure(self.plan.cost_window)?;
+        let per_second = |key: &str| -> Result<f64> { Ok(window.delta(key)? / window.cpu.seconds) };
+        let otlp = |name| labelled(name, "sink", "otlp");
+        let run = OtlpRun {
+            cpu: window.cpu,
+            built_per_second: per_second(PROFILES_WRITTEN)?,
+            exported_per_second: per_second(&otlp(metric::EXPORT_PROFILES))?,
+            requests_per_second: per_second(&otlp(metric::EXPORT_REQUESTS))?,
+            kilobytes_per_second: per_second(&otlp(metric::EXPORT_BYTES))? / 1e3,
+            rss_mb: rss_mb(daemon.process.pid())?,
+        };
+        daemon.stop()?;
+        self.progress(format_args!(
+            "6. OTLP export, {} JVMs: {:.1} profiles/s exported, daemon {:.2}% of a core",
+            pids.len(),
+            run.exported_per_second,
+            run.cpu.process_cores * 100.0
         ));
         Ok(run)
     }
@@ -241,6 +309,24 @@ impl ExportRun {
                 thousands(self.kilobytes_per_second),
                 self.cpu.process_cores * 100.0,
                 self.rss_mb_steady
+            ),
+            target: String::new(),
+        });
+        let otlp = &self.otlp;
+        rows.push(Row {
+            section: "6",
+            measurement: "export OTLP profiles (Python grpcio receiver, official stubs)".to_owned(),
+            setting: setting.clone(),
+            result: format!(
+                "{:.1} profiles/s built, {:.1} exported in {:.1} requests/s ({} KB/s of pprof, \
+                 gzipped on the wire); daemon {:.2}% of a core ({:.2} for Pyroscope), RSS {:.0} MB",
+                otlp.built_per_second,
+                otlp.exported_per_second,
+                otlp.requests_per_second,
+                thousands(otlp.kilobytes_per_second),
+                otlp.cpu.process_cores * 100.0,
+                self.cpu.process_cores * 100.0,
+                otlp.rss_mb
             ),
             target: String::new(),
         });

@@ -369,7 +369,10 @@ impl Report {
              (`queue_max_profiles = 200`) and has dropped a profile (RSS as `VmRSS`, queue \
              bytes from `profiler_export_queue_bytes`), started again on the same port, and the \
              time until the profiles queued at that moment are delivered is taken from the \
-             live export counters, polled every 10 ms.\n\
+             live export counters, polled every 10 ms. Then a daemon exporting OTLP profiles \
+             to the tests' OTLP receiver (`tests/receiver/otlp_receiver.py`: Python grpcio on \
+             the official stubs, reading every request through its dictionary) profiles the \
+             same JVMs for the same window.\n\
              7. `xtask/bench/pingpong.c` (two threads passing a byte through two pipes, both \
              pinned to one CPU: two context switches per round trip, each in its critical \
              path) for {window} s under a fresh whole-host daemon at 99 Hz without `--off-cpu` \

@@ -9,6 +9,7 @@ mod convert;
 use std::sync::Arc;
 
 use prost::Message as _;
+use tonic::codec::CompressionEncoding;
 use tonic::transport::Channel;
 
 use super::buffered::{BufferedSink, Delivered, SendFailure, Transport};
@@ -120,7 +121,10 @@ impl OtlpSink {
     ) -> Result<Self, ExporterError> {
         let grpc = GrpcClient::new(SINK, &config.target)?;
         let transport = OtlpTransport {
-            client: ProfilesServiceClient::new(grpc.channel.clone()),
+            // Gzipped on the wire (every gRPC server takes it): an OTLP request is plain
+            // protobuf, where Pyroscope's carries gzipped pprof.
+            client: ProfilesServiceClient::new(grpc.channel.clone())
+                .send_compressed(CompressionEncoding::Gzip),
             grpc,
             annotated,
             partial_rejections: 0,
