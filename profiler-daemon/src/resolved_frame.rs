@@ -23,6 +23,9 @@ pub struct ResolvedFrame {
     pub lines: Vec<SourceLine>,
     /// The file the address is in (its path in the process's namespace), if any.
     pub module: Option<Arc<str>>,
+    /// That file's GNU build-id in hex, as the file claims it: shown in profiles (mappings),
+    /// never a key to anything.
+    pub build_id: Option<Arc<str>>,
 }
 
 impl ResolvedFrame {
@@ -36,7 +39,14 @@ impl ResolvedFrame {
                 line: 0,
             }],
             module,
+            build_id: None,
         }
+    }
+
+    /// This frame with its module's build-id.
+    pub fn with_build_id(mut self, build_id: Option<Arc<str>>) -> Self {
+        self.build_id = build_id;
+        self
     }
 
     pub fn function(&self) -> &str {

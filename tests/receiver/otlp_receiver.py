@@ -8,8 +8,9 @@ PyPI's opentelemetry-proto generated from the official .proto files, on grpcio (
 Each request is checked as a receiver must read it (every table of the dictionary starts with
 its zero value, every index is in range, every sample has one value per the profile's single
 sample type) and appended to <record-dir>/requests.jsonl: the headers, and per resource its
-attributes and its profiles, each with its sample type, period, and its stacks resolved through
-the dictionary to "function|frame type" names (innermost first) with their values. What the
+attributes, its profiles (each with its sample type, period, and its stacks resolved through
+the dictionary to "function|frame type" names, innermost first, with their values) and the
+files its frames are in, with their build-ids. What the
 checks found wrong goes in the record's "errors" list.
 
 Prints "listening on <port>" once it accepts connections.
@@ -54,6 +55,8 @@ class Request:
                 self.errors.append(f"{table}[0] is not the zero value")
         if not d.string_table or d.string_table[0] != "":
             self.errors.append('string_table[0] is not ""')
+        # The files (and build-ids) the frames of the resource being read are in.
+        self.mappings = set()
         self.resources = [self.resource(r) for r in request.resource_profiles]
 
     def entry(self, table, index):
@@ -75,6 +78,15 @@ class Request:
         for line in location.lines:
             function = self.entry("function_table", line.function_index)
             names.append("?" if function is None else self.string(function.name_strindex))
+        if location.mapping_index != 0:
+            mapping = self.entry("mapping_table", location.mapping_index)
+            if mapping is not None:
+                build_id = ""
+                for index in mapping.attribute_indices:
+                    attribute = self.entry("attribute_table", index)
+                    if attribute is not None and self.string(attribute.key_strindex) == "process.executable.build_id.gnu":
+                        build_id = any_value(attribute.value)
+                self.mappings.add((self.string(mapping.filename_strindex), build_id))
         frame_type = ""
         for index in location.attribute_indices:
             attribute = self.entry("attribute_table", index)
@@ -112,10 +124,16 @@ class Request:
         }
         profiles = []
         scopes = []
+        self.mappings = set()
         for scope_profiles in resource_profiles.scope_profiles:
             scopes.append([scope_profiles.scope.name, scope_profiles.scope.version])
             profiles.extend(self.profile(p) for p in scope_profiles.profiles)
-        return {"attributes": attributes, "scopes": scopes, "profiles": profiles}
+        return {
+            "attributes": attributes,
+            "scopes": scopes,
+            "profiles": profiles,
+            "mappings": sorted(self.mappings),
+        }
 
 
 def main():

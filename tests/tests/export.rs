@@ -751,6 +751,8 @@ struct OtlpReceived {
     frames: std::collections::BTreeSet<String>,
     /// How many times each profile start arrived (once per sample type).
     starts: std::collections::BTreeMap<u64, usize>,
+    /// The files its frames are in, with their build-ids.
+    mappings: std::collections::BTreeSet<(String, String)>,
 }
 
 fn otlp_received(records: &[serde_json::Value], pid: u32) -> OtlpReceived {
@@ -759,6 +761,10 @@ fn otlp_received(records: &[serde_json::Value], pid: u32) -> OtlpReceived {
         for resource in record["resources"].as_array().expect("resources") {
             if resource["attributes"]["process.pid"].as_i64() != Some(i64::from(pid)) {
                 continue;
+            }
+            for mapping in resource["mappings"].as_array().expect("mappings") {
+                let field = |i: usize| mapping[i].as_str().expect("a string").to_owned();
+                received.mappings.insert((field(0), field(1)));
             }
             for profile in resource["profiles"].as_array().expect("profiles") {
                 let start = profile["time_unix_nano"].as_u64().expect("start");
@@ -903,6 +909,19 @@ fn otlp_profiles_reach_a_receiver_of_the_official_protos_across_an_outage() {
             .collect();
         assert_eq!(service_names, [service].into());
     }
+    // The native program's frames are in its file, whose build-id (gcc's sha1 note) comes along.
+    let native_received = otlp_received(&records, native.pid());
+    eprintln!("native_split's mappings: {:?}", native_received.mappings);
+    assert!(
+        native_received
+            .mappings
+            .iter()
+            .any(|(file, build_id)| file.ends_with("/native_split")
+                && build_id.len() == 40
+                && build_id.chars().all(|c| c.is_ascii_hexdigit())),
+        "{:?}",
+        native_received.mappings
+    );
     let java = otlp_received(&records, java.pid());
     assert!(
         java.frames

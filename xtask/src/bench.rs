@@ -109,6 +109,8 @@ enum Section {
     Overhead,
     /// 2: the BPF program's run time per sample.
     Bpf,
+    /// 6: what exporting to Pyroscope and OTLP costs, side by side.
+    Export,
     /// 7: what off-CPU profiling costs a program that switches often.
     OffCpu,
     /// 8: what allocation profiling costs a program that allocates about 1 GB/s.
@@ -194,6 +196,7 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
         Some(Section::OffCpu) => return run_off_cpu_section(&bench, args),
         Some(Section::Alloc) => return run_alloc_section(&bench, args),
         Some(Section::Lock) => return run_lock_section(&bench, args),
+        Some(Section::Export) => return run_export_section(&bench, args),
         None => {}
     }
 
@@ -281,6 +284,18 @@ fn run_lock_section(bench: &Bench, args: &BenchArgs) -> Result<()> {
     cost.rows(&mut rows, &mut notes);
     let method = format!("\n## How it measures\n\n{}\n", cost.method());
     write_section(bench, args, "lock", &rows, &notes, &method)
+}
+
+/// Section 6 alone, with section 3's small JVMs; written to target/bench/.
+fn run_export_section(bench: &Bench, args: &BenchArgs) -> Result<()> {
+    let export = bench.with_small_jvms(|bench, pids| bench.measure_export(pids))?;
+    let mut rows = Vec::new();
+    export.rows(&mut rows);
+    let method = format!(
+        "\n## How it measures\n\n{}\n",
+        export::method(bench.plan.cost_window)
+    );
+    write_section(bench, args, "export", &rows, &[], &method)
 }
 
 /// Section 1 alone; written to target/bench/.

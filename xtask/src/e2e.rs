@@ -1,5 +1,7 @@
-//! The end-to-end test groups (tests/tests/*.rs): found, run one at a time, timed, and, when one
-//! fails, its panic messages repeated at the end of the output, where a CI log's tail shows them.
+//! How `cargo xtask test` builds and runs: everything built in one cargo selection (one feature
+//! set, so nothing is built twice), the end-to-end groups (tests/tests/*.rs) run one at a time
+//! from their executables, each timed, and a failed group's panic messages repeated at the end
+//! of the output, where a CI log's tail shows them.
 
 use std::io::{BufRead as _, BufReader, Read, Write as _};
 use std::path::{Path, PathBuf};

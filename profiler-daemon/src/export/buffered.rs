@@ -43,7 +43,7 @@ pub struct Delivered {
 pub enum SendFailure {
     /// Worth retrying: the backend is down, slow, overloaded, or refused our credentials (which
     /// an operator may fix without restarting us). `hint` says what to check, if anything.
-    Retry { error: String, hint: &'static str },
+    Retry { error: String, hint: String },
     /// The backend will never take these batches (a malformed profile, for instance).
     Refused { error: String },
 }
@@ -310,7 +310,7 @@ mod tests {
                 self.failures -= 1;
                 return Err(SendFailure::Retry {
                     error: "down".into(),
-                    hint: "",
+                    hint: String::new(),
                 });
             }
             if batches.iter().any(|b| b.0 == 13) {

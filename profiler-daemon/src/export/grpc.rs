@@ -168,28 +168,21 @@ fn describe(status: &tonic::Status) -> String {
 }
 
 /// What the operator most likely has to fix, from the failure.
-fn hint(section: &str, status: &tonic::Status, described: &str) -> &'static str {
-    let pyroscope = section == "pyroscope";
+fn hint(section: &str, status: &tonic::Status, described: &str) -> String {
     match status.code() {
-        Code::Unauthenticated | Code::PermissionDenied if pyroscope => {
-            " (check the [pyroscope] credentials and tenant_id)"
-        }
         Code::Unauthenticated | Code::PermissionDenied => {
-            " (check the [otlp] credentials and tenant_id)"
-        }
-        _ if described.contains("invalid peer certificate") && pyroscope => {
-            " (the server's certificate is not trusted: set [pyroscope] ca_file to its CA)"
+            format!(" (check the [{section}] credentials and tenant_id)")
         }
         _ if described.contains("invalid peer certificate") => {
-            " (the server's certificate is not trusted: set [otlp] ca_file to its CA)"
+            format!(" (the server's certificate is not trusted: set [{section}] ca_file to its CA)")
         }
         // A TLS client reading a plaintext answer, or the other way round.
         _ if described.contains("InvalidContentType")
             || described.contains("frame with invalid size") =>
         {
-            " (TLS mismatch: check http:// versus https:// in the url)"
+            " (TLS mismatch: check http:// versus https:// in the url)".to_owned()
         }
-        _ => "",
+        _ => String::new(),
     }
 }
 

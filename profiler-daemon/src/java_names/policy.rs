@@ -48,6 +48,7 @@ impl Named {
             frame: ResolvedFrame {
                 lines: lines.into_iter().map(|(line, _)| line).collect(),
                 module: None,
+                build_id: None,
             },
             unnamed,
             from_sidecar,

@@ -217,6 +217,7 @@ mod tests {
                 },
             ],
             module: None,
+            build_id: None,
         };
         let main = ResolvedFrame::named("main", None);
         let leaf = builder.location(LocationKey::User(1), 1, &leaf);

@@ -52,6 +52,8 @@ pub struct ProfileBuilder {
     profile: proto::Profile,
     strings: HashMap<String, i64>,
     functions: HashMap<(i64, i64, i64), u64>,
+    /// (file, build-id) string indices -> mapping id.
+    mappings: HashMap<(i64, i64), u64>,
     locations: HashMap<LocationKey, u64>,
     period_ns: i64,
 }
@@ -124,6 +126,7 @@ impl ProfileBuilder {
             profile: proto::Profile::default(),
             strings: HashMap::new(),
             functions: HashMap::new(),
+            mappings: HashMap::new(),
             locations: HashMap::new(),
             period_ns,
         };
@@ -151,11 +154,17 @@ impl ProfileBuilder {
             .iter()
             .map(|f| ((f.name, f.system_name, f.filename), f.id))
             .collect();
+        let mappings = profile
+            .mapping
+            .iter()
+            .map(|m| ((m.filename, m.build_id), m.id))
+            .collect();
         Self {
             period_ns: profile.period,
             profile,
             strings,
             functions,
+            mappings,
             locations: HashMap::new(),
         }
     }
@@ -206,6 +215,32 @@ impl ProfileBuilder {
         id
     }
 
+    /// The mapping id of the file `module` with `build_id`: one mapping per file, so a reader
+    /// sees which binary each frame is in (and can find its symbols by build-id). Addresses are
+    /// not given ranges: a profile covers processes whose files map at different addresses,
+    /// and its frames are already named (`has_functions`).
+    fn mapping(&mut self, module: &str, build_id: Option<&str>) -> u64 {
+        let key = (self.string(module), self.string(build_id.unwrap_or("")));
+        if let Some(&id) = self.mappings.get(&key) {
+            return id;
+        }
+        let id = self.profile.mapping.len() as u64 + 1;
+        self.profile.mapping.push(proto::Mapping {
+            id,
+            memory_start: 0,
+            memory_limit: 0,
+            file_offset: 0,
+            filename: key.0,
+            build_id: key.1,
+            has_functions: true,
+            has_filenames: true,
+            has_line_numbers: true,
+            has_inline_frames: true,
+        });
+        self.mappings.insert(key, id);
+        id
+    }
+
     /// The location id for `key`, creating it from `frame` the first time.
     pub fn location(&mut self, key: LocationKey, address: u64, frame: &ResolvedFrame) -> u64 {
         self.location_with(key, address, || frame.clone())
@@ -235,10 +270,14 @@ impl ProfileBuilder {
                 column: 0,
             })
             .collect();
+        let mapping_id = match &frame.module {
+            Some(module) => self.mapping(module, frame.build_id.as_deref()),
+            None => 0,
+        };
         let id = self.profile.location.len() as u64 + 1;
         self.profile.location.push(proto::Location {
             id,
-            mapping_id: 0,
+            mapping_id,
             address,
             line: lines,
             is_folded: false,
@@ -310,6 +349,7 @@ impl ProfileBuilder {
 mod tests {
     use super::*;
     use crate::pprof::{decode, encode_gzipped};
+    use std::sync::Arc;
 
     #[test]
     fn builds_a_cpu_profile_that_round_trips() {
@@ -362,6 +402,36 @@ mod tests {
     }
 
     #[test]
+    fn frames_of_one_file_share_its_mapping_and_build_id() {
+        let mut builder = ProfileBuilder::new_cpu(100, SystemTime::UNIX_EPOCH, Duration::ZERO);
+        let libc: Option<Arc<str>> = Some(Arc::from("/usr/lib/libc.so.6"));
+        let build_id: Option<Arc<str>> = Some(Arc::from("0123456789abcdef0123"));
+        let memcpy = ResolvedFrame::named("memcpy", libc.clone()).with_build_id(build_id.clone());
+        let strlen = ResolvedFrame::named("strlen", libc).with_build_id(build_id);
+        let java = ResolvedFrame::named("Main.main_[j]", None);
+        let ids = [
+            builder.location(LocationKey::User(1), 1, &memcpy),
+            builder.location(LocationKey::User(2), 2, &strlen),
+            builder.location(LocationKey::User(3), 3, &java),
+        ];
+        let profile = builder.finish();
+        let mapping_of = |id: u64| profile.location[id as usize - 1].mapping_id;
+        assert_eq!(profile.mapping.len(), 1);
+        assert_eq!(mapping_of(ids[0]), profile.mapping[0].id);
+        assert_eq!(mapping_of(ids[1]), profile.mapping[0].id);
+        assert_eq!(mapping_of(ids[2]), 0, "a frame of no file has no mapping");
+        let text = |index: i64| profile.string_table[index as usize].as_str();
+        assert_eq!(text(profile.mapping[0].filename), "/usr/lib/libc.so.6");
+        assert_eq!(text(profile.mapping[0].build_id), "0123456789abcdef0123");
+        // Resumed (Pyroscope's variant), the mapping is found again, not made twice.
+        let mut resumed = ProfileBuilder::resume(profile);
+        let again = ResolvedFrame::named("memset", Some(Arc::from("/usr/lib/libc.so.6")))
+            .with_build_id(Some(Arc::from("0123456789abcdef0123")));
+        resumed.location(LocationKey::ThreadRoot(9), 4, &again);
+        assert_eq!(resumed.finish().mapping.len(), 1);
+    }
+
+    #[test]
     fn strings_a_process_chose_enter_the_table_printable() {
         let mut builder = ProfileBuilder::new_cpu(100, SystemTime::UNIX_EPOCH, Duration::ZERO);
         let frame = ResolvedFrame {
@@ -372,6 +442,7 @@ mod tests {
                 line: 1,
             }],
             module: None,
+            build_id: None,
         };
         let leaf = builder.location(LocationKey::User(1), 1, &frame);
         builder.add_sample(

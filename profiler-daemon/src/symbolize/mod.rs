@@ -55,7 +55,11 @@ fn from_blazesym(
                 file: sym.code_info.as_deref().map(file_of),
                 line: sym.code_info.as_ref().and_then(|i| i.line).unwrap_or(0),
             });
-            ResolvedFrame { lines, module }
+            ResolvedFrame {
+                lines,
+                module,
+                build_id: None,
+            }
         }
         Symbolized::Unknown(_) => ResolvedFrame::named(fallback(), module),
     }

@@ -64,6 +64,8 @@ struct Binary {
     module: Arc<str>,
     /// Its separate debug file, when it has no usable DWARF of its own and the host has one.
     debug_file: Option<DebugFile>,
+    /// Its GNU build-id in hex, for the profiles' mappings (see [`shown_build_id`]).
+    build_id: Option<Arc<str>>,
     /// Its own symbolizer (mapped file, parsed symbols and DWARF), while cached.
     symbolizer: Option<Symbolizer>,
     /// File offset -> frame, while cached.
@@ -308,10 +310,10 @@ impl NativeSymbolizer {
             inode: *inode,
         };
         let Ok(file) = process.open_mapped_file(mapping) else {
-            return self.intern(unopened, module, false, None);
+            return self.intern(unopened, module, false, None, None);
         };
         let Ok(stamp) = FileStamp::of(&file) else {
-            return self.intern(unopened, module, false, None);
+            return self.intern(unopened, module, false, None, None);
         };
         if let Some(&id) = self.by_stamp.get(&(stamp, module.clone())) {
             return id;
@@ -342,9 +344,10 @@ impl NativeSymbolizer {
                         .names_key(&file, &self.secret, &module, debug_syms)
                         .map_or(BinaryKey::File(stamp), BinaryKey::Names),
                 };
-                self.intern(key, module.clone(), debug_syms, debug_file)
+                let build_id = facts.build_id.as_deref().and_then(shown_build_id);
+                self.intern(key, module.clone(), debug_syms, debug_file, build_id)
             }
-            Err(_) => self.intern(BinaryKey::File(stamp), module.clone(), false, None),
+            Err(_) => self.intern(BinaryKey::File(stamp), module.clone(), false, None, None),
         };
         tracing::debug!(
             pid = process.pid,
@@ -364,6 +367,7 @@ impl NativeSymbolizer {
         module: Arc<str>,
         debug_syms: bool,
         debug_file: Option<DebugFile>,
+        build_id: Option<Arc<str>>,
     ) -> u32 {
         let next_id = self.binaries.len() as u32;
         let id = *self.keys.entry(key).or_insert(next_id);
@@ -373,6 +377,7 @@ impl NativeSymbolizer {
                 debug_syms,
                 module,
                 debug_file,
+                build_id,
                 symbolizer: None,
                 frames: HashMap::new(),
                 charged: 0,
@@ -412,15 +417,15 @@ impl NativeSymbolizer {
         let entry = &self.binaries[binary as usize];
         debug_assert_eq!(entry.id, binary);
         let module = entry.module.clone();
+        let build_id = entry.build_id.clone();
         let debug_syms = entry.debug_syms;
         let named_by_offset = || {
             offsets
                 .iter()
                 .map(|offset| {
-                    Arc::new(ResolvedFrame::named(
-                        module_offset(&module, *offset),
-                        Some(module.clone()),
-                    ))
+                    let frame =
+                        ResolvedFrame::named(module_offset(&module, *offset), Some(module.clone()));
+                    Arc::new(frame.with_build_id(build_id.clone()))
                 })
                 .collect()
         };
@@ -463,9 +468,10 @@ impl NativeSymbolizer {
                 .iter()
                 .zip(results.iter())
                 .map(|(offset, result)| {
-                    Arc::new(from_blazesym(result, Some(module.clone()), || {
+                    let frame = from_blazesym(result, Some(module.clone()), || {
                         module_offset(&module, *offset)
-                    }))
+                    });
+                    Arc::new(frame.with_build_id(build_id.clone()))
                 })
                 .collect(),
             Err(err) => {
@@ -474,6 +480,16 @@ impl NativeSymbolizer {
             }
         }
     }
+}
+
+/// A build-id as profiles show it: hex, if its length is one a linker writes (8 to 64 bytes;
+/// GNU ld's sha1 is 20). A file claims it; another length is not shown.
+fn shown_build_id(build_id: &[u8]) -> Option<Arc<str>> {
+    if !(8..=64).contains(&build_id.len()) {
+        return None;
+    }
+    let hex: String = build_id.iter().map(|byte| format!("{byte:02x}")).collect();
+    Some(Arc::from(hex))
 }
 
 /// The stamp of `path` if it is a regular file with build-id `build_id` whose DWARF fits
@@ -716,6 +732,7 @@ mod tests {
                 debug_syms: false,
                 module: Arc::from("/m"),
                 debug_file: None,
+                build_id: None,
                 symbolizer: None,
                 frames: HashMap::new(),
                 charged,

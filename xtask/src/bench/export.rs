@@ -271,6 +271,26 @@ impl Bench {
     }
 }
 
+/// How section 6 measures, for the report (`cost_window`: section 3's window).
+pub(super) fn method(cost_window: Duration) -> String {
+    format!(
+        "6. The daemon profiles section 3's small JVMs at {EXPORT_HZ} Hz with a \
+         {EXPORT_INTERVAL_SECS} s interval and exports to the tests' Pyroscope stand-in \
+         (`tests/receiver/pyroscope_receiver.py`: Python grpcio, writing every profile it \
+         receives to disk, so it is the slower side), measured for {} s as in section 3 (export \
+         counters from `/metrics`). Then the receiver is killed until the queue is at its bound \
+         (`queue_max_profiles = {QUEUE_BOUND}`) and has dropped a profile (RSS as `VmRSS`, queue \
+         bytes from `profiler_export_queue_bytes`), started again on the same port, and the \
+         time until the profiles queued at that moment are delivered is taken from the live \
+         export counters, polled every 10 ms. Then a daemon exporting OTLP profiles to the \
+         tests' OTLP receiver (`tests/receiver/otlp_receiver.py`: Python grpcio on the official \
+         stubs, reading every request through its dictionary) profiles the same JVMs for the \
+         same window. `cargo xtask bench --section export` runs this section alone (its JVMs \
+         started and warmed up as in section 3).",
+        cost_window.as_secs()
+    )
+}
+
 /// Scrapes every [`FINE_POLL`] until `done` holds; returns that scrape.
 fn wait_for(
     address: std::net::SocketAddr,

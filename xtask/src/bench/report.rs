@@ -361,18 +361,7 @@ impl Report {
              loss = 1 - with/without over {agent_pairs} pairs (a fresh JVM cannot be switched: \
              this is the old, coarse method), RSS as the JVM's `VmHWM`, and the agent's records \
              file size.\n\
-             6. The daemon profiles section 3's small JVMs at 99 Hz with a 1 s interval and \
-             exports to the tests' Pyroscope stand-in (`tests/receiver/pyroscope_receiver.py`: \
-             Python grpcio, writing every profile it receives to disk, so it is the slower \
-             side), measured for {cost_window} s as in section 3 (export counters from \
-             `/metrics`). Then the receiver is killed until the queue is at its bound \
-             (`queue_max_profiles = 200`) and has dropped a profile (RSS as `VmRSS`, queue \
-             bytes from `profiler_export_queue_bytes`), started again on the same port, and the \
-             time until the profiles queued at that moment are delivered is taken from the \
-             live export counters, polled every 10 ms. Then a daemon exporting OTLP profiles \
-             to the tests' OTLP receiver (`tests/receiver/otlp_receiver.py`: Python grpcio on \
-             the official stubs, reading every request through its dictionary) profiles the \
-             same JVMs for the same window.\n\
+             {export_method}\n\
              7. `xtask/bench/pingpong.c` (two threads passing a byte through two pipes, both \
              pinned to one CPU: two context switches per round trip, each in its critical \
              path) for {window} s under a fresh whole-host daemon at 99 Hz without `--off-cpu` \
@@ -393,6 +382,7 @@ impl Report {
             section2 = bpf_method(p, self.cpus),
             cost = COST_INTERVAL_SECS,
             cost_window = p.cost_window.as_secs(),
+            export_method = export::method(p.cost_window),
             small = SMALL_JVM_FLAGS.join(" "),
         )
     }

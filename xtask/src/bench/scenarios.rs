@@ -619,6 +619,17 @@ impl Bench {
     // ---- sections 3 and 4 ----
 
     /// Sections 3 and 4, and `while_small_jvms_run` (section 6) with the small JVMs' pids.
+    /// Runs `measure` while section 3's small JVMs run (started and warmed up here).
+    pub(super) fn with_small_jvms<T>(
+        &self,
+        measure: impl FnOnce(&Self, &[u32]) -> Result<T>,
+    ) -> Result<T> {
+        let many = self.start_small_jvms(&self.jdks[0])?;
+        thread::sleep(self.plan.warmup);
+        let pids: Vec<u32> = many.iter().map(Workload::pid).collect();
+        measure(self, &pids)
+    }
+
     pub(super) fn measure_daemon_costs<T>(
         &self,
         while_small_jvms_run: impl FnOnce(&Self, &[u32]) -> Result<T>,

@@ -12,6 +12,8 @@ use crate::pprof::proto as pprof;
 
 /// The attribute naming a frame's runtime, as the semantic conventions name it.
 const FRAME_TYPE: &str = "profile.frame.type";
+/// A mapping's GNU build-id (hex), as the semantic conventions name it.
+const BUILD_ID: &str = "process.executable.build_id.gnu";
 
 /// What ran a frame, as `profile.frame.type` says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -56,6 +58,7 @@ fn split_kind(name: &str, annotated: bool) -> (&str, Option<FrameType>) {
 
 #[derive(PartialEq, Eq, Hash)]
 struct LocationKey {
+    mapping_index: i32,
     address: u64,
     /// (function index, line) per line, innermost first.
     lines: Vec<(i32, i64)>,
@@ -70,7 +73,10 @@ pub struct Dictionary {
     functions: HashMap<(i32, i32, i32), i32>,
     locations: HashMap<LocationKey, i32>,
     stacks: HashMap<Vec<i32>, i32>,
-    frame_types: HashMap<FrameType, i32>,
+    /// (file, build-id) string indices -> mapping index.
+    mappings: HashMap<(i32, i32), i32>,
+    /// (key, value) -> attribute index.
+    attributes: HashMap<(&'static str, String), i32>,
 }
 
 impl Default for Dictionary {
@@ -91,7 +97,8 @@ impl Default for Dictionary {
             functions: HashMap::new(),
             locations: HashMap::new(),
             stacks: HashMap::new(),
-            frame_types: HashMap::new(),
+            mappings: HashMap::new(),
+            attributes: HashMap::new(),
         }
     }
 }
@@ -117,20 +124,42 @@ impl Dictionary {
         index
     }
 
-    fn frame_type(&mut self, frame_type: FrameType) -> i32 {
-        if let Some(&index) = self.frame_types.get(&frame_type) {
+    /// The index of the string attribute `key` = `value`.
+    fn attribute(&mut self, key: &'static str, value: &str) -> i32 {
+        if let Some(&index) = self.attributes.get(&(key, value.to_owned())) {
             return index;
         }
-        let key_strindex = self.string(FRAME_TYPE);
+        let key_strindex = self.string(key);
         let index = next_index(self.tables.attribute_table.len());
         self.tables.attribute_table.push(otlp::KeyValueAndUnit {
             key_strindex,
             value: Some(AnyValue {
-                value: Some(any_value::Value::StringValue(frame_type.name().to_owned())),
+                value: Some(any_value::Value::StringValue(value.to_owned())),
             }),
             unit_strindex: 0,
         });
-        self.frame_types.insert(frame_type, index);
+        self.attributes.insert((key, value.to_owned()), index);
+        index
+    }
+
+    /// The index of the mapping of the file `file`, with its build-id if known.
+    fn mapping(&mut self, file: &str, build_id: &str) -> i32 {
+        let key = (self.string(file), self.string(build_id));
+        if let Some(&index) = self.mappings.get(&key) {
+            return index;
+        }
+        let attribute_indices = if build_id.is_empty() {
+            Vec::new()
+        } else {
+            vec![self.attribute(BUILD_ID, build_id)]
+        };
+        let index = next_index(self.tables.mapping_table.len());
+        self.tables.mapping_table.push(otlp::Mapping {
+            filename_strindex: key.0,
+            attribute_indices,
+            ..Default::default()
+        });
+        self.mappings.insert(key, index);
         index
     }
 
@@ -164,6 +193,8 @@ impl Dictionary {
         };
         let function_by_id: HashMap<u64, &pprof::Function> =
             profile.function.iter().map(|f| (f.id, f)).collect();
+        let mapping_by_id: HashMap<u64, &pprof::Mapping> =
+            profile.mapping.iter().map(|m| (m.id, m)).collect();
         profile
             .location
             .iter()
@@ -184,7 +215,11 @@ impl Dictionary {
                     let index = self.function(name, system_name, text(function.filename));
                     lines.push((index, line.line));
                 }
+                let mapping_index = mapping_by_id
+                    .get(&location.mapping_id)
+                    .map_or(0, |m| self.mapping(text(m.filename), text(m.build_id)));
                 self.location(LocationKey {
+                    mapping_index,
                     address: location.address,
                     lines,
                     frame_type,
@@ -198,12 +233,12 @@ impl Dictionary {
             return index;
         }
         let attribute_indices = match key.frame_type {
-            Some(frame_type) => vec![self.frame_type(frame_type)],
+            Some(frame_type) => vec![self.attribute(FRAME_TYPE, frame_type.name())],
             None => Vec::new(),
         };
         let index = next_index(self.tables.location_table.len());
         self.tables.location_table.push(otlp::Location {
-            mapping_index: 0,
+            mapping_index: key.mapping_index,
             address: key.address,
             lines: key
                 .lines
@@ -319,6 +354,7 @@ mod tests {
             &ResolvedFrame {
                 lines: vec![line("Work.inner_[i]", 7), line("Work.outer_[j]", 3)],
                 module: None,
+                build_id: None,
             },
         );
         let interpreted = builder.location(
@@ -329,7 +365,8 @@ mod tests {
         let native = builder.location(
             PprofKey::User(0x3000),
             0x3000,
-            &ResolvedFrame::named("memcpy", None),
+            &ResolvedFrame::named("memcpy", Some("/usr/lib/libc.so.6".into()))
+                .with_build_id(Some("00112233445566778899aabbccddeeff00112233".into())),
         );
         let kernel = builder.location(
             PprofKey::Kernel(0x4000),
