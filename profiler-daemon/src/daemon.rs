@@ -309,6 +309,7 @@ async fn build_sinks(
             otlp,
             config.threads,
             config.annotate_frames,
+            config.kubernetes_node.as_deref(),
             metrics.export.clone(),
             &mut tasks,
         )?;

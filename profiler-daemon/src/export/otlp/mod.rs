@@ -111,11 +111,14 @@ pub struct OtlpSink {
 impl OtlpSink {
     /// Starts the delivery task; connects lazily, so an unreachable receiver is not an error.
     /// `threads` is how exported stacks show their thread; `annotated` whether frame names
-    /// carry their kind's suffix (`annotate_frames`), from which frame types are told.
+    /// carry their kind's suffix (`annotate_frames`), from which frame types are told;
+    /// `node` the Kubernetes node the daemon watches, the host's name in a pod (whose own
+    /// host name is the pod's).
     pub fn start(
         config: &RemoteConfig,
         threads: ThreadRoots,
         annotated: bool,
+        node: Option<&str>,
         counters: Arc<ExportCounters>,
         tasks: &mut SinkTasks,
     ) -> Result<Self, ExporterError> {
@@ -138,10 +141,13 @@ impl OtlpSink {
             &counters,
             tasks,
         );
-        let host_name = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .ok()
-            .map(|name| name.trim().to_owned())
-            .filter(|name| !name.is_empty());
+        let host_name = match node {
+            Some(node) => Some(node.to_owned()),
+            None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|name| name.trim().to_owned())
+                .filter(|name| !name.is_empty()),
+        };
         Ok(Self {
             buffered,
             threads,
