@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! Worker --> PyroscopeSink --batches by label set--> BufferedSink: queue --> delivery task
-//!        \--> OtlpSink --one batch per process------> BufferedSink: queue --> delivery task
+//!        \--> OtlpSink --one batch per interval-----> BufferedSink: queue --> delivery task
 //!        \--> StreamSink --each profile--> broadcast --> one task per stream subscriber
 //! ```
 //! The worker never waits on either: a remote sink's queue drops its oldest batch when full

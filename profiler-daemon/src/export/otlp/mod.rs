@@ -1,6 +1,7 @@
 //! The OTLP profiles sink: each process's profile of an interval (Pyroscope's variant: no
 //! sample labels, threads as the `threads` setting says) becomes OTLP profiles of one resource
-//! (the process, with semantic-convention attributes), sent with
+//! (the process, with semantic-convention attributes); an interval's are queued as one batch and
+//! sent with
 //! `opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export` through the
 //! buffered sink (`export::buffered`). A request's profiles share one dictionary (`convert`).
 
@@ -48,20 +49,26 @@ const ATTRIBUTE_OF_LABEL: [(&str, &str); 7] = [
 ];
 
 /// One process's profile of one interval, with its resource's attributes.
-pub struct OtlpBatch {
+struct ProcessProfile {
     attributes: Vec<KeyValue>,
     profile: pprof::Profile,
     /// The pprof's encoded size: what the queue's byte bound counts.
     bytes: usize,
 }
 
+/// One interval's profiles: queued, sent and dropped together, so that an interval is one
+/// request whose processes share the dictionary.
+pub struct OtlpBatch {
+    processes: Vec<ProcessProfile>,
+}
+
 impl QueuedBatch for OtlpBatch {
     fn profiles(&self) -> usize {
-        1
+        self.processes.len()
     }
 
     fn bytes(&self) -> usize {
-        self.bytes
+        self.processes.iter().map(|process| process.bytes).sum()
     }
 }
 
@@ -101,11 +108,12 @@ fn resource_attributes(profile: &SinkProfile<'_>, host_name: Option<&str>) -> Ve
     attributes
 }
 
-/// OTLP as a sink: each profile goes to the queue as it comes.
+/// OTLP as a sink: each interval's profiles go to the queue as one batch.
 pub struct OtlpSink {
     buffered: BufferedSink<OtlpBatch>,
     threads: ThreadRoots,
     host_name: Option<String>,
+    interval: Vec<ProcessProfile>,
 }
 
 impl OtlpSink {
@@ -152,6 +160,7 @@ impl OtlpSink {
             buffered,
             threads,
             host_name,
+            interval: Vec::new(),
         })
     }
 }
@@ -163,11 +172,18 @@ impl Sink for OtlpSink {
 
     fn accept(&mut self, profile: &SinkProfile<'_>) {
         let exported = export_profile(profile.built, self.threads);
-        self.buffered.push(OtlpBatch {
+        self.interval.push(ProcessProfile {
             attributes: resource_attributes(profile, self.host_name.as_deref()),
             bytes: exported.encoded_len(),
             profile: exported,
         });
+    }
+
+    fn end_interval(&mut self) {
+        if !self.interval.is_empty() {
+            let processes = std::mem::take(&mut self.interval);
+            self.buffered.push(OtlpBatch { processes });
+        }
     }
 }
 
@@ -208,7 +224,7 @@ impl Transport for OtlpTransport {
     }
 }
 
-/// One resource per batch (a process's interval), one dictionary for the request.
+/// One resource per process and interval, one dictionary for the request.
 fn export_request(batches: &[Arc<OtlpBatch>], annotated: bool) -> ExportProfilesServiceRequest {
     let mut dictionary = convert::Dictionary::default();
     let scope = InstrumentationScope {
@@ -218,14 +234,15 @@ fn export_request(batches: &[Arc<OtlpBatch>], annotated: bool) -> ExportProfiles
     };
     let resource_profiles = batches
         .iter()
-        .map(|batch| ResourceProfiles {
+        .flat_map(|batch| &batch.processes)
+        .map(|process| ResourceProfiles {
             resource: Some(Resource {
-                attributes: batch.attributes.clone(),
+                attributes: process.attributes.clone(),
                 ..Default::default()
             }),
             scope_profiles: vec![ScopeProfiles {
                 scope: Some(scope.clone()),
-                profiles: dictionary.profiles(&batch.profile, annotated),
+                profiles: dictionary.profiles(&process.profile, annotated),
                 schema_url: String::new(),
             }],
             schema_url: String::new(),
