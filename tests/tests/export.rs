@@ -787,17 +787,30 @@ fn otlp_received(records: &[serde_json::Value], pid: u32) -> OtlpReceived {
     received
 }
 
-/// The local profiles' totals per start and sample type, as `OtlpReceived::totals`.
-fn local_totals(out: &Path, pid: u32) -> std::collections::BTreeMap<(u64, String), i64> {
+/// The local profiles' totals per start and sample type, as `OtlpReceived::totals`, and how
+/// many sample types each start has (CPU and off-CPU profiles of an interval share it).
+fn local_totals(
+    out: &Path,
+    pid: u32,
+) -> (
+    std::collections::BTreeMap<(u64, String), i64>,
+    std::collections::BTreeMap<u64, usize>,
+) {
     let mut totals = std::collections::BTreeMap::new();
+    let mut types = std::collections::BTreeMap::new();
     for (_, profile) in profiles_of(out, pid).expect("local profiles") {
+        let start = profile.time_nanos as u64;
         for (index, sample_type) in profile.sample_type.iter().enumerate() {
             let name = profile.string_table[sample_type.r#type as usize].clone();
             let total: i64 = profile.sample.iter().map(|s| s.value[index]).sum();
-            totals.insert((profile.time_nanos as u64, name), total);
+            // A type without a value has an OTLP profile but no sample to add up.
+            if total != 0 {
+                totals.insert((start, name), total);
+            }
+            *types.entry(start).or_default() += 1;
         }
     }
-    totals
+    (totals, types)
 }
 
 #[test]
@@ -824,6 +837,7 @@ fn otlp_profiles_reach_a_receiver_of_the_official_protos_across_an_outage() {
         .pids([native.pid(), java.pid()])
         .frequency(99)
         .interval(1)
+        .arg("--off-cpu")
         .no_stream()
         .output(&out)
         .start(dir.path());
@@ -867,35 +881,48 @@ fn otlp_profiles_reach_a_receiver_of_the_official_protos_across_an_outage() {
     assert_eq!(totals["dropped_at_shutdown"], 0);
     assert_eq!(totals["rejected"], 0);
 
-    for (pid, service, frame) in [
-        (native.pid(), "native_split", "hot_a|native"),
-        (java.pid(), "Spin", "Spin."),
+    // The JVM's threads wait (GC, compiler, the main thread joining): it has off-CPU
+    // profiles; the native program only runs.
+    let cpu_kinds: &[&str] = &["samples", "cpu"];
+    let all_kinds: &[&str] = &["samples", "cpu", "off_cpu", "runqueue"];
+    for (pid, service, frame, expected_kinds) in [
+        (native.pid(), "native_split", "hot_a|native", cpu_kinds),
+        (java.pid(), "Spin", "Spin.", all_kinds),
     ] {
         let received = otlp_received(&records, pid);
-        let local = local_totals(&out, pid);
+        let (local, local_types) = local_totals(&out, pid);
+        let kinds: std::collections::BTreeSet<&str> = received
+            .totals
+            .keys()
+            .map(|(_, kind)| kind.as_str())
+            .collect();
         eprintln!(
-            "{service}: {} intervals exported, {} written; {} distinct frames, e.g. {:?}",
+            "{service}: {} intervals exported, {} written; sample types {kinds:?}; {} distinct \
+             frames, e.g. {:?}",
             received.starts.len(),
-            local.len() / 2,
+            local_types.len(),
             received.frames.len(),
             received.frames.iter().take(8).collect::<Vec<_>>()
         );
-        // Every interval arrives once per sample type (samples, cpu), outage or not, and its
-        // values sum to the local profile's.
-        assert!(
-            received.starts.values().all(|&n| n == 2),
-            "{:?}",
-            received.starts
+        // Every interval arrives once per sample type of each of its profiles (CPU: samples
+        // and cpu; off-CPU: off_cpu and runqueue), outage or not, and its values sum to the
+        // local profiles'.
+        assert_eq!(
+            received.starts, local_types,
+            "{service}: one OTLP profile per type"
         );
         assert_eq!(
             received.totals, local,
             "{service}: every interval, its totals"
         );
         assert!(
-            local.len() >= 2 * 12,
-            "{service}: {} local totals",
-            local.len()
+            local_types.len() >= 12,
+            "{service}: {} intervals",
+            local_types.len()
         );
+        for kind in expected_kinds {
+            assert!(kinds.contains(kind), "{service}: {kind} among {kinds:?}");
+        }
         assert!(
             received.frames.iter().any(|name| name.contains(frame)),
             "{service}: {frame} among {:?}",
