@@ -77,9 +77,9 @@ pub struct RemoteConfig {
 #[derive(Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct RemoteFile {
-    /// `http://host:4040` (plaintext) or `https://...` (TLS).
+    /// `http://host:4040` (plaintext HTTP/2) or `https://...` (TLS).
     pub url: Option<String>,
-    /// Sent as the `X-Scope-OrgID` header (multi-tenant Pyroscope).
+    /// Sent as the `X-Scope-OrgID` header (multi-tenant Pyroscope, Grafana's OTLP gateway).
     pub tenant_id: Option<String>,
     /// Basic auth (Grafana Cloud: the stack's user id and an access token).
     pub username: Option<String>,
@@ -89,11 +89,12 @@ pub struct RemoteFile {
     pub bearer_token_file: Option<PathBuf>,
     /// Extra CA certificates (PEM) trusted besides the system's.
     pub ca_file: Option<PathBuf>,
-    /// Bound on each push in seconds (default 10).
+    /// Bound on each request in seconds (default 10).
     pub timeout_secs: Option<u64>,
-    /// Profiles kept while Pyroscope is unreachable (default 4096); the oldest go first.
+    /// Profiles kept while the backend is unreachable (default 4096); the oldest go first.
     pub queue_max_profiles: Option<usize>,
-    /// Bytes of gzipped profiles kept while unreachable (default 64 MiB).
+    /// Bytes of profiles kept while unreachable (default 64 MiB): gzipped pprof for
+    /// Pyroscope, pprof's encoded size for OTLP.
     pub queue_max_bytes: Option<usize>,
     /// Longest wait between retries in seconds (default 5).
     pub max_backoff_secs: Option<u64>,
