@@ -7,7 +7,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use crate::export::proto::profiler::v1::profile_stream_client::ProfileStreamClient;
 use crate::export::proto::profiler::v1::{ProfileMessage, SubscribeRequest};
-use crate::pprof::{decode, proto};
+use crate::pprof::{decode, proto, string_at};
 use crate::profiles::ProfileKind;
 
 /// What to do with each profile received.
@@ -117,13 +117,7 @@ fn render_top(message: &ProfileMessage, n: usize) -> anyhow::Result<String> {
 
 /// (function name, samples where it is the leaf frame), most first.
 fn self_samples_by_function(profile: &proto::Profile) -> Vec<(String, i64)> {
-    let text = |index: i64| {
-        profile
-            .string_table
-            .get(index as usize)
-            .cloned()
-            .unwrap_or_default()
-    };
+    let text = |index: i64| string_at(profile, index).to_owned();
     let functions: HashMap<u64, String> = profile
         .function
         .iter()

@@ -5,6 +5,7 @@
 use hashbrown::HashMap;
 
 use crate::pprof::proto::{Location, Profile};
+use crate::pprof::string_at;
 use crate::thread_roots::ThreadRoots;
 
 /// Hands each sample of `profile` to `add` as flame graphs read it: its frames root first
@@ -19,12 +20,7 @@ pub fn fold_samples<F: Clone>(
     mut frame: impl FnMut(&str) -> F,
     mut add: impl FnMut(&[F], u64),
 ) {
-    let string = |index: i64| {
-        profile
-            .string_table
-            .get(usize::try_from(index).unwrap_or(usize::MAX))
-            .map_or("", String::as_str)
-    };
+    let string = |index: i64| string_at(profile, index);
     let name_of = |function_id: u64| -> &str {
         profile
             .function
@@ -101,12 +97,10 @@ enum FlameValue {
 impl FlameValue {
     fn of(profile: &Profile) -> Self {
         let type_at = |name: &str| {
-            profile.sample_type.iter().position(|t| {
-                profile
-                    .string_table
-                    .get(usize::try_from(t.r#type).unwrap_or(usize::MAX))
-                    .is_some_and(|s| s == name)
-            })
+            profile
+                .sample_type
+                .iter()
+                .position(|t| string_at(profile, t.r#type) == name)
         };
         match (
             type_at(crate::pprof::ALLOC_IN_NEW_TLAB_BYTES),

@@ -24,6 +24,15 @@ use std::io::Write;
 use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
+/// The string at `index` of `profile`'s table; "" for an index out of it (a profile read back
+/// or received may hold any index).
+pub fn string_at(profile: &proto::Profile, index: i64) -> &str {
+    usize::try_from(index)
+        .ok()
+        .and_then(|index| profile.string_table.get(index))
+        .map_or("", String::as_str)
+}
+
 /// Encodes and gzips a profile.
 pub fn encode_gzipped(profile: &proto::Profile) -> std::io::Result<Vec<u8>> {
     let mut encoder = GzEncoder::new(Vec::new(), Compression::default());

@@ -8,7 +8,7 @@ use hashbrown::HashMap;
 use crate::export::proto::opentelemetry::proto::common::v1::{any_value, AnyValue};
 use crate::export::proto::opentelemetry::proto::profiles::v1development as otlp;
 use crate::frame_kind::ShownKind;
-use crate::pprof::proto as pprof;
+use crate::pprof::{proto as pprof, string_at};
 
 /// The attribute naming a frame's runtime, as the semantic conventions name it.
 const FRAME_TYPE: &str = "profile.frame.type";
@@ -185,12 +185,7 @@ impl Dictionary {
 
     /// The dictionary index of each of `profile`'s locations, by pprof location id - 1.
     fn locations(&mut self, profile: &pprof::Profile, annotated: bool) -> Vec<i32> {
-        let text = |index: i64| {
-            usize::try_from(index)
-                .ok()
-                .and_then(|index| profile.string_table.get(index))
-                .map_or("", String::as_str)
-        };
+        let text = |index: i64| string_at(profile, index);
         let function_by_id: HashMap<u64, &pprof::Function> =
             profile.function.iter().map(|f| (f.id, f)).collect();
         let mapping_by_id: HashMap<u64, &pprof::Mapping> =
@@ -272,12 +267,7 @@ impl Dictionary {
         profile: &pprof::Profile,
         value_type: &pprof::ValueType,
     ) -> otlp::ValueType {
-        let text = |index: i64| {
-            usize::try_from(index)
-                .ok()
-                .and_then(|index| profile.string_table.get(index))
-                .map_or("", String::as_str)
-        };
+        let text = |index: i64| string_at(profile, index);
         otlp::ValueType {
             type_strindex: self.string(text(value_type.r#type)),
             unit_strindex: self.string(text(value_type.unit)),
