@@ -17,11 +17,11 @@ pub const DEFAULT_QUEUE_MAX_BYTES: usize = 64 << 20;
 pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(5);
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// A remote sink's section: its name, and its fields' and flag's names as errors show them.
+/// A remote sink's section: its name (also its url's flag, `--pyroscope`), and its fields'
+/// names as errors show them.
 #[derive(Debug)]
 pub struct Section {
     pub name: &'static str,
-    pub flag: &'static str,
     url: &'static str,
     per_thread_series: &'static str,
     password: &'static str,
@@ -43,7 +43,6 @@ macro_rules! section {
     ($name:literal) => {
         Section {
             name: $name,
-            flag: $name,
             url: concat!($name, ".url"),
             per_thread_series: concat!($name, ".per_thread_series"),
             password: concat!($name, ".password"),
@@ -132,12 +131,12 @@ impl RemoteConfig {
     ) -> Result<Self, ConfigError> {
         let url = flag_url.or(file.url).ok_or_else(|| ConfigError::Invalid {
             field: section.url,
-            flag: Some(section.flag),
+            flag: Some(section.name),
             reason: format!("missing (the [{}] table needs a url)", section.name),
         })?;
         let uri: tonic::transport::Uri = url.parse().map_err(|err| ConfigError::Invalid {
             field: section.url,
-            flag: Some(section.flag),
+            flag: Some(section.name),
             reason: format!("{url:?} is not a URL ({err})"),
         })?;
         let https = match uri.scheme_str() {
@@ -146,7 +145,7 @@ impl RemoteConfig {
             _ => {
                 return Err(ConfigError::Invalid {
                     field: section.url,
-                    flag: Some(section.flag),
+                    flag: Some(section.name),
                     reason: format!("{url:?} must start with http:// or https://"),
                 })
             }
@@ -154,7 +153,7 @@ impl RemoteConfig {
         if uri.host().is_none_or(str::is_empty) {
             return Err(ConfigError::Invalid {
                 field: section.url,
-                flag: Some(section.flag),
+                flag: Some(section.name),
                 reason: format!("{url:?} has no host"),
             });
         }
