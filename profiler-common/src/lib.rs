@@ -527,6 +527,10 @@ pub struct HotspotProc {
     /// `VERIFIED_ENTRY_OFFSET`): where the prologue starts, to decode it when a sample lands
     /// there. `u16::MAX` if the layout has neither.
     pub nmethod_verified_entry: u16,
+    /// Tells this JVM from every other the daemon pushed (a new number for each JVM it makes
+    /// ready, never 0): what the walker's code blobs remembered across samples are tagged with,
+    /// where a pid would be reused by the next JVM.
+    pub instance: u32,
 }
 
 /// The cookie of an allocated class's name ([`FrameKind::AllocatedClass`]): its `Symbol*`, the

@@ -33,6 +33,8 @@ pub const UNWIND_TABLES_NOT_LOADED: &str = "profiler_unwind_tables_not_loaded_to
 pub const SYMBOL_CACHE_BYTES: &str = "profiler_symbol_cache_bytes";
 pub const SYMBOL_CACHE_LIMIT_BYTES: &str = "profiler_symbol_cache_limit_bytes";
 pub const SYMBOL_CACHE_EVICTIONS: &str = "profiler_symbol_cache_evictions_total";
+/// Labelled `state`: [`heap_state`]'s values.
+pub const HEAP_BYTES: &str = "profiler_heap_bytes";
 /// Labelled `reason`: the sidecar index's refusal reasons.
 pub const SIDECAR_RECORDS_REFUSED: &str = "profiler_sidecar_records_refused";
 pub const JAVA_PREFETCH_MISSES: &str = "profiler_java_prefetch_misses_total";
@@ -99,6 +101,14 @@ pub mod jvm_state {
     pub const PENDING: &str = "pending";
     pub const FAILED: &str = "failed";
     pub const OVER_BOUND: &str = "over_bound";
+}
+
+/// [`HEAP_BYTES`] states.
+pub mod heap_state {
+    /// Allocated by the daemon and not freed.
+    pub const IN_USE: &str = "in_use";
+    /// Freed, kept by the allocator.
+    pub const FREE: &str = "free";
 }
 
 /// [`BPF_MAP_ENTRIES`] and [`BPF_MAP_CAPACITY`] maps.

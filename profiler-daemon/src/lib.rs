@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod native_unwind;
 pub mod off_cpu;
 pub mod output;
+pub mod own_memory;
 pub mod pprof;
 pub mod printable;
 pub mod privileges;

@@ -205,6 +205,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: RunArgs) -> ExitCode {
+    profiler_daemon::own_memory::read_own_binary_as_run();
     let file = match args.config.as_deref().map(FileConfig::load).transpose() {
         Ok(file) => file.unwrap_or_default(),
         Err(err) => return usage_error(&err),

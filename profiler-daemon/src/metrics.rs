@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use profiler_common::metric::{
-    self, bpf_map, export_dropped, jvm_state, metrics_connections_closed, not_profiled,
+    self, bpf_map, export_dropped, heap_state, jvm_state, metrics_connections_closed, not_profiled,
 };
 use profiler_common::{Counter, UnwindEnd};
 use prometheus_client::collector::Collector;
@@ -441,6 +441,17 @@ fn encode_sampling(
         metric::SYMBOL_CACHE_EVICTIONS,
         "Binaries whose cached symbols were dropped to stay within the budget.",
         load(&cache.evictions),
+    )?;
+    let heap = crate::own_memory::heap_stats();
+    out.gauges(
+        metric::HEAP_BYTES,
+        "The daemon's heap as its allocator counts it: in use, and freed but kept (a resident \
+         set growing while in_use stays flat is the allocator's, not a growing structure).",
+        [
+            (heap_state::IN_USE, heap.in_use_bytes),
+            (heap_state::FREE, heap.free_bytes),
+        ]
+        .map(|(state, bytes)| (State { state }, bytes)),
     )?;
     out.gauges(
         metric::SIDECAR_RECORDS_REFUSED,

@@ -255,6 +255,9 @@ impl Worker {
         }
         self.processes.forget_exited();
         self.symbolizers.forget_exited(&self.processes);
+        // The interval's stack tables and profiles, and whatever the exited processes held, are
+        // freed now: their pages go back to the kernel rather than stay resident in the arena.
+        crate::own_memory::release_free_pages();
         let sidecars = self.symbolizers.java.sidecar_totals();
         self.counters
             .sidecar_agents

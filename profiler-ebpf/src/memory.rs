@@ -17,7 +17,9 @@ use profiler_common::cfi::{
     CfiTableIndex, Opaque, DEFAULT_CFI_BLOCKS, MAX_CFI_PROCESSES, MAX_CFI_TABLES,
 };
 use profiler_common::{JavaThreadEntry, MAX_JAVA_THREADS};
-use profiler_unwind::{JavaThreads, NativeTables, ReadError, StackWindow, UserMemory};
+use profiler_unwind::{
+    JavaThreads, NativeTables, ReadError, RecentBlobTable, RecentBlobs, StackWindow, UserMemory,
+};
 
 /// One per [`WalkSlot`](crate::WalkSlot), as the tables' caches below.
 #[map]
@@ -53,6 +55,11 @@ static CFI_BLOCKS: HashMap<u64, CfiBlock> =
 /// Rows found by earlier walks on this CPU (see `cfi::CfiRowCache`).
 #[map]
 static CFI_ROW_CACHE: PerCpuArray<CfiRowCache> =
+    PerCpuArray::with_max_entries(crate::WALK_SLOTS, 0);
+
+/// Code blobs found by earlier walks on this CPU (see `profiler_unwind::RecentBlobTable`).
+#[map]
+static RECENT_BLOBS: PerCpuArray<RecentBlobTable> =
     PerCpuArray::with_max_entries(crate::WALK_SLOTS, 0);
 
 /// A per-CPU word the table searches pass their bounds through (see `cfi::Opaque`).
@@ -171,6 +178,16 @@ impl NativeTables for CurrentTask {
             |table| unsafe { CFI_TABLES.get(&table) },
             |table, block| unsafe { CFI_BLOCKS.get(&cfi_block_key(table, block)) },
         )
+    }
+}
+
+impl RecentBlobs for CurrentTask {
+    #[inline(always)]
+    fn with_recent_blobs<R>(&self, use_table: impl FnOnce(&mut RecentBlobTable) -> R) -> Option<R> {
+        let table = RECENT_BLOBS.get_ptr_mut(self.slot)?;
+        // SAFETY: a per-CPU map value, used by one program at a time on this CPU (each walk
+        // slot has its own).
+        Some(use_table(unsafe { &mut *table }))
     }
 }
 

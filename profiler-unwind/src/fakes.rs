@@ -7,6 +7,7 @@
 //! daemon reads a JVM's, so the walker and the daemon are tested against one process.
 
 use core::mem::MaybeUninit;
+use std::cell::RefCell;
 
 use profiler_common::cfi::{find_cfi_row, CfiCache, CfiRow};
 use profiler_common::{
@@ -16,8 +17,8 @@ use profiler_common::{
 
 use crate::state::frame;
 use crate::{
-    walk_stack, FrameSink, JavaThreads, NativeTables, ReadError, StackWindow, UserMemory, UserRegs,
-    Walk,
+    walk_stack, FrameSink, JavaThreads, NativeTables, ReadError, RecentBlobTable, RecentBlobs,
+    StackWindow, UserMemory, UserRegs, Walk,
 };
 
 /// Memory of the fake process: disjoint regions, each readable as a whole.
@@ -27,6 +28,8 @@ pub struct FakeMemory {
     threads: Vec<(u32, u64)>,
     /// Native code with unwind tables: (start, end, bias, rows), as the daemon would load them.
     tables: Vec<(u64, u64, u64, Vec<CfiRow>)>,
+    /// Kept across walks, as the BPF side's per-CPU table is.
+    recent_blobs: RefCell<Box<RecentBlobTable>>,
 }
 
 impl FakeMemory {
@@ -159,6 +162,12 @@ impl NativeTables for FakeMemory {
     }
 }
 
+impl RecentBlobs for FakeMemory {
+    fn with_recent_blobs<R>(&self, use_table: impl FnOnce(&mut RecentBlobTable) -> R) -> Option<R> {
+        Some(use_table(&mut self.recent_blobs.borrow_mut()))
+    }
+}
+
 impl JavaThreads for FakeMemory {
     fn java_thread(&self, tid: u32) -> Option<u64> {
         self.threads
@@ -199,6 +208,9 @@ pub const STACK_TOP: u64 = STACK + 0x1_0000;
 pub const CALL_HELPER: u64 = 0x5555_0000_1234;
 pub const THREAD_START: u64 = 0x5555_0000_5678;
 pub const LIBC_READ: u64 = 0x7f55_0001_2345;
+
+/// The fake JVM's [`HotspotProc::instance`].
+pub const FAKE_INSTANCE: u32 = 1;
 
 /// Offsets of the fake layout (chosen here; the real ones come from VMStructs).
 const BLOB_HEADER: u64 = 128;
@@ -389,6 +401,7 @@ impl Jvm {
             symbol_length: 4,
             symbol_body: 6,
             nmethod_verified_entry: 64,
+            instance: FAKE_INSTANCE,
         };
         Self {
             memory,
@@ -403,10 +416,22 @@ impl Jvm {
     /// HotSpot does (0 at the block's first segment, then the distance back to it).
     pub fn add_blob(&mut self, spec: &BlobSpec) -> Blob {
         let block = self.next_block;
-        let size = BLOB_HEADER + spec.code_len;
-        let segments = (HEAP_BLOCK_HEADER + size).div_ceil(1 << LOG2_SEGMENT);
+        self.next_block += Self::segments(spec) << LOG2_SEGMENT;
+        self.add_blob_at(block, spec)
+    }
+
+    fn segments(spec: &BlobSpec) -> u64 {
+        let segments =
+            (HEAP_BLOCK_HEADER + BLOB_HEADER + spec.code_len).div_ceil(1 << LOG2_SEGMENT);
         assert!(segments < 0xff, "a fake blob spans under 255 segments");
-        self.next_block += segments << LOG2_SEGMENT;
+        segments
+    }
+
+    /// Places a blob at the heap block `block`, over whatever was there: the code cache
+    /// reusing freed space.
+    pub fn add_blob_at(&mut self, block: u64, spec: &BlobSpec) -> Blob {
+        let size = BLOB_HEADER + spec.code_len;
+        let segments = Self::segments(spec);
         let first = (block - HEAP_LOW) >> LOG2_SEGMENT;
         for i in 0..segments {
             self.memory.put_u8(SEGMAP + first + i, i as u8);
@@ -460,6 +485,27 @@ impl Jvm {
             addr: blob,
             code_begin,
             compile_id: spec.compile_id,
+        }
+    }
+
+    /// Frees `blob`'s heap block as `CodeHeap::deallocate` does: marked unused, its bytes left
+    /// as they were.
+    pub fn free_blob(&mut self, blob: &Blob) {
+        let block = blob.addr - HEAP_BLOCK_HEADER;
+        self.memory
+            .put_u8(block + self.hs.heap_block_used as u64, 0);
+    }
+
+    /// Frees `blob` into the free block that ends where it starts: its segments in the map now
+    /// lead back to that block's start, `back` segments before it; its header bytes stay.
+    pub fn free_blob_merged(&mut self, blob: &Blob, back: u64) {
+        let first = (blob.addr - HEAP_BLOCK_HEADER - HEAP_LOW) >> LOG2_SEGMENT;
+        let segments = self
+            .memory
+            .read_u64(blob.addr - HEAP_BLOCK_HEADER)
+            .expect("mapped");
+        for i in 0..segments {
+            self.memory.put_u8(SEGMAP + first + i, (back + i) as u8);
         }
     }
 

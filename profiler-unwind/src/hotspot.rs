@@ -14,6 +14,7 @@ use profiler_common::{
 };
 
 use crate::memory::{read_u64, JavaThreads, StackWindow, UserMemory};
+use crate::recent_blobs::{still_in_place, RecentBlobs};
 use crate::state::{frame, BlobCache, Walk};
 use crate::x86_frames::{
     epilogue_state, prologue_state, FrameState, EPILOGUE_BEFORE, EPILOGUE_BYTES, PROLOGUE_BYTES,
@@ -122,7 +123,7 @@ pub fn waiting_state<M: UserMemory>(hs: &HotspotProc, memory: &M, thread: u64) -
 /// One HotSpot frame: interpreted (the interpreter's code range), the call stub (skipped), or a
 /// code blob found through its heap's segment map (nmethods and stubs).
 #[inline(always)]
-pub(crate) fn java_step<M: UserMemory>(
+pub(crate) fn java_step<M: UserMemory + RecentBlobs>(
     walk: &mut Walk,
     window: &mut StackWindow,
     memory: &M,
@@ -144,25 +145,21 @@ pub(crate) fn java_step<M: UserMemory>(
         return Ok(frame(FrameKind::Native, pc, 0, 0));
     }
     // Deep stacks repeat blobs (recursion, loops over the same callees): the last blob found is
-    // kept, and a pc inside it skips the segment map and header reads.
-    let cached = walk.blob_cache;
-    let blob = if cached.blob != 0 && pc >= cached.code_begin && pc < cached.end {
-        cached
-    } else {
-        let found = read_blob(hs, memory, pc)?;
-        walk.blob_cache = found;
-        found
-    };
-    let BlobCache {
-        blob: blob_address,
-        code_begin,
-        end,
-        frame_size,
-        frame_complete,
-        compile_id,
-        deopt_handler,
-        orig_pc_offset,
-    } = blob;
+    // kept, and a pc inside it skips the segment map and header reads. Samples repeat them too:
+    // earlier walks' blobs are tried next, each proven still in place first.
+    let cached = &walk.blob_cache;
+    if cached.blob == 0 || pc < cached.code_begin || pc >= cached.end {
+        // Found in place in the walk's state: the BPF program's stack has no room for copies.
+        if let Err(end) = recent_or_read_blob(&walk.hotspot, memory, pc, &mut walk.blob_cache) {
+            walk.blob_cache.blob = 0;
+            return Err(end);
+        }
+    }
+    let blob = &walk.blob_cache;
+    let (blob_address, code_begin, end, compile_id) =
+        (blob.blob, blob.code_begin, blob.end, blob.compile_id);
+    let (frame_size, frame_complete) = (blob.frame_size, blob.frame_complete);
+    let (deopt_handler, orig_pc_offset) = (blob.deopt_handler, blob.orig_pc_offset);
     let (frame_size, frame_complete) = (frame_size as i64, frame_complete as i64);
     if code_begin == 0 || pc < code_begin || frame_size > MAX_FRAME_WORDS {
         return Err(UnwindEnd::BadJavaFrame);
@@ -180,12 +177,15 @@ pub(crate) fn java_step<M: UserMemory>(
     let offset = described_pc - code_begin;
     let recorded = frame(FrameKind::Compiled, blob_address, offset as u32, compile_id);
 
-    if top && frame_size > 0 && offset as i64 >= frame_complete {
+    // The frame is known even when its caller cannot be found from it (a stub on top whose
+    // rbp is a compiled caller's general register, a stack read that fails): it is recorded,
+    // and the walk ends after it with the reason, rather than losing the sample's every frame.
+    let moved = if top && frame_size > 0 && offset as i64 >= frame_complete {
         // The top frame may be in its epilogue, its frame partly or wholly popped already.
         let state = epilogue_state_at(memory, pc).unwrap_or(FrameState::Built);
-        unwind_compiled(walk, window, memory, state, frame_size as u64)?;
+        unwind_compiled(walk, window, memory, state, frame_size as u64)
     } else if frame_size > 0 && !top {
-        unwind_compiled(walk, window, memory, FrameState::Built, frame_size as u64)?;
+        unwind_compiled(walk, window, memory, FrameState::Built, frame_size as u64)
     } else if frame_size > 0 {
         // The top frame is still in its prologue (or its nmethod entry barrier): decode the
         // prologue from the verified entry point; a blob without one (a stub) falls back to
@@ -203,19 +203,25 @@ pub(crate) fn java_step<M: UserMemory>(
         } else {
             FrameState::NothingPushed
         });
-        unwind_compiled(walk, window, memory, state, frame_size as u64)?;
+        unwind_compiled(walk, window, memory, state, frame_size as u64)
     } else if top && is_code(code_range, window.u64(memory, sp).unwrap_or(0)) {
         // A frameless stub on top: vtable and itable stubs jump on to their target and push
         // nothing, so the return address into their (compiled or interpreted) caller is at sp.
         // A stub that built an rbp frame has the saved rbp there instead, never a code address.
-        walk.pc = window.u64(memory, sp)?;
-        walk.sp = sp + 8;
+        window.u64(memory, sp).map(|caller_pc| {
+            walk.pc = caller_pc;
+            walk.sp = sp + 8;
+        })
     } else {
         // Other stubs and adapters without a fixed frame keep rbp as a frame pointer.
-        let slot = window.pair(memory, fp)?;
-        walk.sp = fp + 16;
-        walk.fp = slot[0];
-        walk.pc = slot[1];
+        window.pair(memory, fp).map(|slot| {
+            walk.sp = fp + 16;
+            walk.fp = slot[0];
+            walk.pc = slot[1];
+        })
+    };
+    if let Err(end) = moved {
+        walk.end = end as u8;
     }
     Ok(recorded)
 }
@@ -330,10 +336,34 @@ fn prologue_state_at<M: UserMemory>(
     Some(state)
 }
 
-/// Finds the blob containing `pc` and reads its header.
+/// The blob containing `pc`, into `out`: remembered by an earlier walk and still in place, or
+/// found and read now (and remembered).
 #[inline(always)]
-fn read_blob<M: UserMemory>(hs: &HotspotProc, memory: &M, pc: u64) -> Result<BlobCache, UnwindEnd> {
-    let blob = find_blob(hs, memory, pc)?;
+fn recent_or_read_blob<M: UserMemory + RecentBlobs>(
+    hs: &HotspotProc,
+    memory: &M,
+    pc: u64,
+    out: &mut BlobCache,
+) -> Result<(), UnwindEnd> {
+    let instance = hs.instance;
+    let recalled = memory.with_recent_blobs(|table| table.recall_into(instance, pc, out));
+    if recalled == Some(true) && still_in_place(hs, memory, out) {
+        return Ok(());
+    }
+    read_blob(hs, memory, pc, out)?;
+    memory.with_recent_blobs(|table| table.remember(instance, pc, out));
+    Ok(())
+}
+
+/// Finds the blob containing `pc` and reads its header into `out`.
+#[inline(always)]
+fn read_blob<M: UserMemory>(
+    hs: &HotspotProc,
+    memory: &M,
+    pc: u64,
+    out: &mut BlobCache,
+) -> Result<(), UnwindEnd> {
+    let (blob, segment_map_entry) = find_blob(hs, memory, pc)?;
     let mut header = [MaybeUninit::<u8>::uninit(); BLOB_HEADER_BYTES];
     if !memory.read_into(blob, &mut header) {
         return Err(UnwindEnd::JavaReadFailed);
@@ -373,7 +403,7 @@ fn read_blob<M: UserMemory>(hs: &HotspotProc, memory: &M, pc: u64) -> Result<Blo
     let orig_pc_offset = memory
         .read_u32(blob + hs.nmethod_orig_pc_offset as u64)
         .unwrap_or(0) as i32;
-    Ok(BlobCache {
+    *out = BlobCache {
         blob,
         code_begin,
         end: blob.wrapping_add(size.max(0) as u64),
@@ -382,7 +412,9 @@ fn read_blob<M: UserMemory>(hs: &HotspotProc, memory: &M, pc: u64) -> Result<Blo
         compile_id,
         orig_pc_offset,
         deopt_handler,
-    })
+        segment_map_entry,
+    };
+    Ok(())
 }
 
 /// The cookie of an interpreted frame of `const_method` (see [`interpreted_cookie`]): its
@@ -498,11 +530,20 @@ fn interpreted_step<M: UserMemory>(
         method_cookie(hs, memory, const_method)
     };
     let recorded = frame(FrameKind::Interpreted, method, bci, cookie);
-
-    let slot = window.pair(memory, fp)?;
-    let sender_sp = window.u64(memory, fp.wrapping_sub(8))?;
     walk.cookie = cookie;
     walk.cookie_const_method = const_method;
+
+    // As for compiled frames: a frame whose caller cannot be read is still recorded.
+    let (slot, sender_sp) = match (
+        window.pair(memory, fp),
+        window.u64(memory, fp.wrapping_sub(8)),
+    ) {
+        (Ok(slot), Ok(sender_sp)) => (slot, sender_sp),
+        (Err(end), _) | (_, Err(end)) => {
+            walk.end = end as u8;
+            return Ok(recorded);
+        }
+    };
     walk.fp = slot[0];
     walk.pc = slot[1];
     walk.sp = sender_sp;
@@ -551,9 +592,14 @@ fn header_i16(header: &[u8; BLOB_HEADER_BYTES], offset: u16) -> i16 {
 }
 
 /// The CodeBlob containing `pc`, through its heap's segment map (HotSpot's
-/// `CodeHeap::find_start`): each map byte says how many segments back the block starts.
+/// `CodeHeap::find_start`): each map byte says how many segments back the block starts. Also
+/// returns the address of the map byte of the block's first segment.
 #[inline(always)]
-fn find_blob<M: UserMemory>(hs: &HotspotProc, memory: &M, pc: u64) -> Result<u64, UnwindEnd> {
+fn find_blob<M: UserMemory>(
+    hs: &HotspotProc,
+    memory: &M,
+    pc: u64,
+) -> Result<(u64, u64), UnwindEnd> {
     let mut heap = None;
     for i in 0..MAX_CODE_HEAPS {
         if i < hs.heap_count as usize && pc >= hs.heaps[i].low && pc < hs.heaps[i].high {
@@ -592,5 +638,5 @@ fn find_blob<M: UserMemory>(hs: &HotspotProc, memory: &M, pc: u64) -> Result<u64
     if used == 0 {
         return Err(UnwindEnd::NoCodeBlob);
     }
-    Ok(block + hs.heap_block_size as u64)
+    Ok((block + hs.heap_block_size as u64, heap.segmap + index))
 }

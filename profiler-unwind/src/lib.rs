@@ -29,6 +29,7 @@
 mod hotspot;
 mod memory;
 mod native;
+mod recent_blobs;
 mod state;
 mod walk;
 pub mod x86_frames;
@@ -42,5 +43,6 @@ pub use hotspot::{allocated_class_frame, java_state, waiting_state};
 pub use memory::{
     FrameSink, JavaThreads, NativeTables, ReadError, StackWindow, UserMemory, STACK_WINDOW_BYTES,
 };
+pub use recent_blobs::{RecentBlob, RecentBlobTable, RecentBlobs, RECENT_BLOBS};
 pub use state::{BlobCache, UserRegs, Walk, END_UNSET};
 pub use walk::{start_at_anchor, unwind_step, walk_stack, MAX_WALK_STEPS};

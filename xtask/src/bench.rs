@@ -17,6 +17,9 @@
 //!    hooks' hits per second and their cost per hit, split on small TLABs into a cost per hit
 //!    and per stack taken with the default interval and a small one ([`alloc`]).
 //!
+//! 10. Only with `--section soak`: the daemon's memory over an hour (`--soak-minutes`) of
+//!     whole-host profiling with process churn, read every minute ([`soak`]).
+//!
 //! Every figure is measured and compared with the targets; nothing is asserted.
 //!
 //! `--section bpf` runs section 2 alone (written to `target/bench/`); with `--baseline-daemon
@@ -48,6 +51,7 @@ mod processes;
 mod report;
 mod results;
 mod scenarios;
+mod soak;
 mod statistics;
 mod table;
 
@@ -93,6 +97,9 @@ pub struct BenchArgs {
     /// on the same workload processes. Needs `--section bpf`.
     #[arg(long, value_name = "PATH", requires = "section")]
     baseline_daemon: Option<PathBuf>,
+    /// How long section 10 (`--section soak`) runs.
+    #[arg(long, value_name = "MINUTES", default_value_t = 60)]
+    soak_minutes: u64,
 }
 
 impl BenchArgs {
@@ -118,6 +125,9 @@ enum Section {
     /// 9: what lock profiling costs a program that switches often and one whose threads
     /// contend for locks.
     Lock,
+    /// 10: the daemon's memory over a long whole-host run with process churn (`--soak-minutes`;
+    /// not part of the full run, which it would make an hour longer).
+    Soak,
 }
 
 /// How long and how often to measure.
@@ -197,6 +207,7 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
         Some(Section::Alloc) => return run_alloc_section(&bench, args),
         Some(Section::Lock) => return run_lock_section(&bench, args),
         Some(Section::Export) => return run_export_section(&bench, args),
+        Some(Section::Soak) => return run_soak_section(&bench, args),
         None => {}
     }
 
@@ -284,6 +295,19 @@ fn run_lock_section(bench: &Bench, args: &BenchArgs) -> Result<()> {
     cost.rows(&mut rows, &mut notes);
     let method = format!("\n## How it measures\n\n{}\n", cost.method());
     write_section(bench, args, "lock", &rows, &notes, &method)
+}
+
+/// Section 10, which only runs alone; written to target/bench/.
+fn run_soak_section(bench: &Bench, args: &BenchArgs) -> Result<()> {
+    let soak = bench.measure_soak(args.soak_minutes)?;
+    let (mut rows, mut notes) = (Vec::new(), Vec::new());
+    soak.rows(&mut rows, &mut notes);
+    let method = format!(
+        "\n## Readings\n\n{}\n## How it measures\n\n{}\n",
+        soak.readings_table(),
+        soak::method()
+    );
+    write_section(bench, args, "soak", &rows, &notes, &method)
 }
 
 /// Section 6 alone, with section 3's small JVMs; written to target/bench/.

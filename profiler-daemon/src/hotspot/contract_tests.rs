@@ -284,7 +284,8 @@ fn the_daemon_derives_the_walkers_record_from_vmstructs() {
     for layout in [Layout::Pointers, Layout::Offsets] {
         let fake = FakeJvm::new(layout);
         let (jvm, code) = daemon_view(&fake, layout);
-        let derived = hotspot_proc(&jvm, &code).expect("the layout fits the record");
+        let derived =
+            hotspot_proc(&jvm, &code, fakes::FAKE_INSTANCE).expect("the layout fits the record");
         assert_eq!(
             derived,
             fake.hs,
@@ -299,7 +300,7 @@ fn walks_with_the_derived_record_name_methods_the_daemon_verifies() {
     for layout in [Layout::Pointers, Layout::Offsets] {
         let mut fake = FakeJvm::new(layout);
         let (jvm, code) = daemon_view(&fake, layout);
-        let derived = hotspot_proc(&jvm, &code).expect("fits");
+        let derived = hotspot_proc(&jvm, &code, fakes::FAKE_INSTANCE).expect("fits");
 
         // leaf (interpreted) <- caller (interpreted) <- the call stub <- native entry frames.
         let leaf = fake.add_method(b"com/example/Leaf", 0xabcd_0001, 40);
@@ -360,6 +361,6 @@ fn an_offset_past_the_bpf_records_16_bits_is_refused_by_name() {
     }
     let (mut jvm, code) = daemon_view(&fake, Layout::Offsets);
     jvm.layout = Arc::new(JvmLayout::from_vmstructs(&tables).expect("a complete layout"));
-    let err = hotspot_proc(&jvm, &code).expect_err("does not fit");
+    let err = hotspot_proc(&jvm, &code, fakes::FAKE_INSTANCE).expect_err("does not fit");
     assert_eq!(err.what, "JavaThread::_anchor");
 }

@@ -264,6 +264,8 @@ pub struct JvmTracker<S: LayoutSink> {
     rescans: u64,
     /// Allocation profiling's hooks, found for each JVM that becomes ready (when it is on).
     alloc_hooks: Option<AllocHooks>,
+    /// The last `HotspotProc::instance` given to a JVM.
+    last_instance: u32,
 }
 
 impl<S: LayoutSink> JvmTracker<S> {
@@ -286,6 +288,7 @@ impl<S: LayoutSink> JvmTracker<S> {
             exec_events: 0,
             exit_events: 0,
             rescans: 0,
+            last_instance: 0,
             alloc_hooks: None,
         }
     }
@@ -701,7 +704,10 @@ impl<S: LayoutSink> JvmTracker<S> {
                 return;
             }
         };
-        let proc_info = match hotspot_proc(found, &code) {
+        // A JVM's instance is what the BPF walker's blobs remembered across samples are tagged
+        // with: a new one for every JVM made ready (the pid may be a dead JVM's), never 0.
+        self.last_instance = self.last_instance.checked_add(1).unwrap_or(1);
+        let proc_info = match hotspot_proc(found, &code, self.last_instance) {
             Ok(proc_info) => proc_info,
             Err(err) => {
                 tracing::warn!(pid, %err, "JVM layout does not fit the BPF unwinder");
@@ -855,7 +861,7 @@ impl<S: LayoutSink> JvmTracker<S> {
         let Ok(code) = jvm.code_cache(&memory) else {
             return;
         };
-        let Ok(proc_info) = hotspot_proc(jvm, &code) else {
+        let Ok(proc_info) = hotspot_proc(jvm, &code, pushed.instance) else {
             return;
         };
         if proc_info != **pushed && self.sink.put(pid, &proc_info).is_ok() {

@@ -12,7 +12,13 @@ pub struct DoesNotFit {
     pub value: i64,
 }
 
-pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, DoesNotFit> {
+/// The record of `jvm`, with `code` its code cache now; `instance` tells this JVM from every other
+/// the daemon pushes (see [`HotspotProc::instance`]).
+pub fn hotspot_proc(
+    jvm: &Jvm,
+    code: &CodeCacheInfo,
+    instance: u32,
+) -> Result<HotspotProc, DoesNotFit> {
     let layout = &jvm.layout;
     let offset = |field: Field| -> Result<u16, DoesNotFit> {
         let value = layout.offset(field).ok_or(DoesNotFit {
@@ -148,6 +154,7 @@ pub fn hotspot_proc(jvm: &Jvm, code: &CodeCacheInfo) -> Result<HotspotProc, Does
             (None, Some(_)) => offset(Field::NmethodVerifiedEntryOffset)?,
             (None, None) => u16::MAX,
         },
+        instance,
     })
 }
 

@@ -8,12 +8,17 @@ use hashbrown::HashMap;
 
 use super::{from_blazesym, ResolvedFrame};
 
-/// Past this many cached addresses the cache starts over (memory stays bounded).
-const MAX_CACHED: usize = 200_000;
+/// Past this many cached addresses (or functions) the caches start over: about 3 MB of
+/// addresses, and a whole-host run meets far fewer distinct kernel return addresses.
+const MAX_CACHED: usize = 100_000;
 
 pub struct KernelSymbolizer {
     symbolizer: Symbolizer,
+    /// Address -> its function's frame.
     cache: HashMap<u64, Arc<ResolvedFrame>>,
+    /// One frame per function, shared by all its addresses: kernel frames carry a name only
+    /// (no lines), and a busy host's samples land on many return addresses per function.
+    functions: HashMap<Box<str>, Arc<ResolvedFrame>>,
     module: Arc<str>,
 }
 
@@ -28,14 +33,16 @@ impl KernelSymbolizer {
         Self {
             symbolizer: Symbolizer::builder().enable_code_info(false).build(),
             cache: HashMap::new(),
+            functions: HashMap::new(),
             module: Arc::from("[kernel]"),
         }
     }
 
     /// Resolves each address; unknown ones come back as `[kernel] 0x...` frames.
     pub fn resolve(&mut self, addrs: &[u64]) -> Vec<Arc<ResolvedFrame>> {
-        if self.cache.len() > MAX_CACHED {
-            self.cache.clear();
+        if self.cache.len() > MAX_CACHED || self.functions.len() > MAX_CACHED {
+            self.cache = HashMap::new();
+            self.functions = HashMap::new();
         }
         let missing: Vec<u64> = addrs
             .iter()
@@ -55,7 +62,8 @@ impl KernelSymbolizer {
                     for (addr, result) in missing.iter().zip(results.iter()) {
                         let frame =
                             from_blazesym(result, Some(self.module.clone()), || unknown(*addr));
-                        self.cache.insert(*addr, Arc::new(frame));
+                        let frame = shared(&mut self.functions, frame);
+                        self.cache.insert(*addr, frame);
                     }
                 }
                 Err(err) => {
@@ -74,6 +82,19 @@ impl KernelSymbolizer {
         }
         addrs.iter().map(|addr| self.cache[addr].clone()).collect()
     }
+}
+
+/// The one frame of `frame`'s function in `functions`.
+fn shared(
+    functions: &mut HashMap<Box<str>, Arc<ResolvedFrame>>,
+    frame: ResolvedFrame,
+) -> Arc<ResolvedFrame> {
+    if let Some(known) = functions.get(frame.function()) {
+        return known.clone();
+    }
+    let frame = Arc::new(frame);
+    functions.insert(frame.function().into(), frame.clone());
+    frame
 }
 
 fn unknown(addr: u64) -> String {
@@ -111,7 +132,11 @@ mod tests {
             return;
         }
         let mut symbolizer = KernelSymbolizer::new();
-        let frames = symbolizer.resolve(&[addr + 4]);
+        let frames = symbolizer.resolve(&[addr + 4, addr + 8]);
         assert_eq!(frames[0].function(), "do_sys_openat2");
+        // One frame for the function, however many of its addresses were sampled.
+        assert!(Arc::ptr_eq(&frames[0], &frames[1]));
+        let again = symbolizer.resolve(&[addr + 12]);
+        assert!(Arc::ptr_eq(&frames[0], &again[0]));
     }
 }

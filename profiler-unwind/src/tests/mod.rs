@@ -5,6 +5,7 @@
 mod cfi;
 
 use crate::fakes::*;
+use crate::UserRegs;
 use profiler_common::{UnwindEnd, UserFrame};
 
 /// Recorded prologues and epilogues (JDK 25, see `x86_frames`'s tests).
@@ -401,6 +402,100 @@ fn recursion_reuses_the_cached_blob_with_the_right_offsets() {
     expect(walked, &first, &rest, UnwindEnd::Complete);
 }
 
+// Blobs remembered across walks (`recent_blobs`).
+
+/// A two-blob compiled stack into an interpreted caller: the top blob, its caller, the regs
+/// and every frame recorded.
+fn two_compiled_frames(jvm: &mut Jvm) -> (Blob, Blob, UserRegs, Vec<UserFrame>) {
+    let a = jvm.add_blob(&BlobSpec::nmethod(6, 101));
+    let b = jvm.add_blob(&BlobSpec::nmethod(4, 202));
+    let sp0 = STACK + 0x8000;
+    let sp1 = jvm.compiled_frame(sp0, 6, 0, b.pc(0x123));
+    let (interp_fp, rest) = interpreted_caller(jvm, sp1 + 4 * 8);
+    jvm.compiled_frame(sp1, 4, interp_fp, INTERPRETER_PC);
+    let mut frames = vec![a.frame(0x150), b.frame(0x123)];
+    frames.extend(rest);
+    (a, b, regs(a.pc(0x150), sp0, 0), frames)
+}
+
+/// The segment map's byte for the segment holding `pc`.
+fn segment_map_byte(pc: u64) -> u64 {
+    SEGMAP + ((pc - HEAP_LOW) >> LOG2_SEGMENT)
+}
+
+#[test]
+fn a_later_walk_of_the_same_jvm_takes_its_blobs_from_earlier_walks() {
+    let mut jvm = Jvm::new(Layout::Pointers);
+    let (a, b, start, frames) = two_compiled_frames(&mut jvm);
+    expect(jvm.walk(TID, start), &frames, &[], UnwindEnd::Complete);
+    // The map bytes of the pcs' segments now say "not in a blob": only a remembered blob can
+    // be found (its own first segment still marks a block start).
+    for pc in [a.pc(0x150), b.pc(0x123)] {
+        jvm.memory.put_u8(segment_map_byte(pc), 0xff);
+    }
+    expect(jvm.walk(TID, start), &frames, &[], UnwindEnd::Complete);
+    // Another JVM at the same addresses (a restart that took the same pid and layout) does not
+    // get this one's blobs.
+    let mut restarted = jvm.hs;
+    restarted.instance = FAKE_INSTANCE + 1;
+    let walked = walk_process(&jvm.memory, Some(&restarted), TID, start);
+    expect(walked, &[], &[], UnwindEnd::NoCodeBlob);
+}
+
+#[test]
+fn a_remembered_blob_freed_is_not_used() {
+    let mut jvm = Jvm::new(Layout::Pointers);
+    let (a, _, start, frames) = two_compiled_frames(&mut jvm);
+    expect(jvm.walk(TID, start), &frames, &[], UnwindEnd::Complete);
+    // Freed, its header and the segment map left as they were.
+    jvm.free_blob(&a);
+    expect(jvm.walk(TID, start), &[], &[], UnwindEnd::NoCodeBlob);
+}
+
+#[test]
+fn a_remembered_blob_replaced_at_its_address_gives_way_to_the_new_one() {
+    let mut jvm = Jvm::new(Layout::Offsets);
+    let (a, b, start, frames) = two_compiled_frames(&mut jvm);
+    expect(jvm.walk(TID, start), &frames, &[], UnwindEnd::Complete);
+    // Another nmethod compiled into the same block: its own compile id, the same frame.
+    jvm.free_blob(&a);
+    let again = jvm.add_blob_at(a.addr - 16, &BlobSpec::nmethod(6, 303));
+    assert_eq!(again.addr, a.addr);
+    let mut expected = vec![again.frame(0x150)];
+    expected.extend_from_slice(&frames[1..]);
+    expect(jvm.walk(TID, start), &expected, &[], UnwindEnd::Complete);
+    assert_ne!(expected[0], frames[0], "the compile id tells them apart");
+    let _ = b;
+}
+
+#[test]
+fn a_remembered_blob_merged_into_free_space_gives_way_to_code_placed_inside_it() {
+    let mut jvm = Jvm::new(Layout::Pointers);
+    let spacer = jvm.add_blob(&BlobSpec::nmethod(6, 50));
+    let (a, _, start, frames) = two_compiled_frames(&mut jvm);
+    expect(jvm.walk(TID, start), &frames, &[], UnwindEnd::Complete);
+    // The spacer and `a` freed into one free block from the spacer's start; a new nmethod
+    // placed two segments into `a`'s old block, past its header, which still reads as a used
+    // block with `a`'s compile id.
+    jvm.free_blob(&spacer);
+    let spacer_segments = (a.addr - spacer.addr) >> LOG2_SEGMENT;
+    jvm.free_blob_merged(&a, spacer_segments);
+    let small = BlobSpec {
+        code_len: 0x200,
+        ..BlobSpec::nmethod(6, 404)
+    };
+    let inside = jvm.add_blob_at(a.addr - 16 + (2 << LOG2_SEGMENT), &small);
+    assert!(
+        inside.code_begin + 0x200 < a.code_begin + 0x400,
+        "inside `a`'s old block"
+    );
+    let offset = a.pc(0x150) - inside.code_begin;
+    assert!(offset >= 0x40, "past the new nmethod's frame_complete");
+    let mut expected = vec![inside.frame(offset)];
+    expected.extend_from_slice(&frames[1..]);
+    expect(jvm.walk(TID, start), &expected, &[], UnwindEnd::Complete);
+}
+
 // Stubs.
 
 #[test]
@@ -619,15 +714,33 @@ fn the_anchor_is_not_used_once_java_frames_were_walked() {
 // How walks fail.
 
 #[test]
-fn an_unmapped_caller_frame_ends_the_walk_as_a_failed_java_read() {
-    // B's frame runs past the end of the mapped stack.
+fn a_frame_whose_caller_is_unmapped_is_kept_and_ends_the_walk_as_a_failed_java_read() {
+    // B's frame runs past the end of the mapped stack: B is known (its blob and pc), its
+    // caller is not.
     let mut jvm = Jvm::new(Layout::Pointers);
     let a = jvm.add_blob(&BlobSpec::nmethod(6, 1));
     let b = jvm.add_blob(&BlobSpec::nmethod(8, 2));
     let sp0 = STACK_TOP - 6 * 8 - 4 * 8;
     jvm.compiled_frame(sp0, 6, 0, b.pc(0x90));
     let walked = jvm.walk(TID, regs(a.pc(0x60), sp0, 0));
-    expect(walked, &[a.frame(0x60)], &[], UnwindEnd::JavaReadFailed);
+    expect(
+        walked,
+        &[a.frame(0x60), b.frame(0x90)],
+        &[],
+        UnwindEnd::JavaReadFailed,
+    );
+}
+
+#[test]
+fn a_stub_on_top_whose_rbp_is_not_a_frame_pointer_is_still_recorded() {
+    // A stub entered from compiled code, which uses rbp as a general register: the stub's own
+    // frame is known, the way to its caller is not.
+    let mut jvm = Jvm::new(Layout::Pointers);
+    let stub = jvm.add_blob(&BlobSpec::stub());
+    let sp = STACK + 0x8000;
+    jvm.memory.put_u64(sp, 0x1234);
+    let walked = jvm.walk(TID, regs(stub.pc(0x30), sp, 0x42));
+    expect(walked, &[stub.frame(0x30)], &[], UnwindEnd::JavaReadFailed);
 }
 
 #[test]

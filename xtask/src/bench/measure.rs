@@ -104,7 +104,7 @@ pub(super) fn rss_mb(pid: u32) -> Result<f64> {
 }
 
 /// A `kB` field of /proc/PID/status, in MB.
-fn status_mb(pid: u32, field: &str) -> Result<f64> {
+pub(super) fn status_mb(pid: u32, field: &str) -> Result<f64> {
     let path = format!("/proc/{pid}/status");
     let status = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
     let kib: u64 = status
