@@ -216,11 +216,16 @@ impl ElfFacts {
         keys: &SecretKeys,
         shown_as: &str,
         debug_file: &FileStamp,
+        with_dwarf: bool,
     ) -> Digest {
         let mut hasher = keys.hasher();
         hasher.write_bytes(shown_as.as_bytes());
         self.hash_segments(&mut hasher);
-        hasher.write_bytes(b"debug file");
+        hasher.write_bytes(if with_dwarf {
+            b"debug file with DWARF".as_slice()
+        } else {
+            b"debug file, symbols".as_slice()
+        });
         for value in debug_file.values() {
             hasher.write_u64(value);
         }

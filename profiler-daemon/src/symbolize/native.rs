@@ -81,6 +81,9 @@ struct Binary {
 /// A binary's separate debug file: same build-id, same segments, symbols and DWARF.
 struct DebugFile {
     path: PathBuf,
+    /// Whether its DWARF is read (it fits [`NativeSymbolizer::dwarf_bound`]); else its symbol
+    /// table alone names the binary's functions, still better than the binary's own.
+    dwarf: bool,
     /// Its identity: names read from it are shared under it (the host's debug directories are
     /// root's, so its path is trusted).
     stamp: FileStamp,
@@ -321,13 +324,14 @@ impl NativeSymbolizer {
         let started = std::time::Instant::now();
         let id = match ElfFacts::read(&file) {
             Ok(facts) => {
-                let debug_syms = facts.dwarf_fits(&file, self.budget.limit() / 2);
+                let debug_syms = facts.dwarf_fits(&file, self.dwarf_bound());
                 let has_own_dwarf = debug_syms && facts.debug_bytes > 0;
                 let debug_file = match &facts.build_id {
                     Some(build_id) if !has_own_dwarf => {
                         self.find_debug_file(build_id)
-                            .map(|(path, debug_stamp)| DebugFile {
+                            .map(|(path, debug_stamp, dwarf)| DebugFile {
                                 path,
+                                dwarf,
                                 stamp: debug_stamp,
                                 segments: facts.segments.clone(),
                             })
@@ -339,6 +343,7 @@ impl NativeSymbolizer {
                         &self.secret,
                         &module,
                         &debug_file.stamp,
+                        debug_file.dwarf,
                     )),
                     None => facts
                         .names_key(&file, &self.secret, &module, debug_syms)
@@ -388,10 +393,19 @@ impl NativeSymbolizer {
         id
     }
 
+    /// The most uncompressed DWARF a file may have for it to be read: a sixteenth of the budget
+    /// (6 MiB of the default 96). Parsed DWARF holds about 1.6 times its size, and the lines and
+    /// inlined functions it gives are worth a tenth of the budget, not more: libc's debug file
+    /// (10 MB of DWARF) alone was 16 MB of a one-JVM daemon's 50. Past the bound, names come
+    /// from the symbol tables.
+    fn dwarf_bound(&self) -> u64 {
+        self.budget.limit() / 16
+    }
+
     /// The debug file of build-id `build_id` under the debug directories: a regular file (the
-    /// directories are the host's, root's to write), of the same build-id, whose DWARF fits half
-    /// the budget.
-    fn find_debug_file(&self, build_id: &[u8]) -> Option<(PathBuf, FileStamp)> {
+    /// directories are the host's, root's to write) of the same build-id, and whether its DWARF
+    /// fits [`Self::dwarf_bound`].
+    fn find_debug_file(&self, build_id: &[u8]) -> Option<(PathBuf, FileStamp, bool)> {
         let (first, rest) = build_id.split_first()?;
         if rest.len() < 4 {
             return None;
@@ -402,8 +416,8 @@ impl NativeSymbolizer {
                 .join(".build-id")
                 .join(format!("{first:02x}"))
                 .join(format!("{rest}.debug"));
-            let stamp = debug_file_fits(&path, build_id, self.budget.limit() / 2)?;
-            Some((path, stamp))
+            let (stamp, dwarf) = debug_file_of(&path, build_id, self.dwarf_bound())?;
+            Some((path, stamp, dwarf))
         })
     }
 
@@ -442,7 +456,7 @@ impl NativeSymbolizer {
         let input = match &self.binaries[binary as usize].debug_file {
             Some(debug_file) => {
                 let mut elf = Elf::new(debug_file.path.clone());
-                elf.debug_syms = true;
+                elf.debug_syms = debug_file.dwarf;
                 source = Source::Elf(elf);
                 addresses = offsets
                     .iter()
@@ -492,9 +506,9 @@ fn shown_build_id(build_id: &[u8]) -> Option<Arc<str>> {
     Some(Arc::from(hex))
 }
 
-/// The stamp of `path` if it is a regular file with build-id `build_id` whose DWARF fits
-/// `max_debug_bytes` (what parsing it holds in memory).
-fn debug_file_fits(path: &Path, build_id: &[u8], max_debug_bytes: u64) -> Option<FileStamp> {
+/// The stamp of `path` if it is a regular file with build-id `build_id` that names no other
+/// files, and whether its DWARF fits `max_debug_bytes` (about what parsing it holds in memory).
+fn debug_file_of(path: &Path, build_id: &[u8], max_debug_bytes: u64) -> Option<(FileStamp, bool)> {
     use std::os::unix::fs::OpenOptionsExt as _;
     // Non-blocking: even in the host's debug directories, a FIFO must not stall the symbolizer.
     let file = std::fs::OpenOptions::new()
@@ -506,9 +520,11 @@ fn debug_file_fits(path: &Path, build_id: &[u8], max_debug_bytes: u64) -> Option
         return None;
     }
     let facts = ElfFacts::read(&file).ok()?;
-    let fits =
-        facts.build_id.as_deref() == Some(build_id) && facts.trusted_dwarf_fits(max_debug_bytes);
-    fits.then(|| FileStamp::of(&file).ok()).flatten()
+    if facts.build_id.as_deref() != Some(build_id) || facts.names_other_files {
+        return None;
+    }
+    let dwarf = facts.trusted_dwarf_fits(max_debug_bytes);
+    Some((FileStamp::of(&file).ok()?, dwarf))
 }
 
 fn new_blazesym() -> Symbolizer {
@@ -697,19 +713,26 @@ mod tests {
             .expect("the function's page is mapped");
         let pc = mapping.start + (offset - mapping.offset) + 1;
 
-        let named = |dirs: Vec<PathBuf>| {
-            let mut symbolizer = NativeSymbolizer::with_budget(u64::MAX).with_debug_dirs(dirs);
+        let named = |dirs: Vec<PathBuf>, budget: u64| {
+            let mut symbolizer = NativeSymbolizer::with_budget(budget).with_debug_dirs(dirs);
             symbolizer.resolve(&process, &[pc])[0]
                 .as_ref()
                 .map(|frame| (frame.function().to_owned(), frame.lines[0].line))
         };
-        let with_debug_file = named(vec![debug_dirs]);
-        let without = named(Vec::new());
+        let with_debug_file = named(vec![debug_dirs.clone()], u64::MAX);
+        // A budget whose DWARF bound the debug file's DWARF passes: its symbols still name
+        // the function, without lines.
+        let symbols_only = named(vec![debug_dirs], 16);
+        let without = named(Vec::new(), u64::MAX);
         let _ = child.kill();
         let _ = child.wait();
         let (function, line) = with_debug_file.expect("mapped");
         assert_eq!(function, "a_function_only_the_debug_file_names");
         assert!(line > 0, "DWARF lines from the debug file");
+        assert_eq!(
+            symbols_only,
+            Some(("a_function_only_the_debug_file_names".to_owned(), 0))
+        );
         assert_ne!(
             without.map(|(function, _)| function).as_deref(),
             Some("a_function_only_the_debug_file_names")

@@ -18,6 +18,9 @@ pub(super) enum BpfWorkload {
     NativeDeep { unwind_tables: bool },
     /// `Bench.java deep`: one thread per CPU recursing `depth` frames, then spinning in a leaf.
     Java { depth: u32, interpreted: bool },
+    /// `Bench.java distinct`: one thread per CPU down a chain of `depth` distinct methods, each
+    /// its own compiled method (a code blob per frame), then spinning in the leaf.
+    JavaDistinct { depth: u32 },
 }
 
 impl BpfWorkload {
@@ -39,6 +42,9 @@ impl BpfWorkload {
                 depth,
                 interpreted: true,
             } => format!("{depth}-frame interpreted Java stack (JDK {jdk}, -Xint)"),
+            BpfWorkload::JavaDistinct { depth } => {
+                format!("{depth}-frame Java stack of {depth} distinct compiled methods (JDK {jdk})")
+            }
         }
     }
 
@@ -48,7 +54,8 @@ impl BpfWorkload {
             BpfWorkload::Java {
                 depth,
                 interpreted: false,
-            } => Some(depth),
+            }
+            | BpfWorkload::JavaDistinct { depth } => Some(depth),
             _ => None,
         }
     }
