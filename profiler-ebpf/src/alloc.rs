@@ -129,6 +129,7 @@ fn sample_allocation(
         sp: regs.rsp.wrapping_add(8),
         fp: regs.rbp,
         r13: 0,
+        rbx: 0,
     };
     let origin = RecordOrigin {
         kind,

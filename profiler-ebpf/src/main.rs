@@ -118,6 +118,7 @@ fn user_regs(ctx: &PerfEventContext) -> Option<UserRegs> {
             sp: regs.rsp,
             fp: regs.rbp,
             r13: regs.r13,
+            rbx: regs.rbx,
         });
     }
     saved_user_regs()
@@ -140,6 +141,7 @@ pub(crate) fn saved_user_regs() -> Option<UserRegs> {
         sp: saved.rsp,
         fp: saved.rbp,
         r13: saved.r13,
+        rbx: saved.rbx,
     })
 }
 

@@ -645,7 +645,13 @@ pub fn walk_process(
 }
 
 pub fn regs(ip: u64, sp: u64, fp: u64) -> UserRegs {
-    UserRegs { ip, sp, fp, r13: 0 }
+    UserRegs {
+        ip,
+        sp,
+        fp,
+        r13: 0,
+        rbx: 0,
+    }
 }
 
 fn slot(fp: u64, slot: i8) -> u64 {

@@ -502,6 +502,11 @@ fn interpreted_step<M: UserMemory>(
     let hs = &walk.hotspot;
     let (sp, fp) = (walk.sp, walk.fp);
     if fp < sp || fp - sp > 1 << 20 {
+        if top {
+            if let Some(entered) = interpreter_entry_step(walk, window, memory) {
+                return Ok(entered);
+            }
+        }
         return Err(UnwindEnd::BadJavaFrame);
     }
     let method = window.u64(memory, slot_address(fp, hs.interpreter_method_slot))?;
@@ -548,6 +553,38 @@ fn interpreted_step<M: UserMemory>(
     walk.pc = slot[1];
     walk.sp = sender_sp;
     Ok(recorded)
+}
+
+/// A top frame caught in the interpreter's entry to a method called from compiled code, before
+/// the entry built its frame: rbp is still a general register of the compiled caller (so the
+/// frame pointer makes no sense), the return address into the caller is at sp (before the entry
+/// pops it, and again once it pushed it back), rbx holds the `Method*` and r13 the caller's sp
+/// (HotSpot's x86_64 c2i adapter and interpreter entry). The method is recorded, its bci
+/// unknown, and the walk goes on in the caller. None when the stack does not look so.
+#[inline(always)]
+fn interpreter_entry_step<M: UserMemory>(
+    walk: &mut Walk,
+    window: &mut StackWindow,
+    memory: &M,
+) -> Option<UserFrame> {
+    let hs = &walk.hotspot;
+    let (sp, sender_sp, method) = (walk.sp, walk.r13, walk.rbx);
+    let return_address = window.u64(memory, sp).ok()?;
+    let into_interpreter =
+        return_address >= hs.interpreter_low && return_address < hs.interpreter_high;
+    if !is_code((hs.code_low, hs.code_high), return_address)
+        || into_interpreter
+        || sender_sp < sp
+        || sender_sp - sp > 1 << 20
+        || sender_sp & 7 != 0
+    {
+        return None;
+    }
+    let const_method = read_u64(memory, method.wrapping_add(hs.method_const_method as u64)).ok()?;
+    let cookie = method_cookie(hs, memory, const_method);
+    walk.pc = return_address;
+    walk.sp = sender_sp;
+    Some(frame(FrameKind::Interpreted, method, BCI_UNKNOWN, cookie))
 }
 
 #[inline(always)]

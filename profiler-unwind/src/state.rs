@@ -15,8 +15,10 @@ pub struct UserRegs {
     pub ip: u64,
     pub sp: u64,
     pub fp: u64,
-    /// The interpreter keeps the live bcp in r13 (x86_64).
+    /// The interpreter keeps the live bcp in r13 (x86_64), and the caller's sp there on entry.
     pub r13: u64,
+    /// The `Method*` on entry to the interpreter.
+    pub rbx: u64,
 }
 
 /// State of a user stack walk. The BPF program keeps it in a per-CPU map, so that its
@@ -28,8 +30,10 @@ pub struct Walk {
     pub pc: u64,
     pub sp: u64,
     pub fp: u64,
-    /// r13 at the sample (the interpreter's bcp, for the top frame).
+    /// r13 and rbx at the sample (the interpreter's bcp, or on its entry the caller's sp and
+    /// the `Method*`; for the top frame).
     pub r13: u64,
+    pub rbx: u64,
     /// Frames recorded so far.
     pub frames: u32,
     /// The `UnwindEnd` once the walk has stopped, else [`END_UNSET`].
@@ -70,6 +74,7 @@ impl Walk {
         self.sp = regs.sp;
         self.fp = regs.fp;
         self.r13 = regs.r13;
+        self.rbx = regs.rbx;
         match hotspot {
             Some(hotspot) => {
                 copy_layout(&mut self.hotspot, hotspot);

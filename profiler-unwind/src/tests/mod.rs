@@ -203,6 +203,35 @@ fn an_implausible_bcp_is_recorded_as_an_unknown_bci() {
     expect(walked, &[leaf.frame(NO_BCI)], &natives, UnwindEnd::Complete);
 }
 
+#[test]
+fn a_method_entered_from_compiled_code_before_its_frame_is_built() {
+    // The interpreter's entry, called through the c2i adapter: the arguments below the
+    // compiled caller's sp, the return address into the caller at sp, rbp still the caller's
+    // general register, rbx the Method*, r13 the caller's sp.
+    let mut jvm = Jvm::new(Layout::Pointers);
+    let caller = jvm.add_blob(&BlobSpec::nmethod(6, 31));
+    let entered = jvm.add_method(b"com/example/Cold", 0x7777_0001, 12);
+    let sender_sp = STACK + 0x8000;
+    let sp = sender_sp - 0x20;
+    jvm.memory.put_u64(sp, caller.pc(0x90));
+    let (interp_fp, rest) = interpreted_caller(&mut jvm, sender_sp + 6 * 8);
+    jvm.compiled_frame(sender_sp, 6, interp_fp, INTERPRETER_PC);
+    let mut start = regs(INTERPRETER_LOW + 0x100, sp, 0x42);
+    start.r13 = sender_sp;
+    start.rbx = entered.addr;
+    let walked = jvm.walk(TID, start);
+    expect(
+        walked,
+        &[entered.frame(NO_BCI), caller.frame(0x90)],
+        &rest,
+        UnwindEnd::Complete,
+    );
+    // Without a return address into compiled code at sp, nothing says where the frame is.
+    jvm.memory.put_u64(sp, 0x1234);
+    let walked = jvm.walk(TID, start);
+    expect(walked, &[], &[], UnwindEnd::BadJavaFrame);
+}
+
 // Compiled frames.
 
 #[test]
