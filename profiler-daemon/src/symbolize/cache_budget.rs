@@ -4,12 +4,16 @@
 //!
 //! A cache charges what an entry costs when it fills it, and evicts its least recently used
 //! entries whole while the total is over the limit. What an entry costs is measured, not
-//! guessed: blazesym reports no sizes, so the daemon's resident memory (`/proc/self/statm`:
-//! heap and mapped file pages alike) is read before and after the work that filled the entry,
-//! and the growth is charged to it. The figures are published as metrics.
+//! guessed: blazesym reports no sizes, so the daemon's heap in use (its allocator's count) and
+//! its resident file pages (`/proc/self/statm`) are read before and after the work that filled
+//! the entry, and the growth is charged to it. The heap is counted by the allocator rather than
+//! by the resident set: a parse that reuses memory freed earlier holds it all the same. The
+//! figures are published as metrics.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+use crate::own_memory::heap_stats;
 
 /// Default limit: leaves room for the rest of the daemon under a DaemonSet's 256 MiB.
 pub const DEFAULT_LIMIT_BYTES: u64 = 96 << 20;
@@ -80,14 +84,15 @@ impl CacheBudget {
     }
 }
 
-/// The daemon's resident memory now, in bytes (0 if it cannot be read).
-pub fn resident_bytes() -> u64 {
+/// The daemon's file pages resident now (statm's shared pages: the binaries it maps), in bytes
+/// (0 if it cannot be read).
+fn resident_file_bytes() -> u64 {
     let Ok(statm) = std::fs::read_to_string("/proc/self/statm") else {
         return 0;
     };
     let pages: u64 = statm
         .split_whitespace()
-        .nth(1)
+        .nth(2)
         .and_then(|field| field.parse().ok())
         .unwrap_or(0);
     // SAFETY: sysconf has no memory preconditions.
@@ -95,11 +100,16 @@ pub fn resident_bytes() -> u64 {
     pages * page
 }
 
-/// Measures what `work` made the daemon hold: its resident growth, never negative.
+/// Measures what `work` made the daemon hold: the growth of its heap in use (the allocator's
+/// count: memory `work` allocated and kept, even where it reused memory freed earlier, which a
+/// resident-set measure would not see) plus that of its resident file pages (the binaries it
+/// mapped), never negative.
 pub fn measure<T>(work: impl FnOnce() -> T) -> (T, u64) {
-    let before = resident_bytes();
+    let (files_before, heap_before) = (resident_file_bytes(), heap_stats().in_use_bytes);
     let result = work();
-    (result, resident_bytes().saturating_sub(before))
+    let files = resident_file_bytes().saturating_sub(files_before);
+    let heap = heap_stats().in_use_bytes.saturating_sub(heap_before);
+    (result, files + heap)
 }
 
 #[cfg(test)]
@@ -122,28 +132,39 @@ mod tests {
     }
 
     #[test]
-    fn resident_growth_is_measured() {
+    fn kept_heap_and_mapped_file_pages_are_measured() {
         const SIZE: usize = 32 << 20;
-        // A mapping of its own: freed heap memory would be reused (and already resident). The
-        // measure is process-wide and other tests run in parallel threads, freeing memory
+        // The measure is process-wide and other tests run in parallel threads, freeing memory
         // meanwhile: the best of three attempts is this work's own growth.
         let grown = (0..3)
             .map(|_| {
-                // SAFETY: a fresh private anonymous mapping, touched within its length and
+                let (kept, grown) = measure(|| vec![1u8; SIZE]);
+                drop(kept);
+                grown
+            })
+            .max()
+            .unwrap_or(0);
+        assert!(grown >= 24 << 20, "heap: grew {grown} bytes");
+
+        let file = tempfile::tempfile().expect("a file");
+        file.set_len(SIZE as u64).expect("sized");
+        let grown = (0..3)
+            .map(|_| {
+                // SAFETY: a fresh shared mapping of the file, read within its length and
                 // unmapped once measured.
                 unsafe {
                     let (mapping, grown) = measure(|| {
                         let mapping = libc::mmap(
                             std::ptr::null_mut(),
                             SIZE,
-                            libc::PROT_READ | libc::PROT_WRITE,
-                            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                            -1,
+                            libc::PROT_READ,
+                            libc::MAP_SHARED,
+                            std::os::fd::AsRawFd::as_raw_fd(&file),
                             0,
                         );
                         assert_ne!(mapping, libc::MAP_FAILED);
                         for offset in (0..SIZE).step_by(4096) {
-                            *mapping.cast::<u8>().add(offset) = 1;
+                            std::ptr::read_volatile(mapping.cast::<u8>().add(offset));
                         }
                         mapping
                     });
@@ -153,6 +174,6 @@ mod tests {
             })
             .max()
             .unwrap_or(0);
-        assert!(grown >= 24 << 20, "grew {grown} bytes");
+        assert!(grown >= 24 << 20, "file pages: grew {grown} bytes");
     }
 }
