@@ -72,6 +72,10 @@ struct Binary {
     frames: HashMap<u64, Arc<ResolvedFrame>>,
     /// Bytes charged to the budget for the two above.
     charged: u64,
+    /// What its first parse is expected to hold ([`ElfFacts::parse_estimate`]): made room for
+    /// in the budget before it, so that the cache stays within its limit even while a binary
+    /// larger than the room left is parsed.
+    parse_estimate: u64,
     /// When it was last used (a `NativeSymbolizer::clock` value).
     last_used: u64,
     /// The user whose process last had it symbolized: whose share its charge counts against.
@@ -84,6 +88,8 @@ struct DebugFile {
     /// Whether its DWARF is read (it fits [`NativeSymbolizer::dwarf_bound`]); else its symbol
     /// table alone names the binary's functions, still better than the binary's own.
     dwarf: bool,
+    /// What parsing it is expected to hold ([`ElfFacts::parse_estimate`]).
+    parse_estimate: u64,
     /// Its identity: names read from it are shared under it (the host's debug directories are
     /// root's, so its path is trusted).
     stamp: FileStamp,
@@ -212,6 +218,10 @@ impl NativeSymbolizer {
         }
 
         for (binary, (indexes, offsets, mapping)) in pending {
+            let entry = &self.binaries[binary as usize];
+            if entry.symbolizer.is_none() {
+                self.make_room_for(entry.parse_estimate);
+            }
             let (frames, grown) =
                 cache_budget::measure(|| self.symbolize_binary(process, mapping, binary, &offsets));
             let entry = &mut self.binaries[binary as usize];
@@ -229,11 +239,16 @@ impl NativeSymbolizer {
         out
     }
 
-    /// Drops binaries' caches while over the budget: the least recently used binary of the user
-    /// whose binaries are charged the most (the results of this call are already out: even a
-    /// binary bigger than the whole budget is symbolized, then dropped).
+    /// Drops binaries' caches while over the budget (the results of this call are already out:
+    /// even a binary bigger than the whole budget is symbolized, then dropped).
     fn evict_over_budget(&mut self) {
-        while self.budget.over() {
+        self.make_room_for(0);
+    }
+
+    /// Drops binaries' caches until `bytes` more fit in the budget, or none is left to drop:
+    /// the least recently used binary of the user whose binaries are charged the most.
+    fn make_room_for(&mut self, bytes: u64) {
+        while self.budget.charged().saturating_add(bytes) > self.budget.limit() {
             let mut by_user: HashMap<u32, u64> = HashMap::new();
             for binary in self
                 .binaries
@@ -327,15 +342,15 @@ impl NativeSymbolizer {
                 let debug_syms = facts.dwarf_fits(&file, self.dwarf_bound());
                 let has_own_dwarf = debug_syms && facts.debug_bytes > 0;
                 let debug_file = match &facts.build_id {
-                    Some(build_id) if !has_own_dwarf => {
-                        self.find_debug_file(build_id)
-                            .map(|(path, debug_stamp, dwarf)| DebugFile {
-                                path,
-                                dwarf,
-                                stamp: debug_stamp,
-                                segments: facts.segments.clone(),
-                            })
-                    }
+                    Some(build_id) if !has_own_dwarf => self.find_debug_file(build_id).map(
+                        |(path, debug_stamp, dwarf, parse_estimate)| DebugFile {
+                            path,
+                            dwarf,
+                            parse_estimate,
+                            stamp: debug_stamp,
+                            segments: facts.segments.clone(),
+                        },
+                    ),
                     _ => None,
                 };
                 let key = match &debug_file {
@@ -350,7 +365,13 @@ impl NativeSymbolizer {
                         .map_or(BinaryKey::File(stamp), BinaryKey::Names),
                 };
                 let build_id = facts.build_id.as_deref().and_then(shown_build_id);
-                self.intern(key, module.clone(), debug_syms, debug_file, build_id)
+                let parse_estimate = match &debug_file {
+                    Some(debug_file) => debug_file.parse_estimate,
+                    None => facts.parse_estimate(debug_syms),
+                };
+                let id = self.intern(key, module.clone(), debug_syms, debug_file, build_id);
+                self.binaries[id as usize].parse_estimate = parse_estimate;
+                id
             }
             Err(_) => self.intern(BinaryKey::File(stamp), module.clone(), false, None, None),
         };
@@ -386,6 +407,7 @@ impl NativeSymbolizer {
                 symbolizer: None,
                 frames: HashMap::new(),
                 charged: 0,
+                parse_estimate: 0,
                 last_used: self.clock,
                 user: u32::MAX,
             });
@@ -405,7 +427,7 @@ impl NativeSymbolizer {
     /// The debug file of build-id `build_id` under the debug directories: a regular file (the
     /// directories are the host's, root's to write) of the same build-id, and whether its DWARF
     /// fits [`Self::dwarf_bound`].
-    fn find_debug_file(&self, build_id: &[u8]) -> Option<(PathBuf, FileStamp, bool)> {
+    fn find_debug_file(&self, build_id: &[u8]) -> Option<(PathBuf, FileStamp, bool, u64)> {
         let (first, rest) = build_id.split_first()?;
         if rest.len() < 4 {
             return None;
@@ -416,8 +438,9 @@ impl NativeSymbolizer {
                 .join(".build-id")
                 .join(format!("{first:02x}"))
                 .join(format!("{rest}.debug"));
-            let (stamp, dwarf) = debug_file_of(&path, build_id, self.dwarf_bound())?;
-            Some((path, stamp, dwarf))
+            let (stamp, dwarf, parse_estimate) =
+                debug_file_of(&path, build_id, self.dwarf_bound())?;
+            Some((path, stamp, dwarf, parse_estimate))
         })
     }
 
@@ -507,8 +530,12 @@ fn shown_build_id(build_id: &[u8]) -> Option<Arc<str>> {
 }
 
 /// The stamp of `path` if it is a regular file with build-id `build_id` that names no other
-/// files, and whether its DWARF fits `max_debug_bytes` (about what parsing it holds in memory).
-fn debug_file_of(path: &Path, build_id: &[u8], max_debug_bytes: u64) -> Option<(FileStamp, bool)> {
+/// files, whether its DWARF fits `max_debug_bytes`, and what parsing it is expected to hold.
+fn debug_file_of(
+    path: &Path,
+    build_id: &[u8],
+    max_debug_bytes: u64,
+) -> Option<(FileStamp, bool, u64)> {
     use std::os::unix::fs::OpenOptionsExt as _;
     // Non-blocking: even in the host's debug directories, a FIFO must not stall the symbolizer.
     let file = std::fs::OpenOptions::new()
@@ -524,7 +551,11 @@ fn debug_file_of(path: &Path, build_id: &[u8], max_debug_bytes: u64) -> Option<(
         return None;
     }
     let dwarf = facts.trusted_dwarf_fits(max_debug_bytes);
-    Some((FileStamp::of(&file).ok()?, dwarf))
+    Some((
+        FileStamp::of(&file).ok()?,
+        dwarf,
+        facts.parse_estimate(dwarf),
+    ))
 }
 
 fn new_blazesym() -> Symbolizer {
@@ -759,6 +790,7 @@ mod tests {
                 symbolizer: None,
                 frames: HashMap::new(),
                 charged,
+                parse_estimate: 0,
                 last_used,
                 user,
             });
@@ -768,6 +800,36 @@ mod tests {
         let still_charged: Vec<u64> = symbolizer.binaries.iter().map(|b| b.charged).collect();
         // 1200 > 1000: user 7's least recently used binary goes, not user 8's older one.
         assert_eq!(still_charged, vec![0, 300, 300, 300]);
+    }
+
+    /// Before a binary's first parse, binaries are evicted until what it is expected to hold
+    /// fits: the cache never holds its limit plus a large binary at once.
+    #[test]
+    fn room_is_made_for_a_parse_before_it() {
+        let mut symbolizer = NativeSymbolizer::with_budget(1000);
+        for (index, last_used) in [2, 0, 1].into_iter().enumerate() {
+            symbolizer.binaries.push(Binary {
+                id: index as u32,
+                debug_syms: false,
+                module: Arc::from("/m"),
+                debug_file: None,
+                build_id: None,
+                symbolizer: None,
+                frames: HashMap::new(),
+                charged: 300,
+                parse_estimate: 0,
+                last_used,
+                user: 7,
+            });
+            symbolizer.budget.charge(300);
+        }
+        symbolizer.make_room_for(500);
+        let still_charged: Vec<u64> = symbolizer.binaries.iter().map(|b| b.charged).collect();
+        // 900 + 500 > 1000: the two least recently used go, 300 + 500 fits.
+        assert_eq!(still_charged, vec![300, 0, 0]);
+        // Nothing left to evict for a parse larger than the budget: it goes ahead.
+        symbolizer.make_room_for(5000);
+        assert_eq!(symbolizer.budget.charged(), 0);
     }
 
     #[test]
