@@ -57,10 +57,12 @@ static CFI_BLOCKS: HashMap<u64, CfiBlock> =
 static CFI_ROW_CACHE: PerCpuArray<CfiRowCache> =
     PerCpuArray::with_max_entries(crate::WALK_SLOTS, 0);
 
-/// Code blobs found by earlier walks on this CPU (see `profiler_unwind::RecentBlobTable`).
+/// Code blobs found by earlier walks on this CPU (see `profiler_unwind::RecentBlobTable`): one
+/// table, for the sampling walks ([`WalkSlot::Interrupt`](crate::WalkSlot)).
+/// The allocation hooks' walks, which may interrupt nothing but run in process context, have
+/// none (their slot is past the map's end) and find every blob anew. 32 KiB per CPU.
 #[map]
-static RECENT_BLOBS: PerCpuArray<RecentBlobTable> =
-    PerCpuArray::with_max_entries(crate::WALK_SLOTS, 0);
+static RECENT_BLOBS: PerCpuArray<RecentBlobTable> = PerCpuArray::with_max_entries(1, 0);
 
 /// A per-CPU word the table searches pass their bounds through (see `cfi::Opaque`).
 #[map]

@@ -19,17 +19,20 @@
 //! A stub has no compile id; the word read in its place is as stable as the stub, and stubs
 //! live as long as the JVM but for rare adapter buffers.
 //!
-//! The table is direct-mapped and per CPU (the BPF side keeps one per walk slot): a walk only
-//! ever reads and writes its own, so entries are never torn by a concurrent writer.
+//! The table is direct-mapped and per CPU (the BPF side keeps one, for the sampling walks): a
+//! walk only ever reads and writes its own CPU's, and nothing else on that CPU walks with it, so
+//! entries are never torn by a concurrent writer.
 
 use crate::memory::UserMemory;
 use crate::state::BlobCache;
 use profiler_common::HotspotProc;
 
-/// log2 of [`RECENT_BLOBS`].
-const RECENT_BLOB_BITS: u32 = 8;
+/// log2 of [`RECENT_BLOBS`]: the most a per-CPU map value holds (32 KiB, the kernel's per-CPU
+/// allocation unit). A 200-frame stack of distinct compiled methods fits with some collisions
+/// (256 entries kept about half of them).
+const RECENT_BLOB_BITS: u32 = 9;
 
-/// Entries of a [`RecentBlobTable`]: 16 KiB.
+/// Entries of a [`RecentBlobTable`]: 32 KiB.
 pub const RECENT_BLOBS: usize = 1 << RECENT_BLOB_BITS;
 
 /// Addresses of one cache line map to one entry: a blob's nearby call sites share it.
@@ -50,6 +53,8 @@ pub struct RecentBlob {
 pub struct RecentBlobTable {
     pub entries: [RecentBlob; RECENT_BLOBS],
 }
+
+const _: () = assert!(core::mem::size_of::<RecentBlobTable>() <= 32 << 10);
 
 impl RecentBlobTable {
     pub const EMPTY: Self = Self {
