@@ -770,19 +770,11 @@ mod tests {
         );
     }
 
-    /// Over the budget, the user whose binaries are charged the most loses theirs first, least
-    /// recently used first; the other user keeps theirs.
-    #[test]
-    fn over_its_budget_the_heaviest_users_binaries_are_evicted_first() {
-        let mut symbolizer = NativeSymbolizer::with_budget(1000);
-        // (user, charged, last used): user 7 holds 900 bytes in three binaries, user 8 holds 300.
-        for (index, (user, charged, last_used)) in
-            [(7, 300, 1), (8, 300, 0), (7, 300, 2), (7, 300, 3)]
-                .into_iter()
-                .enumerate()
-        {
-            symbolizer.binaries.push(Binary {
-                id: index as u32,
+    impl NativeSymbolizer {
+        /// A binary of `user`'s whose cache was charged `charged` bytes, last used at `last_used`.
+        fn add_cached(&mut self, user: u32, charged: u64, last_used: u64) {
+            self.binaries.push(Binary {
+                id: self.binaries.len() as u32,
                 debug_syms: false,
                 module: Arc::from("/m"),
                 debug_file: None,
@@ -794,7 +786,18 @@ mod tests {
                 last_used,
                 user,
             });
-            symbolizer.budget.charge(charged);
+            self.budget.charge(charged);
+        }
+    }
+
+    /// Over the budget, the user whose binaries are charged the most loses theirs first, least
+    /// recently used first; the other user keeps theirs.
+    #[test]
+    fn over_its_budget_the_heaviest_users_binaries_are_evicted_first() {
+        let mut symbolizer = NativeSymbolizer::with_budget(1000);
+        // (user, charged, last used): user 7 holds 900 bytes in three binaries, user 8 holds 300.
+        for (user, charged, last_used) in [(7, 300, 1), (8, 300, 0), (7, 300, 2), (7, 300, 3)] {
+            symbolizer.add_cached(user, charged, last_used);
         }
         symbolizer.evict_over_budget();
         let still_charged: Vec<u64> = symbolizer.binaries.iter().map(|b| b.charged).collect();
@@ -807,21 +810,8 @@ mod tests {
     #[test]
     fn room_is_made_for_a_parse_before_it() {
         let mut symbolizer = NativeSymbolizer::with_budget(1000);
-        for (index, last_used) in [2, 0, 1].into_iter().enumerate() {
-            symbolizer.binaries.push(Binary {
-                id: index as u32,
-                debug_syms: false,
-                module: Arc::from("/m"),
-                debug_file: None,
-                build_id: None,
-                symbolizer: None,
-                frames: HashMap::new(),
-                charged: 300,
-                parse_estimate: 0,
-                last_used,
-                user: 7,
-            });
-            symbolizer.budget.charge(300);
+        for last_used in [2, 0, 1] {
+            symbolizer.add_cached(7, 300, last_used);
         }
         symbolizer.make_room_for(500);
         let still_charged: Vec<u64> = symbolizer.binaries.iter().map(|b| b.charged).collect();
