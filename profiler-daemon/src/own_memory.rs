@@ -53,8 +53,9 @@ pub fn read_own_binary_as_run() {
         .filter_map(|line| own_read_only_mapping(line, &exe))
     {
         let (start, len) = (start as *mut libc::c_void, (end - start) as usize);
-        // SAFETY: advice on read-only ranges of our own address space: their contents stay
-        // what the file holds, refaulted on the next access.
+        // SAFETY: advice on read-only ranges of our own address space, which changes no
+        // contents: file pages are read again on the next access, and anonymous ones (relocated
+        // read-only data) are left alone without swap or come back from it.
         unsafe {
             libc::madvise(start, len, libc::MADV_RANDOM);
             libc::madvise(start, len, libc::MADV_PAGEOUT);

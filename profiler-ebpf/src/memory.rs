@@ -58,9 +58,10 @@ static CFI_ROW_CACHE: PerCpuArray<CfiRowCache> =
     PerCpuArray::with_max_entries(crate::WALK_SLOTS, 0);
 
 /// Code blobs found by earlier walks on this CPU (see `profiler_unwind::RecentBlobTable`): one
-/// table, for the sampling walks ([`WalkSlot::Interrupt`](crate::WalkSlot)).
-/// The allocation hooks' walks, which may interrupt nothing but run in process context, have
-/// none (their slot is past the map's end) and find every blob anew. 32 KiB per CPU.
+/// table, 32 KiB per CPU, for the sampling walks ([`WalkSlot::Interrupt`](crate::WalkSlot)).
+/// The allocation hooks' walks, which a sample may interrupt on the same CPU (a write torn
+/// between the two would describe no blob), have none: their slot is past the map's end, and
+/// they find every blob anew.
 #[map]
 static RECENT_BLOBS: PerCpuArray<RecentBlobTable> = PerCpuArray::with_max_entries(1, 0);
 
@@ -187,8 +188,8 @@ impl RecentBlobs for CurrentTask {
     #[inline(always)]
     fn with_recent_blobs<R>(&self, use_table: impl FnOnce(&mut RecentBlobTable) -> R) -> Option<R> {
         let table = RECENT_BLOBS.get_ptr_mut(self.slot)?;
-        // SAFETY: a per-CPU map value, used by one program at a time on this CPU (each walk
-        // slot has its own).
+        // SAFETY: a per-CPU map value, used only by the sampling walks, one at a time on this
+        // CPU (see `RECENT_BLOBS`).
         Some(use_table(unsafe { &mut *table }))
     }
 }

@@ -158,9 +158,8 @@ pub(crate) fn java_step<M: UserMemory + RecentBlobs>(
     let blob = &walk.blob_cache;
     let (blob_address, code_begin, end, compile_id) =
         (blob.blob, blob.code_begin, blob.end, blob.compile_id);
-    let (frame_size, frame_complete) = (blob.frame_size, blob.frame_complete);
+    let (frame_size, frame_complete) = (blob.frame_size as i64, blob.frame_complete as i64);
     let (deopt_handler, orig_pc_offset) = (blob.deopt_handler, blob.orig_pc_offset);
-    let (frame_size, frame_complete) = (frame_size as i64, frame_complete as i64);
     if code_begin == 0 || pc < code_begin || frame_size > MAX_FRAME_WORDS {
         return Err(UnwindEnd::BadJavaFrame);
     }

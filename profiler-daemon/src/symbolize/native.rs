@@ -82,14 +82,31 @@ struct Binary {
     user: u32,
 }
 
+/// What a new binary is named from, as its headers were read: a [`Binary`]'s fields of that
+/// name.
+struct NameSources {
+    debug_syms: bool,
+    debug_file: Option<DebugFile>,
+    build_id: Option<Arc<str>>,
+    parse_estimate: u64,
+}
+
+impl NameSources {
+    /// A file whose headers could not be read: its symbol tables, if blazesym reads any.
+    const SYMBOLS_ONLY: Self = Self {
+        debug_syms: false,
+        debug_file: None,
+        build_id: None,
+        parse_estimate: 0,
+    };
+}
+
 /// A binary's separate debug file: same build-id, same segments, symbols and DWARF.
 struct DebugFile {
     path: PathBuf,
     /// Whether its DWARF is read (it fits [`NativeSymbolizer::dwarf_bound`]); else its symbol
     /// table alone names the binary's functions, still better than the binary's own.
     dwarf: bool,
-    /// What parsing it is expected to hold ([`ElfFacts::parse_estimate`]).
-    parse_estimate: u64,
     /// Its identity: names read from it are shared under it (the host's debug directories are
     /// root's, so its path is trusted).
     stamp: FileStamp,
@@ -328,10 +345,10 @@ impl NativeSymbolizer {
             inode: *inode,
         };
         let Ok(file) = process.open_mapped_file(mapping) else {
-            return self.intern(unopened, module, false, None, None);
+            return self.intern(unopened, module, NameSources::SYMBOLS_ONLY);
         };
         let Ok(stamp) = FileStamp::of(&file) else {
-            return self.intern(unopened, module, false, None, None);
+            return self.intern(unopened, module, NameSources::SYMBOLS_ONLY);
         };
         if let Some(&id) = self.by_stamp.get(&(stamp, module.clone())) {
             return id;
@@ -341,18 +358,20 @@ impl NativeSymbolizer {
             Ok(facts) => {
                 let debug_syms = facts.dwarf_fits(&file, self.dwarf_bound());
                 let has_own_dwarf = debug_syms && facts.debug_bytes > 0;
-                let debug_file = match &facts.build_id {
-                    Some(build_id) if !has_own_dwarf => self.find_debug_file(build_id).map(
-                        |(path, debug_stamp, dwarf, parse_estimate)| DebugFile {
-                            path,
-                            dwarf,
-                            parse_estimate,
-                            stamp: debug_stamp,
-                            segments: facts.segments.clone(),
-                        },
-                    ),
+                let found = match &facts.build_id {
+                    Some(build_id) if !has_own_dwarf => self.find_debug_file(build_id),
                     _ => None,
                 };
+                let parse_estimate = found.as_ref().map_or_else(
+                    || facts.parse_estimate(debug_syms),
+                    |(_, _, _, estimate)| *estimate,
+                );
+                let debug_file = found.map(|(path, stamp, dwarf, _)| DebugFile {
+                    path,
+                    dwarf,
+                    stamp,
+                    segments: facts.segments.clone(),
+                });
                 let key = match &debug_file {
                     Some(debug_file) => BinaryKey::Names(facts.debug_file_key(
                         &self.secret,
@@ -365,15 +384,19 @@ impl NativeSymbolizer {
                         .map_or(BinaryKey::File(stamp), BinaryKey::Names),
                 };
                 let build_id = facts.build_id.as_deref().and_then(shown_build_id);
-                let parse_estimate = match &debug_file {
-                    Some(debug_file) => debug_file.parse_estimate,
-                    None => facts.parse_estimate(debug_syms),
+                let sources = NameSources {
+                    debug_syms,
+                    debug_file,
+                    build_id,
+                    parse_estimate,
                 };
-                let id = self.intern(key, module.clone(), debug_syms, debug_file, build_id);
-                self.binaries[id as usize].parse_estimate = parse_estimate;
-                id
+                self.intern(key, module.clone(), sources)
             }
-            Err(_) => self.intern(BinaryKey::File(stamp), module.clone(), false, None, None),
+            Err(_) => self.intern(
+                BinaryKey::File(stamp),
+                module.clone(),
+                NameSources::SYMBOLS_ONLY,
+            ),
         };
         tracing::debug!(
             pid = process.pid,
@@ -387,27 +410,20 @@ impl NativeSymbolizer {
     }
 
     /// The binary of `key`, made if new.
-    fn intern(
-        &mut self,
-        key: BinaryKey,
-        module: Arc<str>,
-        debug_syms: bool,
-        debug_file: Option<DebugFile>,
-        build_id: Option<Arc<str>>,
-    ) -> u32 {
+    fn intern(&mut self, key: BinaryKey, module: Arc<str>, sources: NameSources) -> u32 {
         let next_id = self.binaries.len() as u32;
         let id = *self.keys.entry(key).or_insert(next_id);
         if id == next_id {
             self.binaries.push(Binary {
                 id,
-                debug_syms,
+                debug_syms: sources.debug_syms,
                 module,
-                debug_file,
-                build_id,
+                debug_file: sources.debug_file,
+                build_id: sources.build_id,
                 symbolizer: None,
                 frames: HashMap::new(),
                 charged: 0,
-                parse_estimate: 0,
+                parse_estimate: sources.parse_estimate,
                 last_used: self.clock,
                 user: u32::MAX,
             });

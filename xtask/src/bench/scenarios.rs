@@ -578,7 +578,9 @@ impl Bench {
 
     /// Starts what section 2 profiles; a JVM whose code is compiled is given half the warm-up.
     fn start_bpf_target(&self, workload: BpfWorkload) -> Result<BpfTarget> {
-        let (depth, interpreted) = match workload {
+        let cpus = self.cpus.to_string();
+        // The JVM's flags and arguments, and whether its code is JIT-compiled.
+        let (flags, args, compiled): (&[&str], Vec<String>, bool) = match workload {
             BpfWorkload::Sleeper => {
                 let sleeper = Guarded::spawn("sleep", Command::new("sleep").arg("3600"))?;
                 return Ok(BpfTarget::Sleeper(sleeper));
@@ -594,34 +596,32 @@ impl Bench {
                     &self.native_deep_fp
                 };
                 let mut command = Command::new(binary);
-                command.args([NATIVE_DEPTH.to_string(), self.cpus.to_string()]);
+                command.args([NATIVE_DEPTH.to_string(), cpus]);
                 let native = Workload::start(&self.bpf_label(workload), command)?;
                 return Ok(BpfTarget::Workload(native, workload));
             }
-            BpfWorkload::Java { depth, interpreted } => (depth, interpreted),
-            BpfWorkload::JavaDistinct { .. } => {
-                let flags = [
+            BpfWorkload::Java { depth, interpreted } => (
+                if interpreted { &["-Xint"] } else { &[] },
+                vec!["deep".to_owned(), depth.to_string(), cpus],
+                !interpreted,
+            ),
+            // Each method of the chain is called once per leaf, 100 times a second per thread:
+            // past C1's threshold within the warm-up.
+            BpfWorkload::JavaDistinct { .. } => (
+                &[
                     "-XX:CompileCommand=quiet",
                     "-XX:CompileCommand=dontinline,DistinctChain::*",
-                ];
-                let args = ["distinct".to_owned(), self.cpus.to_string()];
-                let command = self.java_command(&self.jdks[0], &flags, &args);
-                let java = Workload::start(&self.bpf_label(workload), command)?;
-                // Every method of the chain compiled (each is called once per leaf, 100 times
-                // a second per thread: past C1's threshold in 2 s).
-                thread::sleep(self.plan.warmup / 2);
-                return Ok(BpfTarget::Workload(java, workload));
-            }
+                ],
+                vec!["distinct".to_owned(), cpus],
+                true,
+            ),
         };
-        let jdk = &self.jdks[0];
-        let flags: &[&str] = if interpreted { &["-Xint"] } else { &[] };
-        let args = ["deep".to_owned(), depth.to_string(), self.cpus.to_string()];
         let java = Workload::start(
             &self.bpf_label(workload),
-            self.java_command(jdk, flags, &args),
+            self.java_command(&self.jdks[0], flags, &args),
         )?;
-        if !interpreted {
-            // Recursion and leaf compiled: the stacks are the steady-state mix of JIT frames.
+        if compiled {
+            // The stacks are the steady-state mix of JIT frames.
             thread::sleep(self.plan.warmup / 2);
         }
         Ok(BpfTarget::Workload(java, workload))
