@@ -496,9 +496,11 @@ impl Jvm {
             .put_u8(block + self.hs.heap_block_used as u64, 0);
     }
 
-    /// Frees `blob` into the free block that ends where it starts: its segments in the map now
-    /// lead back to that block's start, `back` segments before it; its header bytes stay.
+    /// Frees `blob` into the free block that ends where it starts, as HotSpot does: its header
+    /// marked free, then its segments in the map lead back to that block's start, `back`
+    /// segments before it; its header's other bytes stay.
     pub fn free_blob_merged(&mut self, blob: &Blob, back: u64) {
+        self.free_blob(blob);
         let first = (blob.addr - HEAP_BLOCK_HEADER - HEAP_LOW) >> LOG2_SEGMENT;
         let segments = self
             .memory

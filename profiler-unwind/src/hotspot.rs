@@ -345,8 +345,10 @@ fn recent_or_read_blob<M: UserMemory + RecentBlobs>(
     out: &mut BlobCache,
 ) -> Result<(), UnwindEnd> {
     let instance = hs.instance;
-    let recalled = memory.with_recent_blobs(|table| table.recall_into(instance, pc, out));
-    if recalled == Some(true) && still_in_place(hs, memory, out) {
+    let recalled = memory.with_recent_blobs(|table| {
+        table.recall_into(instance, pc, out) && still_in_place(hs, memory, out, &mut table.span)
+    });
+    if recalled == Some(true) {
         return Ok(());
     }
     read_blob(hs, memory, pc, out)?;
@@ -362,7 +364,7 @@ fn read_blob<M: UserMemory>(
     pc: u64,
     out: &mut BlobCache,
 ) -> Result<(), UnwindEnd> {
-    let (blob, segment_map_entry) = find_blob(hs, memory, pc)?;
+    let blob = find_blob(hs, memory, pc)?;
     let mut header = [MaybeUninit::<u8>::uninit(); BLOB_HEADER_BYTES];
     if !memory.read_into(blob, &mut header) {
         return Err(UnwindEnd::JavaReadFailed);
@@ -370,16 +372,16 @@ fn read_blob<M: UserMemory>(
     // SAFETY: the read filled every byte.
     let header: [u8; BLOB_HEADER_BYTES] = unsafe { core::mem::transmute(header) };
     let code_begin = if hs.flags & hotspot_flags::CODE_OFFSET != 0 {
-        blob.wrapping_add(header_i32(&header, hs.blob_code) as i64 as u64)
+        blob.wrapping_add(field_i32(&header, hs.blob_code as usize) as i64 as u64)
     } else {
-        header_u64(&header, hs.blob_code)
+        field_u64(&header, hs.blob_code as usize)
     };
     let frame_complete = if hs.flags & hotspot_flags::FRAME_COMPLETE_16 != 0 {
-        header_i16(&header, hs.blob_frame_complete) as i32
+        field_i16(&header, hs.blob_frame_complete as usize) as i32
     } else {
-        header_i32(&header, hs.blob_frame_complete)
+        field_i32(&header, hs.blob_frame_complete as usize)
     };
-    let size = header_i32(&header, hs.blob_size);
+    let size = field_i32(&header, hs.blob_size as usize);
     // A stub has no compile id, and userspace checks it.
     let compile_id = memory
         .read_u32(blob + hs.nmethod_compile_id as u64)
@@ -406,12 +408,11 @@ fn read_blob<M: UserMemory>(
         blob,
         code_begin,
         end: blob.wrapping_add(size.max(0) as u64),
-        frame_size: header_i32(&header, hs.blob_frame_size),
+        frame_size: field_i32(&header, hs.blob_frame_size as usize),
         frame_complete,
         compile_id,
         orig_pc_offset,
         deopt_handler,
-        segment_map_entry,
     };
     Ok(())
 }
@@ -591,51 +592,50 @@ fn slot_address(fp: u64, slot: i8) -> u64 {
     fp.wrapping_add((slot as i64 * 8) as u64)
 }
 
+/// The little-endian field of `T`'s width at byte `offset` of `bytes` (a power-of-two length:
+/// the mask is what bounds the index for the verifier); 0 if it would run past the end.
 #[inline(always)]
-fn header_u64(header: &[u8; BLOB_HEADER_BYTES], offset: u16) -> u64 {
-    let at = (offset as usize) & (BLOB_HEADER_BYTES - 1);
-    if at + 8 > BLOB_HEADER_BYTES {
+fn field_u64<const N: usize>(bytes: &[u8; N], offset: usize) -> u64 {
+    let at = offset & (N - 1);
+    if at + 8 > N {
         return 0;
     }
     u64::from_le_bytes([
-        header[at],
-        header[at + 1],
-        header[at + 2],
-        header[at + 3],
-        header[at + 4],
-        header[at + 5],
-        header[at + 6],
-        header[at + 7],
+        bytes[at],
+        bytes[at + 1],
+        bytes[at + 2],
+        bytes[at + 3],
+        bytes[at + 4],
+        bytes[at + 5],
+        bytes[at + 6],
+        bytes[at + 7],
     ])
 }
 
+/// See [`field_u64`].
 #[inline(always)]
-fn header_i32(header: &[u8; BLOB_HEADER_BYTES], offset: u16) -> i32 {
-    let at = (offset as usize) & (BLOB_HEADER_BYTES - 1);
-    if at + 4 > BLOB_HEADER_BYTES {
+pub(crate) fn field_i32<const N: usize>(bytes: &[u8; N], offset: usize) -> i32 {
+    let at = offset & (N - 1);
+    if at + 4 > N {
         return 0;
     }
-    i32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
+    i32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
 }
 
+/// See [`field_u64`].
 #[inline(always)]
-fn header_i16(header: &[u8; BLOB_HEADER_BYTES], offset: u16) -> i16 {
-    let at = (offset as usize) & (BLOB_HEADER_BYTES - 1);
-    if at + 2 > BLOB_HEADER_BYTES {
+fn field_i16<const N: usize>(bytes: &[u8; N], offset: usize) -> i16 {
+    let at = offset & (N - 1);
+    if at + 2 > N {
         return 0;
     }
-    i16::from_le_bytes([header[at], header[at + 1]])
+    i16::from_le_bytes([bytes[at], bytes[at + 1]])
 }
 
 /// The CodeBlob containing `pc`, through its heap's segment map (HotSpot's
-/// `CodeHeap::find_start`): each map byte says how many segments back the block starts. Also
-/// returns the address of the map byte of the block's first segment.
+/// `CodeHeap::find_start`): each map byte says how many segments back the block starts.
 #[inline(always)]
-fn find_blob<M: UserMemory>(
-    hs: &HotspotProc,
-    memory: &M,
-    pc: u64,
-) -> Result<(u64, u64), UnwindEnd> {
+fn find_blob<M: UserMemory>(hs: &HotspotProc, memory: &M, pc: u64) -> Result<u64, UnwindEnd> {
     let mut heap = None;
     for i in 0..MAX_CODE_HEAPS {
         if i < hs.heap_count as usize && pc >= hs.heaps[i].low && pc < hs.heaps[i].high {
@@ -674,5 +674,5 @@ fn find_blob<M: UserMemory>(
     if used == 0 {
         return Err(UnwindEnd::NoCodeBlob);
     }
-    Ok((block + hs.heap_block_size as u64, heap.segmap + index))
+    Ok(block + hs.heap_block_size as u64)
 }

@@ -1,20 +1,27 @@
 //! Code blobs found by earlier walks, kept across samples: a deep Java stack's frames are mostly
 //! compiled methods the last samples walked too, and finding a blob from a pc costs the segment
 //! map's hops, the heap block's header and the blob's fields (six or more dependent reads of the
-//! sampled process), where proving a remembered one still in place costs three.
+//! sampled process), where proving a remembered one still in place costs one.
 //!
 //! # Why a remembered blob can be trusted
 //!
 //! An entry is tagged with its JVM's [`instance`](profiler_common::HotspotProc::instance), not
 //! its pid: a pid is reused by the next process, an instance never. Within a JVM, the blob found
-//! for a pc changes only when the code cache frees it and puts other code there, so before an
-//! entry is used, three facts of the sampled process are read again (see [`still_in_place`]):
+//! for a pc changes only when the code cache frees it and puts other code there. Before an entry
+//! is used, the bytes from its heap block's header to the blob's compile id are read again, in
+//! one read (see [`still_in_place`]), and must say:
 //!
-//! - the segment map still marks a block start at the blob's block: a freed block merged into
-//!   the free block before it, and code placed anywhere in that free block, change it;
-//! - that block is in use: a freed one not merged keeps its old header bytes;
-//! - the blob's compile id is the remembered one: HotSpot never gives two nmethods the same
-//!   id, so a new nmethod placed at the very same address differs.
+//! - the block is in use: HotSpot marks a block free the moment it frees it
+//!   (`CodeHeap::add_to_freelist`), before merging it into a free neighbour, and a merge leaves
+//!   the old header's bytes as they were;
+//! - the blob's size, frame size and compile id are the remembered ones: HotSpot never gives two
+//!   nmethods the same id, so a new nmethod placed at the very same address differs; and code
+//!   placed over the old header (a block carved from free space that covers it) would have to
+//!   repeat all four fields byte for byte.
+//!
+//! HotSpot carves a new block from the end of a free block, whose own header stays where it was,
+//! so the header of a freed blob is either still there (marked free), rewritten as a new block's
+//! (a new blob, its own fields), or overwritten by a new blob's contents.
 //!
 //! A stub has no compile id; the word read in its place is as stable as the stub, and stubs
 //! live as long as the JVM but for rare adapter buffers.
@@ -23,13 +30,16 @@
 //! walk only ever reads and writes its own CPU's, and nothing else on that CPU walks with it, so
 //! entries are never torn by a concurrent writer.
 
+use core::mem::MaybeUninit;
+
+use crate::hotspot::field_i32;
 use crate::memory::UserMemory;
 use crate::state::BlobCache;
 use profiler_common::HotspotProc;
 
-/// log2 of [`RECENT_BLOBS`]: the most a per-CPU map value holds (32 KiB, the kernel's per-CPU
-/// allocation unit). A 200-frame stack of distinct compiled methods fits with some collisions
-/// (256 entries kept about half of them).
+/// log2 of [`RECENT_BLOBS`]: with the span buffer, the most a per-CPU map value holds (32 KiB,
+/// the kernel's per-CPU allocation unit). A 200-frame stack of distinct compiled methods fits
+/// with some collisions (256 entries kept about half of them).
 const RECENT_BLOB_BITS: u32 = 9;
 
 /// Entries of a [`RecentBlobTable`]: 32 KiB.
@@ -47,11 +57,19 @@ pub struct RecentBlob {
     pub blob: BlobCache,
 }
 
-/// Code blobs earlier walks on this CPU found, direct-mapped by (JVM instance, pc).
+/// Bytes of a block's header and blob fields [`still_in_place`] reads back, at most: the
+/// compile id is 212 to 324 bytes into an nmethod (JDK 11 to 27), its block header 8 or 16
+/// bytes before it. A power of two, so that field offsets are bounded by a mask.
+pub const BLOB_SPAN_BYTES: usize = 512;
+
+/// Code blobs earlier walks on this CPU found, direct-mapped by (JVM instance, pc), and the
+/// buffer a remembered blob's fields are read back into (the BPF program's stack has no room
+/// for it).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct RecentBlobTable {
     pub entries: [RecentBlob; RECENT_BLOBS],
+    pub span: [u8; BLOB_SPAN_BYTES],
 }
 
 const _: () = assert!(core::mem::size_of::<RecentBlobTable>() <= 32 << 10);
@@ -63,6 +81,7 @@ impl RecentBlobTable {
             _reserved: 0,
             blob: BlobCache::EMPTY,
         }; RECENT_BLOBS],
+        span: [0; BLOB_SPAN_BYTES],
     };
 
     /// The entry for `pc` of JVM `instance`: a multiplicative hash of both, its top bits.
@@ -118,18 +137,34 @@ pub trait RecentBlobs {
 }
 
 /// Whether `blob`, found earlier in this JVM, is still the blob at its address (see the
-/// module's documentation): three reads of the sampled process.
+/// module's documentation): one read of the sampled process, into `span`. False also when the
+/// JVM's layout puts the compile id beyond [`BLOB_SPAN_BYTES`] (the blob is then found anew).
 #[inline(always)]
 pub(crate) fn still_in_place<M: UserMemory>(
     hs: &HotspotProc,
     memory: &M,
     blob: &BlobCache,
+    span: &mut [u8; BLOB_SPAN_BYTES],
 ) -> bool {
-    let block = blob.blob.wrapping_sub(hs.heap_block_size as u64);
-    memory.read_u8(blob.segment_map_entry) == Ok(0)
-        && memory
-            .read_u8(block.wrapping_add(hs.heap_block_used as u64))
-            .is_ok_and(|used| used != 0)
-        && memory.read_u32(blob.blob.wrapping_add(hs.nmethod_compile_id as u64))
-            == Ok(blob.compile_id)
+    let header = hs.heap_block_size as usize;
+    let len = header + hs.nmethod_compile_id as usize + 4;
+    if len > BLOB_SPAN_BYTES {
+        return false;
+    }
+    let Some(dst) = span.get_mut(..len) else {
+        return false;
+    };
+    // SAFETY: the same bytes seen as possibly uninitialised; a read only ever writes bytes.
+    let dst = unsafe { &mut *(dst as *mut [u8] as *mut [MaybeUninit<u8>]) };
+    if !memory.read_into(blob.blob.wrapping_sub(header as u64), dst) {
+        return false;
+    }
+    let used = span[hs.heap_block_used as usize & (BLOB_SPAN_BYTES - 1)];
+    let size = field_i32(span, header + hs.blob_size as usize);
+    let frame_size = field_i32(span, header + hs.blob_frame_size as usize);
+    let compile_id = field_i32(span, header + hs.nmethod_compile_id as usize) as u32;
+    used != 0
+        && size as i64 as u64 == blob.end.wrapping_sub(blob.blob)
+        && frame_size == blob.frame_size
+        && compile_id == blob.compile_id
 }

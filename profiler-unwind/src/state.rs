@@ -107,8 +107,6 @@ pub struct BlobCache {
     pub orig_pc_offset: i32,
     /// Where a deoptimized frame returns to (0 if unknown).
     pub deopt_handler: u64,
-    /// The segment map's byte for the blob's first segment (0 while a block starts there).
-    pub segment_map_entry: u64,
 }
 
 impl BlobCache {
@@ -121,7 +119,6 @@ impl BlobCache {
         compile_id: 0,
         orig_pc_offset: 0,
         deopt_handler: 0,
-        segment_map_entry: 0,
     };
 }
 

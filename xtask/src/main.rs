@@ -33,12 +33,22 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
 ];
 
 /// Debian packages of the real applications tests/tests/real_apps/ profiles, by a file each
-/// installs: the H2 database, Clojure, Jetty 9 (embedded) and `ab` to load it over HTTP. Only
-/// libraries and tools: none of them starts a service.
+/// installs: the H2 database, Clojure, Jetty 9 (embedded), Spring Web MVC with Jackson on Tomcat 9
+/// (embedded) and `ab` to load the servers over HTTP. Only libraries and tools: none of them
+/// starts a service.
 const REAL_APP_PACKAGES: &[(&str, &str)] = &[
     ("/usr/share/java/h2.jar", "libh2-java"),
     ("/usr/share/java/clojure.jar", "clojure"),
     ("/usr/share/java/jetty9-server.jar", "libjetty9-java"),
+    (
+        "/usr/share/java/spring3-web.servlet.jar",
+        "libspring-web-servlet-java",
+    ),
+    ("/usr/share/java/tomcat9-catalina.jar", "libtomcat9-java"),
+    (
+        "/usr/share/java/jackson-databind.jar",
+        "libjackson2-databind-java",
+    ),
     ("/usr/bin/ab", "apache2-utils"),
 ];
 

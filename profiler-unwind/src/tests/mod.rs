@@ -497,18 +497,24 @@ fn a_remembered_blob_replaced_at_its_address_gives_way_to_the_new_one() {
     let _ = b;
 }
 
-#[test]
-fn a_remembered_blob_merged_into_free_space_gives_way_to_code_placed_inside_it() {
+/// A stack whose top blob `a` is freed into one free block with `spacer` before it (HotSpot
+/// marks it free, then merges it); returns the jvm, `a`, the walk's start and its frames.
+fn freed_and_merged() -> (Jvm, Blob, UserRegs, Vec<UserFrame>) {
     let mut jvm = Jvm::new(Layout::Pointers);
     let spacer = jvm.add_blob(&BlobSpec::nmethod(6, 50));
     let (a, _, start, frames) = two_compiled_frames(&mut jvm);
     expect(jvm.walk(TID, start), &frames, &[], UnwindEnd::Complete);
-    // The spacer and `a` freed into one free block from the spacer's start; a new nmethod
-    // placed two segments into `a`'s old block, past its header, which still reads as a used
-    // block with `a`'s compile id.
     jvm.free_blob(&spacer);
     let spacer_segments = (a.addr - spacer.addr) >> LOG2_SEGMENT;
     jvm.free_blob_merged(&a, spacer_segments);
+    (jvm, a, start, frames)
+}
+
+#[test]
+fn a_remembered_blob_merged_into_free_space_gives_way_to_code_placed_inside_it() {
+    let (mut jvm, a, start, frames) = freed_and_merged();
+    // A new nmethod placed two segments into `a`'s old block, past its header, which keeps
+    // its bytes but for the used flag.
     let small = BlobSpec {
         code_len: 0x200,
         ..BlobSpec::nmethod(6, 404)
@@ -521,6 +527,28 @@ fn a_remembered_blob_merged_into_free_space_gives_way_to_code_placed_inside_it()
     let offset = a.pc(0x150) - inside.code_begin;
     assert!(offset >= 0x40, "past the new nmethod's frame_complete");
     let mut expected = vec![inside.frame(offset)];
+    expected.extend_from_slice(&frames[1..]);
+    expect(jvm.walk(TID, start), &expected, &[], UnwindEnd::Complete);
+}
+
+#[test]
+fn a_remembered_blob_whose_header_new_code_covers_gives_way_to_that_code() {
+    let (mut jvm, a, start, frames) = freed_and_merged();
+    // A new nmethod from two segments before `a`'s old block: its code runs over the old
+    // header (every byte of it nonzero, the used flag's too).
+    let over = BlobSpec {
+        code_len: 0x600,
+        ..BlobSpec::nmethod(6, 505)
+    };
+    let covering = jvm.add_blob_at(a.addr - 16 - (2 << LOG2_SEGMENT), &over);
+    let old_header = a.addr - 16;
+    assert!(covering.code_begin <= old_header && a.pc(0x150) < covering.code_begin + 0x600);
+    for word in 0..0x180 / 8 {
+        jvm.memory
+            .put_u64(old_header + word * 8, 0x9090_9090_9090_9090);
+    }
+    let offset = a.pc(0x150) - covering.code_begin;
+    let mut expected = vec![covering.frame(offset)];
     expected.extend_from_slice(&frames[1..]);
     expect(jvm.walk(TID, start), &expected, &[], UnwindEnd::Complete);
 }

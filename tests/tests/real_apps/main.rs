@@ -1,7 +1,9 @@
 //! Java stacks on real applications from Debian packages, measured against the JDK's own Flight
 //! Recorder: the H2 database running a SQL script (`libh2-java`), a Clojure program (`clojure`),
-//! and an embedded Jetty 9.4 server under HTTP load from `ab` (`libjetty9-java`,
-//! `apache2-utils`). Each runs on JDK 17 and 25 (`PROFILER_REAL_APP_JDKS=11,17,21,25` for more)
+//! an embedded Jetty 9.4 server under HTTP load from `ab` (`libjetty9-java`, `apache2-utils`),
+//! and a Spring Web MVC 4.3 service on an embedded Tomcat 9 under the same load
+//! (`libspring-web-servlet-java`, `libtomcat9-java`, `libjackson2-databind-java`): deep framework
+//! stacks of mostly distinct methods. Each runs on JDK 17 and 25 (`PROFILER_REAL_APP_JDKS=11,17,21,25` for more)
 //! with `jdk.ExecutionSample` recorded (`settings=profile`, `DebugNonSafepoints`, stack depth
 //! 2048) while the daemon profiles the same JVM over the same window.
 //!
@@ -123,6 +125,31 @@ const JETTY_JARS: &[&str] = &[
     "/usr/share/java/jetty9-util.jar",
     "/usr/share/java/jetty9-security.jar",
     "/usr/share/java/servlet-api.jar",
+];
+
+/// Spring Web MVC 4.3 (Debian keeps the `spring3` names) with Jackson, on Tomcat 9.
+const SPRING_JARS: &[&str] = &[
+    "/usr/share/java/spring3-core.jar",
+    "/usr/share/java/spring3-beans.jar",
+    "/usr/share/java/spring3-context.jar",
+    "/usr/share/java/spring3-aop.jar",
+    "/usr/share/java/spring3-expression.jar",
+    "/usr/share/java/spring3-web.jar",
+    "/usr/share/java/spring3-web.servlet.jar",
+    "/usr/share/java/commons-logging.jar",
+    "/usr/share/java/jackson-core.jar",
+    "/usr/share/java/jackson-databind.jar",
+    "/usr/share/java/jackson-annotations.jar",
+    "/usr/share/java/tomcat9-catalina.jar",
+    "/usr/share/java/tomcat9-coyote.jar",
+    "/usr/share/java/tomcat9-util.jar",
+    "/usr/share/java/tomcat9-util-scan.jar",
+    "/usr/share/java/tomcat9-juli.jar",
+    "/usr/share/java/tomcat9-api.jar",
+    "/usr/share/java/tomcat9-jaspic-api.jar",
+    "/usr/share/java/tomcat9-annotations-api.jar",
+    "/usr/share/java/tomcat9-servlet-api.jar",
+    "/usr/share/java/tomcat9-jni.jar",
 ];
 
 fn apps_dir() -> PathBuf {
@@ -270,15 +297,7 @@ fn real_app_jetty_server() {
         return;
     }
     let dir = WorkDir::new();
-    let classes = dir.path().join("jetty-classes");
-    std::fs::create_dir_all(&classes).expect("classes dir");
-    let status = Command::new("/usr/lib/jvm/java-17-openjdk-amd64/bin/javac")
-        .args(["--release", "11", "-g", "-cp", &JETTY_JARS.join(":"), "-d"])
-        .arg(&classes)
-        .arg(apps_dir().join("jetty/JettyApp.java"))
-        .status()
-        .expect("javac runs");
-    assert!(status.success(), "javac failed on JettyApp.java");
+    let classes = compile_app("jetty/JettyApp.java", JETTY_JARS, dir.path());
     let port = free_local_address().expect("a free port").port();
     let class_path = format!("{}:{}", classes.display(), JETTY_JARS.join(":"));
     let base = format!("http://127.0.0.1:{port}");
@@ -293,37 +312,134 @@ fn real_app_jetty_server() {
         ],
         prints_ready: true,
         load: Some(Box::new(move || {
-            // Keep-alive clients for the whole run (`-t` bounds each; they are killed at the
-            // end): the two servlets and a static file Jetty gzips.
-            let total = (WARM_UP_SECS + WINDOW_SECS + 30).to_string();
-            [
-                ("2", format!("{base}/search?q=stack"), false),
-                ("2", format!("{base}/report?orders=2000"), false),
-                ("1", format!("{base}/table.html"), true),
-            ]
-            .into_iter()
-            .map(|(concurrency, url, gzip)| {
-                let mut ab = Command::new("ab");
-                ab.args([
-                    "-q",
-                    "-k",
-                    "-c",
-                    concurrency,
-                    "-t",
-                    &total,
-                    "-n",
-                    "100000000",
-                ]);
-                if gzip {
-                    ab.args(["-H", "Accept-Encoding: gzip"]);
-                }
-                ab.arg(url).stderr(Stdio::null());
-                Workload::spawn(&mut ab).expect("ab starts")
-            })
-            .collect()
+            // The two servlets and a static file Jetty gzips.
+            ab_clients(&[
+                AbClient::get(2, format!("{base}/search?q=stack")),
+                AbClient::get(2, format!("{base}/report?orders=2000")),
+                AbClient::get(1, format!("{base}/table.html")).gzip(),
+            ])
         })),
     };
     run_app(&app, dir.path());
+}
+
+#[test]
+fn real_app_spring_server() {
+    let mut needed = SPRING_JARS.to_vec();
+    needed.push("/usr/bin/ab");
+    if !have_packages(
+        &needed,
+        "libspring-web-servlet-java libtomcat9-java libjackson2-databind-java apache2-utils",
+    ) {
+        return;
+    }
+    let dir = WorkDir::new();
+    let classes = compile_app("spring/SpringApp.java", SPRING_JARS, dir.path());
+    let port = free_local_address().expect("a free port").port();
+    let class_path = format!("{}:{}", classes.display(), SPRING_JARS.join(":"));
+    let base = format!("http://127.0.0.1:{port}");
+    let quote = dir.path().join("quote.json");
+    std::fs::write(&quote, SPRING_QUOTE).expect("quote.json written");
+    let app = App {
+        name: "spring",
+        args: vec![
+            "-cp".into(),
+            class_path,
+            "SpringApp".into(),
+            port.to_string(),
+            dir.path().join("tomcat").display().to_string(),
+        ],
+        prints_ready: true,
+        load: Some(Box::new(move || {
+            // JSON posted and priced, and a summary read: both through Spring's dispatcher and
+            // Jackson, the first also through its request-body reading.
+            ab_clients(&[
+                AbClient::get(2, format!("{base}/customers/7/summary?top=5")),
+                AbClient::post_json(2, format!("{base}/quote"), quote.clone()),
+            ])
+        })),
+    };
+    run_app(&app, dir.path());
+}
+
+/// A quote request the Spring application prices.
+const SPRING_QUOTE: &str = r#"{"customer":"c-17","lines":[
+{"sku":"sku-1","quantity":3,"day":"2026-02-01"},{"sku":"sku-44","quantity":1,"day":"2026-02-01"},
+{"sku":"sku-90","quantity":7,"day":"2026-03-11"},{"sku":"sku-12","quantity":2,"day":"2026-04-01"},
+{"sku":"sku-3","quantity":5,"day":"2026-05-21"},{"sku":"sku-77","quantity":4,"day":"2026-06-30"}]}"#;
+
+/// Compiles one application's source (under tests/apps) against `jars`; returns its classes.
+fn compile_app(source: &str, jars: &[&str], dir: &Path) -> PathBuf {
+    let classes = dir.join("classes");
+    std::fs::create_dir_all(&classes).expect("classes dir");
+    let status = Command::new("/usr/lib/jvm/java-17-openjdk-amd64/bin/javac")
+        .args(["--release", "11", "-g", "-cp", &jars.join(":"), "-d"])
+        .arg(&classes)
+        .arg(apps_dir().join(source))
+        .status()
+        .expect("javac runs");
+    assert!(status.success(), "javac failed on {source}");
+    classes
+}
+
+/// One `ab` load client: keep-alive requests to one URL, `concurrency` at a time.
+struct AbClient {
+    concurrency: u32,
+    url: String,
+    gzip: bool,
+    json_body: Option<PathBuf>,
+}
+
+impl AbClient {
+    fn get(concurrency: u32, url: String) -> Self {
+        Self {
+            concurrency,
+            url,
+            gzip: false,
+            json_body: None,
+        }
+    }
+
+    fn post_json(concurrency: u32, url: String, body: PathBuf) -> Self {
+        Self {
+            json_body: Some(body),
+            ..Self::get(concurrency, url)
+        }
+    }
+
+    fn gzip(self) -> Self {
+        Self { gzip: true, ..self }
+    }
+}
+
+/// Starts `clients`, each for the whole run (`-t` bounds it; they are killed at the end).
+fn ab_clients(clients: &[AbClient]) -> Vec<Workload> {
+    let total = (WARM_UP_SECS + WINDOW_SECS + 30).to_string();
+    clients
+        .iter()
+        .map(|client| {
+            let mut ab = Command::new("ab");
+            let concurrency = client.concurrency.to_string();
+            ab.args([
+                "-q",
+                "-k",
+                "-c",
+                &concurrency,
+                "-t",
+                &total,
+                "-n",
+                "100000000",
+            ]);
+            if client.gzip {
+                ab.args(["-H", "Accept-Encoding: gzip"]);
+            }
+            if let Some(body) = &client.json_body {
+                ab.arg("-T").arg("application/json").arg("-p").arg(body);
+            }
+            ab.arg(&client.url).stderr(Stdio::null());
+            Workload::spawn(&mut ab).expect("ab starts")
+        })
+        .collect()
 }
 
 /// Runs `app` on each JDK, prints every figure, and asserts the harness (and, when asked, the
