@@ -48,12 +48,13 @@ pub const RECENT_BLOBS: usize = 1 << RECENT_BLOB_BITS;
 /// Addresses of one cache line map to one entry: a blob's nearby call sites share it.
 const PC_GRANULE_BITS: u32 = 6;
 
-/// A blob an earlier walk found, with the JVM it belongs to (`instance` 0: empty).
+/// A blob an earlier walk found, with the JVM it belongs to (`instance` 0: empty) and when it
+/// was last found or used (the table's `clock` then).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecentBlob {
     pub instance: u32,
-    pub _reserved: u32,
+    pub stamp: u32,
     pub blob: BlobCache,
 }
 
@@ -62,13 +63,22 @@ pub struct RecentBlob {
 /// bytes before it. A power of two, so that field offsets are bounded by a mask.
 pub const BLOB_SPAN_BYTES: usize = 512;
 
-/// Code blobs earlier walks on this CPU found, direct-mapped by (JVM instance, pc), and the
-/// buffer a remembered blob's fields are read back into (the BPF program's stack has no room
-/// for it).
+/// Code blobs earlier walks on this CPU found, each kept in one of two entries its (JVM
+/// instance, pc) hashes to, and the buffer a remembered blob's fields are read back into (the
+/// BPF program's stack has no room for it).
+///
+/// Two places per blob, not one: a deep stack walked sample after sample repeats its blobs in
+/// the same order, so two of them sharing their only entry would evict each other on every
+/// walk (with one place, 200 distinct blobs in 512 entries lost about a fifth of their lookups
+/// that way). A new blob takes a free or stale entry of its two, else the one used least
+/// recently.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct RecentBlobTable {
     pub entries: [RecentBlob; RECENT_BLOBS],
+    /// Counts the blobs remembered: the stamp of an entry found or used now.
+    pub clock: u32,
+    pub _reserved: u32,
     pub span: [u8; BLOB_SPAN_BYTES],
 }
 
@@ -78,48 +88,83 @@ impl RecentBlobTable {
     pub const EMPTY: Self = Self {
         entries: [RecentBlob {
             instance: 0,
-            _reserved: 0,
+            stamp: 0,
             blob: BlobCache::EMPTY,
         }; RECENT_BLOBS],
+        clock: 0,
+        _reserved: 0,
         span: [0; BLOB_SPAN_BYTES],
     };
 
-    /// The entry for `pc` of JVM `instance`: a multiplicative hash of both, its top bits.
+    /// The two entries a blob at `pc` of JVM `instance` may be kept in: the top bits of two
+    /// multiplicative hashes of both.
     #[inline(always)]
-    fn index(instance: u32, pc: u64) -> usize {
-        let granule = (pc >> PC_GRANULE_BITS) as u32;
-        let hash = (granule ^ instance.wrapping_mul(0x9e37_79b9)).wrapping_mul(0x85eb_ca6b);
-        (hash >> (32 - RECENT_BLOB_BITS)) as usize & (RECENT_BLOBS - 1)
+    fn candidates(instance: u32, pc: u64) -> [usize; 2] {
+        let key = (pc >> PC_GRANULE_BITS) as u32 ^ instance.wrapping_mul(0x9e37_79b9);
+        let top = |hash: u32| (hash >> (32 - RECENT_BLOB_BITS)) as usize & (RECENT_BLOBS - 1);
+        [
+            top(key.wrapping_mul(0x85eb_ca6b)),
+            top(key.wrapping_mul(0xc2b2_ae35)),
+        ]
+    }
+
+    /// Whether `entry` holds a blob of JVM `instance` that covers `pc`.
+    #[inline(always)]
+    fn covers(entry: &RecentBlob, instance: u32, pc: u64) -> bool {
+        let blob = &entry.blob;
+        entry.instance == instance && blob.blob != 0 && pc >= blob.code_begin && pc < blob.end
     }
 
     /// Copies the blob remembered for `pc` of JVM `instance`, not yet proven still in place,
     /// into `out`; false (and `out` untouched) if there is none.
     #[inline(always)]
-    pub fn recall_into(&self, instance: u32, pc: u64, out: &mut BlobCache) -> bool {
+    pub fn recall_into(&mut self, instance: u32, pc: u64, out: &mut BlobCache) -> bool {
         if instance == 0 {
             return false;
         }
-        let Some(entry) = self.entries.get(Self::index(instance, pc)) else {
-            return false;
-        };
-        let blob = &entry.blob;
-        if entry.instance != instance || blob.blob == 0 || pc < blob.code_begin || pc >= blob.end {
-            return false;
+        let clock = self.clock;
+        for index in Self::candidates(instance, pc) {
+            if let Some(entry) = self.entries.get_mut(index) {
+                if Self::covers(entry, instance, pc) {
+                    entry.stamp = clock;
+                    *out = entry.blob;
+                    return true;
+                }
+            }
         }
-        *out = *blob;
-        true
+        false
     }
 
-    /// Remembers `blob`, just found for `pc` of JVM `instance`, in place of whatever shared
-    /// its entry.
+    /// Remembers `blob`, just found for `pc` of JVM `instance`: in the entry of its two that
+    /// is empty or holds an older blob for `pc` (freed since), else in the one used least
+    /// recently.
     #[inline(always)]
     pub fn remember(&mut self, instance: u32, pc: u64, blob: &BlobCache) {
         if instance == 0 {
             return;
         }
-        if let Some(entry) = self.entries.get_mut(Self::index(instance, pc)) {
-            entry.instance = instance;
-            entry.blob = *blob;
+        self.clock = self.clock.wrapping_add(1);
+        let clock = self.clock;
+        let [first, second] = Self::candidates(instance, pc);
+        let (Some(a), Some(b)) = (self.entries.get(first), self.entries.get(second)) else {
+            return;
+        };
+        let free_or_stale =
+            |entry: &RecentBlob| entry.instance == 0 || Self::covers(entry, instance, pc);
+        let age = |entry: &RecentBlob| clock.wrapping_sub(entry.stamp);
+        let index = if free_or_stale(a) {
+            first
+        } else if free_or_stale(b) || age(b) > age(a) {
+            second
+        } else {
+            first
+        };
+        if let Some(entry) = self.entries.get_mut(index) {
+            *entry = RecentBlob {
+                instance,
+                stamp: clock,
+                blob: *blob,
+            };
         }
     }
 }
@@ -167,4 +212,107 @@ pub(crate) fn still_in_place<M: UserMemory>(
         && size as i64 as u64 == blob.end.wrapping_sub(blob.blob)
         && frame_size == blob.frame_size
         && compile_id == blob.compile_id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const JVM: u32 = 7;
+
+    fn blob_at(code_begin: u64) -> BlobCache {
+        BlobCache {
+            blob: code_begin - 0x80,
+            code_begin,
+            end: code_begin + 0x40,
+            compile_id: code_begin as u32,
+            ..BlobCache::EMPTY
+        }
+    }
+
+    /// Blobs (one 64-byte line of code each) whose first entry is `first`'s, and their second
+    /// entries, differing from each other's.
+    fn sharing_first_entry(count: usize) -> Vec<u64> {
+        let first = RecentBlobTable::candidates(JVM, 0x1000)[0];
+        let mut seconds = Vec::new();
+        let mut pcs = Vec::new();
+        for pc in (0x1000u64..0x1000 + (64 << 20)).step_by(64) {
+            let [a, b] = RecentBlobTable::candidates(JVM, pc);
+            if a == first && b != first && !seconds.contains(&b) {
+                seconds.push(b);
+                pcs.push(pc);
+            }
+            if pcs.len() == count {
+                return pcs;
+            }
+        }
+        panic!("no {count} lines share a first entry with distinct second ones");
+    }
+
+    fn recalled(table: &mut RecentBlobTable, pc: u64) -> Option<BlobCache> {
+        let mut out = BlobCache::EMPTY;
+        table.recall_into(JVM, pc, &mut out).then_some(out)
+    }
+
+    #[test]
+    fn two_blobs_whose_first_entries_collide_both_stay() {
+        let mut table = Box::new(RecentBlobTable::EMPTY);
+        let pcs = sharing_first_entry(2);
+        for _ in 0..3 {
+            for &pc in &pcs {
+                if recalled(&mut table, pc).is_none() {
+                    table.remember(JVM, pc, &blob_at(pc));
+                }
+            }
+        }
+        for &pc in &pcs {
+            assert_eq!(recalled(&mut table, pc), Some(blob_at(pc)));
+        }
+        assert_eq!(table.clock, 2, "each found once");
+    }
+
+    /// Blob `c` remembered when both its entries are taken: its first by `a` (remembered at
+    /// clock 1), its second by another JVM's blob last used at `other_stamp`. Whether `a` is
+    /// still recalled after.
+    fn a_stays_after_c_when_the_other_was_used_at(other_stamp: u32) -> bool {
+        let mut table = Box::new(RecentBlobTable::EMPTY);
+        let [a, c] = sharing_first_entry(2)[..] else {
+            unreachable!()
+        };
+        table.remember(JVM, a, &blob_at(a));
+        let c_second = RecentBlobTable::candidates(JVM, c)[1];
+        table.entries[c_second] = RecentBlob {
+            instance: JVM + 1,
+            stamp: other_stamp,
+            blob: blob_at(0x40_0000),
+        };
+        table.remember(JVM, c, &blob_at(c));
+        assert_eq!(recalled(&mut table, c), Some(blob_at(c)));
+        recalled(&mut table, a).is_some()
+    }
+
+    #[test]
+    fn a_new_blob_takes_the_place_used_least_recently() {
+        assert!(a_stays_after_c_when_the_other_was_used_at(0));
+        assert!(!a_stays_after_c_when_the_other_was_used_at(2));
+    }
+
+    #[test]
+    fn a_blob_found_anew_replaces_its_stale_copy() {
+        let mut table = Box::new(RecentBlobTable::EMPTY);
+        let [a, b] = sharing_first_entry(2)[..] else {
+            unreachable!()
+        };
+        table.remember(JVM, a, &blob_at(a));
+        table.remember(JVM, b, &blob_at(b));
+        // `a` freed and compiled again at the same place: its new blob replaces the old copy
+        // rather than evicting `b`.
+        let again = BlobCache {
+            compile_id: 99,
+            ..blob_at(a)
+        };
+        table.remember(JVM, a, &again);
+        assert_eq!(recalled(&mut table, a), Some(again));
+        assert_eq!(recalled(&mut table, b), Some(blob_at(b)));
+    }
 }

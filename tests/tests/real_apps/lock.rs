@@ -11,8 +11,8 @@
 //! ended inside the window is the daemon's only (at most one per thread); a wait of ours whose
 //! switch was not sampled is weighted (a thread that waits 1-2 ms at a time is sampled at some
 //! of its waits, each counting for the others: unbiased, noisier; see docs/off-cpu.md).
-//! Asserted where both sides have enough waits to compare: each kind's total wait time, and
-//! each top site's share of the waits.
+//! Asserted where both sides have enough waits to compare: each kind's total wait time (where
+//! JFR's median wait is at least twice the threshold), and each top site's share of the waits.
 
 use std::collections::BTreeMap;
 
@@ -32,6 +32,12 @@ const MIN_KIND_WAITS: f64 = 50.0;
 /// asserted: a monitor entry that blocks twice is two waits of ours, one event of JFR's (Jetty's
 /// on JDK 17: 25% more of ours, the same wait time).
 const MAX_WAIT_TIME_ERROR: f64 = 0.15;
+/// The wait time is asserted only where JFR's median wait is at least this long (twice the
+/// threshold): where most waits are near the threshold, which side counts one depends on the
+/// definitions (an entry of 1.4 ms that blocked twice for 0.7 ms is JFR's, not ours). Seen:
+/// Tomcat's poller entering its selector's monitor on JDK 17, median 1.3 ms, our time 0.75 of
+/// JFR's; the sites' shares stay asserted.
+const MIN_MEDIAN_WAIT_NANOS: i64 = 2_000_000;
 
 /// Waits and their total time, at one site or for one kind.
 #[derive(Clone, Copy, Debug, Default)]
@@ -55,6 +61,8 @@ pub(crate) struct LockComparison {
     pub(crate) window_secs: f64,
     ours: [BTreeMap<String, WaitTally>; 2],
     jfr: [BTreeMap<String, WaitTally>; 2],
+    /// Every JFR wait's duration, per kind.
+    jfr_wait_nanos: [Vec<i64>; 2],
     /// JFR's lock events read from the whole recording, and `jfr summary`'s counts.
     pub(crate) jfr_parsed: [usize; 2],
     pub(crate) jfr_summary: [Option<u64>; 2],
@@ -116,7 +124,23 @@ impl LockComparison {
                 .entry(site(lock.frames.iter().map(String::as_str)))
                 .or_default()
                 .add(1.0, lock.nanos as f64);
+            self.jfr_wait_nanos[lock.kind as usize].push(lock.nanos);
         }
+    }
+
+    /// JFR's median wait of a kind, if it has any.
+    fn jfr_median_wait(&self, kind: LockKind) -> Option<i64> {
+        let mut waits = self.jfr_wait_nanos[kind as usize].clone();
+        waits.sort_unstable();
+        waits.get(waits.len() / 2).copied()
+    }
+
+    /// Whether a kind's wait time is compared: waits enough, mostly well above the threshold.
+    fn time_comparable(&self, kind: LockKind) -> bool {
+        self.comparable(kind)
+            && self
+                .jfr_median_wait(kind)
+                .is_some_and(|median| median >= MIN_MEDIAN_WAIT_NANOS)
     }
 
     fn total(sites: &BTreeMap<String, WaitTally>) -> WaitTally {
@@ -199,18 +223,22 @@ impl LockComparison {
                 Self::total(&self.ours[kind as usize]),
                 Self::total(&self.jfr[kind as usize]),
             );
+            let median_ms = self.jfr_median_wait(kind).unwrap_or(0) as f64 / 1e6;
             let _ = writeln!(
                 r,
-                "    {:<14} waits: ours {:.0}, JFR {:.0}; wait time: ours {:.2} s, JFR {:.2} s{}",
+                "    {:<14} waits: ours {:.0}, JFR {:.0}; wait time: ours {:.2} s, JFR {:.2} s; \
+                 JFR's median wait {median_ms:.2} ms{}",
                 kind.name(),
                 ours.waits,
                 jfr.waits,
                 ours.nanos / 1e9,
                 jfr.nanos / 1e9,
-                if self.comparable(kind) {
-                    ""
-                } else {
+                if !self.comparable(kind) {
                     " (too few waits to compare sites)"
+                } else if !self.time_comparable(kind) {
+                    " (near the threshold: time reported, not asserted)"
+                } else {
+                    ""
                 }
             );
             for row in self.site_rows(kind) {
@@ -249,7 +277,7 @@ impl LockComparison {
         let mut failures = Vec::new();
         for kind in LockKind::ALL
             .into_iter()
-            .filter(|&kind| self.comparable(kind))
+            .filter(|&kind| self.time_comparable(kind))
         {
             let (ours, jfr) = (
                 Self::total(&self.ours[kind as usize]),
