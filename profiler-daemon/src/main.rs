@@ -181,6 +181,7 @@ struct RunArgs {
 }
 
 fn main() -> ExitCode {
+    profiler_daemon::own_memory::settle_allocator();
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
