@@ -457,6 +457,9 @@ pub mod hotspot_flags {
     pub const VERIFIED_ENTRY_OFFSET: u8 = 1 << 4;
 }
 
+/// The daemon's uprobes one JVM can have: the two allocation hooks.
+pub const MAX_BREAKPOINTS: usize = 2;
+
 /// What the BPF unwinder needs to know about one JVM process: where its code is and how its
 /// frames and code blobs are laid out. Written by the daemon (key: host pid) once the VM has
 /// initialised; removed when the process exits.
@@ -471,6 +474,10 @@ pub struct HotspotProc {
     pub interpreter_high: u64,
     /// `StubRoutines::_call_stub_return_address`: the boundary back into native code.
     pub call_stub_return: u64,
+    /// Where the daemon's uprobes sit in this process (the allocation hooks; 0: none). A thread
+    /// caught in the kernel's handling of one, before the kernel sets its pc back to the
+    /// breakpoint, has its pc one byte past it, and the probed instruction has not run.
+    pub breakpoints: [u64; MAX_BREAKPOINTS],
     pub heaps: [CodeHeapRange; MAX_CODE_HEAPS],
     pub heap_count: u8,
     /// `hotspot_flags` bits.

@@ -130,6 +130,7 @@ fn sample_allocation(
         fp: regs.rbp,
         r13: 0,
         rbx: 0,
+        entered_kernel: false,
     };
     let origin = RecordOrigin {
         kind,

@@ -119,6 +119,7 @@ fn user_regs(ctx: &PerfEventContext) -> Option<UserRegs> {
             fp: regs.rbp,
             r13: regs.r13,
             rbx: regs.rbx,
+            entered_kernel: false,
         });
     }
     saved_user_regs()
@@ -142,6 +143,7 @@ pub(crate) fn saved_user_regs() -> Option<UserRegs> {
         fp: saved.rbp,
         r13: saved.r13,
         rbx: saved.rbx,
+        entered_kernel: true,
     })
 }
 

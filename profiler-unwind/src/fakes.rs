@@ -364,6 +364,7 @@ impl Jvm {
             interpreter_low: INTERPRETER_LOW,
             interpreter_high: INTERPRETER_HIGH,
             call_stub_return: CALL_STUB_RETURN,
+            breakpoints: [0; profiler_common::MAX_BREAKPOINTS],
             heaps,
             heap_count: 1,
             flags,
@@ -653,6 +654,7 @@ pub fn regs(ip: u64, sp: u64, fp: u64) -> UserRegs {
         fp,
         r13: 0,
         rbx: 0,
+        entered_kernel: false,
     }
 }
 

@@ -19,6 +19,9 @@ pub struct UserRegs {
     pub r13: u64,
     /// The `Method*` on entry to the interpreter.
     pub rbx: u64,
+    /// The registers the thread entered the kernel with, the sample taken there (in a system
+    /// call, a fault, a breakpoint's trap), not those of user code interrupted.
+    pub entered_kernel: bool,
 }
 
 /// State of a user stack walk. The BPF program keeps it in a per-CPU map, so that its
@@ -71,6 +74,13 @@ impl Walk {
         self.cfi.clear();
         self.cookie_const_method = 0;
         self.pc = regs.ip;
+        if let Some(hotspot) = hotspot {
+            if regs.entered_kernel && in_trap_of(hotspot, regs.ip) {
+                // The probed instruction has not run: the walk starts at it, where the unwind
+                // tables describe the frame as it is (one byte on, they would have it run).
+                self.pc = regs.ip - 1;
+            }
+        }
         self.sp = regs.sp;
         self.fp = regs.fp;
         self.r13 = regs.r13;
@@ -91,6 +101,19 @@ impl Walk {
             self.end = UnwindEnd::MaxDepth as u8;
         }
     }
+}
+
+/// Whether `pc`, that of a thread that entered the kernel, is one byte past one of the daemon's
+/// breakpoints in the process: the `int3` trapped, and the kernel had not yet set the pc back to
+/// the probed instruction (it does before the probe's program runs).
+#[inline(always)]
+fn in_trap_of(hotspot: &HotspotProc, pc: u64) -> bool {
+    let probed = pc.wrapping_sub(1);
+    pc != 0
+        && hotspot
+            .breakpoints
+            .iter()
+            .any(|&at| at != 0 && at == probed)
 }
 
 /// What the unwinder needs of one code blob; also the walk's one-entry cache.

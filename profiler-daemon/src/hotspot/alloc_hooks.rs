@@ -22,7 +22,9 @@ use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _,
 use object::read::{ReadCache, StringTable};
 use object::{LittleEndian, ReadRef};
 
+use crate::process::{Backing, Mapping};
 use crate::untrusted::BoundedReads;
+use profiler_common::MAX_BREAKPOINTS;
 
 /// Most libjvm files hooked (one per JDK build on the node): a user who makes many files
 /// that look like libjvm cannot make the daemon set breakpoints without end.
@@ -79,8 +81,8 @@ pub struct AllocHookRequest {
 /// read once, and its hooks asked for once.
 pub struct AllocHooks {
     requests: SyncSender<AllocHookRequest>,
-    /// Each libjvm file (device, inode) looked at, and whether its events were found.
-    files: HashMap<(u64, u64), Result<(), AllocHookError>>,
+    /// Each libjvm file (device, inode) looked at, and where its events were found.
+    files: HashMap<(u64, u64), Result<AllocHookOffsets, AllocHookError>>,
     /// Ready JVMs whose allocations are profiled, and those whose are not.
     pub jvms_hooked: u64,
     pub jvms_not_hooked: u64,
@@ -97,27 +99,31 @@ impl AllocHooks {
     }
 
     /// Makes sure the libjvm of `pid`, a JVM that just became ready, has its hooks; logs for
-    /// each JVM whether its allocations are profiled.
-    pub fn on_ready(&mut self, pid: u32) {
+    /// each JVM whether its allocations are profiled. Returns where the hooks' breakpoints
+    /// are in `pid` (0 for none), for its layout in the BPF map.
+    pub fn on_ready(&mut self, pid: u32) -> [u64; MAX_BREAKPOINTS] {
         let outcome = self.hook_libjvm_of(pid);
         match outcome {
-            Ok(()) => {
+            Ok(breakpoints) => {
                 self.jvms_hooked += 1;
                 tracing::info!(pid, "allocation profiling: events hooked");
+                breakpoints
             }
             Err(reason) => {
                 self.jvms_not_hooked += 1;
                 tracing::warn!(pid, %reason, "allocation profiling: no allocation profile for this JVM");
+                [0; MAX_BREAKPOINTS]
             }
         }
     }
 
-    fn hook_libjvm_of(&mut self, pid: u32) -> Result<(), String> {
+    fn hook_libjvm_of(&mut self, pid: u32) -> Result<[u64; MAX_BREAKPOINTS], String> {
         let mapping =
             super::libjvm::LibJvmMapping::find_in(pid).ok_or("its libjvm mapping is gone")?;
         let key = mapping.file_identity().ok_or("its libjvm is not a file")?;
         if let Some(found) = self.files.get(&key) {
-            return found.clone().map_err(|err| err.to_string());
+            let offsets = found.clone().map_err(|err| err.to_string())?;
+            return Ok(breakpoints_in(pid, key, offsets));
         }
         if self.files.len() >= MAX_HOOKED_FILES {
             return Err(format!(
@@ -131,7 +137,7 @@ impl AllocHooks {
             .try_clone()
             .map_err(|err| format!("cannot open its libjvm: {err}"))?;
         let found = find(for_reading);
-        self.files.insert(key, found.clone().map(|_| ()));
+        self.files.insert(key, found.clone());
         let offsets = found.map_err(|err| err.to_string())?;
         // A full queue (never in practice: one request per file) leaves the file unhooked;
         // forgotten, so that its next JVM asks again.
@@ -140,8 +146,31 @@ impl AllocHooks {
             .map_err(|_| {
                 self.files.remove(&key);
                 "the hook request queue is full".to_owned()
-            })
+            })?;
+        Ok(breakpoints_in(pid, key, offsets))
     }
+}
+
+/// Where the hooks at `offsets` of the libjvm file `file` (device, inode) are in process
+/// `pid`: placed by its executable mappings of that file, as the kernel places a uprobe. 0
+/// where none holds the offset (or the maps cannot be read).
+fn breakpoints_in(pid: u32, file: (u64, u64), offsets: AllocHookOffsets) -> [u64; MAX_BREAKPOINTS] {
+    let Ok(mappings) = crate::process::read_mappings(pid) else {
+        return [0; MAX_BREAKPOINTS];
+    };
+    let of_file: Vec<&Mapping> = mappings
+        .iter()
+        .filter(|m| matches!(m.backing, Backing::File { dev, inode, .. } if (dev, inode) == file))
+        .collect();
+    [offsets.in_new_tlab, offsets.outside_tlab].map(|offset| place(&of_file, offset))
+}
+
+/// The address `mappings` (of one file) give file offset `offset`; 0 if none maps it.
+fn place(mappings: &[&Mapping], offset: u64) -> u64 {
+    mappings
+        .iter()
+        .find(|m| offset >= m.offset && offset - m.offset < m.end - m.start)
+        .map_or(0, |m| m.start + (offset - m.offset))
 }
 
 /// Finds the two functions in the libjvm `file`.
@@ -224,6 +253,24 @@ fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<AllocHookOffsets, AllocH
 mod tests {
     use super::*;
     use std::path::{Path, PathBuf};
+
+    #[test]
+    fn a_hook_is_placed_where_the_mapping_of_its_file_offset_is() {
+        let mapping = |start: u64, end: u64, offset: u64| Mapping {
+            start,
+            end,
+            offset,
+            backing: Backing::Anonymous,
+        };
+        // Code mapped from file offset 0x1000 (its first page of headers mapped elsewhere).
+        let text = mapping(0x7f00_0000_1000, 0x7f00_0040_0000, 0x1000);
+        let other = mapping(0x7f00_1000_0000, 0x7f00_1000_2000, 0x50_0000);
+        let maps = [&other, &text];
+        assert_eq!(place(&maps, 0x2345), 0x7f00_0000_2345);
+        assert_eq!(place(&maps, 0x50_0010), 0x7f00_1000_0010);
+        assert_eq!(place(&maps, 0x800), 0, "before the code mapping");
+        assert_eq!(place(&maps, 0x40_0000), 0, "past its end");
+    }
 
     /// A shared library defining the two functions (with the parameters of JDK 17), with a
     /// full symbol table or stripped, without `endbr64`.

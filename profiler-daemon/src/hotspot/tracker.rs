@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::{
     HotspotProc, JavaThreadEntry, ProcessEvent, ProcessEventKind, JAVA_THREADS_PER_TARGET,
+    MAX_BREAKPOINTS,
 };
 
 use super::alloc_hooks::AllocHooks;
@@ -747,7 +748,28 @@ impl<S: LayoutSink> JvmTracker<S> {
         };
         self.sync_threads(pid);
         if let Some(hooks) = &mut self.alloc_hooks {
-            hooks.on_ready(pid);
+            let breakpoints = hooks.on_ready(pid);
+            self.push_breakpoints(pid, breakpoints);
+        }
+    }
+
+    /// Adds the daemon's breakpoints in a ready JVM to its layout in the BPF map: a thread
+    /// caught in one's trap is walked from the probed instruction (see `HotspotProc`).
+    fn push_breakpoints(&mut self, pid: u32, breakpoints: [u64; MAX_BREAKPOINTS]) {
+        let Some(Tracked {
+            state: State::Ready { pushed, .. },
+            ..
+        }) = self.tracked.get_mut(&pid)
+        else {
+            return;
+        };
+        if pushed.breakpoints == breakpoints {
+            return;
+        }
+        let mut proc_info = **pushed;
+        proc_info.breakpoints = breakpoints;
+        if self.sink.put(pid, &proc_info).is_ok() {
+            **pushed = proc_info;
         }
     }
 
@@ -861,9 +883,10 @@ impl<S: LayoutSink> JvmTracker<S> {
         let Ok(code) = jvm.code_cache(&memory) else {
             return;
         };
-        let Ok(proc_info) = hotspot_proc(jvm, &code, pushed.instance) else {
+        let Ok(mut proc_info) = hotspot_proc(jvm, &code, pushed.instance) else {
             return;
         };
+        proc_info.breakpoints = pushed.breakpoints;
         if proc_info != **pushed && self.sink.put(pid, &proc_info).is_ok() {
             **pushed = proc_info;
             tracing::debug!(pid, "JVM code cache changed: layout updated");

@@ -75,6 +75,8 @@ pub fn hotspot_proc(
         interpreter_low: code.interpreter_low,
         interpreter_high: code.interpreter_high,
         call_stub_return: code.call_stub_return_address,
+        // Set by the tracker once the JVM's allocation hooks are known.
+        breakpoints: [0; profiler_common::MAX_BREAKPOINTS],
         heaps,
         heap_count: code.heaps.len().min(MAX_CODE_HEAPS) as u8,
         flags,

@@ -154,3 +154,48 @@ impl MapNative for Vec<u64> {
         self.iter().map(|pc| native(*pc)).collect()
     }
 }
+
+/// A thread of a JVM trapped at a breakpoint on `run_loop`'s first instruction (`push rbp`,
+/// not yet run), sampled in the kernel before the kernel set its pc back: pc one byte on, the
+/// return address into main on top of the stack, rbp still main's. `breakpoints` are the
+/// process's, as the daemon pushed them.
+fn trapped_at_run_loop(
+    breakpoints: [u64; 2],
+    entered_kernel: bool,
+) -> (Vec<profiler_common::UserFrame>, UnwindEnd) {
+    let mut memory = FakeMemory::default();
+    memory.map(STACK, (STACK_TOP - STACK) as usize);
+    memory.add_table(LIB, LIB + 0x10_0000, LIB, library_rows());
+    let s = STACK + 0x8000;
+    memory.put_u64(s, MAIN_RETURN);
+    let main_fp = STACK + 0x9000;
+    memory.put_u64(main_fp, 0);
+    memory.put_u64(main_fp + 8, LIB + 0x1305);
+    let jvm = profiler_common::HotspotProc {
+        breakpoints,
+        ..Default::default()
+    };
+    let regs = UserRegs {
+        entered_kernel,
+        ..regs(LIB + 0x1201, s, main_fp)
+    };
+    walk_process(&memory, Some(&jvm), TID, regs)
+}
+
+#[test]
+fn a_thread_trapped_at_a_breakpoint_is_walked_from_the_probed_instruction() {
+    let frames = vec![LIB + 0x1200, MAIN_RETURN, LIB + 0x1305];
+    let walked = trapped_at_run_loop([0, LIB + 0x1200], true);
+    expect(walked, &frames.map_native(), &[], UnwindEnd::Complete);
+    // Without the breakpoint listed, the row one byte on has rbp pushed: the walk goes astray.
+    let (astray, _) = trapped_at_run_loop([0, 0], true);
+    assert_ne!(astray, frames.map_native());
+}
+
+#[test]
+fn a_pc_one_byte_past_a_breakpoint_in_user_code_is_taken_as_it_is() {
+    // Interrupted in user code, one byte past the breakpoint is the next instruction, the
+    // probed one emulated: the pc is where the thread is.
+    let (walked, _) = trapped_at_run_loop([LIB + 0x1200, 0], false);
+    assert_eq!(walked.first(), Some(&native(LIB + 0x1201)));
+}
