@@ -13,7 +13,9 @@ use profiler_common::{
     NO_SYMBOL_HASH,
 };
 
-use crate::memory::{read_u64, JavaThreads, StackWindow, UserMemory};
+use crate::memory::{
+    field_i16, field_i32, field_u64, read_u64, JavaThreads, StackWindow, UserMemory,
+};
 use crate::recent_blobs::{still_in_place, RecentBlobs};
 use crate::state::{frame, BlobCache, Walk};
 use crate::x86_frames::{
@@ -590,46 +592,6 @@ fn interpreter_entry_step<M: UserMemory>(
 #[inline(always)]
 fn slot_address(fp: u64, slot: i8) -> u64 {
     fp.wrapping_add((slot as i64 * 8) as u64)
-}
-
-/// The little-endian field of `T`'s width at byte `offset` of `bytes` (a power-of-two length:
-/// the mask is what bounds the index for the verifier); 0 if it would run past the end.
-#[inline(always)]
-fn field_u64<const N: usize>(bytes: &[u8; N], offset: usize) -> u64 {
-    let at = offset & (N - 1);
-    if at + 8 > N {
-        return 0;
-    }
-    u64::from_le_bytes([
-        bytes[at],
-        bytes[at + 1],
-        bytes[at + 2],
-        bytes[at + 3],
-        bytes[at + 4],
-        bytes[at + 5],
-        bytes[at + 6],
-        bytes[at + 7],
-    ])
-}
-
-/// See [`field_u64`].
-#[inline(always)]
-pub(crate) fn field_i32<const N: usize>(bytes: &[u8; N], offset: usize) -> i32 {
-    let at = offset & (N - 1);
-    if at + 4 > N {
-        return 0;
-    }
-    i32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
-}
-
-/// See [`field_u64`].
-#[inline(always)]
-fn field_i16<const N: usize>(bytes: &[u8; N], offset: usize) -> i16 {
-    let at = offset & (N - 1);
-    if at + 2 > N {
-        return 0;
-    }
-    i16::from_le_bytes([bytes[at], bytes[at + 1]])
 }
 
 /// The CodeBlob containing `pc`, through its heap's segment map (HotSpot's

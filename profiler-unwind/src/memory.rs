@@ -182,3 +182,43 @@ fn read_pair<M: UserMemory>(memory: &M, addr: u64) -> Result<[u64; 2], UnwindEnd
         .read_pair(addr)
         .map_err(|_| UnwindEnd::JavaReadFailed)
 }
+
+/// The little-endian field of `T`'s width at byte `offset` of `bytes` (a power-of-two length:
+/// the mask is what bounds the index for the verifier); 0 if it would run past the end.
+#[inline(always)]
+pub(crate) fn field_u64<const N: usize>(bytes: &[u8; N], offset: usize) -> u64 {
+    let at = offset & (N - 1);
+    if at + 8 > N {
+        return 0;
+    }
+    u64::from_le_bytes([
+        bytes[at],
+        bytes[at + 1],
+        bytes[at + 2],
+        bytes[at + 3],
+        bytes[at + 4],
+        bytes[at + 5],
+        bytes[at + 6],
+        bytes[at + 7],
+    ])
+}
+
+/// See [`field_u64`].
+#[inline(always)]
+pub(crate) fn field_i32<const N: usize>(bytes: &[u8; N], offset: usize) -> i32 {
+    let at = offset & (N - 1);
+    if at + 4 > N {
+        return 0;
+    }
+    i32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+}
+
+/// See [`field_u64`].
+#[inline(always)]
+pub(crate) fn field_i16<const N: usize>(bytes: &[u8; N], offset: usize) -> i16 {
+    let at = offset & (N - 1);
+    if at + 2 > N {
+        return 0;
+    }
+    i16::from_le_bytes([bytes[at], bytes[at + 1]])
+}

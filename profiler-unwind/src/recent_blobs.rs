@@ -32,8 +32,7 @@
 
 use core::mem::MaybeUninit;
 
-use crate::hotspot::field_i32;
-use crate::memory::UserMemory;
+use crate::memory::{field_i32, UserMemory};
 use crate::state::BlobCache;
 use profiler_common::HotspotProc;
 
