@@ -26,9 +26,9 @@
 //! A stub has no compile id; the word read in its place is as stable as the stub, and stubs
 //! live as long as the JVM but for rare adapter buffers.
 //!
-//! The table is direct-mapped and per CPU (the BPF side keeps one, for the sampling walks): a
-//! walk only ever reads and writes its own CPU's, and nothing else on that CPU walks with it, so
-//! entries are never torn by a concurrent writer.
+//! The table is per CPU (the BPF side keeps one, for the sampling walks), each blob in one of
+//! two entries: a walk only ever reads and writes its own CPU's, and nothing else on that CPU
+//! walks with it, so entries are never torn by a concurrent writer.
 
 use core::mem::MaybeUninit;
 
