@@ -55,6 +55,13 @@ impl Mapping {
     pub fn file_offset(&self, addr: u64) -> u64 {
         addr - self.start + self.offset
     }
+
+    /// Where this mapping puts file offset `offset`, if it maps it (as the kernel places a
+    /// uprobe given by file offset).
+    pub fn address_of(&self, offset: u64) -> Option<u64> {
+        let into = offset.checked_sub(self.offset)?;
+        (into < self.end - self.start).then(|| self.start + into)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -275,6 +282,26 @@ impl ProcessTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_offset_is_placed_where_the_mapping_holding_it_is() {
+        let mapping = |start: u64, end: u64, offset: u64| Mapping {
+            start,
+            end,
+            offset,
+            backing: Backing::Anonymous,
+        };
+        // Code mapped from file offset 0x1000 (its first page of headers mapped elsewhere).
+        let text = mapping(0x7f00_0000_1000, 0x7f00_0040_0000, 0x1000);
+        let other = mapping(0x7f00_1000_0000, 0x7f00_1000_2000, 0x50_0000);
+        let place = |offset| [&other, &text].iter().find_map(|m| m.address_of(offset));
+        assert_eq!(place(0x2345), Some(0x7f00_0000_2345));
+        assert_eq!(place(0x50_0010), Some(0x7f00_1000_0010));
+        assert_eq!(place(0x800), None, "before the code mapping");
+        assert_eq!(place(0x40_0000), None, "past its end");
+        let address = text.address_of(0x2345).expect("mapped");
+        assert_eq!(text.file_offset(address), 0x2345);
+    }
 
     #[test]
     fn reads_our_own_process() {

@@ -22,7 +22,7 @@ use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _,
 use object::read::{ReadCache, StringTable};
 use object::{LittleEndian, ReadRef};
 
-use crate::process::{Backing, Mapping};
+use crate::process::Backing;
 use crate::untrusted::BoundedReads;
 use profiler_common::MAX_BREAKPOINTS;
 
@@ -158,19 +158,16 @@ fn breakpoints_in(pid: u32, file: (u64, u64), offsets: AllocHookOffsets) -> [u64
     let Ok(mappings) = crate::process::read_mappings(pid) else {
         return [0; MAX_BREAKPOINTS];
     };
-    let of_file: Vec<&Mapping> = mappings
-        .iter()
-        .filter(|m| matches!(m.backing, Backing::File { dev, inode, .. } if (dev, inode) == file))
-        .collect();
-    [offsets.in_new_tlab, offsets.outside_tlab].map(|offset| place(&of_file, offset))
-}
-
-/// The address `mappings` (of one file) give file offset `offset`; 0 if none maps it.
-fn place(mappings: &[&Mapping], offset: u64) -> u64 {
-    mappings
-        .iter()
-        .find(|m| offset >= m.offset && offset - m.offset < m.end - m.start)
-        .map_or(0, |m| m.start + (offset - m.offset))
+    let place = |offset: u64| {
+        mappings
+            .iter()
+            .filter(
+                |m| matches!(m.backing, Backing::File { dev, inode, .. } if (dev, inode) == file),
+            )
+            .find_map(|m| m.address_of(offset))
+            .unwrap_or(0)
+    };
+    [offsets.in_new_tlab, offsets.outside_tlab].map(place)
 }
 
 /// Finds the two functions in the libjvm `file`.
@@ -253,24 +250,6 @@ fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<AllocHookOffsets, AllocH
 mod tests {
     use super::*;
     use std::path::{Path, PathBuf};
-
-    #[test]
-    fn a_hook_is_placed_where_the_mapping_of_its_file_offset_is() {
-        let mapping = |start: u64, end: u64, offset: u64| Mapping {
-            start,
-            end,
-            offset,
-            backing: Backing::Anonymous,
-        };
-        // Code mapped from file offset 0x1000 (its first page of headers mapped elsewhere).
-        let text = mapping(0x7f00_0000_1000, 0x7f00_0040_0000, 0x1000);
-        let other = mapping(0x7f00_1000_0000, 0x7f00_1000_2000, 0x50_0000);
-        let maps = [&other, &text];
-        assert_eq!(place(&maps, 0x2345), 0x7f00_0000_2345);
-        assert_eq!(place(&maps, 0x50_0010), 0x7f00_1000_0010);
-        assert_eq!(place(&maps, 0x800), 0, "before the code mapping");
-        assert_eq!(place(&maps, 0x40_0000), 0, "past its end");
-    }
 
     /// A shared library defining the two functions (with the parameters of JDK 17), with a
     /// full symbol table or stripped, without `endbr64`.

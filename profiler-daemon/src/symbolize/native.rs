@@ -753,12 +753,12 @@ mod tests {
             .find(|s| s.address <= address && address < s.address + s.file_size)
             .expect("a segment holds the function");
         let offset = address - segment.address + segment.file_offset;
-        let mapping = process
+        let pc = process
             .mappings
             .iter()
-            .find(|m| m.offset <= offset && offset < m.offset + (m.end - m.start))
-            .expect("the function's page is mapped");
-        let pc = mapping.start + (offset - mapping.offset) + 1;
+            .find_map(|m| m.address_of(offset))
+            .expect("the function's page is mapped")
+            + 1;
 
         let named = |dirs: Vec<PathBuf>, budget: u64| {
             let mut symbolizer = NativeSymbolizer::with_budget(budget).with_debug_dirs(dirs);
