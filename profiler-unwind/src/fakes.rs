@@ -569,6 +569,16 @@ impl Jvm {
         caller_sp
     }
 
+    /// A `call rel32` to `target` at `at`; returns the return address (the next instruction).
+    pub fn call_instruction(&mut self, at: u64, target: u64) -> u64 {
+        let return_address = at + 5;
+        let displacement = target.wrapping_sub(return_address) as i64;
+        let displacement = i32::try_from(displacement).expect("a call within 2 GiB");
+        self.memory.put_u8(at, 0xe8);
+        self.memory.put_u32(at + 1, displacement as u32);
+        return_address
+    }
+
     /// A frame-pointer frame at `fp` (the call stub's, or native code's).
     pub fn fp_frame(&mut self, fp: u64, saved_fp: u64, return_address: u64) {
         self.memory.put_u64(fp, saved_fp);

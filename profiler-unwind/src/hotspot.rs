@@ -31,6 +31,12 @@ const MAX_FRAME_WORDS: i64 = 4096;
 const MAX_EXTRA_WORDS: u64 = 6;
 /// Bytes of a CodeBlob header read at once (every field we use lies below this).
 const BLOB_HEADER_BYTES: usize = 128;
+/// Words above a stub's sp searched for its return address: the registers a frameless stub
+/// saves with `push` (C1's `slow_subtype_check` saves four, and on JDK 24+ spills three more
+/// into an aligned area below them).
+const MAX_STUB_SAVED_WORDS: u64 = 12;
+/// `call rel32`: how compiled code and the interpreter call a target in the code cache.
+const CALL_REL32: u8 = 0xe8;
 
 /// A JVM thread whose native frames led nowhere (code without frame pointers) before any Java
 /// frame: if it is in native or VM code, its `JavaFrameAnchor` holds its last Java frame.
@@ -181,7 +187,14 @@ pub(crate) fn java_step<M: UserMemory + RecentBlobs>(
     // The frame is known even when its caller cannot be found from it (a stub on top whose
     // rbp is a compiled caller's general register, a stack read that fails): it is recorded,
     // and the walk ends after it with the reason, rather than losing the sample's every frame.
-    let moved = if top && frame_size > 0 && offset as i64 >= frame_complete {
+    let described = frame_size > 0 && frame_complete >= 0;
+    let moved = if top && !described && unwind_called_stub(walk, window, memory, (code_begin, end))
+    {
+        // A stub whose blob does not say how far its frame is built at this pc (C1's runtime
+        // stubs record none; frameless stubs push registers): its caller was found by the
+        // return address of the call that entered it.
+        Ok(())
+    } else if top && frame_size > 0 && offset as i64 >= frame_complete {
         // The top frame may be in its epilogue, its frame partly or wholly popped already.
         let state = epilogue_state_at(memory, pc).unwrap_or(FrameState::Built);
         unwind_compiled(walk, window, memory, state, frame_size as u64)
@@ -225,6 +238,77 @@ pub(crate) fn java_step<M: UserMemory + RecentBlobs>(
         walk.end = end as u8;
     }
     Ok(recorded)
+}
+
+/// Moves the walk from a stub sampled on top to its caller, found by its return address: the
+/// one that follows a direct call into the stub's blob (`blob` is its code as (begin, end)).
+/// Looked for at rbp (a stub that built an rbp frame, as C1's `counter_overflow` does), then
+/// in the first words above sp (before its frame is built or after it is taken down, or a
+/// stub that only pushes registers). False, the walk unchanged, when neither is found (a stub
+/// entered by a jump, or called through a register).
+///
+/// Not inlined: it is taken only for stubs on top, and inlined into both of the BPF callback's
+/// steps it would take the callback's stack past the 512 bytes BPF allows.
+#[inline(never)]
+fn unwind_called_stub<M: UserMemory>(
+    walk: &mut Walk,
+    window: &mut StackWindow,
+    memory: &M,
+    blob: (u64, u64),
+) -> bool {
+    let (sp, fp) = (walk.sp, walk.fp);
+    let code_range = (walk.hotspot.code_low, walk.hotspot.code_high);
+    if fp > sp && fp - sp < MAX_FRAME_WORDS as u64 * 8 {
+        if let Ok(slot) = window.pair(memory, fp) {
+            if returns_from_call_into(memory, code_range, slot[1], blob) {
+                walk.fp = slot[0];
+                walk.pc = slot[1];
+                walk.sp = fp + 16;
+                return true;
+            }
+        }
+    }
+    if window.u64(memory, sp).is_err() {
+        return false;
+    }
+    for words in 0..MAX_STUB_SAVED_WORDS {
+        let slot = sp + words * 8;
+        let Some(value) = window.word_if_held(slot) else {
+            return false;
+        };
+        if returns_from_call_into(memory, code_range, value, blob) {
+            walk.pc = value;
+            walk.sp = slot + 8;
+            return true;
+        }
+    }
+    false
+}
+
+/// True if `return_address` is in the code cache and follows a `call rel32` whose target lies
+/// in `blob` (begin, end): a return address into the caller of that blob's code, not a saved
+/// register that happens to hold a code address.
+#[inline(always)]
+fn returns_from_call_into<M: UserMemory>(
+    memory: &M,
+    code_range: (u64, u64),
+    return_address: u64,
+    blob: (u64, u64),
+) -> bool {
+    if !is_code(code_range, return_address) {
+        return false;
+    }
+    // The 8 bytes before it, little-endian: the call's opcode in the fourth, its displacement
+    // in the last four.
+    let Ok(before) = memory.read_u64(return_address - 8) else {
+        return false;
+    };
+    if (before >> 24) as u8 != CALL_REL32 {
+        return false;
+    }
+    let displacement = (before >> 32) as u32 as i32;
+    let target = return_address.wrapping_add(displacement as i64 as u64);
+    target >= blob.0 && target < blob.1
 }
 
 /// True for an address in the JVM's code cache (compiled code, stubs, the interpreter), given

@@ -393,3 +393,93 @@ fn jni_library_frames_without_frame_pointers_sit_between_java_frames() {
         );
     }
 }
+
+/// C1's runtime stubs sampled on top (`slow_subtype_check` pushes registers and builds no
+/// frame; `counter_overflow` builds an rbp frame while it saves every register; neither
+/// records a frame-complete offset) on JDK 17 and the newest JDK, whose type-check stub spills
+/// more: each such sample goes on to the Java method that called the stub and down to the
+/// thread's root. The walk used to take rbp, a compiled caller's general register there, as a
+/// frame pointer: most of these samples jumped to `JavaCalls::call_helper`, their Java frames
+/// silently gone.
+#[test]
+fn c1_runtime_stubs_on_top_return_to_their_java_caller() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes = compile_java(&["C1Stubs.java"], dir.path()).expect("javac");
+    let all = jdks();
+    let newest = all.iter().map(|jdk| jdk.major).max().expect("a JDK");
+    for jdk in all
+        .into_iter()
+        .filter(|jdk| jdk.major == 17 || jdk.major == newest)
+    {
+        let jvm = start_java(&jdk, &classes, "C1Stubs", &["-XX:TieredStopAtLevel=3"])
+            .expect("JVM starts");
+        // Past the first compilations, and libjvm's unwind table built.
+        std::thread::sleep(Duration::from_secs(2));
+        let out = dir.path().join(format!("profiles-{}", jdk.major));
+        DaemonRun::new()
+            .pid(jvm.pid())
+            .frequency(499)
+            .interval(4)
+            .duration(8)
+            .output(&out)
+            .run(Duration::from_secs(90));
+        let profiles = profiles_of(&out, jvm.pid()).expect("profiles readable");
+
+        // Per stub: samples with it on top, and those whose next frame is a Java method of the
+        // workload and whose stack reaches the thread's root.
+        let mut tallies: HashMap<&str, (i64, i64)> = HashMap::new();
+        let mut shown = 0;
+        for (_, profile) in &profiles {
+            for sample in &profile.sample {
+                let names: Vec<String> = sample_frames(profile, sample)
+                    .into_iter()
+                    .map(|frame| base_name(&frame.name).to_owned())
+                    .collect();
+                let Some(stub) = ["slow_subtype_check", "counter_overflow"]
+                    .into_iter()
+                    // The stub's frame ("[counter_overflow Runtime1 stub]" on JDK 17), not
+                    // the VM function it calls.
+                    .find(|stub| {
+                        names
+                            .first()
+                            .is_some_and(|leaf| leaf.starts_with('[') && leaf.contains(stub))
+                    })
+                else {
+                    continue;
+                };
+                let whole = names
+                    .get(1)
+                    .is_some_and(|caller| caller.starts_with("C1Stubs."))
+                    && names.iter().any(|name| name == "java.lang.Thread.run");
+                let tally = tallies.entry(stub).or_default();
+                tally.0 += count(sample);
+                if whole {
+                    tally.1 += count(sample);
+                } else if shown < 3 {
+                    shown += 1;
+                    eprintln!("JDK {}: a stub whose caller is lost: {names:?}", jdk.major);
+                }
+            }
+        }
+        let (mut samples, mut whole) = (0, 0);
+        for (stub, (on_top, with_caller)) in &tallies {
+            eprintln!(
+                "JDK {}: {stub} on top in {on_top} samples, {with_caller} with its Java caller and root",
+                jdk.major
+            );
+            samples += on_top;
+            whole += with_caller;
+        }
+        let type_checks = tallies.get("slow_subtype_check").map_or(0, |t| t.0);
+        assert!(
+            type_checks >= 100,
+            "JDK {}: too few samples in slow_subtype_check ({type_checks})",
+            jdk.major
+        );
+        assert!(
+            whole as f64 >= 0.95 * samples as f64,
+            "JDK {}: only {whole} of {samples} samples in C1's runtime stubs keep their Java caller",
+            jdk.major
+        );
+    }
+}

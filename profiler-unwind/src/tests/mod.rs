@@ -611,6 +611,83 @@ fn native_code_called_from_a_stub_with_an_rbp_frame() {
     );
 }
 
+/// A stub like C1's runtime stubs, which records no frame-complete offset: `frame_size` words
+/// (-1 when it builds no frame).
+fn c1_runtime_stub(jvm: &mut Jvm, frame_size: i32) -> Blob {
+    jvm.add_blob(&BlobSpec {
+        frame_size,
+        frame_complete: -1,
+        ..BlobSpec::stub()
+    })
+}
+
+#[test]
+fn a_stub_that_pushed_registers_returns_past_them_to_the_call_into_it() {
+    // C1's `slow_subtype_check`: the caller pushes two arguments and calls the stub, which
+    // pushes four registers and builds no frame; rbp is the compiled caller's general register.
+    // One saved register holds a code address that does not follow a call into the stub.
+    let mut jvm = Jvm::new(Layout::Offsets);
+    let stub = c1_runtime_stub(&mut jvm, -1);
+    let a = jvm.add_blob(&BlobSpec::nmethod(6, 31));
+    let return_address = jvm.call_instruction(a.pc(0x94), stub.pc(0));
+    let sp = STACK + 0x8000;
+    let saved = [0x7, a.pc(0x40), 0x1234, 0x5678];
+    for (index, value) in saved.iter().enumerate() {
+        jvm.memory.put_u64(sp + index as u64 * 8, *value);
+    }
+    jvm.memory.put_u64(sp + 32, return_address);
+    let arguments = sp + 40;
+    jvm.memory.put_u64(arguments, 0x8_0000_1000);
+    jvm.memory.put_u64(arguments + 8, 0x8_0000_2000);
+    let a_sp = arguments + 16;
+    let (interp_fp, rest) = interpreted_caller(&mut jvm, a_sp + 6 * 8);
+    jvm.compiled_frame(a_sp, 6, interp_fp, INTERPRETER_PC);
+    let walked = jvm.walk(TID, regs(stub.pc(0x30), sp, 0x42));
+    expect(
+        walked,
+        &[stub.frame(0x30), a.frame(0x99)],
+        &rest,
+        UnwindEnd::Complete,
+    );
+}
+
+/// C1's `counter_overflow` sampled on top at `offset`, its sp `pushed` words below the return
+/// address and its rbp `fp` (given the return address's slot).
+fn counter_overflow_case(offset: u64, pushed: u64, fp: impl Fn(u64) -> u64) {
+    let mut jvm = Jvm::new(Layout::Offsets);
+    let stub = c1_runtime_stub(&mut jvm, 40);
+    let a = jvm.add_blob(&BlobSpec::nmethod(6, 31));
+    let return_address = jvm.call_instruction(a.pc(0x94), stub.pc(0));
+    let return_slot = STACK + 0x8200;
+    let a_sp = return_slot + 8;
+    jvm.memory.put_u64(return_slot, return_address);
+    jvm.memory.put_u64(return_slot - 8, 0x42);
+    let (interp_fp, rest) = interpreted_caller(&mut jvm, a_sp + 6 * 8);
+    jvm.compiled_frame(a_sp, 6, interp_fp, INTERPRETER_PC);
+    let sp = return_slot - pushed * 8;
+    let walked = jvm.walk(TID, regs(stub.pc(offset), sp, fp(return_slot)));
+    expect(
+        walked,
+        &[stub.frame(offset), a.frame(0x99)],
+        &rest,
+        UnwindEnd::Complete,
+    );
+}
+
+#[test]
+fn a_stub_without_a_frame_complete_offset_is_walked_by_rbp_while_it_saves_registers() {
+    // `enter` done, registers half saved: sp is neither at the frame's start nor its end.
+    counter_overflow_case(0x18, 12, |return_slot| return_slot - 8);
+}
+
+#[test]
+fn a_stub_without_a_frame_complete_offset_sampled_before_it_pushed_rbp() {
+    // At its first instruction: nothing pushed, rbp still the caller's.
+    counter_overflow_case(0, 0, |_| 0x42);
+    // `push rbp` done, `mov rbp, rsp` not yet.
+    counter_overflow_case(1, 1, |_| 0x42);
+}
+
 // Deoptimization.
 
 /// A compiled frame A returning into the deopt handler of nmethod D, whose frame keeps the pc
