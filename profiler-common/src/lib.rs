@@ -413,9 +413,8 @@ pub const MAX_JAVA_THREADS: u32 = 65_536;
 pub const JAVA_THREADS_PER_TARGET: u32 = 16_384;
 
 /// Size of the BPF map of Java threads (set at load time): [`MAX_JAVA_THREADS`] for the whole
-/// host, [`JAVA_THREADS_PER_TARGET`] per pid with `--pid`. The map is preallocated (perf-event
-/// programs need that before Linux 6.1), so every slot costs about 80 bytes of charged memory
-/// used or not: 5 MB for the whole host, 1.3 MB for one JVM.
+/// host, [`JAVA_THREADS_PER_TARGET`] per pid with `--pid`. A bound on its entries, not memory
+/// set aside: the map is not preallocated.
 pub const fn java_thread_slots(target_pids: usize) -> u32 {
     if target_pids == 0 {
         return MAX_JAVA_THREADS;

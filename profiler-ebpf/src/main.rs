@@ -24,7 +24,7 @@ use memory::{CurrentTask, STACK_WINDOW};
 use core::{ffi::c_void, ptr::read_volatile};
 
 use aya_ebpf::{
-    bindings::pt_regs,
+    bindings::{pt_regs, BPF_F_NO_PREALLOC},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
         bpf_probe_read_kernel, generated as gen,
@@ -75,14 +75,18 @@ pub(crate) static SCRATCH: PerCpuArray<SampleRecord> = PerCpuArray::with_max_ent
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT as u32, 0);
 
+/// The maps the daemon fills are not preallocated: their charged memory follows the entries in
+/// them, not their bounds (Linux 6.1 lets perf-event programs use such maps; the unwind tables
+/// already need it).
 #[map]
-static TARGET_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGET_PIDS, 0);
+static TARGET_PIDS: HashMap<u32, u8> =
+    HashMap::with_max_entries(MAX_TARGET_PIDS, BPF_F_NO_PREALLOC);
 
 /// Per-JVM unwinding layouts, keyed by host pid; written by the daemon's JVM tracker. The size
 /// is set at load time from the `max_jvms` setting.
 #[map]
 pub(crate) static HOTSPOT_PROCS: HashMap<u32, HotspotProc> =
-    HashMap::with_max_entries(DEFAULT_MAX_JVMS, 0);
+    HashMap::with_max_entries(DEFAULT_MAX_JVMS, BPF_F_NO_PREALLOC);
 
 /// x86_64: the low two bits of `cs` are the privilege level; 3 is user mode.
 const USER_MODE_CS_MASK: u64 = 3;
