@@ -268,12 +268,10 @@ fn unwind_called_stub<M: UserMemory>(
             }
         }
     }
-    if window.u64(memory, sp).is_err() {
-        return false;
-    }
     for words in 0..MAX_STUB_SAVED_WORDS {
         let slot = sp + words * 8;
-        let Some(value) = window.word_if_held(slot) else {
+        // Read through the window: the words may run on into the next page.
+        let Ok(value) = window.u64(memory, slot) else {
             return false;
         };
         if returns_from_call_into(memory, code_range, value, blob) {

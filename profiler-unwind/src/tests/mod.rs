@@ -623,14 +623,20 @@ fn c1_runtime_stub(jvm: &mut Jvm, frame_size: i32) -> Blob {
 
 #[test]
 fn a_stub_that_pushed_registers_returns_past_them_to_the_call_into_it() {
-    // C1's `slow_subtype_check`: the caller pushes two arguments and calls the stub, which
-    // pushes four registers and builds no frame; rbp is the compiled caller's general register.
-    // One saved register holds a code address that does not follow a call into the stub.
+    type_check_stub_case(STACK + 0x8000);
+    // Its saved registers at the end of a page, the return address on the next one.
+    type_check_stub_case(STACK + 0x8ff0);
+}
+
+/// C1's `slow_subtype_check` sampled with sp at `sp`: the caller pushes two arguments and calls
+/// the stub, which pushes four registers and builds no frame; rbp is the compiled caller's
+/// general register. One saved register holds a code address that does not follow a call into
+/// the stub.
+fn type_check_stub_case(sp: u64) {
     let mut jvm = Jvm::new(Layout::Offsets);
     let stub = c1_runtime_stub(&mut jvm, -1);
     let a = jvm.add_blob(&BlobSpec::nmethod(6, 31));
     let return_address = jvm.call_instruction(a.pc(0x94), stub.pc(0));
-    let sp = STACK + 0x8000;
     let saved = [0x7, a.pc(0x40), 0x1234, 0x5678];
     for (index, value) in saved.iter().enumerate() {
         jvm.memory.put_u64(sp + index as u64 * 8, *value);
