@@ -39,7 +39,9 @@ use profiler_common::{
     DEFAULT_MAX_JVMS, DEFAULT_SAMPLE_RING_BYTES, FRAMES_BYTES, HEADER_BYTES, KERNEL_FRAME_BYTES,
     MAX_KERNEL_FRAMES, MAX_TARGET_PIDS, MAX_USER_FRAMES, RECORD_BYTES, USER_FRAME_BYTES,
 };
-use profiler_unwind::{start_at_anchor, unwind_step, FrameSink, UserRegs, Walk, MAX_WALK_STEPS};
+use profiler_unwind::{
+    settle_top_stub, start_at_anchor, unwind_step, FrameSink, UserRegs, Walk, MAX_WALK_STEPS,
+};
 
 /// Set by the daemon at load time: non-zero when only the pids in `TARGET_PIDS` are sampled.
 #[no_mangle]
@@ -398,6 +400,10 @@ extern "C" fn unwind_steps(_index: u64, slot: *mut c_void) -> i64 {
         base: state.base,
     };
     let task = CurrentTask::new((bpf_get_current_pid_tgid() >> 32) as u32, slot);
+    // Before the steps, not in them: see `settle_top_stub`.
+    if settle_top_stub(walk, window, &task) {
+        return 1;
+    }
     for _ in 0..STEPS_PER_CALLBACK {
         if unwind_step(walk, window, &task, &mut frames) {
             return 1;

@@ -45,4 +45,4 @@ pub use memory::{
 };
 pub use recent_blobs::{RecentBlob, RecentBlobTable, RecentBlobs, RECENT_BLOBS};
 pub use state::{BlobCache, UserRegs, Walk, END_UNSET};
-pub use walk::{start_at_anchor, unwind_step, walk_stack, MAX_WALK_STEPS};
+pub use walk::{settle_top_stub, start_at_anchor, unwind_step, walk_stack, MAX_WALK_STEPS};

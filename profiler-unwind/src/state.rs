@@ -47,6 +47,10 @@ pub struct Walk {
     pub skip: u8,
     /// Non-zero once a Java frame was walked, or the thread's anchor was used.
     pub java_seen: u8,
+    /// Non-zero when the top frame, a stub whose blob does not describe its frame (in
+    /// `blob_cache`), is recorded and the walk has yet to move to its caller
+    /// ([`crate::settle_top_stub`]).
+    pub stub_pending: u8,
     /// Host tid of the sampled thread.
     pub tid: u32,
     /// The cookie of the last interpreted method of this walk, and its `ConstMethod*` (0 for
@@ -69,6 +73,7 @@ impl Walk {
         self.end = END_UNSET;
         self.skip = 0;
         self.java_seen = 0;
+        self.stub_pending = 0;
         self.tid = tid;
         self.blob_cache.blob = 0;
         self.cfi.clear();

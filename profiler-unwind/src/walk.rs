@@ -3,7 +3,7 @@
 
 use profiler_common::{UnwindEnd, MAX_USER_FRAMES};
 
-use crate::hotspot::{java_step, jump_to_anchor, resume_at_anchor};
+use crate::hotspot::{java_step, jump_to_anchor, resume_at_anchor, unwind_top_stub};
 use crate::memory::{FrameSink, JavaThreads, NativeTables, StackWindow, UserMemory};
 use crate::native::native_step;
 use crate::recent_blobs::RecentBlobs;
@@ -20,6 +20,10 @@ pub fn unwind_step<P: UserMemory + JavaThreads + NativeTables + RecentBlobs, S: 
     process: &P,
     sink: &mut S,
 ) -> bool {
+    if walk.stub_pending != 0 {
+        // The top frame's caller is found first ([`settle_top_stub`]).
+        return false;
+    }
     if walk.pc == 0 {
         walk.end = UnwindEnd::Complete as u8;
         return true;
@@ -66,6 +70,26 @@ pub fn unwind_step<P: UserMemory + JavaThreads + NativeTables + RecentBlobs, S: 
     false
 }
 
+/// Moves the walk from a stub recorded on top to its caller, if a step left that to do
+/// (`Walk::stub_pending`); to be run before each step. True to stop (its caller was not
+/// found).
+#[inline(always)]
+pub fn settle_top_stub<M: UserMemory>(
+    walk: &mut Walk,
+    window: &mut StackWindow,
+    memory: &M,
+) -> bool {
+    if walk.stub_pending == 0 {
+        return false;
+    }
+    walk.stub_pending = 0;
+    if let Err(end) = unwind_top_stub(walk, window, memory) {
+        walk.end = end as u8;
+        return true;
+    }
+    false
+}
+
 /// Starts a walk prepared by [`Walk::start`] at the last Java frame of `thread` (the current
 /// thread's `JavaThread*`, as a hook in the JVM was handed it) instead of at the registers, when
 /// the thread is in the VM or native code: the VM's frames above that Java frame are then not
@@ -99,7 +123,7 @@ pub fn walk_stack<P: UserMemory + JavaThreads + NativeTables + RecentBlobs, S: F
     sink: &mut S,
 ) {
     for _ in 0..MAX_WALK_STEPS {
-        if unwind_step(walk, window, process, sink) {
+        if settle_top_stub(walk, window, process) || unwind_step(walk, window, process, sink) {
             break;
         }
     }
