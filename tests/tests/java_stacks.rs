@@ -19,6 +19,39 @@ fn method_lines(source: &str, declaration: &str) -> (i64, i64) {
     (start as i64 + 1, end as i64 + 1)
 }
 
+/// Samples of `profiles` by leaf kind: for each sample whose frames' base names `leaf_of` gives
+/// a kind, its count, and how much of it has the frames `whole` asks for. The first few
+/// samples that do not are printed, after `what`.
+fn tally_by_leaf(
+    profiles: &[(std::path::PathBuf, profiler_daemon::pprof::proto::Profile)],
+    leaf_of: impl Fn(&[String]) -> Option<&'static str>,
+    whole: impl Fn(&[String]) -> bool,
+    what: &str,
+) -> HashMap<&'static str, (i64, i64)> {
+    let mut tallies: HashMap<&str, (i64, i64)> = HashMap::new();
+    let mut shown = 0;
+    for (_, profile) in profiles {
+        for sample in &profile.sample {
+            let names: Vec<String> = sample_frames(profile, sample)
+                .into_iter()
+                .map(|frame| base_name(&frame.name).to_owned())
+                .collect();
+            let Some(leaf) = leaf_of(&names) else {
+                continue;
+            };
+            let tally = tallies.entry(leaf).or_default();
+            tally.0 += count(sample);
+            if whole(&names) {
+                tally.1 += count(sample);
+            } else if shown < 3 {
+                shown += 1;
+                eprintln!("{what}: {names:?}");
+            }
+        }
+    }
+    tallies
+}
+
 #[test]
 fn java_stacks_on_every_jdk() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -347,22 +380,16 @@ fn jni_library_frames_without_frame_pointers_sit_between_java_frames() {
 
     // Per leaf (the library's spin, the Java callback): samples, and those whose stack has the
     // library's frames and, below them, the Java caller.
-    let mut tallies: HashMap<&str, (i64, i64)> = HashMap::new();
-    let mut shown = 0;
-    for (_, profile) in &profiles {
-        for sample in &profile.sample {
-            let names: Vec<String> = sample_frames(profile, sample)
-                .into_iter()
-                .map(|frame| base_name(&frame.name).to_owned())
-                .collect();
-            let Some(leaf) = ["native_spin", "JniCallback.javaCallback"]
+    let tallies = tally_by_leaf(
+        &profiles,
+        |names| {
+            ["native_spin", "JniCallback.javaCallback"]
                 .into_iter()
                 .find(|leaf| names.first().is_some_and(|name| name == leaf))
-            else {
-                continue;
-            };
+        },
+        |names| {
             let position = |wanted: &str| names.iter().position(|name| name == wanted);
-            let whole = match (
+            match (
                 position("native_middle"),
                 position("Java_JniCallback_nativeOuter"),
                 position("JniCallback.javaCaller"),
@@ -372,17 +399,10 @@ fn jni_library_frames_without_frame_pointers_sit_between_java_frames() {
                     middle < outer && outer < caller && caller < main
                 }
                 _ => false,
-            };
-            let tally = tallies.entry(leaf).or_default();
-            tally.0 += count(sample);
-            if whole {
-                tally.1 += count(sample);
-            } else if shown < 3 {
-                shown += 1;
-                eprintln!("a stack without the library's frames in place: {names:?}");
             }
-        }
-    }
+        },
+        "a stack without the library's frames in place",
+    );
     for leaf in ["native_spin", "JniCallback.javaCallback"] {
         let (samples, whole) = tallies.get(leaf).copied().unwrap_or_default();
         eprintln!("{leaf}: {whole} of {samples} samples with the library's frames between Java's");
@@ -427,40 +447,27 @@ fn c1_runtime_stubs_on_top_return_to_their_java_caller() {
 
         // Per stub: samples with it on top, and those whose next frame is a Java method of the
         // workload and whose stack reaches the thread's root.
-        let mut tallies: HashMap<&str, (i64, i64)> = HashMap::new();
-        let mut shown = 0;
-        for (_, profile) in &profiles {
-            for sample in &profile.sample {
-                let names: Vec<String> = sample_frames(profile, sample)
+        let tallies = tally_by_leaf(
+            &profiles,
+            |names| {
+                // The stub's frame ("[counter_overflow Runtime1 stub]" on JDK 17), not the VM
+                // function it calls.
+                ["slow_subtype_check", "counter_overflow"]
                     .into_iter()
-                    .map(|frame| base_name(&frame.name).to_owned())
-                    .collect();
-                let Some(stub) = ["slow_subtype_check", "counter_overflow"]
-                    .into_iter()
-                    // The stub's frame ("[counter_overflow Runtime1 stub]" on JDK 17), not
-                    // the VM function it calls.
                     .find(|stub| {
                         names
                             .first()
                             .is_some_and(|leaf| leaf.starts_with('[') && leaf.contains(stub))
                     })
-                else {
-                    continue;
-                };
-                let whole = names
+            },
+            |names| {
+                names
                     .get(1)
                     .is_some_and(|caller| caller.starts_with("C1Stubs."))
-                    && names.iter().any(|name| name == "java.lang.Thread.run");
-                let tally = tallies.entry(stub).or_default();
-                tally.0 += count(sample);
-                if whole {
-                    tally.1 += count(sample);
-                } else if shown < 3 {
-                    shown += 1;
-                    eprintln!("JDK {}: a stub whose caller is lost: {names:?}", jdk.major);
-                }
-            }
-        }
+                    && names.iter().any(|name| name == "java.lang.Thread.run")
+            },
+            &format!("JDK {}: a stub whose caller is lost", jdk.major),
+        );
         let (mut samples, mut whole) = (0, 0);
         for (stub, (on_top, with_caller)) in &tallies {
             eprintln!(
