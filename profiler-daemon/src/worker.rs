@@ -258,6 +258,7 @@ impl Worker {
         // The interval's stack tables and profiles, and whatever the exited processes held, are
         // freed now: their pages go back to the kernel rather than stay resident in the arena.
         crate::own_memory::release_free_pages();
+        crate::own_memory::drop_unmapped_own_binary_pages();
         let sidecars = self.symbolizers.java.sidecar_totals();
         self.counters
             .sidecar_agents
