@@ -138,17 +138,14 @@ pub(crate) fn java_step<M: UserMemory + RecentBlobs>(
     top: bool,
 ) -> Result<UserFrame, UnwindEnd> {
     let hs = &walk.hotspot;
-    let (pc, sp, fp) = (walk.pc, walk.sp, walk.fp);
+    let (pc, sp) = (walk.pc, walk.sp);
     if pc >= hs.interpreter_low && pc < hs.interpreter_high {
         return interpreted_step(walk, window, memory, top);
     }
     if pc == hs.call_stub_return {
         // The call stub is an rbp frame; its caller is native code (JavaCalls::call_helper).
         walk.skip = 1;
-        let slot = window.pair(memory, fp)?;
-        walk.sp = fp + 16;
-        walk.fp = slot[0];
-        walk.pc = slot[1];
+        follow_rbp(walk, window, memory)?;
         return Ok(frame(FrameKind::Native, pc, 0, 0));
     }
     // Deep stacks repeat blobs (recursion, loops over the same callees): the last blob found is
@@ -219,11 +216,7 @@ pub(crate) fn java_step<M: UserMemory + RecentBlobs>(
         unwind_compiled(walk, window, memory, state, frame_size as u64)
     } else {
         // Stubs and adapters without a fixed frame keep rbp as a frame pointer.
-        window.pair(memory, fp).map(|slot| {
-            walk.sp = fp + 16;
-            walk.fp = slot[0];
-            walk.pc = slot[1];
-        })
+        follow_rbp(walk, window, memory)
     };
     if let Err(end) = moved {
         walk.end = end as u8;
@@ -240,7 +233,7 @@ pub(crate) fn java_step<M: UserMemory + RecentBlobs>(
 /// step. The BPF program does so at its callback's entry, where the verifier goes through the
 /// search's loop once, not once for every path through a step: inside `java_step` the search
 /// took the sampling program from 152,000 verified instructions to 397,000 (a second more to
-/// load), at the callback's entry to 185,000.
+/// load), at the callback's entry to 192,000.
 #[inline(always)]
 pub(crate) fn unwind_top_stub<M: UserMemory>(
     walk: &mut Walk,
@@ -252,22 +245,33 @@ pub(crate) fn unwind_top_stub<M: UserMemory>(
     if unwind_called_stub(walk, window, memory, (code_begin, end)) {
         return Ok(());
     }
-    let (pc, sp, fp) = (walk.pc, walk.sp, walk.fp);
     if frame_size > 0 {
-        let state = epilogue_state_at(memory, pc).unwrap_or(FrameState::Built);
+        let state = epilogue_state_at(memory, walk.pc).unwrap_or(FrameState::Built);
         return unwind_compiled(walk, window, memory, state, frame_size as u64);
     }
-    let code_range = (walk.hotspot.code_low, walk.hotspot.code_high);
-    if is_code(code_range, window.u64(memory, sp).unwrap_or(0)) {
+    let sp = walk.sp;
+    let at_sp = window.u64(memory, sp).unwrap_or(0);
+    if is_code((walk.hotspot.code_low, walk.hotspot.code_high), at_sp) {
         // A frameless stub: vtable and itable stubs jump on to their target and push nothing,
         // so the return address into their (compiled or interpreted) caller is at sp. A stub
         // that built an rbp frame has the saved rbp there instead, never a code address.
-        let caller_pc = window.u64(memory, sp)?;
-        walk.pc = caller_pc;
+        walk.pc = at_sp;
         walk.sp = sp + 8;
         return Ok(());
     }
     // Other stubs and adapters without a fixed frame keep rbp as a frame pointer.
+    follow_rbp(walk, window, memory)
+}
+
+/// Moves the walk from an rbp frame to its caller: the saved rbp and the return address at
+/// rbp, the caller's sp above them.
+#[inline(always)]
+fn follow_rbp<M: UserMemory>(
+    walk: &mut Walk,
+    window: &mut StackWindow,
+    memory: &M,
+) -> Result<(), UnwindEnd> {
+    let fp = walk.fp;
     let slot = window.pair(memory, fp)?;
     walk.sp = fp + 16;
     walk.fp = slot[0];

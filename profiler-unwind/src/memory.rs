@@ -183,7 +183,7 @@ fn read_pair<M: UserMemory>(memory: &M, addr: u64) -> Result<[u64; 2], UnwindEnd
         .map_err(|_| UnwindEnd::JavaReadFailed)
 }
 
-/// The little-endian field of `T`'s width at byte `offset` of `bytes` (a power-of-two length:
+/// The little-endian 64-bit field at byte `offset` of `bytes` (a power-of-two length:
 /// the mask is what bounds the index for the verifier); 0 if it would run past the end.
 #[inline(always)]
 pub(crate) fn field_u64<const N: usize>(bytes: &[u8; N], offset: usize) -> u64 {
