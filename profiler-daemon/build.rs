@@ -63,8 +63,6 @@ fn build_ebpf() -> anyhow::Result<()> {
     println!("cargo:rerun-if-changed={}", common_dir.display());
     println!("cargo:rerun-if-changed={}", unwind_dir.display());
     let out_dir = std::path::PathBuf::from(std::env::var_os("OUT_DIR").context("OUT_DIR")?);
-    let object = out_dir.join("profiler");
-
     let mut key = Fnv::default();
     for dir in [&ebpf_dir, &common_dir, &unwind_dir] {
         hash_tree(dir, &mut key)?;
@@ -83,28 +81,43 @@ fn build_ebpf() -> anyhow::Result<()> {
         .map(|o| o.stdout)
         .unwrap_or_default();
     key.write(&linker);
-    let cached = metadata
+    let cache_dir = metadata
         .target_directory
         .as_std_path()
         .join("ebpf-object")
-        .join(format!("{:016x}", key.0))
-        .join("profiler");
-    if std::fs::copy(&cached, &object).is_ok() {
+        .join(format!("{:016x}", key.0));
+    // Two objects from one crate: the default (kernels 6.1+) and the `compat` feature's
+    // (5.10+); see profiler-ebpf/src/main.rs. aya-build leaves each as `OUT_DIR/profiler`.
+    let objects = [("profiler", &[][..]), ("profiler-compat", &["compat"][..])];
+    let cached = objects.map(|(name, _)| (cache_dir.join(name), out_dir.join(name)));
+    if cached
+        .iter()
+        .all(|(from, to)| std::fs::copy(from, to).is_ok())
+    {
         println!("cargo:rerun-if-changed={}", ebpf_dir.display());
         return Ok(());
     }
-    aya_build::build_ebpf(
-        [aya_build::Package {
-            name: "profiler-ebpf",
-            root_dir: ebpf_dir.to_str().context("non-UTF-8 path")?,
-            ..Default::default()
-        }],
-        aya_build::Toolchain::default(),
-    )
-    .context("building the eBPF program (needs the nightly toolchain with rust-src and bpf-linker: run `cargo xtask setup`)")?;
-    if let Some(dir) = cached.parent() {
-        // A cache: failing to fill it only costs a later rebuild.
-        let _ = std::fs::create_dir_all(dir).and_then(|()| std::fs::copy(&object, &cached));
+    let built = out_dir.join("profiler");
+    for (name, features) in objects.iter().rev() {
+        aya_build::build_ebpf(
+            [aya_build::Package {
+                name: "profiler-ebpf",
+                root_dir: ebpf_dir.to_str().context("non-UTF-8 path")?,
+                features,
+                ..Default::default()
+            }],
+            aya_build::Toolchain::default(),
+        )
+        .context("building the eBPF program (needs the nightly toolchain with rust-src and bpf-linker: run `cargo xtask setup`)")?;
+        if *name != "profiler" {
+            std::fs::rename(&built, out_dir.join(name))
+                .with_context(|| format!("keeping the {name} object"))?;
+        }
+    }
+    // A cache: failing to fill it only costs a later rebuild.
+    let _ = std::fs::create_dir_all(&cache_dir);
+    for (to_cache, built) in &cached {
+        let _ = std::fs::copy(built, to_cache);
     }
     Ok(())
 }

@@ -404,7 +404,9 @@ pub fn find_cfi_row_cached<'a>(
         cache.block_end = if last {
             u32::MAX
         } else {
-            *index.first_pcs.get(next as usize)?
+            // Laundered again: the compiler folds this bounds check into `last`'s, a comparison
+            // of two registers whose bound older verifiers (6.1) do not carry over.
+            *index.first_pcs.get(opaque.opaque(next) as usize)?
         };
         cache.row_end = 0;
     }

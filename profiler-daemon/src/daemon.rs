@@ -45,6 +45,8 @@ pub enum DaemonError {
     Privileges(#[from] MissingPrivileges),
     #[error("{0}")]
     Sampler(#[from] SamplerError),
+    #[error(transparent)]
+    ObjectOverride(#[from] crate::kernel_features::BadObjectOverride),
     #[error("waiting on the sample ring buffer: {0}")]
     RingWakeups(std::io::Error),
     #[error("signal handler: {0}")]
@@ -99,7 +101,9 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     // Before the sampler: a bad output directory or a taken stream address stops the start.
     let (sinks, sink_tasks) = build_sinks(&config, &metrics).await?;
     let table_budget = native_unwind::loader::table_budget(config.cache_budget_bytes);
+    let object = crate::kernel_features::choose_object()?;
     let mut sampler = Sampler::start(
+        object,
         config.frequency_hz,
         &config.pids,
         config.max_jvms,

@@ -40,6 +40,10 @@ enum Command {
     /// service, a process or the whole host; with --before-from, a differential flame graph
     /// of what changed since an earlier window.
     View(ViewArgs),
+    /// Show what this node's kernel lets the daemon do: BPF features, the object and path each
+    /// program takes, BTF, privileges and limits, and what will not work and why. Exits 1 if a
+    /// program is refused.
+    Check,
     /// Load the JVMTI sidecar agent into a running JVM (HotSpot dynamic attach).
     Attach {
         pid: u32,
@@ -197,11 +201,22 @@ fn main() -> ExitCode {
         Command::UnwindInfo { files } => unwind_info(&files),
         Command::Subscribe(args) => subscribe(args),
         Command::View(args) => view(args),
+        Command::Check => check(),
         Command::Attach {
             pid,
             agent,
             options,
         } => attach(pid, agent, &options),
+    }
+}
+
+fn check() -> ExitCode {
+    let report = profiler_daemon::kernel_check::check();
+    print!("{}", report.text);
+    if report.all_loaded {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 

@@ -9,11 +9,23 @@ use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::Counter;
 
 use crate::hotspot::alloc_hooks::AllocHookRequest;
+use crate::kernel_btf::KernelBtf;
+use crate::kernel_features::BpfObject;
 use crate::hotspot::tracker::BpfMaps;
 use crate::native_unwind::loader::BpfTableMaps;
 
-/// The object built from `profiler-ebpf` by build.rs.
-static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
+/// The objects built from `profiler-ebpf` by build.rs: the default one and the compat one (see
+/// `kernel_features`).
+static DEFAULT_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
+static COMPAT_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-compat"));
+
+/// Entries of the compat object's preallocated maps, whose memory is taken at start whether
+/// used or not (the default object's grow with their entries): each bound holds a busy node's
+/// processes with tables, distinct files and threads with off-CPU state.
+const COMPAT_CFI_PROCESSES: u32 = 1024;
+const COMPAT_CFI_TABLES: u32 = 1024;
+const COMPAT_OFF_CPU_THREADS: u32 = 32_768;
 
 /// The process-event programs (`profiler-ebpf/src/process_events.rs`) and their tracepoints.
 const PROCESS_EVENT_PROGRAMS: [(&str, &str); 2] = [
@@ -75,6 +87,8 @@ pub enum SamplerError {
         path: &'static str,
         source: std::io::Error,
     },
+    #[error("the compat BPF object needs the kernel's BTF: {0}")]
+    KernelBtf(#[from] crate::kernel_btf::BtfError),
     #[error("attaching to the CPU-clock perf event of CPU {cpu}: {source}")]
     Attach {
         cpu: u32,
@@ -127,10 +141,137 @@ pub struct Sampler {
     cpus: usize,
 }
 
+/// What the object is loaded with: its globals and map sizes.
+struct ObjectSettings {
+    filter: u8,
+    ring_bytes: u32,
+    ring_wakeup_bytes: u64,
+    off_cpu_period_ns: u64,
+    off_cpu_ring_bytes: u32,
+    off_cpu: bool,
+    alloc_interval: u64,
+    max_jvms: u32,
+    cfi_blocks: u32,
+    java_threads: u32,
+}
+
+/// Creates the object's maps (programs are loaded one by one afterwards).
+fn load_object(object: BpfObject, settings: &ObjectSettings) -> Result<Ebpf, SamplerError> {
+    let task_offsets;
+    let mut loader = EbpfLoader::new();
+    loader
+        // The off-CPU programs' task storage, which aya has no userspace type for (the
+        // daemon never reads it).
+        .allow_unsupported_maps()
+        .override_global("FILTER_PIDS", &settings.filter, true)
+        .override_global("RING_WAKEUP_BYTES", &settings.ring_wakeup_bytes, true)
+        .override_global("OFF_CPU_PERIOD_NS", &settings.off_cpu_period_ns, true)
+        .override_global("ALLOC_INTERVAL", &settings.alloc_interval, true)
+        .map_max_entries("OFF_CPU_EVENTS", settings.off_cpu_ring_bytes)
+        .map_max_entries("HOTSPOT_PROCS", settings.max_jvms)
+        .map_max_entries("SAMPLES", settings.ring_bytes)
+        .map_max_entries("CFI_BLOCKS", settings.cfi_blocks)
+        .map_max_entries("JAVA_THREADS", settings.java_threads);
+    let bytes = match object {
+        BpfObject::Default => DEFAULT_OBJECT,
+        BpfObject::Compat => {
+            let btf = KernelBtf::from_sys_fs()?;
+            task_offsets = [
+                u64::from(btf.member_offset("task_struct", "stack")?),
+                u64::from(btf.member_offset("task_struct", "pid")?),
+            ];
+            let off_cpu_threads = if settings.off_cpu {
+                COMPAT_OFF_CPU_THREADS
+            } else {
+                1
+            };
+            loader
+                .override_global("TASK_STACK_OFFSET", &task_offsets[0], true)
+                .override_global("TASK_PID_OFFSET", &task_offsets[1], true)
+                .map_max_entries("OFF_CPU_THREADS", off_cpu_threads)
+                .map_max_entries("CFI_PROCS", COMPAT_CFI_PROCESSES)
+                .map_max_entries("CFI_TABLES", COMPAT_CFI_TABLES);
+            COMPAT_OBJECT
+        }
+    };
+    Ok(loader.load(bytes)?)
+}
+
+/// One program of the object, loaded (not attached) by [`check_programs`].
+pub struct ProgramCheck {
+    pub name: String,
+    /// Why it was refused: the error and the verifier's last lines.
+    pub refused: Option<String>,
+}
+
+/// Loads `object` and each of its programs without attaching any, as `run` would with every
+/// profile kind on: what `profiler-daemon check` reports.
+pub fn check_programs(object: BpfObject) -> Result<Vec<ProgramCheck>, SamplerError> {
+    let mut ebpf = load_object(
+        object,
+        &ObjectSettings {
+            filter: 0,
+            ring_bytes: profiler_common::sample_ring_bytes(1, 19),
+            ring_wakeup_bytes: 4096,
+            off_cpu_period_ns: 5_000_000,
+            off_cpu_ring_bytes: profiler_common::OFF_CPU_RING_BYTES,
+            off_cpu: true,
+            alloc_interval: profiler_common::ALLOC_INTERVAL_BYTES,
+            max_jvms: profiler_common::DEFAULT_MAX_JVMS,
+            cfi_blocks: 16,
+            java_threads: 1024,
+        },
+    )?;
+    let btf = Btf::from_sys_fs().ok();
+    let mut checks = Vec::new();
+    for (name, program) in ebpf.programs_mut() {
+        let tracepoint = OFF_CPU_PROGRAMS
+            .iter()
+            .find(|(program, _)| *program == name)
+            .map(|(_, tracepoint)| *tracepoint);
+        let result = match program {
+            aya::programs::Program::PerfEvent(p) => p.load(),
+            aya::programs::Program::RawTracePoint(p) => p.load(),
+            aya::programs::Program::UProbe(p) => p.load(),
+            aya::programs::Program::BtfTracePoint(p) => match (&btf, tracepoint) {
+                (Some(btf), Some(tracepoint)) => p.load(tracepoint, btf),
+                _ => {
+                    checks.push(ProgramCheck {
+                        name: name.to_owned(),
+                        refused: Some("no kernel BTF (/sys/kernel/btf/vmlinux)".to_owned()),
+                    });
+                    continue;
+                }
+            },
+            _ => continue,
+        };
+        checks.push(ProgramCheck {
+            name: name.to_owned(),
+            refused: result.err().map(|err| verifier_tail(&err.to_string())),
+        });
+    }
+    checks.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(checks)
+}
+
+/// An error with the verifier's log cut to its first line and its last 25: where it stopped and
+/// why.
+fn verifier_tail(error: &str) -> String {
+    let lines: Vec<&str> = error.lines().collect();
+    if lines.len() <= 30 {
+        return error.to_owned();
+    }
+    let mut kept = vec![lines[0], "..."];
+    kept.extend(&lines[lines.len() - 25..]);
+    kept.join("\n")
+}
+
 impl Sampler {
     /// Loads and attaches the sampler. `pids` empty means every process.
     /// `cfi_blocks` bounds the unwind tables' blocks (`native_unwind::loader::block_capacity`).
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
+        object: BpfObject,
         frequency_hz: u64,
         pids: &[u32],
         max_jvms: u32,
@@ -151,23 +292,21 @@ impl Sampler {
             Some(_) => profiler_common::OFF_CPU_RING_BYTES,
             None => UNUSED_RING_BYTES,
         };
-        let mut ebpf = EbpfLoader::new()
-            // The off-CPU programs' task storage, which aya has no userspace type for (the
-            // daemon never reads it).
-            .allow_unsupported_maps()
-            .override_global("FILTER_PIDS", &filter, true)
-            .override_global("RING_WAKEUP_BYTES", &ring_wakeup_bytes, true)
-            .override_global("OFF_CPU_PERIOD_NS", &off_cpu_period_ns, true)
-            .override_global("ALLOC_INTERVAL", &alloc_interval, true)
-            .map_max_entries("OFF_CPU_EVENTS", off_cpu_ring_bytes)
-            .map_max_entries("HOTSPOT_PROCS", max_jvms)
-            .map_max_entries("SAMPLES", ring_bytes)
-            .map_max_entries("CFI_BLOCKS", cfi_blocks)
-            .map_max_entries(
-                "JAVA_THREADS",
-                profiler_common::java_thread_slots(pids.len()),
-            )
-            .load(EBPF_OBJECT)?;
+        let mut ebpf = load_object(
+            object,
+            &ObjectSettings {
+                filter,
+                ring_bytes,
+                ring_wakeup_bytes,
+                off_cpu_period_ns,
+                off_cpu_ring_bytes,
+                off_cpu: off_cpu.is_some(),
+                alloc_interval,
+                max_jvms,
+                cfi_blocks,
+                java_threads: profiler_common::java_thread_slots(pids.len()),
+            },
+        )?;
         tracing::debug!(ring_bytes, cpus = cpus.len(), "sample ring sized");
 
         if !pids.is_empty() {

@@ -7,6 +7,14 @@
 //! `profiler_unwind` (shared with its host tests); this program gives it user memory, the
 //! `JAVA_THREADS` map and the sample record (`memory.rs`, `RecordFrames`).
 //!
+//! Two objects are built from this crate, and the daemon loads the one the kernel takes
+//! (`profiler-daemon/src/kernel_features.rs`): the default one for kernels with task storage,
+//! `bpf_task_pt_regs` and non-preallocated hash maps in perf-event programs (6.1+), and the
+//! `compat` one (5.10+): preallocated maps, per-thread state in a hash (`thread_state.rs`), the
+//! user registers of an in-kernel sample found from the task's kernel stack at an offset read
+//! from the kernel's BTF. Both walk with a loop of calls to a global function (`unwind_steps`),
+//! which the verifier checks once, not per call: no `bpf_loop` (5.17+) needed.
+//!
 //! Aggregation happens in the daemon. One record per sample keeps the kernel side simple and
 //! its cost flat; at the rates this profiler runs (19 to 1000 Hz per CPU) the ring buffer carries
 //! well under a megabyte per second per CPU, and the daemon folds identical stacks with one
@@ -18,13 +26,14 @@ mod alloc;
 mod memory;
 mod off_cpu;
 mod process_events;
+mod thread_state;
 
 use memory::{CurrentTask, STACK_WINDOW};
 
-use core::{ffi::c_void, ptr::read_volatile};
+use core::{ffi::c_void, mem::offset_of, ptr::read_volatile};
 
 use aya_ebpf::{
-    bindings::{pt_regs, BPF_F_NO_PREALLOC},
+    bindings::pt_regs,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
         bpf_probe_read_kernel, generated as gen,
@@ -42,6 +51,14 @@ use profiler_common::{
 use profiler_unwind::{
     settle_top_stub, start_at_anchor, unwind_step, FrameSink, UserRegs, Walk, MAX_WALK_STEPS,
 };
+
+/// The flags of the maps the daemon fills. Not preallocated where the kernel lets perf-event
+/// programs use such maps (6.1+): their charged memory then follows the entries in them, not
+/// their bounds. Before, the kernel refuses them there, and the daemon sizes them small.
+#[cfg(not(feature = "compat"))]
+pub(crate) const DAEMON_MAP_FLAGS: u32 = aya_ebpf::bindings::BPF_F_NO_PREALLOC;
+#[cfg(feature = "compat")]
+pub(crate) const DAEMON_MAP_FLAGS: u32 = 0;
 
 /// Set by the daemon at load time: non-zero when only the pids in `TARGET_PIDS` are sampled.
 #[no_mangle]
@@ -77,18 +94,14 @@ pub(crate) static SCRATCH: PerCpuArray<SampleRecord> = PerCpuArray::with_max_ent
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT as u32, 0);
 
-/// The maps the daemon fills are not preallocated: their charged memory follows the entries in
-/// them, not their bounds (Linux 6.1 lets perf-event programs use such maps; the unwind tables
-/// already need it).
 #[map]
-static TARGET_PIDS: HashMap<u32, u8> =
-    HashMap::with_max_entries(MAX_TARGET_PIDS, BPF_F_NO_PREALLOC);
+static TARGET_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGET_PIDS, DAEMON_MAP_FLAGS);
 
 /// Per-JVM unwinding layouts, keyed by host pid; written by the daemon's JVM tracker. The size
 /// is set at load time from the `max_jvms` setting.
 #[map]
 pub(crate) static HOTSPOT_PROCS: HashMap<u32, HotspotProc> =
-    HashMap::with_max_entries(DEFAULT_MAX_JVMS, BPF_F_NO_PREALLOC);
+    HashMap::with_max_entries(DEFAULT_MAX_JVMS, DAEMON_MAP_FLAGS);
 
 /// x86_64: the low two bits of `cs` are the privilege level; 3 is user mode.
 const USER_MODE_CS_MASK: u64 = 3;
@@ -132,25 +145,71 @@ fn user_regs(ctx: &PerfEventContext) -> Option<UserRegs> {
 }
 
 /// The current task's user registers as it entered the kernel (the top of its kernel stack).
+/// Read as the two runs of fields the walk uses, not the whole `pt_regs`: 168 bytes of stack
+/// the programs cannot spare (see `unwind_steps`).
 #[inline(always)]
 pub(crate) fn saved_user_regs() -> Option<UserRegs> {
-    // SAFETY: helpers with no preconditions; the read is checked by the kernel.
-    let saved = unsafe {
-        let task = gen::bpf_get_current_task_btf();
-        let regs = gen::bpf_task_pt_regs(task) as *const pt_regs;
-        bpf_probe_read_kernel(regs).ok()?
+    let regs = user_pt_regs()?;
+    const LOW: usize = offset_of!(pt_regs, r13);
+    const HIGH: usize = offset_of!(pt_regs, rip);
+    const _: () = assert!(offset_of!(pt_regs, rbx) == LOW + 24 && offset_of!(pt_regs, rbp) == LOW + 16);
+    const _: () = assert!(offset_of!(pt_regs, cs) == HIGH + 8 && offset_of!(pt_regs, rsp) == HIGH + 24);
+    // SAFETY: checked reads of kernel memory.
+    let (low, high) = unsafe {
+        (
+            bpf_probe_read_kernel((regs + LOW as u64) as *const [u64; 4]).ok()?,
+            bpf_probe_read_kernel((regs + HIGH as u64) as *const [u64; 4]).ok()?,
+        )
     };
-    if saved.cs & USER_MODE_CS_MASK != USER_MODE_CS_MASK || saved.rip == 0 {
+    let [r13, _r12, rbp, rbx] = low;
+    let [rip, cs, _flags, rsp] = high;
+    if cs & USER_MODE_CS_MASK != USER_MODE_CS_MASK || rip == 0 {
         return None;
     }
     Some(UserRegs {
-        ip: saved.rip,
-        sp: saved.rsp,
-        fp: saved.rbp,
-        r13: saved.r13,
-        rbx: saved.rbx,
+        ip: rip,
+        sp: rsp,
+        fp: rbp,
+        r13,
+        rbx,
         entered_kernel: true,
     })
+}
+
+/// Where the current task's user registers are saved.
+#[cfg(not(feature = "compat"))]
+#[inline(always)]
+fn user_pt_regs() -> Option<u64> {
+    // SAFETY: helpers with no preconditions.
+    Some(unsafe { gen::bpf_task_pt_regs(gen::bpf_get_current_task_btf()) } as u64)
+}
+
+/// Set by the daemon at load time (compat object): where `task_struct::stack` is, from the
+/// kernel's BTF. Zero: not found, and in-kernel samples have no user stack.
+#[cfg(feature = "compat")]
+#[no_mangle]
+static TASK_STACK_OFFSET: u64 = 0;
+
+/// x86_64's kernel stack size (`THREAD_SIZE`, without KASAN); the user registers are saved at
+/// its top, as `task_pt_regs` finds them on the kernels without FRED (6.9+) that need this path.
+#[cfg(feature = "compat")]
+const KERNEL_STACK_BYTES: u64 = 16 * 1024;
+
+/// Where the current task's user registers are saved, before `bpf_task_pt_regs` (5.15).
+#[cfg(feature = "compat")]
+#[inline(always)]
+fn user_pt_regs() -> Option<u64> {
+    // SAFETY: a global the loader sets once; read-only afterwards.
+    let offset = unsafe { read_volatile(&TASK_STACK_OFFSET) };
+    if offset == 0 {
+        return None;
+    }
+    // SAFETY: helper without preconditions; a checked read of kernel memory.
+    let stack: u64 = unsafe {
+        let task = gen::bpf_get_current_task();
+        bpf_probe_read_kernel((task + offset) as *const u64).ok()?
+    };
+    Some(stack + KERNEL_STACK_BYTES - core::mem::size_of::<pt_regs>() as u64)
 }
 
 fn try_sample_cpu(ctx: &PerfEventContext) {
@@ -286,15 +345,11 @@ pub(crate) fn fill_record(
                     count(Counter::AllocWalkFromHook);
                 }
             }
-            // SAFETY: bpf_loop calls `unwind_steps` with the slot, where it finds its state.
-            unsafe {
-                gen::bpf_loop(
-                    MAX_WALK_STEPS.div_ceil(STEPS_PER_CALLBACK),
-                    unwind_steps as *mut c_void,
-                    &slot as *const u32 as *mut c_void,
-                    0,
-                )
-            };
+            for _ in 0..MAX_WALK_STEPS.div_ceil(STEPS_PER_CALLBACK) {
+                if unwind_steps(slot) != 0 {
+                    break;
+                }
+            }
             walk.finish();
             if walk.end == UnwindEnd::MaxDepth as u8 {
                 count(Counter::UserStackTruncated);
@@ -374,9 +429,8 @@ const STEPS_PER_CALLBACK: u32 = 2;
 /// `STEPS_PER_CALLBACK` unwinding steps of the walk in `slot` (a [`WalkSlot`]). Returns 1 to
 /// stop the loop.
 #[inline(never)]
-extern "C" fn unwind_steps(_index: u64, slot: *mut c_void) -> i64 {
-    // SAFETY: `fill_record` passes a pointer to the slot on its stack.
-    let slot = unsafe { *(slot as *const u32) };
+#[no_mangle]
+pub extern "C" fn unwind_steps(slot: u32) -> i32 {
     let Some(state) = WALK.get_ptr_mut(slot) else {
         return 1;
     };

@@ -7,7 +7,6 @@ use core::ffi::c_void;
 use core::mem::MaybeUninit;
 
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
     helpers::{bpf_probe_read_user, generated as gen},
     macros::map,
     maps::{HashMap, PerCpuArray},
@@ -19,7 +18,13 @@ use profiler_common::cfi::{
 use profiler_common::{JavaThreadEntry, MAX_JAVA_THREADS};
 use profiler_unwind::{
     JavaThreads, NativeTables, ReadError, RecentBlobTable, RecentBlobs, StackWindow, UserMemory,
+    SCRATCH_BYTES,
 };
+
+/// The buffers `UserMemory::with_scratch` lends, one per [`WalkSlot`](crate::WalkSlot).
+#[map]
+static SCRATCH_BUFFER: PerCpuArray<[u8; SCRATCH_BYTES]> =
+    PerCpuArray::with_max_entries(crate::WALK_SLOTS, 0);
 
 /// One per [`WalkSlot`](crate::WalkSlot), as the tables' caches below.
 #[map]
@@ -32,7 +37,7 @@ pub(crate) static STACK_WINDOW: PerCpuArray<StackWindow> =
 /// 65,536 slots were 5.8 MB of the daemon's charged memory however few threads were in it.
 #[map]
 pub(crate) static JAVA_THREADS: HashMap<u32, JavaThreadEntry> =
-    HashMap::with_max_entries(MAX_JAVA_THREADS, BPF_F_NO_PREALLOC);
+    HashMap::with_max_entries(MAX_JAVA_THREADS, crate::DAEMON_MAP_FLAGS);
 
 /// Native unwind tables, written by the daemon (`native_unwind::loader`): per process, its
 /// executable mappings that have a table (pid -> [`CfiProcess`]); per table, which block holds a
@@ -42,16 +47,16 @@ pub(crate) static JAVA_THREADS: HashMap<u32, JavaThreadEntry> =
 /// cannot be quick enough to keep another program's stacks from being walked by its old tables.
 #[map]
 pub(crate) static CFI_PROCS: HashMap<u32, CfiProcess> =
-    HashMap::with_max_entries(MAX_CFI_PROCESSES, BPF_F_NO_PREALLOC);
+    HashMap::with_max_entries(MAX_CFI_PROCESSES, crate::DAEMON_MAP_FLAGS);
 
 #[map]
 static CFI_TABLES: HashMap<u32, CfiTableIndex> =
-    HashMap::with_max_entries(MAX_CFI_TABLES, BPF_F_NO_PREALLOC);
+    HashMap::with_max_entries(MAX_CFI_TABLES, crate::DAEMON_MAP_FLAGS);
 
 /// Sized by the daemon at load time from its memory budget.
 #[map]
 static CFI_BLOCKS: HashMap<u64, CfiBlock> =
-    HashMap::with_max_entries(DEFAULT_CFI_BLOCKS, BPF_F_NO_PREALLOC);
+    HashMap::with_max_entries(DEFAULT_CFI_BLOCKS, crate::DAEMON_MAP_FLAGS);
 
 /// Rows found by earlier walks on this CPU (see `cfi::CfiRowCache`).
 #[map]
@@ -146,6 +151,19 @@ impl UserMemory for CurrentTask {
     fn read_array<const N: usize>(&self, addr: u64) -> Result<[u8; N], ReadError> {
         // SAFETY: a checked read of user memory.
         unsafe { bpf_probe_read_user(addr as *const [u8; N]) }.map_err(ReadError)
+    }
+
+    #[inline(always)]
+    fn with_scratch<R>(
+        &self,
+        use_buffer: impl FnOnce(&mut [MaybeUninit<u8>; SCRATCH_BYTES]) -> R,
+    ) -> Option<R> {
+        let buffer = SCRATCH_BUFFER.get_ptr_mut(self.slot)?;
+        // SAFETY: a per-CPU map value of this walk's slot, used by one walk at a time on this
+        // CPU; bytes seen as possibly uninitialised.
+        Some(use_buffer(unsafe {
+            &mut *(buffer as *mut [MaybeUninit<u8>; SCRATCH_BYTES])
+        }))
     }
 
     #[inline(always)]

@@ -18,18 +18,11 @@
 //! cycle was short (a preemption, a brief lock spin): every wait of such a thread weighs much,
 //! so sampling it rarely would make its totals noisy, though not biased.
 //!
-//! Per-thread state lives in task storage: the kernel keeps it with the thread's `task_struct`
-//! (what the tracepoints hand over for the thread coming back or woken, so no field of it is
-//! read) and frees it with the thread, so nothing leaks; a lookup is a pointer chase, not a
-//! hash. aya-ebpf has no task storage map, so `TaskStorage` declares one as a BTF map.
-
-use core::ffi::c_void;
+//! Per-thread state lives in `thread_state.rs`: task storage where the kernel has it, a
+//! preallocated hash by tid before (the compat object).
 
 use aya_ebpf::{
-    bindings::{
-        bpf_map_type::BPF_MAP_TYPE_TASK_STORAGE, task_struct, BPF_F_NO_PREALLOC,
-        BPF_LOCAL_STORAGE_GET_F_CREATE,
-    },
+    bindings::task_struct,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated as gen},
     macros::{btf_tracepoint, map},
     maps::{PerCpuArray, RingBuf},
@@ -37,11 +30,12 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    Counter, JavaState, OffCpuEnd, OffCpuThread, SampleKind, OFF_CPU_PROBABILITY_BITS,
+    Counter, JavaState, OffCpuEnd, SampleKind, OFF_CPU_PROBABILITY_BITS,
     OFF_CPU_PROBABILITY_ONE, OFF_CPU_RING_BYTES, TASK_DEAD,
 };
 
 use crate::memory::CurrentTask;
+use crate::thread_state;
 use crate::{
     count, fill_record, kernel_stack, profiled, saved_user_regs, RecordOrigin, WalkSlot, WalkStart,
     BPF_RB_NO_WAKEUP, HOTSPOT_PROCS, SCRATCH,
@@ -62,59 +56,6 @@ static OFF_CPU_PERIOD_NS: u64 = 5_000_000;
 /// Stacks of sampled waits ([`SampleKind::OffCpu`] records) and their ends ([`OffCpuEnd`]).
 #[map]
 static OFF_CPU_EVENTS: RingBuf = RingBuf::with_byte_size(OFF_CPU_RING_BYTES, 0);
-
-/// A task storage map, as a BTF map definition (the `.maps` section's format: each field's
-/// type encodes one attribute). Task storage takes an `int` key (a pidfd from userspace, unused
-/// here), no entry bound and no preallocation.
-#[repr(C)]
-pub(crate) struct TaskStorage<T> {
-    r#type: *const [i32; BPF_MAP_TYPE_TASK_STORAGE as usize],
-    key: *const i32,
-    value: *const T,
-    map_flags: *const [i32; BPF_F_NO_PREALLOC as usize],
-}
-
-// SAFETY: the fields are placeholders for the loader (never dereferenced); the map is shared
-// through BPF helpers only.
-unsafe impl<T> Sync for TaskStorage<T> {}
-
-impl<T> TaskStorage<T> {
-    const fn new() -> Self {
-        Self {
-            r#type: core::ptr::null(),
-            key: core::ptr::null(),
-            value: core::ptr::null(),
-            map_flags: core::ptr::null(),
-        }
-    }
-
-    /// The value of `task` (a BTF task pointer), created zeroed if `create` and missing.
-    #[inline(always)]
-    pub(crate) fn get(&self, task: *mut task_struct, create: bool) -> Option<&mut T> {
-        let flags = if create {
-            BPF_LOCAL_STORAGE_GET_F_CREATE as u64
-        } else {
-            0
-        };
-        // SAFETY: a task storage map and a task pointer the kernel handed over.
-        let value = unsafe {
-            gen::bpf_task_storage_get(
-                self as *const Self as *mut c_void,
-                task,
-                core::ptr::null_mut(),
-                flags,
-            )
-        } as *mut T;
-        // SAFETY: non-null, a value of this map, owned by the task; the scheduler's locks order
-        // the programs that touch one thread's value.
-        unsafe { value.as_mut() }
-    }
-}
-
-/// Each thread's switch state.
-#[unsafe(link_section = ".maps")]
-#[unsafe(export_name = "OFF_CPU_THREADS")]
-pub(crate) static OFF_CPU_THREADS: TaskStorage<OffCpuThread> = TaskStorage::new();
 
 /// Each CPU's idle task (`task_struct` address), learnt when it leaves the CPU: a switch to it
 /// needs no lookup. Every switch of the host runs this program, and on an idle-ish machine half
@@ -141,7 +82,7 @@ pub fn off_cpu_switch(ctx: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "sched_wakeup")]
 pub fn off_cpu_wakeup(ctx: BtfTracePointContext) -> i32 {
     let task: *mut task_struct = ctx.arg(0);
-    if let Some(thread) = OFF_CPU_THREADS.get(task, false) {
+    if let Some(thread) = thread_state::of_task(task) {
         if thread.sampled_out_ns != 0 && thread.woken_ns == 0 {
             // SAFETY: helper without preconditions.
             thread.woken_ns = unsafe { bpf_ktime_get_ns() };
@@ -153,7 +94,7 @@ pub fn off_cpu_wakeup(ctx: BtfTracePointContext) -> i32 {
 /// The thread `task` gets the CPU: if its wait was sampled, send how long it lasted.
 #[inline(always)]
 fn switched_in(task: *mut task_struct) {
-    let Some(thread) = OFF_CPU_THREADS.get(task, false) else {
+    let Some(thread) = thread_state::of_task(task) else {
         return;
     };
     let out = thread.sampled_out_ns;
@@ -223,9 +164,7 @@ fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, idle: Option<*mut u
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     count(Counter::OffCpuSwitches);
-    // SAFETY: helper without preconditions.
-    let task = unsafe { gen::bpf_get_current_task_btf() };
-    let Some(thread) = OFF_CPU_THREADS.get(task, true) else {
+    let Some(thread) = thread_state::current_or_new(pid_tgid as u32) else {
         // No memory for it, or its storage busy in a nested program.
         count(Counter::OffCpuNoStorage);
         return;

@@ -6,7 +6,7 @@
 //! the event's. The daemon polls this ring on its own timer: no wake-up per event.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, generated as gen},
+    helpers::bpf_get_current_pid_tgid,
     macros::map,
     macros::raw_tracepoint,
     maps::RingBuf,
@@ -15,7 +15,7 @@ use aya_ebpf::{
 use profiler_common::{Counter, ProcessEvent, ProcessEventKind, PROCESS_EVENT_RING_BYTES};
 
 use crate::memory::CFI_PROCS;
-use crate::off_cpu::OFF_CPU_THREADS;
+use crate::thread_state;
 use crate::{count, BPF_RB_NO_WAKEUP};
 
 #[map]
@@ -33,16 +33,12 @@ pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
 /// Runs for every exiting thread; only the main thread's exit stands for the process.
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn process_exit(_ctx: RawTracePointContext) -> i32 {
-    // Its off-CPU task storage goes with it: counted, for the threads-tracked gauge.
-    // SAFETY: helper without preconditions.
-    if OFF_CPU_THREADS
-        .get(unsafe { gen::bpf_get_current_task_btf() }, false)
-        .is_some()
-    {
-        count(Counter::OffCpuThreadsGone);
-    }
     let pid_tgid = bpf_get_current_pid_tgid();
     let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    // Its off-CPU state goes with it: counted, for the threads-tracked gauge.
+    if thread_state::forget_current(tid) {
+        count(Counter::OffCpuThreadsGone);
+    }
     if pid == tid {
         let _ = CFI_PROCS.remove(&pid);
         send(ProcessEventKind::Exit, pid);

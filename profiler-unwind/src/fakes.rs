@@ -18,7 +18,7 @@ use profiler_common::{
 use crate::state::frame;
 use crate::{
     walk_stack, FrameSink, JavaThreads, NativeTables, ReadError, RecentBlobTable, RecentBlobs,
-    StackWindow, UserMemory, UserRegs, Walk,
+    StackWindow, UserMemory, UserRegs, Walk, SCRATCH_BYTES,
 };
 
 /// Memory of the fake process: disjoint regions, each readable as a whole.
@@ -135,6 +135,13 @@ impl UserMemory for FakeMemory {
 
     fn read_array<const N: usize>(&self, addr: u64) -> Result<[u8; N], ReadError> {
         self.bytes(addr)
+    }
+
+    fn with_scratch<R>(
+        &self,
+        use_buffer: impl FnOnce(&mut [MaybeUninit<u8>; SCRATCH_BYTES]) -> R,
+    ) -> Option<R> {
+        Some(use_buffer(&mut [MaybeUninit::uninit(); SCRATCH_BYTES]))
     }
 
     fn read_into(&self, addr: u64, dst: &mut [MaybeUninit<u8>]) -> bool {

@@ -5,7 +5,6 @@
 //! object, for allocation records. Every loop is bounded and every read checked; a frame that
 //! does not make sense ends the walk with a reason.
 
-use core::mem::MaybeUninit;
 
 use profiler_common::{
     class_name_cookie, hotspot_flags, interpreted_cookie, name_tail, name_tail_start, FrameKind,
@@ -30,7 +29,7 @@ const MAX_FRAME_WORDS: i64 = 4096;
 /// (OTel's unwinder looks as far).
 const MAX_EXTRA_WORDS: u64 = 6;
 /// Bytes of a CodeBlob header read at once (every field we use lies below this).
-const BLOB_HEADER_BYTES: usize = 128;
+const BLOB_HEADER_BYTES: usize = crate::memory::SCRATCH_BYTES;
 /// Words above a stub's sp searched for its return address: the registers a frameless stub
 /// saves with `push` (C1's `slow_subtype_check` saves four, and on JDK 24+ spills three more
 /// into an aligned area below them).
@@ -485,23 +484,29 @@ fn read_blob<M: UserMemory>(
     out: &mut BlobCache,
 ) -> Result<(), UnwindEnd> {
     let blob = find_blob(hs, memory, pc)?;
-    let mut header = [MaybeUninit::<u8>::uninit(); BLOB_HEADER_BYTES];
-    if !memory.read_into(blob, &mut header) {
+    let fields = memory.with_scratch(|buffer| {
+        if !memory.read_into(blob, buffer) {
+            return None;
+        }
+        // SAFETY: the read filled every byte.
+        let header = unsafe { &*(buffer as *const _ as *const [u8; BLOB_HEADER_BYTES]) };
+        let code_begin = if hs.flags & hotspot_flags::CODE_OFFSET != 0 {
+            blob.wrapping_add(field_i32(header, hs.blob_code as usize) as i64 as u64)
+        } else {
+            field_u64(header, hs.blob_code as usize)
+        };
+        let frame_complete = if hs.flags & hotspot_flags::FRAME_COMPLETE_16 != 0 {
+            field_i16(header, hs.blob_frame_complete as usize) as i32
+        } else {
+            field_i32(header, hs.blob_frame_complete as usize)
+        };
+        let size = field_i32(header, hs.blob_size as usize);
+        let frame_size = field_i32(header, hs.blob_frame_size as usize);
+        Some((code_begin, frame_complete, size, frame_size))
+    });
+    let Some(Some((code_begin, frame_complete, size, frame_size))) = fields else {
         return Err(UnwindEnd::JavaReadFailed);
-    }
-    // SAFETY: the read filled every byte.
-    let header: [u8; BLOB_HEADER_BYTES] = unsafe { core::mem::transmute(header) };
-    let code_begin = if hs.flags & hotspot_flags::CODE_OFFSET != 0 {
-        blob.wrapping_add(field_i32(&header, hs.blob_code as usize) as i64 as u64)
-    } else {
-        field_u64(&header, hs.blob_code as usize)
     };
-    let frame_complete = if hs.flags & hotspot_flags::FRAME_COMPLETE_16 != 0 {
-        field_i16(&header, hs.blob_frame_complete as usize) as i32
-    } else {
-        field_i32(&header, hs.blob_frame_complete as usize)
-    };
-    let size = field_i32(&header, hs.blob_size as usize);
     // A stub has no compile id, and userspace checks it.
     let compile_id = memory
         .read_u32(blob + hs.nmethod_compile_id as u64)
@@ -528,7 +533,7 @@ fn read_blob<M: UserMemory>(
         blob,
         code_begin,
         end: blob.wrapping_add(size.max(0) as u64),
-        frame_size: field_i32(&header, hs.blob_frame_size as usize),
+        frame_size,
         frame_complete,
         compile_id,
         orig_pc_offset,

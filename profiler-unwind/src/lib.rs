@@ -41,7 +41,8 @@ mod tests;
 
 pub use hotspot::{allocated_class_frame, java_state, waiting_state};
 pub use memory::{
-    FrameSink, JavaThreads, NativeTables, ReadError, StackWindow, UserMemory, STACK_WINDOW_BYTES,
+    FrameSink, JavaThreads, NativeTables, ReadError, StackWindow, UserMemory, SCRATCH_BYTES,
+    STACK_WINDOW_BYTES,
 };
 pub use recent_blobs::{RecentBlob, RecentBlobTable, RecentBlobs, RECENT_BLOBS};
 pub use state::{BlobCache, UserRegs, Walk, END_UNSET};

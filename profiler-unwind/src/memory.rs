@@ -33,7 +33,16 @@ pub trait UserMemory {
     /// false if any of it could not be (`dst` is then unspecified). Uninitialised on entry:
     /// zeroing a buffer first costs the BPF program a byte-at-a-time `memset` call.
     fn read_into(&self, addr: u64, dst: &mut [MaybeUninit<u8>]) -> bool;
+    /// Lends a buffer of [`SCRATCH_BYTES`] that the implementation owns: a BPF program's
+    /// stack is 512 bytes for the program and every function it calls, so a buffer that size
+    /// lives in a per-CPU map there (on the stack, it made the walk's stack too deep for kernels
+    /// before BPF private stacks). `None` if there is none.
+    fn with_scratch<R>(&self, use_buffer: impl FnOnce(&mut [MaybeUninit<u8>; SCRATCH_BYTES]) -> R)
+        -> Option<R>;
 }
+
+/// Bytes of the buffer [`UserMemory::with_scratch`] lends: a code blob's header.
+pub const SCRATCH_BYTES: usize = 128;
 
 /// The `JavaThread*` of a thread, by host tid (the daemon's view of the JVM's threads).
 pub trait JavaThreads {
@@ -184,11 +193,13 @@ fn read_pair<M: UserMemory>(memory: &M, addr: u64) -> Result<[u64; 2], UnwindEnd
 }
 
 /// The little-endian 64-bit field at byte `offset` of `bytes` (a power-of-two length:
-/// the mask is what bounds the index for the verifier); 0 if it would run past the end.
+/// the mask is what bounds the index for the verifier); 0 if it would run past the end. The
+/// masked offset goes through `black_box` so that the compiler cannot turn the end check into
+/// `at == N - 1`, which verifiers before 6.x do not learn a bound from.
 #[inline(always)]
 pub(crate) fn field_u64<const N: usize>(bytes: &[u8; N], offset: usize) -> u64 {
-    let at = offset & (N - 1);
-    if at + 8 > N {
+    let at = core::hint::black_box(offset & (N - 1));
+    if at > N - 8 {
         return 0;
     }
     u64::from_le_bytes([
@@ -206,8 +217,8 @@ pub(crate) fn field_u64<const N: usize>(bytes: &[u8; N], offset: usize) -> u64 {
 /// See [`field_u64`].
 #[inline(always)]
 pub(crate) fn field_i32<const N: usize>(bytes: &[u8; N], offset: usize) -> i32 {
-    let at = offset & (N - 1);
-    if at + 4 > N {
+    let at = core::hint::black_box(offset & (N - 1));
+    if at > N - 4 {
         return 0;
     }
     i32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
@@ -216,8 +227,8 @@ pub(crate) fn field_i32<const N: usize>(bytes: &[u8; N], offset: usize) -> i32 {
 /// See [`field_u64`].
 #[inline(always)]
 pub(crate) fn field_i16<const N: usize>(bytes: &[u8; N], offset: usize) -> i16 {
-    let at = offset & (N - 1);
-    if at + 2 > N {
+    let at = core::hint::black_box(offset & (N - 1));
+    if at > N - 2 {
         return 0;
     }
     i16::from_le_bytes([bytes[at], bytes[at + 1]])
