@@ -52,7 +52,10 @@ impl KernelBtf {
     }
 
     pub fn parse(data: Vec<u8>) -> Result<Self, BtfError> {
-        let u16_at = |at: usize| data.get(at..at + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+        let u16_at = |at: usize| {
+            data.get(at..at + 2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        };
         if u16_at(0) != Some(BTF_MAGIC) {
             return Err(BtfError::Malformed("no BTF magic (or not little-endian)"));
         }
@@ -96,7 +99,11 @@ impl KernelBtf {
                         let offset = read_u32(&self.data, m + 8).unwrap_or(0);
                         // With kind_flag, the low 24 bits are the offset and the high 8 a
                         // bitfield's size; bits either way.
-                        let bits = if kind_flag { offset & 0xff_ffff } else { offset };
+                        let bits = if kind_flag {
+                            offset & 0xff_ffff
+                        } else {
+                            offset
+                        };
                         return Ok(bits / 8);
                     }
                 }

@@ -13,7 +13,8 @@ pub struct CheckReport {
     pub all_loaded: bool,
 }
 
-pub fn check() -> CheckReport {
+/// `whole_logs`: each refused program's whole verifier log, not its end.
+pub fn check(whole_logs: bool) -> CheckReport {
     let mut text = String::new();
     let mut all_loaded = true;
     let release = read_trimmed("/proc/sys/kernel/osrelease");
@@ -30,7 +31,10 @@ pub fn check() -> CheckReport {
     );
     match crate::privileges::check() {
         Ok(()) => {
-            let _ = writeln!(text, "privileges: enough to load BPF programs and open perf events");
+            let _ = writeln!(
+                text,
+                "privileges: enough to load BPF programs and open perf events"
+            );
         }
         Err(err) => {
             all_loaded = false;
@@ -88,8 +92,12 @@ pub fn check() -> CheckReport {
             };
         }
     };
-    let _ = writeln!(text, "\nBPF object: {} (programs loaded, none attached)", object.name());
-    match check_programs(object) {
+    let _ = writeln!(
+        text,
+        "\nBPF object: {} (programs loaded, none attached)",
+        object.name()
+    );
+    match check_programs(object, whole_logs) {
         Ok(programs) => {
             for program in programs {
                 match program.refused {

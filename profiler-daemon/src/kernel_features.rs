@@ -93,12 +93,21 @@ impl KernelFeatures {
     /// reports its feature missing.
     pub fn probe() -> Self {
         let probes = [
-            (Feature::VmlinuxBtf, std::path::Path::new(crate::kernel_btf::VMLINUX_BTF).exists()),
+            (
+                Feature::VmlinuxBtf,
+                std::path::Path::new(crate::kernel_btf::VMLINUX_BTF).exists(),
+            ),
             (Feature::RingBuffer, map_creatable(MapSpec::RING_BUFFER)),
             (Feature::TaskStorage, task_storage_creatable()),
-            (Feature::CurrentTaskBtf, helper_known(HELPER_GET_CURRENT_TASK_BTF)),
+            (
+                Feature::CurrentTaskBtf,
+                helper_known(HELPER_GET_CURRENT_TASK_BTF),
+            ),
             (Feature::TaskPtRegs, helper_known(HELPER_TASK_PT_REGS)),
-            (Feature::PerfEventNoPrealloc, perf_event_takes_unpreallocated_hash()),
+            (
+                Feature::PerfEventNoPrealloc,
+                perf_event_takes_unpreallocated_hash(),
+            ),
             (Feature::BpfLoop, helper_known(HELPER_LOOP)),
         ];
         Self {

@@ -43,7 +43,11 @@ enum Command {
     /// Show what this node's kernel lets the daemon do: BPF features, the object and path each
     /// program takes, BTF, privileges and limits, and what will not work and why. Exits 1 if a
     /// program is refused.
-    Check,
+    Check {
+        /// Print each refused program's whole verifier log.
+        #[arg(long)]
+        verifier_logs: bool,
+    },
     /// Load the JVMTI sidecar agent into a running JVM (HotSpot dynamic attach).
     Attach {
         pid: u32,
@@ -201,7 +205,7 @@ fn main() -> ExitCode {
         Command::UnwindInfo { files } => unwind_info(&files),
         Command::Subscribe(args) => subscribe(args),
         Command::View(args) => view(args),
-        Command::Check => check(),
+        Command::Check { verifier_logs } => check(verifier_logs),
         Command::Attach {
             pid,
             agent,
@@ -210,8 +214,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn check() -> ExitCode {
-    let report = profiler_daemon::kernel_check::check();
+fn check(verifier_logs: bool) -> ExitCode {
+    let report = profiler_daemon::kernel_check::check(verifier_logs);
     print!("{}", report.text);
     if report.all_loaded {
         ExitCode::SUCCESS

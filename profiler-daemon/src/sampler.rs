@@ -9,9 +9,9 @@ use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::Counter;
 
 use crate::hotspot::alloc_hooks::AllocHookRequest;
+use crate::hotspot::tracker::BpfMaps;
 use crate::kernel_btf::KernelBtf;
 use crate::kernel_features::BpfObject;
-use crate::hotspot::tracker::BpfMaps;
 use crate::native_unwind::loader::BpfTableMaps;
 
 /// The objects built from `profiler-ebpf` by build.rs: the default one and the compat one (see
@@ -176,9 +176,13 @@ fn load_object(object: BpfObject, settings: &ObjectSettings) -> Result<Ebpf, Sam
         BpfObject::Default => DEFAULT_OBJECT,
         BpfObject::Compat => {
             let btf = KernelBtf::from_sys_fs()?;
+            let state = btf
+                .member_offset("task_struct", "__state")
+                .or_else(|_| btf.member_offset("task_struct", "state"))?;
             task_offsets = [
                 u64::from(btf.member_offset("task_struct", "stack")?),
                 u64::from(btf.member_offset("task_struct", "pid")?),
+                u64::from(state),
             ];
             let off_cpu_threads = if settings.off_cpu {
                 COMPAT_OFF_CPU_THREADS
@@ -188,6 +192,7 @@ fn load_object(object: BpfObject, settings: &ObjectSettings) -> Result<Ebpf, Sam
             loader
                 .override_global("TASK_STACK_OFFSET", &task_offsets[0], true)
                 .override_global("TASK_PID_OFFSET", &task_offsets[1], true)
+                .override_global("TASK_STATE_OFFSET", &task_offsets[2], true)
                 .map_max_entries("OFF_CPU_THREADS", off_cpu_threads)
                 .map_max_entries("CFI_PROCS", COMPAT_CFI_PROCESSES)
                 .map_max_entries("CFI_TABLES", COMPAT_CFI_TABLES);
@@ -206,7 +211,10 @@ pub struct ProgramCheck {
 
 /// Loads `object` and each of its programs without attaching any, as `run` would with every
 /// profile kind on: what `profiler-daemon check` reports.
-pub fn check_programs(object: BpfObject) -> Result<Vec<ProgramCheck>, SamplerError> {
+pub fn check_programs(
+    object: BpfObject,
+    whole_logs: bool,
+) -> Result<Vec<ProgramCheck>, SamplerError> {
     let mut ebpf = load_object(
         object,
         &ObjectSettings {
@@ -247,7 +255,14 @@ pub fn check_programs(object: BpfObject) -> Result<Vec<ProgramCheck>, SamplerErr
         };
         checks.push(ProgramCheck {
             name: name.to_owned(),
-            refused: result.err().map(|err| verifier_tail(&err.to_string())),
+            refused: result.err().map(|err| {
+                let text = err.to_string();
+                if whole_logs {
+                    text
+                } else {
+                    verifier_tail(&text)
+                }
+            }),
         });
     }
     checks.sort_by(|a, b| a.name.cmp(&b.name));

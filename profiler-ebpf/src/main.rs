@@ -1,9 +1,9 @@
 //! The sampling program: runs on a CPU-clock perf event on every CPU and sends one record per
 //! sample (pid, tid, cpu, thread name, kernel stack, user stack) through a ring buffer.
 //!
-//! The user stack is walked here, frame by frame in a `bpf_loop` callback, rather than with
-//! `bpf_get_stack(BPF_F_USER_STACK)`: the HotSpot unwinder extends this walk with per-frame
-//! rules that the kernel's frame-pointer walker cannot apply. The walk itself is
+//! The user stack is walked here, a frame per call of a global function in a loop, rather than
+//! with `bpf_get_stack(BPF_F_USER_STACK)`: the HotSpot unwinder extends this walk with
+//! per-frame rules that the kernel's frame-pointer walker cannot apply. The walk itself is
 //! `profiler_unwind` (shared with its host tests); this program gives it user memory, the
 //! `JAVA_THREADS` map and the sample record (`memory.rs`, `RecordFrames`).
 //!
@@ -49,7 +49,8 @@ use profiler_common::{
     MAX_KERNEL_FRAMES, MAX_TARGET_PIDS, MAX_USER_FRAMES, RECORD_BYTES, USER_FRAME_BYTES,
 };
 use profiler_unwind::{
-    settle_top_stub, start_at_anchor, unwind_step, FrameSink, UserRegs, Walk, MAX_WALK_STEPS,
+    settle_top_stub, start_at_anchor, unwind_step, FrameSink, UserRegs, Walk, END_UNSET,
+    MAX_WALK_STEPS,
 };
 
 /// The flags of the maps the daemon fills. Not preallocated where the kernel lets perf-event
@@ -152,8 +153,10 @@ pub(crate) fn saved_user_regs() -> Option<UserRegs> {
     let regs = user_pt_regs()?;
     const LOW: usize = offset_of!(pt_regs, r13);
     const HIGH: usize = offset_of!(pt_regs, rip);
-    const _: () = assert!(offset_of!(pt_regs, rbx) == LOW + 24 && offset_of!(pt_regs, rbp) == LOW + 16);
-    const _: () = assert!(offset_of!(pt_regs, cs) == HIGH + 8 && offset_of!(pt_regs, rsp) == HIGH + 24);
+    const _: () =
+        assert!(offset_of!(pt_regs, rbx) == LOW + 24 && offset_of!(pt_regs, rbp) == LOW + 16);
+    const _: () =
+        assert!(offset_of!(pt_regs, cs) == HIGH + 8 && offset_of!(pt_regs, rsp) == HIGH + 24);
     // SAFETY: checked reads of kernel memory.
     let (low, high) = unsafe {
         (
@@ -345,8 +348,12 @@ pub(crate) fn fill_record(
                     count(Counter::AllocWalkFromHook);
                 }
             }
-            for _ in 0..MAX_WALK_STEPS.div_ceil(STEPS_PER_CALLBACK) {
-                if unwind_steps(slot) != 0 {
+            for _ in 0..MAX_WALK_STEPS.div_ceil(CALLS_PER_CHECK) {
+                let mut done = 0;
+                for _ in 0..CALLS_PER_CHECK {
+                    done |= unwind_steps(slot);
+                }
+                if done != 0 {
                     break;
                 }
             }
@@ -378,7 +385,9 @@ pub(crate) fn fill_record(
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
     };
 
-    let len = HEADER_BYTES + kernel_bytes + user_frames * USER_FRAME_BYTES;
+    // Through `black_box`: the compiler proves this bound from the two above and drops the
+    // check, in forms older verifiers (6.1) cannot follow to the ring buffer's size argument.
+    let len = core::hint::black_box(HEADER_BYTES + kernel_bytes + user_frames * USER_FRAME_BYTES);
     if len > RECORD_BYTES {
         return None;
     }
@@ -407,7 +416,7 @@ pub(crate) fn kernel_stack(ctx: *mut c_void, record: &mut SampleRecord, skip: u6
     (written as usize).min(MAX_KERNEL_FRAMES * KERNEL_FRAME_BYTES) & !(KERNEL_FRAME_BYTES - 1)
 }
 
-/// The walk of the current sample, in a per-CPU map so the `bpf_loop` callback reaches it (and
+/// The walk of the current sample, in a per-CPU map so the step function reaches it (and
 /// the JVM's layout copied into it) with one array lookup.
 #[repr(C)]
 struct SampleWalk {
@@ -420,14 +429,21 @@ struct SampleWalk {
 #[map]
 static WALK: PerCpuArray<SampleWalk> = PerCpuArray::with_max_entries(WALK_SLOTS, 0);
 
-/// Frames unwound per `bpf_loop` iteration: amortises the callback and map lookups. The verifier
-/// explores every step of a callback on every path into it, so its work grows faster than the
-/// steps: with the unwind tables' searches, loading took 0.5 s at 2 steps, 1.3 s at 3 and 2.5 s
-/// at 4 (a debug daemon on this 2-CPU machine).
-const STEPS_PER_CALLBACK: u32 = 2;
+/// Calls of [`unwind_steps`] between two checks of whether the walk ended. The verifier checks
+/// the code after the loop once per way out of it (the loop's counter differs on each), so
+/// checking after every call made the off-CPU program, whose code after the walk is long, too
+/// big for 5.10's verifier; a call after the walk ended returns at once.
+const CALLS_PER_CHECK: u32 = 8;
 
-/// `STEPS_PER_CALLBACK` unwinding steps of the walk in `slot` (a [`WalkSlot`]). Returns 1 to
-/// stop the loop.
+/// One unwinding step of the walk in `slot` (a [`WalkSlot`]); 1 once the walk has ended.
+///
+/// A global function (exported, not inlined): the verifier checks it once, on its own, rather
+/// than at every call, so a loop of calls walks hundreds of frames on kernels without
+/// `bpf_loop`. Its stack adds to its caller's within the 512 bytes of kernels before private
+/// BPF stacks (6.12 refused 288 + 456 bytes): the blob header it reads lives in a map
+/// (`UserMemory::with_scratch`), as the user registers' copy in the callers does not.
+/// One step per call: with two, 6.1 and 5.10 refused a compiler spill slot read on the first
+/// step before any write.
 #[inline(never)]
 #[no_mangle]
 pub extern "C" fn unwind_steps(slot: u32) -> i32 {
@@ -437,6 +453,9 @@ pub extern "C" fn unwind_steps(slot: u32) -> i32 {
     // SAFETY: per-CPU state of this sample.
     let state = unsafe { &mut *state };
     let walk = &mut state.walk;
+    if walk.end != END_UNSET {
+        return 1;
+    }
     let Some(record) = SCRATCH.get_ptr_mut(slot) else {
         walk.end = UnwindEnd::ReadFailed as u8;
         return 1;
@@ -455,13 +474,8 @@ pub extern "C" fn unwind_steps(slot: u32) -> i32 {
     };
     let task = CurrentTask::new((bpf_get_current_pid_tgid() >> 32) as u32, slot);
     // Before the steps, not in them: see `settle_top_stub`.
-    if settle_top_stub(walk, window, &task) {
+    if settle_top_stub(walk, window, &task) || unwind_step(walk, window, &task, &mut frames) {
         return 1;
-    }
-    for _ in 0..STEPS_PER_CALLBACK {
-        if unwind_step(walk, window, &task, &mut frames) {
-            return 1;
-        }
     }
     0
 }

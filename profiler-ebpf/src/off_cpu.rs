@@ -30,8 +30,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    Counter, JavaState, OffCpuEnd, SampleKind, OFF_CPU_PROBABILITY_BITS,
-    OFF_CPU_PROBABILITY_ONE, OFF_CPU_RING_BYTES, TASK_DEAD,
+    Counter, JavaState, OffCpuEnd, SampleKind, OFF_CPU_PROBABILITY_BITS, OFF_CPU_PROBABILITY_ONE,
+    OFF_CPU_RING_BYTES, TASK_DEAD,
 };
 
 use crate::memory::CurrentTask;
@@ -64,17 +64,18 @@ static OFF_CPU_EVENTS: RingBuf = RingBuf::with_byte_size(OFF_CPU_RING_BYTES, 0);
 static IDLE_TASK: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
-/// unsigned int prev_state)`: `prev` is the current task.
+/// unsigned int prev_state)`: `prev` is the current task (`prev_state` since 5.18; see
+/// `thread_state::prev_state`).
 #[btf_tracepoint(function = "sched_switch")]
 pub fn off_cpu_switch(ctx: BtfTracePointContext) -> i32 {
     let next: *mut task_struct = ctx.arg(2);
-    let prev_state: u64 = ctx.arg(3);
+    let prev_state = thread_state::prev_state(&ctx);
     let idle = IDLE_TASK.get_ptr_mut(0);
     // SAFETY: a per-CPU slot, used by this program on this CPU only.
     if !idle.is_some_and(|idle| unsafe { *idle } == next as u64) {
         switched_in(next);
     }
-    switched_out(&ctx, prev_state as u32, idle);
+    switched_out(&ctx, prev_state, idle);
     0
 }
 

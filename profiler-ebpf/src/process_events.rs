@@ -6,10 +6,7 @@
 //! the event's. The daemon polls this ring on its own timer: no wake-up per event.
 
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid,
-    macros::map,
-    macros::raw_tracepoint,
-    maps::RingBuf,
+    helpers::bpf_get_current_pid_tgid, macros::map, macros::raw_tracepoint, maps::RingBuf,
     programs::RawTracePointContext,
 };
 use profiler_common::{Counter, ProcessEvent, ProcessEventKind, PROCESS_EVENT_RING_BYTES};

@@ -11,7 +11,7 @@
 
 use profiler_common::OffCpuThread;
 
-pub(crate) use imp::{current_or_new, forget_current, of_task};
+pub(crate) use imp::{current_or_new, forget_current, of_task, prev_state};
 
 #[cfg(not(feature = "compat"))]
 mod imp {
@@ -78,6 +78,13 @@ mod imp {
     #[unsafe(export_name = "OFF_CPU_THREADS")]
     static OFF_CPU_THREADS: TaskStorage<OffCpuThread> = TaskStorage::new();
 
+    /// The state the thread leaving the CPU leaves in: `sched_switch`'s fourth argument.
+    #[inline(always)]
+    pub(crate) fn prev_state(ctx: &aya_ebpf::programs::BtfTracePointContext) -> u32 {
+        let state: u64 = ctx.arg(3);
+        state as u32
+    }
+
     /// The state of `task` (a BTF task pointer from a tracepoint), if it has one.
     #[inline(always)]
     pub(crate) fn of_task(task: *mut task_struct) -> Option<&'static mut OffCpuThread> {
@@ -118,6 +125,22 @@ mod imp {
     /// Each thread's switch state, by tid. Sized by the daemon at load time.
     #[map]
     static OFF_CPU_THREADS: HashMap<u32, OffCpuThread> = HashMap::with_max_entries(1, 0);
+
+    /// Set by the daemon at load time: where `task_struct::__state` (`state` before 5.14) is.
+    #[no_mangle]
+    static TASK_STATE_OFFSET: u64 = 0;
+
+    /// The state the thread leaving the CPU leaves in. `sched_switch` hands it over only since
+    /// 5.18; before, it is read from the task, where a wake-up racing the switch may already
+    /// have set it running (the wait then counts as a preemption).
+    #[inline(always)]
+    pub(crate) fn prev_state(ctx: &aya_ebpf::programs::BtfTracePointContext) -> u32 {
+        let prev: *mut task_struct = ctx.arg(1);
+        // SAFETY: a global the loader sets once; read-only afterwards.
+        let offset = unsafe { core::ptr::read_volatile(&TASK_STATE_OFFSET) };
+        // SAFETY: a checked read of kernel memory (the low half of a `long` before 5.14).
+        unsafe { bpf_probe_read_kernel((prev as u64 + offset) as *const u32) }.unwrap_or(0)
+    }
 
     #[inline(always)]
     pub(crate) fn of_task(task: *mut task_struct) -> Option<&'static mut OffCpuThread> {

@@ -5,7 +5,6 @@
 //! object, for allocation records. Every loop is bounded and every read checked; a frame that
 //! does not make sense ends the walk with a reason.
 
-
 use profiler_common::{
     class_name_cookie, hotspot_flags, interpreted_cookie, name_tail, name_tail_start, FrameKind,
     HotspotProc, JavaState, UnwindEnd, UserFrame, BCI_UNKNOWN, MAX_CODE_HEAPS, NAME_TAIL_BYTES,

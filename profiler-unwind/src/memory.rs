@@ -37,8 +37,10 @@ pub trait UserMemory {
     /// stack is 512 bytes for the program and every function it calls, so a buffer that size
     /// lives in a per-CPU map there (on the stack, it made the walk's stack too deep for kernels
     /// before BPF private stacks). `None` if there is none.
-    fn with_scratch<R>(&self, use_buffer: impl FnOnce(&mut [MaybeUninit<u8>; SCRATCH_BYTES]) -> R)
-        -> Option<R>;
+    fn with_scratch<R>(
+        &self,
+        use_buffer: impl FnOnce(&mut [MaybeUninit<u8>; SCRATCH_BYTES]) -> R,
+    ) -> Option<R>;
 }
 
 /// Bytes of the buffer [`UserMemory::with_scratch`] lends: a code blob's header.
