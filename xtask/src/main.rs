@@ -11,7 +11,9 @@ use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod debian_archive;
 mod debian_jdks;
+mod debian_kernels;
 mod e2e;
 mod image;
 mod install;
@@ -30,6 +32,9 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
     // The JDKs from Debian sid (26, 27): verified, extracted and patched for this glibc.
     ("gpgv", "gpgv"),
     ("patchelf", "patchelf"),
+    // The kernel matrix: Debian's kernels booted under QEMU with a busybox initramfs.
+    ("qemu-system-x86_64", "qemu-system-x86"),
+    ("cpio", "cpio"),
 ];
 
 /// Debian packages of the real applications tests/tests/real_apps/ profiles, by a file each
@@ -367,7 +372,10 @@ fn setup_tests(root: &Path) -> Result<()> {
     install_python_packages(root)?;
     install_missing_commands(TEST_PACKAGES)?;
     debian_jdks::install(&root.join(".tools"), debian_jdks::DEBIAN_JDKS)?;
+    debian_kernels::install(&root.join(".tools"))?;
     install_missing_files(REAL_APP_PACKAGES)?;
+    // A static busybox: the kernel matrix's guests start from it, before any library is there.
+    install_missing_files(&[("/bin/busybox", "busybox-static")])?;
     setup_deploy_tests(root)?;
     ensure_test_user()?;
     Ok(())

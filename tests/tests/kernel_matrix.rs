@@ -1,0 +1,450 @@
+//! The kernel matrix: the daemon on the kernels users' nodes run, Debian's own kernel of each of
+//! its last three releases (5.10, 6.1, 6.12; `cargo xtask test` installs them under
+//! `.tools/kernels/`, see xtask/src/debian_kernels.rs), each booted under QEMU.
+//!
+//! The guest: QEMU's TCG (KVM's device exists on these machines, but a nested guest hangs), a
+//! busybox initramfs that loads the kernel's own virtio and 9p modules, mounts this machine's
+//! filesystem read-only over 9p and a results directory read-write, and runs a script in a
+//! chroot of it. The script runs `profiler-daemon check` and then the test daemon with every
+//! profile kind against a JVM per kind (CPU split, locks, allocations; JDK 17) and a native
+//! program built without frame pointers.
+//!
+//! Per kernel: every program loads, with the object the kernel's features call for (compat on
+//! 5.10, the default one from 6.1); the Java split has its Java root; the frameless native leaf
+//! keeps its callers; off-CPU, lock and allocation profiles hold their workloads' sites. Each
+//! row also prints the BPF time per run of the sampling programs (`bpf_stats_enabled`), and the
+//! 6.12 row runs the compat object too, for the fallback's cost beside the default path on the
+//! same kernel.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _, Result};
+use profiler_tests::{
+    base_name, compile_c_with, compile_java, daemon_binary, jdks, profiles_of, sample_frames,
+    skip_or_fail,
+};
+
+/// How long a guest may take, boot to power-off, before it counts as hung.
+const GUEST_TIMEOUT: Duration = Duration::from_secs(300);
+
+#[test]
+fn kernel_5_10_compat_object() {
+    matrix_row("5.10", "compat");
+}
+
+#[test]
+fn kernel_6_1_default_object() {
+    matrix_row("6.1", "default");
+}
+
+#[test]
+fn kernel_6_12_default_object_and_compat_cost() {
+    matrix_row("6.12", "default");
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// A kernel installed by xtask: its image, release and guest modules.
+struct Kernel {
+    vmlinuz: PathBuf,
+    release: String,
+    modules: Vec<PathBuf>,
+}
+
+fn installed_kernel(series: &str) -> Option<Kernel> {
+    let dir = workspace_root().join(".tools/kernels").join(series);
+    if !dir.join(".installed").exists() {
+        return None;
+    }
+    let release = std::fs::read_to_string(dir.join("release"))
+        .ok()?
+        .trim()
+        .to_owned();
+    let mut modules: Vec<PathBuf> = std::fs::read_dir(dir.join("modules"))
+        .ok()?
+        .filter_map(|entry| Some(entry.ok()?.path()))
+        .collect();
+    modules.sort();
+    Some(Kernel {
+        vmlinuz: dir.join("vmlinuz"),
+        release,
+        modules,
+    })
+}
+
+fn matrix_row(series: &str, expected_object: &str) {
+    let Some(kernel) = installed_kernel(series) else {
+        skip_or_fail(
+            "kernel-matrix",
+            &format!("kernel {series} is not installed under .tools/kernels (cargo xtask test installs it)"),
+        );
+        return;
+    };
+    for tool in ["qemu-system-x86_64", "cpio"] {
+        if Command::new("sh")
+            .arg("-c")
+            .arg(format!("command -v {tool}"))
+            .stdout(Stdio::null())
+            .status()
+            .map_or(true, |s| !s.success())
+        {
+            skip_or_fail("kernel-matrix", &format!("{tool} is missing"));
+            return;
+        }
+    }
+    // Kept when the test fails, for the guest's logs; removed at its end otherwise.
+    let work = tempfile::tempdir().unwrap().keep();
+    eprintln!("kernel {series}: guest files in {}", work.display());
+    // Mode 0755: the guest's unprivileged JVMs need none of it, but the chroot must traverse it.
+    let results = &work.join("results");
+    std::fs::create_dir_all(&results).unwrap();
+    let guest = Guest::prepare(&results, series == "6.12").unwrap();
+    let initramfs = build_initramfs(&work, &kernel).unwrap();
+    let started = Instant::now();
+    let console = boot(&kernel, &initramfs, &results)
+        .unwrap_or_else(|err| panic!("kernel {series}: {err}. Guest log:\n{}", std::fs::read_to_string(results.join("guest.log")).unwrap_or_default()));
+    let took = started.elapsed();
+    let read = |name: &str| std::fs::read_to_string(results.join(name)).unwrap_or_default();
+    eprintln!(
+        "kernel {series} ({}): guest ran {:.0} s",
+        kernel.release,
+        took.as_secs_f64()
+    );
+    let guest_log = read("guest.log");
+    assert!(
+        console.contains("MATRIX-EXIT 0"),
+        "kernel {series}: the guest did not finish its script. Console:\n{}\nGuest log:\n{guest_log}",
+        tail(&console, 40)
+    );
+    assert_eq!(
+        read("release").trim(),
+        kernel.release,
+        "kernel {series}: the guest ran another kernel"
+    );
+
+    // Every program loads, with the object this kernel calls for.
+    let check = read("check.txt");
+    eprintln!("kernel {series}: profiler-daemon check\n{check}");
+    assert_eq!(read("check.rc").trim(), "0", "kernel {series}: check failed:\n{check}");
+    assert!(
+        check.contains(&format!("BPF object: {expected_object} ")),
+        "kernel {series}: expected the {expected_object} object:\n{check}"
+    );
+    let loaded = check.lines().filter(|l| l.starts_with("  ok ")).count();
+    assert_eq!(loaded, 7, "kernel {series}: programs loaded:\n{check}");
+
+    let daemon_log = read("daemon.log");
+    assert_eq!(
+        read("daemon.rc").trim(),
+        "0",
+        "kernel {series}: the daemon failed:\n{}",
+        tail(&daemon_log, 40)
+    );
+    let profiles = results.join("profiles");
+    let pid = |name: &str| -> u32 {
+        read(&format!("{name}.pid"))
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("kernel {series}: no pid for {name}:\n{guest_log}"))
+    };
+
+    // CPU: the Java split, rooted at the thread's entry.
+    let java = kind_samples(&profiles, pid("workloads"), "cpu");
+    let split: Vec<&Vec<String>> = java
+        .iter()
+        .filter(|frames| frames.iter().any(|f| f.starts_with("Workloads.split")))
+        .collect();
+    let rooted = split
+        .iter()
+        .filter(|frames| frames.iter().any(|f| f == "java.lang.Thread.run"))
+        .count();
+    eprintln!(
+        "kernel {series}: Java split {} samples, {:.1}% rooted at Thread.run",
+        split.len(),
+        100.0 * rooted as f64 / split.len().max(1) as f64,
+    );
+    // Few samples: the guest's two emulated CPUs run three JVMs and a native program.
+    assert!(split.len() >= 30, "kernel {series}: {} Java split samples", split.len());
+    assert!(
+        rooted as f64 >= 0.95 * split.len() as f64,
+        "kernel {series}: only {rooted} of {} Java split samples reach Thread.run",
+        split.len()
+    );
+    // Each split method named; their shares are not asserted: the emulated CPU's timer
+    // interrupts land where its translated blocks end, not where time is spent.
+    for method in ["Workloads.splitA", "Workloads.splitB"] {
+        assert!(
+            split.iter().any(|frames| frames.iter().any(|f| f == method)),
+            "kernel {series}: no sample in {method}"
+        );
+    }
+
+    // CPU: a frameless native leaf keeps its callers (the unwind tables).
+    let native = kind_samples(&profiles, pid("native"), "cpu");
+    let leaves: Vec<&Vec<String>> = native
+        .iter()
+        .filter(|frames| frames.iter().any(|f| f == "hot_a" || f == "hot_b"))
+        .collect();
+    let with_main = leaves
+        .iter()
+        .filter(|frames| frames.iter().any(|f| f == "main"))
+        .count();
+    eprintln!(
+        "kernel {series}: native leaf {} samples, {:.1}% reach main",
+        leaves.len(),
+        100.0 * with_main as f64 / leaves.len().max(1) as f64
+    );
+    assert!(leaves.len() >= 30, "kernel {series}: {} native leaf samples", leaves.len());
+    assert!(
+        with_main as f64 >= 0.95 * leaves.len() as f64,
+        "kernel {series}: only {with_main} of {} frameless leaf samples reach main",
+        leaves.len()
+    );
+
+    // Off-CPU, lock and allocation profiles, each with its workload's sites.
+    let lock = pid("lock");
+    for (kind, site) in [
+        ("offcpu", "LockSplit.sleepSite"),
+        ("mutex", "LockSplit.monitorSite"),
+        ("block", "LockSplit.parkSite"),
+    ] {
+        let samples = kind_samples(&profiles, lock, kind);
+        let at_site = samples
+            .iter()
+            .filter(|frames| frames.iter().any(|f| f == site))
+            .count();
+        eprintln!("kernel {series}: {kind}: {} samples, {at_site} at {site}", samples.len());
+        assert!(at_site > 0, "kernel {series}: no {kind} sample at {site}");
+    }
+    let alloc = kind_samples(&profiles, pid("alloc"), "alloc");
+    let seventy = alloc
+        .iter()
+        .filter(|frames| frames.iter().any(|f| f == "AllocSplit.siteSeventy"))
+        .count();
+    eprintln!("kernel {series}: alloc: {} samples, {seventy} at siteSeventy", alloc.len());
+    assert!(seventy > 0, "kernel {series}: no allocation sample at siteSeventy");
+
+    // The BPF time per run of the programs, as the kernel measured it during the run.
+    report_bpf_time(series, "run", &read("progs.json"));
+    if guest.compat_too {
+        assert_eq!(
+            read("compat.rc").trim(),
+            "0",
+            "kernel {series}: the forced compat run failed:\n{}",
+            tail(&read("compat.log"), 30)
+        );
+        report_bpf_time(series, "compat run", &read("compat-progs.json"));
+    }
+    let _ = std::fs::remove_dir_all(&work);
+}
+
+/// Each sample's frame names (base names), of `pid`'s profiles of one kind.
+fn kind_samples(dir: &Path, pid: u32, kind: &str) -> Vec<Vec<String>> {
+    let prefix = format!("{kind}-");
+    profiles_of(dir, pid)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(path, _)| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix))
+        })
+        .flat_map(|(_, profile)| {
+            profile
+                .sample
+                .iter()
+                .map(|sample| {
+                    sample_frames(&profile, sample)
+                        .into_iter()
+                        .map(|frame| base_name(&frame.name).to_owned())
+                        .collect()
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn report_bpf_time(series: &str, which: &str, progs_json: &str) {
+    let Ok(serde_json::Value::Array(programs)) = serde_json::from_str(progs_json) else {
+        panic!("kernel {series}: no program list from bpftool ({which}): {progs_json:?}");
+    };
+    for program in programs {
+        let name = program["name"].as_str().unwrap_or_default();
+        let (Some(ns), Some(runs)) = (
+            program["run_time_ns"].as_u64(),
+            program["run_cnt"].as_u64(),
+        ) else {
+            continue;
+        };
+        if runs > 0 && ["sample_cpu", "off_cpu_switch", "alloc_in_new_tlab"].contains(&name) {
+            eprintln!(
+                "kernel {series}: {which}: {name} {:.1} us per run ({runs} runs; TCG, not hardware speed)",
+                ns as f64 / runs as f64 / 1000.0
+            );
+        }
+    }
+}
+
+/// What the guest runs: its script and the compiled workloads, in the results share (the guest
+/// mounts its own tmpfs over the host's /tmp, where the test's directories are).
+struct Guest {
+    compat_too: bool,
+}
+
+impl Guest {
+    fn prepare(results: &Path, compat_too: bool) -> Result<Self> {
+        let jdk = jdks()
+            .into_iter()
+            .find(|jdk| jdk.major == 17)
+            .context("JDK 17")?;
+        compile_java(
+            &["Workloads.java", "LockSplit.java", "AllocSplit.java"],
+            results,
+        )?;
+        compile_c_with(
+            "native_split.c",
+            results,
+            &["-O2", "-g", "-fomit-frame-pointer"],
+        )?;
+        let daemon = daemon_binary();
+        let java = jdk.java.display().to_string();
+        let classes = "/mnt/classes";
+        let native = "/mnt/native_split";
+        let mut script = format!(
+            r#"R=/mnt
+D={daemon}
+uname -r > $R/release
+$D check > $R/check.txt 2>&1; echo $? > $R/check.rc
+start() {{ name=$1; shift; "$@" > $R/$name.out 2>&1 & echo $! > $R/$name.pid; }}
+start workloads {java} -Xmx96m -cp {classes} Workloads split-worker
+start lock {java} -Xmx96m -cp {classes} LockSplit
+start alloc {java} -Xmx96m -cp {classes} AllocSplit
+# Another user: table building is shared per user, and the JVMs' libjvm tables take root's
+# share first, for tens of seconds on emulated CPUs.
+start native setpriv --reuid=65534 --regid=65534 --clear-groups {native} 300
+i=0
+while [ "$(cat $R/workloads.out $R/lock.out $R/alloc.out | grep -c '^ready')" != 3 ] && [ $i -lt 150 ]; do
+    for name in workloads lock alloc; do kill -0 $(cat $R/$name.pid) || {{ echo "$name exited"; exit 1; }}; done
+    sleep 1; i=$((i+1))
+done
+echo "workloads ready after $i s"
+echo 1 > /proc/sys/kernel/bpf_stats_enabled
+run() {{ log=$1; shift; "$@" > $R/$log.log 2>&1; echo $? > $R/$log.rc; }}
+run daemon $D run --frequency 99 --interval 8 --duration 16 --output $R/profiles --off-cpu --alloc --lock=1ms &
+sleep 14; bpftool -j prog show > $R/progs.json
+wait $!
+"#,
+            daemon = daemon.display(),
+        );
+        if compat_too {
+            script.push_str(
+                r#"PROFILER_BPF_OBJECT=compat run compat $D run --frequency 99 --interval 8 --duration 8 --output $R/compat-profiles --off-cpu --alloc --lock=1ms &
+sleep 7; bpftool -j prog show > $R/compat-progs.json
+wait $!
+"#,
+            );
+        }
+        script.push_str("kill $(cat $R/*.pid)\n");
+        std::fs::write(results.join("guest.sh"), script)?;
+        Ok(Self { compat_too })
+    }
+}
+
+/// The initramfs: a static busybox, the kernel's modules, and `/init`.
+fn build_initramfs(work: &Path, kernel: &Kernel) -> Result<PathBuf> {
+    let root = work.join("initramfs");
+    for dir in ["bin", "dev", "proc", "sys", "host", "mods"] {
+        std::fs::create_dir_all(root.join(dir))?;
+    }
+    std::fs::copy("/bin/busybox", root.join("bin/busybox"))
+        .context("a static busybox at /bin/busybox (busybox-static)")?;
+    for module in &kernel.modules {
+        std::fs::copy(module, root.join("mods").join(module.file_name().unwrap()))?;
+    }
+    let init = root.join("init");
+    std::fs::write(&init, INIT)?;
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o755))?;
+    let image = work.join("initramfs.cpio");
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg("cd \"$0\" && find . | cpio -o -H newc --quiet > \"$1\"")
+        .arg(&root)
+        .arg(&image)
+        .status()?;
+    if !status.success() {
+        bail!("cpio failed");
+    }
+    Ok(image)
+}
+
+/// The guest's first process: modules (in passes, so that each finds what it depends on loaded),
+/// the host's root and the results share, the filesystems the daemon and JVMs need, the script.
+const INIT: &str = r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc; mount -t sysfs sysfs /sys; mount -t devtmpfs dev /dev
+for pass in 1 2 3; do for m in /mods/*.ko; do insmod $m 2>/dev/null; done; done
+if ! mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 host /host; then
+    echo "MATRIX: mounting the host failed"; poweroff -f
+fi
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 results /host/mnt
+mount -t proc proc /host/proc; mount -t sysfs sysfs /host/sys; mount -t devtmpfs dev /host/dev
+mount -t tmpfs tmp /host/tmp; mount -t tmpfs run /host/run
+mkdir -p /host/dev/shm; mount -t tmpfs shm /host/dev/shm
+mount -t bpf bpf /host/sys/fs/bpf; mount -t tracefs tracefs /host/sys/kernel/tracing
+mount -t debugfs debugfs /host/sys/kernel/debug
+chroot /host /bin/sh /mnt/guest.sh > /host/mnt/guest.log 2>&1
+echo "MATRIX-EXIT $?"
+poweroff -f
+"#;
+
+/// Boots the guest and returns its console once it powers off.
+fn boot(kernel: &Kernel, initramfs: &Path, results: &Path) -> Result<String> {
+    // A file, not a pipe: QEMU would block on a full pipe while this waits for it.
+    let console_path = initramfs.with_extension("console");
+    let console = std::fs::File::create(&console_path)?;
+    let mut child = Command::new("qemu-system-x86_64")
+        .args(["-accel", "tcg", "-cpu", "max", "-smp", "2", "-m", "3G"])
+        .args(["-nographic", "-no-reboot", "-kernel"])
+        .arg(&kernel.vmlinuz)
+        .arg("-initrd")
+        .arg(initramfs)
+        .args(["-append", "console=ttyS0 quiet panic=-1"])
+        .arg("-virtfs")
+        .arg("local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap")
+        .arg("-virtfs")
+        .arg(format!(
+            "local,path={},mount_tag=results,security_model=none",
+            results.display()
+        ))
+        .stdin(Stdio::null())
+        .stdout(console.try_clone()?)
+        .stderr(console)
+        .spawn()
+        .context("starting qemu-system-x86_64")?;
+    let deadline = Instant::now() + GUEST_TIMEOUT;
+    loop {
+        if child.try_wait()?.is_some() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("the guest ran past {GUEST_TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(String::from_utf8_lossy(&std::fs::read(&console_path)?).into_owned())
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
