@@ -152,15 +152,19 @@ pub fn folded_stacks(profile: &Profile, threads: ThreadRoots) -> Vec<String> {
 
 /// Renders the profile as an SVG flame graph titled `title`, of its first sample type
 /// (`count_name` says what that counts: `samples`, `ns off CPU`), threads shown as `threads`
-/// asks.
+/// asks. `None` when no stack has a count to draw (samples of weight 0 only: inferno refuses
+/// an empty graph).
 pub fn render_svg(
     profile: &Profile,
     threads: ThreadRoots,
     title: &str,
     count_name: &str,
-) -> std::io::Result<Vec<u8>> {
+) -> std::io::Result<Option<Vec<u8>>> {
     let lines = folded_stacks(profile, threads);
-    render_folded(lines.iter().map(String::as_str), title, count_name)
+    if lines.is_empty() {
+        return Ok(None);
+    }
+    render_folded(lines.iter().map(String::as_str), title, count_name).map(Some)
 }
 
 /// Renders folded lines (`stack count`, or `stack before after` for a differential flame
@@ -281,7 +285,8 @@ mod tests {
                 "cpu: x\u{1b}",
                 "samples",
             )
-            .expect("renders"),
+            .expect("renders")
+            .expect("a graph"),
         )
         .expect("utf-8");
         let bad: Vec<char> = svg
@@ -295,7 +300,9 @@ mod tests {
     #[test]
     fn renders_an_svg_with_the_frames() {
         let svg = String::from_utf8(
-            render_svg(&profile(), ThreadRoots::Merged, "cpu", "samples").expect("renders"),
+            render_svg(&profile(), ThreadRoots::Merged, "cpu", "samples")
+                .expect("renders")
+                .expect("a graph"),
         )
         .expect("utf-8");
         assert!(

@@ -105,10 +105,9 @@ impl LocalWriter {
                 humantime::format_rfc3339_seconds(start)
             );
             let count_name = kind.counted();
-            self.write_atomically(
-                &format!("{stem}.svg"),
-                &flamegraph::render_svg(profile, self.threads, &title, count_name)?,
-            )?;
+            if let Some(svg) = flamegraph::render_svg(profile, self.threads, &title, count_name)? {
+                self.write_atomically(&format!("{stem}.svg"), &svg)?;
+            }
         }
         Ok(path)
     }
