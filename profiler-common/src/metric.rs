@@ -58,6 +58,9 @@ pub const OFF_CPU_WAITS: &str = "profiler_off_cpu_waits_total";
 pub const OFF_CPU_WAITS_NOT_PROFILED: &str = "profiler_off_cpu_waits_not_profiled_total";
 pub const OFF_CPU_OPEN_WAITS: &str = "profiler_off_cpu_open_waits";
 pub const OFF_CPU_THREADS: &str = "profiler_off_cpu_threads";
+/// Labelled `feature` and `mode`: each BPF feature the daemon probed at start, `present` or
+/// `missing`, and `feature="object"` with the object loaded (`default` or `compat`); value 1.
+pub const KERNEL_FEATURE: &str = "profiler_kernel_feature";
 pub const ALLOC_EVENTS: &str = "profiler_alloc_events_total";
 pub const ALLOC_SAMPLED: &str = "profiler_alloc_sampled_total";
 /// Labelled `reason`: [`crate::Counter::AllocRingFull`], `AllocNested` by their names.

@@ -118,6 +118,12 @@ struct Reason {
     reason: &'static str,
 }
 
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct KernelFeature {
+    feature: &'static str,
+    mode: &'static str,
+}
+
 /// A remote sink's families: by sink (`pyroscope`, `otlp`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct Sink {
@@ -232,6 +238,13 @@ impl Collector for DaemonCollector {
             .map(|s| s.clone())
             .unwrap_or_default();
         let mut out = Families(encoder);
+        out.gauges(
+            profiler_common::metric::KERNEL_FEATURE,
+            "BPF features of this kernel as probed at start (mode present or missing), and the BPF object loaded (feature=\"object\")",
+            crate::kernel_features::metric_labels()
+                .into_iter()
+                .map(|(feature, mode)| (KernelFeature { feature, mode }, 1)),
+        )?;
         encode_sampling(&mut out, &snapshot, &metrics.worker, &metrics.export)?;
         encode_unwind_tables(&mut out, &metrics.unwind_tables)?;
         encode_export(&mut out, &metrics.export)?;

@@ -334,6 +334,18 @@ fn metrics_endpoint_reports_what_the_sampler_counted() {
         Some(0),
         "{response}"
     );
+    // This machine's kernel takes the default object, every feature present.
+    for (feature, mode) in [
+        ("object", "default"),
+        ("task_storage", "present"),
+        ("bpf_loop", "present"),
+    ] {
+        let line = format!(
+            "{}{{feature=\"{feature}\",mode=\"{mode}\"}} 1",
+            metric::KERNEL_FEATURE
+        );
+        assert!(response.contains(&line), "no `{line}`:\n{response}");
+    }
     assert!(daemon.wait().expect("exits").success());
 
     // A bad address is a usage error naming the flag.
