@@ -297,6 +297,20 @@ mod tests {
         assert!(svg.contains("f&lt;&amp;&gt;?[2J??") && svg.contains("t??"));
     }
 
+    /// Samples whose values are all zero (an off-CPU profile whose waits were all filtered)
+    /// draw nothing: no graph, rather than inferno's "No stack counts found" error.
+    #[test]
+    fn a_profile_of_zero_counts_has_no_graph() {
+        let mut builder = ProfileBuilder::new_cpu(100, SystemTime::now(), Duration::from_secs(1));
+        let leaf = builder.location(LocationKey::User(1), 1, &ResolvedFrame::named("f", None));
+        builder.add_sample(vec![leaf], 0, &[]);
+        let profile = builder.finish();
+        assert!(!profile.sample.is_empty());
+        assert!(render_svg(&profile, ThreadRoots::Merged, "cpu", "samples")
+            .expect("renders")
+            .is_none());
+    }
+
     #[test]
     fn renders_an_svg_with_the_frames() {
         let svg = String::from_utf8(
