@@ -24,6 +24,7 @@ use crate::export::stream::StreamSink;
 use crate::hotspot::alloc_hooks::AllocHooks;
 use crate::hotspot::jvm_directory::JvmDirectory;
 use crate::hotspot::thread_directory::ThreadDirectory;
+use crate::kernel_features::BpfObject;
 use crate::metrics::Metrics;
 use crate::native_unwind;
 use crate::output::LocalFiles;
@@ -101,25 +102,43 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     // Before the sampler: a bad output directory or a taken stream address stops the start.
     let (sinks, sink_tasks) = build_sinks(&config, &metrics).await?;
     let table_budget = native_unwind::loader::table_budget(config.cache_budget_bytes);
-    let object = crate::kernel_features::choose_object()?;
-    let mut sampler = Sampler::start(
-        object,
-        config.frequency_hz,
-        &config.pids,
-        config.max_jvms,
-        native_unwind::loader::block_capacity(table_budget),
-        // Lock profiles are made of off-CPU waits: they sample them too.
-        config
-            .off_cpu
-            .map(|off_cpu| off_cpu.period)
-            .or(config.lock.map(|_| crate::off_cpu::DEFAULT_OFF_CPU_PERIOD))
-            .map(|period| OffCpuSampling {
-                period_ns: period.as_nanos() as u64,
-            }),
-        config.alloc.map(|alloc| AllocSampling {
-            interval_bytes: alloc.interval_bytes,
-        }),
-    )?;
+    let choice = crate::kernel_features::choose_object()?;
+    // Lock profiles are made of off-CPU waits: they sample them too.
+    let off_cpu = config
+        .off_cpu
+        .map(|off_cpu| off_cpu.period)
+        .or(config.lock.map(|_| crate::off_cpu::DEFAULT_OFF_CPU_PERIOD))
+        .map(|period| OffCpuSampling {
+            period_ns: period.as_nanos() as u64,
+        });
+    let alloc = config.alloc.map(|alloc| AllocSampling {
+        interval_bytes: alloc.interval_bytes,
+    });
+    let start = |object| {
+        Sampler::start(
+            object,
+            config.frequency_hz,
+            &config.pids,
+            config.max_jvms,
+            native_unwind::loader::block_capacity(table_budget),
+            off_cpu,
+            alloc,
+        )
+    };
+    let mut sampler = match start(choice.object) {
+        // A kernel whose probes promise the default object and whose verifier still refuses
+        // it (a backport half done) gets the older path rather than no profiles.
+        Err(err)
+            if choice.object == BpfObject::Default
+                && !choice.forced
+                && !err.is_permission_denied() =>
+        {
+            tracing::warn!(%err, "the default BPF object was refused; loading the compat one");
+            crate::kernel_features::record_fallback();
+            start(BpfObject::Compat)?
+        }
+        started => started?,
+    };
     // The tracker finds each libjvm's allocation events; the loop, which owns the programs,
     // attaches them.
     let (alloc_hooks, alloc_hook_requests) = match config.alloc {

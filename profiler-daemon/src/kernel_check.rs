@@ -83,7 +83,7 @@ pub fn check(whole_logs: bool) -> CheckReport {
         text.push('\n');
     }
     let object = match choose_object() {
-        Ok(object) => object,
+        Ok(choice) => choice.object,
         Err(err) => {
             let _ = writeln!(text, "\n{err}");
             return CheckReport {

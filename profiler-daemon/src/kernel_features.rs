@@ -149,12 +149,19 @@ pub const OBJECT_OVERRIDE_VAR: &str = "PROFILER_BPF_OBJECT";
 #[error("{OBJECT_OVERRIDE_VAR}={0:?}: expected \"auto\", \"default\" or \"compat\"")]
 pub struct BadObjectOverride(String);
 
-/// What the daemon found at start: the probes and the object chosen (for the metrics).
-static FOUND: std::sync::OnceLock<(KernelFeatures, BpfObject)> = std::sync::OnceLock::new();
+/// The object to load, and whether the override chose it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectChoice {
+    pub object: BpfObject,
+    pub forced: bool,
+}
+
+/// What the daemon found at start: the probes and the object loaded (for the metrics).
+static FOUND: std::sync::Mutex<Option<(KernelFeatures, BpfObject)>> = std::sync::Mutex::new(None);
 
 /// Probes the kernel, logs each missing feature once with what the daemon does without it, and
 /// picks the object (or takes the override's).
-pub fn choose_object() -> Result<BpfObject, BadObjectOverride> {
+pub fn choose_object() -> Result<ObjectChoice, BadObjectOverride> {
     let forced = match std::env::var(OBJECT_OVERRIDE_VAR) {
         Ok(value) => match value.as_str() {
             "auto" | "" => None,
@@ -178,14 +185,31 @@ pub fn choose_object() -> Result<BpfObject, BadObjectOverride> {
         forced = forced.is_some(),
         "BPF object chosen"
     );
-    let _ = FOUND.set((features, object));
-    Ok(object)
+    if let Ok(mut found) = FOUND.lock() {
+        *found = Some((features, object));
+    }
+    Ok(ObjectChoice {
+        object,
+        forced: forced.is_some(),
+    })
+}
+
+/// The default object was refused and the compat one loaded instead: the metrics say so.
+pub fn record_fallback() {
+    if let Ok(mut found) = FOUND.lock() {
+        if let Some((_, object)) = found.as_mut() {
+            *object = BpfObject::Compat;
+        }
+    }
 }
 
 /// `(feature, mode)` pairs for `profiler_kernel_feature`: each feature "present" or "missing",
 /// and `("object", "default" | "compat")`. Empty before [`choose_object`].
 pub fn metric_labels() -> Vec<(&'static str, &'static str)> {
-    let Some((features, object)) = FOUND.get() else {
+    let Ok(found) = FOUND.lock() else {
+        return Vec::new();
+    };
+    let Some((features, object)) = found.as_ref() else {
         return Vec::new();
     };
     let mut labels: Vec<_> = features

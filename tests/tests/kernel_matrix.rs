@@ -6,8 +6,8 @@
 //! busybox initramfs that loads the kernel's own virtio and 9p modules, mounts this machine's
 //! filesystem read-only over 9p and a results directory read-write, and runs a script in a
 //! chroot of it. The script runs `profiler-daemon check` and then the test daemon with every
-//! profile kind against a JVM per kind (CPU split, locks, allocations; JDK 17) and a native
-//! program built without frame pointers.
+//! profile kind against a JVM running a workload per kind (CPU split, locks, allocations; JDK
+//! 17, tests/java/KernelMatrix.java) and a native program built without frame pointers.
 //!
 //! Per kernel: every program loads, with the object the kernel's features call for (compat on
 //! 5.10, the default one from 6.1); the Java split has its Java root; the frameless native leaf
@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use profiler_daemon::pprof::proto;
 use profiler_tests::{
-    base_name, compile_c_with, compile_java, count, daemon_binary, jdks, profiles_of, sample_frames,
-    skip_or_fail,
+    base_name, compile_c_with, compile_java, count, daemon_binary, jdks, profiles_of,
+    sample_frames, skip_or_fail,
 };
 
 /// How long a guest may take, boot to power-off, before it counts as hung.
@@ -164,7 +164,7 @@ fn matrix_row(series: &str, expected_object: &str) {
     };
 
     // CPU: the Java split, rooted at the thread's entry.
-    let java = kind_samples(&profiles, pid("workloads"), "cpu");
+    let java = kind_samples(&profiles, pid("jvm"), "cpu");
     let split: Vec<&Vec<String>> = java
         .iter()
         .filter(|frames| frames.iter().any(|f| f.starts_with("Workloads.split")))
@@ -178,7 +178,7 @@ fn matrix_row(series: &str, expected_object: &str) {
         split.len(),
         100.0 * rooted as f64 / split.len().max(1) as f64,
     );
-    // Few samples: the guest's two emulated CPUs run three JVMs and a native program.
+    // Few samples: the guest's two emulated CPUs run the JVM's threads and a native program.
     assert!(
         split.len() >= 50,
         "kernel {series}: {} Java split samples",
@@ -197,7 +197,10 @@ fn matrix_row(series: &str, expected_object: &str) {
         .count() as f64
         / split.len() as f64;
     let sigma = (0.6 * 0.4 / split.len() as f64).sqrt();
-    eprintln!("kernel {series}: splitA {:.1}% of the split (60%)", 100.0 * share_a);
+    eprintln!(
+        "kernel {series}: splitA {:.1}% of the split (60%)",
+        100.0 * share_a
+    );
     assert!(
         (share_a - 0.6).abs() <= 3.0 * sigma + 0.1,
         "kernel {series}: splitA has {:.1}% of {} split samples, not ~60%",
@@ -238,7 +241,7 @@ fn matrix_row(series: &str, expected_object: &str) {
     );
 
     // Off-CPU, lock and allocation profiles, each with its workload's sites.
-    let lock = pid("lock");
+    let lock = pid("jvm");
     for (kind, site) in [
         ("offcpu", "LockSplit.sleepSite"),
         ("mutex", "LockSplit.monitorSite"),
@@ -255,7 +258,7 @@ fn matrix_row(series: &str, expected_object: &str) {
         );
         assert!(at_site > 0, "kernel {series}: no {kind} sample at {site}");
     }
-    let alloc = kind_samples(&profiles, pid("alloc"), "alloc");
+    let alloc = kind_samples(&profiles, pid("jvm"), "alloc");
     let seventy = alloc
         .iter()
         .filter(|frames| frames.iter().any(|f| f == "AllocSplit.siteSeventy"))
@@ -345,7 +348,12 @@ fn built_workloads() -> &'static Path {
     BUILT.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap().keep();
         compile_java(
-            &["Workloads.java", "LockSplit.java", "AllocSplit.java"],
+            &[
+                "KernelMatrix.java",
+                "Workloads.java",
+                "LockSplit.java",
+                "AllocSplit.java",
+            ],
             &dir,
         )
         .unwrap();
@@ -384,14 +392,12 @@ D={daemon}
 uname -r > $R/release
 $D check > $R/check.txt 2>&1; echo $? > $R/check.rc
 start() {{ name=$1; shift; "$@" > $R/$name.out 2>&1 & echo $! > $R/$name.pid; }}
-start workloads {java} -Xmx96m -cp {classes} Workloads split-worker
-start lock {java} -Xmx96m -cp {classes} LockSplit
-start alloc {java} -Xmx96m -cp {classes} AllocSplit
+start jvm {java} -Xmx128m -cp {classes} KernelMatrix
 start native {native} 300
 i=0
-while [ "$(cat $R/workloads.out $R/lock.out $R/alloc.out | grep -c '^ready')" != 3 ] && [ $i -lt 150 ]; do
-for name in workloads lock alloc; do kill -0 $(cat $R/$name.pid) || {{ echo "$name exited"; exit 1; }}; done
-sleep 1; i=$((i+1))
+while [ "$(grep -c '^ready' $R/jvm.out)" != 3 ] && [ $i -lt 150 ]; do
+    kill -0 $(cat $R/jvm.pid) || {{ echo "the JVM exited"; exit 1; }}
+    sleep 1; i=$((i+1))
 done
 echo "workloads ready after $i s"
 echo 1 > /proc/sys/kernel/bpf_stats_enabled
@@ -399,13 +405,13 @@ run() {{ log=$1; shift; "$@" > $R/$log.log 2>&1; echo $? > $R/$log.rc; }}
 # The workloads only (the whole host's other processes cost symbolizing time on emulated CPUs),
 # and a small table budget (the compat object's preallocated blocks are filled at start).
 echo 'cache_budget_mib = 24' > $R/config.toml
-run daemon $D run --config $R/config.toml --pid $(cat $R/workloads.pid) --pid $(cat $R/lock.pid) --pid $(cat $R/alloc.pid) --frequency 99 --interval 6 --duration 12 --output $R/profiles --off-cpu --alloc --lock=1ms &
+run daemon $D run --config $R/config.toml --pid $(cat $R/jvm.pid) --frequency 99 --interval 6 --duration 12 --output $R/profiles --off-cpu --alloc --lock=1ms &
 sleep 10; bpftool -j prog show > $R/progs.json
 wait $!
 # The native program alone: on emulated CPUs the JVMs' libjvm tables take tens of seconds to
 # build, and the small program's table would wait behind them past the run above. Its second
 # interval is asserted on: the first holds the samples taken before its table was loaded.
-kill $(cat $R/workloads.pid $R/lock.pid $R/alloc.pid)
+kill $(cat $R/jvm.pid)
 run native $D run --config $R/config.toml --pid $(cat $R/native.pid) --frequency 99 --interval 4 --duration 8 --output $R/native-profiles
 "#,
         daemon = daemon.display(),
