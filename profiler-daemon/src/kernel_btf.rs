@@ -161,8 +161,12 @@ mod tests {
     #[test]
     fn finds_task_struct_fields_in_this_kernel() {
         let btf = KernelBtf::from_sys_fs().expect("this machine's kernel has BTF");
-        let stack = btf.member_offset("task_struct", "stack").unwrap();
-        let pid = btf.member_offset("task_struct", "pid").unwrap();
+        let stack = btf
+            .member_offset("task_struct", "stack")
+            .expect("task_struct::stack");
+        let pid = btf
+            .member_offset("task_struct", "pid")
+            .expect("task_struct::pid");
         assert!(stack > 0 && pid > stack, "stack {stack}, pid {pid}");
         assert!(matches!(
             btf.member_offset("task_struct", "no_such_member"),

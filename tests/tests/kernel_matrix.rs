@@ -100,13 +100,13 @@ fn matrix_row(series: &str, expected_object: &str) {
         }
     }
     // Kept when the test fails, for the guest's logs; removed at its end otherwise.
-    let work = tempfile::tempdir().unwrap().keep();
+    let work = tempfile::tempdir().expect("a temporary directory").keep();
     eprintln!("kernel {series}: guest files in {}", work.display());
-    // Mode 0755: the guest's unprivileged JVMs need none of it, but the chroot must traverse it.
-    let results = &work.join("results");
-    std::fs::create_dir_all(&results).unwrap();
-    prepare_guest(&results).unwrap();
-    let initramfs = build_initramfs(&work, &kernel).unwrap();
+    // The guest mounts it as its /mnt: everything it runs and writes is here.
+    let results = work.join("results");
+    std::fs::create_dir_all(&results).expect("the results directory");
+    prepare_guest(&results).expect("the guest's script and workloads");
+    let initramfs = build_initramfs(&work, &kernel).expect("the initramfs");
     let started = Instant::now();
     let console = boot(&kernel, &initramfs, &results).unwrap_or_else(|err| {
         panic!(
@@ -333,10 +333,12 @@ fn report_bpf_time(series: &str, which: &str, progs_json: &str) {
         else {
             continue;
         };
-        if runs > 0 && ["sample_cpu", "off_cpu_switch", "alloc_in_new_tlab"]
+        if runs > 0
+            && ["sample_cpu", "off_cpu_switch", "alloc_in_new_tlab"]
                 .iter()
                 // bpftool shows the kernel's copy of a name: 15 characters at most.
-                .any(|full| !name.is_empty() && full.starts_with(name)) {
+                .any(|full| !name.is_empty() && full.starts_with(name))
+        {
             eprintln!(
                 "kernel {series}: {which}: {name} {:.1} us per run ({runs} runs; TCG, not hardware speed)",
                 ns as f64 / runs as f64 / 1000.0
@@ -349,7 +351,7 @@ fn report_bpf_time(series: &str, which: &str, progs_json: &str) {
 fn built_workloads() -> &'static Path {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap().keep();
+        let dir = tempfile::tempdir().expect("a temporary directory").keep();
         compile_java(
             &[
                 "KernelMatrix.java",
@@ -359,13 +361,13 @@ fn built_workloads() -> &'static Path {
             ],
             &dir,
         )
-        .unwrap();
+        .expect("javac");
         compile_c_with(
             "native_split.c",
             &dir,
             &["-O2", "-g", "-fomit-frame-pointer"],
         )
-        .unwrap();
+        .expect("gcc");
         dir
     })
 }
@@ -434,7 +436,8 @@ fn build_initramfs(work: &Path, kernel: &Kernel) -> Result<PathBuf> {
     std::fs::copy("/bin/busybox", root.join("bin/busybox"))
         .context("a static busybox at /bin/busybox (busybox-static)")?;
     for module in &kernel.modules {
-        std::fs::copy(module, root.join("mods").join(module.file_name().unwrap()))?;
+        let name = module.file_name().context("a module's file name")?;
+        std::fs::copy(module, root.join("mods").join(name))?;
     }
     let init = root.join("init");
     std::fs::write(&init, INIT)?;
