@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use crate::kernel_features::{choose_object, KernelFeatures};
+use crate::kernel_features::{choose_for, KernelFeatures};
 use crate::sampler::check_programs;
 
 /// The report, and whether every program loaded.
@@ -82,7 +82,7 @@ pub fn check(whole_logs: bool) -> CheckReport {
         }
         text.push('\n');
     }
-    let object = match choose_object() {
+    let object = match choose_for(features) {
         Ok(choice) => choice.object,
         Err(err) => {
             let _ = writeln!(text, "\n{err}");

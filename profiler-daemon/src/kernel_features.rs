@@ -162,6 +162,11 @@ static FOUND: std::sync::Mutex<Option<(KernelFeatures, BpfObject)>> = std::sync:
 /// Probes the kernel, logs each missing feature once with what the daemon does without it, and
 /// picks the object (or takes the override's).
 pub fn choose_object() -> Result<ObjectChoice, BadObjectOverride> {
+    choose_for(KernelFeatures::probe())
+}
+
+/// [`choose_object`] with probes already made (`profiler-daemon check` shows them first).
+pub fn choose_for(features: KernelFeatures) -> Result<ObjectChoice, BadObjectOverride> {
     let forced = match std::env::var(OBJECT_OVERRIDE_VAR) {
         Ok(value) => match value.as_str() {
             "auto" | "" => None,
@@ -171,7 +176,6 @@ pub fn choose_object() -> Result<ObjectChoice, BadObjectOverride> {
         },
         Err(_) => None,
     };
-    let features = KernelFeatures::probe();
     for probe in features.probes.iter().filter(|probe| !probe.present) {
         tracing::info!(
             feature = probe.feature.name(),

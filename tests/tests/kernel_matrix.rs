@@ -169,10 +169,7 @@ fn matrix_row(series: &str, expected_object: &str) {
         .iter()
         .filter(|frames| frames.iter().any(|f| f.starts_with("Workloads.split")))
         .collect();
-    let rooted = split
-        .iter()
-        .filter(|frames| frames.iter().any(|f| f == "java.lang.Thread.run"))
-        .count();
+    let rooted = with_frame(&split, "java.lang.Thread.run");
     eprintln!(
         "kernel {series}: Java split {} samples, {:.1}% rooted at Thread.run",
         split.len(),
@@ -191,11 +188,7 @@ fn matrix_row(series: &str, expected_object: &str) {
     );
     // splitA's share of the split: 60%, within three standard deviations and 10 points (the
     // emulated CPU's timer interrupts land where its translated blocks end).
-    let share_a = split
-        .iter()
-        .filter(|frames| frames.iter().any(|f| f == "Workloads.splitA"))
-        .count() as f64
-        / split.len() as f64;
+    let share_a = with_frame(&split, "Workloads.splitA") as f64 / split.len() as f64;
     let sigma = (0.6 * 0.4 / split.len() as f64).sqrt();
     eprintln!(
         "kernel {series}: splitA {:.1}% of the split (60%)",
@@ -220,10 +213,7 @@ fn matrix_row(series: &str, expected_object: &str) {
         .iter()
         .filter(|frames| frames.iter().any(|f| f == "hot_a" || f == "hot_b"))
         .collect();
-    let with_main = leaves
-        .iter()
-        .filter(|frames| frames.iter().any(|f| f == "main"))
-        .count();
+    let with_main = with_frame(&leaves, "main");
     eprintln!(
         "kernel {series}: native leaf {} samples, {:.1}% reach main",
         leaves.len(),
@@ -248,10 +238,7 @@ fn matrix_row(series: &str, expected_object: &str) {
         ("block", "LockSplit.parkSite"),
     ] {
         let samples = kind_samples(&profiles, lock, kind);
-        let at_site = samples
-            .iter()
-            .filter(|frames| frames.iter().any(|f| f == site))
-            .count();
+        let at_site = with_frame(&samples, site);
         eprintln!(
             "kernel {series}: {kind}: {} samples, {at_site} at {site}",
             samples.len()
@@ -259,10 +246,7 @@ fn matrix_row(series: &str, expected_object: &str) {
         assert!(at_site > 0, "kernel {series}: no {kind} sample at {site}");
     }
     let alloc = kind_samples(&profiles, pid("jvm"), "alloc");
-    let seventy = alloc
-        .iter()
-        .filter(|frames| frames.iter().any(|f| f == "AllocSplit.siteSeventy"))
-        .count();
+    let seventy = with_frame(&alloc, "AllocSplit.siteSeventy");
     eprintln!(
         "kernel {series}: alloc: {} samples, {seventy} at siteSeventy",
         alloc.len()
@@ -275,6 +259,14 @@ fn matrix_row(series: &str, expected_object: &str) {
     // The BPF time per run of the programs, as the kernel measured it during the run.
     report_bpf_time(series, "run", &read("progs.json"));
     let _ = std::fs::remove_dir_all(&work);
+}
+
+/// How many of `samples` (each a stack's frame names) have a frame named `name`.
+fn with_frame<S: AsRef<[String]>>(samples: &[S], name: &str) -> usize {
+    samples
+        .iter()
+        .filter(|frames| frames.as_ref().iter().any(|f| f == name))
+        .count()
 }
 
 /// Each sample's frame names (base names), of `pid`'s profiles of one kind. A CPU profile's
