@@ -5,6 +5,7 @@
 //! another meaning, only appended to.
 #![no_std]
 
+pub mod budget;
 pub mod cfi;
 mod labelled_enum;
 pub mod metric;
@@ -133,6 +134,16 @@ crate::labelled_enum! {
         /// Sampled allocations whose walk could not start at the thread's last Java frame (its
         /// `JavaFrameAnchor`) and started at the hook's caller instead.
         AllocWalkFromHook = 19 => "alloc_walk_from_hook",
+        /// Records refused because their process had spent its emit budget ([`budget`]), per
+        /// producer; then those refused because their user had.
+        CpuProcessBudget = 20 => "cpu_process_budget",
+        CpuUserBudget = 21 => "cpu_user_budget",
+        AllocProcessBudget = 22 => "alloc_process_budget",
+        AllocUserBudget = 23 => "alloc_user_budget",
+        OffCpuProcessBudget = 24 => "off_cpu_process_budget",
+        OffCpuUserBudget = 25 => "off_cpu_user_budget",
+        ProcessEventsProcessBudget = 26 => "process_events_process_budget",
+        ProcessEventsUserBudget = 27 => "process_events_user_budget",
     }
 }
 
@@ -207,6 +218,11 @@ pub struct SampleHeader {
     pub weight: u32,
     /// The thread's name (`comm`), NUL padded.
     pub comm: [u8; COMM_LEN],
+    /// The task's real uid (in the initial user namespace) when the record was taken: whose
+    /// budget the record counts against in the daemon (`crate::budget` for the BPF side's).
+    pub uid: u32,
+    /// Zero: keeps the header free of implicit padding, which the daemon hashes.
+    pub _reserved: u32,
 }
 
 crate::labelled_enum! {
@@ -236,6 +252,10 @@ pub const ALLOC_INTERVAL_BYTES: u64 = 512 << 10;
 
 /// The bytes of one unit of an allocation record's `weight` (a HotSpot heap word).
 pub const ALLOC_WEIGHT_UNIT: u64 = 8;
+
+/// Size of the allocation sample ring when allocation profiling is on (a power of two). The
+/// allocation budget (`budget`) lets one user fill a quarter of it per drain.
+pub const ALLOC_RING_BYTES: u32 = 4 << 20;
 
 crate::labelled_enum! {
     /// What a Java thread was doing in the JVM when it left the CPU, from its
@@ -386,7 +406,7 @@ pub const FRAMES_BYTES: usize =
 pub const RECORD_BYTES: usize = core::mem::size_of::<SampleRecord>();
 
 // The layout is the contract: pin it.
-const _: () = assert!(HEADER_BYTES == 48);
+const _: () = assert!(HEADER_BYTES == 56);
 const _: () = assert!(USER_FRAME_BYTES == 24);
 const _: () = assert!(
     RECORD_BYTES < 32 * 1024,
@@ -673,6 +693,8 @@ mod user {
     unsafe impl aya::Pod for super::cfi::CfiProcess {}
     unsafe impl aya::Pod for super::cfi::CfiTableIndex {}
     unsafe impl aya::Pod for super::cfi::CfiBlock {}
+    // SAFETY: plain old data without padding.
+    unsafe impl aya::Pod for super::budget::EmitBudget {}
 }
 
 #[cfg(test)]

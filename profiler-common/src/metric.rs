@@ -49,6 +49,10 @@ pub const JAVA_THREADS_NOT_PUSHED: &str = "profiler_java_threads_not_pushed_tota
 /// Labelled `kind`: `exec`, `exit`.
 pub const PROCESS_EVENTS: &str = "profiler_process_events_total";
 pub const PROCESS_EVENTS_LOST: &str = "profiler_process_events_lost_total";
+/// Labelled `producer` (`cpu`, `alloc`, `off_cpu`, `process_events`) and `budget` (`process`,
+/// `user`): records the BPF side refused because their process or user had spent its emit
+/// budget ([`crate::budget`]).
+pub const RECORDS_OVER_BUDGET: &str = "profiler_bpf_records_over_budget_total";
 pub const PROC_RESCANS: &str = "profiler_proc_rescans_total";
 pub const OFF_CPU_SWITCHES: &str = "profiler_off_cpu_switches_total";
 pub const OFF_CPU_WAITS_SAMPLED: &str = "profiler_off_cpu_waits_sampled_total";

@@ -157,6 +157,12 @@ struct Map {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct OverBudget {
+    producer: &'static str,
+    budget: &'static str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct EventKind {
     kind: &'static str,
 }
@@ -246,6 +252,7 @@ impl Collector for DaemonCollector {
                 .map(|(feature, mode)| (KernelFeature { feature, mode }, 1)),
         )?;
         encode_sampling(&mut out, &snapshot, &metrics.worker, &metrics.export)?;
+        encode_emit_budgets(&mut out, &snapshot)?;
         encode_unwind_tables(&mut out, &metrics.unwind_tables)?;
         encode_export(&mut out, &metrics.export)?;
         encode_endpoint(&mut out, &metrics.closed_connections)
@@ -558,6 +565,31 @@ fn encode_sampling(
         metric::FREQUENCY_HERTZ,
         "Sampling frequency per CPU.",
         s.frequency_hz,
+    )
+}
+
+fn encode_emit_budgets(out: &mut Families, s: &Snapshot) -> fmt::Result {
+    use profiler_common::budget::Producer;
+    let name = |producer: Producer| match producer {
+        Producer::Cpu => "cpu",
+        Producer::Alloc => "alloc",
+        Producer::OffCpu => "off_cpu",
+        Producer::ProcessEvents => "process_events",
+    };
+    out.counters(
+        metric::RECORDS_OVER_BUDGET,
+        "Records the BPF programs refused because their process or their user had spent its \
+         share of that producer's emit budget (docs/scale.md, \"Emit budgets\").",
+        Producer::ALL.into_iter().flat_map(|producer| {
+            let (process, user) = producer.refusal_counters();
+            [("process", process), ("user", user)].map(|(budget, counter)| {
+                let labels = OverBudget {
+                    producer: name(producer),
+                    budget,
+                };
+                (labels, s.kernel.get(counter))
+            })
+        }),
     )
 }
 

@@ -117,6 +117,8 @@ pub(crate) mod tests {
             java_state: 0,
             weight: 0,
             comm: name,
+            uid: 0,
+            _reserved: 0,
         };
         let mut bytes = Vec::new();
         // SAFETY: plain old data viewed as bytes.

@@ -6,6 +6,7 @@ use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, S
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeScope};
 use aya::programs::{BtfTracePoint, PerfEvent, RawTracePoint, UProbe};
 use aya::{Btf, Ebpf, EbpfLoader};
+use profiler_common::budget::{EmitBudget, Producer, PRODUCERS};
 use profiler_common::Counter;
 
 use crate::hotspot::alloc_hooks::AllocHookRequest;
@@ -137,6 +138,8 @@ pub struct Sampler {
     ring: RingBuf<MapData>,
     /// Off-CPU waits' stacks and ends, when off-CPU profiling is on.
     off_cpu: Option<RingBuf<MapData>>,
+    /// Sampled allocations, when allocation profiling is on.
+    alloc_ring: Option<RingBuf<MapData>>,
     counters: PerCpuArray<MapData, u64>,
     cpus: usize,
 }
@@ -150,6 +153,8 @@ struct ObjectSettings {
     off_cpu_ring_bytes: u32,
     off_cpu: bool,
     alloc_interval: u64,
+    alloc_ring_bytes: u32,
+    budgets: [EmitBudget; PRODUCERS],
     max_jvms: u32,
     cfi_blocks: u32,
     java_threads: u32,
@@ -167,7 +172,9 @@ fn load_object(object: BpfObject, settings: &ObjectSettings) -> Result<Ebpf, Sam
         .override_global("RING_WAKEUP_BYTES", &settings.ring_wakeup_bytes, true)
         .override_global("OFF_CPU_PERIOD_NS", &settings.off_cpu_period_ns, true)
         .override_global("ALLOC_INTERVAL", &settings.alloc_interval, true)
+        .override_global("EMIT_BUDGETS", &settings.budgets, true)
         .map_max_entries("OFF_CPU_EVENTS", settings.off_cpu_ring_bytes)
+        .map_max_entries("ALLOC_SAMPLES", settings.alloc_ring_bytes)
         .map_max_entries("HOTSPOT_PROCS", settings.max_jvms)
         .map_max_entries("SAMPLES", settings.ring_bytes)
         .map_max_entries("CFI_BLOCKS", settings.cfi_blocks)
@@ -225,6 +232,8 @@ pub fn check_programs(
             off_cpu_ring_bytes: profiler_common::OFF_CPU_RING_BYTES,
             off_cpu: true,
             alloc_interval: profiler_common::ALLOC_INTERVAL_BYTES,
+            alloc_ring_bytes: profiler_common::ALLOC_RING_BYTES,
+            budgets: emit_budgets(profiler_common::sample_ring_bytes(1, 19)),
             max_jvms: profiler_common::DEFAULT_MAX_JVMS,
             cfi_blocks: 16,
             java_threads: 1024,
@@ -307,6 +316,10 @@ impl Sampler {
             Some(_) => profiler_common::OFF_CPU_RING_BYTES,
             None => UNUSED_RING_BYTES,
         };
+        let alloc_ring_bytes = match alloc {
+            Some(_) => profiler_common::ALLOC_RING_BYTES,
+            None => UNUSED_RING_BYTES,
+        };
         let mut ebpf = load_object(
             object,
             &ObjectSettings {
@@ -317,6 +330,8 @@ impl Sampler {
                 off_cpu_ring_bytes,
                 off_cpu: off_cpu.is_some(),
                 alloc_interval,
+                alloc_ring_bytes,
+                budgets: emit_budgets(ring_bytes),
                 max_jvms,
                 cfi_blocks,
                 java_threads: profiler_common::java_thread_slots(pids.len()),
@@ -410,13 +425,23 @@ impl Sampler {
         };
 
         // Loaded now, attached to each libjvm file as JVMs are found (`attach_alloc_hooks`).
-        if alloc.is_some() {
-            for name in ALLOC_PROGRAMS {
-                uprobe(&mut ebpf, name)?
-                    .load()
-                    .map_err(|source| SamplerError::Program { name, source })?;
+        let alloc_ring = match alloc {
+            Some(_) => {
+                for name in ALLOC_PROGRAMS {
+                    uprobe(&mut ebpf, name)?
+                        .load()
+                        .map_err(|source| SamplerError::Program { name, source })?;
+                }
+                let ring = ebpf
+                    .take_map("ALLOC_SAMPLES")
+                    .ok_or(SamplerError::MissingMap("ALLOC_SAMPLES"))?;
+                Some(RingBuf::try_from(ring).map_err(|source| SamplerError::Map {
+                    name: "ALLOC_SAMPLES",
+                    source,
+                })?)
             }
-        }
+            None => None,
+        };
 
         let ring = ebpf
             .take_map("SAMPLES")
@@ -436,6 +461,7 @@ impl Sampler {
             ebpf,
             ring,
             off_cpu,
+            alloc_ring,
             counters,
             cpus: cpus.len(),
         })
@@ -522,11 +548,29 @@ impl Sampler {
         self.cpus
     }
 
-    /// A second descriptor of the ring buffer, to wait on: it turns readable when the BPF side
-    /// wakes us because the ring is filling up (a quarter of the ring, `RING_WAKEUP_BYTES` in the BPF program).
-    pub fn ring_wakeups(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+    /// Second descriptors of the rings, to wait on: each turns readable when the BPF side wakes
+    /// us because that ring is filling up (a quarter of it).
+    pub fn ring_wakeups(&self) -> std::io::Result<RingWakeups> {
         use std::os::fd::AsFd;
-        self.ring.as_fd().try_clone_to_owned()
+        let clone = |ring: &RingBuf<MapData>| ring.as_fd().try_clone_to_owned();
+        Ok(RingWakeups {
+            samples: clone(&self.ring)?,
+            alloc: self.alloc_ring.as_ref().map(clone).transpose()?,
+            off_cpu: self.off_cpu.as_ref().map(clone).transpose()?,
+        })
+    }
+
+    /// Passes every record waiting in the allocation ring to `consume`.
+    pub fn drain_alloc(&mut self, mut consume: impl FnMut(&[u8])) -> usize {
+        let Some(ring) = &mut self.alloc_ring else {
+            return 0;
+        };
+        let mut records = 0;
+        while let Some(item) = ring.next() {
+            consume(&item);
+            records += 1;
+        }
+        records
     }
 
     /// Passes every record waiting in the ring buffer to `consume`. The BPF side does not wake
@@ -569,6 +613,34 @@ impl Sampler {
         }
         totals
     }
+}
+
+/// Descriptors that turn readable when a ring fills up (see [`Sampler::ring_wakeups`]).
+pub struct RingWakeups {
+    pub samples: std::os::fd::OwnedFd,
+    pub alloc: Option<std::os::fd::OwnedFd>,
+    pub off_cpu: Option<std::os::fd::OwnedFd>,
+}
+
+/// What one process and one user may emit per second through each producer
+/// (`profiler_common::budget`), from the CPU sample ring's size (`ring_bytes`, about a second
+/// of the node's samples at 1 KiB each).
+///
+/// - CPU samples: a process may emit the whole ring's worth a second (every CPU running it, its
+///   stacks 1 KiB on average), a user twice that; a burst is a quarter of either, so one user
+///   fills at most half the ring between two drains.
+/// - Allocations and waits: 4 MiB a second per process (about 3,000 records of 1.5 KB: a JVM
+///   allocating 1.5 GB/s at the default sampling interval), 8 MiB per user, a burst a quarter
+///   of that: one user fills at most half of the 4 MiB ring between drains.
+/// - Process events: 16 bytes each; 4,096 a second per user (a busy build forks a few hundred).
+pub fn emit_budgets(ring_bytes: u32) -> [EmitBudget; PRODUCERS] {
+    let ring = u64::from(ring_bytes);
+    let mut budgets = [EmitBudget::default(); PRODUCERS];
+    budgets[Producer::Cpu as usize] = EmitBudget::per_second(ring, 2 * ring);
+    budgets[Producer::Alloc as usize] = EmitBudget::per_second(4 << 20, 8 << 20);
+    budgets[Producer::OffCpu as usize] = EmitBudget::per_second(4 << 20, 8 << 20);
+    budgets[Producer::ProcessEvents as usize] = EmitBudget::per_second(16 << 10, 64 << 10);
+    budgets
 }
 
 /// The uprobe program `name` of the object.

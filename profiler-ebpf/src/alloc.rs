@@ -25,21 +25,30 @@ use aya_ebpf::{
     bindings::pt_regs,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated as gen},
     macros::{map, uprobe},
-    maps::PerCpuArray,
+    maps::{PerCpuArray, RingBuf},
     programs::ProbeContext,
 };
-use profiler_common::{Counter, SampleKind, ALLOC_INTERVAL_BYTES, ALLOC_WEIGHT_UNIT};
+use profiler_common::{
+    budget::Producer, Counter, SampleKind, ALLOC_INTERVAL_BYTES, ALLOC_RING_BYTES,
+    ALLOC_WEIGHT_UNIT,
+};
 use profiler_unwind::{allocated_class_frame, UserRegs};
 
+use crate::budget;
 use crate::memory::CurrentTask;
 use crate::{
-    count, fill_record, profiled, send_sample, RecordOrigin, WalkSlot, WalkStart, HOTSPOT_PROCS,
+    count, fill_record, profiled, send_to, RecordOrigin, WalkSlot, WalkStart, HOTSPOT_PROCS,
     SCRATCH,
 };
 
 /// Set by the daemon at load time (`--alloc=BYTES`).
 #[no_mangle]
 static ALLOC_INTERVAL: u64 = ALLOC_INTERVAL_BYTES;
+
+/// Sampled allocations: a ring of their own, so that no allocator can take the CPU samples'
+/// room (nor the reverse).
+#[map]
+static ALLOC_SAMPLES: RingBuf = RingBuf::with_byte_size(ALLOC_RING_BYTES, 0);
 
 /// Non-zero while an allocation hook walks on this CPU.
 #[map]
@@ -148,7 +157,10 @@ fn sample_allocation(
     let Some(bytes) = fill_record(record, pid_tgid, start, 0, origin) else {
         return;
     };
-    match send_sample(bytes) {
+    if !budget::admit(Producer::Alloc, pid, budget::current_uid(), bytes.len()) {
+        return;
+    }
+    match send_to(&ALLOC_SAMPLES, bytes, u64::from(ALLOC_RING_BYTES / 4)) {
         Ok(()) => count(Counter::AllocSampled),
         Err(()) => count(Counter::AllocRingFull),
     }

@@ -23,6 +23,7 @@
 #![no_main]
 
 mod alloc;
+mod budget;
 mod memory;
 mod off_cpu;
 mod process_events;
@@ -44,7 +45,7 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    Counter, HotspotProc, SampleHeader, SampleKind, SampleRecord, UnwindEnd, UserFrame, COMM_LEN,
+    budget::Producer, Counter, HotspotProc, SampleHeader, SampleKind, SampleRecord, UnwindEnd, UserFrame, COMM_LEN,
     DEFAULT_MAX_JVMS, DEFAULT_SAMPLE_RING_BYTES, FRAMES_BYTES, HEADER_BYTES, KERNEL_FRAME_BYTES,
     MAX_KERNEL_FRAMES, MAX_TARGET_PIDS, MAX_USER_FRAMES, RECORD_BYTES, USER_FRAME_BYTES,
 };
@@ -258,24 +259,27 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
     let Some(bytes) = fill_record(record, pid_tgid, start, kernel_bytes, origin) else {
         return;
     };
-    match send_sample(bytes) {
+    if !budget::admit(Producer::Cpu, pid, budget::current_uid(), bytes.len()) {
+        return;
+    }
+    // SAFETY: a global the loader sets once; read-only afterwards.
+    let wakeup_bytes = unsafe { read_volatile(&RING_WAKEUP_BYTES) };
+    match send_to(&SAMPLES, bytes, wakeup_bytes) {
         Ok(()) => count(Counter::Sent),
         Err(()) => count(Counter::RingFull),
     }
 }
 
-/// Sends a sample record to the daemon. It drains on a slow timer; it is woken early only
-/// when the ring fills up.
+/// Sends a record to the daemon through `ring`. It drains on a slow timer; it is woken early
+/// only when the ring holds `wakeup_bytes` or more.
 #[inline(always)]
-pub(crate) fn send_sample(bytes: &[u8]) -> Result<(), ()> {
-    // SAFETY: a global the loader sets once; read-only afterwards.
-    let wakeup_bytes = unsafe { read_volatile(&RING_WAKEUP_BYTES) };
-    let wakeup = if SAMPLES.query(BPF_RB_AVAIL_DATA) >= wakeup_bytes {
+pub(crate) fn send_to(ring: &RingBuf, bytes: &[u8], wakeup_bytes: u64) -> Result<(), ()> {
+    let wakeup = if ring.query(BPF_RB_AVAIL_DATA) >= wakeup_bytes {
         BPF_RB_FORCE_WAKEUP
     } else {
         BPF_RB_NO_WAKEUP
     };
-    SAMPLES.output::<[u8]>(bytes, wakeup).map_err(|_| ())
+    ring.output::<[u8]>(bytes, wakeup).map_err(|_| ())
 }
 
 /// Whether `pid` is profiled: every process, or one of the `--pid` targets.
@@ -383,6 +387,8 @@ pub(crate) fn fill_record(
         java_state: origin.java_state,
         weight: origin.weight,
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
+        uid: budget::current_uid(),
+        _reserved: 0,
     };
 
     // Through `black_box`: the compiler proves this bound from the two above and drops the
@@ -495,7 +501,7 @@ impl FrameSink for RecordFrames<'_> {
             return false;
         }
         // SAFETY: `offset` is bounds-checked against the frame area above, and 8-aligned like
-        // the frame area itself (after the 48-byte header of an 8-aligned map value): stored
+        // the frame area itself (after the 56-byte header of an 8-aligned map value): stored
         // as three words, where an unaligned store was 24 byte stores.
         unsafe {
             let slot = self.record.frames.as_mut_ptr().add(offset) as *mut UserFrame;

@@ -30,15 +30,15 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    Counter, JavaState, OffCpuEnd, SampleKind, OFF_CPU_PROBABILITY_BITS, OFF_CPU_PROBABILITY_ONE,
-    OFF_CPU_RING_BYTES, TASK_DEAD,
+    budget::Producer, Counter, JavaState, OffCpuEnd, SampleKind, OFF_CPU_END_BYTES,
+    OFF_CPU_PROBABILITY_BITS, OFF_CPU_PROBABILITY_ONE, OFF_CPU_RING_BYTES, TASK_DEAD,
 };
 
 use crate::memory::CurrentTask;
-use crate::thread_state;
+use crate::{budget, thread_state};
 use crate::{
-    count, fill_record, kernel_stack, profiled, saved_user_regs, RecordOrigin, WalkSlot, WalkStart,
-    BPF_RB_NO_WAKEUP, HOTSPOT_PROCS, SCRATCH,
+    count, fill_record, kernel_stack, profiled, saved_user_regs, send_to, RecordOrigin, WalkSlot,
+    WalkStart, BPF_RB_NO_WAKEUP, HOTSPOT_PROCS, SCRATCH,
 };
 use profiler_unwind::JavaThreads as _;
 
@@ -236,10 +236,12 @@ fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, idle: Option<*mut u
     let Some(bytes) = fill_record(record, pid_tgid, start, kernel_bytes, origin) else {
         return;
     };
-    if OFF_CPU_EVENTS
-        .output::<[u8]>(bytes, BPF_RB_NO_WAKEUP)
-        .is_err()
-    {
+    // The wait's end, sent later, is charged with its stack.
+    let charged = bytes.len() + OFF_CPU_END_BYTES;
+    if !budget::admit(Producer::OffCpu, pid, budget::current_uid(), charged) {
+        return;
+    }
+    if send_to(&OFF_CPU_EVENTS, bytes, u64::from(OFF_CPU_RING_BYTES / 4)).is_err() {
         count(Counter::OffCpuRingFull);
         return;
     }

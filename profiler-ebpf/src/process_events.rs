@@ -9,10 +9,12 @@ use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid, macros::map, macros::raw_tracepoint, maps::RingBuf,
     programs::RawTracePointContext,
 };
-use profiler_common::{Counter, ProcessEvent, ProcessEventKind, PROCESS_EVENT_RING_BYTES};
+use profiler_common::{
+    budget::Producer, Counter, ProcessEvent, ProcessEventKind, PROCESS_EVENT_RING_BYTES,
+};
 
 use crate::memory::CFI_PROCS;
-use crate::thread_state;
+use crate::{budget, thread_state};
 use crate::{count, BPF_RB_NO_WAKEUP};
 
 #[map]
@@ -49,6 +51,16 @@ fn send(kind: ProcessEventKind, pid: u32) {
     // for the unwind tables above).
     // SAFETY: a read-only global the loader may have rewritten; volatile so it is not folded.
     if unsafe { core::ptr::read_volatile(&crate::FILTER_PIDS) } != 0 {
+        return;
+    }
+    // What the event costs in the ring: its 8 bytes and the ring's 8-byte header.
+    const EVENT_RING_BYTES: usize = 2 * core::mem::size_of::<ProcessEvent>();
+    if !budget::admit(
+        Producer::ProcessEvents,
+        pid,
+        budget::current_uid(),
+        EVENT_RING_BYTES,
+    ) {
         return;
     }
     let event = ProcessEvent {

@@ -1,5 +1,5 @@
-//! The sampling loop: drains the BPF ring buffers into the interval's aggregates (CPU samples
-//! and allocation samples share a ring; each kind has its aggregate), hands new stacks' Java
+//! The sampling loop: drains the BPF ring buffers into the interval's aggregates (a ring and an
+//! aggregate per kind: CPU samples, allocations, waits), hands new stacks' Java
 //! frames and each finished interval to the worker, and tells the JVM tracker and the unwind
 //! tables' loader which processes it saw. It never blocks on the worker: if its queue is full,
 //! work is dropped and counted. It also owns the BPF programs, so it attaches the allocation
@@ -161,15 +161,18 @@ impl SamplingLoop {
         tokio::pin!(stop);
         let mut drain = tokio::time::interval(DRAIN_PERIOD);
         drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let ring_wakeups = self
+        let wakeups = self
             .sampler
             .ring_wakeups()
-            .and_then(|fd| {
-                // SAFETY: the descriptor is owned by the AsyncFd, so it stays open and the same.
-                unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
-                    .map_err(Into::into)
-            })
             .map_err(DaemonError::RingWakeups)?;
+        let watch = |fd: std::os::fd::OwnedFd| {
+            // SAFETY: the descriptor is owned by the AsyncFd, so it stays open and the same.
+            unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
+                .map_err(|err| DaemonError::RingWakeups(err.into()))
+        };
+        let ring_wakeups = watch(wakeups.samples)?;
+        let alloc_wakeups = wakeups.alloc.map(watch).transpose()?;
+        let off_cpu_wakeups = wakeups.off_cpu.map(watch).transpose()?;
         let mut flush =
             tokio::time::interval_at(tokio::time::Instant::now() + until.interval, until.interval);
         let mut last_misses = 0;
@@ -188,6 +191,22 @@ impl SamplingLoop {
                 ready = ring_wakeups.readable() => {
                     // Edge-triggered: the next wake-up comes with the next fill, after this
                     // drain.
+                    if let Ok(mut guard) = ready {
+                        guard.clear_ready();
+                    }
+                    self.stats.ring_wakeups += 1;
+                    drain.reset();
+                    false
+                }
+                ready = readable(alloc_wakeups.as_ref()) => {
+                    if let Ok(mut guard) = ready {
+                        guard.clear_ready();
+                    }
+                    self.stats.ring_wakeups += 1;
+                    drain.reset();
+                    false
+                }
+                ready = readable(off_cpu_wakeups.as_ref()) => {
                     if let Ok(mut guard) = ready {
                         guard.clear_ready();
                     }
@@ -276,6 +295,16 @@ impl SamplingLoop {
             (cpus, frequency_hz),
             self.alloc.as_ref().map(|alloc| alloc.attach_failures),
         )
+    }
+}
+
+/// Waits until `fd` is readable; never, without one.
+async fn readable(
+    fd: Option<&AsyncFd<std::os::fd::OwnedFd>>,
+) -> std::io::Result<tokio::io::unix::AsyncFdReadyGuard<'_, std::os::fd::OwnedFd>> {
+    match fd {
+        Some(fd) => fd.readable().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -372,25 +401,35 @@ fn drain_ring(
         let Some(view) = parse_record(bytes, stats) else {
             return;
         };
-        let added = match (SampleKind::from_u8(view.header.kind), alloc.as_deref_mut()) {
-            (Some(SampleKind::Cpu), _) => {
-                if let Some(end) = view.user_end() {
-                    stats.unwind_ends[end as usize] += 1;
-                    stats.unwind_ends_total[end as usize] += 1;
-                }
-                aggregator.add(&view)
-            }
-            (Some(SampleKind::AllocInNewTlab | SampleKind::AllocOutsideTlab), Some(alloc)) => {
-                let totals = alloc.config.weigh(view.header.weight);
-                alloc.aggregator.add_totals(&view, &totals)
-            }
-            _ => {
+        if SampleKind::from_u8(view.header.kind) != Some(SampleKind::Cpu) {
+            stats.malformed += 1;
+            return;
+        }
+        if let Some(end) = view.user_end() {
+            stats.unwind_ends[end as usize] += 1;
+            stats.unwind_ends_total[end as usize] += 1;
+        }
+        let added = aggregator.add(&view);
+        found.note(&view, added, work, stats);
+    });
+    if let Some(alloc) = alloc.as_deref_mut() {
+        sampler.drain_alloc(|bytes| {
+            stats.records += 1;
+            let Some(view) = parse_record(bytes, stats) else {
+                return;
+            };
+            if !matches!(
+                SampleKind::from_u8(view.header.kind),
+                Some(SampleKind::AllocInNewTlab | SampleKind::AllocOutsideTlab)
+            ) {
                 stats.malformed += 1;
                 return;
             }
-        };
-        found.note(&view, added, work, stats);
-    });
+            let totals = alloc.config.weigh(view.header.weight);
+            let added = alloc.aggregator.add_totals(&view, &totals);
+            found.note(&view, added, work, stats);
+        });
+    }
     if let Some(off_cpu) = off_cpu {
         let OffCpu {
             joiner,
