@@ -131,7 +131,10 @@ mod tests {
             balance: -50_000,
             refilled_ns: 0,
         };
-        assert_eq!(refill(owing, 10_000_000, 1_000_000, 250_000).balance, -40_000);
+        assert_eq!(
+            refill(owing, 10_000_000, 1_000_000, 250_000).balance,
+            -40_000
+        );
         // A clock that went back adds nothing.
         assert_eq!(refill(later, 0, 1_000_000, 250_000).balance, later.balance);
     }

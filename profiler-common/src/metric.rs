@@ -53,6 +53,11 @@ pub const PROCESS_EVENTS_LOST: &str = "profiler_process_events_lost_total";
 /// `user`): records the BPF side refused because their process or user had spent its emit
 /// budget ([`crate::budget`]).
 pub const RECORDS_OVER_BUDGET: &str = "profiler_bpf_records_over_budget_total";
+/// Samples (of every kind) kept in their process's `[stacks past the bound]` entry: their
+/// stacks found no room in the interval's stack memory.
+pub const SAMPLES_PAST_STACK_BOUND: &str = "profiler_samples_past_stack_bound_total";
+/// Interval ends put off because the worker was still writing the last interval.
+pub const INTERVALS_DEFERRED: &str = "profiler_intervals_deferred_total";
 pub const PROC_RESCANS: &str = "profiler_proc_rescans_total";
 pub const OFF_CPU_SWITCHES: &str = "profiler_off_cpu_switches_total";
 pub const OFF_CPU_WAITS_SAMPLED: &str = "profiler_off_cpu_waits_sampled_total";

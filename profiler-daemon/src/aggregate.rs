@@ -10,6 +10,11 @@
 //! That costs distinct stacks (at most one per thread running the stack, and in practice far
 //! fewer: most threads of a JVM run few stacks), which `max_stacks_per_interval` bounds as
 //! before.
+//!
+//! Memory: a new stack is stored only within its process's and user's share of the interval's
+//! stack memory (`crate::stack_memory`); past it, or past `max_stacks_per_interval`, the
+//! process's new stacks are folded into one entry without frames, which profiles show as
+//! `[stacks past the bound]`.
 
 use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, SystemTime};
@@ -18,6 +23,7 @@ use hashbrown::{hash_map::Entry, DefaultHashBuilder, HashMap, HashTable};
 use profiler_common::{SampleHeader, HEADER_BYTES};
 
 use crate::record::SampleView;
+use crate::stack_memory::{SharedStackMemory, PROCESS_OVERHEAD_BYTES, STACK_OVERHEAD_BYTES};
 
 /// One distinct stack of a process: where its record lives in the arena, and what it adds up to.
 #[derive(Clone, Copy, Debug)]
@@ -76,9 +82,47 @@ pub struct ProcessStacks {
     table: HashTable<StackSlot>,
     arena: Vec<u8>,
     samples: u64,
+    past_bound: Option<PastBound>,
+}
+
+/// The samples of a process's stacks that found no memory: a header-only record (the first
+/// such sample's, without its thread) and what they add up to.
+struct PastBound {
+    record: Vec<u8>,
+    totals: StackTotals,
 }
 
 impl ProcessStacks {
+    /// What the stacks that found no memory add up to, as a record without frames.
+    pub fn past_bound(&self) -> Option<(SampleView<'_>, StackTotals)> {
+        let past = self.past_bound.as_ref()?;
+        let view = SampleView::parse(&past.record).ok()?;
+        Some((view, past.totals))
+    }
+
+    fn fold_past_bound(&mut self, header: &SampleHeader, totals: &StackTotals) {
+        self.samples += totals.count;
+        match &mut self.past_bound {
+            Some(past) => past.totals.add(totals),
+            None => {
+                let header = SampleHeader {
+                    tid: 0,
+                    comm: [0; profiler_common::COMM_LEN],
+                    kernel_frames: 0,
+                    user_frames: 0,
+                    user_end: profiler_common::UnwindEnd::Complete as u8,
+                    task_state: 0,
+                    java_state: 0,
+                    ..*header
+                };
+                self.past_bound = Some(PastBound {
+                    record: header_bytes(&header).to_vec(),
+                    totals: *totals,
+                });
+            }
+        }
+    }
+
     pub fn samples(&self) -> u64 {
         self.samples
     }
@@ -104,8 +148,11 @@ pub struct IntervalStacks {
     pub start: SystemTime,
     pub duration: Duration,
     pub processes: HashMap<u32, ProcessStacks>,
-    /// Samples not folded because the interval hit its distinct-stack bound.
+    /// Samples not kept at all: their process was new and its user's share of the stack memory
+    /// (or the whole of it) was held.
     pub dropped_over_bound: u64,
+    /// Samples folded into their process's `[stacks past the bound]` entry.
+    pub past_bound: u64,
 }
 
 /// Outcome of [`Aggregator::add`], for the caller's bookkeeping.
@@ -116,7 +163,12 @@ pub enum Added {
     /// A stack not seen before in this interval (of a known process).
     NewStack,
     Folded,
-    /// Not kept: the interval already holds `max_stacks` distinct stacks.
+    /// A new stack past its process's or user's memory share, or past `max_stacks`: folded
+    /// into the process's `[stacks past the bound]` entry.
+    PastBound {
+        new_process: bool,
+    },
+    /// Not kept: a new process, and no memory for it.
     OverBound,
 }
 
@@ -126,7 +178,9 @@ pub struct Aggregator {
     processes: HashMap<u32, ProcessStacks>,
     distinct: usize,
     max_stacks: usize,
+    memory: SharedStackMemory,
     dropped_over_bound: u64,
+    past_bound: u64,
     start: SystemTime,
 }
 
@@ -136,15 +190,23 @@ impl Aggregator {
         Self::of_kind(ProfileKind::Cpu, max_stacks)
     }
 
-    /// An aggregator of `kind`'s stacks.
+    /// An aggregator of `kind`'s stacks, its memory unbounded but for `max_stacks`.
     pub fn of_kind(kind: ProfileKind, max_stacks: usize) -> Self {
+        Self::sharing(kind, max_stacks, SharedStackMemory::unbounded())
+    }
+
+    /// An aggregator of `kind`'s stacks whose memory is taken from `memory`, with the other
+    /// aggregators' (`crate::stack_memory`).
+    pub fn sharing(kind: ProfileKind, max_stacks: usize, memory: SharedStackMemory) -> Self {
         Self {
             kind,
             hasher: DefaultHashBuilder::default(),
             processes: HashMap::new(),
             distinct: 0,
             max_stacks,
+            memory,
             dropped_over_bound: 0,
+            past_bound: 0,
             start: SystemTime::now(),
         }
     }
@@ -161,9 +223,17 @@ impl Aggregator {
         let (kernel, user) = sample.stack_bytes();
         let hash = stack_hash(&self.hasher, header_bytes, kernel, user);
 
-        let (process, new_process) = match self.processes.entry(sample.pid()) {
+        let pid = sample.pid();
+        let uid = sample.header.uid;
+        let (process, new_process) = match self.processes.entry(pid) {
             Entry::Occupied(entry) => (entry.into_mut(), false),
-            Entry::Vacant(entry) => (entry.insert(ProcessStacks::default()), true),
+            Entry::Vacant(entry) => {
+                if self.memory.take(pid, uid, PROCESS_OVERHEAD_BYTES).is_err() {
+                    self.dropped_over_bound += 1;
+                    return Added::OverBound;
+                }
+                (entry.insert(ProcessStacks::default()), true)
+            }
         };
         let arena = &process.arena;
         let found = process.table.find_mut(hash, |slot| {
@@ -174,12 +244,19 @@ impl Aggregator {
                 && stored[HEADER_BYTES + kernel.len()..] == *user
         });
         let mut new_stack = false;
+        let stored_bytes = header_bytes.len() + kernel.len() + user.len();
         if let Some(slot) = found {
             slot.totals.add(totals);
             process.samples += totals.count;
-        } else if self.distinct >= self.max_stacks {
-            self.dropped_over_bound += 1;
-            return Added::OverBound;
+        } else if self.distinct >= self.max_stacks
+            || self
+                .memory
+                .take(pid, uid, stored_bytes + STACK_OVERHEAD_BYTES)
+                .is_err()
+        {
+            process.fold_past_bound(&sample.header, totals);
+            self.past_bound += 1;
+            return Added::PastBound { new_process };
         } else {
             let start = process.arena.len();
             process.arena.extend_from_slice(header_bytes);
@@ -224,6 +301,7 @@ impl Aggregator {
             duration: now.duration_since(self.start).unwrap_or_default(),
             processes: std::mem::take(&mut self.processes),
             dropped_over_bound: std::mem::take(&mut self.dropped_over_bound),
+            past_bound: std::mem::take(&mut self.past_bound),
         };
         self.distinct = 0;
         self.start = now;
@@ -342,6 +420,7 @@ impl ProfileKind {
 mod tests {
     use super::*;
     use crate::record::tests::encode;
+    use crate::stack_memory::SharedStackMemory;
     use profiler_common::UnwindEnd;
 
     fn add(aggregator: &mut Aggregator, bytes: &[u8]) -> Added {
@@ -418,7 +497,7 @@ mod tests {
             add(&mut aggregator, &on_thread(stack.clone(), tid, 0, 0));
         }
         let interval = aggregator.take_interval();
-        assert_eq!(interval.dropped_over_bound, 1);
+        assert_eq!((interval.dropped_over_bound, interval.past_bound), (0, 1));
         assert_eq!(interval.processes[&1].distinct_stacks(), 2);
     }
 
@@ -490,7 +569,63 @@ mod tests {
             Added::Folded
         );
         let interval = aggregator.take_interval();
-        assert_eq!(interval.dropped_over_bound, 3);
-        assert_eq!(interval.processes[&1].samples(), 3);
+        assert_eq!((interval.dropped_over_bound, interval.past_bound), (0, 3));
+        // Every sample is kept: two stacks, one of them sampled twice, and the three past the
+        // bound in the process's entry without frames.
+        let process = &interval.processes[&1];
+        assert_eq!(process.samples(), 6);
+        let (past, totals) = process.past_bound().expect("an entry past the bound");
+        assert_eq!(totals.count, 3);
+        assert_eq!((past.header.user_frames, past.header.tid), (0, 0));
+    }
+
+    /// `record` as a process of `uid`.
+    fn of_user(mut record: Vec<u8>, uid: u32) -> Vec<u8> {
+        let at = std::mem::offset_of!(SampleHeader, uid);
+        record[at..at + 4].copy_from_slice(&uid.to_ne_bytes());
+        record
+    }
+
+    #[test]
+    fn a_user_past_its_memory_share_leaves_room_to_the_others() {
+        // Room for about 20 stacks of 3 frames in all: a user may hold 10, a process 5.
+        let one_stack = HEADER_BYTES + 3 * profiler_common::USER_FRAME_BYTES + STACK_OVERHEAD_BYTES;
+        let memory = SharedStackMemory::new(20 * one_stack + 4 * PROCESS_OVERHEAD_BYTES);
+        let mut cpu = Aggregator::sharing(ProfileKind::Cpu, 1_000, memory.clone());
+        let mut alloc = Aggregator::sharing(ProfileKind::Alloc, 1_000, memory.clone());
+        // The attacker (uid 1000): two processes, 100 distinct stacks each, in both kinds.
+        for pid in [10, 11] {
+            for leaf in 0..100 {
+                let stack = of_user(
+                    encode(pid, "a", &[], &[1, 2, leaf], UnwindEnd::Complete),
+                    1000,
+                );
+                add(&mut cpu, &stack);
+                add(&mut alloc, &stack);
+            }
+        }
+        // The victim (uid 2000) still gets its stacks in.
+        for leaf in 0..5 {
+            let stack = of_user(
+                encode(20, "v", &[], &[7, 8, leaf], UnwindEnd::Complete),
+                2000,
+            );
+            assert!(matches!(
+                add(&mut cpu, &stack),
+                Added::NewProcess | Added::NewStack
+            ));
+        }
+        assert!(memory.held() <= 20 * one_stack + 4 * PROCESS_OVERHEAD_BYTES);
+        let interval = cpu.take_interval();
+        let victim = &interval.processes[&20];
+        assert_eq!((victim.distinct_stacks(), victim.samples()), (5, 5));
+        assert!(victim.past_bound().is_none());
+        // Every attacker sample is still counted, most of them without their frames.
+        let attacker: u64 = [10, 11]
+            .iter()
+            .map(|pid| interval.processes[pid].samples())
+            .sum();
+        assert_eq!(attacker, 200);
+        assert!(interval.past_bound >= 180, "{}", interval.past_bound);
     }
 }

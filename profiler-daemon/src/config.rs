@@ -43,6 +43,9 @@ pub struct FileConfig {
     pub pids: Option<Vec<u32>>,
     /// Bound on distinct stacks kept per interval (memory bound); samples past it are counted.
     pub max_stacks_per_interval: Option<usize>,
+    /// Memory for one interval's distinct stacks, all profile kinds together, in MiB (default
+    /// 32); one user's processes may hold half, one process a quarter (`stack_memory.rs`).
+    pub stack_memory_mib: Option<u64>,
     /// Bound on JVMs whose Java frames are unwound; JVMs past it are counted and logged.
     pub max_jvms: Option<u32>,
     /// Memory for caches the daemon can rebuild (parsed binaries and their symbols), in MiB;
@@ -142,6 +145,8 @@ pub struct Config {
     pub output_dir: PathBuf,
     pub pids: Vec<u32>,
     pub max_stacks_per_interval: usize,
+    /// Bytes for one interval's distinct stacks.
+    pub stack_memory_bytes: usize,
     pub max_jvms: u32,
     /// Bytes for the symbolization caches.
     pub cache_budget_bytes: u64,
@@ -262,6 +267,16 @@ impl Config {
                 reason: "must be at least 1".into(),
             });
         }
+        let stack_memory_mib = file
+            .stack_memory_mib
+            .unwrap_or((crate::stack_memory::DEFAULT_STACK_MEMORY_BYTES >> 20) as u64);
+        if !(1..=65_536).contains(&stack_memory_mib) {
+            return Err(ConfigError::Invalid {
+                field: "stack_memory_mib",
+                flag: None,
+                reason: format!("{stack_memory_mib} is outside 1..=65536"),
+            });
+        }
         let max_jvms = file.max_jvms.unwrap_or(profiler_common::DEFAULT_MAX_JVMS);
         if !(1..=65_536).contains(&max_jvms) {
             return Err(ConfigError::Invalid {
@@ -361,6 +376,7 @@ impl Config {
             output_dir,
             pids,
             max_stacks_per_interval,
+            stack_memory_bytes: (stack_memory_mib << 20) as usize,
         })
     }
 }

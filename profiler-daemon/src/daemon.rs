@@ -217,7 +217,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         sampler,
         (work_tx, unwind_tables),
         tracker,
-        config.max_stacks_per_interval,
+        (config.max_stacks_per_interval, config.stack_memory_bytes),
         (config.off_cpu, config.lock),
         alloc_hook_requests,
     )

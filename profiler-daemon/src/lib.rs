@@ -36,6 +36,7 @@ pub mod sampler;
 pub mod secret_hash;
 pub mod sidecar;
 pub mod sink;
+pub mod stack_memory;
 pub mod subscribe;
 pub mod symbolize;
 pub mod thread_roots;

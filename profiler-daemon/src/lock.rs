@@ -20,6 +20,7 @@ use crate::aggregate::{Added, Aggregator, ProfileKind};
 use crate::config_error::{invalid, ConfigError};
 use crate::off_cpu::JoinedWait;
 use crate::record::SampleView;
+use crate::stack_memory::SharedStackMemory;
 
 /// The default threshold (as Alloy's `--lock 10ms`).
 pub const DEFAULT_THRESHOLD: Duration = Duration::from_millis(10);
@@ -72,10 +73,15 @@ pub struct LockAggregators {
 
 impl LockAggregators {
     pub fn new(config: LockConfig, max_stacks: usize) -> Self {
+        Self::sharing(config, max_stacks, SharedStackMemory::unbounded())
+    }
+
+    /// Aggregators whose memory is taken from `memory` (`crate::stack_memory`).
+    pub fn sharing(config: LockConfig, max_stacks: usize, memory: SharedStackMemory) -> Self {
         Self {
             threshold_ns: config.threshold.as_nanos() as u64,
-            mutex: Aggregator::of_kind(ProfileKind::Mutex, max_stacks),
-            block: Aggregator::of_kind(ProfileKind::Block, max_stacks),
+            mutex: Aggregator::sharing(ProfileKind::Mutex, max_stacks, memory.clone()),
+            block: Aggregator::sharing(ProfileKind::Block, max_stacks, memory),
         }
     }
 

@@ -49,6 +49,9 @@ pub struct WorkerCounters {
     /// Java frames of new stacks whose method or code was already gone or reused when the
     /// worker read it: names perishing (class unloading), so the loop drains sooner.
     pub java_prefetch_misses: AtomicU64,
+    /// Intervals handed to the worker and not written yet: the sampling loop puts off the next
+    /// one while there is one (`daemon::sampling_loop`).
+    pub intervals_pending: AtomicU64,
 }
 
 /// What one scrape reports.
@@ -59,6 +62,9 @@ pub struct Snapshot {
     pub malformed_records: u64,
     pub dropped_work: u64,
     pub dropped_over_stack_bound: u64,
+    /// Samples kept in `[stacks past the bound]` entries (`crate::stack_memory`).
+    pub past_stack_bound: u64,
+    pub intervals_deferred: u64,
     /// Drains the BPF side asked for because the ring buffer was filling up.
     pub ring_wakeups: u64,
     pub unwind_ends: [u64; UnwindEnd::ALL.len()],
@@ -252,7 +258,7 @@ impl Collector for DaemonCollector {
                 .map(|(feature, mode)| (KernelFeature { feature, mode }, 1)),
         )?;
         encode_sampling(&mut out, &snapshot, &metrics.worker, &metrics.export)?;
-        encode_emit_budgets(&mut out, &snapshot)?;
+        encode_bounds(&mut out, &snapshot)?;
         encode_unwind_tables(&mut out, &metrics.unwind_tables)?;
         encode_export(&mut out, &metrics.export)?;
         encode_endpoint(&mut out, &metrics.closed_connections)
@@ -568,8 +574,21 @@ fn encode_sampling(
     )
 }
 
-fn encode_emit_budgets(out: &mut Families, s: &Snapshot) -> fmt::Result {
+/// What the daemon bounds on behalf of every user: the BPF side's emit budgets, the interval's
+/// stack memory, the worker's one interval in hand.
+fn encode_bounds(out: &mut Families, s: &Snapshot) -> fmt::Result {
     use profiler_common::budget::Producer;
+    out.counter(
+        metric::SAMPLES_PAST_STACK_BOUND,
+        "Samples kept in their process's [stacks past the bound] frame: the interval's stack \
+         memory share of their process or user was held (stack_memory_mib).",
+        s.past_stack_bound,
+    )?;
+    out.counter(
+        metric::INTERVALS_DEFERRED,
+        "Interval ends put off because the worker was still writing the last interval.",
+        s.intervals_deferred,
+    )?;
     let name = |producer: Producer| match producer {
         Producer::Cpu => "cpu",
         Producer::Alloc => "alloc",

@@ -77,6 +77,9 @@ impl OffCpuConfig {
 /// waits are dropped and counted.
 pub const MAX_OPEN_WAITS: usize = profiler_common::MAX_OPEN_OFF_CPU_WAITS as usize;
 pub const MAX_OPEN_WAIT_BYTES: usize = 32 << 20;
+/// Most bytes the open waits of one user's threads may hold: half, so that a user whose
+/// threads wait deep in their stacks by the thousand leaves the other half to everyone else.
+pub const MAX_OPEN_WAIT_BYTES_PER_USER: usize = MAX_OPEN_WAIT_BYTES / 2;
 
 /// Buffers kept for reuse by the next waits: no allocation per wait in the steady state.
 const SPARE_BUFFERS: usize = 256;
@@ -107,8 +110,9 @@ pub struct OffCpuJoiner {
     open: HashMap<u32, OpenWait>,
     /// The processes with open waits at the last check, by pid.
     processes: HashMap<u32, ProcessKey>,
-    /// Bytes the open waits' records hold (their buffers' capacity).
+    /// Bytes the open waits' records hold (their buffers' capacity), in all and by user.
     open_bytes: usize,
+    open_bytes_by_user: HashMap<u32, usize>,
     spare: Vec<Vec<u8>>,
     min_wait_ns: u64,
     pub stats: OffCpuStats,
@@ -120,6 +124,7 @@ impl OffCpuJoiner {
             open: HashMap::new(),
             processes: HashMap::new(),
             open_bytes: 0,
+            open_bytes_by_user: HashMap::new(),
             spare: Vec::new(),
             min_wait_ns,
             stats: OffCpuStats::default(),
@@ -136,11 +141,19 @@ impl OffCpuJoiner {
         let header = &view.header;
         let tid = header.tid;
         let held = self.open.get(&tid).map_or(0, |wait| wait.record.capacity());
+        let uid = header.uid;
+        // A tid's open wait is its user's (a thread keeps its user across a wait's stack and
+        // the next: what it held is given back below, whoever it was).
+        let user_held = self.open_bytes_by_user.get(&uid).copied().unwrap_or(0);
         if (held == 0 && self.open.len() >= MAX_OPEN_WAITS)
             || self.open_bytes - held + bytes.len() > MAX_OPEN_WAIT_BYTES
+            || user_held.saturating_sub(held) + bytes.len() > MAX_OPEN_WAIT_BYTES_PER_USER
         {
             self.stats.over_open_bound += 1;
             return;
+        }
+        if let Some(wait) = self.open.get(&tid) {
+            release(&mut self.open_bytes_by_user, uid_of(&wait.record), held);
         }
         let spare = &mut self.spare;
         let wait = self.open.entry(tid).or_insert_with(|| OpenWait {
@@ -153,6 +166,7 @@ impl OffCpuJoiner {
         wait.record.clear();
         wait.record.extend_from_slice(bytes);
         self.open_bytes = self.open_bytes - held + wait.record.capacity();
+        *self.open_bytes_by_user.entry(uid).or_insert(0) += wait.record.capacity();
     }
 
     /// A wait's end: folds the wait into `aggregator` if its stack is here, and tells `folded`
@@ -175,6 +189,11 @@ impl OffCpuJoiner {
         }
         let wait = self.open.remove(&end.tid)?;
         self.open_bytes -= wait.record.capacity();
+        release(
+            &mut self.open_bytes_by_user,
+            uid_of(&wait.record),
+            wait.record.capacity(),
+        );
         let added = if end.blocked_ns.saturating_add(end.runqueue_ns) < self.min_wait_ns {
             self.stats.filtered_short += 1;
             None
@@ -214,6 +233,7 @@ impl OffCpuJoiner {
         let mut seen: HashMap<u32, ProcessKey> = HashMap::new();
         let mut released = 0;
         let last_seen = &self.processes;
+        let by_user = &mut self.open_bytes_by_user;
         self.open.retain(|_, wait| {
             let pid = pid_of(&wait.record);
             let keep = *keep_pid.entry(pid).or_insert_with(|| match live(pid) {
@@ -225,6 +245,7 @@ impl OffCpuJoiner {
             });
             if !keep {
                 released += wait.record.capacity();
+                release(by_user, uid_of(&wait.record), wait.record.capacity());
             }
             keep
         });
@@ -242,11 +263,28 @@ pub struct JoinedWait {
 }
 
 fn pid_of(record: &[u8]) -> u32 {
-    let at = std::mem::offset_of!(SampleHeader, pid);
+    header_u32(record, std::mem::offset_of!(SampleHeader, pid))
+}
+
+fn uid_of(record: &[u8]) -> u32 {
+    header_u32(record, std::mem::offset_of!(SampleHeader, uid))
+}
+
+fn header_u32(record: &[u8], at: usize) -> u32 {
     record
         .get(at..at + 4)
         .and_then(|bytes| bytes.try_into().ok())
         .map_or(0, u32::from_ne_bytes)
+}
+
+/// Gives back `bytes` a user's open waits held (the entry goes with its last byte).
+fn release(by_user: &mut HashMap<u32, usize>, uid: u32, bytes: usize) {
+    if let Some(held) = by_user.get_mut(&uid) {
+        *held = held.saturating_sub(bytes);
+        if *held == 0 {
+            by_user.remove(&uid);
+        }
+    }
 }
 
 /// One sampled wait as its stack's totals: its times divided by the probability it was sampled
@@ -477,31 +515,40 @@ mod tests {
     }
 
     #[test]
-    fn open_waits_are_bounded_in_bytes() {
+    fn open_waits_are_bounded_in_bytes_and_per_user() {
         let mut joiner = OffCpuJoiner::new(0);
         // Deep stacks (a Java thread parked under a framework), so the bytes bind first.
         let frames = [0x10; 300];
-        let size = wait_stack_of(0, 100, OFF_CPU_PROBABILITY_ONE, &frames).len();
-        let fit = (MAX_OPEN_WAIT_BYTES / size) as u32;
-        assert!((fit as usize) < MAX_OPEN_WAITS);
+        let of_user = |tid: u32, out: u64, uid: u32| {
+            let mut record = wait_stack_of(tid, out, OFF_CPU_PROBABILITY_ONE, &frames);
+            let at = std::mem::offset_of!(SampleHeader, uid);
+            record[at..at + 4].copy_from_slice(&uid.to_ne_bytes());
+            record
+        };
+        let size = of_user(0, 100, 0).len();
+        let fit = (MAX_OPEN_WAIT_BYTES_PER_USER / size) as u32;
+        assert!(2 * (fit as usize) < MAX_OPEN_WAITS);
+        // One user's threads hold its half at most...
         for tid in 0..fit + 10 {
-            offer(
-                &mut joiner,
-                &wait_stack_of(tid, 100, OFF_CPU_PROBABILITY_ONE, &frames),
-            );
+            offer(&mut joiner, &of_user(tid, 100, 1000));
         }
+        assert_eq!(joiner.stats.over_open_bound, 10);
+        // ...and another's still find theirs, up to the whole bound.
+        for tid in 100_000..100_000 + fit + 10 {
+            offer(&mut joiner, &of_user(tid, 100, 2000));
+        }
+        assert_eq!(joiner.stats.over_open_bound, 20);
         assert!(joiner.open_bytes <= MAX_OPEN_WAIT_BYTES);
-        assert_eq!(joiner.stats.over_open_bound, 10);
         // A thread's next wait takes its own slot: not refused at the bound.
-        offer(
-            &mut joiner,
-            &wait_stack_of(0, 200, OFF_CPU_PROBABILITY_ONE, &frames),
-        );
-        assert_eq!(joiner.stats.over_open_bound, 10);
+        offer(&mut joiner, &of_user(0, 200, 1000));
+        assert_eq!(joiner.stats.over_open_bound, 20);
         let mut aggregator = Aggregator::of_kind(ProfileKind::OffCpu, 100);
         assert!(joiner
             .end(&end(0, 200, 10, 0), &mut aggregator, |_, _, _| {})
             .is_some());
-        assert_eq!(joiner.open_waits(), fit as usize - 1);
+        assert_eq!(joiner.open_waits(), 2 * fit as usize - 1);
+        // What an ended wait held is its user's again.
+        offer(&mut joiner, &of_user(fit + 20, 300, 1000));
+        assert_eq!(joiner.stats.over_open_bound, 20);
     }
 }

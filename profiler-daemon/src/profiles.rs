@@ -122,7 +122,19 @@ pub fn build(
     // Locations whose frames include `Unsafe.park`: block profiles keep only the stacks
     // through one.
     let mut park_locations = hashbrown::HashSet::new();
-    for (view, totals) in stacks.stacks() {
+    // The process's stacks, then what it had past its memory share (`crate::stack_memory`).
+    let past_bound = stacks
+        .past_bound()
+        .map(|(view, totals)| (view, totals, true));
+    for (view, totals, is_past_bound) in stacks
+        .stacks()
+        .map(|(view, totals)| (view, totals, false))
+        .chain(past_bound)
+    {
+        if is_past_bound && kind == ProfileKind::Block {
+            // Its waits cannot be told parked or not; counted in the metrics only.
+            continue;
+        }
         let mut locations = Vec::with_capacity(
             view.header.kernel_frames as usize + view.header.user_frames as usize + 1,
         );
@@ -154,6 +166,10 @@ pub fn build(
         if kind == ProfileKind::Block && !locations.iter().any(|id| park_locations.contains(id)) {
             // Blocked, but not parked: `Thread.sleep`, a safepoint.
             continue;
+        }
+        if is_past_bound {
+            let frame = ResolvedFrame::named(PAST_BOUND_FRAME.to_owned(), None);
+            locations.push(builder.location(LocationKey::Marker(PAST_BOUND_MARKER), 0, &frame));
         }
         if let Some(marker) = truncation_marker(view.user_end()) {
             let frame = ResolvedFrame::named(format!("[truncated: {}]", marker.name()), None);
@@ -298,6 +314,11 @@ fn saturating_i64(value: u64) -> i64 {
 /// non-monotonic read: that is the normal end of native stacks, counted but not marked. A walk
 /// cut by the depth bound, or stopped by a Java frame it could not unwind, is marked, so the
 /// missing outer frames are visible instead of silently gone.
+/// The frame of the samples whose stacks found no memory in their interval.
+pub const PAST_BOUND_FRAME: &str = "[stacks past the bound]";
+/// Its marker number, apart from the unwind ends' (`truncation_marker`).
+const PAST_BOUND_MARKER: u8 = u8::MAX;
+
 fn truncation_marker(end: Option<UnwindEnd>) -> Option<UnwindEnd> {
     match end? {
         end @ (UnwindEnd::MaxDepth

@@ -188,7 +188,12 @@ impl Worker {
     fn handle(&mut self, item: Work) {
         match item {
             Work::ProcessSeen(pid) => self.processes.observe(pid),
-            Work::Interval(intervals) => self.write_intervals(intervals),
+            Work::Interval(intervals) => {
+                let counters = self.counters.clone();
+                // Given back even if writing panics: the loop would put off intervals for good.
+                let _taken = IntervalTaken(&counters.intervals_pending);
+                self.write_intervals(intervals);
+            }
             Work::PrefetchJava(frames) => self.prefetch_java(frames),
             #[cfg(test)]
             Work::Panic => panic!("a test asked the worker to panic"),
@@ -328,6 +333,18 @@ impl Worker {
             }
         }
         (built_count, samples)
+    }
+}
+
+/// Takes an interval off the count of those pending when dropped (saturating: tests hand
+/// intervals to the worker without the sampling loop's count).
+struct IntervalTaken<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl Drop for IntervalTaken<'_> {
+    fn drop(&mut self) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
     }
 }
 

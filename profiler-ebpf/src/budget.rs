@@ -12,7 +12,7 @@ use aya_ebpf::{
     maps::LruHashMap,
 };
 use profiler_common::budget::{
-    refill, Bucket, EmitBudget, Producer, PRODUCERS, PROCESS_BUCKETS, USER_BUCKETS,
+    refill, Bucket, EmitBudget, Producer, PROCESS_BUCKETS, PRODUCERS, USER_BUCKETS,
 };
 
 use crate::count;

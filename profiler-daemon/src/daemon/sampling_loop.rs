@@ -26,6 +26,7 @@ use crate::off_cpu::{OffCpuConfig, OffCpuJoiner, OffCpuStats};
 use crate::profiles::ProfileKind;
 use crate::record::SampleView;
 use crate::sampler::{KernelCounters, Sampler};
+use crate::stack_memory::SharedStackMemory;
 use crate::symbolize::symbolizers::{user_frame_key, UserFrameKey};
 use crate::worker::{JavaFrameSeen, Work};
 
@@ -63,6 +64,10 @@ pub(super) struct LoopStats {
     /// The same, over the whole run.
     unwind_ends_total: [u64; UnwindEnd::ALL.len()],
     dropped_over_stack_bound: u64,
+    /// Samples folded into their process's `[stacks past the bound]` entry.
+    past_bound: u64,
+    /// Interval ends put off because the worker had not taken the last interval yet.
+    intervals_deferred: u64,
     /// Drains the BPF side asked for (the ring was filling up).
     ring_wakeups: u64,
     /// Records of the off-CPU ring (waits' stacks and ends).
@@ -94,6 +99,8 @@ pub(super) struct SamplingLoop {
     stats: LoopStats,
     last_counters: KernelCounters,
     intervals: u64,
+    /// The memory every aggregator's stacks take from.
+    stack_memory: SharedStackMemory,
 }
 
 /// What the loop leaves when it ends: the sampler detached (no new samples while the last
@@ -110,7 +117,7 @@ impl SamplingLoop {
         sampler: Sampler,
         (work, unwind_tables): (SyncSender<Work>, SyncSender<Vec<u32>>),
         tracker: TrackerThread,
-        max_stacks_per_interval: usize,
+        (max_stacks_per_interval, stack_memory_bytes): (usize, usize),
         (off_cpu, lock): (Option<OffCpuConfig>, Option<LockConfig>),
         alloc: Option<(AllocConfig, Receiver<AllocHookRequest>)>,
     ) -> Self {
@@ -118,20 +125,25 @@ impl SamplingLoop {
             off_cpu_on: sampler.off_cpu(),
             ..LoopStats::default()
         };
+        let memory = SharedStackMemory::new(stack_memory_bytes);
+        let aggregator = |kind| Aggregator::sharing(kind, max_stacks_per_interval, memory.clone());
         Self {
-            aggregator: Aggregator::new(max_stacks_per_interval),
+            aggregator: aggregator(ProfileKind::Cpu),
             off_cpu: (off_cpu.is_some() || lock.is_some()).then(|| OffCpu {
                 joiner: OffCpuJoiner::new(off_cpu.map_or(0, |o| o.min_wait.as_nanos() as u64)),
-                aggregator: Aggregator::of_kind(ProfileKind::OffCpu, max_stacks_per_interval),
+                aggregator: aggregator(ProfileKind::OffCpu),
                 write_profiles: off_cpu.is_some(),
-                lock: lock.map(|lock| LockAggregators::new(lock, max_stacks_per_interval)),
+                lock: lock.map(|lock| {
+                    LockAggregators::sharing(lock, max_stacks_per_interval, memory.clone())
+                }),
             }),
             alloc: alloc.map(|(config, hook_requests)| Alloc {
                 config,
-                aggregator: Aggregator::of_kind(ProfileKind::Alloc, max_stacks_per_interval),
+                aggregator: aggregator(ProfileKind::Alloc),
                 hook_requests,
                 attach_failures: 0,
             }),
+            stack_memory: memory.clone(),
             last_counters: sampler.counters(),
             sampler,
             work,
@@ -216,7 +228,14 @@ impl SamplingLoop {
                 }
                 _ = flush.tick() => {
                     self.drain();
-                    self.end_interval();
+                    // The worker has not taken the last interval yet (a slow write, a burst of
+                    // new stacks to name): this one goes on, within its memory bound, rather
+                    // than queue a second one beside it.
+                    if metrics.worker.intervals_pending.load(Ordering::Relaxed) > 0 {
+                        self.stats.intervals_deferred += 1;
+                        continue;
+                    }
+                    self.end_interval(&metrics.worker.intervals_pending);
                     continue;
                 }
                 _ = sigterm.recv() => { tracing::info!("SIGTERM: writing the current interval, then exiting"); true }
@@ -237,7 +256,7 @@ impl SamplingLoop {
                 starting: started.elapsed() < PERISHING_FOR,
             }));
             if finishing {
-                self.end_interval();
+                self.end_interval(&metrics.worker.intervals_pending);
                 break;
             }
         }
@@ -272,16 +291,17 @@ impl SamplingLoop {
     }
 
     /// Hands the interval's aggregates to the worker and starts the next interval.
-    fn end_interval(&mut self) {
+    fn end_interval(&mut self, pending: &std::sync::atomic::AtomicU64) {
         let counters = self.sampler.counters();
         end_interval(
             (&mut self.aggregator, self.alloc.as_mut()),
             self.off_cpu.as_mut(),
-            &self.work,
+            (&self.work, pending),
             &mut self.stats,
             &counters.since(&self.last_counters),
             &self.tracker,
         );
+        self.stack_memory.start_interval();
         self.last_counters = counters;
         self.intervals += 1;
     }
@@ -389,7 +409,7 @@ impl Alloc {
 
 fn drain_ring(
     sampler: &mut Sampler,
-    (aggregator, mut alloc): (&mut Aggregator, Option<&mut Alloc>),
+    (aggregator, alloc): (&mut Aggregator, Option<&mut Alloc>),
     off_cpu: Option<&mut OffCpu>,
     work: &SyncSender<Work>,
     unwind_tables: &SyncSender<Vec<u32>>,
@@ -412,7 +432,7 @@ fn drain_ring(
         let added = aggregator.add(&view);
         found.note(&view, added, work, stats);
     });
-    if let Some(alloc) = alloc.as_deref_mut() {
+    if let Some(alloc) = alloc {
         sampler.drain_alloc(|bytes| {
             stats.records += 1;
             let Some(view) = parse_record(bytes, stats) else {
@@ -488,7 +508,10 @@ impl FoundInDrain {
         work: &SyncSender<Work>,
         stats: &mut LoopStats,
     ) {
-        if added == Added::NewProcess {
+        if matches!(
+            added,
+            Added::NewProcess | Added::PastBound { new_process: true }
+        ) {
             send(work, Work::ProcessSeen(view.pid()), stats);
             self.new_processes.push(view.pid());
         }
@@ -544,7 +567,7 @@ impl FoundInDrain {
 fn end_interval(
     (aggregator, alloc): (&mut Aggregator, Option<&mut Alloc>),
     off_cpu: Option<&mut OffCpu>,
-    work: &SyncSender<Work>,
+    (work, pending): (&SyncSender<Work>, &std::sync::atomic::AtomicU64),
     stats: &mut LoopStats,
     kernel: &KernelCounters,
     tracker: &TrackerThread,
@@ -552,7 +575,7 @@ fn end_interval(
     let interval = aggregator.take_interval();
     tracker.tell_sampled(interval.processes.keys().copied().collect());
     let jvms = tracker.counts();
-    stats.dropped_over_stack_bound += interval.dropped_over_bound;
+    stats.count_bounds(&interval);
     tracing::info!(
         processes = interval.processes.len(),
         samples = kernel.get(Counter::Samples),
@@ -591,20 +614,21 @@ fn end_interval(
             open_waits = stats.off_cpu_open_waits,
             "off-CPU interval sampled"
         );
+        stats.past_bound += interval.past_bound;
         if off_cpu.write_profiles {
             intervals.push(interval);
         }
         if let Some(lock) = &mut off_cpu.lock {
             for aggregator in [&mut lock.mutex, &mut lock.block] {
                 let interval = aggregator.take_interval();
-                stats.dropped_over_stack_bound += interval.dropped_over_bound;
+                stats.count_bounds(&interval);
                 intervals.push(interval);
             }
         }
     }
     if let Some(alloc) = alloc {
         let interval = alloc.aggregator.take_interval();
-        stats.dropped_over_stack_bound += interval.dropped_over_bound;
+        stats.count_bounds(&interval);
         tracing::info!(
             processes = interval.processes.len(),
             events = kernel.get(Counter::AllocEvents),
@@ -616,7 +640,19 @@ fn end_interval(
         );
         intervals.push(interval);
     }
-    send(work, Work::Interval(intervals), stats);
+    // Taken back by the worker once written.
+    pending.fetch_add(1, Ordering::Relaxed);
+    if !send(work, Work::Interval(intervals), stats) {
+        pending.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl LoopStats {
+    /// What an interval's aggregator could not keep, or kept without frames.
+    fn count_bounds(&mut self, interval: &crate::aggregate::IntervalStacks) {
+        self.dropped_over_stack_bound += interval.dropped_over_bound;
+        self.past_bound += interval.past_bound;
+    }
 }
 
 fn snapshot(
@@ -633,6 +669,8 @@ fn snapshot(
         malformed_records: stats.malformed,
         dropped_work: stats.dropped_work,
         dropped_over_stack_bound: stats.dropped_over_stack_bound,
+        past_stack_bound: stats.past_bound,
+        intervals_deferred: stats.intervals_deferred,
         ring_wakeups: stats.ring_wakeups,
         unwind_ends: stats.unwind_ends_total,
         jvms,
@@ -655,9 +693,10 @@ fn format_unwind_ends(ends: &[u64; UnwindEnd::ALL.len()]) -> String {
         .join(",")
 }
 
-fn send(work: &SyncSender<Work>, item: Work, stats: &mut LoopStats) {
+/// Queues `item` for the worker; false (and counted) when the queue is full or gone.
+fn send(work: &SyncSender<Work>, item: Work, stats: &mut LoopStats) -> bool {
     match work.try_send(item) {
-        Ok(()) => {}
+        Ok(()) => return true,
         Err(TrySendError::Full(_)) => {
             stats.dropped_work += 1;
             // Counted every time, logged at 1, 2, 4, 8... drops: never a log line per sample.
@@ -670,6 +709,7 @@ fn send(work: &SyncSender<Work>, item: Work, stats: &mut LoopStats) {
         }
         Err(TrySendError::Disconnected(_)) => stats.dropped_work += 1,
     }
+    false
 }
 
 #[cfg(test)]
