@@ -15,6 +15,7 @@ use profiler_daemon::pprof::{decode, proto};
 
 pub mod background;
 pub mod cgroup;
+pub mod cpu_quota;
 pub mod daemon_run;
 pub use daemon_run::DaemonRun;
 pub use measured_truth::{MeasuringJvm, Totals, Window};

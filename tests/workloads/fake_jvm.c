@@ -16,12 +16,18 @@
 //                                         with garbage: classes and threads that are not there.
 //                                         The functions' bodies fault on it; the fault is caught
 //                                         and the next call made, until SECONDS are over.
+//   fake_jvm LIBJVM SECONDS alloc_flood IN OUT THREADS
+//                                         the same as fast as THREADS threads can, each call from
+//                                         a new depth of 1 to 900 frames and with a class pointer
+//                                         never used before: as many distinct deep stacks as the
+//                                         hooks will take (always sampled: 1 GiB each)
 //
 // "Ready" means what the daemon checks before it pushes a JVM's layout (hotspot/jvm.rs,
 // Jvm::code_cache): one code heap, the interpreter, the call stub. None of it is real code; the
 // process only sleeps. It prints "ready" once set up and exits after SECONDS.
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
@@ -238,10 +244,80 @@ static void hostile_layout(void) {
     *(char **)dlsym(libjvm, "gHotSpotVMStructs") = table;
 }
 
-static sigjmp_buf fault_return;
+static __thread sigjmp_buf fault_return;
 
 static void on_fault(int signal) {
     siglongjmp(fault_return, signal);
+}
+
+static void catch_faults(void) {
+    struct sigaction action = {0};
+    action.sa_handler = on_fault;
+    action.sa_flags = SA_NODEFER;
+    sigaction(SIGSEGV, &action, NULL);
+    sigaction(SIGBUS, &action, NULL);
+    sigaction(SIGILL, &action, NULL);
+}
+
+// The allocation event taking a new TLAB, at its symbol value `offset` in the loaded libjvm.
+typedef void (*in_new_tlab_fn)(void *, void *, size_t, size_t, void *);
+
+static in_new_tlab_fn in_new_tlab_at(uint64_t offset) {
+    Dl_info info;
+    if (dladdr(dlsym(libjvm, "gHotSpotVMStructs"), &info) == 0) {
+        die("dladdr");
+    }
+    return (in_new_tlab_fn)((char *)info.dli_fbase + offset);
+}
+
+struct flood {
+    in_new_tlab_fn in_tlab;
+    time_t end;
+    unsigned seed;
+};
+
+// Calls the event `depth` frames below here (each frame kept: the walk follows them all).
+static __attribute__((noinline)) void call_deep(const struct flood *flood, unsigned depth,
+                                                char *klass) {
+    volatile char frame[16];
+    frame[0] = (char)depth;
+    if (depth > 1) {
+        call_deep(flood, depth - 1, klass);
+    } else if (sigsetjmp(fault_return, 1) == 0) {
+        flood->in_tlab(klass, klass, (size_t)1 << 30, 64, klass);
+    }
+    frame[1] = frame[0];
+}
+
+static void *flood_thread(void *argument) {
+    struct flood flood = *(struct flood *)argument;
+    // Class pointers never repeated: 16 MiB of them, 8 bytes apart.
+    char *classes = malloc(16 << 20);
+    if (classes == NULL) {
+        die("out of memory");
+    }
+    for (unsigned long call = 0; time(NULL) < flood.end; call++) {
+        unsigned depth = 1 + rand_r(&flood.seed) % 900;
+        call_deep(&flood, depth, classes + (call * 8) % (16 << 20));
+    }
+    return NULL;
+}
+
+// Floods the allocation hooks from `threads` threads until `seconds` are over.
+static void flood_allocation_events(uint64_t in_new_tlab, unsigned threads, unsigned seconds) {
+    catch_faults();
+    pthread_t running[64];
+    struct flood floods[64];
+    if (threads > 64) {
+        threads = 64;
+    }
+    for (unsigned i = 0; i < threads; i++) {
+        floods[i] = (struct flood){in_new_tlab_at(in_new_tlab), time(NULL) + seconds, i + 1};
+        pthread_create(&running[i], NULL, flood_thread, &floods[i]);
+    }
+    for (unsigned i = 0; i < threads; i++) {
+        pthread_join(running[i], NULL);
+    }
 }
 
 // The garbage a hostile process can hand its own allocation events: no class, an unmapped one,
@@ -312,6 +388,13 @@ int main(int argc, char **argv) {
         fake_runtime(tids, FILL_THREADS);
     } else if (strcmp(mode, "hostile") == 0) {
         hostile_layout();
+    } else if (strcmp(mode, "alloc_flood") == 0 && argc == 7) {
+        fake_runtime(NULL, 0);
+        printf("ready\n");
+        fflush(stdout);
+        flood_allocation_events(strtoull(argv[4], NULL, 16), (unsigned)atoi(argv[6]),
+                                (unsigned)atoi(argv[2]));
+        return 0;
     } else if (strcmp(mode, "alloc") == 0 && argc == 6) {
         fake_runtime(NULL, 0);
         printf("ready\n");
