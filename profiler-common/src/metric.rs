@@ -40,6 +40,9 @@ pub const SIDECAR_RECORDS_REFUSED: &str = "profiler_sidecar_records_refused";
 pub const JAVA_PREFETCH_MISSES: &str = "profiler_java_prefetch_misses_total";
 /// Labelled `reason`: the daemon's `UnnamedReason` names.
 pub const JAVA_FRAMES_UNNAMED: &str = "profiler_java_frames_unnamed_total";
+/// Labelled `reason`: the daemon's name guard's refusals (`empty`, `too_long`,
+/// `bad_characters`).
+pub const FRAME_NAMES_REFUSED: &str = "profiler_frame_names_refused_total";
 /// Labelled `state`: [`jvm_state`]'s values.
 pub const JVMS: &str = "profiler_jvms";
 /// Labelled `map`: [`bpf_map`]'s values.

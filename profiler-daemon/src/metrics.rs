@@ -44,6 +44,8 @@ pub struct WorkerCounters {
     pub sidecar_records_refused: [AtomicU64; crate::sidecar::index::REFUSAL_REASONS.len()],
     /// Java marker frames put in profiles, by reason.
     pub java_unnamed: Arc<crate::java_names::UnnamedCounts>,
+    /// User frame names refused on their way into a profile, by reason.
+    pub refused_names: Arc<crate::symbolize::name_guard::RefusedNames>,
     /// Panics caught in the worker (each cost one work item; the symbolizers start over).
     pub panics: AtomicU64,
     /// Java frames of new stacks whose method or code was already gone or reused when the
@@ -494,6 +496,22 @@ fn encode_sampling(
                 count,
             )
         }),
+    )?;
+    out.counters(
+        metric::FRAME_NAMES_REFUSED,
+        "User frame names refused on their way into a profile (empty, over 4 KB, or with \
+         control or replacement characters: garbage a name source let through), by reason; \
+         shown as a [refused frame name: REASON] marker instead.",
+        crate::symbolize::name_guard::Refusal::ALL
+            .iter()
+            .map(|refusal| {
+                (
+                    Reason {
+                        reason: refusal.name(),
+                    },
+                    worker.refused_names.get(*refusal),
+                )
+            }),
     )?;
     out.gauges(
         metric::JVMS,
