@@ -16,6 +16,7 @@ use profiler_daemon::pprof::{decode, proto};
 pub mod background;
 pub mod cgroup;
 pub mod daemon_run;
+pub mod frame_checks;
 pub use daemon_run::DaemonRun;
 pub use measured_truth::{MeasuringJvm, Totals, Window};
 pub mod hostile;
