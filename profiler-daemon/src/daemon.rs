@@ -181,8 +181,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         let _ = unwind_tables.try_send(config.pids.clone());
     }
     if let Some(address) = config.metrics_listen {
-        let listener = tokio::net::TcpListener::bind(address)
-            .await
+        let listener = crate::metrics::connections::listen(address)
             .map_err(|source| DaemonError::Metrics { address, source })?;
         tracing::info!(%address, "serving metrics at /metrics");
         tokio::spawn(crate::metrics::serve(listener, metrics.clone()));
