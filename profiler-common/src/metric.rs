@@ -73,6 +73,8 @@ pub const ALLOC_WALKS_FROM_HOOK: &str = "profiler_alloc_walks_from_hook_total";
 pub const ALLOC_JVMS: &str = "profiler_alloc_jvms_total";
 /// Libjvm files whose hooks could not be attached.
 pub const ALLOC_HOOK_ATTACH_FAILURES: &str = "profiler_alloc_hook_attach_failures_total";
+pub const ALLOC_HOOKED_FILES: &str = "profiler_alloc_hooked_files";
+pub const ALLOC_WAITING_FILES: &str = "profiler_alloc_waiting_files";
 pub const CPUS: &str = "profiler_cpus";
 pub const FREQUENCY_HERTZ: &str = "profiler_frequency_hertz";
 // The export families have one sample per remote sink, labelled `sink` (`pyroscope`).

@@ -335,6 +335,16 @@ fn encode_alloc(out: &mut Families, s: &Snapshot, attach_failures: u64) -> fmt::
         metric::ALLOC_HOOK_ATTACH_FAILURES,
         "Libjvm files whose allocation hooks could not be attached (see the log).",
         attach_failures,
+    )?;
+    out.gauge(
+        metric::ALLOC_HOOKED_FILES,
+        "Libjvm files hooked now (released once none of their JVMs runs).",
+        s.jvms.alloc_hooked_files,
+    )?;
+    out.gauge(
+        metric::ALLOC_WAITING_FILES,
+        "Libjvm files of ready JVMs waiting for room under the hook cap or their user's share.",
+        s.jvms.alloc_waiting_files,
     )
 }
 
