@@ -40,6 +40,9 @@ pub const SIDECAR_RECORDS_REFUSED: &str = "profiler_sidecar_records_refused";
 pub const JAVA_PREFETCH_MISSES: &str = "profiler_java_prefetch_misses_total";
 /// Labelled `reason`: the daemon's `UnnamedReason` names.
 pub const JAVA_FRAMES_UNNAMED: &str = "profiler_java_frames_unnamed_total";
+/// Labelled `reason`: the daemon's name guard's refusals (`empty`, `too_long`,
+/// `bad_characters`).
+pub const FRAME_NAMES_REFUSED: &str = "profiler_frame_names_refused_total";
 /// Labelled `state`: [`jvm_state`]'s values.
 pub const JVMS: &str = "profiler_jvms";
 /// Labelled `map`: [`bpf_map`]'s values.
@@ -79,6 +82,8 @@ pub const ALLOC_WALKS_FROM_HOOK: &str = "profiler_alloc_walks_from_hook_total";
 pub const ALLOC_JVMS: &str = "profiler_alloc_jvms_total";
 /// Libjvm files whose hooks could not be attached.
 pub const ALLOC_HOOK_ATTACH_FAILURES: &str = "profiler_alloc_hook_attach_failures_total";
+pub const ALLOC_HOOKED_FILES: &str = "profiler_alloc_hooked_files";
+pub const ALLOC_WAITING_FILES: &str = "profiler_alloc_waiting_files";
 pub const CPUS: &str = "profiler_cpus";
 pub const FREQUENCY_HERTZ: &str = "profiler_frequency_hertz";
 // The export families have one sample per remote sink, labelled `sink` (`pyroscope`).

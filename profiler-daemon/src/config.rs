@@ -39,6 +39,10 @@ pub struct FileConfig {
     pub duration_secs: Option<u64>,
     /// Where profiles are written.
     pub output_dir: Option<PathBuf>,
+    /// Permission bits of the profile files, octal (default "0600": the daemon's user only);
+    /// the output directory, when the daemon creates it, gets the same plus search where read
+    /// is granted ("0640" -> 0750).
+    pub output_mode: Option<String>,
     /// Only these processes (host pids); empty or absent means every process.
     pub pids: Option<Vec<u32>>,
     /// Bound on distinct stacks kept per interval (memory bound); samples past it are counted.
@@ -122,6 +126,7 @@ pub struct Overrides {
     pub interval_secs: Option<u64>,
     pub duration_secs: Option<u64>,
     pub output_dir: Option<PathBuf>,
+    pub output_mode: Option<String>,
     pub pids: Vec<u32>,
     pub metrics_listen: Option<String>,
     pub pyroscope_url: Option<String>,
@@ -338,10 +343,21 @@ impl Config {
                 table.unwrap_or_default(),
             )?),
         };
+        let output_mode = match flags.output_mode.or(file.output_mode) {
+            None => None,
+            Some(text) => Some(crate::output::parse_mode(&text).map_err(|reason| {
+                ConfigError::Invalid {
+                    field: "output_mode",
+                    flag: Some("output-mode"),
+                    reason,
+                }
+            })?),
+        };
         let local_output = LocalOutput::resolve(
             file.flame_graphs,
             file.retention_max_age_secs,
             file.retention_max_bytes,
+            output_mode,
             pyroscope.is_some() || otlp.is_some(),
         );
         let attach = crate::sidecar::AttachPolicy::resolve(
@@ -712,5 +728,27 @@ mod tests {
         }
         let err = resolve_text("service_name = \" \"").expect_err("blank");
         assert!(err.contains("`service_name`"), "{err}");
+    }
+
+    #[test]
+    fn output_is_private_unless_a_mode_is_set() {
+        let config = resolve_text("").expect("valid");
+        assert_eq!(config.local_output.file_mode, 0o600);
+        let config = resolve_text("output_mode = \"0640\"").expect("valid");
+        assert_eq!(config.local_output.file_mode, 0o640);
+        let flags = Overrides {
+            output_mode: Some("644".into()),
+            ..Default::default()
+        };
+        let file = FileConfig::parse("output_mode = \"0640\"").expect("parses");
+        let config = Config::resolve(file, flags, &Environment::default()).expect("valid");
+        assert_eq!(config.local_output.file_mode, 0o644);
+        for bad in ["0o1644", "0400", "rw", "999"] {
+            let err = resolve_text(&format!("output_mode = \"{bad}\"")).expect_err(bad);
+            assert!(
+                err.contains("`output_mode`") && err.contains("--output-mode"),
+                "{err}"
+            );
+        }
     }
 }

@@ -37,8 +37,6 @@ use threads::{spawn_jvm_tracker, spawn_unwind_tables, spawn_worker, SharedWithWo
 
 /// Work items queued for the worker before the loop starts dropping them.
 const WORK_QUEUE: usize = 4096;
-/// Libjvm files waiting for their allocation hooks (one request per file, so a few at most).
-const ALLOC_HOOK_QUEUE: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -139,15 +137,9 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         }
         started => started?,
     };
-    // The tracker finds each libjvm's allocation events; the loop, which owns the programs,
-    // attaches them.
-    let (alloc_hooks, alloc_hook_requests) = match config.alloc {
-        Some(alloc) => {
-            let (requests, received) = sync_channel(ALLOC_HOOK_QUEUE);
-            (Some(AllocHooks::new(requests)), Some((alloc, received)))
-        }
-        None => (None, None),
-    };
+    // The tracker attaches and releases the allocation hooks, with handles of its own on the
+    // programs, as it finds JVMs and sees them exit.
+    let alloc_hooks = sampler.alloc_programs()?.map(AllocHooks::new);
     let java_threads = ThreadDirectory::default();
     // Each JVM inspected once, for the tracker and the symbolizer both.
     let jvms = JvmDirectory::default();
@@ -181,8 +173,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         let _ = unwind_tables.try_send(config.pids.clone());
     }
     if let Some(address) = config.metrics_listen {
-        let listener = tokio::net::TcpListener::bind(address)
-            .await
+        let listener = crate::metrics::connections::listen(address)
             .map_err(|source| DaemonError::Metrics { address, source })?;
         tracing::info!(%address, "serving metrics at /metrics");
         tokio::spawn(crate::metrics::serve(listener, metrics.clone()));
@@ -219,7 +210,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         tracker,
         (config.max_stacks_per_interval, config.stack_memory_bytes),
         (config.off_cpu, config.lock),
-        alloc_hook_requests,
+        config.alloc,
     )
     .run(until, &metrics, frequency_hz)
     .await?;

@@ -147,6 +147,10 @@ struct RunArgs {
     /// Directory for the pprof files [default: ./profiles].
     #[arg(long, value_name = "DIR")]
     output: Option<PathBuf>,
+    /// Permission bits of the profile files, octal; the directory, if created, gets search
+    /// where read is granted [default: 0600, in a 0700 directory].
+    #[arg(long, value_name = "MODE")]
+    output_mode: Option<String>,
     /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9464 [default: off].
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<String>,
@@ -235,6 +239,7 @@ fn run(args: RunArgs) -> ExitCode {
         interval_secs: args.interval,
         duration_secs: args.duration,
         output_dir: args.output,
+        output_mode: args.output_mode,
         pids: args.pids,
         metrics_listen: args.metrics_listen,
         pyroscope_url: args.pyroscope,

@@ -5,13 +5,18 @@
 //! atomics); the sampling loop publishes a snapshot of its own once a second. A scrape encodes them
 //! through `prometheus-client` (a collector: typed counters, gauges and label sets, no copy kept
 //! per metric) and `axum` serves it, within the connection bounds of [`connections`]; scrapes
-//! never touch the hot path.
+//! never touch the hot path. The page encoded is served again until the next snapshot (for at
+//! most [`PAGE_REUSE`]), so a flood of scrapes costs no encoding.
 
 pub mod connections;
+pub mod peer_uid;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
 
 use profiler_common::metric::{
     self, bpf_map, export_dropped, heap_state, jvm_state, metrics_connections_closed, not_profiled,
@@ -44,6 +49,8 @@ pub struct WorkerCounters {
     pub sidecar_records_refused: [AtomicU64; crate::sidecar::index::REFUSAL_REASONS.len()],
     /// Java marker frames put in profiles, by reason.
     pub java_unnamed: Arc<crate::java_names::UnnamedCounts>,
+    /// User frame names refused on their way into a profile, by reason.
+    pub refused_names: Arc<crate::symbolize::name_guard::RefusedNames>,
     /// Panics caught in the worker (each cost one work item; the symbolizers start over).
     pub panics: AtomicU64,
     /// Java frames of new stacks whose method or code was already gone or reused when the
@@ -85,9 +92,23 @@ pub struct OffCpuSnapshot {
     pub open_waits: u64,
 }
 
+/// How long an encoded page is served again at most: the snapshot changes once a second, and
+/// the values read live (export, endpoint) may lag as long.
+pub const PAGE_REUSE: Duration = Duration::from_secs(1);
+
+/// A page encoded for the snapshot published `published`-th.
+struct Page {
+    published: u64,
+    encoded_at: Instant,
+    text: Bytes,
+}
+
 #[derive(Clone, Default)]
 pub struct Metrics {
     snapshot: Arc<Mutex<Snapshot>>,
+    /// Snapshots published so far: a page of an earlier one is stale.
+    published: Arc<AtomicU64>,
+    page: Arc<Mutex<Option<Page>>>,
     pub worker: Arc<WorkerCounters>,
     pub export: Arc<ExportCounters>,
     pub unwind_tables: Arc<crate::native_unwind::loader::TableStats>,
@@ -100,6 +121,29 @@ impl Metrics {
         if let Ok(mut current) = self.snapshot.lock() {
             *current = snapshot;
         }
+        self.published.fetch_add(1, Ordering::Release);
+    }
+
+    /// The page a scrape gets: the one encoded for the current snapshot if under
+    /// [`PAGE_REUSE`] old, else a new one (shared, not copied, by the scrapes that get it).
+    pub fn page(&self) -> Result<Bytes, fmt::Error> {
+        let published = self.published.load(Ordering::Acquire);
+        // Held while encoding: scrapes arriving meanwhile wait for this page, not encode theirs.
+        let mut page = self.page.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(page) = page.as_ref().filter(|page| {
+            page.published == published && page.encoded_at.elapsed() < PAGE_REUSE
+        }) {
+            return Ok(page.text.clone());
+        }
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry())?;
+        let text = Bytes::from(text);
+        *page = Some(Page {
+            published,
+            encoded_at: Instant::now(),
+            text: text.clone(),
+        });
+        Ok(text)
     }
 
     /// A registry whose one collector encodes these metrics on each scrape.
@@ -304,6 +348,16 @@ fn encode_alloc(out: &mut Families, s: &Snapshot, attach_failures: u64) -> fmt::
         metric::ALLOC_HOOK_ATTACH_FAILURES,
         "Libjvm files whose allocation hooks could not be attached (see the log).",
         attach_failures,
+    )?;
+    out.gauge(
+        metric::ALLOC_HOOKED_FILES,
+        "Libjvm files hooked now (released once none of their JVMs runs).",
+        s.jvms.alloc_hooked_files,
+    )?;
+    out.gauge(
+        metric::ALLOC_WAITING_FILES,
+        "Libjvm files of ready JVMs waiting for room under the hook cap or their user's share.",
+        s.jvms.alloc_waiting_files,
     )
 }
 
@@ -507,6 +561,22 @@ fn encode_sampling(
                 count,
             )
         }),
+    )?;
+    out.counters(
+        metric::FRAME_NAMES_REFUSED,
+        "User frame names refused on their way into a profile (empty, over 4 KB, or with \
+         control or replacement characters: garbage a name source let through), by reason; \
+         shown as a [refused frame name: REASON] marker instead.",
+        crate::symbolize::name_guard::Refusal::ALL
+            .iter()
+            .map(|refusal| {
+                (
+                    Reason {
+                        reason: refusal.name(),
+                    },
+                    worker.refused_names.get(*refusal),
+                )
+            }),
     )?;
     out.gauges(
         metric::JVMS,
@@ -757,13 +827,12 @@ pub async fn serve(listener: TcpListener, metrics: Metrics) {
     use axum::http::header::CONTENT_TYPE;
     use axum::routing::get;
 
-    let registry = Arc::new(metrics.registry());
+    let pages = metrics.clone();
     let scrape = move || {
-        let registry = registry.clone();
+        let page = pages.page();
         async move {
-            let mut body = String::new();
-            match prometheus_client::encoding::text::encode(&mut body, &registry) {
-                Ok(()) => (
+            match page {
+                Ok(body) => (
                     axum::http::StatusCode::OK,
                     [(CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)],
                     body,
@@ -771,7 +840,7 @@ pub async fn serve(listener: TcpListener, metrics: Metrics) {
                 Err(_) => (
                     axum::http::StatusCode::INTERNAL_SERVER_ERROR,
                     [(CONTENT_TYPE, "text/plain")],
-                    String::new(),
+                    Bytes::new(),
                 ),
             }
         }
@@ -915,6 +984,32 @@ mod tests {
             let key = format!("profiler_export_queue_profiles{{sink=\"{sink}\"}} 0");
             assert!(text.contains(&key), "{key} in {text}");
         }
+    }
+
+    #[test]
+    fn a_page_is_encoded_once_per_snapshot() {
+        let metrics = Metrics::default();
+        metrics.publish(Snapshot {
+            records: 1,
+            ..Default::default()
+        });
+        let first = metrics.page().expect("encodes");
+        // Counted live, but the page is the one already encoded: the same bytes, not a copy.
+        metrics.worker.profiles_written.fetch_add(5, Ordering::Relaxed);
+        let again = metrics.page().expect("encodes");
+        assert_eq!(first.as_ptr(), again.as_ptr());
+        assert!(std::str::from_utf8(&again)
+            .expect("utf-8")
+            .contains("\nprofiler_profiles_written_total 0\n"));
+        // A new snapshot: a new page, with what was counted meanwhile.
+        metrics.publish(Snapshot {
+            records: 2,
+            ..Default::default()
+        });
+        let next = metrics.page().expect("encodes");
+        let text = std::str::from_utf8(&next).expect("utf-8");
+        assert!(text.contains("\nprofiler_records_total 2\n"), "{text}");
+        assert!(text.contains("\nprofiler_profiles_written_total 5\n"), "{text}");
     }
 
     #[tokio::test]

@@ -3,13 +3,13 @@
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::programs::uprobe::{UProbeAttachLocation, UProbeScope};
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeLink, UProbeScope};
 use aya::programs::{BtfTracePoint, PerfEvent, RawTracePoint, UProbe};
 use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::budget::{EmitBudget, Producer, PRODUCERS};
 use profiler_common::Counter;
 
-use crate::hotspot::alloc_hooks::AllocHookRequest;
+use crate::hotspot::alloc_hooks::AllocHookOffsets;
 use crate::hotspot::tracker::BpfMaps;
 use crate::kernel_btf::KernelBtf;
 use crate::kernel_features::BpfObject;
@@ -61,6 +61,51 @@ pub struct OffCpuSampling {
 pub struct AllocSampling {
     /// About one sample per this many bytes allocated (see `profiler-ebpf/src/alloc.rs`).
     pub interval_bytes: u64,
+}
+
+/// The two allocation programs, loaded, each a handle of its own (see
+/// [`Sampler::alloc_programs`]).
+pub struct AllocPrograms {
+    in_new_tlab: UProbe,
+    outside_tlab: UProbe,
+}
+
+impl AllocPrograms {
+    /// Attaches both programs to the events of one libjvm file, for every process that maps it
+    /// (the programs keep only profiled JVMs' events). Dropping a link detaches it.
+    pub fn attach(
+        &mut self,
+        file: &std::fs::File,
+        offsets: AllocHookOffsets,
+    ) -> Result<[UProbeLink; 2], SamplerError> {
+        use std::os::fd::AsRawFd as _;
+        // The file as the JVM maps it, reached through our descriptor whatever its path or
+        // mount namespace.
+        let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+        let attach = |program: &mut UProbe, name: &'static str, offset: u64| {
+            let error = |source| SamplerError::Program { name, source };
+            let id = program
+                .attach(
+                    UProbeAttachLocation::AbsoluteOffset(offset),
+                    &path,
+                    UProbeScope::AllProcesses,
+                )
+                .map_err(error)?;
+            program.take_link(id).map_err(error)
+        };
+        let in_new_tlab = attach(
+            &mut self.in_new_tlab,
+            ALLOC_PROGRAMS[0],
+            offsets.in_new_tlab,
+        )?;
+        // On failure, the first link is dropped (detached) with the error.
+        let outside_tlab = attach(
+            &mut self.outside_tlab,
+            ALLOC_PROGRAMS[1],
+            offsets.outside_tlab,
+        )?;
+        Ok([in_new_tlab, outside_tlab])
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -142,6 +187,8 @@ pub struct Sampler {
     alloc_ring: Option<RingBuf<MapData>>,
     counters: PerCpuArray<MapData, u64>,
     cpus: usize,
+    /// Whether the allocation programs are loaded.
+    alloc: bool,
 }
 
 /// What the object is loaded with: its globals and map sizes.
@@ -424,7 +471,7 @@ impl Sampler {
             None => None,
         };
 
-        // Loaded now, attached to each libjvm file as JVMs are found (`attach_alloc_hooks`).
+        // Loaded now, attached to each libjvm file as JVMs are found (`AllocPrograms::attach`).
         let alloc_ring = match alloc {
             Some(_) => {
                 for name in ALLOC_PROGRAMS {
@@ -464,30 +511,33 @@ impl Sampler {
             alloc_ring,
             counters,
             cpus: cpus.len(),
+            alloc: alloc.is_some(),
         })
     }
 
-    /// Attaches the allocation programs to the events of one libjvm file, for every process
-    /// that maps it (the programs keep only profiled JVMs' events). The links live as long as
-    /// the sampler.
-    pub fn attach_alloc_hooks(&mut self, request: &AllocHookRequest) -> Result<(), SamplerError> {
-        use std::os::fd::AsRawFd as _;
-        // The file as the JVM maps it, reached through our descriptor whatever its path or
-        // mount namespace.
-        let path = format!("/proc/self/fd/{}", request.file.as_raw_fd());
-        for (name, offset) in ALLOC_PROGRAMS
-            .into_iter()
-            .zip([request.offsets.in_new_tlab, request.offsets.outside_tlab])
-        {
-            uprobe(&mut self.ebpf, name)?
-                .attach(
-                    UProbeAttachLocation::AbsoluteOffset(offset),
-                    &path,
-                    UProbeScope::AllProcesses,
-                )
-                .map_err(|source| SamplerError::Program { name, source })?;
+    /// Handles of the loaded allocation programs, for whoever attaches them to libjvm files
+    /// (the JVM tracker's `AllocHooks`); `None` without `--alloc`. Each handle owns its links,
+    /// so hooks can be attached and released on that thread, and outlive this sampler.
+    pub fn alloc_programs(&self) -> Result<Option<AllocPrograms>, SamplerError> {
+        if !self.alloc {
+            return Ok(None);
         }
-        Ok(())
+        let handle = |name: &'static str| {
+            let program = match self.ebpf.program(name) {
+                Some(aya::programs::Program::UProbe(program)) => program,
+                _ => return Err(SamplerError::MissingProgram(name)),
+            };
+            let info = program
+                .info()
+                .map_err(|source| SamplerError::Program { name, source })?;
+            // SAFETY: the kind given is the loaded program's own (an entry uprobe).
+            unsafe { UProbe::from_program_info(info, name.into(), program.kind()) }
+                .map_err(|source| SamplerError::Program { name, source })
+        };
+        Ok(Some(AllocPrograms {
+            in_new_tlab: handle(ALLOC_PROGRAMS[0])?,
+            outside_tlab: handle(ALLOC_PROGRAMS[1])?,
+        }))
     }
 
     /// The maps of per-JVM layouts and Java threads, for the JVM tracker (can be taken once).

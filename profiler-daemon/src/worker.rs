@@ -75,6 +75,7 @@ impl Worker {
     ) -> Self {
         let mut symbolizers = Symbolizers::new(annotate_frames);
         symbolizers.java_unnamed = counters.java_unnamed.clone();
+        symbolizers.refused_names = counters.refused_names.clone();
         Self {
             processes: ProcessTable::default(),
             symbolizers,
@@ -205,6 +206,7 @@ impl Worker {
     fn restart_symbolizers(&mut self) {
         let mut symbolizers = Symbolizers::new(self.symbolizers.annotate);
         symbolizers.java_unnamed = self.counters.java_unnamed.clone();
+        symbolizers.refused_names = self.counters.refused_names.clone();
         if let Some(limit_bytes) = self.cache_budget {
             symbolizers.native = crate::symbolize::native::NativeSymbolizer::with_budget_stats(
                 limit_bytes,

@@ -17,6 +17,7 @@ pub mod background;
 pub mod cgroup;
 pub mod cpu_quota;
 pub mod daemon_run;
+pub mod frame_checks;
 pub use daemon_run::DaemonRun;
 pub use measured_truth::{MeasuringJvm, Totals, Window};
 pub mod hostile;

@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use profiler_tests::frame_checks::{bad_frame_names, marker_reason, UNNAMED_REASONS};
 use profiler_tests::*;
 
 /// What one run saw in the churn thread's samples.
@@ -30,27 +31,15 @@ struct Tally {
     /// `profiler_java_frames_unnamed_total` by reason, scraped between the first and the last
     /// profile.
     scraped: BTreeMap<String, u64>,
+    /// Frame names no profile may show (`frame_checks::bad_frame_names`): `[]`, empty, over
+    /// 4 KB, garbage characters, markers without a known reason.
+    bad_names: Vec<String>,
+    /// `profiler_frame_names_refused_total`, all reasons, at the scrape.
+    refused: u64,
 }
 
-/// Every `profiler_java_frames_unnamed_total` reason.
-const UNNAMED_REASONS: [&str; 7] = [
-    "no_jvm",
-    "bad_frame_kind",
-    "unreadable",
-    "missing_field",
-    "over_bound",
-    "method_reused",
-    "code_reused",
-];
-
-/// The reason in `[unknown java method: method_reused]_[j]`, for a Java marker.
-fn marker_reason(name: &str) -> Option<&str> {
-    if !name.starts_with("[unknown java") && !name.starts_with("[unknown compiled") {
-        return None;
-    }
-    let at = name.find(": ")? + 2;
-    name.get(at..at + name[at..].find(']')?)
-}
+/// Every `profiler_frame_names_refused_total` reason.
+const REFUSALS: [&str; 3] = ["empty", "too_long", "bad_characters"];
 
 /// The 4-digit generation in `NameChurn$G0042Outer.getAsLong_[j]`.
 fn tag(name: &str) -> Option<&str> {
@@ -61,6 +50,7 @@ fn tag(name: &str) -> Option<&str> {
 fn tally(dir: &std::path::Path, pid: u32) -> Tally {
     let mut tally = Tally::default();
     for (_, profile) in profiles_of(dir, pid).expect("profiles") {
+        tally.bad_names.extend(bad_frame_names(&profile));
         for location in &profile.location {
             for line in &location.line {
                 let name = profile
@@ -158,6 +148,13 @@ fn run(jdk: &Jdk, classes: &std::path::Path, with_agent: bool) -> Tally {
         .unwrap_or_else(|| panic!("no profiler_java_frames_unnamed_total for {reason}: {page}"));
         tally.scraped.insert(reason.to_owned(), value);
     }
+    for reason in REFUSALS {
+        tally.refused += metric_value(
+            &page,
+            &labelled(metric::FRAME_NAMES_REFUSED, "reason", reason),
+        )
+        .unwrap_or_else(|| panic!("no profiler_frame_names_refused_total for {reason}: {page}"));
+    }
     tally
 }
 
@@ -201,6 +198,18 @@ fn generations_of_same_shape_classes_are_never_named_after_each_other() {
                     .map(|e| format!("\n    mixed: {e}"))
                     .collect::<String>()
             );
+            // Never a wrong name: not `[]`, not metaspace read as a name, and every unnamed
+            // frame says why. The daemon's last check refusing one means a name source let
+            // garbage through: a failure too.
+            if !t.bad_names.is_empty() || t.refused > 0 {
+                failures.push(format!(
+                    "JDK {} ({source}): {} refused names counted; frame names no profile may show: \
+                     {:#?}",
+                    jdk.major,
+                    t.refused,
+                    &t.bad_names[..t.bad_names.len().min(10)]
+                ));
+            }
             if t.samples <= 150 {
                 failures.push(format!(
                     "JDK {} ({source}): {} churn samples (floor 150)",

@@ -309,6 +309,11 @@ fn class_churn_and_deoptimization_crash_nothing() {
 
         let profiles = profiles_of(&out, jvm.pid()).expect("profiles readable");
         let (mut total, mut unknown, mut churn, mut deopt) = (0i64, 0i64, 0i64, 0i64);
+        // Frames where generated code ran used to be `[]` (a freed stub's name read as empty).
+        let bad_names: Vec<String> = profiles
+            .iter()
+            .flat_map(|(_, profile)| profiler_tests::frame_checks::bad_frame_names(profile))
+            .collect();
         for (_, profile) in &profiles {
             for sample in &profile.sample {
                 let n = count(sample);
@@ -325,9 +330,15 @@ fn class_churn_and_deoptimization_crash_nothing() {
                 }
             }
         }
-        let line = format!("JDK {}: {total} samples, churn-worker {churn}, deopt-worker {deopt}, with an unnamed Java frame {unknown}", jdk.major);
+        let line = format!("JDK {}: {total} samples, churn-worker {churn}, deopt-worker {deopt}, with an unnamed Java frame {unknown}, bad frame names {}", jdk.major, bad_names.len());
         eprintln!("{line}");
         report.push(line);
+        assert!(
+            bad_names.is_empty(),
+            "JDK {}: frame names no profile may show: {:#?}",
+            jdk.major,
+            &bad_names[..bad_names.len().min(10)]
+        );
         assert!(
             churn > 100 && deopt > 100,
             "JDK {}: workers not sampled",

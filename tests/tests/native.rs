@@ -348,6 +348,23 @@ fn metrics_endpoint_reports_what_the_sampler_counted() {
     }
     assert!(daemon.wait().expect("exits").success());
 
+    // Its local output is private by default: the directory it created 0700, the files 0600.
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = |path: &std::path::Path| {
+        std::fs::metadata(path).expect("stat").permissions().mode() & 0o7777
+    };
+    let profiles = dir.path().join("profiles");
+    assert_eq!(mode(&profiles), 0o700);
+    let files: Vec<_> = std::fs::read_dir(&profiles)
+        .expect("the output directory")
+        .flatten()
+        .map(|entry| entry.path())
+        .collect();
+    assert!(!files.is_empty(), "no profile written");
+    for file in &files {
+        assert_eq!(mode(file), 0o600, "{}", file.display());
+    }
+
     // A bad address is a usage error naming the flag.
     let output = Command::new(daemon_binary())
         .args(["run", "--metrics-listen", "localhost"])

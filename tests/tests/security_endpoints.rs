@@ -1,6 +1,7 @@
 //! Local users against the daemon's endpoints and its attach path (SECURITY.md, "Hazards
 //! closed"), the hostile side always the unprivileged `profiler-test` user: the metrics endpoint
-//! under a flood of idle connections (the real daemon beside a bystander, tests/src/hostile.rs),
+//! under a flood of idle connections and of pipelined scrapes (the real daemon beside a
+//! bystander, tests/src/hostile.rs),
 //! and `profiler-daemon attach` against a JVM that mounted a root-owned directory on its /tmp
 //! and against a socket squatted at a JVM's attach path.
 
@@ -93,6 +94,109 @@ fn idle_connections_to_metrics_cannot_take_the_daemons_descriptors() {
     assert!(
         metric_value(&page, &over_limit).is_some_and(|n| n > 0),
         "{over_limit} in:\n{page}"
+    );
+}
+
+/// CPU time (user and system) `pid` has used so far, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the daemon runs");
+    // The fields after the command name (which may hold spaces) in parentheses.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .expect("a stat line")
+        .1
+        .split_whitespace()
+        .collect();
+    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+}
+
+/// The daemon's share of one CPU while `during` runs; what `during` returned.
+fn cpu_share_during<T>(pid: u32, during: impl FnOnce() -> T) -> (f64, T) {
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let (start, ticks) = (Instant::now(), cpu_ticks(pid));
+    let result = during();
+    let used = (cpu_ticks(pid) - ticks) as f64 / ticks_per_second;
+    (used / start.elapsed().as_secs_f64(), result)
+}
+
+/// How long the flood lasts.
+const FLOOD: Duration = Duration::from_secs(8);
+
+#[test]
+fn a_users_pipelined_scrapes_leave_the_operator_its_scrapes_and_the_daemon_its_cpu() {
+    let user = unprivileged_user();
+    let address = free_local_address().expect("a free port");
+    let scenario = Scenario::new(Duration::from_secs(12))
+        .daemon_args(&["--metrics-listen", &address.to_string()]);
+    let (attacked, (quiet, flooded, scrapes, flood)) = scenario.run(|context| {
+        let pid = context.daemon_pid;
+        let (quiet, ()) = cpu_share_during(pid, || std::thread::sleep(Duration::from_secs(1)));
+        let flood = compile_c("scrape_flood.c", context.scratch).expect("gcc");
+        let flood = user
+            .command(flood)
+            .args(["127.0.0.1", &address.port().to_string(), "1000"])
+            .arg(FLOOD.as_secs().to_string())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the attacker starts");
+        // Root scrapes as a Prometheus server would, only more often, while the flood lasts.
+        let (flooded, scrapes) = cpu_share_during(pid, || {
+            std::thread::sleep(Duration::from_millis(500));
+            let mut scrapes = Vec::new();
+            while scrapes.len() < 20 {
+                let start = Instant::now();
+                let page = scrape_metrics(address);
+                scrapes.push((page.is_ok(), start.elapsed()));
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            scrapes
+        });
+        let report = flood.wait_with_output().expect("the attacker ends");
+        (
+            quiet,
+            flooded,
+            scrapes,
+            String::from_utf8_lossy(&report.stdout).trim().to_owned(),
+        )
+    });
+    let answered = scrapes.iter().filter(|(ok, _)| *ok).count();
+    let mut latencies: Vec<Duration> = scrapes.iter().map(|(_, took)| *took).collect();
+    latencies.sort_unstable();
+    println!(
+        "daemon CPU: {:.1}% of a core quiet, {:.1}% under the flood; root's scrapes: {answered} \
+         of {} answered, latency median {:?}, max {:?}; the attacker: {flood}",
+        quiet * 100.0,
+        flooded * 100.0,
+        scrapes.len(),
+        latencies[latencies.len() / 2],
+        latencies[latencies.len() - 1],
+    );
+    assert!(attacked.exit.success(), "the daemon's exit: {}", attacked.exit);
+    assert!(!attacked.log.contains("panicked"), "a thread panicked");
+    assert!(
+        attacked.bystander_intervals >= attacked.expected_intervals,
+        "the bystander was profiled in {} intervals of {}",
+        attacked.bystander_intervals,
+        attacked.expected_intervals
+    );
+    assert!(
+        answered * 10 >= scrapes.len() * 9,
+        "root's scrapes: {answered} of {} answered",
+        scrapes.len()
+    );
+    // The attacker's answers are paced (connections::LIMITS: 8 at once, then 4 a second), however
+    // many connections and requests it sends; it ran FLOOD from its start, one second spare.
+    let answers: u64 = flood
+        .split_whitespace()
+        .skip_while(|word| *word != "answers")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the attacker said {flood:?}"));
+    let paced = 8 + 4 * (FLOOD.as_secs() + 1);
+    assert!(
+        answers <= paced,
+        "the attacker got {answers} answers, pacing allows {paced}"
     );
 }
 

@@ -2,11 +2,10 @@
 //! aggregate per kind: CPU samples, allocations, waits), hands new stacks' Java
 //! frames and each finished interval to the worker, and tells the JVM tracker and the unwind
 //! tables' loader which processes it saw. It never blocks on the worker: if its queue is full,
-//! work is dropped and counted. It also owns the BPF programs, so it attaches the allocation
-//! hooks the tracker finds.
+//! work is dropped and counted.
 
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{SyncSender, TrySendError};
 use std::time::Duration;
 
 use profiler_common::{Counter, OffCpuEnd, SampleKind, UnwindEnd};
@@ -18,7 +17,6 @@ use super::threads::TrackerThread;
 use super::DaemonError;
 use crate::aggregate::{Added, Aggregator};
 use crate::alloc::AllocConfig;
-use crate::hotspot::alloc_hooks::AllocHookRequest;
 use crate::hotspot::tracker::TrackerCounts;
 use crate::lock::{LockAggregators, LockConfig};
 use crate::metrics::{Metrics, OffCpuSnapshot, Snapshot};
@@ -119,7 +117,7 @@ impl SamplingLoop {
         tracker: TrackerThread,
         (max_stacks_per_interval, stack_memory_bytes): (usize, usize),
         (off_cpu, lock): (Option<OffCpuConfig>, Option<LockConfig>),
-        alloc: Option<(AllocConfig, Receiver<AllocHookRequest>)>,
+        alloc: Option<AllocConfig>,
     ) -> Self {
         let stats = LoopStats {
             off_cpu_on: sampler.off_cpu(),
@@ -137,11 +135,9 @@ impl SamplingLoop {
                     LockAggregators::sharing(lock, max_stacks_per_interval, memory.clone())
                 }),
             }),
-            alloc: alloc.map(|(config, hook_requests)| Alloc {
+            alloc: alloc.map(|config| Alloc {
                 config,
                 aggregator: aggregator(ProfileKind::Alloc),
-                hook_requests,
-                attach_failures: 0,
             }),
             stack_memory: memory.clone(),
             last_counters: sampler.counters(),
@@ -272,9 +268,6 @@ impl SamplingLoop {
     /// Takes every record in the rings; true if new stacks with Java frames were found (their
     /// JVMs are told to the tracker, which decides the sidecar agent's attach).
     fn drain(&mut self) -> bool {
-        if let Some(alloc) = &mut self.alloc {
-            alloc.attach_requested_hooks(&mut self.sampler);
-        }
         let java_pids = drain_ring(
             &mut self.sampler,
             (&mut self.aggregator, self.alloc.as_mut()),
@@ -313,7 +306,7 @@ impl SamplingLoop {
             self.tracker.counts(),
             self.intervals,
             (cpus, frequency_hz),
-            self.alloc.as_ref().map(|alloc| alloc.attach_failures),
+            self.alloc.is_some(),
         )
     }
 }
@@ -375,36 +368,11 @@ struct OffCpu {
     lock: Option<LockAggregators>,
 }
 
-/// Allocation profiling's state in the sampling loop: the interval's folded allocations, what
-/// weighs them, and the libjvm files whose hooks the tracker found.
+/// Allocation profiling's state in the sampling loop: the interval's folded allocations and
+/// what weighs them (the JVM tracker attaches the hooks).
 struct Alloc {
     config: AllocConfig,
     aggregator: Aggregator,
-    hook_requests: Receiver<AllocHookRequest>,
-    attach_failures: u64,
-}
-
-impl Alloc {
-    /// Attaches the hooks the tracker found since the last drain (once per libjvm file).
-    fn attach_requested_hooks(&mut self, sampler: &mut Sampler) {
-        while let Ok(request) = self.hook_requests.try_recv() {
-            match sampler.attach_alloc_hooks(&request) {
-                Ok(()) => tracing::info!(
-                    pid = request.pid,
-                    "allocation profiling: hooks attached to this JVM's libjvm"
-                ),
-                Err(err) => {
-                    self.attach_failures += 1;
-                    tracing::warn!(
-                        pid = request.pid,
-                        %err,
-                        "allocation profiling: cannot attach to this JVM's libjvm; its \
-                         allocations (and those of every JVM of the same JDK) are not profiled"
-                    );
-                }
-            }
-        }
-    }
 }
 
 fn drain_ring(
@@ -661,8 +629,9 @@ fn snapshot(
     jvms: TrackerCounts,
     intervals: u64,
     (cpus, frequency_hz): (usize, u64),
-    alloc_hook_attach_failures: Option<u64>,
+    alloc_on: bool,
 ) -> Snapshot {
+    let alloc_hook_attach_failures = alloc_on.then_some(jvms.alloc_hook_attach_failures);
     Snapshot {
         kernel,
         records: stats.records,

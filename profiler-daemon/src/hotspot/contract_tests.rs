@@ -22,7 +22,7 @@ use super::vmstructs::{self, VmStructs};
 /// The VMStructs a HotSpot of `layout`'s generation would export for the fake's record `hs`:
 /// each field the record holds at the offset the record gives, with its HotSpot type; the
 /// fields the record does not use at offsets of their own.
-fn vmstructs_of(hs: &HotspotProc, layout: Layout) -> VmStructs {
+pub(super) fn vmstructs_of(hs: &HotspotProc, layout: Layout) -> VmStructs {
     let offsets = layout == Layout::Offsets;
     let mut fields: Vec<(&str, u64, &str)> = vec![
         (
@@ -237,7 +237,7 @@ fn vmstructs_of(hs: &HotspotProc, layout: Layout) -> VmStructs {
 }
 
 /// The daemon's view of the fake JVM, from its VMStructs: the JVM and its code cache.
-fn daemon_view(fake: &FakeJvm, layout: Layout) -> (Jvm, CodeCacheInfo) {
+pub(super) fn daemon_view(fake: &FakeJvm, layout: Layout) -> (Jvm, CodeCacheInfo) {
     let hs = &fake.hs;
     let version = JvmVersion {
         major: 25,

@@ -16,16 +16,20 @@
 //! - [`tracker`]: JVMs coming and going, pushed to and removed from the BPF map.
 //! - [`thread_directory`]: each JVM's Java threads by `JavaThread*`, as the tracker read them.
 //! - [`names`]: Java names from the JVM's memory, a name source of [`crate::java_names`].
+//! - [`symbol`]: `Symbol`s read as names, verified and refused when they are none.
+//! - [`code_proof`]: that a sampled code blob is still the one sampled, before it names a frame.
 //!
 //! Not supported yet: JDK 8's single code heap layout (`CodeCache::_heap`), aarch64.
 
 pub mod alloc_hooks;
+pub mod code_proof;
 pub mod jvm;
 pub mod jvm_directory;
 pub mod layout;
 pub mod libjvm;
 pub mod names;
 pub mod remote;
+pub mod symbol;
 pub mod thread_directory;
 pub mod tracker;
 pub mod unsigned5;
@@ -34,3 +38,5 @@ pub mod vmstructs;
 
 #[cfg(test)]
 mod contract_tests;
+#[cfg(test)]
+mod naming_tests;

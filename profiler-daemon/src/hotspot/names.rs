@@ -6,26 +6,28 @@
 //! - Compiled frames carry a `CodeBlob*` and a pc offset: for an nmethod, the `PcDesc` of that pc
 //!   (by [`crate::java_names::record_at`]) gives a scope chain (innermost first) of
 //!   (Method*, bci) pairs: the inlined frames. Other blobs (stubs, adapters) are named by
-//!   `CodeBlob::_name`.
+//!   `CodeBlob::_name`, once proven still the blob sampled ([`super::code_proof`]).
 //!
 //! Everything read is validated and cached per (Method*, cookie) and (CodeBlob*, compile id): a
 //! cookie or compile id mismatch means the memory was reused, and the read fails with the
-//! [`UnnamedReason`] saying so rather than give another method's name. Every read is bounded.
+//! [`UnnamedReason`] saying so rather than give another method's name. Every read is bounded,
+//! and every `Symbol` read as a name must be one ([`super::symbol`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::code_proof::{nmethod_alive, read_blob_name, stub_alive, BlobHeader};
 use super::jvm::Jvm;
 use super::layout::{Constant, Field, TypeSize};
 use super::remote::{ReadError, RemoteMemory};
+use super::symbol::{self, SymbolIdentity};
 use super::unsigned5::Reader;
 use crate::java_names::{
     record_at, CodeNames, MethodInfo, MethodName, NmethodNames, UnnamedReason,
 };
 
 /// Bounds on what is read from a JVM for one method or nmethod.
-const MAX_SYMBOL: usize = 65_535;
 const MAX_LINE_TABLE: usize = 64 * 1024;
 const MAX_DEBUG_INFO: usize = 1 << 20;
 const MAX_SCOPE_DEPTH: usize = 64;
@@ -70,7 +72,12 @@ impl From<ReadError> for UnnamedReason {
 #[derive(Clone, Debug)]
 pub enum BlobInfo {
     Nmethod(MemoryNmethod),
-    Stub { name: String },
+    Stub {
+        name: String,
+        /// Bytes from its code's start to its end: a sampled pc offset past it was in
+        /// another blob.
+        code_span: u64,
+    },
 }
 
 /// An nmethod's identity and debug info as read from memory.
@@ -94,7 +101,7 @@ impl BlobInfo {
     /// What the naming policy needs to know of it.
     pub fn names(&self) -> CodeNames<'_> {
         match self {
-            Self::Stub { name } => CodeNames::Stub { name },
+            Self::Stub { name, .. } => CodeNames::Stub { name },
             Self::Nmethod(nmethod) => CodeNames::Nmethod(NmethodNames {
                 method: nmethod.method,
                 comp_level: nmethod.comp_level,
@@ -141,8 +148,14 @@ impl<M: RemoteMemory> MemoryNames<M> {
     }
 
     /// The internal name (`java/lang/String`, `[I`) in the `Symbol` at `symbol`, if it is still
-    /// the one whose identity gives `cookie` (see [`profiler_common::class_name_cookie`]).
-    pub fn class_name(&mut self, symbol: u64, cookie: u32) -> Result<Arc<str>, UnnamedReason> {
+    /// the one whose identity gives `cookie` (see [`profiler_common::class_name_cookie`]) and
+    /// whose length BPF recorded as `length`.
+    pub fn class_name(
+        &mut self,
+        symbol: u64,
+        cookie: u32,
+        length: u32,
+    ) -> Result<Arc<str>, UnnamedReason> {
         let key = (symbol, cookie);
         if let Some(cached) = self
             .classes
@@ -151,7 +164,7 @@ impl<M: RemoteMemory> MemoryNames<M> {
         {
             return cached;
         }
-        let name = read_class_name(&self.jvm, &self.memory, symbol, cookie).map(Arc::from);
+        let name = read_class_name(&self.jvm, &self.memory, symbol, cookie, length).map(Arc::from);
         self.classes.insert(key, Cached::new(name.clone()));
         name
     }
@@ -188,23 +201,44 @@ impl<M: RemoteMemory> MemoryNames<M> {
         info
     }
 
-    /// The code blob at `blob`, if (an nmethod) it still holds compilation `compile_id`.
-    pub fn code(&mut self, blob: u64, compile_id: u32) -> Result<Arc<BlobInfo>, UnnamedReason> {
+    /// The code blob at `blob` sampled at `pc_offset` from its code's start, if it is still
+    /// the one sampled: an nmethod still holding compilation `compile_id` (the sample's
+    /// cookie), or another blob proven by [`stub_alive`] with that cookie.
+    pub fn code(
+        &mut self,
+        blob: u64,
+        compile_id: u32,
+        pc_offset: u32,
+    ) -> Result<Arc<BlobInfo>, UnnamedReason> {
         let key = (blob, compile_id);
-        if let Some(cached) = self.blobs.get(&key).and_then(|c| c.current(Instant::now())) {
-            return cached;
+        let cached = self.blobs.get(&key).and_then(|c| c.current(Instant::now()));
+        let info = match cached {
+            Some(cached) => cached,
+            None => {
+                let info = read_blob(&self.jvm, &self.memory, blob, compile_id)
+                    .map(|blob| self.with_names(blob))
+                    // The names were read while the nmethod lived only if it still does now
+                    // (see `nmethod_alive`); otherwise a `Method*` may have held a later
+                    // class's method.
+                    .and_then(|read| match read {
+                        BlobInfo::Nmethod(_) => {
+                            nmethod_alive(&self.jvm, &self.memory, blob, compile_id)
+                                .map(|()| Arc::new(read))
+                        }
+                        BlobInfo::Stub { .. } => Ok(Arc::new(read)),
+                    });
+                self.blobs.insert(key, Cached::new(info.clone()));
+                info
+            }
+        };
+        let info = info?;
+        if let BlobInfo::Stub { code_span, .. } = info.as_ref() {
+            if u64::from(pc_offset) >= *code_span {
+                // The pc was in another blob, which this memory held then.
+                return Err(UnnamedReason::CodeReused);
+            }
         }
-        let info = read_blob(&self.jvm, &self.memory, blob, compile_id)
-            .map(|blob| self.with_names(blob))
-            // The names were read while the nmethod lived only if it still does now (see
-            // `nmethod_alive`); otherwise a `Method*` may have held a later class's method.
-            .and_then(|read| match read {
-                BlobInfo::Nmethod(_) => nmethod_alive(&self.jvm, &self.memory, blob, compile_id)
-                    .map(|()| Arc::new(read)),
-                BlobInfo::Stub { .. } => Ok(Arc::new(read)),
-            });
-        self.blobs.insert(key, Cached::new(info.clone()));
-        info
+        Ok(info)
     }
 
     /// Names the methods of a freshly read nmethod: its own and every one its scopes name,
@@ -285,22 +319,9 @@ fn read_bytes(memory: &dyn RemoteMemory, address: u64, len: usize) -> Result<Vec
     Ok(bytes)
 }
 
-fn read_symbol(jvm: &Jvm, memory: &dyn RemoteMemory, symbol: u64) -> Result<String, UnnamedReason> {
-    let symbol = symbol & !1;
-    let length = match jvm.layout.offset(Field::SymbolLength) {
-        Some(at) => memory.read_u16(symbol + at)? as usize,
-        None => {
-            (memory.read_u32(symbol + offset(jvm, Field::SymbolLengthAndRefcount)?)? >> 16) as usize
-        }
-    };
-    if length > MAX_SYMBOL {
-        return Err(UnnamedReason::OverBound);
-    }
-    let body = read_bytes(memory, symbol + offset(jvm, Field::SymbolBody)?, length)?;
-    Ok(String::from_utf8_lossy(&body).into_owned())
-}
-
-/// Constant pool slot `index` (a Symbol* for the UTF-8 entries names and signatures use).
+/// The name in constant pool slot `index` (a Symbol* for the UTF-8 entries names and
+/// signatures use). Nothing recorded says which symbol it must be: it must be a name, stable
+/// while read, and the method's identity is checked again after (see `read_method`).
 fn constant_pool_symbol(
     jvm: &Jvm,
     memory: &dyn RemoteMemory,
@@ -312,7 +333,7 @@ fn constant_pool_symbol(
         .size(TypeSize::ConstantPool)
         .ok_or(UnnamedReason::MissingField)?;
     let symbol = memory.read_ptr(cp + base + 8 * index as u64)?;
-    read_symbol(jvm, memory, symbol)
+    symbol::read_name(jvm, memory, symbol, None, UnnamedReason::MethodReused)
 }
 
 /// The pointers from a `Method` to its class's name, and the cookie they give.
@@ -321,6 +342,8 @@ pub(super) struct MethodIdentity {
     cp: u64,
     holder: u64,
     class_symbol: u64,
+    /// The identity of its class's name, which the cookie is made of.
+    class_name: SymbolIdentity,
     /// What BPF records for an interpreted frame of this method (see
     /// [`profiler_common::interpreted_cookie`]).
     pub(super) cookie: u32,
@@ -336,68 +359,48 @@ pub(super) fn read_identity(
     let cp = memory.read_ptr(const_method + offset(jvm, Field::ConstMethodConstants)?)?;
     let holder = memory.read_ptr(cp + offset(jvm, Field::ConstantPoolPoolHolder)?)?;
     let class_symbol = memory.read_ptr(holder + offset(jvm, Field::KlassName)?)?;
-    let (hash_word, _, tail) = symbol_identity(jvm, memory, class_symbol)?;
+    let class_name = symbol::read_identity(jvm, memory, class_symbol)?;
     Ok(MethodIdentity {
         const_method,
         cp,
         holder,
         class_symbol,
-        cookie: profiler_common::interpreted_cookie(const_method, hash_word, tail),
+        class_name,
+        cookie: profiler_common::interpreted_cookie(
+            const_method,
+            class_name.hash_word,
+            class_name.tail,
+        ),
     })
 }
 
-/// A `Symbol`'s hash word, length and name tail, read as BPF reads them (see
-/// `profiler_common::name_tail`): what its cookies are made of.
-fn symbol_identity(
-    jvm: &Jvm,
-    memory: &dyn RemoteMemory,
-    symbol: u64,
-) -> Result<(u32, u16, [u64; 2]), UnnamedReason> {
-    let hash_at = super::unwind_info::symbol_hash_word(&jvm.layout);
-    let hash_word = if hash_at == profiler_common::NO_SYMBOL_HASH {
-        0
-    } else {
-        memory.read_u32(symbol + hash_at as u64)?
-    };
-    let length_at =
-        super::unwind_info::symbol_length(&jvm.layout).ok_or(UnnamedReason::MissingField)?;
-    let length = memory.read_u16(symbol + length_at as u64)?;
-    let mut tail_bytes = [0u8; profiler_common::NAME_TAIL_BYTES];
-    memory.read(
-        symbol + offset(jvm, Field::SymbolBody)? + profiler_common::name_tail_start(length),
-        &mut tail_bytes,
-    )?;
-    Ok((
-        hash_word,
-        length,
-        profiler_common::name_tail(tail_bytes, length),
-    ))
-}
-
-/// The name in `symbol` if its identity still gives the sampled `cookie`, checked again after
-/// the name is read (the class may be unloaded meanwhile).
-fn read_class_name(
+/// The name in `symbol` if its identity still gives the sampled `cookie` and has the sampled
+/// `length`, checked again after the name is read (the class may be unloaded meanwhile).
+pub(super) fn read_class_name(
     jvm: &Jvm,
     memory: &dyn RemoteMemory,
     symbol: u64,
     cookie: u32,
+    length: u32,
 ) -> Result<String, UnnamedReason> {
     if symbol == 0 {
         // BPF could not read the class's name.
         return Err(UnnamedReason::Unreadable);
     }
-    let matches = |jvm: &Jvm| -> Result<bool, UnnamedReason> {
-        let (hash_word, _, tail) = symbol_identity(jvm, memory, symbol)?;
-        Ok(profiler_common::class_name_cookie(symbol, hash_word, tail) == cookie)
-    };
-    if !matches(jvm)? {
+    let identity = symbol::read_identity(jvm, memory, symbol)?;
+    let sampled = profiler_common::class_name_cookie(symbol, identity.hash_word, identity.tail)
+        == cookie
+        && u32::from(identity.length) == length;
+    if !sampled {
         return Err(UnnamedReason::ClassReused);
     }
-    let name = read_symbol(jvm, memory, symbol)?;
-    if !matches(jvm)? {
-        return Err(UnnamedReason::ClassReused);
-    }
-    Ok(name)
+    symbol::read_name(
+        jvm,
+        memory,
+        symbol,
+        Some(&identity),
+        UnnamedReason::ClassReused,
+    )
 }
 
 fn read_method(
@@ -416,9 +419,17 @@ fn read_method(
         cp,
         holder,
         class_symbol,
+        class_name,
         ..
     } = identity;
-    let internal_class = read_symbol(jvm, memory, class_symbol)?;
+    // The class's name must be the symbol the cookie was made of.
+    let internal_class = symbol::read_name(
+        jvm,
+        memory,
+        class_symbol,
+        Some(&class_name),
+        UnnamedReason::MethodReused,
+    )?;
     let name_index = memory.read_u16(const_method + offset(jvm, Field::ConstMethodNameIndex)?)?;
     let signature_index =
         memory.read_u16(const_method + offset(jvm, Field::ConstMethodSignatureIndex)?)?;
@@ -518,45 +529,6 @@ fn read_line_table(
     Ok(table)
 }
 
-/// Whether the nmethod at `blob` still is compilation `compile_id` and alive: its code-heap
-/// block is in use, and (up to JDK 19) it is neither unloaded nor a zombie. A freed blob keeps
-/// its compile id until the memory is reused, and an nmethod's `Method*`s are freed with its
-/// classes: HotSpot frees or unloads the nmethod first, in the same safepoint, so names read
-/// between two passing checks belong to this compilation.
-fn nmethod_alive(
-    jvm: &Jvm,
-    memory: &dyn RemoteMemory,
-    blob: u64,
-    compile_id: u32,
-) -> Result<(), UnnamedReason> {
-    let layout = &jvm.layout;
-    let block = blob
-        .checked_sub(
-            layout
-                .size(TypeSize::HeapBlock)
-                .ok_or(UnnamedReason::MissingField)?,
-        )
-        .ok_or(UnnamedReason::Unreadable)?;
-    let used_at = block + offset(jvm, Field::HeapBlockUsed)?;
-    let used = match layout.width(Field::HeapBlockUsed) {
-        Some(4) => memory.read_u32(used_at)? != 0,
-        _ => memory.read_u8(used_at)? != 0,
-    };
-    let id = memory.read_u32(blob + offset(jvm, Field::NmethodCompileId)?)?;
-    // `signed char` in every JDK: 3 and 4 are unloaded and zombie (JDK 11-19); JDK 20+ has no
-    // state past not_entrant (2); JDK 8 has no not_used state, so zombie is 2 and unloaded 3.
-    let first_dead_state = if jvm.version.major <= 8 { 2 } else { 3 };
-    let dead_state = match layout.offset(Field::NmethodState) {
-        Some(at) => (memory.read_u8(blob + at)? as i8) >= first_dead_state,
-        None => false,
-    };
-    if !used || id != compile_id || dead_state {
-        // Freed, unloaded, or reused by another blob since the sample.
-        return Err(UnnamedReason::CodeReused);
-    }
-    Ok(())
-}
-
 fn read_blob(
     jvm: &Jvm,
     memory: &dyn RemoteMemory,
@@ -564,26 +536,20 @@ fn read_blob(
     compile_id: u32,
 ) -> Result<BlobInfo, UnnamedReason> {
     let layout = &jvm.layout;
-    let name_ptr = memory.read_u64(blob + offset(jvm, Field::CodeBlobName)?)?;
-    let name = memory.read_c_string(name_ptr, 128).unwrap_or_default();
-    let is_nmethod = match layout.offset(Field::CodeBlobKind) {
-        // JDK 23+: CodeBlobKind::Nmethod is 1.
-        Some(at) => memory.read_u8(blob + at)? == 1,
-        None => name == "nmethod" || name == "native nmethod",
-    };
-    if !is_nmethod {
-        return Ok(BlobInfo::Stub { name });
+    let header = BlobHeader::read(jvm, memory, blob)?;
+    if !header.is_nmethod(memory) {
+        // Proven the blob sampled before its name is read, and after (it may be freed
+        // meanwhile): a freed or reused blob's name pointer is anything.
+        stub_alive(jvm, memory, blob, compile_id, &header)?;
+        let name = read_blob_name(memory, header.name)?;
+        stub_alive(jvm, memory, blob, compile_id, &header)?;
+        let code_span = header.code_span(blob).ok_or(UnnamedReason::CodeReused)?;
+        return Ok(BlobInfo::Stub { name, code_span });
     }
     nmethod_alive(jvm, memory, blob, compile_id)?;
     let method = memory.read_ptr(blob + offset(jvm, Field::NmethodMethod)?)?;
     let comp_level = memory.read_i32(blob + offset(jvm, Field::NmethodCompLevel)?)?;
-    // A pointer up to JDK 17, an offset from the blob after (as the BPF unwinder reads it).
-    let code_begin = match layout.offset(Field::CodeBlobCodeBegin) {
-        Some(at) => memory.read_ptr(blob + at)?,
-        None => blob.wrapping_add(
-            memory.read_i32(blob + offset(jvm, Field::CodeBlobCodeOffset)?)? as i64 as u64,
-        ),
-    };
+    let code_begin = header.code_begin;
 
     // Where the debug info is: inside the blob up to JDK 22, in C-heap "immutable data" after.
     // Sums of values read from the JVM wrap (a freed blob holds anything): a range that makes

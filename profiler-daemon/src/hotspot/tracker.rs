@@ -239,6 +239,9 @@ pub struct TrackerCounts {
     /// and without (since the start).
     pub jvms_alloc_hooked: u64,
     pub jvms_alloc_not_hooked: u64,
+    pub alloc_hooked_files: u64,
+    pub alloc_waiting_files: u64,
+    pub alloc_hook_attach_failures: u64,
 }
 
 pub struct JvmTracker<S: LayoutSink> {
@@ -324,6 +327,9 @@ impl<S: LayoutSink> JvmTracker<S> {
             rescans: self.rescans,
             jvms_alloc_hooked: self.alloc_hooks.as_ref().map_or(0, |h| h.jvms_hooked),
             jvms_alloc_not_hooked: self.alloc_hooks.as_ref().map_or(0, |h| h.jvms_not_hooked),
+            alloc_hooked_files: self.alloc_hooks.as_ref().map_or(0, |h| h.hooked_files() as u64),
+            alloc_waiting_files: self.alloc_hooks.as_ref().map_or(0, |h| h.waiting_files() as u64),
+            alloc_hook_attach_failures: self.alloc_hooks.as_ref().map_or(0, |h| h.attach_failures),
             ..Default::default()
         };
         for tracked in self.tracked.values() {
@@ -346,6 +352,11 @@ impl<S: LayoutSink> JvmTracker<S> {
     pub fn tick(&mut self, events: &[ProcessEvent], sampled: &[u32]) {
         self.visit_due(events, sampled);
         self.use_spare_time();
+        // Hooks released as their JVMs exit, and given to JVMs that waited for room.
+        let hooked_late = self.alloc_hooks.as_mut().map(|h| h.tick()).unwrap_or_default();
+        for (pid, breakpoints) in hooked_late {
+            self.push_breakpoints(pid, breakpoints);
+        }
     }
 
     fn visit_due(&mut self, events: &[ProcessEvent], sampled: &[u32]) {
@@ -647,7 +658,7 @@ impl<S: LayoutSink> JvmTracker<S> {
         let Some(tracked) = self.tracked.get_mut(&pid) else {
             return;
         };
-        let uid = tracked.uid;
+        let (uid, start_time) = (tracked.uid, tracked.start_time);
         let State::Pending {
             jvm,
             attempts,
@@ -748,7 +759,7 @@ impl<S: LayoutSink> JvmTracker<S> {
         };
         self.sync_threads(pid);
         if let Some(hooks) = &mut self.alloc_hooks {
-            let breakpoints = hooks.on_ready(pid);
+            let breakpoints = hooks.on_ready(pid, uid, start_time);
             self.push_breakpoints(pid, breakpoints);
         }
     }

@@ -155,6 +155,10 @@ pub fn compiled(
 ) -> Named {
     let nmethod = match code {
         Err(reason) => return Named::unknown(Unnamed::Compiled, reason),
+        // A stub is named by what its blob says, never by nothing (`[]`).
+        Ok(CodeNames::Stub { name: "" }) => {
+            return Named::unknown(Unnamed::Compiled, UnnamedReason::BadName)
+        }
         Ok(CodeNames::Stub { name }) => {
             return Named {
                 frame: ResolvedFrame::named(format!("[{name}]"), None),
@@ -483,6 +487,16 @@ mod tests {
         );
         assert_eq!(functions(&stub), ["[vtable chunks]"]);
         assert!(stub.unnamed.is_empty());
+        // Never `[]`: a stub without a name is a miss with its reason.
+        let nameless = compiled(
+            Ok(CodeNames::Stub { name: "" }),
+            None,
+            Vec::new,
+            AT_CALL,
+            true,
+        );
+        assert_eq!(functions(&nameless), ["[unknown compiled frame: bad_name]"]);
+        assert_eq!(nameless.unnamed, [UnnamedReason::BadName]);
         let reused = compiled(
             Err(UnnamedReason::CodeReused),
             None,

@@ -28,6 +28,11 @@ profiler_common::labelled_enum! {
         /// The allocated class's name `Symbol` is another one now (its cookie differs): the class
         /// was unloaded since the sample and its name freed.
         ClassReused = 7 => "class_reused",
+        /// What was read where a name should be is none: not (modified) UTF-8, empty, with
+        /// characters no Java or JVM name has (control characters, U+FFFD), or a `Symbol`
+        /// that is not the one the sample recorded (its length or last bytes differ). Freed
+        /// memory read as a name, mostly.
+        BadName = 8 => "bad_name",
     }
 }
 

@@ -152,10 +152,11 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
         jvm.memory.bound_caches();
         let missed = match frame.kind() {
             Some(FrameKind::Interpreted) => jvm.memory.method(frame.addr, frame.cookie).err(),
-            Some(FrameKind::Compiled) => jvm.memory.code(frame.addr, frame.cookie).err(),
-            Some(FrameKind::AllocatedClass) => {
-                jvm.memory.class_name(frame.addr, frame.cookie).err()
-            }
+            Some(FrameKind::Compiled) => jvm.memory.code(frame.addr, frame.cookie, frame.aux).err(),
+            Some(FrameKind::AllocatedClass) => jvm
+                .memory
+                .class_name(frame.addr, frame.cookie, frame.aux)
+                .err(),
             Some(FrameKind::Native) | None => None,
         };
         !matches!(
@@ -165,6 +166,7 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
                     | UnnamedReason::MethodReused
                     | UnnamedReason::CodeReused
                     | UnnamedReason::ClassReused
+                    | UnnamedReason::BadName
             )
         )
     }
@@ -186,7 +188,7 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
             }
             Some(FrameKind::Compiled) => jvm.compiled(frame, top, annotate),
             Some(FrameKind::AllocatedClass) => {
-                let name = jvm.memory.class_name(frame.addr, frame.cookie);
+                let name = jvm.memory.class_name(frame.addr, frame.cookie, frame.aux);
                 policy::allocated_class(name.as_deref().map_err(|r| *r))
             }
             Some(FrameKind::Native) | None => {
@@ -198,7 +200,7 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
 
 impl<M: RemoteMemory> JvmSources<M> {
     fn compiled(&mut self, frame: &UserFrame, top: bool, annotate: bool) -> Named {
-        let code = self.memory.code(frame.addr, frame.cookie);
+        let code = self.memory.code(frame.addr, frame.cookie, frame.aux);
         // The agent's record of the nmethod at the same code start, if any.
         let recorded = match (code.as_deref(), self.sidecar.as_mut()) {
             (Ok(BlobInfo::Nmethod(nmethod)), Some(sidecar)) => {

@@ -4,12 +4,14 @@
 //! (kallsyms) and [`java`] (HotSpot frames, named by [`crate::java_names`]). They return
 //! [`ResolvedFrame`]s and cache them per binary or per JVM, not per sample. An address that
 //! cannot be named still yields a frame (`module+0xoffset`, `[unknown]`, or a Java marker naming
-//! the reason): frames never disappear from a stack.
+//! the reason): frames never disappear from a stack. Every user frame's names pass
+//! [`name_guard`] on their way into a profile.
 
 pub mod cache_budget;
 pub mod elf_facts;
 pub mod java;
 pub mod kernel;
+pub mod name_guard;
 pub mod native;
 pub mod symbolizers;
 

@@ -10,6 +10,7 @@ use profiler_common::{FrameKind, UserFrame};
 
 use super::java::JavaSymbolizer;
 use super::kernel::KernelSymbolizer;
+use super::name_guard::{self, RefusedNames};
 use super::native::NativeSymbolizer;
 use super::ResolvedFrame;
 use crate::aggregate::ProcessStacks;
@@ -26,6 +27,9 @@ pub struct Symbolizers {
     pub java: JavaSymbolizer<ProcessMemory>,
     /// Java marker frames put in profiles, by reason (shared with the metrics endpoint).
     pub java_unnamed: Arc<UnnamedCounts>,
+    /// User frame names refused on their way into a profile, by reason (shared with the
+    /// metrics endpoint).
+    pub refused_names: Arc<RefusedNames>,
     /// The host's JVMs as inspected once, shared with the JVM tracker (see `with_jvms`).
     pub jvms: JvmDirectory,
     /// Append frame-kind suffixes (`_[j]`, `_[i]`, `_[0]`, `_[1]`, `_[k]`).
@@ -63,6 +67,7 @@ impl Symbolizers {
             kernel: KernelSymbolizer::new(),
             java: JavaSymbolizer::new(annotate),
             java_unnamed: Arc::default(),
+            refused_names: Arc::default(),
             jvms: JvmDirectory::default(),
             annotate,
         }
@@ -152,16 +157,16 @@ impl ProcessFrames {
         }
     }
 
-    /// The name of user frame `frame` (`key` from [`user_frame_key`]), by its kind. Java
-    /// markers are counted in `symbolizers.java_unnamed`: call once per distinct frame of a
-    /// profile, as it shows them.
+    /// The name of user frame `frame` (`key` from [`user_frame_key`]), by its kind, past the
+    /// [`name_guard`]. Java markers are counted in `symbolizers.java_unnamed`, refused names in
+    /// `symbolizers.refused_names`: call once per distinct frame of a profile, as it shows them.
     pub fn user(
         &self,
         symbolizers: &mut Symbolizers,
         key: UserFrameKey,
         frame: &UserFrame,
     ) -> ResolvedFrame {
-        match key {
+        let named = match key {
             UserFrameKey::Native(addr) => self
                 .native
                 .get(&addr)
@@ -172,7 +177,8 @@ impl ProcessFrames {
                 symbolizers.java_unnamed.add_all(&named.unnamed);
                 named.frame
             }
-        }
+        };
+        name_guard::guard(named, &symbolizers.refused_names)
     }
 }
 
