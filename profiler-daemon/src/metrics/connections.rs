@@ -48,6 +48,10 @@ pub struct Limits {
     pub operator_reserved: usize,
     /// Requests of a class other than the operator's: a burst, then one per period.
     pub paced: Pace,
+    /// Connections refused: past this pace the accept loop waits. A client that reconnects as
+    /// soon as it is refused would otherwise cost the daemon a core; the handshake is the
+    /// kernel's, so the others' connections wait in the listen queue, not fail.
+    pub refusals: Pace,
 }
 
 /// A token bucket: `burst` requests at once, then one per `period`.
@@ -69,6 +73,11 @@ pub const LIMITS: Limits = Limits {
     paced: Pace {
         burst: 8,
         period: Duration::from_millis(250),
+    },
+    // 4,000 a second: a few percent of a core; a full listen queue (4096) drains in a second.
+    refusals: Pace {
+        burst: 1000,
+        period: Duration::from_micros(250),
     },
 };
 
@@ -108,7 +117,7 @@ impl Class {
 #[derive(Debug)]
 struct ClassState {
     connections: usize,
-    next_request: Instant,
+    requests: Bucket,
 }
 
 /// The connections held, by class; each class's pace. Entries go once a class has no
@@ -146,8 +155,9 @@ impl Shares {
                 return None;
             }
             if !self.classes.contains_key(&class) && self.classes.len() >= MAX_CLASSES {
-                self.classes
-                    .retain(|_, state| state.connections > 0 || state.next_request > now);
+                self.classes.retain(|_, state| {
+                    state.connections > 0 || state.requests.next > state.requests.full_at(now)
+                });
                 if self.classes.len() >= MAX_CLASSES {
                     class = Class::Shared;
                 }
@@ -157,10 +167,9 @@ impl Shares {
             }
         }
         // A class new (or forgotten) has its whole burst.
-        let full = self.refilled_since(now);
         let state = self.classes.entry(class).or_insert(ClassState {
             connections: 0,
-            next_request: full,
+            requests: Bucket::new(limits.paced, now),
         });
         state.connections += 1;
         self.total += 1;
@@ -173,34 +182,48 @@ impl Shares {
 
     fn release(&mut self, class: Class, now: Instant) {
         self.total -= 1;
-        let full = self.refilled_since(now);
         if let Some(state) = self.classes.get_mut(&class) {
             state.connections -= 1;
-            if state.connections == 0 && state.next_request <= full {
+            if state.connections == 0 && state.requests.next <= state.requests.full_at(now) {
                 self.classes.remove(&class);
             }
         }
     }
 
-    /// The earliest `next_request` of a full bucket at `now`.
-    fn refilled_since(&self, now: Instant) -> Instant {
-        let pace = self.limits.paced;
-        now.checked_sub(pace.period * pace.burst.saturating_sub(1))
+    /// When a request of `class` arriving `now` may be answered (its turn taken).
+    fn turn(&mut self, class: Class, now: Instant) -> Instant {
+        match self.classes.get_mut(&class) {
+            Some(state) if class != Class::Operator => state.requests.turn(now),
+            _ => now,
+        }
+    }
+}
+
+/// A [`Pace`]'s state: when its next event may happen.
+#[derive(Debug)]
+struct Bucket {
+    pace: Pace,
+    next: Instant,
+}
+
+impl Bucket {
+    /// Full at `now`.
+    fn new(pace: Pace, now: Instant) -> Self {
+        let mut bucket = Self { pace, next: now };
+        bucket.next = bucket.full_at(now);
+        bucket
+    }
+
+    /// The `next` of a full bucket at `now`.
+    fn full_at(&self, now: Instant) -> Instant {
+        now.checked_sub(self.pace.period * self.pace.burst.saturating_sub(1))
             .unwrap_or(now)
     }
 
-    /// When a request of `class` arriving `now` may be answered (its turn taken).
-    fn turn(&mut self, class: Class, now: Instant) -> Instant {
-        if class == Class::Operator {
-            return now;
-        }
-        let full = self.refilled_since(now);
-        let period = self.limits.paced.period;
-        let Some(state) = self.classes.get_mut(&class) else {
-            return now;
-        };
-        let turn = state.next_request.max(full);
-        state.next_request = turn + period;
+    /// When an event arriving `now` may happen (its turn taken).
+    fn turn(&mut self, now: Instant) -> Instant {
+        let turn = self.next.max(self.full_at(now));
+        self.next = turn + self.pace.period;
         turn.max(now)
     }
 }
@@ -273,6 +296,7 @@ pub async fn serve(
     closed: Arc<ClosedConnections>,
 ) {
     let shares = Arc::new(Mutex::new(Shares::new(limits)));
+    let mut refused = Bucket::new(limits.refusals, Instant::now());
     let mut diag = match SockDiag::open() {
         Ok(diag) => Some(diag),
         Err(error) => {
@@ -312,6 +336,11 @@ pub async fn serve(
             closed.over_limit.fetch_add(1, Ordering::Relaxed);
             reset_on_close(&stream);
             drop(stream);
+            let now = Instant::now();
+            let turn = refused.turn(now);
+            if turn > now {
+                tokio::time::sleep_until(turn).await;
+            }
             continue;
         };
         let held = Arc::new(Held {
