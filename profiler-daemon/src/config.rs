@@ -343,16 +343,17 @@ impl Config {
                 table.unwrap_or_default(),
             )?),
         };
-        let output_mode = match flags.output_mode.or(file.output_mode) {
-            None => None,
-            Some(text) => Some(crate::output::parse_mode(&text).map_err(|reason| {
-                ConfigError::Invalid {
-                    field: "output_mode",
-                    flag: Some("output-mode"),
-                    reason,
-                }
-            })?),
-        };
+        let output_mode =
+            match flags.output_mode.or(file.output_mode) {
+                None => None,
+                Some(text) => Some(crate::output::parse_mode(&text).map_err(|reason| {
+                    ConfigError::Invalid {
+                        field: "output_mode",
+                        flag: Some("output-mode"),
+                        reason,
+                    }
+                })?),
+            };
         let local_output = LocalOutput::resolve(
             file.flame_graphs,
             file.retention_max_age_secs,

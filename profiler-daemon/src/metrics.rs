@@ -130,9 +130,10 @@ impl Metrics {
         let published = self.published.load(Ordering::Acquire);
         // Held while encoding: scrapes arriving meanwhile wait for this page, not encode theirs.
         let mut page = self.page.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(page) = page.as_ref().filter(|page| {
-            page.published == published && page.encoded_at.elapsed() < PAGE_REUSE
-        }) {
+        if let Some(page) = page
+            .as_ref()
+            .filter(|page| page.published == published && page.encoded_at.elapsed() < PAGE_REUSE)
+        {
             return Ok(page.text.clone());
         }
         let mut text = String::new();
@@ -995,7 +996,10 @@ mod tests {
         });
         let first = metrics.page().expect("encodes");
         // Counted live, but the page is the one already encoded: the same bytes, not a copy.
-        metrics.worker.profiles_written.fetch_add(5, Ordering::Relaxed);
+        metrics
+            .worker
+            .profiles_written
+            .fetch_add(5, Ordering::Relaxed);
         let again = metrics.page().expect("encodes");
         assert_eq!(first.as_ptr(), again.as_ptr());
         assert!(std::str::from_utf8(&again)
@@ -1009,7 +1013,10 @@ mod tests {
         let next = metrics.page().expect("encodes");
         let text = std::str::from_utf8(&next).expect("utf-8");
         assert!(text.contains("\nprofiler_records_total 2\n"), "{text}");
-        assert!(text.contains("\nprofiler_profiles_written_total 5\n"), "{text}");
+        assert!(
+            text.contains("\nprofiler_profiles_written_total 5\n"),
+            "{text}"
+        );
     }
 
     #[tokio::test]

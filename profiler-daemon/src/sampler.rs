@@ -280,7 +280,11 @@ pub fn check_programs(
             off_cpu: true,
             alloc_interval: profiler_common::ALLOC_INTERVAL_BYTES,
             alloc_ring_bytes: profiler_common::ALLOC_RING_BYTES,
-            budgets: emit_budgets(profiler_common::sample_ring_bytes(1, 19)),
+            budgets: emit_budgets(
+                profiler_common::sample_ring_bytes(1, 19),
+                profiler_common::ALLOC_INTERVAL_BYTES,
+                5_000_000,
+            ),
             max_jvms: profiler_common::DEFAULT_MAX_JVMS,
             cfi_blocks: 16,
             java_threads: 1024,
@@ -378,7 +382,7 @@ impl Sampler {
                 off_cpu: off_cpu.is_some(),
                 alloc_interval,
                 alloc_ring_bytes,
-                budgets: emit_budgets(ring_bytes),
+                budgets: emit_budgets(ring_bytes, alloc_interval, off_cpu_period_ns),
                 max_jvms,
                 cfi_blocks,
                 java_threads: profiler_common::java_thread_slots(pids.len()),
@@ -673,24 +677,121 @@ pub struct RingWakeups {
 }
 
 /// What one process and one user may emit per second through each producer
-/// (`profiler_common::budget`), from the CPU sample ring's size (`ring_bytes`, about a second
-/// of the node's samples at 1 KiB each).
+/// (`profiler_common::budget`; docs/scale.md, "Emit budgets"). Rates follow what the settings
+/// ask for (the CPU sample ring's size `ring_bytes`, about a second of the node's samples at
+/// 1 KiB each; the allocation sampling interval; the off-CPU period), so that a normal workload
+/// never meets them; bursts are bounded by the rings, so that one user fills at most half of
+/// one between two drains.
 ///
-/// - CPU samples: a process may emit the whole ring's worth a second (every CPU running it, its
-///   stacks 1 KiB on average), a user twice that; a burst is a quarter of either, so one user
-///   fills at most half the ring between two drains.
-/// - Allocations and waits: 4 MiB a second per process (about 3,000 records of 1.5 KB: a JVM
-///   allocating 1.5 GB/s at the default sampling interval), 8 MiB per user, a burst a quarter
-///   of that: one user fills at most half of the 4 MiB ring between drains.
-/// - Process events: 16 bytes each; 4,096 a second per user (a busy build forks a few hundred).
-pub fn emit_budgets(ring_bytes: u32) -> [EmitBudget; PRODUCERS] {
+/// - CPU samples: a process may emit twice the ring's size a second (every CPU running it, its
+///   stacks 2 KiB on average), a user four times.
+/// - Allocations: 4 MiB a second per process at the default 512 KiB interval (about 3,000
+///   records of 1.5 KB: a JVM allocating 1.5 GB/s), more for a shorter interval, up to 64 MiB;
+///   a user twice that.
+/// - Waits: 8 MiB a second per process at the default 5 ms period (about 5,000 records of
+///   1.5 KB), more for a shorter period, up to 64 MiB; a user twice that.
+/// - Process events: 16 bytes each; 1,024 a second per process, 4,096 per user (a busy build
+///   forks a few hundred).
+pub fn emit_budgets(
+    ring_bytes: u32,
+    alloc_interval_bytes: u64,
+    off_cpu_period_ns: u64,
+) -> [EmitBudget; PRODUCERS] {
+    const MIB: u64 = 1 << 20;
     let ring = u64::from(ring_bytes);
+    // A rate that grows as the setting asks for more records than its default.
+    let scaled = |base: u64, default: u64, setting: u64| {
+        (base.saturating_mul(default) / setting.max(1)).clamp(base, 64 * MIB)
+    };
+    let bounded = |process: u64, user: u64, ring: u64| EmitBudget {
+        process_bytes_per_sec: process,
+        process_burst_bytes: (process / 4).min(ring / 4),
+        user_bytes_per_sec: user,
+        user_burst_bytes: (user / 4).min(ring / 2),
+    };
+    let alloc = scaled(
+        4 * MIB,
+        profiler_common::ALLOC_INTERVAL_BYTES,
+        alloc_interval_bytes,
+    );
+    let off_cpu = scaled(
+        8 * MIB,
+        crate::off_cpu::DEFAULT_OFF_CPU_PERIOD.as_nanos() as u64,
+        off_cpu_period_ns,
+    );
     let mut budgets = [EmitBudget::default(); PRODUCERS];
-    budgets[Producer::Cpu as usize] = EmitBudget::per_second(ring, 2 * ring);
-    budgets[Producer::Alloc as usize] = EmitBudget::per_second(4 << 20, 8 << 20);
-    budgets[Producer::OffCpu as usize] = EmitBudget::per_second(4 << 20, 8 << 20);
-    budgets[Producer::ProcessEvents as usize] = EmitBudget::per_second(16 << 10, 64 << 10);
+    budgets[Producer::Cpu as usize] = bounded(2 * ring, 4 * ring, ring);
+    budgets[Producer::Alloc as usize] = bounded(
+        alloc,
+        2 * alloc,
+        u64::from(profiler_common::ALLOC_RING_BYTES),
+    );
+    budgets[Producer::OffCpu as usize] = bounded(
+        off_cpu,
+        2 * off_cpu,
+        u64::from(profiler_common::OFF_CPU_RING_BYTES),
+    );
+    budgets[Producer::ProcessEvents as usize] = bounded(
+        16 << 10,
+        64 << 10,
+        u64::from(profiler_common::PROCESS_EVENT_RING_BYTES),
+    );
     budgets
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::*;
+
+    #[test]
+    fn budgets_follow_the_settings_and_bursts_the_rings() {
+        let ring = profiler_common::sample_ring_bytes(2, 99);
+        let defaults = emit_budgets(ring, profiler_common::ALLOC_INTERVAL_BYTES, 5_000_000);
+        let alloc = defaults[Producer::Alloc as usize];
+        assert_eq!(alloc.process_bytes_per_sec, 4 << 20);
+        assert_eq!(alloc.user_bytes_per_sec, 8 << 20);
+        // A shorter interval asks for more samples: the budget follows, up to 64 MiB.
+        let dense = emit_budgets(ring, 64 << 10, 1_000_000);
+        assert_eq!(
+            dense[Producer::Alloc as usize].process_bytes_per_sec,
+            32 << 20
+        );
+        assert_eq!(
+            dense[Producer::OffCpu as usize].process_bytes_per_sec,
+            40 << 20
+        );
+        let densest = emit_budgets(ring, 1, 1);
+        assert_eq!(
+            densest[Producer::Alloc as usize].process_bytes_per_sec,
+            64 << 20
+        );
+        // A sparser one never lowers it.
+        let sparse = emit_budgets(ring, 64 << 20, 1_000_000_000);
+        assert_eq!(
+            sparse[Producer::Alloc as usize].process_bytes_per_sec,
+            4 << 20
+        );
+        assert_eq!(
+            sparse[Producer::OffCpu as usize].process_bytes_per_sec,
+            8 << 20
+        );
+        // No user fills more than half a ring at once.
+        for (producer, ring) in [
+            (Producer::Cpu, u64::from(ring)),
+            (
+                Producer::Alloc,
+                u64::from(profiler_common::ALLOC_RING_BYTES),
+            ),
+            (
+                Producer::OffCpu,
+                u64::from(profiler_common::OFF_CPU_RING_BYTES),
+            ),
+        ] {
+            let budget = dense[producer as usize];
+            assert!(budget.user_burst_bytes <= ring / 2, "{producer:?}");
+            assert!(budget.process_burst_bytes <= budget.user_burst_bytes);
+        }
+    }
 }
 
 /// The uprobe program `name` of the object.

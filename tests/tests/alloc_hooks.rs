@@ -121,7 +121,10 @@ fn wait_for_metrics(
         if done(&hooks) {
             return hooks;
         }
-        assert!(Instant::now() < deadline, "{what}: never so; last {hooks:?}");
+        assert!(
+            Instant::now() < deadline,
+            "{what}: never so; last {hooks:?}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -272,8 +275,15 @@ fn a_users_fake_jvms_hold_their_share_of_the_hooks_and_another_users_jvm_is_hook
     let logged = pids.len();
     pids.sort_unstable();
     pids.dedup();
-    assert_eq!(logged, pids.len(), "a JVM was logged \"events hooked\" twice");
-    assert!(pids.contains(&victim.pid()), "the victim was not logged hooked");
+    assert_eq!(
+        logged,
+        pids.len(),
+        "a JVM was logged \"events hooked\" twice"
+    );
+    assert!(
+        pids.contains(&victim.pid()),
+        "the victim was not logged hooked"
+    );
     assert_eq!(
         hooks.jvms_hooked, counted_pids as u64,
         "profiler_alloc_jvms_total{{hooked=\"true\"}} against the JVMs logged hooked then"
@@ -351,7 +361,8 @@ fn memory_pinned_through_hooked_files_is_released_within_two_intervals_of_their_
     assert!(run.exit.success(), "the daemon's exit: {}", run.exit);
     assert!(!run.log.contains("panicked"), "a daemon thread panicked");
     assert!(
-        run.log.contains("hooks released, no JVM runs this libjvm anymore"),
+        run.log
+            .contains("hooks released, no JVM runs this libjvm anymore"),
         "the release was not logged"
     );
 }

@@ -172,7 +172,11 @@ fn a_users_pipelined_scrapes_leave_the_operator_its_scrapes_and_the_daemon_its_c
         latencies[latencies.len() / 2],
         latencies[latencies.len() - 1],
     );
-    assert!(attacked.exit.success(), "the daemon's exit: {}", attacked.exit);
+    assert!(
+        attacked.exit.success(),
+        "the daemon's exit: {}",
+        attacked.exit
+    );
     assert!(!attacked.log.contains("panicked"), "a thread panicked");
     assert!(
         attacked.bystander_intervals >= attacked.expected_intervals,

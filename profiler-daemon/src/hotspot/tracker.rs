@@ -327,8 +327,14 @@ impl<S: LayoutSink> JvmTracker<S> {
             rescans: self.rescans,
             jvms_alloc_hooked: self.alloc_hooks.as_ref().map_or(0, |h| h.jvms_hooked),
             jvms_alloc_not_hooked: self.alloc_hooks.as_ref().map_or(0, |h| h.jvms_not_hooked),
-            alloc_hooked_files: self.alloc_hooks.as_ref().map_or(0, |h| h.hooked_files() as u64),
-            alloc_waiting_files: self.alloc_hooks.as_ref().map_or(0, |h| h.waiting_files() as u64),
+            alloc_hooked_files: self
+                .alloc_hooks
+                .as_ref()
+                .map_or(0, |h| h.hooked_files() as u64),
+            alloc_waiting_files: self
+                .alloc_hooks
+                .as_ref()
+                .map_or(0, |h| h.waiting_files() as u64),
             alloc_hook_attach_failures: self.alloc_hooks.as_ref().map_or(0, |h| h.attach_failures),
             ..Default::default()
         };
@@ -353,7 +359,11 @@ impl<S: LayoutSink> JvmTracker<S> {
         self.visit_due(events, sampled);
         self.use_spare_time();
         // Hooks released as their JVMs exit, and given to JVMs that waited for room.
-        let hooked_late = self.alloc_hooks.as_mut().map(|h| h.tick()).unwrap_or_default();
+        let hooked_late = self
+            .alloc_hooks
+            .as_mut()
+            .map(|h| h.tick())
+            .unwrap_or_default();
         for (pid, breakpoints) in hooked_late {
             self.push_breakpoints(pid, breakpoints);
         }

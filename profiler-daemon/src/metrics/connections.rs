@@ -177,7 +177,9 @@ impl Shares {
     }
 
     fn held(&self, class: Class) -> usize {
-        self.classes.get(&class).map_or(0, |state| state.connections)
+        self.classes
+            .get(&class)
+            .map_or(0, |state| state.connections)
     }
 
     fn release(&mut self, class: Class, now: Instant) {

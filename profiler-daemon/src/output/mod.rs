@@ -362,8 +362,7 @@ mod tests {
         // An existing directory is left as it is; its files still get the mode.
         let existing = root.path().join("existing");
         std::fs::create_dir(&existing).expect("mkdir");
-        std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o755))
-            .expect("chmod");
+        std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         let path = write_one(&existing, DEFAULT_FILE_MODE);
         assert_eq!((mode_of(&existing), mode_of(&path)), (0o755, 0o600));
     }
@@ -384,8 +383,7 @@ mod tests {
         // A world-readable temporary file left by a crash is reused with the mode.
         let leftover = dir.join(".a.pb.gz.tmp");
         std::fs::write(&leftover, b"old").expect("write");
-        std::fs::set_permissions(&leftover, std::fs::Permissions::from_mode(0o644))
-            .expect("chmod");
+        std::fs::set_permissions(&leftover, std::fs::Permissions::from_mode(0o644)).expect("chmod");
         let path = writer.write_atomically("a.pb.gz", b"new").expect("writes");
         assert_eq!(mode_of(&path), 0o600);
         assert_eq!(std::fs::read(&path).expect("read"), b"new");
@@ -405,7 +403,17 @@ mod tests {
         assert_eq!(parse_mode("0600"), Ok(0o600));
         assert_eq!(parse_mode("640"), Ok(0o640));
         assert_eq!(parse_mode("0o644"), Ok(0o644));
-        for bad in ["", "0o", "rw-r-----", "0680", "+600", "4600", "0400", "0200", "-600"] {
+        for bad in [
+            "",
+            "0o",
+            "rw-r-----",
+            "0680",
+            "+600",
+            "4600",
+            "0400",
+            "0200",
+            "-600",
+        ] {
             assert!(parse_mode(bad).is_err(), "{bad:?}");
         }
         assert_eq!(directory_mode(0o600), 0o700);
