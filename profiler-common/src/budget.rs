@@ -8,6 +8,11 @@
 //! the ring: one user can fill neither a ring nor the daemon's time, whatever stacks it makes.
 //! Past a budget, records are refused and counted ([`crate::Counter`]'s `*_budget` counters).
 
+/// CPU sample records up to this size are sent without being charged: the clock bounds them
+/// (a sample per CPU per tick), and a record this small cannot fill the ring faster than it was
+/// sized for. Only deeper stacks pay for the two bucket lookups, and are bounded by them.
+pub const CPU_UNCHARGED_RECORD_BYTES: usize = 4096;
+
 /// What emits records for the daemon. Numbers index [`EmitBudget`] arrays and counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]

@@ -280,11 +280,13 @@ pub fn check_programs(
             off_cpu: true,
             alloc_interval: profiler_common::ALLOC_INTERVAL_BYTES,
             alloc_ring_bytes: profiler_common::ALLOC_RING_BYTES,
-            budgets: emit_budgets(
-                profiler_common::sample_ring_bytes(1, 19),
-                profiler_common::ALLOC_INTERVAL_BYTES,
-                5_000_000,
-            ),
+            budgets: emit_budgets(&EmitSettings {
+                ring_bytes: profiler_common::sample_ring_bytes(1, 19),
+                cpus: 1,
+                frequency_hz: 19,
+                alloc_interval_bytes: profiler_common::ALLOC_INTERVAL_BYTES,
+                off_cpu_period_ns: 5_000_000,
+            }),
             max_jvms: profiler_common::DEFAULT_MAX_JVMS,
             cfi_blocks: 16,
             java_threads: 1024,
@@ -382,7 +384,13 @@ impl Sampler {
                 off_cpu: off_cpu.is_some(),
                 alloc_interval,
                 alloc_ring_bytes,
-                budgets: emit_budgets(ring_bytes, alloc_interval, off_cpu_period_ns),
+                budgets: emit_budgets(&EmitSettings {
+                    ring_bytes,
+                    cpus: cpus.len() as u64,
+                    frequency_hz,
+                    alloc_interval_bytes: alloc_interval,
+                    off_cpu_period_ns,
+                }),
                 max_jvms,
                 cfi_blocks,
                 java_threads: profiler_common::java_thread_slots(pids.len()),
@@ -676,15 +684,25 @@ pub struct RingWakeups {
     pub off_cpu: Option<std::os::fd::OwnedFd>,
 }
 
+/// What the emit budgets are sized from.
+pub struct EmitSettings {
+    /// The CPU sample ring's size: about a second of the node's samples at 1 KiB each.
+    pub ring_bytes: u32,
+    pub cpus: u64,
+    pub frequency_hz: u64,
+    pub alloc_interval_bytes: u64,
+    pub off_cpu_period_ns: u64,
+}
+
 /// What one process and one user may emit per second through each producer
 /// (`profiler_common::budget`; docs/scale.md, "Emit budgets"). Rates follow what the settings
-/// ask for (the CPU sample ring's size `ring_bytes`, about a second of the node's samples at
-/// 1 KiB each; the allocation sampling interval; the off-CPU period), so that a normal workload
-/// never meets them; bursts are bounded by the rings, so that one user fills at most half of
-/// one between two drains.
+/// ask for (CPUs and frequency, the allocation sampling interval, the off-CPU period), so that
+/// a normal workload never meets them; bursts are bounded by the rings, so that one user fills
+/// at most half of one between two drains.
 ///
-/// - CPU samples: a process may emit twice the ring's size a second (every CPU running it, its
-///   stacks 2 KiB on average), a user four times.
+/// - CPU samples: records up to `CPU_UNCHARGED_RECORD_BYTES` are not charged (the clock bounds
+///   them); a process may emit 8 KiB per sample a second on every CPU (a stack of 330 frames on
+///   average, running everywhere), a user twice that.
 /// - Allocations: 4 MiB a second per process at the default 512 KiB interval (about 3,000
 ///   records of 1.5 KB: a JVM allocating 1.5 GB/s), more for a shorter interval, up to 64 MiB;
 ///   a user twice that.
@@ -692,13 +710,9 @@ pub struct RingWakeups {
 ///   1.5 KB), more for a shorter period, up to 64 MiB; a user twice that.
 /// - Process events: 16 bytes each; 1,024 a second per process, 4,096 per user (a busy build
 ///   forks a few hundred).
-pub fn emit_budgets(
-    ring_bytes: u32,
-    alloc_interval_bytes: u64,
-    off_cpu_period_ns: u64,
-) -> [EmitBudget; PRODUCERS] {
+pub fn emit_budgets(settings: &EmitSettings) -> [EmitBudget; PRODUCERS] {
     const MIB: u64 = 1 << 20;
-    let ring = u64::from(ring_bytes);
+    let ring = u64::from(settings.ring_bytes);
     // A rate that grows as the setting asks for more records than its default.
     let scaled = |base: u64, default: u64, setting: u64| {
         (base.saturating_mul(default) / setting.max(1)).clamp(base, 64 * MIB)
@@ -712,15 +726,20 @@ pub fn emit_budgets(
     let alloc = scaled(
         4 * MIB,
         profiler_common::ALLOC_INTERVAL_BYTES,
-        alloc_interval_bytes,
+        settings.alloc_interval_bytes,
     );
     let off_cpu = scaled(
         8 * MIB,
         crate::off_cpu::DEFAULT_OFF_CPU_PERIOD.as_nanos() as u64,
-        off_cpu_period_ns,
+        settings.off_cpu_period_ns,
     );
+    let cpu = settings
+        .cpus
+        .max(1)
+        .saturating_mul(settings.frequency_hz.max(1))
+        .saturating_mul(8 << 10);
     let mut budgets = [EmitBudget::default(); PRODUCERS];
-    budgets[Producer::Cpu as usize] = bounded(2 * ring, 4 * ring, ring);
+    budgets[Producer::Cpu as usize] = bounded(cpu, 2 * cpu, ring);
     budgets[Producer::Alloc as usize] = bounded(
         alloc,
         2 * alloc,
@@ -739,19 +758,40 @@ pub fn emit_budgets(
     budgets
 }
 
+/// The uprobe program `name` of the object.
+fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut UProbe, SamplerError> {
+    ebpf.program_mut(name)
+        .ok_or(SamplerError::MissingProgram(name))?
+        .try_into()
+        .map_err(|source| SamplerError::Program { name, source })
+}
+
 #[cfg(test)]
 mod budget_tests {
     use super::*;
 
+    fn settings(alloc_interval_bytes: u64, off_cpu_period_ns: u64) -> EmitSettings {
+        EmitSettings {
+            ring_bytes: profiler_common::sample_ring_bytes(2, 999),
+            cpus: 2,
+            frequency_hz: 999,
+            alloc_interval_bytes,
+            off_cpu_period_ns,
+        }
+    }
+
     #[test]
     fn budgets_follow_the_settings_and_bursts_the_rings() {
-        let ring = profiler_common::sample_ring_bytes(2, 99);
-        let defaults = emit_budgets(ring, profiler_common::ALLOC_INTERVAL_BYTES, 5_000_000);
+        let defaults = emit_budgets(&settings(profiler_common::ALLOC_INTERVAL_BYTES, 5_000_000));
         let alloc = defaults[Producer::Alloc as usize];
         assert_eq!(alloc.process_bytes_per_sec, 4 << 20);
         assert_eq!(alloc.user_bytes_per_sec, 8 << 20);
+        // A 200-frame Java stack (about 5 KB) on both CPUs at 999 Hz is within the CPU budget.
+        let cpu = defaults[Producer::Cpu as usize];
+        assert!(cpu.process_bytes_per_sec >= 2 * 999 * 5_000);
+        assert_eq!(cpu.user_bytes_per_sec, 2 * cpu.process_bytes_per_sec);
         // A shorter interval asks for more samples: the budget follows, up to 64 MiB.
-        let dense = emit_budgets(ring, 64 << 10, 1_000_000);
+        let dense = emit_budgets(&settings(64 << 10, 1_000_000));
         assert_eq!(
             dense[Producer::Alloc as usize].process_bytes_per_sec,
             32 << 20
@@ -760,13 +800,13 @@ mod budget_tests {
             dense[Producer::OffCpu as usize].process_bytes_per_sec,
             40 << 20
         );
-        let densest = emit_budgets(ring, 1, 1);
+        let densest = emit_budgets(&settings(1, 1));
         assert_eq!(
             densest[Producer::Alloc as usize].process_bytes_per_sec,
             64 << 20
         );
         // A sparser one never lowers it.
-        let sparse = emit_budgets(ring, 64 << 20, 1_000_000_000);
+        let sparse = emit_budgets(&settings(64 << 20, 1_000_000_000));
         assert_eq!(
             sparse[Producer::Alloc as usize].process_bytes_per_sec,
             4 << 20
@@ -777,7 +817,10 @@ mod budget_tests {
         );
         // No user fills more than half a ring at once.
         for (producer, ring) in [
-            (Producer::Cpu, u64::from(ring)),
+            (
+                Producer::Cpu,
+                u64::from(profiler_common::sample_ring_bytes(2, 999)),
+            ),
             (
                 Producer::Alloc,
                 u64::from(profiler_common::ALLOC_RING_BYTES),
@@ -792,12 +835,4 @@ mod budget_tests {
             assert!(budget.process_burst_bytes <= budget.user_burst_bytes);
         }
     }
-}
-
-/// The uprobe program `name` of the object.
-fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut UProbe, SamplerError> {
-    ebpf.program_mut(name)
-        .ok_or(SamplerError::MissingProgram(name))?
-        .try_into()
-        .map_err(|source| SamplerError::Program { name, source })
 }

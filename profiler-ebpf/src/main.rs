@@ -45,10 +45,10 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    budget::Producer, Counter, HotspotProc, SampleHeader, SampleKind, SampleRecord, UnwindEnd,
-    UserFrame, COMM_LEN, DEFAULT_MAX_JVMS, DEFAULT_SAMPLE_RING_BYTES, FRAMES_BYTES, HEADER_BYTES,
-    KERNEL_FRAME_BYTES, MAX_KERNEL_FRAMES, MAX_TARGET_PIDS, MAX_USER_FRAMES, RECORD_BYTES,
-    USER_FRAME_BYTES,
+    budget::{Producer, CPU_UNCHARGED_RECORD_BYTES},
+    Counter, HotspotProc, SampleHeader, SampleKind, SampleRecord, UnwindEnd, UserFrame, COMM_LEN,
+    DEFAULT_MAX_JVMS, DEFAULT_SAMPLE_RING_BYTES, FRAMES_BYTES, HEADER_BYTES, KERNEL_FRAME_BYTES,
+    MAX_KERNEL_FRAMES, MAX_TARGET_PIDS, MAX_USER_FRAMES, RECORD_BYTES, USER_FRAME_BYTES,
 };
 use profiler_unwind::{
     settle_top_stub, start_at_anchor, unwind_step, FrameSink, UserRegs, Walk, END_UNSET,
@@ -260,7 +260,9 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
     let Some(bytes) = fill_record(record, pid_tgid, start, kernel_bytes, origin) else {
         return;
     };
-    if !budget::admit(Producer::Cpu, pid, budget::current_uid(), bytes.len()) {
+    if bytes.len() > CPU_UNCHARGED_RECORD_BYTES
+        && !budget::admit(Producer::Cpu, pid, budget::current_uid(), bytes.len())
+    {
         return;
     }
     // SAFETY: a global the loader sets once; read-only afterwards.
