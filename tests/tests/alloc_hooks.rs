@@ -28,18 +28,6 @@ const FAKE_LIFETIME_SECS: u32 = 120;
 /// milliseconds each; the tracker gives one user's pending JVMs its spare time).
 const SETTLE: Duration = Duration::from_secs(60);
 
-fn jdk17() -> Jdk {
-    jdks()
-        .into_iter()
-        .find(|jdk| jdk.major == 17)
-        .expect("JDK 17")
-}
-
-fn libjvm_of(jdk: &Jdk) -> PathBuf {
-    let home = jdk.java.parent().and_then(Path::parent).expect("JDK home");
-    home.join("lib/server/libjvm.so")
-}
-
 /// Fake JVMs run together in a user and mount namespace of their own, each mapping its own
 /// copy of a libjvm.so on a tmpfs mounted there; killed (the whole process group) when dropped.
 struct FakeJvms {
@@ -202,8 +190,8 @@ fn hooked_pids(log: &str) -> Vec<u32> {
 #[test]
 fn a_users_fake_jvms_hold_their_share_of_the_hooks_and_another_users_jvm_is_hooked() {
     let user = unprivileged_user();
-    let jdk = jdk17();
-    let libjvm = libjvm_of(&jdk);
+    let jdk = jdk(17);
+    let libjvm = jdk.libjvm();
     let address = free_local_address().expect("a free port");
     // One sample per 16 MiB: the victim's few samples keep the last interval's writing short,
     // so that SIGTERM's time is the hooks'.
@@ -309,7 +297,7 @@ fn memory_pinned_through_hooked_files_is_released_within_two_intervals_of_their_
     const FILES: usize = 4;
     const PAD_MIB: usize = 256;
     let user = unprivileged_user();
-    let libjvm = libjvm_of(&jdk17());
+    let libjvm = jdk(17).libjvm();
     let address = free_local_address().expect("a free port");
     let scenario = Scenario::new(Duration::from_secs(1))
         .whole_host()

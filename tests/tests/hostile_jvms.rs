@@ -10,7 +10,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime};
 
 use profiler_daemon::pprof::proto;
-use profiler_tests::hostile::{unprivileged_user, AttackContext, HostileRun, Scenario, User};
+use profiler_tests::hostile::{
+    allocation_event_symbols, unprivileged_user, AttackContext, HostileRun, Scenario, User,
+};
 use profiler_tests::*;
 
 /// How long a fake JVM lives at most (the tests kill them sooner).
@@ -25,19 +27,6 @@ const LAYOUT_BOUND_MS: u64 = 1000;
 const TRACKER_TICK_MS: u64 = 500;
 /// Spin.java's Java methods: every name its frames may have.
 const SPIN_METHODS: [&str; 3] = ["Spin.work", "Spin.lambda$main$0", "Spin.main"];
-
-fn jdk17() -> Jdk {
-    jdks()
-        .into_iter()
-        .find(|jdk| jdk.major == 17)
-        .expect("JDK 17")
-}
-
-/// The JDK's libjvm.so: the real file, build-id and VMStructs the fakes load.
-fn libjvm_of(jdk: &Jdk) -> PathBuf {
-    let home = jdk.java.parent().and_then(Path::parent).expect("JDK home");
-    home.join("lib/server/libjvm.so")
-}
 
 /// A fake JVM run by `user`: `fake_jvm LIBJVM SECONDS MODE ARGS...`, once it printed "ready".
 fn start_fake(user: User, binary: &Path, libjvm: &Path, mode: &str, args: &[String]) -> Workload {
@@ -180,8 +169,8 @@ struct ThreadMapRun {
 fn a_fake_jvm_cannot_steal_or_fill_another_users_java_thread_map_entries() {
     let started = Instant::now();
     let user = unprivileged_user();
-    let jdk = jdk17();
-    let libjvm = libjvm_of(&jdk);
+    let jdk = jdk(17);
+    let libjvm = jdk.libjvm();
     let dir = readable_tempdir();
     let fake_jvm = compile_c_with("fake_jvm.c", dir.path(), &["-O1", "-g", "-ldl"]).expect("gcc");
     let classes = compile_java(&["JniCallback.java"], dir.path()).expect("javac");
@@ -317,11 +306,11 @@ fn assert_spin_named_right(profiles: &Path, pid: u32) {
 fn a_fake_libjvm_with_a_real_build_id_does_not_poison_other_jvms_layouts() {
     let started = Instant::now();
     let user = unprivileged_user();
-    let jdk = jdk17();
+    let jdk = jdk(17);
     let dir = readable_tempdir();
     let fake_jvm = compile_c_with("fake_jvm.c", dir.path(), &["-O1", "-g", "-ldl"]).expect("gcc");
     let classes = compile_java(&["Spin.java"], dir.path()).expect("javac");
-    let poisoner = start_fake(user, &fake_jvm, &libjvm_of(&jdk), "poison", &[]);
+    let poisoner = start_fake(user, &fake_jvm, &jdk.libjvm(), "poison", &[]);
     let jvm = start_java(&jdk, &classes, "Spin", &[]).expect("JVM starts");
     let (poisoner_pid, jvm_pid) = (poisoner.pid().to_string(), jvm.pid().to_string());
     let scenario = Scenario::new(Duration::from_secs(6)).daemon_args(&[
@@ -360,8 +349,8 @@ fn fake_jvms_do_not_delay_a_real_jvms_layout() {
     const FAKES: usize = 10;
     let started = Instant::now();
     let user = unprivileged_user();
-    let jdk = jdk17();
-    let libjvm = libjvm_of(&jdk);
+    let jdk = jdk(17);
+    let libjvm = jdk.libjvm();
     let dir = readable_tempdir();
     let fake_jvm = compile_c_with("fake_jvm.c", dir.path(), &["-O1", "-g", "-ldl"]).expect("gcc");
     let classes = compile_java(&["Spin.java"], dir.path()).expect("javac");
@@ -399,23 +388,6 @@ fn fake_jvms_do_not_delay_a_real_jvms_layout() {
     println!("took {:.1} s", started.elapsed().as_secs_f64());
 }
 
-/// The values (addresses relative to where the file loads) of libjvm's two allocation events.
-fn allocation_event_symbols(libjvm: &Path) -> (u64, u64) {
-    use object::{Object as _, ObjectSymbol as _};
-    let bytes = std::fs::read(libjvm).expect("libjvm readable");
-    let elf = object::File::parse(&*bytes).expect("libjvm parses");
-    let value = |prefix: &str| {
-        elf.symbols()
-            .find(|symbol| symbol.name().is_ok_and(|name| name.starts_with(prefix)))
-            .map(|symbol| symbol.address())
-            .unwrap_or_else(|| panic!("libjvm has {prefix}"))
-    };
-    (
-        value("_ZN11AllocTracer27send_allocation_in_new_tlabE"),
-        value("_ZN11AllocTracer28send_allocation_outside_tlabE"),
-    )
-}
-
 /// A fake JVM of another user calls libjvm's allocation events itself, with garbage: classes
 /// that are not there (null, unmapped, random bytes) and threads that are not either. The daemon
 /// (`--alloc`, whole host) hooks that file, JDK 17's, which a real JVM of root runs too. The
@@ -425,8 +397,8 @@ fn allocation_event_symbols(libjvm: &Path) -> (u64, u64) {
 fn garbage_given_to_the_allocation_events_names_no_class_and_harms_nothing() {
     let started = Instant::now();
     let user = unprivileged_user();
-    let jdk = jdk17();
-    let libjvm = libjvm_of(&jdk);
+    let jdk = jdk(17);
+    let libjvm = jdk.libjvm();
     let dir = readable_tempdir();
     let fake_jvm = compile_c_with("fake_jvm.c", dir.path(), &["-O1", "-g", "-ldl"]).expect("gcc");
     let classes = compile_java(&["Spin.java"], dir.path()).expect("javac");

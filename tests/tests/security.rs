@@ -16,10 +16,6 @@ fn test_user() -> User {
     unprivileged_user()
 }
 
-fn jdk17() -> Jdk {
-    jdks().into_iter().find(|j| j.major == 17).expect("JDK 17")
-}
-
 /// Workloads compiled into a directory the test user can read.
 fn classes(dir: &Path) -> PathBuf {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -35,7 +31,7 @@ fn classes(dir: &Path) -> PathBuf {
 /// A JVM of `user` running `workers` in `cwd`, once it printed "ready".
 fn start_jvm_as(user: User, classes: &Path, cwd: &Path, workers: &[&str]) -> Workload {
     spawn_until_ready(
-        Command::new(jdk17().java)
+        Command::new(jdk(17).java)
             .arg("-cp")
             .arg(classes)
             .arg("Workloads")
@@ -324,7 +320,7 @@ fn a_planted_agent_copy_is_never_loaded() {
     let classes = classes(dir.path());
     // A JVM in its own mount namespace with a private /tmp: the daemon copies the agent there.
     let jvm = spawn_until_ready(&mut in_private_tmp_namespace(
-        &jdk17(),
+        &jdk(17),
         &classes,
         "profiler-security",
         "Workloads split-worker",

@@ -204,10 +204,6 @@ fn a_users_pipelined_scrapes_leave_the_operator_its_scrapes_and_the_daemon_its_c
     );
 }
 
-fn jdk17() -> Jdk {
-    jdks().into_iter().find(|j| j.major == 17).expect("JDK 17")
-}
-
 /// The workloads, compiled into `dir`, readable by every user.
 fn readable_classes(dir: &Path) -> PathBuf {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -261,7 +257,7 @@ fn no_agent_copy_is_written_as_root_into_a_directory_a_jvm_mounted_on_its_tmp() 
          mount --bind {} /tmp && \
          exec {} -XX:-UsePerfData -cp /mnt/classes Workloads split-worker",
         roots.path().display(),
-        jdk17().java.display()
+        jdk(17).java.display()
     );
     let jvm = spawn_until_ready(
         user.command("unshare")
@@ -341,7 +337,7 @@ fn a_socket_squatted_at_a_jvms_attach_path_gets_no_request() {
     let dir = tempfile::tempdir().expect("tempdir");
     let classes = readable_classes(dir.path());
     let jvm_of = |as_user: Option<User>| {
-        let mut command = Command::new(jdk17().java);
+        let mut command = Command::new(jdk(17).java);
         command
             .args(["-cp"])
             .arg(&classes)

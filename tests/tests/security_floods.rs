@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use profiler_daemon::pprof::proto;
 use profiler_tests::cgroup::MemoryCgroup;
 use profiler_tests::cpu_quota::CpuQuota;
-use profiler_tests::hostile::unprivileged_user;
+use profiler_tests::hostile::{allocation_event_symbols, unprivileged_user};
 use profiler_tests::*;
 
 /// The systemd unit's limits (deploy/systemd/profiler.service).
@@ -230,10 +230,7 @@ fn run(flood: Flood, attack: bool) -> FloodRun {
         dir.path(),
     )
     .expect("javac");
-    let jdk = jdks()
-        .into_iter()
-        .find(|jdk| jdk.major == 17)
-        .expect("JDK 17");
+    let jdk = jdk(17);
     let mut victim = MeasuringJvm::start(
         jdk.clone(),
         workload.jvm_args,
@@ -335,16 +332,8 @@ fn start_attacker(flood: Flood, dir: &Path) -> Workload {
     let mut command = match flood {
         Flood::Allocations => {
             let binary = compile_c_with("fake_jvm.c", dir, &flags).expect("gcc fake_jvm.c");
-            let jdk = jdks()
-                .into_iter()
-                .find(|jdk| jdk.major == 17)
-                .expect("JDK 17");
-            let libjvm = jdk
-                .java
-                .parent()
-                .and_then(Path::parent)
-                .expect("JDK home")
-                .join("lib/server/libjvm.so");
+            let jdk = jdk(17);
+            let libjvm = jdk.libjvm();
             let (in_new_tlab, outside_tlab) = allocation_event_symbols(&libjvm);
             let mut command = user.command(&binary);
             command
@@ -365,23 +354,6 @@ fn start_attacker(flood: Flood, dir: &Path) -> Workload {
         }
     };
     spawn_until_ready(command.stdout(Stdio::piped()))
-}
-
-/// The values (addresses relative to where the file loads) of libjvm's two allocation events.
-fn allocation_event_symbols(libjvm: &Path) -> (u64, u64) {
-    use object::{Object as _, ObjectSymbol as _};
-    let bytes = std::fs::read(libjvm).expect("libjvm readable");
-    let elf = object::File::parse(&*bytes).expect("libjvm parses");
-    let value = |prefix: &str| {
-        elf.symbols()
-            .find(|symbol| symbol.name().is_ok_and(|name| name.starts_with(prefix)))
-            .map(|symbol| symbol.address())
-            .unwrap_or_else(|| panic!("libjvm has {prefix}"))
-    };
-    (
-        value("_ZN11AllocTracer27send_allocation_in_new_tlabE"),
-        value("_ZN11AllocTracer28send_allocation_outside_tlabE"),
-    )
 }
 
 /// The attacked run against the baseline: the daemon lived within the unit's limits and the

@@ -178,9 +178,11 @@ impl SamplingLoop {
             unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
                 .map_err(|err| DaemonError::RingWakeups(err.into()))
         };
-        let ring_wakeups = watch(wakeups.samples)?;
-        let alloc_wakeups = wakeups.alloc.map(watch).transpose()?;
-        let off_cpu_wakeups = wakeups.off_cpu.map(watch).transpose()?;
+        let ring_wakeups = [Some(wakeups.samples), wakeups.alloc, wakeups.off_cpu]
+            .into_iter()
+            .flatten()
+            .map(watch)
+            .collect::<Result<Vec<_>, _>>()?;
         let mut flush =
             tokio::time::interval_at(tokio::time::Instant::now() + until.interval, until.interval);
         let mut last_misses = 0;
@@ -196,28 +198,7 @@ impl SamplingLoop {
             }
             let finishing = tokio::select! {
                 _ = drain.tick() => false,
-                ready = ring_wakeups.readable() => {
-                    // Edge-triggered: the next wake-up comes with the next fill, after this
-                    // drain.
-                    if let Ok(mut guard) = ready {
-                        guard.clear_ready();
-                    }
-                    self.stats.ring_wakeups += 1;
-                    drain.reset();
-                    false
-                }
-                ready = readable(alloc_wakeups.as_ref()) => {
-                    if let Ok(mut guard) = ready {
-                        guard.clear_ready();
-                    }
-                    self.stats.ring_wakeups += 1;
-                    drain.reset();
-                    false
-                }
-                ready = readable(off_cpu_wakeups.as_ref()) => {
-                    if let Ok(mut guard) = ready {
-                        guard.clear_ready();
-                    }
+                () = ring_filling(&ring_wakeups) => {
                     self.stats.ring_wakeups += 1;
                     drain.reset();
                     false
@@ -311,14 +292,22 @@ impl SamplingLoop {
     }
 }
 
-/// Waits until `fd` is readable; never, without one.
-async fn readable(
-    fd: Option<&AsyncFd<std::os::fd::OwnedFd>>,
-) -> std::io::Result<tokio::io::unix::AsyncFdReadyGuard<'_, std::os::fd::OwnedFd>> {
-    match fd {
-        Some(fd) => fd.readable().await,
-        None => std::future::pending().await,
-    }
+/// Waits until one of the rings' descriptors turns readable (the BPF side woke us: that ring
+/// is a quarter full), and clears its readiness: edge-triggered, the next wake-up comes with
+/// the next fill, after this drain.
+async fn ring_filling(wakeups: &[AsyncFd<std::os::fd::OwnedFd>]) {
+    std::future::poll_fn(|context| {
+        for fd in wakeups {
+            if let std::task::Poll::Ready(ready) = fd.poll_read_ready(context) {
+                if let Ok(mut guard) = ready {
+                    guard.clear_ready();
+                }
+                return std::task::Poll::Ready(());
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
 }
 
 /// Most Java frames in one prefetch message (24 bytes each): a drain that finds more new stacks

@@ -19,7 +19,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aya::programs::uprobe::UProbeLink;
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeLink, UProbeScope};
+use aya::programs::{ProgramError, UProbe};
 use object::elf::{FileHeader64, Sym64, PF_X, PT_LOAD, SHT_SYMTAB, STT_FUNC};
 use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _, Sym as _};
 use object::read::{ReadCache, StringTable};
@@ -27,7 +28,6 @@ use object::{LittleEndian, ReadRef};
 
 use crate::process::Backing;
 use crate::process_key::ProcessKey;
-use crate::sampler::AllocPrograms;
 use crate::untrusted::BoundedReads;
 use profiler_common::MAX_BREAKPOINTS;
 
@@ -85,6 +85,70 @@ pub enum AllocHookError {
     NoSymbolTable,
     #[error("its .symtab lacks AllocTracer::{0} (or it is not a function in executable code)")]
     Missing(&'static str),
+}
+
+/// The allocation programs' names in the BPF object (`profiler-ebpf/src/alloc.rs`): the one on
+/// HotSpot's event taking a new TLAB, then the one on its event allocating outside any TLAB.
+pub const ALLOC_PROGRAMS: [&str; 2] = ["alloc_in_new_tlab", "alloc_outside_tlab"];
+
+/// A program that could not be attached.
+#[derive(Debug, thiserror::Error)]
+#[error("BPF program `{name}`: {source}")]
+pub struct AttachError {
+    name: &'static str,
+    source: ProgramError,
+}
+
+/// The two allocation programs, loaded, each a handle of its own.
+pub struct AllocPrograms {
+    in_new_tlab: UProbe,
+    outside_tlab: UProbe,
+}
+
+impl AllocPrograms {
+    /// Handles of the programs named [`ALLOC_PROGRAMS`], in that order.
+    pub fn new(in_new_tlab: UProbe, outside_tlab: UProbe) -> Self {
+        Self {
+            in_new_tlab,
+            outside_tlab,
+        }
+    }
+
+    /// Attaches both programs to the events of one libjvm file, for every process that maps it
+    /// (the programs keep only profiled JVMs' events). Dropping a link detaches it.
+    pub fn attach(
+        &mut self,
+        file: &std::fs::File,
+        offsets: AllocHookOffsets,
+    ) -> Result<[UProbeLink; 2], AttachError> {
+        use std::os::fd::AsRawFd as _;
+        // The file as the JVM maps it, reached through our descriptor whatever its path or
+        // mount namespace.
+        let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+        let attach = |program: &mut UProbe, name: &'static str, offset: u64| {
+            let error = |source| AttachError { name, source };
+            let id = program
+                .attach(
+                    UProbeAttachLocation::AbsoluteOffset(offset),
+                    &path,
+                    UProbeScope::AllProcesses,
+                )
+                .map_err(error)?;
+            program.take_link(id).map_err(error)
+        };
+        let in_new_tlab = attach(
+            &mut self.in_new_tlab,
+            ALLOC_PROGRAMS[0],
+            offsets.in_new_tlab,
+        )?;
+        // On failure, the first link is dropped (detached) with the error.
+        let outside_tlab = attach(
+            &mut self.outside_tlab,
+            ALLOC_PROGRAMS[1],
+            offsets.outside_tlab,
+        )?;
+        Ok([in_new_tlab, outside_tlab])
+    }
 }
 
 /// A libjvm file, by device and inode. Held open while hooked or waiting, so the inode cannot
