@@ -4,6 +4,9 @@
 //! (control characters; U+FFFD, which only a lossy decoding of bytes that were no text makes;
 //! the non-characters U+FFFE and U+FFFF) is refused: the line shows as
 //! `[refused frame name: REASON]`, counted in `profiler_frame_names_refused_total{reason}`.
+//! Characters are checked in names read from a process's memory (Java frames), where they mean
+//! garbage was read; a native name is what its binary's symbol table says, even with escapes
+//! in it, and is shown with them replaced (`crate::printable`), as every pprof string is.
 //!
 //! The sources validate their names already (`crate::hotspot::symbol`,
 //! `crate::hotspot::code_proof`): a refusal here means one of them let garbage through, which
@@ -45,17 +48,28 @@ impl RefusedNames {
     }
 }
 
+/// Where a frame's names were read from, which decides what is checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NameOrigin {
+    /// A process's memory (Java frames): any byte may be garbage.
+    Memory,
+    /// A binary's symbol table: the name is the binary's own, whatever its characters.
+    SymbolTable,
+}
+
 /// Why `text` cannot be shown as a name, if it cannot.
-pub fn refusal(text: &str) -> Option<Refusal> {
+pub fn refusal(text: &str, origin: NameOrigin) -> Option<Refusal> {
     if text.is_empty() {
         return Some(Refusal::Empty);
     }
     if text.len() > MAX_FRAME_NAME_BYTES {
         return Some(Refusal::TooLong);
     }
-    text.chars()
-        .any(|c| c.is_control() || matches!(c, '\u{fffd}' | '\u{fffe}' | '\u{ffff}'))
-        .then_some(Refusal::BadCharacters)
+    (origin == NameOrigin::Memory
+        && text
+            .chars()
+            .any(|c| c.is_control() || matches!(c, '\u{fffd}' | '\u{fffe}' | '\u{ffff}')))
+    .then_some(Refusal::BadCharacters)
 }
 
 /// The marker shown in place of a refused name.
@@ -65,9 +79,13 @@ pub fn marker(refusal: Refusal) -> String {
 
 /// `frame` with every refused function name replaced by its marker (counted in `refused`),
 /// and fuller names or files that fail the same check dropped.
-pub fn guard(mut frame: ResolvedFrame, refused: &RefusedNames) -> ResolvedFrame {
+pub fn guard(
+    mut frame: ResolvedFrame,
+    origin: NameOrigin,
+    refused: &RefusedNames,
+) -> ResolvedFrame {
     for line in &mut frame.lines {
-        if let Some(why) = refusal(&line.function) {
+        if let Some(why) = refusal(&line.function, origin) {
             refused.add(why);
             line.function = marker(why);
             line.system_name = None;
@@ -78,11 +96,15 @@ pub fn guard(mut frame: ResolvedFrame, refused: &RefusedNames) -> ResolvedFrame 
         if line
             .system_name
             .as_deref()
-            .is_some_and(|s| refusal(s).is_some())
+            .is_some_and(|s| refusal(s, origin).is_some())
         {
             line.system_name = None;
         }
-        if line.file.as_deref().is_some_and(|f| refusal(f).is_some()) {
+        if line
+            .file
+            .as_deref()
+            .is_some_and(|f| refusal(f, origin).is_some())
+        {
             line.file = None;
         }
     }
@@ -118,7 +140,7 @@ mod tests {
                 module: None,
                 build_id: None,
             };
-            let shown = guard(frame, &refused);
+            let shown = guard(frame, NameOrigin::Memory, &refused);
             assert_eq!(shown.lines[0].function, name);
             assert_eq!(shown.lines[0].file.as_deref(), Some("a/B.java"));
         }
@@ -143,7 +165,7 @@ mod tests {
                 module: None,
                 build_id: None,
             };
-            let shown = guard(frame, &refused);
+            let shown = guard(frame, NameOrigin::Memory, &refused);
             assert_eq!(
                 shown.lines[0],
                 line("Outer.inlined"),
@@ -165,7 +187,11 @@ mod tests {
         let mut bad = line("A.m");
         bad.system_name = Some("A.m(\u{0})V".to_owned());
         bad.file = Some("\u{fffd}.java".to_owned());
-        let shown = guard(ResolvedFrame::named("x", None), &refused);
+        let shown = guard(
+            ResolvedFrame::named("x", None),
+            NameOrigin::Memory,
+            &refused,
+        );
         assert_eq!(shown.function(), "x");
         let shown = guard(
             ResolvedFrame {
@@ -173,6 +199,7 @@ mod tests {
                 module: None,
                 build_id: None,
             },
+            NameOrigin::Memory,
             &refused,
         );
         assert_eq!(shown.lines[0].function, "A.m");
@@ -180,5 +207,29 @@ mod tests {
         assert_eq!(shown.lines[0].file, None);
         assert_eq!(shown.lines[0].line, 7);
         assert!(Refusal::ALL.iter().all(|r| refused.get(*r) == 0));
+    }
+
+    #[test]
+    fn a_native_name_keeps_its_characters_but_not_its_length() {
+        let refused = RefusedNames::default();
+        // A binary's own symbol with a terminal escape: shown (escapes replaced downstream).
+        let escaped = "spin\u{1b}[31m_until_done";
+        let shown = guard(
+            ResolvedFrame::named(escaped, None),
+            NameOrigin::SymbolTable,
+            &refused,
+        );
+        assert_eq!(shown.function(), escaped);
+        assert_eq!(
+            refusal(escaped, NameOrigin::Memory),
+            Some(Refusal::BadCharacters)
+        );
+        // Empty or too long is refused wherever it came from.
+        let long = "x".repeat(MAX_FRAME_NAME_BYTES + 1);
+        assert_eq!(
+            refusal(&long, NameOrigin::SymbolTable),
+            Some(Refusal::TooLong)
+        );
+        assert_eq!(refusal("", NameOrigin::SymbolTable), Some(Refusal::Empty));
     }
 }

@@ -10,7 +10,7 @@ use profiler_common::{FrameKind, UserFrame};
 
 use super::java::JavaSymbolizer;
 use super::kernel::KernelSymbolizer;
-use super::name_guard::{self, RefusedNames};
+use super::name_guard::{self, NameOrigin, RefusedNames};
 use super::native::NativeSymbolizer;
 use super::ResolvedFrame;
 use crate::aggregate::ProcessStacks;
@@ -166,19 +166,21 @@ impl ProcessFrames {
         key: UserFrameKey,
         frame: &UserFrame,
     ) -> ResolvedFrame {
-        let named = match key {
-            UserFrameKey::Native(addr) => self
-                .native
-                .get(&addr)
-                .map_or(&self.unknown, |f| f.as_ref())
-                .clone(),
+        let (named, origin) = match key {
+            UserFrameKey::Native(addr) => (
+                self.native
+                    .get(&addr)
+                    .map_or(&self.unknown, |f| f.as_ref())
+                    .clone(),
+                NameOrigin::SymbolTable,
+            ),
             UserFrameKey::Java { top, .. } => {
                 let named = symbolizers.java.resolve(self.pid, frame, top);
                 symbolizers.java_unnamed.add_all(&named.unnamed);
-                named.frame
+                (named.frame, NameOrigin::Memory)
             }
         };
-        name_guard::guard(named, &symbolizers.refused_names)
+        name_guard::guard(named, origin, &symbolizers.refused_names)
     }
 }
 
