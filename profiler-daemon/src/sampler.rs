@@ -607,9 +607,9 @@ pub struct EmitSettings {
 /// - CPU samples: records up to `CPU_UNCHARGED_RECORD_BYTES` are not charged (the clock bounds
 ///   them); a process may emit 8 KiB per sample a second on every CPU (a stack of 330 frames on
 ///   average, running everywhere), a user twice that.
-/// - Allocations: 4 MiB a second per process at the default 512 KiB interval (about 3,000
-///   records of 1.5 KB: a JVM allocating 1.5 GB/s), more for a shorter interval, up to 64 MiB;
-///   a user twice that.
+/// - Allocations: 32 MiB a second per process at the default 512 KiB interval (about 8,000
+///   records of 4 KB: a JVM allocating 4 GB/s, as a Clojure program does, with deep stacks),
+///   more for a shorter interval, up to four times that; a user twice that.
 /// - Waits: 8 MiB a second per process at the default 5 ms period (about 5,000 records of
 ///   1.5 KB), more for a shorter period, up to 64 MiB; a user twice that.
 /// - Process events: 16 bytes each; 1,024 a second per process, 4,096 per user (a busy build
@@ -619,7 +619,7 @@ pub fn emit_budgets(settings: &EmitSettings) -> [EmitBudget; PRODUCERS] {
     let ring = u64::from(settings.ring_bytes);
     // A rate that grows as the setting asks for more records than its default.
     let scaled = |base: u64, default: u64, setting: u64| {
-        (base.saturating_mul(default) / setting.max(1)).clamp(base, 64 * MIB)
+        (base.saturating_mul(default) / setting.max(1)).clamp(base, (4 * base).max(64 * MIB))
     };
     let bounded = |process: u64, user: u64, ring: u64| EmitBudget {
         process_bytes_per_sec: process,
@@ -628,7 +628,7 @@ pub fn emit_budgets(settings: &EmitSettings) -> [EmitBudget; PRODUCERS] {
         user_burst_bytes: (user / 4).min(ring / 2),
     };
     let alloc = scaled(
-        4 * MIB,
+        32 * MIB,
         profiler_common::ALLOC_INTERVAL_BYTES,
         settings.alloc_interval_bytes,
     );
@@ -686,39 +686,33 @@ mod budget_tests {
 
     #[test]
     fn budgets_follow_the_settings_and_bursts_the_rings() {
+        let mib = |bytes: u64| bytes >> 20;
+        let process = |budgets: &[EmitBudget; PRODUCERS], producer: Producer| {
+            mib(budgets[producer as usize].process_bytes_per_sec)
+        };
         let defaults = emit_budgets(&settings(profiler_common::ALLOC_INTERVAL_BYTES, 5_000_000));
-        let alloc = defaults[Producer::Alloc as usize];
-        assert_eq!(alloc.process_bytes_per_sec, 4 << 20);
-        assert_eq!(alloc.user_bytes_per_sec, 8 << 20);
+        assert_eq!(process(&defaults, Producer::Alloc), 32);
+        assert_eq!(
+            mib(defaults[Producer::Alloc as usize].user_bytes_per_sec),
+            64
+        );
+        assert_eq!(process(&defaults, Producer::OffCpu), 8);
         // A 200-frame Java stack (about 5 KB) on both CPUs at 999 Hz is within the CPU budget.
         let cpu = defaults[Producer::Cpu as usize];
         assert!(cpu.process_bytes_per_sec >= 2 * 999 * 5_000);
         assert_eq!(cpu.user_bytes_per_sec, 2 * cpu.process_bytes_per_sec);
-        // A shorter interval asks for more samples: the budget follows, up to 64 MiB.
+        // A shorter interval or period asks for more records: the budget follows, up to four
+        // times its base (64 MiB at least).
         let dense = emit_budgets(&settings(64 << 10, 1_000_000));
-        assert_eq!(
-            dense[Producer::Alloc as usize].process_bytes_per_sec,
-            32 << 20
-        );
-        assert_eq!(
-            dense[Producer::OffCpu as usize].process_bytes_per_sec,
-            40 << 20
-        );
+        assert_eq!(process(&dense, Producer::Alloc), 128);
+        assert_eq!(process(&dense, Producer::OffCpu), 40);
         let densest = emit_budgets(&settings(1, 1));
-        assert_eq!(
-            densest[Producer::Alloc as usize].process_bytes_per_sec,
-            64 << 20
-        );
+        assert_eq!(process(&densest, Producer::Alloc), 128);
+        assert_eq!(process(&densest, Producer::OffCpu), 64);
         // A sparser one never lowers it.
         let sparse = emit_budgets(&settings(64 << 20, 1_000_000_000));
-        assert_eq!(
-            sparse[Producer::Alloc as usize].process_bytes_per_sec,
-            4 << 20
-        );
-        assert_eq!(
-            sparse[Producer::OffCpu as usize].process_bytes_per_sec,
-            8 << 20
-        );
+        assert_eq!(process(&sparse, Producer::Alloc), 32);
+        assert_eq!(process(&sparse, Producer::OffCpu), 8);
         // No user fills more than half a ring at once.
         for (producer, ring) in [
             (

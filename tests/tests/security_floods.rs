@@ -188,9 +188,11 @@ fn whole_intervals(dir: &Path, pid: u32, prefix: &str) -> (Vec<proto::Profile>, 
         .map(|(_, profile)| profile)
         .collect();
     profiles.sort_by_key(|p| p.time_nanos);
+    // At least one whole interval after the first: under the CPU quota the worker may still be
+    // writing when an interval ends, and the next one then goes on (longer, as contiguous).
     assert!(
-        profiles.len() >= 3,
-        "{} {prefix} profiles of the victim, at least 3 expected",
+        profiles.len() >= 2,
+        "{} {prefix} profiles of the victim, at least 2 expected",
         profiles.len()
     );
     profiles.remove(0);
