@@ -518,28 +518,17 @@ impl Sampler {
     }
 
     /// Passes every record waiting in the allocation ring to `consume`.
-    pub fn drain_alloc(&mut self, mut consume: impl FnMut(&[u8])) -> usize {
-        let Some(ring) = &mut self.alloc_ring else {
-            return 0;
-        };
-        let mut records = 0;
-        while let Some(item) = ring.next() {
-            consume(&item);
-            records += 1;
-        }
-        records
+    pub fn drain_alloc(&mut self, consume: impl FnMut(&[u8])) -> usize {
+        self.alloc_ring
+            .as_mut()
+            .map_or(0, |ring| drain_records(ring, consume))
     }
 
     /// Passes every record waiting in the ring buffer to `consume`. The BPF side does not wake
     /// us per sample; the caller drains on a timer (and on the ring's wake-ups when it fills),
     /// so a batch costs no syscall per sample.
-    pub fn drain(&mut self, mut consume: impl FnMut(&[u8])) -> usize {
-        let mut records = 0;
-        while let Some(item) = self.ring.next() {
-            consume(&item);
-            records += 1;
-        }
-        records
+    pub fn drain(&mut self, consume: impl FnMut(&[u8])) -> usize {
+        drain_records(&mut self.ring, consume)
     }
 
     /// Whether off-CPU profiling is on.
@@ -549,16 +538,10 @@ impl Sampler {
 
     /// Passes every record waiting in the off-CPU ring to `consume`, in order (a wait's stack,
     /// a wait's end: see `profiler_common::OffCpuEnd`).
-    pub fn drain_off_cpu(&mut self, mut consume: impl FnMut(&[u8])) -> usize {
-        let Some(ring) = &mut self.off_cpu else {
-            return 0;
-        };
-        let mut records = 0;
-        while let Some(item) = ring.next() {
-            consume(&item);
-            records += 1;
-        }
-        records
+    pub fn drain_off_cpu(&mut self, consume: impl FnMut(&[u8])) -> usize {
+        self.off_cpu
+            .as_mut()
+            .map_or(0, |ring| drain_records(ring, consume))
     }
 
     pub fn counters(&self) -> KernelCounters {
@@ -570,6 +553,16 @@ impl Sampler {
         }
         totals
     }
+}
+
+/// Passes every record waiting in `ring` to `consume`; returns how many.
+fn drain_records(ring: &mut RingBuf<MapData>, mut consume: impl FnMut(&[u8])) -> usize {
+    let mut records = 0;
+    while let Some(item) = ring.next() {
+        consume(&item);
+        records += 1;
+    }
+    records
 }
 
 /// Takes the map `name` out of the object, as the type the daemon reads it with.
