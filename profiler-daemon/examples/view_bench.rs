@@ -19,9 +19,10 @@ use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
 use profiler_daemon::output::file_name::file_stem;
-use profiler_daemon::pprof::{encode_gzipped, Label, LocationKey, ProfileBuilder};
-use profiler_daemon::profiles::ProfileKind;
-use profiler_daemon::symbolize::ResolvedFrame;
+use profiler_daemon::pprof::{encode, encode_gzipped};
+use profiler_daemon::profile_model::{
+    Frame, FrameKind, NameSource, ProfileKind, Sample, SampleThread, SymbolizedProfile,
+};
 
 const PROCESSES: u32 = 50;
 const INTERVAL_SECS: u64 = 10;
@@ -100,41 +101,35 @@ fn generate(dir: &Path, start: SystemTime) -> (usize, u64) {
     let (mut files, mut bytes) = (0, 0);
     for process in 0..PROCESSES {
         let stacks = stacks_of(process);
-        let names: Vec<ResolvedFrame> = (0..FUNCTIONS)
-            .map(|index| ResolvedFrame::named(function_name(process, index), None))
+        let names: Vec<Frame> = (0..FUNCTIONS)
+            .map(|index| Frame::marker(FrameKind::Native, function_name(process, index)))
             .collect();
         let pid = 10_000 + process;
-        let (pid_label, service) = (pid.to_string(), format!("service-{process}"));
+        let service = format!("service-{process}");
         let mut random = Random(u64::from(process) * 7919 + 1);
         for interval in 0..INTERVALS {
             let time = start + Duration::from_secs(interval * INTERVAL_SECS);
-            let mut builder = ProfileBuilder::new_cpu(19, time, Duration::from_secs(INTERVAL_SECS));
+            let duration = Duration::from_secs(INTERVAL_SECS);
+            let mut profile = SymbolizedProfile::new(ProfileKind::Cpu, pid, time, duration);
+            (profile.comm, profile.period) = ("java".into(), 1_000_000_000 / 19);
+            profile.frames = names.clone();
             for _ in 0..SAMPLES_PER_FILE {
                 let stack = &stacks[random.hot(STACKS)];
-                let locations = stack
-                    .iter()
-                    .rev()
-                    .map(|&f| builder.location(LocationKey::User(f as u64), f as u64, &names[f]))
-                    .collect();
                 let tid = pid + 1 + random.below(THREADS as usize) as u32;
-                let thread = format!("http-nio-8080-exec-{}", tid - pid);
-                builder.add_sample_with(
-                    locations,
-                    1 + random.below(3) as u64,
-                    &[
-                        Label::Str("pid", &pid_label),
-                        Label::Str("comm", "java"),
-                        Label::Str("thread_name", &thread),
-                        Label::Str("thread_name_source", "sidecar"),
-                        Label::Num {
-                            key: "thread_id",
-                            value: i64::from(tid),
-                            unit: "",
-                        },
-                    ],
-                );
+                let thread = profile.add_thread(SampleThread {
+                    tid,
+                    name: format!("http-nio-8080-exec-{}", tid - pid),
+                    source: NameSource::Sidecar,
+                });
+                let count = 1 + random.below(3) as i64;
+                profile.samples.push(Sample {
+                    frames: stack.iter().rev().map(|&f| f as u32).collect(),
+                    values: [count, count * profile.period, 0, 0],
+                    thread: Some(thread),
+                    wait: None,
+                });
             }
-            let gzipped = encode_gzipped(&builder.finish()).expect("encodes");
+            let gzipped = encode_gzipped(&encode(&profile, true)).expect("encodes");
             let name = file_stem(ProfileKind::Cpu, time, pid, "java", &service);
             std::fs::write(dir.join(format!("{name}.pb.gz")), &gzipped).expect("writes");
             files += 1;

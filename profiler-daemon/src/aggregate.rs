@@ -22,6 +22,7 @@ use std::time::{Duration, SystemTime};
 use hashbrown::{hash_map::Entry, DefaultHashBuilder, HashMap, HashTable};
 use profiler_common::{SampleHeader, HEADER_BYTES};
 
+pub use crate::profile_model::ProfileKind;
 use crate::record::SampleView;
 use crate::stack_memory::{SharedStackMemory, PROCESS_OVERHEAD_BYTES, STACK_OVERHEAD_BYTES};
 
@@ -332,88 +333,6 @@ fn normalized_header(header: &SampleHeader) -> SampleHeader {
 fn header_bytes(header: &SampleHeader) -> &[u8] {
     // SAFETY: SampleHeader is plain old data of HEADER_BYTES bytes.
     unsafe { std::slice::from_raw_parts(header as *const SampleHeader as *const u8, HEADER_BYTES) }
-}
-
-/// Which profile a set of stacks makes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ProfileKind {
-    /// Where threads run: CPU-clock samples.
-    Cpu,
-    /// Where threads wait, and how long (`crate::off_cpu`).
-    OffCpu,
-    /// Where Java threads allocate, and how much (`crate::alloc`).
-    Alloc,
-    /// Where Java threads wait to enter contended monitors (`crate::lock`).
-    Mutex,
-    /// Where Java threads are parked (`crate::lock`).
-    Block,
-}
-
-impl ProfileKind {
-    pub const ALL: [Self; 5] = [
-        Self::Cpu,
-        Self::OffCpu,
-        Self::Alloc,
-        Self::Mutex,
-        Self::Block,
-    ];
-
-    /// How local file names start: `cpu-...`, `offcpu-...`, `alloc-...`.
-    pub const fn file_prefix(self) -> &'static str {
-        match self {
-            Self::Cpu => "cpu",
-            Self::OffCpu => "offcpu",
-            Self::Alloc => "alloc",
-            Self::Mutex => "mutex",
-            Self::Block => "block",
-        }
-    }
-
-    /// Pyroscope's `__name__` for it (the names its own eBPF, OTLP and JFR ingestion use).
-    pub const fn pyroscope_name(self) -> &'static str {
-        match self {
-            Self::Cpu => "process_cpu",
-            Self::OffCpu => "off_cpu",
-            Self::Alloc => "memory",
-            Self::Mutex => "mutex",
-            Self::Block => "block",
-        }
-    }
-
-    /// For titles (flame graphs).
-    pub const fn title(self) -> &'static str {
-        match self {
-            Self::Cpu => "CPU",
-            Self::OffCpu => "Off-CPU",
-            Self::Alloc => "Allocation",
-            Self::Mutex => "Monitor contention",
-            Self::Block => "Parked",
-        }
-    }
-
-    /// What a flame graph of it counts (see `output::flamegraph`).
-    pub const fn counted(self) -> &'static str {
-        match self {
-            Self::Cpu => "samples",
-            Self::OffCpu => "ns blocked",
-            Self::Alloc => "bytes",
-            Self::Mutex | Self::Block => "ns waited",
-        }
-    }
-
-    /// The kind whose files start with `prefix`.
-    pub fn from_file_prefix(prefix: &str) -> Option<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|kind| kind.file_prefix() == prefix)
-    }
-
-    /// The kind Pyroscope calls `name`.
-    pub fn from_pyroscope_name(name: &str) -> Option<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|kind| kind.pyroscope_name() == name)
-    }
 }
 
 #[cfg(test)]

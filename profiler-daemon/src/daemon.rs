@@ -301,7 +301,6 @@ async fn build_sinks(
     let local = LocalFiles::new(
         &config.output_dir,
         config.local_output,
-        config.threads,
         metrics.worker.clone(),
     )
     .map_err(|source| DaemonError::Output {
@@ -310,19 +309,12 @@ async fn build_sinks(
     })?;
     let mut sinks: Vec<Box<dyn Sink>> = vec![Box::new(local)];
     if let Some(pyroscope) = &config.pyroscope {
-        let sink = PyroscopeSink::start(
-            pyroscope,
-            config.threads,
-            metrics.export.clone(),
-            &mut tasks,
-        )?;
+        let sink = PyroscopeSink::start(pyroscope, metrics.export.clone(), &mut tasks)?;
         sinks.push(Box::new(sink));
     }
     if let Some(otlp) = &config.otlp {
         let sink = OtlpSink::start(
             otlp,
-            config.threads,
-            config.annotate_frames,
             config.kubernetes_node.as_deref(),
             metrics.export.clone(),
             &mut tasks,

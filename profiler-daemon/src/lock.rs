@@ -16,9 +16,10 @@ use std::time::Duration;
 
 use profiler_common::JavaState;
 
-use crate::aggregate::{Added, Aggregator, ProfileKind};
+use crate::aggregate::{Added, Aggregator};
 use crate::config_error::{invalid, ConfigError};
 use crate::off_cpu::JoinedWait;
+use crate::profile_model::{Frame, ProfileKind, SymbolizedProfile};
 use crate::record::SampleView;
 use crate::stack_memory::SharedStackMemory;
 
@@ -104,14 +105,23 @@ impl LockAggregators {
 /// The Java frames a parked thread waits under (`LockSupport.park` calls one of them).
 const PARK_METHODS: [&str; 2] = ["jdk.internal.misc.Unsafe.park", "sun.misc.Unsafe.park"];
 
-/// Whether a frame named `function` (a Java frame's name, maybe with a kind suffix) is the
-/// park a block profile's stacks must have.
-pub fn is_park(function: &str) -> bool {
-    PARK_METHODS.iter().any(|park| {
-        function
-            .strip_prefix(park)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with("_["))
-    })
+/// Whether a Java frame runs the park a block profile's stacks must have.
+fn is_park(frame: &Frame) -> bool {
+    frame.kind.is_jvm()
+        && frame
+            .lines
+            .iter()
+            .any(|line| PARK_METHODS.contains(&line.function.as_str()))
+}
+
+/// Keeps the samples of a block profile whose stacks go through a park: a thread blocked but
+/// not parked (`Thread.sleep`, a safepoint) waits for no lock.
+pub fn keep_parked(profile: &mut SymbolizedProfile) {
+    let parks: Vec<bool> = profile.frames.iter().map(is_park).collect();
+    profile.samples.retain(|sample| {
+        let parks_at = |id: &u32| parks.get(*id as usize).copied().unwrap_or(false);
+        sample.frames.iter().any(parks_at)
+    });
 }
 
 /// `--lock`'s value: a duration (`10ms`, `1s`, `500us`, or `0`).
@@ -158,12 +168,39 @@ mod tests {
     }
 
     #[test]
-    fn parks_are_the_unsafe_park_frames_whatever_their_kind() {
-        assert!(is_park("jdk.internal.misc.Unsafe.park"));
-        assert!(is_park("jdk.internal.misc.Unsafe.park_[j]"));
-        assert!(is_park("sun.misc.Unsafe.park_[0]"));
-        assert!(!is_park("java.util.concurrent.locks.LockSupport.park_[i]"));
-        assert!(!is_park("jdk.internal.misc.Unsafe.parkNanos"));
-        assert!(!is_park("java.lang.Thread.sleep"));
+    fn block_profiles_keep_the_stacks_through_a_park_of_any_java_kind() {
+        use crate::profile_model::{FrameKind, Sample};
+        use std::time::{Duration, SystemTime};
+
+        let mut profile = SymbolizedProfile::new(
+            ProfileKind::Block,
+            1,
+            SystemTime::UNIX_EPOCH,
+            Duration::ZERO,
+        );
+        let frame = |kind, name: &str| Frame::marker(kind, name);
+        let ids = [
+            frame(FrameKind::Jit, "jdk.internal.misc.Unsafe.park"),
+            frame(FrameKind::Interpreted, "sun.misc.Unsafe.park"),
+            frame(
+                FrameKind::Inlined,
+                "java.util.concurrent.locks.LockSupport.park",
+            ),
+            frame(FrameKind::Jit, "jdk.internal.misc.Unsafe.parkNanos"),
+            // A native function of that name is not Java's park.
+            frame(FrameKind::Native, "jdk.internal.misc.Unsafe.park"),
+        ]
+        .map(|frame| profile.add_frame(frame));
+        for id in ids {
+            profile.samples.push(Sample {
+                frames: vec![id],
+                values: [1, id as i64, 0, 0],
+                thread: None,
+                wait: None,
+            });
+        }
+        keep_parked(&mut profile);
+        let kept: Vec<i64> = profile.samples.iter().map(|s| s.values[1]).collect();
+        assert_eq!(kept, [0, 1]);
     }
 }

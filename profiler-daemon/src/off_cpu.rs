@@ -307,7 +307,7 @@ fn weighted(end: &OffCpuEnd, probability: u32) -> StackTotals {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profiles::ProfileKind;
+    use crate::profile_model::ProfileKind;
     use crate::record::tests::encode;
     use profiler_common::{SampleKind, UnwindEnd};
 

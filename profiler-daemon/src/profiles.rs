@@ -1,54 +1,42 @@
-//! Turns one process's folded stacks into a symbolized pprof profile: the one local files and
-//! the live stream get, and each other sink derives its own from (Pyroscope's:
-//! `export::pyroscope::profile`).
+//! Turns one process's folded stacks of an interval into its [`SymbolizedProfile`]: each
+//! distinct frame named once, through [`ProfileNames`] (the symbolizers implement it), each
+//! stack a sample with the values of the profile's kind and the thread it ran on.
 //!
 //! # Threads
 //!
 //! Stacks are folded per thread (tid), so every sample names one thread: by its full Java name
 //! when the sidecar agent reported it and the sampled `comm` confirms it
-//! ([`crate::sidecar::threads`]), else by `comm` (15 bytes at most).
-//!
-//! - Local files and the live stream ([`build`]) carry string labels `pid`, `comm`,
-//!   `thread_name`, `thread_name_source` (`sidecar` or `comm`) and a numeric label `thread_id`
-//!   (host tid). The stream's subscribers get one process's profiles, not series.
-//! - Pyroscope (`export::pyroscope::profile`) gets no sample labels: Pyroscope makes one series per
-//!   distinct set of string sample labels, so a thread name, a pid or a tid there would make a
-//!   series per thread and per restart. By default stacks are merged across threads, as
-//!   Pyroscope's own agents push them; the `threads` setting ([`crate::thread_roots::ThreadRoots`]) roots each stack
-//!   at its thread's pool or at the thread instead. Samples whose stacks are then equal are
-//!   merged into one.
+//! (`crate::sidecar::threads`), else by `comm` (15 bytes at most). What each output makes of
+//! it is the output's: the local files label samples with it, the remote sinks merge threads
+//! or root stacks at them (`crate::remote_variant`).
 
 use std::time::{Duration, SystemTime};
 
 use hashbrown::HashMap;
+use profiler_common::{JavaState, SampleKind, UnwindEnd, UserFrame, COMM_LEN};
 
-use profiler_common::{JavaState, SampleKind, UnwindEnd};
-
-pub use crate::aggregate::ProfileKind;
-use crate::aggregate::{whole_events, ProcessStacks};
-use crate::pprof::{proto, Label, LocationKey, ProfileBuilder};
+use crate::aggregate::{whole_events, ProcessStacks, StackTotals};
 use crate::printable::printable;
-use crate::process::ProcessTable;
-use crate::record::comm_to_string;
-use crate::sidecar::threads::NameSource;
-use crate::symbolize::symbolizers::Symbolizers;
-use crate::symbolize::symbolizers::{user_frame_key, UserFrameKey};
-use crate::symbolize::ResolvedFrame;
+use crate::profile_model::{
+    Frame, FrameId, FrameKind, NameSource, ProfileKind, Sample, SampleThread, SymbolizedProfile,
+    WaitState, MAX_VALUES,
+};
+use crate::record::{comm_to_string, SampleView, UserFrameKey};
 
-/// The `state` label of an off-CPU sample: what the thread was doing when it left the CPU (the
-/// scheduler's task state).
-fn wait_state_label(task_state: u8) -> &'static str {
-    match task_state {
-        0 => "runnable",
-        state if state & 1 != 0 => "sleeping",
-        state if state & 2 != 0 => "uninterruptible",
-        _ => "other",
-    }
+/// What names a profile's frames and threads. Each distinct frame of a profile is asked for
+/// once, as the profile shows it (markers and refusals are counted per frame shown).
+pub trait ProfileNames {
+    fn kernel(&mut self, ip: u64) -> Frame;
+    fn user(&mut self, key: UserFrameKey, frame: &UserFrame) -> Frame;
+    /// The name of thread `tid`, whose `comm` is `comm`, and where the name comes from.
+    fn thread(&mut self, tid: u32, comm: &str) -> (String, NameSource);
 }
 
 pub struct ProfileRequest<'a> {
     pub kind: ProfileKind,
     pub pid: u32,
+    /// The process's name as its table knows it, if it does (else its first thread's).
+    pub comm: Option<String>,
     pub stacks: &'a ProcessStacks,
     pub frequency_hz: u64,
     /// Allocation profiles' sampling interval (their period).
@@ -57,256 +45,191 @@ pub struct ProfileRequest<'a> {
     pub duration: Duration,
 }
 
-pub struct BuiltProfile {
-    pub pid: u32,
-    /// The process's name, printable ([`crate::printable`]).
-    pub comm: String,
-    /// The profile of the local files (see the module documentation).
-    pub profile: proto::Profile,
-    /// The thread of each of `profile.sample`, in order.
-    pub threads: Vec<SampleThread>,
+/// The frame of the samples whose stacks found no memory in their interval.
+pub const PAST_BOUND_FRAME: &str = "[stacks past the bound]";
+
+/// What tells a profile's frames apart.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum FrameKey {
+    Kernel(u64),
+    User(UserFrameKey),
+    /// `[stacks past the bound]`.
+    PastBound,
+    Truncated(UnwindEnd),
 }
 
-/// The thread a sample was taken on.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SampleThread {
-    /// In the initial pid namespace.
-    pub tid: u32,
-    pub name: String,
-    pub source: NameSource,
-}
-
-pub fn build(
-    request: ProfileRequest<'_>,
-    processes: &mut ProcessTable,
-    symbolizers: &mut Symbolizers,
-) -> BuiltProfile {
-    let ProfileRequest {
-        kind,
-        pid,
-        stacks,
-        frequency_hz,
-        alloc_interval_bytes,
-        start,
-        duration,
-    } = request;
-
-    let frames = symbolizers.prepare(pid, stacks, processes);
-    let thread_comm = stacks
-        .stacks()
-        .next()
-        .map(|(view, _)| comm_to_string(view.thread_name()));
-
-    // Shown as is in file names, flame graph titles and the service-name fallback, hence
-    // printable here; every string inside the profile is made so by the builder.
-    let comm = processes
-        .get(pid)
-        .map(|info| info.comm.clone())
-        .or(thread_comm)
-        .map(|comm| printable(&comm).into_owned())
-        .unwrap_or_default();
-    let pid_label = pid.to_string();
-    // Each thread is named once per profile.
-    let mut thread_names: HashMap<(u32, [u8; profiler_common::COMM_LEN]), SampleThread> =
-        HashMap::new();
-    let mut threads = Vec::with_capacity(stacks.distinct_stacks());
-
-    let mut builder = match kind {
-        ProfileKind::Cpu => ProfileBuilder::new_cpu(frequency_hz, start, duration),
-        ProfileKind::OffCpu => ProfileBuilder::new_off_cpu(start, duration),
-        ProfileKind::Alloc => ProfileBuilder::new_alloc(alloc_interval_bytes, start, duration),
-        ProfileKind::Mutex | ProfileKind::Block => {
-            ProfileBuilder::new_lock(kind.pyroscope_name(), start, duration)
-        }
-    };
-    // Locations whose frames include `Unsafe.park`: block profiles keep only the stacks
-    // through one.
-    let mut park_locations = hashbrown::HashSet::new();
+pub fn build(request: ProfileRequest<'_>, names: &mut impl ProfileNames) -> SymbolizedProfile {
+    let ProfileRequest { kind, stacks, .. } = request;
+    let mut profile = SymbolizedProfile::new(kind, request.pid, request.start, request.duration);
+    profile.comm = process_name(request.comm, stacks);
+    profile.period = period(kind, request.frequency_hz, request.alloc_interval_bytes);
+    let mut made = Interned::new(profile);
     // The process's stacks, then what it had past its memory share (`crate::stack_memory`).
-    let past_bound = stacks
+    let stacks_past_bound = stacks
         .past_bound()
         .map(|(view, totals)| (view, totals, true));
-    for (view, totals, is_past_bound) in stacks
-        .stacks()
-        .map(|(view, totals)| (view, totals, false))
-        .chain(past_bound)
-    {
-        if is_past_bound && kind == ProfileKind::Block {
-            // Its waits cannot be told parked or not; counted in the metrics only.
+    let all = stacks.stacks().map(|(view, totals)| (view, totals, false));
+    for (view, totals, past_bound) in all.chain(stacks_past_bound) {
+        if past_bound && kind == ProfileKind::Block {
+            // Its waits cannot be told parked or not (`crate::lock`): in the metrics only.
             continue;
         }
-        let mut locations = Vec::with_capacity(
-            view.header.kernel_frames as usize + view.header.user_frames as usize + 1,
-        );
+        let mut frames = Vec::with_capacity(stack_len(&view));
         for ip in view.kernel_ips() {
-            let annotate = symbolizers.annotate;
-            locations.push(
-                builder.location_with(LocationKey::Kernel(ip), ip, || frames.kernel(ip, annotate)),
-            );
+            frames.push(made.frame(FrameKey::Kernel(ip), || names.kernel(ip)));
         }
-        for (index, user) in view.user_frames().enumerate() {
-            let key = user_frame_key(index, &user);
-            let (location, address) = location_of(key);
-            // Named once per location of the profile, as it shows them (not per sample).
-            let mut parks = false;
-            let id = builder.location_with(location, address, || {
-                let frame = frames.user(symbolizers, key, &user);
-                parks = kind == ProfileKind::Block
-                    && frame
-                        .lines
-                        .iter()
-                        .any(|line| crate::lock::is_park(&line.function));
-                frame
-            });
-            if parks {
-                park_locations.insert(id);
-            }
-            locations.push(id);
+        for (key, user) in view.keyed_user_frames() {
+            frames.push(made.frame(FrameKey::User(key), || names.user(key, &user)));
         }
-        if kind == ProfileKind::Block && !locations.iter().any(|id| park_locations.contains(id)) {
-            // Blocked, but not parked: `Thread.sleep`, a safepoint.
-            continue;
+        if past_bound {
+            let marker = || Frame::marker(FrameKind::Truncated, PAST_BOUND_FRAME);
+            frames.push(made.frame(FrameKey::PastBound, marker));
         }
-        if is_past_bound {
-            let frame = ResolvedFrame::named(PAST_BOUND_FRAME.to_owned(), None);
-            locations.push(builder.location(LocationKey::Marker(PAST_BOUND_MARKER), 0, &frame));
+        if let Some(end) = truncation_marker(view.user_end()) {
+            let marker = || Frame::marker(FrameKind::Truncated, truncated_name(end));
+            frames.push(made.frame(FrameKey::Truncated(end), marker));
         }
-        if let Some(marker) = truncation_marker(view.user_end()) {
-            let frame = ResolvedFrame::named(format!("[truncated: {}]", marker.name()), None);
-            locations.push(builder.location(LocationKey::Marker(marker as u8), 0, &frame));
-        }
-        let tid = view.header.tid;
-        let thread = thread_names
-            .entry((tid, *view.thread_name()))
-            .or_insert_with(|| {
-                let comm = comm_to_string(view.thread_name());
-                let (name, source) = match symbolizers.java.thread_names(pid) {
-                    Some(names) => names.name_of(tid, &comm),
-                    None => (comm, NameSource::Comm),
-                };
-                SampleThread { tid, name, source }
-            });
-        let labels = vec![
-            Label::Str("pid", &pid_label),
-            Label::Str("comm", &comm),
-            Label::Str("thread_name", &thread.name),
-            Label::Str("thread_name_source", thread.source.as_str()),
-            Label::Num {
-                key: "thread_id",
-                value: i64::from(tid),
-                unit: "",
-            },
-        ];
-        add_sample(kind, &mut builder, locations, (&view, &totals), labels);
-        threads.push(thread.clone());
+        let thread = made.thread(&view, names);
+        let period = made.profile.period;
+        made.profile.samples.push(Sample {
+            frames,
+            values: values(kind, &view, &totals, period),
+            thread: Some(thread),
+            wait: (kind == ProfileKind::OffCpu).then(|| wait_state(&view)),
+        });
     }
-    BuiltProfile {
-        pid,
-        comm,
-        profile: builder.finish(),
-        threads,
+    made.profile
+}
+
+/// A profile being built, with what it already has: each distinct frame and thread is named
+/// once.
+struct Interned {
+    profile: SymbolizedProfile,
+    frames: HashMap<FrameKey, FrameId>,
+    threads: HashMap<(u32, [u8; COMM_LEN]), u32>,
+}
+
+impl Interned {
+    fn new(profile: SymbolizedProfile) -> Self {
+        Self {
+            profile,
+            frames: HashMap::new(),
+            threads: HashMap::new(),
+        }
+    }
+
+    fn frame(&mut self, key: FrameKey, name: impl FnOnce() -> Frame) -> FrameId {
+        let profile = &mut self.profile;
+        *self
+            .frames
+            .entry(key)
+            .or_insert_with(|| profile.add_frame(name()))
+    }
+
+    fn thread(&mut self, view: &SampleView<'_>, names: &mut impl ProfileNames) -> u32 {
+        let profile = &mut self.profile;
+        *self
+            .threads
+            .entry((view.header.tid, *view.thread_name()))
+            .or_insert_with(|| profile.add_thread(sample_thread(view, names)))
     }
 }
 
-/// The pprof location of a user frame, and its address (0 for Java frames, which have none of
-/// their own in the process's mappings).
-fn location_of(key: UserFrameKey) -> (LocationKey, u64) {
-    match key {
-        UserFrameKey::Native(addr) => (LocationKey::User(addr), addr),
-        UserFrameKey::Java {
-            kind,
-            addr,
-            aux,
-            cookie,
-            top,
-        } => (
-            LocationKey::Java {
-                kind,
-                addr,
-                aux,
-                cookie,
-                top,
-            },
-            0,
-        ),
+/// The process's name, printable: shown as is in file names, flame graph titles and the
+/// service-name fallback.
+fn process_name(known: Option<String>, stacks: &ProcessStacks) -> String {
+    known
+        .or_else(|| {
+            let (view, _) = stacks.stacks().next()?;
+            Some(comm_to_string(view.thread_name()))
+        })
+        .map(|comm| printable(&comm).into_owned())
+        .unwrap_or_default()
+}
+
+fn sample_thread(view: &SampleView<'_>, names: &mut impl ProfileNames) -> SampleThread {
+    let tid = view.header.tid;
+    let (name, source) = names.thread(tid, &comm_to_string(view.thread_name()));
+    SampleThread {
+        tid,
+        name: printable(&name).into_owned(),
+        source,
     }
 }
 
-/// Adds one stack's sample with the values of the profile's kind.
-fn add_sample(
-    kind: ProfileKind,
-    builder: &mut ProfileBuilder,
-    locations: Vec<u64>,
-    (view, totals): (
-        &crate::record::SampleView<'_>,
-        &crate::aggregate::StackTotals,
-    ),
-    labels: Vec<Label<'_>>,
-) {
+fn stack_len(view: &SampleView<'_>) -> usize {
+    view.header.kernel_frames as usize + view.header.user_frames as usize + 1
+}
+
+/// What one sample stands for (see [`SymbolizedProfile::period`]).
+fn period(kind: ProfileKind, frequency_hz: u64, alloc_interval_bytes: u64) -> i64 {
     match kind {
-        ProfileKind::Cpu => builder.add_sample_with(locations, totals.count, &labels),
-        ProfileKind::OffCpu => add_wait(builder, locations, view, totals, labels),
-        ProfileKind::Alloc => add_allocation(builder, locations, view, totals, &labels),
-        ProfileKind::Mutex | ProfileKind::Block => builder.add_sample_values(
-            locations,
-            vec![
-                saturating_i64(whole_events(totals.events)),
-                saturating_i64(totals.blocked_ns.saturating_add(totals.runqueue_ns)),
-            ],
-            &labels,
-        ),
+        ProfileKind::Cpu => saturating_i64(1_000_000_000 / frequency_hz.max(1)),
+        ProfileKind::OffCpu => 0,
+        ProfileKind::Alloc => saturating_i64(alloc_interval_bytes),
+        ProfileKind::Mutex | ProfileKind::Block => 1,
     }
 }
 
-/// Adds an off-CPU sample: its blocked and run-queue time and count, labelled with what the
-/// thread waited in (the kernel's state, and the JVM's for Java threads).
-fn add_wait(
-    builder: &mut ProfileBuilder,
-    locations: Vec<u64>,
-    view: &crate::record::SampleView<'_>,
-    totals: &crate::aggregate::StackTotals,
-    mut labels: Vec<Label<'_>>,
-) {
-    labels.push(Label::Str(
-        "state",
-        wait_state_label(view.header.task_state),
-    ));
-    let java_state = JavaState::from_u8(view.header.java_state).unwrap_or(JavaState::Unknown);
-    if java_state != JavaState::Unknown {
-        labels.push(Label::Str("java_state", java_state.name()));
-    }
-    builder.add_sample_values(
-        locations,
-        vec![
+/// A stack's values, in the order of its kind's sample types (`ProfileKind::sample_types`).
+fn values(
+    kind: ProfileKind,
+    view: &SampleView<'_>,
+    totals: &StackTotals,
+    period: i64,
+) -> [i64; MAX_VALUES] {
+    let events = saturating_i64(whole_events(totals.events));
+    match kind {
+        ProfileKind::Cpu => {
+            let count = saturating_i64(totals.count);
+            [count, count.saturating_mul(period), 0, 0]
+        }
+        ProfileKind::OffCpu => [
             saturating_i64(totals.blocked_ns),
             saturating_i64(totals.runqueue_ns),
             saturating_i64(totals.count),
-            saturating_i64(whole_events(totals.events)),
+            events,
         ],
-        &labels,
-    )
+        // In the TLAB or outside-TLAB columns, as the record says.
+        ProfileKind::Alloc => match SampleKind::from_u8(view.header.kind) {
+            Some(SampleKind::AllocOutsideTlab) => [0, 0, events, totals.alloc_bytes_i64()],
+            _ => [events, totals.alloc_bytes_i64(), 0, 0],
+        },
+        ProfileKind::Mutex | ProfileKind::Block => [
+            events,
+            saturating_i64(totals.blocked_ns.saturating_add(totals.runqueue_ns)),
+            0,
+            0,
+        ],
+    }
 }
 
-/// Adds an allocation sample: its estimated events and bytes, in the TLAB or outside-TLAB
-/// columns as its record says.
-fn add_allocation(
-    builder: &mut ProfileBuilder,
-    locations: Vec<u64>,
-    view: &crate::record::SampleView<'_>,
-    totals: &crate::aggregate::StackTotals,
-    labels: &[Label<'_>],
-) {
-    let events = saturating_i64(whole_events(totals.events));
-    let bytes = saturating_i64(totals.alloc_bytes);
-    let values = match SampleKind::from_u8(view.header.kind) {
-        Some(SampleKind::AllocOutsideTlab) => vec![0, 0, events, bytes],
-        _ => vec![events, bytes, 0, 0],
+/// What the thread of an off-CPU sample waited in: the kernel's task state, and the JVM's for
+/// Java threads.
+fn wait_state(view: &SampleView<'_>) -> WaitState {
+    let task_state = match view.header.task_state {
+        0 => "runnable",
+        state if state & 1 != 0 => "sleeping",
+        state if state & 2 != 0 => "uninterruptible",
+        _ => "other",
     };
-    builder.add_sample_values(locations, values, labels)
+    let java_state = JavaState::from_u8(view.header.java_state)
+        .filter(|state| *state != JavaState::Unknown)
+        .map(JavaState::name);
+    WaitState {
+        task_state,
+        java_state,
+    }
 }
 
 fn saturating_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+impl StackTotals {
+    fn alloc_bytes_i64(&self) -> i64 {
+        saturating_i64(self.alloc_bytes)
+    }
 }
 
 /// Which stack ends deserve a visible marker at the root. A frame-pointer walk that runs into
@@ -314,11 +237,6 @@ fn saturating_i64(value: u64) -> i64 {
 /// non-monotonic read: that is the normal end of native stacks, counted but not marked. A walk
 /// cut by the depth bound, or stopped by a Java frame it could not unwind, is marked, so the
 /// missing outer frames are visible instead of silently gone.
-/// The frame of the samples whose stacks found no memory in their interval.
-pub const PAST_BOUND_FRAME: &str = "[stacks past the bound]";
-/// Its marker number, apart from the unwind ends' (`truncation_marker`).
-const PAST_BOUND_MARKER: u8 = u8::MAX;
-
 fn truncation_marker(end: Option<UnwindEnd>) -> Option<UnwindEnd> {
     match end? {
         end @ (UnwindEnd::MaxDepth
@@ -332,24 +250,49 @@ fn truncation_marker(end: Option<UnwindEnd>) -> Option<UnwindEnd> {
     }
 }
 
-/// Built profiles for the tests of this module and of the sinks that derive theirs from them.
+fn truncated_name(end: UnwindEnd) -> String {
+    format!("[truncated: {}]", end.name())
+}
+
+/// Profiles built from records, for the tests of this module and of the outputs.
 #[cfg(test)]
 pub(crate) mod fixtures {
     use super::*;
     use crate::aggregate::Aggregator;
     use crate::record::tests::encode;
-    use crate::record::SampleView;
 
     /// No such process: frames stay unknown, names come from the records.
     pub(crate) const PID: u32 = 0x7fff_fff0;
 
+    /// Names every frame `[unknown]` and every thread by its `comm`.
+    pub(crate) struct UnknownNames;
+
+    impl ProfileNames for UnknownNames {
+        fn kernel(&mut self, ip: u64) -> Frame {
+            Frame::new(
+                FrameKind::Kernel,
+                ip,
+                crate::resolved_frame::ResolvedFrame::named("[unknown]", None),
+            )
+        }
+
+        fn user(&mut self, _: UserFrameKey, frame: &UserFrame) -> Frame {
+            let named = crate::resolved_frame::ResolvedFrame::named("[unknown]", None);
+            Frame::new(FrameKind::Native, frame.addr, named)
+        }
+
+        fn thread(&mut self, _: u32, comm: &str) -> (String, NameSource) {
+            (comm.to_owned(), NameSource::Comm)
+        }
+    }
+
     /// A profile of one stack sampled 3 times on thread 70 and once on 71, both `pool-1`.
-    pub(crate) fn built() -> BuiltProfile {
+    pub(crate) fn built() -> SymbolizedProfile {
         built_on("pool-1")
     }
 
     /// [`built`] with both threads named `thread_name`.
-    pub(crate) fn built_on(thread_name: &str) -> BuiltProfile {
+    pub(crate) fn built_on(thread_name: &str) -> SymbolizedProfile {
         built_from(&[
             (70, thread_name),
             (70, thread_name),
@@ -358,8 +301,8 @@ pub(crate) mod fixtures {
         ])
     }
 
-    /// A profile of one stack sampled once per (tid, thread name) of `samples`.
-    pub(crate) fn built_from(samples: &[(u32, &str)]) -> BuiltProfile {
+    /// A CPU profile of one stack sampled once per (tid, thread name) of `samples`.
+    pub(crate) fn built_from(samples: &[(u32, &str)]) -> SymbolizedProfile {
         let mut aggregator = Aggregator::new(100);
         let tid_at = std::mem::offset_of!(profiler_common::SampleHeader, tid);
         for &(tid, thread_name) in samples {
@@ -372,54 +315,15 @@ pub(crate) mod fixtures {
             ProfileRequest {
                 kind: ProfileKind::Cpu,
                 pid: PID,
+                comm: None,
                 stacks: &interval.processes[&PID],
                 frequency_hz: 19,
                 alloc_interval_bytes: profiler_common::ALLOC_INTERVAL_BYTES,
                 start: SystemTime::UNIX_EPOCH,
                 duration: Duration::from_secs(1),
             },
-            &mut ProcessTable::default(),
-            &mut Symbolizers::new(false),
+            &mut UnknownNames,
         )
-    }
-
-    pub(crate) fn string(profile: &proto::Profile, index: i64) -> &str {
-        &profile.string_table[index as usize]
-    }
-
-    /// Per sample: (count, string labels, numeric labels, outermost frame's name).
-    #[allow(clippy::type_complexity)]
-    pub(crate) fn summary(
-        profile: &proto::Profile,
-    ) -> Vec<(i64, Vec<(&str, &str)>, Vec<(&str, i64)>, &str)> {
-        let mut samples: Vec<_> = profile
-            .sample
-            .iter()
-            .map(|sample| {
-                let strings = sample
-                    .label
-                    .iter()
-                    .filter(|l| l.str != 0)
-                    .map(|l| (string(profile, l.key), string(profile, l.str)))
-                    .collect();
-                let numbers = sample
-                    .label
-                    .iter()
-                    .filter(|l| l.str == 0)
-                    .map(|l| (string(profile, l.key), l.num))
-                    .collect();
-                let root = sample
-                    .location_id
-                    .last()
-                    .and_then(|id| profile.location.iter().find(|l| l.id == *id))
-                    .and_then(|l| l.line.first())
-                    .and_then(|line| profile.function.iter().find(|f| f.id == line.function_id))
-                    .map_or("", |f| string(profile, f.name));
-                (sample.value[0], strings, numbers, root)
-            })
-            .collect();
-        samples.sort();
-        samples
     }
 }
 
@@ -429,55 +333,58 @@ mod tests {
     use super::*;
 
     #[test]
-    fn local_profiles_label_each_thread_with_its_tid() {
-        let built = built();
-        assert_eq!(built.threads.len(), 2);
-        let pid = PID.to_string();
-        let labels = |tid: i64| {
-            (
-                vec![
-                    ("pid", pid.as_str()),
-                    ("comm", "pool-1"),
-                    ("thread_name", "pool-1"),
-                    ("thread_name_source", "comm"),
-                ],
-                vec![("thread_id", tid)],
-            )
-        };
-        let samples = summary(&built.profile);
-        assert_eq!(samples.len(), 2);
+    fn every_sample_names_its_thread_and_distinct_frames_are_made_once() {
+        let profile = built();
+        assert_eq!(profile.comm, "pool-1");
         assert_eq!(
-            (samples[0].0, &samples[0].1, &samples[0].2),
-            (1, &labels(71).0, &labels(71).1)
+            profile.frames.len(),
+            2,
+            "two frames, shared by both samples"
         );
+        let mut samples: Vec<_> = profile
+            .samples
+            .iter()
+            .map(|sample| {
+                let thread = profile.thread(sample).expect("a thread");
+                (
+                    thread.tid,
+                    thread.name.as_str(),
+                    sample.values[0],
+                    sample.frames.clone(),
+                )
+            })
+            .collect();
+        samples.sort();
         assert_eq!(
-            (samples[1].0, &samples[1].1, &samples[1].2),
-            (3, &labels(70).0, &labels(70).1)
+            samples,
+            [(70, "pool-1", 3, vec![0, 1]), (71, "pool-1", 1, vec![0, 1])]
         );
-        // No synthetic frames locally: the root is the stack's own outermost frame.
-        assert!(samples.iter().all(|s| s.3 == "[unknown]"));
+        // 19 Hz: each sample stands for 1/19 s.
+        assert_eq!(profile.period, 52_631_578);
+        let on_70 = profile
+            .samples
+            .iter()
+            .find(|s| s.values[0] == 3)
+            .expect("3 samples");
+        assert_eq!(on_70.values[1], 3 * 52_631_578);
     }
 
     #[test]
     fn java_unwind_failures_and_depth_cuts_are_marked() {
-        assert_eq!(
-            truncation_marker(Some(UnwindEnd::MaxDepth)),
-            Some(UnwindEnd::MaxDepth)
-        );
-        assert_eq!(
-            truncation_marker(Some(UnwindEnd::NoCodeBlob)),
-            Some(UnwindEnd::NoCodeBlob)
-        );
-        assert_eq!(
-            truncation_marker(Some(UnwindEnd::BadJavaFrame)),
-            Some(UnwindEnd::BadJavaFrame)
-        );
-        assert_eq!(
-            truncation_marker(Some(UnwindEnd::JavaReadFailed)),
-            Some(UnwindEnd::JavaReadFailed)
-        );
+        for end in [
+            UnwindEnd::MaxDepth,
+            UnwindEnd::NoCodeBlob,
+            UnwindEnd::BadJavaFrame,
+            UnwindEnd::JavaReadFailed,
+        ] {
+            assert_eq!(truncation_marker(Some(end)), Some(end));
+        }
         assert_eq!(truncation_marker(Some(UnwindEnd::NotMonotonic)), None);
         assert_eq!(truncation_marker(Some(UnwindEnd::Complete)), None);
         assert_eq!(truncation_marker(None), None);
+        assert_eq!(
+            truncated_name(UnwindEnd::MaxDepth),
+            "[truncated: max_depth]"
+        );
     }
 }

@@ -4,7 +4,7 @@
 //! the buffer, and a record that does not parse is counted by the caller, never a panic.
 
 use profiler_common::{
-    SampleHeader, UnwindEnd, UserFrame, COMM_LEN, HEADER_BYTES, KERNEL_FRAME_BYTES,
+    FrameKind, SampleHeader, UnwindEnd, UserFrame, COMM_LEN, HEADER_BYTES, KERNEL_FRAME_BYTES,
     USER_FRAME_BYTES,
 };
 
@@ -77,9 +77,57 @@ impl<'a> SampleView<'a> {
         })
     }
 
+    /// The user frames with what tells each apart and names it ([`UserFrameKey`]).
+    pub fn keyed_user_frames(&self) -> impl Iterator<Item = (UserFrameKey, UserFrame)> + 'a {
+        self.user_frames()
+            .enumerate()
+            .map(|(index, frame)| (UserFrameKey::of(index, &frame), frame))
+    }
+
     /// The bytes that identify this stack (kernel and user frames), for hashing and equality.
     pub fn stack_bytes(&self) -> (&'a [u8], &'a [u8]) {
         (self.kernel, self.user)
+    }
+}
+
+/// How a user frame is told apart from a profile's others, and what names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UserFrameKey {
+    /// A native frame, by the address to look up: the interrupted instruction for the top
+    /// frame; one byte back from the others' return addresses, which point after their call.
+    Native(u64),
+    /// A HotSpot frame as the BPF unwinder recorded it; the top frame resolves differently from
+    /// a return address, hence `top`.
+    Java {
+        kind: u8,
+        addr: u64,
+        aux: u32,
+        cookie: u32,
+        top: bool,
+    },
+}
+
+impl UserFrameKey {
+    /// The key of user frame `index` of a stack (0: the interrupted instruction).
+    pub fn of(index: usize, frame: &UserFrame) -> Self {
+        match frame.kind() {
+            Some(FrameKind::Native) if index == 0 => Self::Native(frame.addr),
+            Some(FrameKind::Native) => Self::Native(frame.addr.saturating_sub(1)),
+            // A kind BPF never writes goes to the Java symbolizer too, which shows it as the
+            // `bad_frame_kind` marker.
+            Some(FrameKind::Interpreted | FrameKind::Compiled | FrameKind::AllocatedClass)
+            | None => Self::Java {
+                kind: frame.kind,
+                addr: frame.addr,
+                aux: frame.aux,
+                cookie: frame.cookie,
+                top: index == 0,
+            },
+        }
+    }
+
+    pub fn is_java(&self) -> bool {
+        matches!(self, Self::Java { .. })
     }
 }
 
@@ -92,7 +140,6 @@ pub fn comm_to_string(comm: &[u8]) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use profiler_common::FrameKind;
 
     /// Builds a record the way the eBPF program lays it out.
     pub(crate) fn encode(

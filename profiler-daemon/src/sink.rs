@@ -1,36 +1,100 @@
-//! Where built profiles go. Every output is a [`Sink`]: the local files (`output`), Grafana
-//! Pyroscope and the live stream (`export`). Each is built from its own config section, next to
-//! its code; `daemon.rs` (`build_sinks`) builds those the config asks for, and the worker hands
-//! every profile of an interval to each sink in turn, then tells them the interval is over. A
-//! new output (OTLP, say) is one more `Sink` and one more line in `build_sinks`.
+//! Where symbolized profiles go. Every output is a [`Sink`]: the local files (`output`), Grafana
+//! Pyroscope, OTLP and the live stream (`export`). Each is built from its own config section,
+//! next to its code; `daemon.rs` (`build_sinks`) builds those the config asks for, and the
+//! worker hands every profile of an interval to each sink in turn, then tells them the interval
+//! is over. A new output is one more `Sink` and one more line in `build_sinks`.
+//!
+//! Every sink encodes the same [`SymbolizedProfile`]; what several of them need is made once,
+//! on the first one's request ([`SinkProfile::local_pprof`], [`SinkProfile::remote_variant`]).
 //!
 //! Sinks run on the symbolizer thread and must not block it: a sink that does network I/O hands
 //! profiles to a task of its own through a bounded queue, and counts what it drops.
 
+use std::cell::OnceCell;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::profiles::{BuiltProfile, ProfileKind};
+use crate::pprof::{self, proto};
+use crate::profile_model::SymbolizedProfile;
+use crate::remote_variant::remote_variant;
+use crate::thread_roots::ThreadRoots;
+
+/// How profiles are shown, the same for every sink.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Presentation {
+    /// Frame names with their kind's suffix where names are written for people (pprof, SVG).
+    pub annotate_frames: bool,
+    /// How the remote sinks' stacks and the local flame graphs show their thread.
+    pub threads: ThreadRoots,
+}
 
 /// One process's profile of one interval, as every sink receives it.
 pub struct SinkProfile<'a> {
-    pub kind: ProfileKind,
-    pub start: SystemTime,
-    pub duration: Duration,
-    /// The profile with its per-sample thread list (Pyroscope builds its own variant from it).
-    pub built: &'a BuiltProfile,
-    /// `built.profile`, gzipped once for the sinks that keep or send it as is.
-    pub gzipped: &'a Arc<[u8]>,
+    pub profile: &'a SymbolizedProfile,
     pub service_name: &'a str,
     /// The series labels: `__name__` first, then sorted (see `ProcessIdentity::labels`).
     pub labels: &'a [(String, String)],
+    pub presentation: Presentation,
+    encoded: Encoded,
 }
 
-/// An output of built profiles.
+/// The local files' pprof: what the files and the live stream carry.
+pub struct LocalPprof {
+    pub profile: proto::Profile,
+    /// `profile`, gzipped once for the sinks that keep or send it as is.
+    pub gzipped: Arc<[u8]>,
+}
+
+/// What sinks share, made on the first request.
+#[derive(Default)]
+struct Encoded {
+    local: OnceCell<std::io::Result<LocalPprof>>,
+    remote: OnceCell<Arc<SymbolizedProfile>>,
+}
+
+impl<'a> SinkProfile<'a> {
+    pub fn new(
+        profile: &'a SymbolizedProfile,
+        service_name: &'a str,
+        labels: &'a [(String, String)],
+        presentation: Presentation,
+    ) -> Self {
+        Self {
+            profile,
+            service_name,
+            labels,
+            presentation,
+            encoded: Encoded::default(),
+        }
+    }
+
+    /// The profile as the local files hold it: every sample labelled with its thread.
+    pub fn local_pprof(&self) -> Result<&LocalPprof, &std::io::Error> {
+        self.encoded
+            .local
+            .get_or_init(|| {
+                let profile = pprof::encode(self.profile, self.presentation.annotate_frames);
+                let gzipped = pprof::encode_gzipped(&profile)?;
+                Ok(LocalPprof {
+                    profile,
+                    gzipped: Arc::from(gzipped),
+                })
+            })
+            .as_ref()
+    }
+
+    /// The profile as the remote sinks send it (`crate::remote_variant`).
+    pub fn remote_variant(&self) -> &Arc<SymbolizedProfile> {
+        self.encoded
+            .remote
+            .get_or_init(|| Arc::new(remote_variant(self.profile, self.presentation.threads)))
+    }
+}
+
+/// An output of symbolized profiles.
 pub trait Sink: Send {
     /// For logs.
     fn name(&self) -> &'static str;

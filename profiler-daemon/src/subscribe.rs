@@ -8,7 +8,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use crate::export::proto::profiler::v1::profile_stream_client::ProfileStreamClient;
 use crate::export::proto::profiler::v1::{ProfileMessage, SubscribeRequest};
 use crate::pprof::{decode, proto, string_at};
-use crate::profiles::ProfileKind;
+use crate::profile_model::ProfileKind;
 
 /// What to do with each profile received.
 pub enum Sink {
@@ -151,18 +151,14 @@ fn self_samples_by_function(profile: &proto::Profile) -> Vec<(String, i64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pprof::{LocationKey, ProfileBuilder};
-    use crate::symbolize::ResolvedFrame;
-    use std::time::SystemTime;
+    use crate::profile_model::testing::cpu_profile;
 
     #[test]
     fn top_counts_leaf_frames() {
-        let mut builder = ProfileBuilder::new_cpu(99, SystemTime::now(), Duration::from_secs(1));
-        let main = builder.location(LocationKey::User(1), 1, &ResolvedFrame::named("main", None));
-        let hot = builder.location(LocationKey::User(2), 2, &ResolvedFrame::named("hot", None));
-        builder.add_sample(vec![hot, main], 7, &[]);
-        builder.add_sample(vec![main], 3, &[]);
-        let profile = builder.finish();
+        let profile = crate::pprof::encode(
+            &cpu_profile(&[(&["hot", "main"], 7, None), (&["main"], 3, None)]),
+            true,
+        );
         assert_eq!(
             self_samples_by_function(&profile),
             vec![("hot".to_string(), 7), ("main".to_string(), 3)]

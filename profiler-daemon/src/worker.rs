@@ -1,5 +1,6 @@
 //! The symbolizing side of the pipeline, on its own thread: reads new processes as they appear,
-//! and at each interval turns folded stacks into pprof files. Kept off the sampling loop so that
+//! and at each interval turns each process's folded stacks into its symbolized profile
+//! (`crate::profiles`) and hands it to every sink. Kept off the sampling loop so that
 //! slow symbol loading never delays draining the ring buffer.
 
 use std::sync::atomic::Ordering;
@@ -10,10 +11,10 @@ use std::time::{Duration, Instant};
 use crate::aggregate::IntervalStacks;
 use crate::identity::ServiceNaming;
 use crate::metrics::WorkerCounters;
-use crate::pprof::encode_gzipped;
 use crate::process::ProcessTable;
+use crate::profile_model::ProfileKind;
 use crate::profiles::{self, ProfileRequest};
-use crate::sink::{Sink, SinkProfile};
+use crate::sink::{Presentation, Sink, SinkProfile};
 use crate::symbolize::symbolizers::Symbolizers;
 
 pub enum Work {
@@ -56,6 +57,7 @@ pub struct Worker {
     pods: Option<crate::kubernetes::SharedPodIndex>,
     frequency_hz: u64,
     alloc_interval_bytes: u64,
+    presentation: Presentation,
     /// Shared with the metrics endpoint.
     counters: Arc<WorkerCounters>,
     /// What the symbolizers were built with, to build them anew after a panic.
@@ -70,21 +72,19 @@ impl Worker {
         sinks: Vec<Box<dyn Sink>>,
         naming: ServiceNaming,
         frequency_hz: u64,
-        annotate_frames: bool,
+        presentation: Presentation,
         counters: Arc<WorkerCounters>,
     ) -> Self {
-        let mut symbolizers = Symbolizers::new(annotate_frames);
-        symbolizers.java_unnamed = counters.java_unnamed.clone();
-        symbolizers.refused_names = counters.refused_names.clone();
         Self {
             processes: ProcessTable::default(),
-            symbolizers,
+            symbolizers: counted_symbolizers(&counters),
             sinks,
             naming,
             extra_labels: Default::default(),
             pods: None,
             frequency_hz,
             alloc_interval_bytes: profiler_common::ALLOC_INTERVAL_BYTES,
+            presentation,
             counters,
             cache_budget: None,
             thread_directory: None,
@@ -204,9 +204,7 @@ impl Worker {
     /// Builds the symbolizers and the process table anew, as configured: after a panic their
     /// state may be half updated.
     fn restart_symbolizers(&mut self) {
-        let mut symbolizers = Symbolizers::new(self.symbolizers.annotate);
-        symbolizers.java_unnamed = self.counters.java_unnamed.clone();
-        symbolizers.refused_names = self.counters.refused_names.clone();
+        let mut symbolizers = counted_symbolizers(&self.counters);
         if let Some(limit_bytes) = self.cache_budget {
             symbolizers.native = crate::symbolize::native::NativeSymbolizer::with_budget_stats(
                 limit_bytes,
@@ -290,51 +288,47 @@ impl Worker {
     /// Builds the profiles of one interval's stacks and hands each to every sink; returns how
     /// many were built and the samples they hold.
     fn write_profiles(&mut self, interval: &IntervalStacks) -> (u64, u64) {
-        let (mut built_count, mut samples) = (0, 0);
+        let (mut built, mut samples) = (0, 0);
         for (&pid, stacks) in &interval.processes {
             samples += stacks.samples();
-            let built = profiles::build(
-                ProfileRequest {
-                    kind: interval.kind,
-                    pid,
-                    stacks,
-                    frequency_hz: self.frequency_hz,
-                    alloc_interval_bytes: self.alloc_interval_bytes,
-                    start: interval.start,
-                    duration: interval.duration,
-                },
-                &mut self.processes,
-                &mut self.symbolizers,
-            );
-            let gzipped: Arc<[u8]> = match encode_gzipped(&built.profile) {
-                Ok(bytes) => Arc::from(bytes),
-                Err(err) => {
-                    self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(pid, %err, "cannot encode profile");
-                    continue;
-                }
+            let request = ProfileRequest {
+                kind: interval.kind,
+                pid,
+                comm: self.processes.get(pid).map(|info| info.comm.clone()),
+                stacks,
+                frequency_hz: self.frequency_hz,
+                alloc_interval_bytes: self.alloc_interval_bytes,
+                start: interval.start,
+                duration: interval.duration,
             };
-            built_count += 1;
+            let mut names = self.symbolizers.names_of(pid, stacks, &mut self.processes);
+            let mut profile = profiles::build(request, &mut names);
+            if interval.kind == ProfileKind::Block {
+                crate::lock::keep_parked(&mut profile);
+            }
+            built += 1;
             let identity = {
                 let pods = self.pods.as_ref().and_then(|pods| pods.read().ok());
                 self.naming
-                    .identify(self.processes.get(pid), &built.comm, pods.as_deref())
+                    .identify(self.processes.get(pid), &profile.comm, pods.as_deref())
             };
             let labels = identity.labels(&self.extra_labels, interval.kind.pyroscope_name());
-            let profile = SinkProfile {
-                kind: interval.kind,
-                start: interval.start,
-                duration: interval.duration,
-                built: &built,
-                gzipped: &gzipped,
-                service_name: &identity.service_name,
-                labels: &labels,
-            };
+            let shared =
+                SinkProfile::new(&profile, &identity.service_name, &labels, self.presentation);
             for sink in &mut self.sinks {
-                sink.accept(&profile);
+                sink.accept(&shared);
             }
         }
-        (built_count, samples)
+        (built, samples)
+    }
+}
+
+/// Symbolizers that count their markers and refused names in `counters`.
+fn counted_symbolizers(counters: &WorkerCounters) -> Symbolizers {
+    Symbolizers {
+        java_unnamed: counters.java_unnamed.clone(),
+        refused_names: counters.refused_names.clone(),
+        ..Symbolizers::default()
     }
 }
 
@@ -370,7 +364,7 @@ mod tests {
                 vec![Box::new(sink)],
                 ServiceNaming::default(),
                 99,
-                true,
+                Presentation::default(),
                 shared,
             )
             .with_cache_budget(1 << 20)

@@ -21,11 +21,10 @@ use crate::hotspot::tracker::TrackerCounts;
 use crate::lock::{LockAggregators, LockConfig};
 use crate::metrics::{Metrics, OffCpuSnapshot, Snapshot};
 use crate::off_cpu::{OffCpuConfig, OffCpuJoiner, OffCpuStats};
-use crate::profiles::ProfileKind;
+use crate::profile_model::ProfileKind;
 use crate::record::SampleView;
 use crate::sampler::{KernelCounters, Sampler};
 use crate::stack_memory::SharedStackMemory;
-use crate::symbolize::symbolizers::{user_frame_key, UserFrameKey};
 use crate::worker::{JavaFrameSeen, Work};
 
 /// How often the ring buffer is drained when it does not fill up: each drain is a wake-up of an
@@ -478,11 +477,8 @@ impl FoundInDrain {
             let pid = view.pid();
             let before = self.java_frames.len();
             self.java_frames.extend(
-                view.user_frames()
-                    .enumerate()
-                    .filter(|(index, frame)| {
-                        matches!(user_frame_key(*index, frame), UserFrameKey::Java { .. })
-                    })
+                view.keyed_user_frames()
+                    .filter(|(key, _)| key.is_java())
                     .map(|(_, frame)| JavaFrameSeen { pid, frame }),
             );
             if self.java_frames.len() > before && self.java_pids.last() != Some(&pid) {

@@ -41,7 +41,11 @@ pub(super) fn spawn_worker(
     shared: SharedWithWorker,
     work: Receiver<Work>,
 ) -> Result<std::thread::JoinHandle<()>, DaemonError> {
-    let (frequency_hz, annotate) = (config.frequency_hz, config.annotate_frames);
+    let frequency_hz = config.frequency_hz;
+    let presentation = crate::sink::Presentation {
+        annotate_frames: config.annotate_frames,
+        threads: config.threads,
+    };
     let (naming, extra_labels) = (config.naming.clone(), config.labels.clone());
     let alloc_interval = config
         .alloc
@@ -51,7 +55,7 @@ pub(super) fn spawn_worker(
     std::thread::Builder::new()
         .name("symbolizer".into())
         .spawn(move || {
-            Worker::new(sinks, naming, frequency_hz, annotate, counters)
+            Worker::new(sinks, naming, frequency_hz, presentation, counters)
                 .with_cache_budget(cache_budget)
                 .expecting_agents(shared.attaches)
                 .with_thread_directory(shared.java_threads)

@@ -1,6 +1,7 @@
 //! The network sinks: Grafana Pyroscope (`pyroscope`) and OTLP profiles (`otlp`), the remote
-//! sinks, and the daemon's own live stream (`stream`). The remote sinks get a variant without
-//! high-cardinality sample labels, the stream the local files' profile (see `crate::profiles`).
+//! sinks, and the daemon's own live stream (`stream`). The remote sinks encode the variant
+//! without high-cardinality sample labels (`crate::remote_variant`), made once for both; the
+//! stream sends the local files' pprof. No sink imports another.
 //!
 //! ```text
 //! Worker --> PyroscopeSink --batches by label set--> BufferedSink: queue --> delivery task
@@ -93,10 +94,10 @@ pub struct ExportedProfile {
     pub labels: Vec<(String, String)>,
     pub start: SystemTime,
     pub duration: Duration,
-    /// Pyroscope's variant (no sample labels, threads merged or rooted as the `threads`
-    /// setting asks) or, for the live stream, the local files' profile with `pid`,
-    /// `comm` and thread sample labels: its subscribers receive one process's profiles at a
-    /// time, not series a label could multiply. See `crate::profiles`.
+    /// The remote variant (no sample labels, threads merged or rooted as the `threads` setting
+    /// asks) or, for the live stream, the local files' profile with `pid`, `comm` and thread
+    /// sample labels: its subscribers receive one process's profiles at a time, not series a
+    /// label could multiply. See `crate::pprof::encode`.
     pub pprof_gzip: Arc<[u8]>,
 }
 
@@ -104,11 +105,11 @@ impl ExportedProfile {
     /// `profile` as exported, with `pprof_gzip` as its payload.
     pub fn new(profile: &SinkProfile<'_>, pprof_gzip: Arc<[u8]>) -> Self {
         Self {
-            pid: profile.built.pid,
+            pid: profile.profile.pid,
             service_name: profile.service_name.to_owned(),
             labels: profile.labels.to_vec(),
-            start: profile.start,
-            duration: profile.duration,
+            start: profile.profile.start,
+            duration: profile.profile.duration,
             pprof_gzip,
         }
     }

@@ -88,7 +88,11 @@ impl Sink for StreamSink {
     }
 
     fn accept(&mut self, profile: &SinkProfile<'_>) {
-        let exported = ExportedProfile::new(profile, profile.gzipped.clone());
+        // The local files count a profile that cannot be encoded.
+        let Ok(local) = profile.local_pprof() else {
+            return;
+        };
+        let exported = ExportedProfile::new(profile, local.gzipped.clone());
         // An error only means nobody is subscribed.
         let _ = self.profiles.send(Arc::new(exported));
     }

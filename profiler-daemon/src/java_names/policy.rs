@@ -16,7 +16,7 @@ use std::sync::Arc;
 use super::method::MethodInfo;
 use super::reason::{Unnamed, UnnamedReason};
 use super::recorded::RecordedNmethod;
-use crate::frame_kind::ShownKind;
+use crate::frame_kind::FrameKind;
 use crate::resolved_frame::{ResolvedFrame, SourceLine};
 
 /// A method's names, or why there are none.
@@ -26,6 +26,8 @@ pub type MethodName = Result<Arc<MethodInfo>, UnnamedReason>;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Named {
     pub frame: ResolvedFrame,
+    /// How the frame ran: a compiled frame's lines other than its outermost are inlined.
+    pub kind: FrameKind,
     /// The reason of each marker line in `frame` (empty when every line is named).
     pub unnamed: Vec<UnnamedReason>,
     /// Whether the sidecar agent's records named it.
@@ -37,12 +39,17 @@ impl Named {
     pub fn unknown(what: Unnamed, reason: UnnamedReason) -> Self {
         Self {
             frame: ResolvedFrame::named(what.marker(reason), None),
+            kind: FrameKind::Jvm,
             unnamed: vec![reason],
             from_sidecar: false,
         }
     }
 
-    fn from_lines(lines: Vec<(SourceLine, Option<UnnamedReason>)>, from_sidecar: bool) -> Self {
+    fn from_lines(
+        kind: FrameKind,
+        lines: Vec<(SourceLine, Option<UnnamedReason>)>,
+        from_sidecar: bool,
+    ) -> Self {
         let unnamed = lines.iter().filter_map(|(_, reason)| *reason).collect();
         Self {
             frame: ResolvedFrame {
@@ -50,6 +57,7 @@ impl Named {
                 module: None,
                 build_id: None,
             },
+            kind,
             unnamed,
             from_sidecar,
         }
@@ -81,14 +89,11 @@ pub struct NmethodNames<'a> {
 fn java_line(
     method: Result<&MethodInfo, UnnamedReason>,
     bci: Option<u32>,
-    kind: ShownKind,
-    annotate: bool,
 ) -> (SourceLine, Option<UnnamedReason>) {
-    let suffix = if annotate { kind.suffix() } else { "" };
     match method {
         Ok(method) => (
             SourceLine {
-                function: format!("{}.{}{suffix}", method.class, method.name),
+                function: format!("{}.{}", method.class, method.name),
                 system_name: Some(format!(
                     "{}.{}{}",
                     method.class, method.name, method.signature
@@ -100,7 +105,7 @@ fn java_line(
         ),
         Err(reason) => (
             SourceLine {
-                function: format!("{}{suffix}", Unnamed::Method.marker(reason)),
+                function: Unnamed::Method.marker(reason),
                 system_name: None,
                 file: None,
                 line: 0,
@@ -115,6 +120,7 @@ pub fn allocated_class(internal_name: Result<&str, UnnamedReason>) -> Named {
     match internal_name {
         Ok(internal) => Named {
             frame: ResolvedFrame::named(super::method::java_type_name(internal), None),
+            kind: FrameKind::Jvm,
             unnamed: Vec::new(),
             from_sidecar: false,
         },
@@ -123,15 +129,8 @@ pub fn allocated_class(internal_name: Result<&str, UnnamedReason>) -> Named {
 }
 
 /// An interpreted frame: `method` as memory read it for the sampled `Method*` and cookie.
-pub fn interpreted(
-    method: Result<&MethodInfo, UnnamedReason>,
-    bci: Option<u32>,
-    annotate: bool,
-) -> Named {
-    Named::from_lines(
-        vec![java_line(method, bci, ShownKind::Interpreted, annotate)],
-        false,
-    )
+pub fn interpreted(method: Result<&MethodInfo, UnnamedReason>, bci: Option<u32>) -> Named {
+    Named::from_lines(FrameKind::Interpreted, vec![java_line(method, bci)], false)
 }
 
 /// Where a compiled frame was sampled.
@@ -151,7 +150,6 @@ pub fn compiled(
     recorded: Option<&RecordedNmethod>,
     memory_chain: impl FnOnce() -> Vec<(u64, i32)>,
     pc: CodePc,
-    annotate: bool,
 ) -> Named {
     let nmethod = match code {
         Err(reason) => return Named::unknown(Unnamed::Compiled, reason),
@@ -162,13 +160,14 @@ pub fn compiled(
         Ok(CodeNames::Stub { name }) => {
             return Named {
                 frame: ResolvedFrame::named(format!("[{name}]"), None),
+                kind: FrameKind::Jvm,
                 unnamed: Vec::new(),
                 from_sidecar: false,
             }
         }
         Ok(CodeNames::Nmethod(nmethod)) => nmethod,
     };
-    let kind = ShownKind::of_level(nmethod.comp_level);
+    let kind = FrameKind::of_level(nmethod.comp_level);
     let name_of = |method: u64| -> Result<&MethodInfo, UnnamedReason> {
         match nmethod.names.get(&method) {
             Some(Ok(info)) => Ok(info.as_ref()),
@@ -187,31 +186,19 @@ pub fn compiled(
             (&chain, &name_of),
             pc,
             kind,
-            annotate,
         )
     }) {
         return named;
     }
-    let mut lines = Vec::with_capacity(chain.len().max(1));
-    let outer = chain.len().saturating_sub(1);
-    for (index, (method, bci)) in chain.iter().enumerate() {
-        let frame_kind = if index == outer {
-            kind
-        } else {
-            ShownKind::Inlined
-        };
-        lines.push(java_line(
-            name_of(*method),
-            u32::try_from(*bci).ok(),
-            frame_kind,
-            annotate,
-        ));
-    }
+    let mut lines: Vec<_> = chain
+        .iter()
+        .map(|(method, bci)| java_line(name_of(*method), u32::try_from(*bci).ok()))
+        .collect();
     if lines.is_empty() {
         // No debug info at this pc (e.g. in the prologue): the method alone.
-        lines.push(java_line(root, None, kind, annotate));
+        lines.push(java_line(root, None));
     }
-    Named::from_lines(lines, false)
+    Named::from_lines(kind, lines, false)
 }
 
 /// Memory's scope chain at the pc, innermost first, and its names of the nmethod's methods.
@@ -233,8 +220,7 @@ fn from_record(
     root: Option<&MethodInfo>,
     (memory_chain, memory_name): MemoryChain<'_, '_>,
     pc: CodePc,
-    kind: ShownKind,
-    annotate: bool,
+    kind: FrameKind,
 ) -> Option<Named> {
     if recorded.method_ptr != method || pc.offset > recorded.code_size {
         return None;
@@ -254,20 +240,14 @@ fn from_record(
     if !agrees {
         return None;
     }
-    let outer = chain.len().checked_sub(1)?;
+    if chain.is_empty() {
+        return None;
+    }
     let lines = chain
         .iter()
-        .enumerate()
-        .map(|(index, (info, bci))| {
-            let frame_kind = if index == outer {
-                kind
-            } else {
-                ShownKind::Inlined
-            };
-            java_line(Ok(info), u32::try_from(*bci).ok(), frame_kind, annotate)
-        })
+        .map(|(info, bci)| java_line(Ok(info), u32::try_from(*bci).ok()))
         .collect();
-    Some(Named::from_lines(lines, true))
+    Some(Named::from_lines(kind, lines, true))
 }
 
 #[cfg(test)]
@@ -316,18 +296,8 @@ mod tests {
     }
 
     /// The frame of the nmethod `names` describe, sampled at the call at 0x10, with `recorded`.
-    fn at_call(
-        names: &HashMap<u64, MethodName>,
-        recorded: &RecordedNmethod,
-        annotate: bool,
-    ) -> Named {
-        compiled(
-            nmethod(names),
-            Some(recorded),
-            memory_chain,
-            AT_CALL,
-            annotate,
-        )
+    fn at_call(names: &HashMap<u64, MethodName>, recorded: &RecordedNmethod) -> Named {
+        compiled(nmethod(names), Some(recorded), memory_chain, AT_CALL)
     }
 
     const AT_CALL: CodePc = CodePc {
@@ -335,12 +305,21 @@ mod tests {
         top: false,
     };
 
-    fn functions(named: &Named) -> Vec<&str> {
+    /// The frame's functions as an annotated profile shows them: with their kind's suffix.
+    fn functions(named: &Named) -> Vec<String> {
+        let lines = named.frame.lines.len();
         named
             .frame
             .lines
             .iter()
-            .map(|line| line.function.as_str())
+            .enumerate()
+            .map(|(at, line)| {
+                format!(
+                    "{}{}",
+                    line.function,
+                    named.kind.of_line(at, lines).suffix()
+                )
+            })
             .collect()
     }
 
@@ -348,7 +327,7 @@ mod tests {
     fn a_record_memory_confirms_names_the_frame() {
         let names = memory_names(Ok(method("G1", "outer")), Ok(method("G1", "inner")));
         let recorded = record(method("G1", "outer"), method("G1", "inner"));
-        let named = at_call(&names, &recorded, true);
+        let named = at_call(&names, &recorded);
         assert!(named.from_sidecar);
         assert_eq!(functions(&named), ["G1.inner_[i]", "G1.outer_[j]"]);
         assert_eq!(named.frame.lines[1].line, 11);
@@ -362,9 +341,8 @@ mod tests {
                 offset: 0x10,
                 top: true,
             },
-            false,
         );
-        assert_eq!(functions(&top), ["G1.outer"]);
+        assert_eq!(functions(&top), ["G1.outer_[j]"]);
     }
 
     #[test]
@@ -373,12 +351,12 @@ mod tests {
         // pc does not (another inlined method, or the same at another bci).
         let names = memory_names(Ok(method("G1", "outer")), Ok(method("G1", "inner")));
         let recorded = record(method("G1", "outer"), method("G1", "other_inner"));
-        let named = at_call(&names, &recorded, true);
+        let named = at_call(&names, &recorded);
         assert!(!named.from_sidecar);
         assert_eq!(functions(&named), ["G1.inner_[i]", "G1.outer_[j]"]);
         let recorded = record(method("G1", "outer"), method("G1", "inner"));
         let shifted = || vec![(INLINED, 3), (ROOT, 5)];
-        let named = compiled(nmethod(&names), Some(&recorded), shifted, AT_CALL, true);
+        let named = compiled(nmethod(&names), Some(&recorded), shifted, AT_CALL);
         assert!(!named.from_sidecar);
     }
 
@@ -388,15 +366,15 @@ mod tests {
         // record (not yet unloaded) names G1, memory G2.
         let names = memory_names(Ok(method("G2", "outer")), Ok(method("G2", "inner")));
         let recorded = record(method("G1", "outer"), method("G1", "inner"));
-        let named = at_call(&names, &recorded, false);
+        let named = at_call(&names, &recorded);
         assert!(!named.from_sidecar);
-        assert_eq!(functions(&named), ["G2.inner", "G2.outer"]);
+        assert_eq!(functions(&named), ["G2.inner_[i]", "G2.outer_[j]"]);
 
         // A different signature is a different method too.
         let mut other = MethodInfo::clone(&method("G2", "outer"));
         other.signature = "()V".into();
         let recorded = record(Arc::new(other), method("G2", "inner"));
-        let named = at_call(&names, &recorded, false);
+        let named = at_call(&names, &recorded);
         assert!(!named.from_sidecar);
     }
 
@@ -408,7 +386,7 @@ mod tests {
             Err(UnnamedReason::Unreadable),
         );
         let recorded = record(method("G1", "outer"), method("G1", "inner"));
-        let named = at_call(&names, &recorded, true);
+        let named = at_call(&names, &recorded);
         assert!(!named.from_sidecar);
         assert_eq!(
             functions(&named),
@@ -430,29 +408,29 @@ mod tests {
         // Another Method* at the same code start.
         let mut recorded = record(method("G1", "outer"), method("G1", "agent_inner"));
         recorded.method_ptr = 0x9999;
-        let named = at_call(&names, &recorded, false);
-        assert_eq!(functions(&named), ["G1.inner", "G1.outer"]);
+        let named = at_call(&names, &recorded);
+        assert_eq!(functions(&named), ["G1.inner_[i]", "G1.outer_[j]"]);
         // A pc past the recorded code.
         recorded.method_ptr = ROOT;
         let past = CodePc {
             offset: 0x41,
             top: false,
         };
-        let named = compiled(nmethod(&names), Some(&recorded), memory_chain, past, false);
+        let named = compiled(nmethod(&names), Some(&recorded), memory_chain, past);
         assert!(!named.from_sidecar);
         // No record at the pc (past the last one): memory's chain.
         let last = CodePc {
             offset: 0x30,
             top: true,
         };
-        let named = compiled(nmethod(&names), Some(&recorded), memory_chain, last, false);
+        let named = compiled(nmethod(&names), Some(&recorded), memory_chain, last);
         assert!(!named.from_sidecar);
     }
 
     #[test]
     fn without_debug_info_at_the_pc_the_method_alone_is_shown() {
         let names = memory_names(Ok(method("G1", "outer")), Ok(method("G1", "inner")));
-        let named = compiled(nmethod(&names), None, Vec::new, AT_CALL, true);
+        let named = compiled(nmethod(&names), None, Vec::new, AT_CALL);
         assert_eq!(functions(&named), ["G1.outer_[j]"]);
         assert_eq!(named.frame.lines[0].line, 0);
         let c1 = HashMap::from([(ROOT, Ok(method("G1", "outer")))]);
@@ -465,7 +443,6 @@ mod tests {
             None,
             memory_chain,
             AT_CALL,
-            true,
         );
         // A scope method missing from the names read with the nmethod is not guessed.
         assert_eq!(
@@ -483,39 +460,26 @@ mod tests {
             None,
             Vec::new,
             AT_CALL,
-            true,
         );
         assert_eq!(functions(&stub), ["[vtable chunks]"]);
         assert!(stub.unnamed.is_empty());
         // Never `[]`: a stub without a name is a miss with its reason.
-        let nameless = compiled(
-            Ok(CodeNames::Stub { name: "" }),
-            None,
-            Vec::new,
-            AT_CALL,
-            true,
-        );
+        let nameless = compiled(Ok(CodeNames::Stub { name: "" }), None, Vec::new, AT_CALL);
         assert_eq!(functions(&nameless), ["[unknown compiled frame: bad_name]"]);
         assert_eq!(nameless.unnamed, [UnnamedReason::BadName]);
-        let reused = compiled(
-            Err(UnnamedReason::CodeReused),
-            None,
-            Vec::new,
-            AT_CALL,
-            true,
-        );
+        let reused = compiled(Err(UnnamedReason::CodeReused), None, Vec::new, AT_CALL);
         assert_eq!(
             functions(&reused),
             ["[unknown compiled frame: code_reused]"]
         );
-        let interpreted_miss = interpreted(Err(UnnamedReason::MethodReused), Some(3), true);
+        let interpreted_miss = interpreted(Err(UnnamedReason::MethodReused), Some(3));
         assert_eq!(
             functions(&interpreted_miss),
             ["[unknown java method: method_reused]_[0]"]
         );
         let method = method("A", "m");
-        let named = interpreted(Ok(&method), Some(7), false);
-        assert_eq!(functions(&named), ["A.m"]);
+        let named = interpreted(Ok(&method), Some(7));
+        assert_eq!(functions(&named), ["A.m_[0]"]);
         assert_eq!(named.frame.lines[0].line, 11);
         assert_eq!(named.frame.lines[0].system_name.as_deref(), Some("A.m()J"));
     }
@@ -527,8 +491,8 @@ mod tests {
             let before: Vec<u64> = UnnamedReason::ALL.iter().map(|r| counts.get(*r)).collect();
             // Each way a miss reaches a profile: a whole frame, a compiled frame, a method.
             let frame = Named::unknown(Unnamed::Frame, reason);
-            let code = compiled(Err(reason), None, Vec::new, AT_CALL, false);
-            let method = interpreted(Err(reason), None, false);
+            let code = compiled(Err(reason), None, Vec::new, AT_CALL);
+            let method = interpreted(Err(reason), None);
             for named in [&frame, &code, &method] {
                 assert_eq!(named.unnamed, [reason]);
                 assert!(functions(named)[0].contains(reason.name()));

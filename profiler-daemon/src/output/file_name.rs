@@ -14,7 +14,7 @@
 use std::borrow::Cow;
 use std::time::SystemTime;
 
-use crate::profiles::ProfileKind;
+use crate::profile_model::ProfileKind;
 
 /// A service name longer than this (in bytes) is cut before encoding, so a name stays well
 /// under the file system's 255 bytes whatever the service (3 bytes per encoded byte at most).

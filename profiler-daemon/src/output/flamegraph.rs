@@ -103,9 +103,9 @@ impl FlameValue {
                 .position(|t| string_at(profile, t.r#type) == name)
         };
         match (
-            type_at(crate::pprof::ALLOC_IN_NEW_TLAB_BYTES),
-            type_at(crate::pprof::ALLOC_OUTSIDE_TLAB_BYTES),
-            type_at(crate::pprof::LOCK_DELAY),
+            type_at(crate::profile_model::ALLOC_IN_NEW_TLAB_BYTES),
+            type_at(crate::profile_model::ALLOC_OUTSIDE_TLAB_BYTES),
+            type_at(crate::profile_model::LOCK_DELAY),
         ) {
             (Some(tlab), Some(outside), _) => Self::Sum([tlab, outside]),
             (_, _, Some(delay)) => Self::At(delay),
@@ -193,49 +193,33 @@ pub fn render_folded<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pprof::{Label, LocationKey, ProfileBuilder};
-    use crate::symbolize::{ResolvedFrame, SourceLine};
-    use std::time::{Duration, SystemTime};
+    use crate::pprof::encode;
+    use crate::profile_model::testing::cpu_profile;
+    use crate::profile_model::{Frame, FrameKind, SourceLine};
 
+    /// A JIT frame with a method inlined, under `main`, sampled on two threads of one pool.
     fn profile() -> Profile {
-        let mut builder = ProfileBuilder::new_cpu(100, SystemTime::now(), Duration::from_secs(1));
-        let leaf = ResolvedFrame {
-            lines: vec![
-                SourceLine {
-                    function: "inner_[i]".into(),
-                    system_name: None,
-                    file: None,
-                    line: 0,
-                },
-                SourceLine {
-                    function: "outer_[j]".into(),
-                    system_name: None,
-                    file: None,
-                    line: 0,
-                },
-            ],
+        let mut profile = cpu_profile(&[
+            (&["main"], 7, Some(("worker-1", 11))),
+            (&["main"], 2, Some(("worker-2", 12))),
+        ]);
+        let line = |function: &str| SourceLine {
+            function: function.into(),
+            system_name: None,
+            file: None,
+            line: 0,
+        };
+        let leaf = profile.add_frame(Frame {
+            kind: FrameKind::Jit,
+            lines: vec![line("inner"), line("outer")],
             module: None,
             build_id: None,
-        };
-        let main = ResolvedFrame::named("main", None);
-        let leaf = builder.location(LocationKey::User(1), 1, &leaf);
-        let main = builder.location(LocationKey::User(2), 2, &main);
-        // Two threads of one pool, as local files label them.
-        for (tid, name, count) in [(11, "worker-1", 7), (12, "worker-2", 2)] {
-            builder.add_sample_with(
-                vec![leaf, main],
-                count,
-                &[
-                    Label::Str("thread_name", name),
-                    Label::Num {
-                        key: "thread_id",
-                        value: tid,
-                        unit: "",
-                    },
-                ],
-            );
+            address: 1,
+        });
+        for sample in &mut profile.samples {
+            sample.frames.insert(0, leaf);
         }
-        builder.finish()
+        encode(&profile, true)
     }
 
     #[test]
@@ -262,25 +246,19 @@ mod tests {
 
     #[test]
     fn samples_without_thread_labels_have_no_root_and_separators_stay_inside_frames() {
-        let mut builder = ProfileBuilder::new_cpu(100, SystemTime::now(), Duration::from_secs(1));
-        let odd = builder.location(LocationKey::User(1), 1, &ResolvedFrame::named("a;b", None));
-        builder.add_sample(vec![odd], 3, &[]);
-        builder.add_sample(vec![odd], 0, &[]);
+        let profile = cpu_profile(&[(&["a;b"], 3, None), (&["a;b"], 0, None)]);
         assert_eq!(
-            folded_stacks(&builder.finish(), ThreadRoots::Thread),
+            folded_stacks(&encode(&profile, true), ThreadRoots::Thread),
             vec!["a:b 3"]
         );
     }
 
     #[test]
     fn names_a_process_chose_reach_the_svg_printable_and_escaped() {
-        let mut builder = ProfileBuilder::new_cpu(100, SystemTime::now(), Duration::from_secs(1));
-        let frame = ResolvedFrame::named("f<&>\u{1b}[2J\n\u{9b}", None);
-        let leaf = builder.location(LocationKey::User(1), 1, &frame);
-        builder.add_sample(vec![leaf], 2, &[("thread_name", "t\u{7}\u{ffff}")]);
+        let profile = cpu_profile(&[(&["f<&>\u{1b}[2J\n\u{9b}"], 2, Some(("t\u{7}\u{ffff}", 1)))]);
         let svg = String::from_utf8(
             render_svg(
-                &builder.finish(),
+                &encode(&profile, true),
                 ThreadRoots::Thread,
                 "cpu: x\u{1b}",
                 "samples",
@@ -301,10 +279,7 @@ mod tests {
     /// draw nothing: no graph, rather than inferno's "No stack counts found" error.
     #[test]
     fn a_profile_of_zero_counts_has_no_graph() {
-        let mut builder = ProfileBuilder::new_cpu(100, SystemTime::now(), Duration::from_secs(1));
-        let leaf = builder.location(LocationKey::User(1), 1, &ResolvedFrame::named("f", None));
-        builder.add_sample(vec![leaf], 0, &[]);
-        let profile = builder.finish();
+        let profile = encode(&cpu_profile(&[(&["f"], 0, None)]), true);
         assert!(!profile.sample.is_empty());
         assert!(render_svg(&profile, ThreadRoots::Merged, "cpu", "samples")
             .expect("renders")

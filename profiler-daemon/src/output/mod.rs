@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::metrics::WorkerCounters;
 use crate::pprof::proto;
-use crate::profiles::ProfileKind;
+use crate::profile_model::ProfileKind;
 use crate::sink::{Sink, SinkProfile};
 use crate::thread_roots::ThreadRoots;
 use file_name::file_stem;
@@ -94,8 +94,6 @@ impl LocalOutput {
 pub struct LocalWriter {
     dir: PathBuf,
     options: LocalOutput,
-    /// How the flame graphs show threads (the pprof files label every sample with its thread).
-    threads: ThreadRoots,
 }
 
 /// One profile as the local output writes it.
@@ -108,12 +106,14 @@ pub struct LocalProfile<'a> {
     pub profile: &'a proto::Profile,
     /// `profile`, encoded.
     pub gzipped: &'a [u8],
+    /// How the flame graph shows threads (the pprof file labels every sample with its thread).
+    pub threads: ThreadRoots,
 }
 
 impl LocalWriter {
     /// Creates `dir` (and its missing parents) with [`directory_mode`] if it does not exist; an
     /// existing one is left as it is (it may be shared), with a warning if others may list it.
-    pub fn new(dir: &Path, options: LocalOutput, threads: ThreadRoots) -> std::io::Result<Self> {
+    pub fn new(dir: &Path, options: LocalOutput) -> std::io::Result<Self> {
         let mode = directory_mode(options.file_mode);
         match std::fs::metadata(dir) {
             Ok(existing) => {
@@ -141,7 +141,6 @@ impl LocalWriter {
         Ok(Self {
             dir: dir.to_owned(),
             options,
-            threads,
         })
     }
 
@@ -156,6 +155,7 @@ impl LocalWriter {
             service,
             profile,
             gzipped,
+            threads,
         } = *local;
         let stem = file_stem(kind, start, pid, comm, service);
         let path = self.write_atomically(&format!("{stem}.pb.gz"), gzipped)?;
@@ -167,7 +167,7 @@ impl LocalWriter {
                 humantime::format_rfc3339_seconds(start)
             );
             let count_name = kind.counted();
-            if let Some(svg) = flamegraph::render_svg(profile, self.threads, &title, count_name)? {
+            if let Some(svg) = flamegraph::render_svg(profile, threads, &title, count_name)? {
                 self.write_atomically(&format!("{stem}.svg"), &svg)?;
             }
         }
@@ -210,10 +210,9 @@ impl LocalFiles {
     pub fn new(
         dir: &Path,
         options: LocalOutput,
-        threads: ThreadRoots,
         counters: Arc<WorkerCounters>,
     ) -> std::io::Result<Self> {
-        let writer = LocalWriter::new(dir, options, threads)?;
+        let writer = LocalWriter::new(dir, options)?;
         Ok(Self { writer, counters })
     }
 }
@@ -223,24 +222,32 @@ impl Sink for LocalFiles {
         "local files"
     }
 
-    fn accept(&mut self, profile: &SinkProfile<'_>) {
-        let built = profile.built;
-        let written = self.writer.write(&LocalProfile {
-            kind: profile.kind,
-            start: profile.start,
-            pid: built.pid,
-            comm: &built.comm,
-            service: profile.service_name,
-            profile: &built.profile,
-            gzipped: profile.gzipped,
-        });
+    fn accept(&mut self, shared: &SinkProfile<'_>) {
+        let profile = shared.profile;
+        let written = shared
+            .local_pprof()
+            .map_err(|err| err.to_string())
+            .and_then(|local| {
+                self.writer
+                    .write(&LocalProfile {
+                        kind: profile.kind,
+                        start: profile.start,
+                        pid: profile.pid,
+                        comm: &profile.comm,
+                        service: shared.service_name,
+                        profile: &local.profile,
+                        gzipped: &local.gzipped,
+                        threads: shared.presentation.threads,
+                    })
+                    .map_err(|err| err.to_string())
+            });
         match written {
             Ok(_) => self
                 .counters
                 .profiles_written
                 .fetch_add(1, Ordering::Relaxed),
             Err(err) => {
-                tracing::error!(pid = built.pid, %err, "cannot write profile");
+                tracing::error!(pid = profile.pid, %err, "cannot write profile");
                 self.counters.write_errors.fetch_add(1, Ordering::Relaxed)
             }
         };
@@ -262,6 +269,7 @@ impl Sink for LocalFiles {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profile_model::testing::cpu_profile;
 
     #[test]
     fn writes_a_readable_profile() {
@@ -274,17 +282,9 @@ mod tests {
             },
             file_mode: DEFAULT_FILE_MODE,
         };
-        let writer = LocalWriter::new(&dir.path().join("out"), options, ThreadRoots::Pool)
-            .expect("creates the directory");
-        let mut builder = crate::pprof::ProfileBuilder::new_cpu(
-            19,
-            SystemTime::now(),
-            std::time::Duration::from_secs(1),
-        );
-        let frame = crate::symbolize::ResolvedFrame::named("main", None);
-        let location = builder.location(crate::pprof::LocationKey::User(1), 1, &frame);
-        builder.add_sample(vec![location], 3, &[]);
-        let profile = builder.finish();
+        let writer =
+            LocalWriter::new(&dir.path().join("out"), options).expect("creates the directory");
+        let profile = crate::pprof::encode(&cpu_profile(&[(&["main"], 3, None)]), true);
         let path = writer
             .write(&LocalProfile {
                 kind: ProfileKind::Cpu,
@@ -294,6 +294,7 @@ mod tests {
                 service: "svc/x",
                 profile: &profile,
                 gzipped: &crate::pprof::encode_gzipped(&profile).expect("encodes"),
+                threads: ThreadRoots::Pool,
             })
             .expect("writes");
         let name = path.file_name().and_then(|n| n.to_str()).expect("utf-8");
@@ -322,16 +323,8 @@ mod tests {
             },
             file_mode,
         };
-        let writer = LocalWriter::new(dir, options, ThreadRoots::Pool).expect("the directory");
-        let mut builder = crate::pprof::ProfileBuilder::new_cpu(
-            19,
-            SystemTime::now(),
-            std::time::Duration::from_secs(1),
-        );
-        let frame = crate::symbolize::ResolvedFrame::named("main", None);
-        let location = builder.location(crate::pprof::LocationKey::User(1), 1, &frame);
-        builder.add_sample(vec![location], 3, &[]);
-        let profile = builder.finish();
+        let writer = LocalWriter::new(dir, options).expect("the directory");
+        let profile = crate::pprof::encode(&cpu_profile(&[(&["main"], 3, None)]), true);
         writer
             .write(&LocalProfile {
                 kind: ProfileKind::Cpu,
@@ -341,6 +334,7 @@ mod tests {
                 service: "svc/x",
                 profile: &profile,
                 gzipped: &crate::pprof::encode_gzipped(&profile).expect("encodes"),
+                threads: ThreadRoots::Pool,
             })
             .expect("writes")
     }
@@ -379,7 +373,7 @@ mod tests {
             },
             file_mode: DEFAULT_FILE_MODE,
         };
-        let writer = LocalWriter::new(&dir, options, ThreadRoots::Pool).expect("the directory");
+        let writer = LocalWriter::new(&dir, options).expect("the directory");
         // A world-readable temporary file left by a crash is reused with the mode.
         let leftover = dir.join(".a.pb.gz.tmp");
         std::fs::write(&leftover, b"old").expect("write");

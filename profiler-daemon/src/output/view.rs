@@ -19,7 +19,7 @@ use hashbrown::HashMap;
 
 use super::file_name::{comm_in_name, service_in_name, ProfileFileName};
 use super::flamegraph::{fold_samples, folded_frame, render_folded};
-use crate::profiles::ProfileKind;
+use crate::profile_model::ProfileKind;
 use crate::thread_roots::ThreadRoots;
 
 /// Distinct stacks the view keeps (about 100 MB of 30-frame stacks).
@@ -649,8 +649,8 @@ fn title(request: &ViewRequest, after: &Window, before: Option<&Window>) -> Stri
 mod tests {
     use super::*;
     use crate::output::file_name::file_stem;
-    use crate::pprof::{encode_gzipped, Label, LocationKey, ProfileBuilder};
-    use crate::symbolize::ResolvedFrame;
+    use crate::pprof::{encode, encode_gzipped};
+    use crate::profile_model::testing::cpu_profile;
 
     fn at(secs: u64) -> SystemTime {
         SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + secs)
@@ -666,33 +666,24 @@ mod tests {
         service: &str,
         stacks: &[(&str, &str, u64)],
     ) {
-        let mut builder = ProfileBuilder::new_cpu(100, at(secs), Duration::from_secs(10));
-        let main = builder.location(LocationKey::User(1), 1, &ResolvedFrame::named("main", None));
-        for (index, &(thread, leaf, count)) in stacks.iter().enumerate() {
-            let address = 0x1000 + index as u64;
-            let leaf = builder.location(
-                LocationKey::User(address),
-                address,
-                &ResolvedFrame::named(leaf, None),
-            );
-            builder.add_sample_with(
-                vec![leaf, main],
-                count,
-                &[
-                    Label::Str("thread_name", thread),
-                    Label::Num {
-                        key: "thread_id",
-                        value: 100 + index as i64,
-                        unit: "",
-                    },
-                ],
-            );
-        }
+        let frames: Vec<[&str; 2]> = stacks.iter().map(|&(_, leaf, _)| [leaf, "main"]).collect();
+        let samples: Vec<_> = stacks
+            .iter()
+            .zip(&frames)
+            .enumerate()
+            .map(|(index, (&(thread, _, count), frames))| {
+                let tid = 100 + index as u32;
+                (&frames[..], count as i64, Some((thread, tid)))
+            })
+            .collect();
+        let mut profile = cpu_profile(&samples);
+        (profile.pid, profile.comm, profile.start) = (pid, comm.into(), at(secs));
+        profile.duration = Duration::from_secs(10);
         let name = format!(
             "{}.pb.gz",
             file_stem(ProfileKind::Cpu, at(secs), pid, comm, service)
         );
-        let bytes = encode_gzipped(&builder.finish()).expect("encodes");
+        let bytes = encode_gzipped(&encode(&profile, true)).expect("encodes");
         std::fs::write(dir.join(name), bytes).expect("writes");
     }
 

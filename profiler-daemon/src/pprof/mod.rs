@@ -1,17 +1,9 @@
-//! Building pprof profiles (the `perftools.profiles` protobuf), gzipped as every pprof reader
-//! expects.
+//! pprof profiles (the `perftools.profiles` protobuf): symbolized profiles encoded as pprof
+//! ([`encode`]), gzipped as every pprof reader expects, and read back.
 
-mod builder;
+mod encode;
 
-pub use builder::{Label, LocationKey, ProfileBuilder};
-
-/// The sample types of allocation profiles, as Pyroscope names them for JFR's allocation events.
-pub const ALLOC_IN_NEW_TLAB_OBJECTS: &str = "alloc_in_new_tlab_objects";
-pub const ALLOC_IN_NEW_TLAB_BYTES: &str = "alloc_in_new_tlab_bytes";
-pub const ALLOC_OUTSIDE_TLAB_OBJECTS: &str = "alloc_outside_tlab_objects";
-pub const ALLOC_OUTSIDE_TLAB_BYTES: &str = "alloc_outside_tlab_bytes";
-/// The time sample type of lock profiles.
-pub const LOCK_DELAY: &str = "delay";
+pub use encode::encode;
 
 /// The protobuf types, generated at build time from `proto/pprof/profile.proto`.
 pub mod proto {

@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use profiler_jvmti_records::record::MAX_THREAD_NAME_BYTES;
 
 use crate::hotspot::thread_directory::JvmThreads;
+pub use crate::profile_model::NameSource;
 use crate::untrusted;
 
 /// Bound on names kept per JVM (live threads; a JVM with more is rare). Past it new threads
@@ -49,24 +50,6 @@ const MAX_TRANSLATIONS: usize = 16_384;
 const MAX_STATUS_BYTES: usize = 64 << 10;
 /// How long a listed thread waits for the tracker to know its `JavaThread*`.
 pub const PENDING_FOR: Duration = Duration::from_secs(60);
-
-/// Where a thread's name in a profile comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum NameSource {
-    /// The full Java name, from the sidecar agent.
-    Sidecar,
-    /// The kernel's `comm`, at most 15 bytes.
-    Comm,
-}
-
-impl NameSource {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Sidecar => "sidecar",
-            Self::Comm => "comm",
-        }
-    }
-}
 
 /// A thread's full name, and whether it came from a `ThreadStart` (else from a listing).
 struct Known {

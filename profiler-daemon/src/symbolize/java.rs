@@ -37,21 +37,20 @@ pub struct SidecarTotals {
 /// Resolves Java frames of many JVMs.
 pub struct JavaSymbolizer<M: RemoteMemory> {
     jvms: HashMap<u32, JvmSources<M>>,
-    /// Append async-profiler style kind suffixes (`_[j]`, `_[i]`, `_[0]`, `_[1]`).
-    annotate: bool,
     /// Each JVM's Java threads as the JVM tracker read them (empty without a tracker).
     threads: ThreadDirectory,
 }
 
-impl<M: RemoteMemory> JavaSymbolizer<M> {
-    pub fn new(annotate: bool) -> Self {
+impl<M: RemoteMemory> Default for JavaSymbolizer<M> {
+    fn default() -> Self {
         Self {
             jvms: HashMap::new(),
-            annotate,
             threads: ThreadDirectory::default(),
         }
     }
+}
 
+impl<M: RemoteMemory> JavaSymbolizer<M> {
     /// Finds the tids of threads the sidecar agents list by `JavaThread*` in `threads`.
     pub fn set_thread_directory(&mut self, threads: ThreadDirectory) {
         self.threads = threads;
@@ -175,7 +174,6 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
     /// return address). Misses are marker lines, listed in [`Named::unnamed`] for the caller
     /// to count.
     pub fn resolve(&mut self, pid: u32, frame: &UserFrame, top: bool) -> Named {
-        let annotate = self.annotate;
         let Some(jvm) = self.jvms.get_mut(&pid) else {
             return Named::unknown(Unnamed::Frame, UnnamedReason::NoJvm);
         };
@@ -184,9 +182,9 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
             Some(FrameKind::Interpreted) => {
                 let method = jvm.memory.method(frame.addr, frame.cookie);
                 let bci = (frame.aux != BCI_UNKNOWN).then_some(frame.aux);
-                policy::interpreted(method.as_deref().map_err(|r| *r), bci, annotate)
+                policy::interpreted(method.as_deref().map_err(|r| *r), bci)
             }
-            Some(FrameKind::Compiled) => jvm.compiled(frame, top, annotate),
+            Some(FrameKind::Compiled) => jvm.compiled(frame, top),
             Some(FrameKind::AllocatedClass) => {
                 let name = jvm.memory.class_name(frame.addr, frame.cookie, frame.aux);
                 policy::allocated_class(name.as_deref().map_err(|r| *r))
@@ -199,7 +197,7 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
 }
 
 impl<M: RemoteMemory> JvmSources<M> {
-    fn compiled(&mut self, frame: &UserFrame, top: bool, annotate: bool) -> Named {
+    fn compiled(&mut self, frame: &UserFrame, top: bool) -> Named {
         let code = self.memory.code(frame.addr, frame.cookie, frame.aux);
         // The agent's record of the nmethod at the same code start, if any.
         let recorded = match (code.as_deref(), self.sidecar.as_mut()) {
@@ -221,7 +219,6 @@ impl<M: RemoteMemory> JvmSources<M> {
                 _ => Vec::new(),
             },
             pc,
-            annotate,
         );
         if named.from_sidecar && !self.sidecar_used {
             self.sidecar_used = true;

@@ -1,12 +1,12 @@
 //! Every name source behind one dispatch. A profile's addresses are named in one batch per
-//! source ([`Symbolizers::prepare`]: kernel, native), then each user frame by its kind
-//! ([`ProcessFrames::user`], a `match` over [`FrameKind`]): native frames from the batch, Java
-//! frames by the JVM's symbolizer, once per distinct frame of the profile.
+//! source ([`Symbolizers::names_of`]: kernel, native), then each user frame by its kind
+//! ([`ProcessNames`], the profile builder's [`ProfileNames`]): native frames from the batch,
+//! Java frames by the JVM's symbolizer, once per distinct frame of the profile.
 
 use std::sync::Arc;
 
 use hashbrown::HashMap;
-use profiler_common::{FrameKind, UserFrame};
+use profiler_common::UserFrame;
 
 use super::java::JavaSymbolizer;
 use super::kernel::KernelSymbolizer;
@@ -14,13 +14,16 @@ use super::name_guard::{self, NameOrigin, RefusedNames};
 use super::native::NativeSymbolizer;
 use super::ResolvedFrame;
 use crate::aggregate::ProcessStacks;
-use crate::frame_kind::ShownKind;
 use crate::hotspot::jvm_directory::JvmDirectory;
 use crate::hotspot::remote::ProcessMemory;
 use crate::java_names::UnnamedCounts;
 use crate::process::ProcessTable;
+use crate::profile_model::{Frame, FrameKind, NameSource};
+use crate::profiles::ProfileNames;
+use crate::record::UserFrameKey;
 
 /// The symbolizers, kept across intervals so their caches pay off.
+#[derive(Default)]
 pub struct Symbolizers {
     pub native: NativeSymbolizer,
     pub kernel: KernelSymbolizer,
@@ -32,62 +35,35 @@ pub struct Symbolizers {
     pub refused_names: Arc<RefusedNames>,
     /// The host's JVMs as inspected once, shared with the JVM tracker (see `with_jvms`).
     pub jvms: JvmDirectory,
-    /// Append frame-kind suffixes (`_[j]`, `_[i]`, `_[0]`, `_[1]`, `_[k]`).
-    pub annotate: bool,
 }
 
-/// How a user frame is told apart from the profile's others (its location), and what names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum UserFrameKey {
-    /// A native frame, by the address looked up (see [`lookup_address`]).
-    Native(u64),
-    /// A HotSpot frame as the BPF unwinder recorded it; the top frame resolves differently from
-    /// a return address, hence `top`.
-    Java {
-        kind: u8,
-        addr: u64,
-        aux: u32,
-        cookie: u32,
-        top: bool,
-    },
-}
-
-/// One profile's kernel and native frames, named in one batch per source.
-pub struct ProcessFrames {
+/// One profile's names: its kernel and native frames named in one batch per source, Java
+/// frames and threads asked of the Java symbolizer.
+pub struct ProcessNames<'a> {
     pid: u32,
+    symbolizers: &'a mut Symbolizers,
     kernel: HashMap<u64, Arc<ResolvedFrame>>,
     native: HashMap<u64, Arc<ResolvedFrame>>,
     unknown: ResolvedFrame,
 }
 
 impl Symbolizers {
-    pub fn new(annotate: bool) -> Self {
-        Self {
-            native: NativeSymbolizer::new(),
-            kernel: KernelSymbolizer::new(),
-            java: JavaSymbolizer::new(annotate),
-            java_unnamed: Arc::default(),
-            refused_names: Arc::default(),
-            jvms: JvmDirectory::default(),
-            annotate,
-        }
-    }
-
-    /// Names every kernel and native address of `stacks` (each distinct one once, one lookup
-    /// per source), and makes sure the JVM is known if a Java frame is there.
-    pub fn prepare(
-        &mut self,
+    /// The names of `pid`'s profile of `stacks`: every kernel and native address named now
+    /// (each distinct one once, one lookup per source), and the JVM made known if a Java
+    /// frame is there.
+    pub fn names_of<'a>(
+        &'a mut self,
         pid: u32,
         stacks: &ProcessStacks,
         processes: &mut ProcessTable,
-    ) -> ProcessFrames {
+    ) -> ProcessNames<'a> {
         let mut kernel_addrs: Vec<u64> = Vec::new();
         let mut native_addrs: Vec<u64> = Vec::new();
         let mut has_java = false;
         for (view, _) in stacks.stacks() {
             kernel_addrs.extend(view.kernel_ips());
-            for (index, frame) in view.user_frames().enumerate() {
-                match user_frame_key(index, &frame) {
+            for (key, _) in view.keyed_user_frames() {
+                match key {
                     UserFrameKey::Native(addr) => native_addrs.push(addr),
                     UserFrameKey::Java { .. } => has_java = true,
                 }
@@ -106,8 +82,9 @@ impl Symbolizers {
         if has_java {
             self.ensure_jvm(pid, processes);
         }
-        ProcessFrames {
+        ProcessNames {
             pid,
+            symbolizers: self,
             kernel,
             native,
             unknown: ResolvedFrame::named("[unknown]", None),
@@ -146,80 +123,42 @@ impl Symbolizers {
     }
 }
 
-impl ProcessFrames {
-    /// The kernel frame at `ip`, with its kind's suffix if frames are annotated.
-    pub fn kernel(&self, ip: u64, annotate: bool) -> ResolvedFrame {
+impl ProfileNames for ProcessNames<'_> {
+    fn kernel(&mut self, ip: u64) -> Frame {
         let frame = self.kernel.get(&ip).map_or(&self.unknown, |f| f.as_ref());
-        if annotate {
-            with_suffix(frame, ShownKind::Kernel.suffix())
-        } else {
-            frame.clone()
-        }
+        Frame::new(FrameKind::Kernel, ip, frame.clone())
     }
 
-    /// The name of user frame `frame` (`key` from [`user_frame_key`]), by its kind, past the
-    /// [`name_guard`]. Java markers are counted in `symbolizers.java_unnamed`, refused names in
-    /// `symbolizers.refused_names`: call once per distinct frame of a profile, as it shows them.
-    pub fn user(
-        &self,
-        symbolizers: &mut Symbolizers,
-        key: UserFrameKey,
-        frame: &UserFrame,
-    ) -> ResolvedFrame {
-        let (named, origin) = match key {
-            UserFrameKey::Native(addr) => (
-                self.native
-                    .get(&addr)
-                    .map_or(&self.unknown, |f| f.as_ref())
-                    .clone(),
-                NameOrigin::SymbolTable,
-            ),
+    /// By the frame's kind, past the [`name_guard`]. Java markers are counted in
+    /// `java_unnamed`, refused names in `refused_names`.
+    fn user(&mut self, key: UserFrameKey, frame: &UserFrame) -> Frame {
+        let symbolizers = &mut *self.symbolizers;
+        let (kind, named, origin) = match key {
+            UserFrameKey::Native(addr) => {
+                let named = self.native.get(&addr).map_or(&self.unknown, |f| f.as_ref());
+                (FrameKind::Native, named.clone(), NameOrigin::SymbolTable)
+            }
             UserFrameKey::Java { top, .. } => {
                 let named = symbolizers.java.resolve(self.pid, frame, top);
                 symbolizers.java_unnamed.add_all(&named.unnamed);
-                (named.frame, NameOrigin::Memory)
+                (named.kind, named.frame, NameOrigin::Memory)
             }
         };
-        name_guard::guard(named, origin, &symbolizers.refused_names)
+        let named = name_guard::guard(named, origin, &symbolizers.refused_names);
+        // The address looked up; Java frames have none of their own in the process's mappings.
+        let address = match key {
+            UserFrameKey::Native(addr) => addr,
+            UserFrameKey::Java { .. } => 0,
+        };
+        Frame::new(kind, address, named)
     }
-}
 
-/// What tells user frame `index` of a stack (0: the interrupted instruction) apart, by its
-/// kind. A native return address points after its call: one byte back is inside the call.
-pub fn user_frame_key(index: usize, frame: &UserFrame) -> UserFrameKey {
-    match frame.kind() {
-        Some(FrameKind::Native) => UserFrameKey::Native(lookup_address(index, frame.addr)),
-        // A kind BPF never writes goes to the Java symbolizer too, which shows it as the
-        // `bad_frame_kind` marker.
-        Some(FrameKind::Interpreted | FrameKind::Compiled | FrameKind::AllocatedClass) | None => {
-            UserFrameKey::Java {
-                kind: frame.kind,
-                addr: frame.addr,
-                aux: frame.aux,
-                cookie: frame.cookie,
-                top: index == 0,
-            }
+    fn thread(&mut self, tid: u32, comm: &str) -> (String, NameSource) {
+        match self.symbolizers.java.thread_names(self.pid) {
+            Some(names) => names.name_of(tid, comm),
+            None => (comm.to_owned(), NameSource::Comm),
         }
     }
-}
-
-/// The address to look up for user frame `index`: frame 0 is the interrupted instruction, the
-/// others are return addresses, which point after the call; one byte back is inside the call.
-fn lookup_address(index: usize, addr: u64) -> u64 {
-    if index == 0 {
-        addr
-    } else {
-        addr.saturating_sub(1)
-    }
-}
-
-/// The frame with `suffix` on its function names.
-fn with_suffix(frame: &ResolvedFrame, suffix: &str) -> ResolvedFrame {
-    let mut frame = frame.clone();
-    for line in &mut frame.lines {
-        line.function.push_str(suffix);
-    }
-    frame
 }
 
 /// Names `addrs` of process `pid` from its mappings, read again once if some lie outside them

@@ -1,59 +1,34 @@
-//! Profiles in OTLP's form. The pprof profiles of one request share one dictionary (strings,
+//! Profiles in OTLP's form. The profiles of one request share one dictionary (strings,
 //! functions, locations, stacks, attributes), and each becomes one OTLP `Profile` per sample
 //! type: in the current protocol a `Profile` has a single sample type, so a CPU profile's
-//! sample counts and nanoseconds are two.
-
-use hashbrown::HashMap;
+//! sample counts and nanoseconds are two. Every location says what ran it
+//! (`profile.frame.type`), from the frame's kind; names carry no suffix.
 
 use crate::export::proto::opentelemetry::proto::common::v1::{any_value, AnyValue};
 use crate::export::proto::opentelemetry::proto::profiles::v1development as otlp;
-use crate::frame_kind::ShownKind;
-use crate::pprof::{proto as pprof, string_at};
+use crate::interned::{Interned, StringTable};
+use crate::profile_model::{Frame, FrameKind, SourceLine, SymbolizedProfile, ValueType};
 
 /// The attribute naming a frame's runtime, as the semantic conventions name it.
 const FRAME_TYPE: &str = "profile.frame.type";
 /// A mapping's GNU build-id (hex), as the semantic conventions name it.
 const BUILD_ID: &str = "process.executable.build_id.gnu";
 
-/// What ran a frame, as `profile.frame.type` says it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum FrameType {
-    Kernel,
-    Jvm,
-    Native,
-}
-
-impl FrameType {
-    fn name(self) -> &'static str {
-        match self {
-            Self::Kernel => "kernel",
-            Self::Jvm => "jvm",
-            Self::Native => "native",
-        }
+/// What ran a frame, as `profile.frame.type` says it: the semantic conventions' values where
+/// one applies; `abort-marker` for where a stack was cut (the OpenTelemetry eBPF profiler's
+/// value for it); `marker` for the roots the profiler adds.
+fn frame_type(kind: FrameKind) -> &'static str {
+    match kind {
+        FrameKind::Kernel => "kernel",
+        FrameKind::Native => "native",
+        FrameKind::Interpreted
+        | FrameKind::C1
+        | FrameKind::Jit
+        | FrameKind::Inlined
+        | FrameKind::Jvm => "jvm",
+        FrameKind::Truncated => "abort-marker",
+        FrameKind::Root => "marker",
     }
-}
-
-/// The JVM kinds' suffixes (`_[j]`...) and the kernel's: a frame name ending in one ran there.
-const SUFFIXED_KINDS: [(ShownKind, FrameType); 5] = [
-    (ShownKind::Kernel, FrameType::Kernel),
-    (ShownKind::Interpreted, FrameType::Jvm),
-    (ShownKind::C1, FrameType::Jvm),
-    (ShownKind::Jit, FrameType::Jvm),
-    (ShownKind::Inlined, FrameType::Jvm),
-];
-
-/// A frame name without its kind suffix, and the frame type the suffix gives. `annotated` says
-/// whether the profile's frames carry suffixes at all (`annotate_frames`): when they do, a
-/// frame without one is native code; when not, and for the profile's own marker frames
-/// (`[pool-1-thread-*]`), the type is not known.
-fn split_kind(name: &str, annotated: bool) -> (&str, Option<FrameType>) {
-    for (kind, frame_type) in SUFFIXED_KINDS {
-        if let Some(bare) = name.strip_suffix(kind.suffix()) {
-            return (bare, Some(frame_type));
-        }
-    }
-    let known = annotated && !name.starts_with('[');
-    (name, known.then_some(FrameType::Native))
 }
 
 #[derive(PartialEq, Eq, Hash)]
@@ -62,177 +37,126 @@ struct LocationKey {
     address: u64,
     /// (function index, line) per line, innermost first.
     lines: Vec<(i32, i64)>,
-    frame_type: Option<FrameType>,
+    frame_type: &'static str,
 }
 
 /// One request's dictionary, built as its profiles are converted. Every table starts with its
 /// zero value, which index 0 refers to.
 pub struct Dictionary {
-    tables: otlp::ProfilesDictionary,
-    strings: HashMap<String, i32>,
-    functions: HashMap<(i32, i32, i32), i32>,
-    locations: HashMap<LocationKey, i32>,
-    stacks: HashMap<Vec<i32>, i32>,
-    /// (file, build-id) string indices -> mapping index.
-    mappings: HashMap<(i32, i32), i32>,
-    /// (key, value) -> attribute index.
-    attributes: HashMap<(&'static str, String), i32>,
+    strings: StringTable,
+    /// By (name, system name, file) string indices.
+    functions: Interned<(i32, i32, i32), otlp::Function>,
+    locations: Interned<LocationKey, otlp::Location>,
+    stacks: Interned<Vec<i32>, otlp::Stack>,
+    /// By (file, build-id) string indices.
+    mappings: Interned<(i32, i32), otlp::Mapping>,
+    /// By (key, value).
+    attributes: Interned<(&'static str, String), otlp::KeyValueAndUnit>,
 }
 
 impl Default for Dictionary {
     fn default() -> Self {
-        let mut strings = HashMap::new();
-        strings.insert(String::new(), 0);
         Self {
-            tables: otlp::ProfilesDictionary {
-                mapping_table: vec![otlp::Mapping::default()],
-                location_table: vec![otlp::Location::default()],
-                function_table: vec![otlp::Function::default()],
-                link_table: vec![otlp::Link::default()],
-                string_table: vec![String::new()],
-                attribute_table: vec![otlp::KeyValueAndUnit::default()],
-                stack_table: vec![otlp::Stack::default()],
-            },
-            strings,
-            functions: HashMap::new(),
-            locations: HashMap::new(),
-            stacks: HashMap::new(),
-            mappings: HashMap::new(),
-            attributes: HashMap::new(),
+            strings: StringTable::default(),
+            functions: Interned::starting_with(vec![otlp::Function::default()]),
+            locations: Interned::starting_with(vec![otlp::Location::default()]),
+            stacks: Interned::starting_with(vec![otlp::Stack::default()]),
+            mappings: Interned::starting_with(vec![otlp::Mapping::default()]),
+            attributes: Interned::starting_with(vec![otlp::KeyValueAndUnit::default()]),
         }
     }
 }
 
-/// The next index of a table of `len` entries (tables are far below 2^31 entries: a request
+/// A table index as the protocol carries it (tables are far below 2^31 entries: a request
 /// holds a few MiB of profiles).
-fn next_index(len: usize) -> i32 {
-    i32::try_from(len).unwrap_or(i32::MAX)
+fn index(position: usize) -> i32 {
+    i32::try_from(position).unwrap_or(i32::MAX)
 }
 
 impl Dictionary {
     pub fn finish(self) -> otlp::ProfilesDictionary {
-        self.tables
+        otlp::ProfilesDictionary {
+            mapping_table: self.mappings.into_entries(),
+            location_table: self.locations.into_entries(),
+            function_table: self.functions.into_entries(),
+            link_table: vec![otlp::Link::default()],
+            string_table: self.strings.into_strings(),
+            attribute_table: self.attributes.into_entries(),
+            stack_table: self.stacks.into_entries(),
+        }
     }
 
     fn string(&mut self, value: &str) -> i32 {
-        if let Some(&index) = self.strings.get(value) {
-            return index;
-        }
-        let index = next_index(self.tables.string_table.len());
-        self.tables.string_table.push(value.to_owned());
-        self.strings.insert(value.to_owned(), index);
-        index
+        index(self.strings.index(value))
     }
 
     /// The index of the string attribute `key` = `value`.
     fn attribute(&mut self, key: &'static str, value: &str) -> i32 {
-        if let Some(&index) = self.attributes.get(&(key, value.to_owned())) {
-            return index;
-        }
         let key_strindex = self.string(key);
-        let index = next_index(self.tables.attribute_table.len());
-        self.tables.attribute_table.push(otlp::KeyValueAndUnit {
-            key_strindex,
-            value: Some(AnyValue {
-                value: Some(any_value::Value::StringValue(value.to_owned())),
-            }),
-            unit_strindex: 0,
-        });
-        self.attributes.insert((key, value.to_owned()), index);
-        index
+        index(
+            self.attributes
+                .intern((key, value.to_owned()), || otlp::KeyValueAndUnit {
+                    key_strindex,
+                    value: Some(AnyValue {
+                        value: Some(any_value::Value::StringValue(value.to_owned())),
+                    }),
+                    unit_strindex: 0,
+                }),
+        )
     }
 
     /// The index of the mapping of the file `file`, with its build-id if known.
-    fn mapping(&mut self, file: &str, build_id: &str) -> i32 {
+    fn mapping(&mut self, file: &str, build_id: Option<&str>) -> i32 {
+        let build_id = build_id.unwrap_or("");
         let key = (self.string(file), self.string(build_id));
-        if let Some(&index) = self.mappings.get(&key) {
-            return index;
-        }
-        let attribute_indices = if build_id.is_empty() {
-            Vec::new()
-        } else {
-            vec![self.attribute(BUILD_ID, build_id)]
+        let attribute_indices = match build_id {
+            "" => Vec::new(),
+            build_id => vec![self.attribute(BUILD_ID, build_id)],
         };
-        let index = next_index(self.tables.mapping_table.len());
-        self.tables.mapping_table.push(otlp::Mapping {
+        index(self.mappings.intern(key, || otlp::Mapping {
             filename_strindex: key.0,
             attribute_indices,
             ..Default::default()
-        });
-        self.mappings.insert(key, index);
-        index
+        }))
     }
 
-    fn function(&mut self, name: &str, system_name: &str, file: &str) -> i32 {
+    fn function(&mut self, line: &SourceLine) -> i32 {
+        let name = self.string(&line.function);
+        let system_name = match &line.system_name {
+            Some(system_name) => self.string(system_name),
+            None => name,
+        };
         let key = (
-            self.string(name),
-            self.string(system_name),
-            self.string(file),
+            name,
+            system_name,
+            self.string(line.file.as_deref().unwrap_or("")),
         );
-        if let Some(&index) = self.functions.get(&key) {
-            return index;
-        }
-        let index = next_index(self.tables.function_table.len());
-        self.tables.function_table.push(otlp::Function {
+        index(self.functions.intern(key, || otlp::Function {
             name_strindex: key.0,
             system_name_strindex: key.1,
             filename_strindex: key.2,
             start_line: 0,
-        });
-        self.functions.insert(key, index);
-        index
+        }))
     }
 
-    /// The dictionary index of each of `profile`'s locations, by pprof location id - 1.
-    fn locations(&mut self, profile: &pprof::Profile, annotated: bool) -> Vec<i32> {
-        let text = |index: i64| string_at(profile, index);
-        let function_by_id: HashMap<u64, &pprof::Function> =
-            profile.function.iter().map(|f| (f.id, f)).collect();
-        let mapping_by_id: HashMap<u64, &pprof::Mapping> =
-            profile.mapping.iter().map(|m| (m.id, m)).collect();
-        profile
-            .location
+    fn location(&mut self, frame: &Frame) -> i32 {
+        let lines = frame
+            .lines
             .iter()
-            .map(|location| {
-                // The frame's kind is its physical function's: the last line (the innermost
-                // lines are the functions inlined into it).
-                let mut frame_type = None;
-                let mut lines = Vec::with_capacity(location.line.len());
-                for (position, line) in location.line.iter().enumerate() {
-                    let Some(function) = function_by_id.get(&line.function_id) else {
-                        continue;
-                    };
-                    let (name, kind) = split_kind(text(function.name), annotated);
-                    let (system_name, _) = split_kind(text(function.system_name), annotated);
-                    if position + 1 == location.line.len() {
-                        frame_type = kind;
-                    }
-                    let index = self.function(name, system_name, text(function.filename));
-                    lines.push((index, line.line));
-                }
-                let mapping_index = mapping_by_id
-                    .get(&location.mapping_id)
-                    .map_or(0, |m| self.mapping(text(m.filename), text(m.build_id)));
-                self.location(LocationKey {
-                    mapping_index,
-                    address: location.address,
-                    lines,
-                    frame_type,
-                })
-            })
-            .collect()
-    }
-
-    fn location(&mut self, key: LocationKey) -> i32 {
-        if let Some(&index) = self.locations.get(&key) {
-            return index;
-        }
-        let attribute_indices = match key.frame_type {
-            Some(frame_type) => vec![self.attribute(FRAME_TYPE, frame_type.name())],
-            None => Vec::new(),
+            .map(|line| (self.function(line), i64::from(line.line)))
+            .collect();
+        let mapping_index = match &frame.module {
+            Some(module) => self.mapping(module, frame.build_id.as_deref()),
+            None => 0,
         };
-        let index = next_index(self.tables.location_table.len());
-        self.tables.location_table.push(otlp::Location {
+        let key = LocationKey {
+            mapping_index,
+            address: frame.address,
+            lines,
+            frame_type: frame_type(frame.kind),
+        };
+        let attribute_indices = vec![self.attribute(FRAME_TYPE, key.frame_type)];
+        let location = otlp::Location {
             mapping_index: key.mapping_index,
             address: key.address,
             lines: key
@@ -245,64 +169,49 @@ impl Dictionary {
                 })
                 .collect(),
             attribute_indices,
-        });
-        self.locations.insert(key, index);
-        index
+        };
+        index(self.locations.intern(key, || location))
     }
 
-    fn stack(&mut self, location_indices: Vec<i32>) -> i32 {
-        if let Some(&index) = self.stacks.get(&location_indices) {
-            return index;
-        }
-        let index = next_index(self.tables.stack_table.len());
-        self.stacks.insert(location_indices.clone(), index);
-        self.tables
-            .stack_table
-            .push(otlp::Stack { location_indices });
-        index
-    }
-
-    fn value_type(
-        &mut self,
-        profile: &pprof::Profile,
-        value_type: &pprof::ValueType,
-    ) -> otlp::ValueType {
-        let text = |index: i64| string_at(profile, index);
+    fn value_type(&mut self, value: &ValueType) -> otlp::ValueType {
         otlp::ValueType {
-            type_strindex: self.string(text(value_type.r#type)),
-            unit_strindex: self.string(text(value_type.unit)),
+            type_strindex: self.string(value.name),
+            unit_strindex: self.string(value.unit),
         }
     }
 
     /// `profile` as OTLP profiles, one per sample type, its entries added to the dictionary.
     /// A sample with a zero value for a type is left out of that type's profile.
-    pub fn profiles(&mut self, profile: &pprof::Profile, annotated: bool) -> Vec<otlp::Profile> {
-        let locations = self.locations(profile, annotated);
-        let period_type = profile
-            .period_type
-            .as_ref()
-            .map(|period_type| self.value_type(profile, period_type));
-        let mut converted: Vec<otlp::Profile> = profile
-            .sample_type
+    pub fn profiles(&mut self, profile: &SymbolizedProfile) -> Vec<otlp::Profile> {
+        let locations: Vec<i32> = profile.frames.iter().map(|f| self.location(f)).collect();
+        let types = profile.kind.sample_types();
+        let period_type = types.period_type.map(|value| self.value_type(&value));
+        let start = profile
+            .start
+            .duration_since(std::time::SystemTime::UNIX_EPOCH);
+        let time_unix_nano = start.map_or(0, |since| since.as_nanos() as u64);
+        let mut converted: Vec<otlp::Profile> = types
+            .values
             .iter()
-            .map(|sample_type| otlp::Profile {
-                sample_type: Some(self.value_type(profile, sample_type)),
-                time_unix_nano: u64::try_from(profile.time_nanos).unwrap_or(0),
-                duration_nano: u64::try_from(profile.duration_nanos).unwrap_or(0),
+            .map(|value| otlp::Profile {
+                sample_type: Some(self.value_type(value)),
+                time_unix_nano,
+                duration_nano: profile.duration.as_nanos() as u64,
                 period_type,
                 period: profile.period,
                 ..Default::default()
             })
             .collect();
-        for sample in &profile.sample {
+        for sample in &profile.samples {
             let stack: Vec<i32> = sample
-                .location_id
+                .frames
                 .iter()
-                .filter_map(|&id| locations.get(usize::try_from(id).ok()?.checked_sub(1)?))
-                .copied()
+                .filter_map(|&id| locations.get(id as usize).copied())
                 .collect();
-            let stack_index = self.stack(stack);
-            for (target, &value) in converted.iter_mut().zip(&sample.value) {
+            let stack_index = index(self.stacks.intern(stack.clone(), || otlp::Stack {
+                location_indices: stack,
+            }));
+            for (target, &value) in converted.iter_mut().zip(&sample.values) {
                 if value != 0 {
                     target.samples.push(otlp::Sample {
                         stack_index,
@@ -318,11 +227,11 @@ impl Dictionary {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::pprof::LocationKey as PprofKey;
-    use crate::pprof::ProfileBuilder;
-    use crate::resolved_frame::{ResolvedFrame, SourceLine};
     use std::time::{Duration, SystemTime};
+
+    use super::*;
+    use crate::profile_model::{ProfileKind, Sample};
+    use crate::resolved_frame::ResolvedFrame;
 
     fn line(function: &str, line: u32) -> SourceLine {
         SourceLine {
@@ -334,38 +243,46 @@ mod tests {
     }
 
     /// A CPU profile: a Java stack (an inlined chain in a JIT frame, under an interpreted
-    /// one), a native frame and a kernel frame; 3 samples of one stack, 2 of another.
-    fn cpu_profile() -> pprof::Profile {
-        let mut builder =
-            ProfileBuilder::new_cpu(100, SystemTime::UNIX_EPOCH, Duration::from_secs(1));
-        let jit = builder.location(
-            PprofKey::User(0x1000),
-            0x1000,
-            &ResolvedFrame {
-                lines: vec![line("Work.inner_[i]", 7), line("Work.outer_[j]", 3)],
-                module: None,
-                build_id: None,
-            },
-        );
-        let interpreted = builder.location(
-            PprofKey::User(0x2000),
-            0x2000,
-            &ResolvedFrame::named("Main.main_[0]", None),
-        );
-        let native = builder.location(
-            PprofKey::User(0x3000),
-            0x3000,
-            &ResolvedFrame::named("memcpy", Some("/usr/lib/libc.so.6".into()))
-                .with_build_id(Some("00112233445566778899aabbccddeeff00112233".into())),
-        );
-        let kernel = builder.location(
-            PprofKey::Kernel(0x4000),
+    /// one), a native frame, a kernel frame and a truncation marker; 3 samples of one stack, 2
+    /// of another.
+    fn cpu_profile() -> SymbolizedProfile {
+        let mut profile =
+            SymbolizedProfile::new(ProfileKind::Cpu, 7, SystemTime::UNIX_EPOCH, Duration::ZERO);
+        profile.period = 10_000_000;
+        let jit = profile.add_frame(Frame {
+            kind: FrameKind::Jit,
+            lines: vec![line("Work.inner", 7), line("Work.outer", 3)],
+            module: None,
+            build_id: None,
+            address: 0,
+        });
+        let named = |name: &str| ResolvedFrame::named(name, None);
+        let interpreted =
+            profile.add_frame(Frame::new(FrameKind::Interpreted, 0, named("Main.main")));
+        let libc = ResolvedFrame::named("memcpy", Some("/usr/lib/libc.so.6".into()))
+            .with_build_id(Some("00112233445566778899aabbccddeeff00112233".into()));
+        let native = profile.add_frame(Frame::new(FrameKind::Native, 0x3000, libc));
+        let kernel = profile.add_frame(Frame::new(
+            FrameKind::Kernel,
             0x4000,
-            &ResolvedFrame::named("do_syscall_64_[k]", None),
-        );
-        builder.add_sample(vec![jit, interpreted], 3, &[]);
-        builder.add_sample(vec![kernel, native, interpreted], 2, &[]);
-        builder.finish()
+            named("do_syscall_64"),
+        ));
+        let cut = profile.add_frame(Frame::marker(
+            FrameKind::Truncated,
+            "[truncated: max_depth]",
+        ));
+        for (frames, count) in [
+            (vec![jit, interpreted], 3),
+            (vec![kernel, native, interpreted, cut], 2),
+        ] {
+            profile.samples.push(Sample {
+                frames,
+                values: [count, count * 10_000_000, 0, 0],
+                thread: None,
+                wait: None,
+            });
+        }
+        profile
     }
 
     fn text(dictionary: &otlp::ProfilesDictionary, index: i32) -> &str {
@@ -373,40 +290,34 @@ mod tests {
     }
 
     #[test]
-    fn one_profile_per_sample_type_with_the_pprof_totals() {
-        let pprof = cpu_profile();
+    fn one_profile_per_sample_type_with_the_profile_s_totals() {
+        let profile = cpu_profile();
         let mut dictionary = Dictionary::default();
-        let profiles = dictionary.profiles(&pprof, true);
+        let profiles = dictionary.profiles(&profile);
         let dictionary = dictionary.finish();
-        assert_eq!(profiles.len(), pprof.sample_type.len());
-        for (index, profile) in profiles.iter().enumerate() {
-            let pprof_total: i64 = pprof.sample.iter().map(|s| s.value[index]).sum();
-            let total: i64 = profile.samples.iter().map(|s| s.values[0]).sum();
-            assert_eq!(total, pprof_total);
-            let sample_type = profile.sample_type.expect("set");
-            let pprof_type = &pprof.sample_type[index];
+        let types = profile.kind.sample_types().values;
+        assert_eq!(profiles.len(), types.len());
+        for (index, converted) in profiles.iter().enumerate() {
+            let expected: i64 = profile.samples.iter().map(|s| s.values[index]).sum();
+            let total: i64 = converted.samples.iter().map(|s| s.values[0]).sum();
+            assert_eq!(total, expected);
+            let sample_type = converted.sample_type.expect("set");
             assert_eq!(
                 text(&dictionary, sample_type.type_strindex),
-                pprof.string_table[pprof_type.r#type as usize]
+                types[index].name
             );
         }
-        assert_eq!(
-            text(
-                &dictionary,
-                profiles[0].sample_type.expect("set").type_strindex
-            ),
-            "samples"
-        );
         assert_eq!(
             profiles[0].samples.iter().map(|s| s.values[0]).sum::<i64>(),
             5
         );
+        assert_eq!(profiles[1].period, 10_000_000);
     }
 
     #[test]
-    fn tables_start_with_zero_values_and_frames_carry_their_type() {
+    fn tables_start_with_zero_values_and_every_frame_carries_its_type() {
         let mut dictionary = Dictionary::default();
-        let profiles = dictionary.profiles(&cpu_profile(), true);
+        let profiles = dictionary.profiles(&cpu_profile());
         let dictionary = dictionary.finish();
         assert_eq!(dictionary.string_table[0], "");
         assert_eq!(dictionary.location_table[0], otlp::Location::default());
@@ -417,8 +328,6 @@ mod tests {
             dictionary.attribute_table[0],
             otlp::KeyValueAndUnit::default()
         );
-        // The first sample's stack: the JIT frame (two lines, innermost first), then main.
-        let stack = &dictionary.stack_table[profiles[0].samples[0].stack_index as usize];
         let frame = |index: i32| {
             let location = &dictionary.location_table[index as usize];
             let names: Vec<&str> = location
@@ -438,6 +347,8 @@ mod tests {
             assert_eq!(text(&dictionary, attribute.key_strindex), FRAME_TYPE);
             (names.join(" < "), kind)
         };
+        // The first sample's stack: the JIT frame (two lines, innermost first), then main.
+        let stack = &dictionary.stack_table[profiles[0].samples[0].stack_index as usize];
         let frames: Vec<_> = stack.location_indices.iter().map(|&i| frame(i)).collect();
         assert_eq!(
             frames,
@@ -452,44 +363,25 @@ mod tests {
             .iter()
             .map(|&i| frame(i).1)
             .collect();
-        assert_eq!(kinds, ["kernel", "native", "jvm"]);
+        assert_eq!(kinds, ["kernel", "native", "jvm", "abort-marker"]);
+        // Every location has its type, whatever the `annotate_frames` setting (names have none).
+        for index in 1..dictionary.location_table.len() {
+            assert!(!frame(index as i32).1.is_empty());
+        }
     }
 
     #[test]
     fn profiles_of_one_request_share_the_dictionary() {
         let mut dictionary = Dictionary::default();
-        let first = dictionary.profiles(&cpu_profile(), true);
-        let sizes = |d: &Dictionary| {
-            (
-                d.tables.string_table.len(),
-                d.tables.location_table.len(),
-                d.tables.stack_table.len(),
-            )
-        };
+        let first = dictionary.profiles(&cpu_profile());
+        let sizes = |d: &Dictionary| (d.strings.len(), d.locations.len(), d.stacks.len());
         let after_one = sizes(&dictionary);
-        let second = dictionary.profiles(&cpu_profile(), true);
+        let second = dictionary.profiles(&cpu_profile());
         assert_eq!(
             sizes(&dictionary),
             after_one,
             "nothing new in the same profile again"
         );
         assert_eq!(first[0].samples, second[0].samples);
-    }
-
-    #[test]
-    fn without_suffixes_only_what_the_name_tells_is_typed() {
-        assert_eq!(
-            split_kind("memcpy", true),
-            ("memcpy", Some(FrameType::Native))
-        );
-        assert_eq!(split_kind("memcpy", false), ("memcpy", None));
-        assert_eq!(
-            split_kind("[pool-1-thread-*]", true),
-            ("[pool-1-thread-*]", None)
-        );
-        assert_eq!(
-            split_kind("a.B.c_[1]", false),
-            ("a.B.c", Some(FrameType::Jvm))
-        );
     }
 }

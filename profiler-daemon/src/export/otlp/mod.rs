@@ -1,4 +1,4 @@
-//! The OTLP profiles sink: each process's profile of an interval (Pyroscope's variant: no
+//! The OTLP profiles sink: each process's profile of an interval (its remote variant: no
 //! sample labels, threads as the `threads` setting says) becomes OTLP profiles of one resource
 //! (the process, with semantic-convention attributes); an interval's are queued as one batch and
 //! sent with
@@ -9,7 +9,6 @@ mod convert;
 
 use std::sync::Arc;
 
-use prost::Message as _;
 use tonic::codec::CompressionEncoding;
 use tonic::transport::Channel;
 
@@ -26,12 +25,10 @@ use super::proto::opentelemetry::proto::profiles::v1development::{
     ResourceProfiles, ScopeProfiles,
 };
 use super::proto::opentelemetry::proto::resource::v1::Resource;
-use super::pyroscope::profile::export_profile;
 use super::queue::QueuedBatch;
 use super::remote_config::{RemoteConfig, OTLP};
-use crate::pprof::proto as pprof;
+use crate::profile_model::SymbolizedProfile;
 use crate::sink::{Sink, SinkProfile, SinkTasks};
-use crate::thread_roots::ThreadRoots;
 
 /// The sink's name in metrics and logs, as its config section's.
 const SINK: &str = OTLP.name;
@@ -51,8 +48,8 @@ const ATTRIBUTE_OF_LABEL: [(&str, &str); 7] = [
 /// One process's profile of one interval, with its resource's attributes.
 struct ProcessProfile {
     attributes: Vec<KeyValue>,
-    profile: pprof::Profile,
-    /// The pprof's encoded size: what the queue's byte bound counts.
+    profile: Arc<SymbolizedProfile>,
+    /// About its size: what the queue's byte bound counts.
     bytes: usize,
 }
 
@@ -88,7 +85,7 @@ fn resource_attributes(profile: &SinkProfile<'_>, host_name: Option<&str>) -> Ve
     let mut attributes = vec![KeyValue {
         key: "process.pid".to_owned(),
         value: Some(AnyValue {
-            value: Some(any_value::Value::IntValue(i64::from(profile.built.pid))),
+            value: Some(any_value::Value::IntValue(i64::from(profile.profile.pid))),
         }),
         key_strindex: 0,
     }];
@@ -111,21 +108,16 @@ fn resource_attributes(profile: &SinkProfile<'_>, host_name: Option<&str>) -> Ve
 /// OTLP as a sink: each interval's profiles go to the queue as one batch.
 pub struct OtlpSink {
     buffered: BufferedSink<OtlpBatch>,
-    threads: ThreadRoots,
     host_name: Option<String>,
     interval: Vec<ProcessProfile>,
 }
 
 impl OtlpSink {
     /// Starts the delivery task; connects lazily, so an unreachable receiver is not an error.
-    /// `threads` is how exported stacks show their thread; `annotated` whether frame names
-    /// carry their kind's suffix (`annotate_frames`), from which frame types are told;
-    /// `node` the Kubernetes node the daemon watches, the host's name in a pod (whose own
+    /// `node` is the Kubernetes node the daemon watches, the host's name in a pod (whose own
     /// host name is the pod's).
     pub fn start(
         config: &RemoteConfig,
-        threads: ThreadRoots,
-        annotated: bool,
         node: Option<&str>,
         counters: Arc<ExportCounters>,
         tasks: &mut SinkTasks,
@@ -137,7 +129,6 @@ impl OtlpSink {
             client: ProfilesServiceClient::new(grpc.channel.clone())
                 .send_compressed(CompressionEncoding::Gzip),
             grpc,
-            annotated,
             partial_rejections: 0,
         };
         tracing::info!(url = %config.target.url, "exporting OTLP profiles");
@@ -158,7 +149,6 @@ impl OtlpSink {
         };
         Ok(Self {
             buffered,
-            threads,
             host_name,
             interval: Vec::new(),
         })
@@ -171,11 +161,11 @@ impl Sink for OtlpSink {
     }
 
     fn accept(&mut self, profile: &SinkProfile<'_>) {
-        let exported = export_profile(profile.built, self.threads);
+        let variant = profile.remote_variant().clone();
         self.interval.push(ProcessProfile {
             attributes: resource_attributes(profile, self.host_name.as_deref()),
-            bytes: exported.encoded_len(),
-            profile: exported,
+            bytes: variant.approximate_bytes(),
+            profile: variant,
         });
     }
 
@@ -191,7 +181,6 @@ impl Sink for OtlpSink {
 struct OtlpTransport {
     grpc: GrpcClient,
     client: ProfilesServiceClient<Channel>,
-    annotated: bool,
     /// Responses that rejected part of a request: logged at the 1st, 2nd, 4th... (never a
     /// line per request).
     partial_rejections: u64,
@@ -201,7 +190,7 @@ impl Transport for OtlpTransport {
     type Batch = OtlpBatch;
 
     async fn send(&mut self, batches: &[Arc<OtlpBatch>]) -> Result<Delivered, SendFailure> {
-        let request = self.grpc.request(export_request(batches, self.annotated));
+        let request = self.grpc.request(export_request(batches));
         let response = match self.client.export(request).await {
             Ok(response) => response.into_inner(),
             Err(status) => return Err(self.grpc.failure(&status)),
@@ -225,7 +214,7 @@ impl Transport for OtlpTransport {
 }
 
 /// One resource per process and interval, one dictionary for the request.
-fn export_request(batches: &[Arc<OtlpBatch>], annotated: bool) -> ExportProfilesServiceRequest {
+fn export_request(batches: &[Arc<OtlpBatch>]) -> ExportProfilesServiceRequest {
     let mut dictionary = convert::Dictionary::default();
     let scope = InstrumentationScope {
         name: "jvm-profiler".to_owned(),
@@ -242,7 +231,7 @@ fn export_request(batches: &[Arc<OtlpBatch>], annotated: bool) -> ExportProfiles
             }),
             scope_profiles: vec![ScopeProfiles {
                 scope: Some(scope.clone()),
-                profiles: dictionary.profiles(&process.profile, annotated),
+                profiles: dictionary.profiles(&process.profile),
                 schema_url: String::new(),
             }],
             schema_url: String::new(),

@@ -1,8 +1,6 @@
-//! The Grafana Pyroscope sink: each interval's profiles, in Pyroscope's variant, grouped into
+//! The Grafana Pyroscope sink: each interval's profiles, their remote variant as pprof, grouped into
 //! series by label set and sent with `push.v1.PusherService/Push` through the buffered sink
 //! (`export::buffered`: queue, retries, shutdown).
-
-pub mod profile;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -18,9 +16,8 @@ use super::proto::push::v1::{
 use super::queue::QueuedBatch;
 use super::remote_config::{RemoteConfig, PYROSCOPE};
 use super::{label_pairs, ExportedProfile};
-use crate::pprof::encode_gzipped;
+use crate::pprof::{encode, encode_gzipped};
 use crate::sink::{Sink, SinkProfile, SinkTasks};
-use crate::thread_roots::ThreadRoots;
 
 /// The sink's name in metrics and logs, as its config section's.
 const SINK: &str = PYROSCOPE.name;
@@ -62,17 +59,14 @@ fn batches_by_labels(profiles: Vec<Arc<ExportedProfile>>) -> Vec<PushBatch> {
 /// exporter task to send.
 pub struct PyroscopeSink {
     buffered: BufferedSink<PushBatch>,
-    threads: ThreadRoots,
     interval: Vec<Arc<ExportedProfile>>,
     counters: Arc<ExportCounters>,
 }
 
 impl PyroscopeSink {
     /// Starts the delivery task; connects lazily, so an unreachable server is not an error.
-    /// `threads` is how exported stacks show their thread.
     pub fn start(
         config: &RemoteConfig,
-        threads: ThreadRoots,
         counters: Arc<ExportCounters>,
         tasks: &mut SinkTasks,
     ) -> Result<Self, ExporterError> {
@@ -88,7 +82,6 @@ impl PyroscopeSink {
         );
         Ok(Self {
             buffered,
-            threads,
             interval: Vec::new(),
             counters,
         })
@@ -101,14 +94,15 @@ impl Sink for PyroscopeSink {
     }
 
     fn accept(&mut self, profile: &SinkProfile<'_>) {
-        match encode_gzipped(&profile::export_profile(profile.built, self.threads)) {
+        let annotate = profile.presentation.annotate_frames;
+        match encode_gzipped(&encode(profile.remote_variant(), annotate)) {
             Ok(bytes) => {
                 let exported = ExportedProfile::new(profile, Arc::from(bytes));
                 self.interval.push(Arc::new(exported));
             }
             Err(err) => {
                 self.counters.encode_errors.fetch_add(1, Ordering::Relaxed);
-                let pid = profile.built.pid;
+                let pid = profile.profile.pid;
                 tracing::error!(pid, %err, "cannot encode the exported profile");
             }
         }

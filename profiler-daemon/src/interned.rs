@@ -1,0 +1,115 @@
+//! Tables whose entries are made once per key, as the profile encoders (pprof, OTLP) need them:
+//! strings, functions, mappings, locations, stacks. A leaf module, so that both encoders share
+//! it without importing each other.
+
+use std::borrow::Cow;
+use std::hash::Hash;
+
+use hashbrown::HashMap;
+
+use crate::printable::printable;
+
+/// Entries in the order they were first asked for, each once per key.
+pub struct Interned<K, V> {
+    entries: Vec<V>,
+    index: HashMap<K, usize>,
+}
+
+impl<K: Hash + Eq, V> Interned<K, V> {
+    /// A table that starts with `entries` (e.g. the zero entry OTLP's tables begin with), known
+    /// by no key.
+    pub fn starting_with(entries: Vec<V>) -> Self {
+        Self {
+            entries,
+            index: HashMap::new(),
+        }
+    }
+
+    /// The position of `key`'s entry, made by `make` the first time.
+    pub fn intern(&mut self, key: K, make: impl FnOnce() -> V) -> usize {
+        let entries = &mut self.entries;
+        *self.index.entry(key).or_insert_with(|| {
+            entries.push(make());
+            entries.len() - 1
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn into_entries(self) -> Vec<V> {
+        self.entries
+    }
+}
+
+/// A profile's string table: the empty string at 0, as both formats want, and only printable
+/// text ([`printable`]): whatever a profiled process named its code or threads, every output
+/// shows it without control characters. Raw strings that show the same share one entry.
+pub struct StringTable {
+    strings: Interned<String, String>,
+}
+
+impl Default for StringTable {
+    fn default() -> Self {
+        let mut strings = Interned::starting_with(Vec::new());
+        strings.intern(String::new(), String::new);
+        Self { strings }
+    }
+}
+
+impl StringTable {
+    pub fn index(&mut self, value: &str) -> usize {
+        if let Some(&index) = self.strings.index.get(value) {
+            return index;
+        }
+        let shown = printable(value);
+        if let Cow::Owned(shown) = &shown {
+            if let Some(&index) = self.strings.index.get(shown.as_str()) {
+                return index;
+            }
+        }
+        let shown = shown.into_owned();
+        self.strings.intern(shown.clone(), || shown)
+    }
+
+    pub fn len(&self) -> usize {
+        self.strings.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.strings.is_empty()
+    }
+
+    pub fn into_strings(self) -> Vec<String> {
+        self.strings.into_entries()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_are_made_once_per_key_after_the_starting_ones() {
+        let mut table = Interned::starting_with(vec!["zero"]);
+        assert_eq!(table.intern(7, || "seven"), 1);
+        assert_eq!(table.intern(7, || panic!("made twice")), 1);
+        assert_eq!(table.intern(8, || "eight"), 2);
+        assert_eq!(table.into_entries(), ["zero", "seven", "eight"]);
+    }
+
+    #[test]
+    fn strings_enter_printable_and_once_per_shown_text() {
+        let mut strings = StringTable::default();
+        assert_eq!(strings.index(""), 0);
+        let escaped = strings.index("run\u{1b}[2J");
+        assert_eq!(strings.index("run\u{7}[2J"), escaped, "shows the same");
+        assert_eq!(strings.index("run?[2J"), escaped);
+        assert_eq!(strings.into_strings(), ["", "run?[2J"]);
+    }
+}
