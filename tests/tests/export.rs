@@ -826,8 +826,9 @@ fn otlp_profiles_reach_a_receiver_of_the_official_protos_across_an_outage() {
     let config = dir.path().join("config.toml");
     std::fs::write(
         &config,
-        "[labels]\nenv = \"test\"\n\n[otlp]\ntenant_id = \"team-a\"\nbearer_token = \"t0k\"\n\
-         max_backoff_secs = 1\nshutdown_grace_secs = 10\n",
+        // Frame names without their kind's suffix: OTLP types every frame all the same.
+        "annotate_frames = false\n\n[labels]\nenv = \"test\"\n\n[otlp]\ntenant_id = \"team-a\"\n\
+         bearer_token = \"t0k\"\nmax_backoff_secs = 1\nshutdown_grace_secs = 10\n",
     )
     .expect("config written");
     let out = dir.path().join("profiles");
@@ -927,6 +928,15 @@ fn otlp_profiles_reach_a_receiver_of_the_official_protos_across_an_outage() {
             received.frames.iter().any(|name| name.contains(frame)),
             "{service}: {frame} among {:?}",
             received.frames
+        );
+        let untyped: Vec<&String> = received
+            .frames
+            .iter()
+            .filter(|name| name.rsplit_once('|').is_none_or(|(_, kind)| kind.is_empty()))
+            .collect();
+        assert!(
+            untyped.is_empty(),
+            "{service}: every location has a frame type; these have none: {untyped:?}"
         );
         let service_names: std::collections::BTreeSet<&str> = records
             .iter()
