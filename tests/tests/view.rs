@@ -121,9 +121,12 @@ fn merges_stored_profiles_by_pid_service_and_process_and_diffs_two_windows() {
     );
     assert!(by_process.contains("[pool-worker-*]") && !by_process.contains("hot_b"));
 
-    // Everything: both programs in one picture.
+    // Everything: both programs in one picture, each under its service.
     let (_, host) = view(&["--dir", dir_arg], &svg);
     assert!(host.contains("hot_a") && host.contains("pool_task"));
+    for root in ["<title>[native_split] (", "<title>[thread_pool] ("] {
+        assert!(host.contains(root), "{root} roots its process's stacks");
+    }
 
     // The second half of the run against the first.
     let middle = native_starts[native_starts.len() / 2];

@@ -10,6 +10,10 @@
 //! [`MAX_DISTINCT_STACKS`] samples of new stacks are counted under one visible
 //! `[stacks past the view's bound]` stack. What inferno gets is bounded by what can be drawn
 //! (`drawn_lines`). Figures for an hour of a busy host are in docs/benchmarks.md.
+//!
+//! A view of the whole host (no service, process or pid asked for) roots each process's stacks
+//! at its service (`[default/orders]`), or its process name where it has none (`[java]`): the
+//! stacks of a compiler and of a JVM do not sit side by side with nothing saying whose they are.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -116,6 +120,11 @@ pub struct Selection {
 }
 
 impl Selection {
+    /// No selector: every process of the host.
+    pub fn is_whole_host(&self) -> bool {
+        self.pids.is_empty() && self.processes.is_empty() && self.services.is_empty()
+    }
+
     pub fn matches(&self, name: &ProfileFileName<'_>) -> bool {
         name.kind == self.kind
             && self.from.is_none_or(|from| name.start >= from)
@@ -205,7 +214,8 @@ fn merge(
     names: &mut FrameNames,
     window: &mut Window,
 ) -> Result<(), ViewError> {
-    let mut files: Vec<(SystemTime, PathBuf)> = Vec::new();
+    // With the root of its stacks in a whole-host view.
+    let mut files: Vec<(SystemTime, PathBuf, Option<String>)> = Vec::new();
     let mut all_of_kind: Vec<SystemTime> = Vec::new();
     let entries = std::fs::read_dir(dir).map_err(|source| ViewError::List {
         path: dir.to_owned(),
@@ -220,7 +230,8 @@ fn merge(
             all_of_kind.push(parsed.start);
         }
         if selection.matches(&parsed) {
-            files.push((parsed.start, entry.path()));
+            let root = selection.is_whole_host().then(|| process_root(&parsed));
+            files.push((parsed.start, entry.path(), root));
         }
     }
     if files.is_empty() {
@@ -238,36 +249,60 @@ fn merge(
         for _ in 0..decoders {
             let (decoded, next, files) = (decoded.clone(), &next, &files);
             scope.spawn(move || {
-                while let Some((start, path)) = files.get(next.fetch_add(1, Ordering::Relaxed)) {
+                loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((_, path, _)) = files.get(index) else {
+                        break;
+                    };
                     // A file retention deleted since the listing, or one cut short, is counted
                     // and skipped.
                     let profile = read_bounded(path).and_then(|bytes| {
                         crate::pprof::decode_within(&bytes, MAX_PROFILE_BYTES).ok()
                     });
-                    if decoded.send((*start, profile)).is_err() {
+                    if decoded.send((index, profile)).is_err() {
                         break;
                     }
                 }
             });
         }
         drop(decoded);
-        for (start, profile) in received {
+        let mut rooted: Vec<u32> = Vec::new();
+        for (index, profile) in received {
+            let (start, _, root) = &files[index];
             let Some(profile) = profile else {
                 window.unreadable += 1;
                 continue;
             };
+            let root = root.as_deref().map(|root| names.id(root));
             fold_samples(
                 &profile,
                 threads,
                 |name| names.id(name),
-                |stack, count| window.add(stack, count, past_bound),
+                |stack, count| match root {
+                    Some(root) => {
+                        rooted.clear();
+                        rooted.push(root);
+                        rooted.extend_from_slice(stack);
+                        window.add(&rooted, count, past_bound);
+                    }
+                    None => window.add(stack, count, past_bound),
+                },
             );
+            let start = *start;
             window.files += 1;
             window.first = Some(window.first.map_or(start, |first| first.min(start)));
             window.last = Some(window.last.map_or(start, |last| last.max(start)));
         }
     });
     Ok(())
+}
+
+/// The frame a whole-host view roots a process's stacks at: its service, else its name.
+fn process_root(name: &ProfileFileName<'_>) -> String {
+    match name.service_name() {
+        Some(service) => format!("[{service}]"),
+        None => format!("[{}]", name.comm),
+    }
 }
 
 fn nothing_selected(dir: &Path, selection: &Selection, all_of_kind: &[SystemTime]) -> ViewError {
@@ -801,6 +836,23 @@ mod tests {
         let (summary, _) = view(options(dir.path(), &output));
         assert_eq!((summary.files, summary.unreadable), (7, 1));
         assert!(summary.to_string().contains("1 unreadable"), "{summary}");
+    }
+
+    #[test]
+    fn the_whole_host_view_roots_each_process_at_its_service() {
+        let dir = directory();
+        let output = dir.path().join("host.svg");
+        let (summary, svg) = view(options(dir.path(), &output));
+        // Both JVMs run `main`: one root each, not one `main` shared.
+        assert_eq!(summary.samples, 24 + 16 + 6);
+        assert!(svg.contains("<title>[default/orders] (40 samples"), "{svg}");
+        assert!(svg.contains("<title>[billing] (6 samples"), "{svg}");
+        // One service asked for: its stacks are not rooted.
+        let (_, svg) = view(ViewOptions {
+            services: vec!["billing".into()],
+            ..options(dir.path(), &output)
+        });
+        assert!(!svg.contains("[billing]") && svg.contains("billing_hot"));
     }
 
     #[test]
