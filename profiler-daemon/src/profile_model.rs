@@ -376,6 +376,43 @@ pub(crate) mod testing {
     /// (name, tid) it ran on if any.
     pub(crate) type Stack<'a> = (&'a [&'a str], i64, Option<(&'a str, u32)>);
 
+    /// A CPU profile at 100 Hz of a Java stack: a JIT frame with a method inlined
+    /// (`Work.inner` into `Work.outer`), under an interpreted `Main.main`; sampled 3 times on
+    /// thread 42 (`worker-1`, named by the sidecar agent) of `java`, pid 7.
+    pub(crate) fn java_profile() -> SymbolizedProfile {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut profile =
+            SymbolizedProfile::new(ProfileKind::Cpu, 7, start, Duration::from_secs(15));
+        profile.comm = "java".into();
+        profile.period = 10_000_000;
+        let line = |function: &str, line| SourceLine {
+            function: function.into(),
+            system_name: None,
+            file: Some("Work.java".into()),
+            line,
+        };
+        let jit = profile.add_frame(Frame {
+            kind: FrameKind::Jit,
+            lines: vec![line("Work.inner", 7), line("Work.outer", 3)],
+            module: None,
+            build_id: None,
+            address: 0,
+        });
+        let main = profile.add_frame(Frame::marker(FrameKind::Interpreted, "Main.main"));
+        let thread = profile.add_thread(SampleThread {
+            tid: 42,
+            name: "worker-1".into(),
+            source: NameSource::Sidecar,
+        });
+        profile.samples.push(Sample {
+            frames: vec![jit, main],
+            values: [3, 30_000_000, 0, 0],
+            thread: Some(thread),
+            wait: None,
+        });
+        profile
+    }
+
     /// A CPU profile at 100 Hz of `stacks`. Frames of one name are one frame.
     pub(crate) fn cpu_profile(stacks: &[Stack<'_>]) -> SymbolizedProfile {
         let mut profile = SymbolizedProfile::new(

@@ -932,7 +932,10 @@ fn otlp_profiles_reach_a_receiver_of_the_official_protos_across_an_outage() {
         let untyped: Vec<&String> = received
             .frames
             .iter()
-            .filter(|name| name.rsplit_once('|').is_none_or(|(_, kind)| kind.is_empty()))
+            .filter(|name| {
+                name.rsplit_once('|')
+                    .is_none_or(|(_, kind)| kind.is_empty())
+            })
             .collect();
         assert!(
             untyped.is_empty(),

@@ -208,51 +208,9 @@ mod tests {
 
     use super::*;
     use crate::pprof::{decode, encode_gzipped};
-    use crate::profile_model::{NameSource, ProfileKind, SampleThread, SourceLine, WaitState};
+    use crate::profile_model::testing::java_profile;
+    use crate::profile_model::{ProfileKind, SourceLine, WaitState};
     use crate::resolved_frame::ResolvedFrame;
-
-    fn line(function: &str, line: u32) -> SourceLine {
-        SourceLine {
-            function: function.into(),
-            system_name: None,
-            file: Some("Work.java".into()),
-            line,
-        }
-    }
-
-    /// A CPU profile at 100 Hz: a JIT frame with a method inlined, under an interpreted one;
-    /// sampled 3 times on thread 42.
-    fn java_profile() -> SymbolizedProfile {
-        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        let mut profile =
-            SymbolizedProfile::new(ProfileKind::Cpu, 7, start, Duration::from_secs(15));
-        profile.comm = "java".into();
-        profile.period = 10_000_000;
-        let jit = profile.add_frame(Frame {
-            kind: FrameKind::Jit,
-            lines: vec![line("Work.inner", 7), line("Work.outer", 3)],
-            module: None,
-            build_id: None,
-            address: 0,
-        });
-        let main = profile.add_frame(Frame::new(
-            FrameKind::Interpreted,
-            0,
-            ResolvedFrame::named("Main.main", None),
-        ));
-        let thread = profile.add_thread(SampleThread {
-            tid: 42,
-            name: "worker-1".into(),
-            source: NameSource::Sidecar,
-        });
-        profile.samples.push(Sample {
-            frames: vec![jit, main],
-            values: [3, 30_000_000, 0, 0],
-            thread: Some(thread),
-            wait: None,
-        });
-        profile
-    }
 
     fn names(profile: &proto::Profile) -> Vec<&str> {
         let text = |index: i64| profile.string_table[index as usize].as_str();

@@ -227,38 +227,17 @@ impl Dictionary {
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, SystemTime};
-
     use super::*;
-    use crate::profile_model::{ProfileKind, Sample};
+    use crate::profile_model::testing::java_profile;
+    use crate::profile_model::Sample;
     use crate::resolved_frame::ResolvedFrame;
 
-    fn line(function: &str, line: u32) -> SourceLine {
-        SourceLine {
-            function: function.into(),
-            system_name: None,
-            file: Some("Work.java".into()),
-            line,
-        }
-    }
-
-    /// A CPU profile: a Java stack (an inlined chain in a JIT frame, under an interpreted
-    /// one), a native frame, a kernel frame and a truncation marker; 3 samples of one stack, 2
-    /// of another.
+    /// [`java_profile`]'s Java stack sampled 3 times, and 2 samples of a kernel frame over a
+    /// native one (in libc, with its build-id) over `Main.main`, cut by the depth bound.
     fn cpu_profile() -> SymbolizedProfile {
-        let mut profile =
-            SymbolizedProfile::new(ProfileKind::Cpu, 7, SystemTime::UNIX_EPOCH, Duration::ZERO);
-        profile.period = 10_000_000;
-        let jit = profile.add_frame(Frame {
-            kind: FrameKind::Jit,
-            lines: vec![line("Work.inner", 7), line("Work.outer", 3)],
-            module: None,
-            build_id: None,
-            address: 0,
-        });
+        let mut profile = java_profile();
+        let interpreted = profile.samples[0].frames[1];
         let named = |name: &str| ResolvedFrame::named(name, None);
-        let interpreted =
-            profile.add_frame(Frame::new(FrameKind::Interpreted, 0, named("Main.main")));
         let libc = ResolvedFrame::named("memcpy", Some("/usr/lib/libc.so.6".into()))
             .with_build_id(Some("00112233445566778899aabbccddeeff00112233".into()));
         let native = profile.add_frame(Frame::new(FrameKind::Native, 0x3000, libc));
@@ -271,17 +250,12 @@ mod tests {
             FrameKind::Truncated,
             "[truncated: max_depth]",
         ));
-        for (frames, count) in [
-            (vec![jit, interpreted], 3),
-            (vec![kernel, native, interpreted, cut], 2),
-        ] {
-            profile.samples.push(Sample {
-                frames,
-                values: [count, count * 10_000_000, 0, 0],
-                thread: None,
-                wait: None,
-            });
-        }
+        profile.samples.push(Sample {
+            frames: vec![kernel, native, interpreted, cut],
+            values: [2, 20_000_000, 0, 0],
+            thread: None,
+            wait: None,
+        });
         profile
     }
 
