@@ -8,6 +8,7 @@ use std::hash::Hash;
 use hashbrown::HashMap;
 
 use crate::printable::printable;
+use crate::resolved_frame::SourceLine;
 
 /// Entries in the order they were first asked for, each once per key.
 pub struct Interned<K, V> {
@@ -75,6 +76,22 @@ impl StringTable {
         }
         let shown = shown.into_owned();
         self.strings.intern(shown.clone(), || shown)
+    }
+
+    /// The indices of the name, system name and file of `line`'s function shown as `shown`
+    /// (its name, with a suffix where the output wants one); its system name is `shown` when
+    /// the source gave none.
+    pub fn function(&mut self, shown: &str, line: &SourceLine) -> [usize; 3] {
+        let name = self.index(shown);
+        let system_name = match &line.system_name {
+            Some(system_name) => self.index(system_name),
+            None => name,
+        };
+        [
+            name,
+            system_name,
+            self.index(line.file.as_deref().unwrap_or("")),
+        ]
     }
 
     pub fn len(&self) -> usize {

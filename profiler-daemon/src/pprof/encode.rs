@@ -62,7 +62,7 @@ struct Tables {
     annotate: bool,
     strings: StringTable,
     /// By (name, system name, file) string indices.
-    functions: Interned<(i64, i64, i64), proto::Function>,
+    functions: Interned<[i64; 3], proto::Function>,
     /// By (file, build-id) string indices.
     mappings: Interned<(i64, i64), proto::Mapping>,
 }
@@ -91,22 +91,18 @@ impl Tables {
     /// The id of the function of one line of a frame, shown as `kind`.
     fn function(&mut self, kind: FrameKind, line: &crate::profile_model::SourceLine) -> u64 {
         let suffix = if self.annotate { kind.suffix() } else { "" };
-        let name = self.string(&format!("{}{suffix}", line.function));
-        let system_name = match &line.system_name {
-            Some(system_name) => self.string(system_name),
-            None => name,
-        };
-        let key = (
-            name,
-            system_name,
-            self.string(line.file.as_deref().unwrap_or("")),
-        );
+        let shown = format!("{}{suffix}", line.function);
+        let key = self
+            .strings
+            .function(&shown, line)
+            .map(|index| i64::try_from(index).unwrap_or(0));
         let next_id = self.functions.len() as u64 + 1;
+        let [name, system_name, filename] = key;
         let position = self.functions.intern(key, || proto::Function {
             id: next_id,
-            name: key.0,
-            system_name: key.1,
-            filename: key.2,
+            name,
+            system_name,
+            filename,
             start_line: 0,
         });
         position as u64 + 1
@@ -204,7 +200,6 @@ impl Tables {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::time::Duration;
 
     use super::*;
     use crate::pprof::{decode, encode_gzipped};

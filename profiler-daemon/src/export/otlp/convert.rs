@@ -45,7 +45,7 @@ struct LocationKey {
 pub struct Dictionary {
     strings: StringTable,
     /// By (name, system name, file) string indices.
-    functions: Interned<(i32, i32, i32), otlp::Function>,
+    functions: Interned<[i32; 3], otlp::Function>,
     locations: Interned<LocationKey, otlp::Location>,
     stacks: Interned<Vec<i32>, otlp::Stack>,
     /// By (file, build-id) string indices.
@@ -121,20 +121,12 @@ impl Dictionary {
     }
 
     fn function(&mut self, line: &SourceLine) -> i32 {
-        let name = self.string(&line.function);
-        let system_name = match &line.system_name {
-            Some(system_name) => self.string(system_name),
-            None => name,
-        };
-        let key = (
-            name,
-            system_name,
-            self.string(line.file.as_deref().unwrap_or("")),
-        );
+        let key = self.strings.function(&line.function, line).map(index);
+        let [name_strindex, system_name_strindex, filename_strindex] = key;
         index(self.functions.intern(key, || otlp::Function {
-            name_strindex: key.0,
-            system_name_strindex: key.1,
-            filename_strindex: key.2,
+            name_strindex,
+            system_name_strindex,
+            filename_strindex,
             start_line: 0,
         }))
     }
