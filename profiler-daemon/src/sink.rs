@@ -2,7 +2,7 @@
 //! Pyroscope and the live stream (`export`). Each is built from its own config section, next to
 //! its code; `daemon.rs` (`build_sinks`) builds those the config asks for, and the worker hands
 //! every profile of an interval to each sink in turn, then tells them the interval is over. A
-//! new output (as OTLP was) is one more `Sink` and one more line in `build_sinks`.
+//! new output (OTLP, say) is one more `Sink` and one more line in `build_sinks`.
 //!
 //! Sinks run on the symbolizer thread and must not block it: a sink that does network I/O hands
 //! profiles to a task of its own through a bounded queue, and counts what it drops.
