@@ -129,7 +129,11 @@ impl<'de> Deserializer<'de> for Recorder<'_> {
         ))
     }
 
-    fn deserialize_tuple<V: Visitor<'de>>(self, _len: usize, visitor: V) -> Result<V::Value, Error> {
+    fn deserialize_tuple<V: Visitor<'de>>(
+        self,
+        _len: usize,
+        visitor: V,
+    ) -> Result<V::Value, Error> {
         self.deserialize_seq(visitor)
     }
 
@@ -191,7 +195,10 @@ struct Fields<'a> {
 impl<'de> MapAccess<'de> for Fields<'_> {
     type Error = Error;
 
-    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, Error> {
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, Error> {
         let Some(field) = self.fields.get(self.next) else {
             return Ok(None);
         };
@@ -336,7 +343,13 @@ fn mismatches(
 fn the_recorder_sees_every_table_serde_reads() {
     let known = known();
     let top = &known.fixed[""];
-    for key in ["frequency", "pyroscope", "otlp", "labels", "lock_threshold_ms"] {
+    for key in [
+        "frequency",
+        "pyroscope",
+        "otlp",
+        "labels",
+        "lock_threshold_ms",
+    ] {
         assert!(top.contains(key), "{key} missing from {top:?}");
     }
     assert!(known.fixed["pyroscope"].contains("url"));

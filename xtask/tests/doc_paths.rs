@@ -167,9 +167,12 @@ fn path_of(text: &str) -> Option<&str> {
         || text.starts_with('~')
         || text.starts_with('#')
         || text.starts_with('-')
-        || text
-            .chars()
-            .any(|c| matches!(c, '*' | '<' | '>' | '$' | '{' | '}' | '=' | '"' | '\'' | '|'))
+        || text.chars().any(|c| {
+            matches!(
+                c,
+                '*' | '<' | '>' | '$' | '{' | '}' | '=' | '"' | '\'' | '|'
+            )
+        })
     {
         return None;
     }
@@ -278,7 +281,10 @@ fn every_repository_path_the_docs_name_exists() {
             }
         }
     }
-    assert!(checked > 100, "only {checked} paths found: is the scan broken?");
+    assert!(
+        checked > 100,
+        "only {checked} paths found: is the scan broken?"
+    );
     assert!(
         problems.is_empty(),
         "{} path(s) named in the docs do not exist:\n{}",
@@ -289,8 +295,14 @@ fn every_repository_path_the_docs_name_exists() {
 
 #[test]
 fn what_counts_as_a_path() {
-    assert_eq!(path_of("export/remote_config.rs:42"), Some("export/remote_config.rs"));
-    assert_eq!(path_of("docs/kernels.md#the-kernel-matrix"), Some("docs/kernels.md"));
+    assert_eq!(
+        path_of("export/remote_config.rs:42"),
+        Some("export/remote_config.rs")
+    );
+    assert_eq!(
+        path_of("docs/kernels.md#the-kernel-matrix"),
+        Some("docs/kernels.md")
+    );
     assert_eq!(path_of("https://example.com/a/b.rs"), None);
     assert_eq!(path_of("/proc/PID/maps"), None);
     assert_eq!(path_of("docs/hotspot-*.md"), None);
@@ -301,8 +313,5 @@ fn what_counts_as_a_path() {
     assert!(!has_source_extension("libprofiler_jvmti.so"));
     let found = mentions("a `x/y.rs` and [link](docs/a.md#b)\n```\n`not/this.rs`\n```\n`c.rs`");
     let texts: Vec<(&str, usize)> = found.iter().map(|m| (m.text.as_str(), m.line)).collect();
-    assert_eq!(
-        texts,
-        vec![("x/y.rs", 1), ("docs/a.md#b", 1), ("c.rs", 5)]
-    );
+    assert_eq!(texts, vec![("x/y.rs", 1), ("docs/a.md#b", 1), ("c.rs", 5)]);
 }
