@@ -5,6 +5,8 @@ pub mod aggregate;
 pub mod alloc;
 pub mod config;
 pub mod config_error;
+#[cfg(test)]
+mod config_reference;
 pub mod container;
 pub mod daemon;
 pub mod export;

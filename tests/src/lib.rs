@@ -450,7 +450,7 @@ fn debian_sid_java(root: &Path, major: u32) -> PathBuf {
 
 /// [`jdks`] and JDK 8 (Debian sid's 8u), first: for the tests JDK 8 passes so far (Java stacks,
 /// names under class churn, the layout); the others wait for its allocation hooks and agent
-/// (README, "Not yet"). `PROFILER_TEST_JDKS` overrides both lists alike.
+/// (docs/status.md, "Not yet"). `PROFILER_TEST_JDKS` overrides both lists alike.
 pub fn jdks_with_8() -> Vec<Jdk> {
     if std::env::var_os("PROFILER_TEST_JDKS").is_some() {
         return jdks();

@@ -147,7 +147,8 @@ fn a_tight_cache_budget_bounds_memory_on_a_whole_host_run() {
     // frame in a known mapping at all are left out: the daemon read the process's mappings at
     // its first sample, before it exec'd the test binary (its main thread, which alone would show
     // the new name, sleeps), and the process was gone when the interval was symbolized. They say
-    // nothing about the budget (a known limit of short-lived programs, see the README).
+    // nothing about the budget (a known limit of short-lived programs: ARCHITECTURE.md,
+    // "Design").
     let mut named = 0;
     let mut total = 0;
     let mut unmapped = 0;
