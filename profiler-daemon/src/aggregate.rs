@@ -128,6 +128,7 @@ impl ProcessStacks {
         self.samples
     }
 
+    #[cfg(test)]
     pub fn distinct_stacks(&self) -> usize {
         self.table.len()
     }
@@ -187,11 +188,13 @@ pub struct Aggregator {
 
 impl Aggregator {
     /// `max_stacks` bounds the distinct stacks (over all processes) kept per interval.
+    #[cfg(test)]
     pub fn new(max_stacks: usize) -> Self {
         Self::of_kind(ProfileKind::Cpu, max_stacks)
     }
 
     /// An aggregator of `kind`'s stacks, its memory unbounded but for `max_stacks`.
+    #[cfg(test)]
     pub fn of_kind(kind: ProfileKind, max_stacks: usize) -> Self {
         Self::sharing(kind, max_stacks, SharedStackMemory::unbounded())
     }

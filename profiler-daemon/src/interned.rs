@@ -39,10 +39,6 @@ impl<K: Hash + Eq, V> Interned<K, V> {
         self.entries.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
     pub fn into_entries(self) -> Vec<V> {
         self.entries
     }
@@ -94,12 +90,9 @@ impl StringTable {
         ]
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.strings.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.strings.is_empty()
     }
 
     pub fn into_strings(self) -> Vec<String> {

@@ -1,51 +1,64 @@
 //! The profiler daemon: loads the eBPF sampler, folds samples per process, symbolizes them and
 //! writes pprof profiles.
 
-pub mod aggregate;
-pub mod alloc;
+pub(crate) mod aggregate;
+pub(crate) mod alloc;
 pub mod config;
-pub mod config_error;
+pub(crate) mod config_error;
 #[cfg(test)]
 mod config_reference;
 pub mod container;
-pub mod daemon;
-pub mod export;
-pub mod frame_kind;
-pub mod hotspot;
-pub mod identity;
-pub mod interned;
-pub mod java_names;
-pub mod jvm_info;
-pub mod kernel_btf;
-pub mod kernel_check;
-pub mod kernel_features;
-pub mod kubernetes;
-pub mod lock;
-pub mod metrics;
-pub mod native_unwind;
-pub mod off_cpu;
+pub(crate) mod daemon;
+pub(crate) mod export;
+pub(crate) mod frame_kind;
+pub(crate) mod hotspot;
+pub(crate) mod identity;
+pub(crate) mod interned;
+pub(crate) mod java_names;
+pub(crate) mod jvm_info;
+pub(crate) mod kernel_btf;
+pub(crate) mod kernel_check;
+pub(crate) mod kernel_features;
+pub(crate) mod kubernetes;
+pub(crate) mod lock;
+pub(crate) mod metrics;
+pub(crate) mod native_unwind;
+pub(crate) mod off_cpu;
 pub mod output;
-pub mod own_memory;
+pub(crate) mod own_memory;
 pub mod pprof;
-pub mod printable;
-pub mod privileges;
-pub mod proc_status;
-pub mod process;
-pub mod process_key;
+pub(crate) mod printable;
+pub(crate) mod privileges;
+pub(crate) mod proc_status;
+pub(crate) mod process;
+pub(crate) mod process_key;
 pub mod profile_model;
-pub mod profiles;
-pub mod record;
-pub mod remote_variant;
-pub mod resolved_frame;
-pub mod sampler;
-pub mod secret_hash;
-pub mod sidecar;
-pub mod sink;
-pub mod stack_memory;
+pub(crate) mod profiles;
+pub(crate) mod record;
+pub(crate) mod remote_variant;
+pub(crate) mod resolved_frame;
+pub(crate) mod sampler;
+pub(crate) mod secret_hash;
+pub(crate) mod sidecar;
+pub(crate) mod sink;
+pub(crate) mod stack_memory;
 pub mod subscribe;
-pub mod symbolize;
-pub mod thread_roots;
-pub mod untrusted;
-pub mod user_time;
-pub mod vdso;
-pub mod worker;
+pub(crate) mod symbolize;
+pub(crate) mod thread_roots;
+pub(crate) mod untrusted;
+pub(crate) mod user_time;
+pub(crate) mod vdso;
+pub(crate) mod worker;
+
+/// What the command line (`main.rs`) runs, besides the modules it reads its settings and
+/// outputs from (`config`, `output`, `subscribe`).
+pub mod commands {
+    pub use crate::alloc::parse_bytes;
+    pub use crate::daemon::run;
+    pub use crate::jvm_info::{inspect as inspect_jvm, render_text as render_jvm_info};
+    pub use crate::kernel_check::check as check_kernel;
+    pub use crate::lock::parse_duration;
+    pub use crate::native_unwind::describe as describe_unwind_tables;
+    pub use crate::own_memory::{read_own_binary_as_run, settle_allocator};
+    pub use crate::sidecar::attach as attach_agent;
+}

@@ -73,10 +73,6 @@ pub struct LockAggregators {
 }
 
 impl LockAggregators {
-    pub fn new(config: LockConfig, max_stacks: usize) -> Self {
-        Self::sharing(config, max_stacks, SharedStackMemory::unbounded())
-    }
-
     /// Aggregators whose memory is taken from `memory` (`crate::stack_memory`).
     pub fn sharing(config: LockConfig, max_stacks: usize, memory: SharedStackMemory) -> Self {
         Self {

@@ -177,13 +177,13 @@ struct RunArgs {
     /// Java allocation profiles too (`alloc-*` files, Pyroscope's `memory`): where Java
     /// threads allocate and how much, about one sample per BYTES allocated [default: 512k].
     #[arg(long, value_name = "BYTES", num_args = 0..=1, require_equals = true,
-          value_parser = profiler_daemon::alloc::parse_bytes)]
+          value_parser = profiler_daemon::commands::parse_bytes)]
     alloc: Option<Option<u64>>,
     /// Java lock profiles too (`mutex-*` and `block-*` files, Pyroscope's `mutex` and
     /// `block`): where Java threads wait to enter monitors and are parked, leaving out waits
     /// shorter than DURATION [default: 10ms]. Samples waits as --off-cpu does.
     #[arg(long, value_name = "DURATION", num_args = 0..=1, require_equals = true,
-          value_parser = profiler_daemon::lock::parse_duration)]
+          value_parser = profiler_daemon::commands::parse_duration)]
     lock: Option<Option<std::time::Duration>>,
     /// How Pyroscope's profiles and the local flame graphs show threads: "merged" (no thread
     /// frame), "pool" (a root per thread pool) or "thread" (a root per thread) [default:
@@ -193,7 +193,7 @@ struct RunArgs {
 }
 
 fn main() -> ExitCode {
-    profiler_daemon::own_memory::settle_allocator();
+    profiler_daemon::commands::settle_allocator();
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
@@ -219,7 +219,7 @@ fn main() -> ExitCode {
 }
 
 fn check(verifier_logs: bool) -> ExitCode {
-    let report = profiler_daemon::kernel_check::check(verifier_logs);
+    let report = profiler_daemon::commands::check_kernel(verifier_logs);
     print!("{}", report.text);
     if report.all_loaded {
         ExitCode::SUCCESS
@@ -229,7 +229,7 @@ fn check(verifier_logs: bool) -> ExitCode {
 }
 
 fn run(args: RunArgs) -> ExitCode {
-    profiler_daemon::own_memory::read_own_binary_as_run();
+    profiler_daemon::commands::read_own_binary_as_run();
     let file = match args.config.as_deref().map(FileConfig::load).transpose() {
         Ok(file) => file.unwrap_or_default(),
         Err(err) => return usage_error(&err),
@@ -258,7 +258,7 @@ fn run(args: RunArgs) -> ExitCode {
     let Some(runtime) = runtime() else {
         return ExitCode::FAILURE;
     };
-    match runtime.block_on(profiler_daemon::daemon::run(config)) {
+    match runtime.block_on(profiler_daemon::commands::run(config)) {
         Ok(_) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err}");
@@ -335,7 +335,7 @@ fn view(args: ViewArgs) -> ExitCode {
 }
 
 fn jvm_info(pid: u32, json: bool) -> ExitCode {
-    match profiler_daemon::jvm_info::inspect(pid) {
+    match profiler_daemon::commands::inspect_jvm(pid) {
         Ok(report) => {
             if json {
                 match serde_json::to_string_pretty(&report) {
@@ -346,7 +346,7 @@ fn jvm_info(pid: u32, json: bool) -> ExitCode {
                     }
                 }
             } else {
-                print!("{}", profiler_daemon::jvm_info::render_text(&report));
+                print!("{}", profiler_daemon::commands::render_jvm_info(&report));
             }
             ExitCode::SUCCESS
         }
@@ -360,7 +360,7 @@ fn jvm_info(pid: u32, json: bool) -> ExitCode {
 fn unwind_info(files: &[PathBuf]) -> ExitCode {
     let mut failed = false;
     for path in files {
-        match profiler_daemon::native_unwind::describe(path) {
+        match profiler_daemon::commands::describe_unwind_tables(path) {
             Ok(report) => println!("{}: {report}", path.display()),
             Err(err) => {
                 eprintln!("{}: {err}", path.display());
@@ -386,7 +386,7 @@ fn attach(pid: u32, agent: Option<PathBuf>, options: &str) -> ExitCode {
             }
         },
     };
-    match profiler_daemon::sidecar::attach(pid, &agent, options) {
+    match profiler_daemon::commands::attach_agent(pid, &agent, options) {
         Ok(attached) => {
             println!(
                 "attached to JVM {pid} in {} ms{}: agent {}; records at {}",

@@ -96,8 +96,6 @@ impl<'a> SinkProfile<'a> {
 
 /// An output of symbolized profiles.
 pub trait Sink: Send {
-    /// For logs.
-    fn name(&self) -> &'static str;
     /// Takes one profile. Never blocks (see the module header); failures are the sink's to
     /// count and log.
     fn accept(&mut self, profile: &SinkProfile<'_>);
@@ -154,10 +152,6 @@ pub(crate) mod testing {
     }
 
     impl Sink for Counted {
-        fn name(&self) -> &'static str {
-            "counted"
-        }
-
         fn accept(&mut self, _: &SinkProfile<'_>) {
             self.profiles.fetch_add(1, Ordering::Relaxed);
         }

@@ -82,6 +82,7 @@ impl StackMemory {
     }
 
     /// Bytes held now.
+    #[cfg(test)]
     pub fn held(&self) -> usize {
         self.held
     }
@@ -106,6 +107,7 @@ impl SharedStackMemory {
     }
 
     /// No bound (tests of aggregation alone).
+    #[cfg(test)]
     pub fn unbounded() -> Self {
         Self::new(usize::MAX)
     }
@@ -118,6 +120,7 @@ impl SharedStackMemory {
         }
     }
 
+    #[cfg(test)]
     pub fn held(&self) -> usize {
         self.0.lock().map_or(0, |memory| memory.held())
     }

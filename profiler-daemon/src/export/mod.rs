@@ -45,6 +45,7 @@ pub mod proto {
     }
     /// OTLP, nested as its packages are: the generated code names other packages by
     /// relative paths.
+    #[allow(dead_code)] // The request's other messages are not all built.
     pub mod opentelemetry {
         pub mod proto {
             pub mod common {

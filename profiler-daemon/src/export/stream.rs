@@ -83,10 +83,6 @@ impl StreamSink {
 }
 
 impl Sink for StreamSink {
-    fn name(&self) -> &'static str {
-        "live stream"
-    }
-
     fn accept(&mut self, profile: &SinkProfile<'_>) {
         // The local files count a profile that cannot be encoded.
         let Ok(local) = profile.local_pprof() else {

@@ -49,10 +49,12 @@ impl JvmDirectory {
     }
 
     /// JVMs known now.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.lock().jvms.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -3,10 +3,6 @@
 
 use std::io::IoSliceMut;
 
-/// Longest string read from remote memory (VMStructs names, class and method names are shorter;
-/// `Symbol` lengths are bounded separately).
-pub const MAX_REMOTE_STRING: usize = 1024;
-
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ReadError {
     #[error("reading {len} bytes at {addr:#x}: {errno}")]

@@ -26,7 +26,7 @@ pub mod policy;
 pub mod reason;
 pub mod recorded;
 
-pub use method::{internal_of_signature, source_path, stable_class_name, MethodInfo};
+pub use method::{internal_of_signature, MethodInfo};
 pub use pc::record_at;
 pub use policy::{CodeNames, CodePc, MethodName, Named, NmethodNames};
 pub use reason::{Unnamed, UnnamedCounts, UnnamedReason};

@@ -44,6 +44,7 @@ pub fn load_segments<'data, R: ReadRef<'data>>(file: &object::File<'data, R>) ->
 
 /// `pc - bias` is the file's ELF virtual address of a pc in `mapping` of the ELF file `file`,
 /// or `None` if no loadable segment of the file holds the mapped offset.
+#[cfg(test)]
 pub fn load_bias<'data, R: ReadRef<'data>>(
     file: &object::File<'data, R>,
     mapping: CodeMapping,

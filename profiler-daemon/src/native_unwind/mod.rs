@@ -13,8 +13,7 @@ pub mod build;
 pub mod loader;
 pub mod mapping;
 
-pub use build::{build_table, BuildError, BuildLimits, CfiSource, UnwindTable};
-pub use mapping::{load_bias, CodeMapping, TableKey, TableKeys};
+pub use build::{build_table, CfiSource};
 
 /// What the daemon's table of one file is: for `profiler-daemon unwind-info` and the bench.
 #[derive(Debug)]

@@ -218,10 +218,6 @@ impl LocalFiles {
 }
 
 impl Sink for LocalFiles {
-    fn name(&self) -> &'static str {
-        "local files"
-    }
-
     fn accept(&mut self, shared: &SinkProfile<'_>) {
         let profile = shared.profile;
         let written = shared

@@ -214,10 +214,6 @@ impl SidecarIndex {
         self.nmethods.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.nmethods.is_empty()
-    }
-
     /// Why the records were last not read, if they were not (a metric label).
     pub fn refused(&self) -> Option<&'static str> {
         self.refused

@@ -7,6 +7,6 @@ pub mod index;
 pub mod policy;
 pub mod threads;
 
-pub use attach::{attach, Attached};
+pub use attach::attach;
 pub use index::SidecarIndex;
-pub use policy::{AttachMode, AttachPolicy, Attacher, AttachesStarted};
+pub use policy::{AttachPolicy, Attacher, AttachesStarted};

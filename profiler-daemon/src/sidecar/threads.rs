@@ -94,10 +94,12 @@ impl ThreadNames {
         }
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.names.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.names.is_empty()
     }
@@ -168,6 +170,7 @@ impl ThreadNames {
     }
 
     /// Another agent instance: what the previous one said no longer holds.
+    #[cfg(test)]
     pub fn clear(&mut self) {
         self.names.clear();
         self.pending.clear();

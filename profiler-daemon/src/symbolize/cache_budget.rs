@@ -35,6 +35,7 @@ pub struct CacheBudget {
 }
 
 impl CacheBudget {
+    #[cfg(test)]
     pub fn new(limit: u64) -> Self {
         Self::with_stats(limit, Arc::default())
     }
@@ -49,6 +50,7 @@ impl CacheBudget {
         }
     }
 
+    #[cfg(test)]
     pub fn stats(&self) -> Arc<CacheStats> {
         self.stats.clone()
     }
@@ -65,6 +67,7 @@ impl CacheBudget {
         self.publish();
     }
 
+    #[cfg(test)]
     pub fn over(&self) -> bool {
         self.charged > self.limit
     }

@@ -80,15 +80,6 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
         );
     }
 
-    /// Nmethods the sidecar agent reported in `pid` (0 without an agent).
-    pub fn sidecar_nmethods(&mut self, pid: u32) -> usize {
-        let Some(sidecar) = self.jvms.get_mut(&pid).and_then(|j| j.sidecar.as_mut()) else {
-            return 0;
-        };
-        sidecar.refresh();
-        sidecar.len()
-    }
-
     /// The Java thread names the sidecar agent reported in `pid`, if it has an agent; threads
     /// it listed by `JavaThread*` are given their tids from the JVM tracker's latest read.
     pub fn thread_names(&mut self, pid: u32) -> Option<&mut crate::sidecar::threads::ThreadNames> {

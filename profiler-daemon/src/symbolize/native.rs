@@ -164,17 +164,20 @@ impl NativeSymbolizer {
     }
 
     /// Looks debug files up under `dirs` instead of [`DEFAULT_DEBUG_DIRS`].
+    #[cfg(test)]
     pub fn with_debug_dirs(mut self, dirs: Vec<PathBuf>) -> Self {
         self.debug_dirs = dirs;
         self
     }
 
     /// Frames cached over all binaries.
+    #[cfg(test)]
     pub fn cached_frames(&self) -> usize {
         self.binaries.iter().map(|b| b.frames.len()).sum()
     }
 
     /// The budget's counters, for the metrics endpoint.
+    #[cfg(test)]
     pub fn cache_stats(&self) -> Arc<CacheStats> {
         self.budget.stats()
     }

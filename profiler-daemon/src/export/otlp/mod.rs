@@ -156,10 +156,6 @@ impl OtlpSink {
 }
 
 impl Sink for OtlpSink {
-    fn name(&self) -> &'static str {
-        SINK
-    }
-
     fn accept(&mut self, profile: &SinkProfile<'_>) {
         let variant = profile.remote_variant().clone();
         self.interval.push(ProcessProfile {

@@ -89,10 +89,6 @@ impl PyroscopeSink {
 }
 
 impl Sink for PyroscopeSink {
-    fn name(&self) -> &'static str {
-        SINK
-    }
-
     fn accept(&mut self, profile: &SinkProfile<'_>) {
         let annotate = profile.presentation.annotate_frames;
         match encode_gzipped(&encode(profile.remote_variant(), annotate)) {
