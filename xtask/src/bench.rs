@@ -94,7 +94,8 @@ pub struct BenchArgs {
     section: Option<Section>,
     /// Section 2 side by side with this older daemon binary (A; its eBPF object is embedded, so
     /// an older daemon is an older BPF program) against this build's (B), in alternating windows
-    /// on the same workload processes. Needs `--section bpf`.
+    /// on the same workload processes. Needs `--section bpf`, or `--section export`: the daemon's
+    /// CPU and memory exporting to Pyroscope and OTLP at once, side by side.
     #[arg(long, value_name = "PATH", requires = "section")]
     baseline_daemon: Option<PathBuf>,
     /// How long section 10 (`--section soak`) runs.
@@ -312,8 +313,17 @@ fn run_soak_section(bench: &Bench, args: &BenchArgs) -> Result<()> {
 
 /// Section 6 alone, with section 3's small JVMs; written to target/bench/.
 fn run_export_section(bench: &Bench, args: &BenchArgs) -> Result<()> {
-    let export = bench.with_small_jvms(|bench, pids| bench.measure_export(pids))?;
     let mut rows = Vec::new();
+    if let Some(baseline) = &args.baseline_daemon {
+        if !baseline.is_file() {
+            bail!("no baseline daemon at {}", baseline.display());
+        }
+        let compared =
+            bench.with_small_jvms(|bench, pids| bench.compare_export_costs(pids, baseline))?;
+        compared.rows(&mut rows);
+        return write_section(bench, args, "export-vs-baseline", &rows, &[], "");
+    }
+    let export = bench.with_small_jvms(|bench, pids| bench.measure_export(pids))?;
     export.rows(&mut rows);
     let method = format!(
         "\n## How it measures\n\n{}\n",

@@ -386,3 +386,129 @@ impl ExportRun {
         });
     }
 }
+
+/// One daemon's window exporting to Pyroscope and OTLP at once (section 6 side by side).
+struct BothSinksWindow {
+    cpu_cores: f64,
+    built_per_second: f64,
+    rss_mb: f64,
+    charged_mb: f64,
+}
+
+/// Section 6 side by side: the baseline daemon (A) and this build's (B) exporting the same
+/// JVMs to Pyroscope and OTLP at once (the remote variant shared by both sinks), in windows
+/// that alternate A B, B A, ... so that drift falls on both alike.
+pub(super) struct ExportComparison {
+    jvms: usize,
+    windows: [Vec<BothSinksWindow>; 2],
+}
+
+impl Bench {
+    pub(super) fn compare_export_costs(
+        &self,
+        pids: &[u32],
+        baseline: &Path,
+    ) -> Result<ExportComparison> {
+        let root = self
+            .work_dir
+            .parent()
+            .and_then(Path::parent)
+            .context("workspace root")?;
+        let (pyroscope, otlp) = (free_local_address()?, free_local_address()?);
+        let config = self.work_dir.join("export-both.toml");
+        fs::write(
+            &config,
+            format!(
+                "[pyroscope]\nurl = \"http://{pyroscope}\"\n\n[otlp]\nurl = \"http://{otlp}\"\n"
+            ),
+        )
+        .with_context(|| format!("writing {}", config.display()))?;
+        let _pyroscope = Receiver::start(root, pyroscope.port(), &self.work_dir.join("receiver"))?;
+        let _otlp = Receiver::start_otlp(root, otlp.port(), &self.work_dir.join("otlp-receiver"))?;
+        let extra = ["--config".to_owned(), config.display().to_string()];
+        let daemons = [baseline, self.daemon_binary()];
+        let mut windows: [Vec<BothSinksWindow>; 2] = [Vec::new(), Vec::new()];
+        for round in 0..self.plan.bpf_rounds {
+            for k in 0..2 {
+                let side = (k + round) % 2;
+                let ready = Ready::Profiling { jvms: pids.len() };
+                let daemon = self.start_daemon_binary(
+                    daemons[side],
+                    EXPORT_HZ,
+                    EXPORT_INTERVAL_SECS,
+                    pids,
+                    ready,
+                    &extra,
+                )?;
+                let window = daemon.measure(self.plan.cost_window)?;
+                let measured = BothSinksWindow {
+                    cpu_cores: window.cpu.process_cores,
+                    built_per_second: window.delta(PROFILES_WRITTEN)? / window.cpu.seconds,
+                    rss_mb: rss_mb(daemon.process.pid())?,
+                    charged_mb: window.charged_mb,
+                };
+                daemon.stop()?;
+                self.progress(format_args!(
+                    "6. both sinks, round {}/{}, {}: {:.2}% of a core, {:.1} profiles/s, RSS \
+                     {:.0} MB",
+                    round + 1,
+                    self.plan.bpf_rounds,
+                    super::results::SIDES[side],
+                    measured.cpu_cores * 100.0,
+                    measured.built_per_second,
+                    measured.rss_mb
+                ));
+                windows[side].push(measured);
+            }
+        }
+        Ok(ExportComparison {
+            jvms: pids.len(),
+            windows,
+        })
+    }
+}
+
+impl ExportComparison {
+    pub(super) fn rows(&self, rows: &mut Vec<Row>) {
+        let setting = format!(
+            "{} JVMs, {EXPORT_HZ} Hz, {EXPORT_INTERVAL_SECS} s interval, Pyroscope + OTLP",
+            self.jvms
+        );
+        let median_of = |side: usize, value: fn(&BothSinksWindow) -> f64| {
+            super::statistics::median(self.windows[side].iter().map(value))
+        };
+        type Measure = (&'static str, fn(&BothSinksWindow) -> f64, &'static str);
+        let measures: [Measure; 4] = [
+            (
+                "daemon CPU, % of a core",
+                |w| w.cpu_cores * 100.0,
+                "B/A <= 1.05",
+            ),
+            (
+                "profiles built per second",
+                |w| w.built_per_second,
+                "B/A ~ 1",
+            ),
+            ("daemon RSS, MB", |w| w.rss_mb, "B/A <= 1.05"),
+            (
+                "memory charged (cgroup peak in window), MB",
+                |w| w.charged_mb,
+                "B/A <= 1.05",
+            ),
+        ];
+        for (measurement, value, target) in measures {
+            let (a, b) = (median_of(0, value), median_of(1, value));
+            rows.push(Row {
+                section: "6. export, A/B",
+                measurement: measurement.to_owned(),
+                setting: setting.clone(),
+                result: format!(
+                    "A {a:.2}, B {b:.2}: B/A {:.2} (medians of {} windows each)",
+                    b / a,
+                    self.windows[0].len()
+                ),
+                target: target.to_owned(),
+            });
+        }
+    }
+}

@@ -299,8 +299,13 @@ impl Bench {
         self.start_daemon_binary(&self.daemon, hz, interval_secs, pids, ready, extra_args)
     }
 
-    /// `start_daemon` with another daemon binary (section 2's baseline).
-    fn start_daemon_binary(
+    /// This build's daemon binary.
+    pub(super) fn daemon_binary(&self) -> &Path {
+        &self.daemon
+    }
+
+    /// `start_daemon` with another daemon binary (sections 2 and 6's baseline).
+    pub(super) fn start_daemon_binary(
         &self,
         binary: &Path,
         hz: u32,
