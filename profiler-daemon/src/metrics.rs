@@ -866,6 +866,224 @@ mod tests {
         metrics.render()
     }
 
+    /// Distinct non-zero values, one per call.
+    struct Values(u64);
+
+    impl Values {
+        fn next(&mut self) -> u64 {
+            self.0 += 1;
+            self.0
+        }
+
+        fn store(&mut self, counter: &AtomicU64) {
+            counter.store(self.next(), Ordering::Relaxed);
+        }
+    }
+
+    /// Every source populated with distinct values: the page's lines, the heap's values (read
+    /// live) masked.
+    fn every_family_page() -> String {
+        use crate::kernel_features::{choose_for, Feature, KernelFeatures, Probe};
+        let _ = choose_for(KernelFeatures {
+            probes: vec![
+                Probe {
+                    feature: Feature::RingBuffer,
+                    present: true,
+                },
+                Probe {
+                    feature: Feature::BpfLoop,
+                    present: false,
+                },
+            ],
+        });
+        let mut v = Values(100);
+        let mut snapshot = Snapshot::default();
+        // Descending: the gauge of threads with storage is tracked minus gone.
+        for value in snapshot.kernel.0.iter_mut().rev() {
+            *value = v.next();
+        }
+        for value in &mut snapshot.unwind_ends {
+            *value = v.next();
+        }
+        let j = &mut snapshot.jvms;
+        for field in [
+            &mut j.jvms_ready,
+            &mut j.jvms_pending,
+            &mut j.jvms_failed,
+            &mut j.jvms_over_bound,
+            &mut j.jvm_map_capacity,
+            &mut j.java_threads,
+            &mut j.java_thread_map_capacity,
+            &mut j.java_threads_not_pushed,
+            &mut j.exec_events,
+            &mut j.exit_events,
+            &mut j.rescans,
+            &mut j.panics,
+            &mut j.jvms_alloc_hooked,
+            &mut j.jvms_alloc_not_hooked,
+            &mut j.alloc_hooked_files,
+            &mut j.alloc_waiting_files,
+            &mut j.alloc_hook_attach_failures,
+        ] {
+            *field = v.next();
+        }
+        let s = &mut snapshot;
+        for field in [
+            &mut s.records,
+            &mut s.malformed_records,
+            &mut s.dropped_work,
+            &mut s.dropped_over_stack_bound,
+            &mut s.past_stack_bound,
+            &mut s.intervals_deferred,
+            &mut s.ring_wakeups,
+            &mut s.intervals,
+            &mut s.frequency_hz,
+        ] {
+            *field = v.next();
+        }
+        snapshot.cpus = v.next() as usize;
+        snapshot.alloc_hook_attach_failures = Some(snapshot.jvms.alloc_hook_attach_failures);
+        snapshot.off_cpu = Some(OffCpuSnapshot {
+            joined: crate::off_cpu::OffCpuStats {
+                waits: v.next(),
+                filtered_short: v.next(),
+                unmatched_ends: v.next(),
+                over_open_bound: v.next(),
+                over_stack_bound: v.next(),
+            },
+            open_waits: v.next(),
+        });
+        let metrics = Metrics::default();
+        let w = &metrics.worker;
+        for counter in [
+            &w.profiles_written,
+            &w.write_errors,
+            &w.sidecar_agents,
+            &w.sidecar_agent_heap_bytes,
+            &w.sidecar_dropped_records,
+            &w.symbol_cache.limit_bytes,
+            &w.symbol_cache.charged_bytes,
+            &w.symbol_cache.evictions,
+            &w.panics,
+            &w.java_prefetch_misses,
+            &w.intervals_pending,
+        ] {
+            v.store(counter);
+        }
+        for counter in &w.sidecar_records_refused {
+            v.store(counter);
+        }
+        for (times, reason) in crate::java_names::UnnamedReason::ALL.iter().enumerate() {
+            for _ in 0..=times {
+                w.java_unnamed.add(*reason);
+            }
+        }
+        for (times, refusal) in crate::symbolize::name_guard::Refusal::ALL
+            .iter()
+            .enumerate()
+        {
+            for _ in 0..=times {
+                w.refused_names.add(*refusal);
+            }
+        }
+        let e = &metrics.export;
+        for sink in ["pyroscope", "otlp"] {
+            let c = e.sink(sink);
+            for counter in [
+                &c.exported_profiles,
+                &c.exported_requests,
+                &c.exported_bytes,
+                &c.failed_attempts,
+                &c.dropped_queue_full,
+                &c.dropped_at_shutdown,
+                &c.rejected,
+                &c.queued_profiles,
+                &c.queued_bytes,
+            ] {
+                v.store(counter);
+            }
+        }
+        for counter in [&e.stream_subscribers, &e.stream_skipped, &e.encode_errors] {
+            v.store(counter);
+        }
+        let t = &metrics.unwind_tables;
+        for counter in [
+            &t.tables,
+            &t.bytes,
+            &t.limit_bytes,
+            &t.processes,
+            &t.builds,
+            &t.evictions,
+        ] {
+            v.store(counter);
+        }
+        t.build_micros.store(v.next() * 1_000, Ordering::Relaxed);
+        for counter in &t.not_loaded {
+            v.store(counter);
+        }
+        v.store(&metrics.closed_connections.over_limit);
+        v.store(&metrics.closed_connections.timed_out);
+        metrics.publish(snapshot);
+        every_line_sorted(&metrics.render())
+    }
+
+    /// The page's lines, sorted (the families' order is not part of the contract), the heap's
+    /// values masked.
+    fn every_line_sorted(text: &str) -> String {
+        let heap = format!("{}{{", metric::HEAP_BYTES);
+        let mut lines: Vec<String> = text
+            .lines()
+            .map(|line| match line.rsplit_once(' ') {
+                Some((key, _)) if line.starts_with(&heap) => format!("{key} HEAP"),
+                _ => line.to_owned(),
+            })
+            .collect();
+        lines.sort_unstable();
+        lines.join("\n") + "\n"
+    }
+
+    /// Every family, help text, label and type of the page, each sample with a value of its
+    /// own: renaming or moving a metric shows here (`every_family.txt`).
+    #[test]
+    fn every_family_is_on_the_page_as_before() {
+        let page = every_family_page();
+        let expected = include_str!("daemon/metrics_page.golden");
+        if std::env::var_os("PROFILER_BLESS_METRICS").is_some() {
+            std::fs::write(
+                concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/src/daemon/metrics_page.golden"
+                ),
+                &page,
+            )
+            .expect("write");
+        }
+        assert_eq!(page, expected);
+    }
+
+    /// Off-CPU and allocation profiling off: their families are not on the page, every other
+    /// one is.
+    #[test]
+    fn families_of_profiling_off_are_not_on_the_page() {
+        let types = |text: &str| -> Vec<String> {
+            let mut types: Vec<String> = text
+                .lines()
+                .filter(|line| line.starts_with("# TYPE "))
+                .map(str::to_owned)
+                .collect();
+            types.sort_unstable();
+            types
+        };
+        let expected: Vec<String> = types(include_str!("daemon/metrics_page.golden"))
+            .into_iter()
+            .filter(|line| {
+                !line.starts_with("# TYPE profiler_off_cpu_")
+                    && !line.starts_with("# TYPE profiler_alloc_")
+            })
+            .collect();
+        assert_eq!(types(&rendered(Snapshot::default())), expected);
+    }
+
     #[test]
     fn renders_counters_with_reasons() {
         let mut snapshot = Snapshot {
