@@ -75,13 +75,8 @@ impl<'a> Families<'a> {
         help: &str,
         samples: impl IntoIterator<Item = (L, u64)>,
     ) -> fmt::Result {
-        let mut family =
-            self.0
-                .encode_descriptor(family_name(name), help, None, MetricType::Counter)?;
-        for (labels, value) in samples {
-            ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
-        }
-        Ok(())
+        let name = family_name(name);
+        self.labelled(name, help, MetricType::Counter, samples, ConstCounter::new)
     }
 
     pub fn gauges<L: EncodeLabelSet>(
@@ -90,11 +85,21 @@ impl<'a> Families<'a> {
         help: &str,
         samples: impl IntoIterator<Item = (L, u64)>,
     ) -> fmt::Result {
-        let mut family = self
-            .0
-            .encode_descriptor(name, help, None, MetricType::Gauge)?;
+        self.labelled(name, help, MetricType::Gauge, samples, ConstGauge::new)
+    }
+
+    /// A family of one sample per label set, each value made a `metric`.
+    fn labelled<L: EncodeLabelSet, M: EncodeMetric>(
+        &mut self,
+        name: &str,
+        help: &str,
+        kind: MetricType,
+        samples: impl IntoIterator<Item = (L, u64)>,
+        metric: fn(u64) -> M,
+    ) -> fmt::Result {
+        let mut family = self.0.encode_descriptor(name, help, None, kind)?;
         for (labels, value) in samples {
-            ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
+            metric(value).encode(family.encode_family(&labels)?)?;
         }
         Ok(())
     }
