@@ -8,6 +8,7 @@
 //! Worker --> sinks: local files, Pyroscope exporter task, live-stream server (see `sink`)
 //! ```
 
+mod metric_sources;
 mod sampling_loop;
 mod threads;
 
@@ -32,6 +33,7 @@ use crate::privileges::{self, MissingPrivileges};
 use crate::sampler::{AllocSampling, KernelCounters, OffCpuSampling, Sampler, SamplerError};
 use crate::sidecar::{Attacher, AttachesStarted};
 use crate::sink::{Sink, SinkTasks};
+use metric_sources::Counters;
 use sampling_loop::{SamplingLoop, Until};
 use threads::{spawn_jvm_tracker, spawn_unwind_tables, spawn_worker, SharedWithWorker};
 
@@ -96,7 +98,7 @@ pub struct RunSummary {
 pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     privileges::check()?;
     raise_open_files_limit();
-    let metrics = Metrics::default();
+    let metrics = Counters::default();
     // Before the sampler: a bad output directory or a taken stream address stops the start.
     let (sinks, sink_tasks) = build_sinks(&config, &metrics).await?;
     let table_budget = native_unwind::loader::table_budget(config.cache_budget_bytes);
@@ -176,7 +178,8 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         let listener = crate::metrics::connections::listen(address)
             .map_err(|source| DaemonError::Metrics { address, source })?;
         tracing::info!(%address, "serving metrics at /metrics");
-        tokio::spawn(crate::metrics::serve(listener, metrics.clone()));
+        let sources = metrics.sources(tracker.shared_counts(), config.alloc.is_some());
+        tokio::spawn(crate::metrics::serve(listener, Metrics::new(sources)));
     }
 
     let (work_tx, work_rx) = sync_channel(WORK_QUEUE);
@@ -212,7 +215,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         (config.off_cpu, config.lock),
         config.alloc,
     )
-    .run(until, &metrics, frequency_hz)
+    .run(until, (&metrics.sampling, &metrics.worker), frequency_hz)
     .await?;
     // The sampler is detached and the work queue closed: the worker writes the last interval.
     ended.tracker.stop();
@@ -237,7 +240,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
 }
 
 /// The run's last log lines: what was sampled and written, and what each remote sink exported.
-fn log_totals(summary: &RunSummary, metrics: &Metrics) {
+fn log_totals(summary: &RunSummary, metrics: &Counters) {
     let kernel = summary.kernel;
     tracing::info!(
         records = summary.records,
@@ -295,7 +298,7 @@ fn raise_open_files_limit() {
 /// The sinks `config` asks for, in the order they receive profiles, and their tasks.
 async fn build_sinks(
     config: &Config,
-    metrics: &Metrics,
+    metrics: &Counters,
 ) -> Result<(Vec<Box<dyn Sink>>, SinkTasks), DaemonError> {
     let mut tasks = SinkTasks::default();
     let local = LocalFiles::new(

@@ -228,6 +228,21 @@ pub fn metric_labels() -> Vec<(&'static str, &'static str)> {
     labels
 }
 
+/// The `profiler_kernel_feature` family, from what [`choose_object`] found.
+pub struct FeatureMetrics;
+
+impl crate::metrics::families::MetricSource for FeatureMetrics {
+    fn encode(&self, out: &mut crate::metrics::families::Families) -> std::fmt::Result {
+        out.gauges(
+            profiler_common::metric::KERNEL_FEATURE,
+            "BPF features of this kernel as probed at start (mode present or missing), and the BPF object loaded (feature=\"object\")",
+            metric_labels()
+                .into_iter()
+                .map(|(feature, mode)| ([("feature", feature), ("mode", mode)], 1)),
+        )
+    }
+}
+
 // Helper numbers (uapi `enum bpf_func_id`).
 const HELPER_GET_CURRENT_TASK_BTF: i32 = 158;
 const HELPER_TASK_PT_REGS: i32 = 175;

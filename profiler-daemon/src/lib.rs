@@ -49,6 +49,7 @@ pub(crate) mod untrusted;
 pub(crate) mod user_time;
 pub(crate) mod vdso;
 pub(crate) mod worker;
+pub(crate) mod worker_metrics;
 
 /// What the command line (`main.rs`) runs, besides the modules it reads its settings and
 /// outputs from (`config`, `output`, `subscribe`).

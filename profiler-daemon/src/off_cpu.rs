@@ -9,6 +9,8 @@
 //! gives every stack's expected total exactly (the Horvitz-Thompson estimator). The minimum
 //! wait filter is applied to what comes back, and is a filter: it drops short waits by design.
 
+pub mod metrics;
+
 use std::time::Duration;
 
 use hashbrown::HashMap;

@@ -24,6 +24,28 @@ pub fn heap_stats() -> HeapStats {
     }
 }
 
+/// The `profiler_heap_bytes` family: [`heap_stats`] at each scrape.
+pub struct HeapMetrics;
+
+impl crate::metrics::families::MetricSource for HeapMetrics {
+    fn encode(&self, out: &mut crate::metrics::families::Families) -> std::fmt::Result {
+        use profiler_common::metric::{self, heap_state};
+        let heap = heap_stats();
+        out.gauges(
+            metric::HEAP_BYTES,
+            "The daemon's heap as its allocator counts it: in use, and freed but kept (a resident \
+             set growing while in_use stays flat is the allocator's, not a growing structure).",
+            crate::metrics::families::by(
+                "state",
+                [
+                    (heap_state::IN_USE, heap.in_use_bytes),
+                    (heap_state::FREE, heap.free_bytes),
+                ],
+            ),
+        )
+    }
+}
+
 /// Sets how glibc's malloc keeps memory, before the daemon starts a thread. Two of its defaults
 /// cost the daemon tens of megabytes of memory freed but still resident:
 /// - up to eight arenas per CPU, one for each thread that meets a locked one: each keeps its own

@@ -1,6 +1,8 @@
 //! Loads the eBPF sampling program, attaches it to a CPU-clock perf event on every online CPU,
 //! and hands out what it records: sample records from the ring buffer and its counters.
 
+pub mod metrics;
+
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::programs::{BtfTracePoint, PerfEvent, RawTracePoint, UProbe};

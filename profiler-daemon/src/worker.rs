@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 
 use crate::aggregate::IntervalStacks;
 use crate::identity::ServiceNaming;
-use crate::metrics::WorkerCounters;
 use crate::process::ProcessTable;
 use crate::profile_model::ProfileKind;
 use crate::profiles::{self, ProfileRequest};
 use crate::sink::{Presentation, Sink, SinkProfile};
 use crate::symbolize::symbolizers::Symbolizers;
+use crate::worker_metrics::WorkerCounters;
 
 pub enum Work {
     /// A process had its first sample of the interval: read its mappings while it is alive.

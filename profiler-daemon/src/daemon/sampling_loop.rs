@@ -4,6 +4,8 @@
 //! tables' loader which processes it saw. It never blocks on the worker: if its queue is full,
 //! work is dropped and counted.
 
+pub(super) mod metrics;
+
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::time::Duration;
@@ -17,15 +19,16 @@ use super::threads::TrackerThread;
 use super::DaemonError;
 use crate::aggregate::{Added, Aggregator};
 use crate::alloc::AllocConfig;
-use crate::hotspot::tracker::TrackerCounts;
 use crate::lock::{LockAggregators, LockConfig};
-use crate::metrics::{Metrics, OffCpuSnapshot, Snapshot};
+use crate::off_cpu::metrics::OffCpuSnapshot;
 use crate::off_cpu::{OffCpuConfig, OffCpuJoiner, OffCpuStats};
 use crate::profile_model::ProfileKind;
 use crate::record::SampleView;
 use crate::sampler::{KernelCounters, Sampler};
 use crate::stack_memory::SharedStackMemory;
 use crate::worker::{JavaFrameSeen, Work};
+use crate::worker_metrics::WorkerCounters;
+use metrics::{LoopMetrics, Snapshot};
 
 /// How often the ring buffer is drained when it does not fill up: each drain is a wake-up of an
 /// otherwise idle daemon. Bursts do not wait for it: the BPF side wakes us when the ring is a
@@ -154,7 +157,7 @@ impl SamplingLoop {
     pub(super) async fn run(
         mut self,
         until: Until,
-        metrics: &Metrics,
+        (loop_metrics, worker): (&LoopMetrics, &WorkerCounters),
         frequency_hz: u64,
     ) -> Result<Ended, DaemonError> {
         let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signal)?;
@@ -193,7 +196,7 @@ impl SamplingLoop {
         loop {
             if published.is_none_or(|at| at.elapsed() >= METRICS_PERIOD) {
                 published = Some(tokio::time::Instant::now());
-                metrics.publish(self.snapshot(cpus, frequency_hz));
+                loop_metrics.publish(self.snapshot(cpus, frequency_hz));
             }
             let finishing = tokio::select! {
                 _ = drain.tick() => false,
@@ -207,11 +210,11 @@ impl SamplingLoop {
                     // The worker has not taken the last interval yet (a slow write, a burst of
                     // new stacks to name): this one goes on, within its memory bound, rather
                     // than queue a second one beside it.
-                    if metrics.worker.intervals_pending.load(Ordering::Relaxed) > 0 {
+                    if worker.intervals_pending.load(Ordering::Relaxed) > 0 {
                         self.stats.intervals_deferred += 1;
                         continue;
                     }
-                    self.end_interval(&metrics.worker.intervals_pending);
+                    self.end_interval(&worker.intervals_pending);
                     continue;
                 }
                 _ = sigterm.recv() => { tracing::info!("SIGTERM: writing the current interval, then exiting"); true }
@@ -220,7 +223,7 @@ impl SamplingLoop {
             };
             let records_before = self.stats.records;
             let found_java = self.drain();
-            let misses = metrics.worker.java_prefetch_misses.load(Ordering::Relaxed);
+            let misses = worker.java_prefetch_misses.load(Ordering::Relaxed);
             if misses != last_misses {
                 last_misses = misses;
                 missed_at = Some(tokio::time::Instant::now());
@@ -232,7 +235,7 @@ impl SamplingLoop {
                 starting: started.elapsed() < PERISHING_FOR,
             }));
             if finishing {
-                self.end_interval(&metrics.worker.intervals_pending);
+                self.end_interval(&worker.intervals_pending);
                 break;
             }
         }
@@ -283,7 +286,6 @@ impl SamplingLoop {
         snapshot(
             &self.stats,
             self.sampler.counters(),
-            self.tracker.counts(),
             self.intervals,
             (cpus, frequency_hz),
             self.alloc.is_some(),
@@ -611,12 +613,10 @@ impl LoopStats {
 fn snapshot(
     stats: &LoopStats,
     kernel: KernelCounters,
-    jvms: TrackerCounts,
     intervals: u64,
     (cpus, frequency_hz): (usize, u64),
-    alloc_on: bool,
+    alloc: bool,
 ) -> Snapshot {
-    let alloc_hook_attach_failures = alloc_on.then_some(jvms.alloc_hook_attach_failures);
     Snapshot {
         kernel,
         records: stats.records,
@@ -627,7 +627,6 @@ fn snapshot(
         intervals_deferred: stats.intervals_deferred,
         ring_wakeups: stats.ring_wakeups,
         unwind_ends: stats.unwind_ends_total,
-        jvms,
         intervals,
         cpus,
         frequency_hz,
@@ -635,7 +634,7 @@ fn snapshot(
             joined: stats.off_cpu,
             open_waits: stats.off_cpu_open_waits,
         }),
-        alloc_hook_attach_failures,
+        alloc,
     }
 }
 

@@ -1,6 +1,7 @@
 //! The daemon's background threads beside the sampling loop: the JVM tracker and the unwind
 //! tables' loader, each spawned with the BPF maps it owns, and the symbolizer.
 
+use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
@@ -14,11 +15,12 @@ use crate::hotspot::jvm_directory::JvmDirectory;
 use crate::hotspot::thread_directory::ThreadDirectory;
 use crate::hotspot::tracker::{self, JvmTracker, TrackerCounts};
 use crate::kubernetes::SharedPodIndex;
-use crate::metrics::WorkerCounters;
+use crate::metrics::families::{by, Families, MetricSource};
 use crate::native_unwind;
 use crate::sidecar::{Attacher, AttachesStarted};
 use crate::sink::Sink;
 use crate::worker::{Work, Worker};
+use crate::worker_metrics::WorkerCounters;
 
 /// What the symbolizer shares with the other threads.
 pub(super) struct SharedWithWorker {
@@ -84,6 +86,11 @@ impl TrackerThread {
         self.counts.lock().map(|c| *c).unwrap_or_default()
     }
 
+    /// The counts as the tracker's thread shares them after each tick (for the metrics).
+    pub(super) fn shared_counts(&self) -> Arc<Mutex<TrackerCounts>> {
+        self.counts.clone()
+    }
+
     /// Tells the tracker which processes were sampled (it checks those it does not know).
     pub(super) fn tell_sampled(&self, pids: Vec<u32>) {
         // A full queue means the tracker is behind: it will see these at its next rescan.
@@ -100,6 +107,31 @@ impl TrackerThread {
     pub(super) fn stop(self) {
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.handle.join();
+    }
+}
+
+/// The panics caught in the threads beside the sampling loop: each one's own count, a family
+/// of their own.
+pub(super) struct ThreadPanics {
+    pub(super) worker: Arc<WorkerCounters>,
+    pub(super) tracker: Arc<Mutex<TrackerCounts>>,
+}
+
+impl MetricSource for ThreadPanics {
+    fn encode(&self, out: &mut Families) -> fmt::Result {
+        let tracker = self.tracker.lock().map_or(0, |counts| counts.panics);
+        out.counters(
+            profiler_common::metric::THREAD_PANICS,
+            "Panics caught in the daemon's threads, by thread (a bug: each cost one work item or \
+             tick; the thread goes on with fresh state).",
+            by(
+                "thread",
+                [
+                    ("symbolizer", self.worker.panics.load(Ordering::Relaxed)),
+                    ("jvm_tracker", tracker),
+                ],
+            ),
+        )
     }
 }
 

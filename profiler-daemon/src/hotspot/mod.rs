@@ -14,6 +14,7 @@
 //! - [`jvm_directory`]: each JVM inspected once, shared by the tracker and the symbolizer.
 //! - [`unwind_info`]: the `#[repr(C)]` record the BPF side reads.
 //! - [`tracker`]: JVMs coming and going, pushed to and removed from the BPF map.
+//! - [`tracker_metrics`]: the tracker's families on the metrics endpoint.
 //! - [`thread_directory`]: each JVM's Java threads by `JavaThread*`, as the tracker read them.
 //! - [`names`]: Java names from the JVM's memory, a name source of [`crate::java_names`].
 //! - [`symbol`]: `Symbol`s read as names, verified and refused when they are none.
@@ -32,6 +33,7 @@ pub mod remote;
 pub mod symbol;
 pub mod thread_directory;
 pub mod tracker;
+pub mod tracker_metrics;
 pub mod unsigned5;
 pub mod unwind_info;
 pub mod vmstructs;

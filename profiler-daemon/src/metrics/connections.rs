@@ -34,6 +34,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
+use super::families::{reasons, Families, MetricSource};
 use super::peer_uid::SockDiag;
 
 /// The bounds on the endpoint's connections.
@@ -88,6 +89,21 @@ pub struct ClosedConnections {
     /// Over the total or over the class's share.
     pub over_limit: AtomicU64,
     pub timed_out: AtomicU64,
+}
+
+impl MetricSource for ClosedConnections {
+    fn encode(&self, out: &mut Families) -> std::fmt::Result {
+        use profiler_common::metric::{self, metrics_connections_closed as closed};
+        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        out.counters(
+            metric::METRICS_CONNECTIONS_CLOSED,
+            "Connections to this endpoint it closed itself, by reason.",
+            reasons([
+                (closed::OVER_LIMIT, get(&self.over_limit)),
+                (closed::TIMED_OUT, get(&self.timed_out)),
+            ]),
+        )
+    }
 }
 
 /// Who a connection's peer is, as far as the endpoint's shares go.

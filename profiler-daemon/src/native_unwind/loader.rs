@@ -870,5 +870,7 @@ impl<M: TableMaps> UnwindTables<M> {
     }
 }
 
+mod metrics;
+
 #[cfg(test)]
 mod tests;

@@ -18,11 +18,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::metrics::WorkerCounters;
 use crate::pprof::proto;
 use crate::profile_model::ProfileKind;
 use crate::sink::{Sink, SinkProfile};
 use crate::thread_roots::ThreadRoots;
+use crate::worker_metrics::WorkerCounters;
 use file_name::file_stem;
 use retention::{Removed, Retention};
 
