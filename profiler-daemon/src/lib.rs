@@ -25,7 +25,7 @@ pub(crate) mod metrics;
 pub(crate) mod native_unwind;
 pub(crate) mod off_cpu;
 pub mod output;
-pub(crate) mod own_memory;
+pub mod own_memory;
 pub mod pprof;
 pub(crate) mod printable;
 pub(crate) mod privileges;
@@ -52,7 +52,7 @@ pub(crate) mod worker;
 pub(crate) mod worker_metrics;
 
 /// What the command line (`main.rs`) runs, besides the modules it reads its settings and
-/// outputs from (`config`, `output`, `subscribe`).
+/// outputs from (`config`, `output`, `subscribe`) and its own memory (`own_memory`).
 pub mod commands {
     pub use crate::alloc::parse_bytes;
     pub use crate::daemon::run;
@@ -60,6 +60,5 @@ pub mod commands {
     pub use crate::kernel_check::check as check_kernel;
     pub use crate::lock::parse_duration;
     pub use crate::native_unwind::describe as describe_unwind_tables;
-    pub use crate::own_memory::{read_own_binary_as_run, settle_allocator};
     pub use crate::sidecar::attach as attach_agent;
 }

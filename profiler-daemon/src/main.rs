@@ -193,7 +193,7 @@ struct RunArgs {
 }
 
 fn main() -> ExitCode {
-    profiler_daemon::commands::settle_allocator();
+    profiler_daemon::own_memory::settle_allocator();
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
@@ -229,7 +229,7 @@ fn check(verifier_logs: bool) -> ExitCode {
 }
 
 fn run(args: RunArgs) -> ExitCode {
-    profiler_daemon::commands::read_own_binary_as_run();
+    profiler_daemon::own_memory::read_own_binary_as_run();
     let file = match args.config.as_deref().map(FileConfig::load).transpose() {
         Ok(file) => file.unwrap_or_default(),
         Err(err) => return usage_error(&err),
