@@ -10,6 +10,8 @@
 //! - a `path:line` or `path#anchor` suffix is stripped;
 //! - with a `/`: its first component is an entry of one of the places paths are resolved
 //!   against (below), so `samples/count` or `java/lang/Thread` are prose, `export/x.rs` is not;
+//!   one that is only an entry of a crate's `src/` must end in a source file or a `/`
+//!   (`off_cpu/nanoseconds` is a sample type, though `off_cpu/` is a module);
 //! - without a `/`: a file name with a source extension (`.rs`, `.md`, `.toml`...).
 //!
 //! A link's target must exist relative to the document's directory, as a browser resolves it.
@@ -241,6 +243,15 @@ fn missing(
         base.join(first).exists() && !(base == root && NOT_IN_THE_REPOSITORY.contains(&first))
     });
     if !anchored {
+        return None;
+    }
+    // Under a crate's `src/` alone, a module is named as a file or a directory (`export/x.rs`,
+    // `off_cpu/`): `off_cpu/nanoseconds` is a sample type, not a path.
+    let anchored_outside_src = [root, document_dir]
+        .iter()
+        .any(|base| base.join(first).exists() && !NOT_IN_THE_REPOSITORY.contains(&first));
+    let last = path.rsplit('/').next().unwrap_or_default();
+    if !anchored_outside_src && !(path.ends_with('/') || has_source_extension(last)) {
         return None;
     }
     if bases.iter().any(|base| base.join(path).exists()) {
