@@ -34,7 +34,7 @@ use crate::sampler::{AllocSampling, KernelCounters, OffCpuSampling, Sampler, Sam
 use crate::sidecar::{Attacher, AttachesStarted};
 use crate::sink::{Sink, SinkTasks};
 use metric_sources::Counters;
-use sampling_loop::{SamplingLoop, Until};
+use sampling_loop::{LoopSettings, Outbox, SamplingLoop, Until};
 use threads::{spawn_jvm_tracker, spawn_unwind_tables, spawn_worker, SharedWithWorker};
 
 /// Work items queued for the worker before the loop starts dropping them.
@@ -207,16 +207,20 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         stop_at: config.duration.map(|d| tokio::time::Instant::now() + d),
         interval: config.interval,
     };
-    let ended = SamplingLoop::new(
-        sampler,
-        (work_tx, unwind_tables),
-        tracker,
-        (config.max_stacks_per_interval, config.stack_memory_bytes),
-        (config.off_cpu, config.lock),
-        config.alloc,
-    )
-    .run(until, (&metrics.sampling, &metrics.worker), frequency_hz)
-    .await?;
+    let outbox = Outbox {
+        work: work_tx,
+        unwind_tables,
+    };
+    let settings = LoopSettings {
+        max_stacks_per_interval: config.max_stacks_per_interval,
+        stack_memory_bytes: config.stack_memory_bytes,
+        off_cpu: config.off_cpu,
+        lock: config.lock,
+        alloc: config.alloc,
+    };
+    let ended = SamplingLoop::new(sampler, outbox, tracker, settings)
+        .run(until, &metrics.sampling, &metrics.worker, frequency_hz)
+        .await?;
     // The sampler is detached and the work queue closed: the worker writes the last interval.
     ended.tracker.stop();
     worker

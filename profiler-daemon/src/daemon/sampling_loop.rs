@@ -17,7 +17,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use super::threads::TrackerThread;
 use super::DaemonError;
-use crate::aggregate::{Added, Aggregator};
+use crate::aggregate::{Added, Aggregator, IntervalStacks};
 use crate::alloc::AllocConfig;
 use crate::lock::{LockAggregators, LockConfig};
 use crate::off_cpu::metrics::OffCpuSnapshot;
@@ -87,14 +87,34 @@ pub(super) struct Until {
     pub(super) interval: Duration,
 }
 
+/// Where the loop's finds go: the worker (new processes, Java frames, intervals) and the unwind
+/// tables' loader (new processes). Never waited on: a full queue drops the item, counted.
+pub(super) struct Outbox {
+    pub(super) work: SyncSender<Work>,
+    pub(super) unwind_tables: SyncSender<Vec<u32>>,
+}
+
+/// What the loop folds and how much memory its stacks may take.
+pub(super) struct LoopSettings {
+    pub(super) max_stacks_per_interval: usize,
+    pub(super) stack_memory_bytes: usize,
+    pub(super) off_cpu: Option<OffCpuConfig>,
+    pub(super) lock: Option<LockConfig>,
+    pub(super) alloc: Option<AllocConfig>,
+}
+
+/// The interval's aggregates: one per kind of record.
+struct Folds {
+    cpu: Aggregator,
+    off_cpu: Option<OffCpu>,
+    alloc: Option<Alloc>,
+}
+
 /// The loop's state: what it drains, where it folds, whom it tells.
 pub(super) struct SamplingLoop {
     sampler: Sampler,
-    aggregator: Aggregator,
-    off_cpu: Option<OffCpu>,
-    alloc: Option<Alloc>,
-    work: SyncSender<Work>,
-    unwind_tables: SyncSender<Vec<u32>>,
+    folds: Folds,
+    outbox: Outbox,
     tracker: TrackerThread,
     stats: LoopStats,
     last_counters: KernelCounters,
@@ -115,37 +135,21 @@ pub(super) struct Ended {
 impl SamplingLoop {
     pub(super) fn new(
         sampler: Sampler,
-        (work, unwind_tables): (SyncSender<Work>, SyncSender<Vec<u32>>),
+        outbox: Outbox,
         tracker: TrackerThread,
-        (max_stacks_per_interval, stack_memory_bytes): (usize, usize),
-        (off_cpu, lock): (Option<OffCpuConfig>, Option<LockConfig>),
-        alloc: Option<AllocConfig>,
+        settings: LoopSettings,
     ) -> Self {
         let stats = LoopStats {
             off_cpu_on: sampler.off_cpu(),
             ..LoopStats::default()
         };
-        let memory = SharedStackMemory::new(stack_memory_bytes);
-        let aggregator = |kind| Aggregator::sharing(kind, max_stacks_per_interval, memory.clone());
+        let memory = SharedStackMemory::new(settings.stack_memory_bytes);
         Self {
-            aggregator: aggregator(ProfileKind::Cpu),
-            off_cpu: (off_cpu.is_some() || lock.is_some()).then(|| OffCpu {
-                joiner: OffCpuJoiner::new(off_cpu.map_or(0, |o| o.min_wait.as_nanos() as u64)),
-                aggregator: aggregator(ProfileKind::OffCpu),
-                write_profiles: off_cpu.is_some(),
-                lock: lock.map(|lock| {
-                    LockAggregators::sharing(lock, max_stacks_per_interval, memory.clone())
-                }),
-            }),
-            alloc: alloc.map(|config| Alloc {
-                config,
-                aggregator: aggregator(ProfileKind::Alloc),
-            }),
-            stack_memory: memory.clone(),
+            folds: Folds::new(&settings, &memory),
+            stack_memory: memory,
             last_counters: sampler.counters(),
             sampler,
-            work,
-            unwind_tables,
+            outbox,
             tracker,
             stats,
             intervals: 0,
@@ -157,7 +161,8 @@ impl SamplingLoop {
     pub(super) async fn run(
         mut self,
         until: Until,
-        (loop_metrics, worker): (&LoopMetrics, &WorkerCounters),
+        loop_metrics: &LoopMetrics,
+        worker: &WorkerCounters,
         frequency_hz: u64,
     ) -> Result<Ended, DaemonError> {
         let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signal)?;
@@ -251,14 +256,9 @@ impl SamplingLoop {
     /// Takes every record in the rings; true if new stacks with Java frames were found (their
     /// JVMs are told to the tracker, which decides the sidecar agent's attach).
     fn drain(&mut self) -> bool {
-        let java_pids = drain_ring(
-            &mut self.sampler,
-            (&mut self.aggregator, self.alloc.as_mut()),
-            self.off_cpu.as_mut(),
-            &self.work,
-            &self.unwind_tables,
-            &mut self.stats,
-        );
+        let java_pids = self
+            .folds
+            .drain(&mut self.sampler, &self.outbox, &mut self.stats);
         if java_pids.is_empty() {
             return false;
         }
@@ -269,27 +269,41 @@ impl SamplingLoop {
     /// Hands the interval's aggregates to the worker and starts the next interval.
     fn end_interval(&mut self, pending: &std::sync::atomic::AtomicU64) {
         let counters = self.sampler.counters();
-        end_interval(
-            (&mut self.aggregator, self.alloc.as_mut()),
-            self.off_cpu.as_mut(),
-            (&self.work, pending),
-            &mut self.stats,
-            &counters.since(&self.last_counters),
-            &self.tracker,
-        );
+        let since = counters.since(&self.last_counters);
+        let intervals = self
+            .folds
+            .take_intervals(&since, &self.tracker, &mut self.stats);
+        // Taken back by the worker once written.
+        pending.fetch_add(1, Ordering::Relaxed);
+        if !self.outbox.send(Work::Interval(intervals), &mut self.stats) {
+            pending.fetch_sub(1, Ordering::Relaxed);
+        }
         self.stack_memory.start_interval();
         self.last_counters = counters;
         self.intervals += 1;
     }
 
     fn snapshot(&self, cpus: usize, frequency_hz: u64) -> Snapshot {
-        snapshot(
-            &self.stats,
-            self.sampler.counters(),
-            self.intervals,
-            (cpus, frequency_hz),
-            self.alloc.is_some(),
-        )
+        let stats = &self.stats;
+        Snapshot {
+            kernel: self.sampler.counters(),
+            records: stats.records,
+            malformed_records: stats.malformed,
+            dropped_work: stats.dropped_work,
+            dropped_over_stack_bound: stats.dropped_over_stack_bound,
+            past_stack_bound: stats.past_bound,
+            intervals_deferred: stats.intervals_deferred,
+            ring_wakeups: stats.ring_wakeups,
+            unwind_ends: stats.unwind_ends_total,
+            intervals: self.intervals,
+            cpus,
+            frequency_hz,
+            off_cpu: stats.off_cpu_on.then_some(OffCpuSnapshot {
+                joined: stats.off_cpu,
+                open_waits: stats.off_cpu_open_waits,
+            }),
+            alloc: self.folds.alloc.is_some(),
+        }
     }
 }
 
@@ -365,73 +379,172 @@ struct Alloc {
     aggregator: Aggregator,
 }
 
-fn drain_ring(
-    sampler: &mut Sampler,
-    (aggregator, alloc): (&mut Aggregator, Option<&mut Alloc>),
-    off_cpu: Option<&mut OffCpu>,
-    work: &SyncSender<Work>,
-    unwind_tables: &SyncSender<Vec<u32>>,
-    stats: &mut LoopStats,
-) -> Vec<u32> {
-    let mut found = FoundInDrain::default();
-    sampler.drain(|bytes| {
-        stats.records += 1;
-        let Some(view) = parse_record(bytes, stats) else {
-            return;
-        };
-        if SampleKind::from_u8(view.header.kind) != Some(SampleKind::Cpu) {
-            stats.malformed += 1;
-            return;
+impl Folds {
+    fn new(settings: &LoopSettings, memory: &SharedStackMemory) -> Self {
+        let max_stacks = settings.max_stacks_per_interval;
+        let aggregator = |kind| Aggregator::sharing(kind, max_stacks, memory.clone());
+        let (off_cpu, lock) = (settings.off_cpu, settings.lock);
+        Self {
+            cpu: aggregator(ProfileKind::Cpu),
+            off_cpu: (off_cpu.is_some() || lock.is_some()).then(|| OffCpu {
+                joiner: OffCpuJoiner::new(off_cpu.map_or(0, |o| o.min_wait.as_nanos() as u64)),
+                aggregator: aggregator(ProfileKind::OffCpu),
+                write_profiles: off_cpu.is_some(),
+                lock: lock.map(|lock| LockAggregators::sharing(lock, max_stacks, memory.clone())),
+            }),
+            alloc: settings.alloc.map(|config| Alloc {
+                config,
+                aggregator: aggregator(ProfileKind::Alloc),
+            }),
         }
-        if let Some(end) = view.user_end() {
-            stats.unwind_ends[end as usize] += 1;
-            stats.unwind_ends_total[end as usize] += 1;
-        }
-        let added = aggregator.add(&view);
-        found.note(&view, added, work, stats);
-    });
-    if let Some(alloc) = alloc {
-        sampler.drain_alloc(|bytes| {
+    }
+
+    /// Folds every record of the rings; returns the processes with new Java stacks.
+    fn drain(&mut self, sampler: &mut Sampler, outbox: &Outbox, stats: &mut LoopStats) -> Vec<u32> {
+        let mut found = FoundInDrain::default();
+        let Self {
+            cpu: aggregator,
+            off_cpu,
+            alloc,
+        } = self;
+        sampler.drain(|bytes| {
             stats.records += 1;
             let Some(view) = parse_record(bytes, stats) else {
                 return;
             };
-            if !matches!(
-                SampleKind::from_u8(view.header.kind),
-                Some(SampleKind::AllocInNewTlab | SampleKind::AllocOutsideTlab)
-            ) {
+            if SampleKind::from_u8(view.header.kind) != Some(SampleKind::Cpu) {
                 stats.malformed += 1;
                 return;
             }
-            let totals = alloc.config.weigh(view.header.weight);
-            let added = alloc.aggregator.add_totals(&view, &totals);
-            found.note(&view, added, work, stats);
-        });
-    }
-    if let Some(off_cpu) = off_cpu {
-        let OffCpu {
-            joiner,
-            aggregator,
-            lock,
-            ..
-        } = off_cpu;
-        sampler.drain_off_cpu(|bytes| {
-            stats.off_cpu_records += 1;
-            if let Some(end) = OffCpuEnd::from_bytes(bytes) {
-                joiner.end(&end, aggregator, |view, added, wait| {
-                    found.note(view, added, work, stats);
-                    if let Some(lock) = lock.as_mut() {
-                        lock.fold(view, wait);
-                    }
-                });
-                return;
+            if let Some(end) = view.user_end() {
+                stats.unwind_ends[end as usize] += 1;
+                stats.unwind_ends_total[end as usize] += 1;
             }
-            if let Some(view) = parse_record(bytes, stats) {
-                joiner.stack(&view, bytes);
-            }
+            let added = aggregator.add(&view);
+            found.note(&view, added, outbox, stats);
         });
+        if let Some(alloc) = alloc {
+            sampler.drain_alloc(|bytes| {
+                stats.records += 1;
+                let Some(view) = parse_record(bytes, stats) else {
+                    return;
+                };
+                if !matches!(
+                    SampleKind::from_u8(view.header.kind),
+                    Some(SampleKind::AllocInNewTlab | SampleKind::AllocOutsideTlab)
+                ) {
+                    stats.malformed += 1;
+                    return;
+                }
+                let totals = alloc.config.weigh(view.header.weight);
+                let added = alloc.aggregator.add_totals(&view, &totals);
+                found.note(&view, added, outbox, stats);
+            });
+        }
+        if let Some(off_cpu) = off_cpu {
+            let OffCpu {
+                joiner,
+                aggregator,
+                lock,
+                ..
+            } = off_cpu;
+            sampler.drain_off_cpu(|bytes| {
+                stats.off_cpu_records += 1;
+                if let Some(end) = OffCpuEnd::from_bytes(bytes) {
+                    joiner.end(&end, aggregator, |view, added, wait| {
+                        found.note(view, added, outbox, stats);
+                        if let Some(lock) = lock.as_mut() {
+                            lock.fold(view, wait);
+                        }
+                    });
+                    return;
+                }
+                if let Some(view) = parse_record(bytes, stats) {
+                    joiner.stack(&view, bytes);
+                }
+            });
+        }
+        found.finish(outbox, stats)
     }
-    found.finish(work, unwind_tables, stats)
+
+    /// Takes the interval's aggregates (CPU first, then off-CPU, lock and allocation ones as
+    /// asked), logging what each sampled, and tells the tracker which processes were sampled.
+    fn take_intervals(
+        &mut self,
+        kernel: &KernelCounters,
+        tracker: &TrackerThread,
+        stats: &mut LoopStats,
+    ) -> Vec<IntervalStacks> {
+        let interval = self.cpu.take_interval();
+        tracker.tell_sampled(interval.processes.keys().copied().collect());
+        let jvms = tracker.counts();
+        stats.count_bounds(&interval);
+        tracing::info!(
+            processes = interval.processes.len(),
+            samples = kernel.get(Counter::Samples),
+            sent = kernel.get(Counter::Sent),
+            idle = kernel.get(Counter::Idle),
+            filtered = kernel.get(Counter::Filtered),
+            ring_full = kernel.get(Counter::RingFull),
+            kernel_stack_failed = kernel.get(Counter::KernelStackFailed),
+            user_stack_truncated = kernel.get(Counter::UserStackTruncated),
+            malformed_records = stats.malformed,
+            dropped_work = stats.dropped_work,
+            unwind_ends = %format_unwind_ends(&stats.unwind_ends),
+            jvms_ready = jvms.jvms_ready,
+            jvms_pending = jvms.jvms_pending,
+            jvms_failed = jvms.jvms_failed,
+            jvms_over_bound = jvms.jvms_over_bound,
+            "interval sampled"
+        );
+        stats.unwind_ends = Default::default();
+        let mut intervals = vec![interval];
+        if let Some(off_cpu) = &mut self.off_cpu {
+            let interval = off_cpu.aggregator.take_interval();
+            // Waits whose end was lost would stay open for good: forget those of exited processes
+            // (a check per process with open waits, once an interval).
+            off_cpu
+                .joiner
+                .forget_waits_of_exited(crate::process_key::ProcessKey::of_live);
+            stats.off_cpu = off_cpu.joiner.stats;
+            stats.off_cpu_open_waits = off_cpu.joiner.open_waits() as u64;
+            tracing::info!(
+                processes = interval.processes.len(),
+                switches = kernel.get(Counter::OffCpuSwitches),
+                sampled = kernel.get(Counter::OffCpuSampled),
+                ring_full = kernel.get(Counter::OffCpuRingFull),
+                no_storage = kernel.get(Counter::OffCpuNoStorage),
+                open_waits = stats.off_cpu_open_waits,
+                "off-CPU interval sampled"
+            );
+            stats.past_bound += interval.past_bound;
+            if off_cpu.write_profiles {
+                intervals.push(interval);
+            }
+            if let Some(lock) = &mut off_cpu.lock {
+                for aggregator in [&mut lock.mutex, &mut lock.block] {
+                    let interval = aggregator.take_interval();
+                    stats.count_bounds(&interval);
+                    intervals.push(interval);
+                }
+            }
+        }
+        if let Some(alloc) = &mut self.alloc {
+            let interval = alloc.aggregator.take_interval();
+            stats.count_bounds(&interval);
+            tracing::info!(
+                processes = interval.processes.len(),
+                events = kernel.get(Counter::AllocEvents),
+                sampled = kernel.get(Counter::AllocSampled),
+                ring_full = kernel.get(Counter::AllocRingFull),
+                nested = kernel.get(Counter::AllocNested),
+                walks_from_hook = kernel.get(Counter::AllocWalkFromHook),
+                "allocation interval sampled"
+            );
+            intervals.push(interval);
+        }
+        intervals
+    }
 }
 
 /// Parses a ring record; a malformed one is counted (and the first logged).
@@ -463,14 +576,14 @@ impl FoundInDrain {
         &mut self,
         view: &SampleView<'_>,
         added: Added,
-        work: &SyncSender<Work>,
+        outbox: &Outbox,
         stats: &mut LoopStats,
     ) {
         if matches!(
             added,
             Added::NewProcess | Added::PastBound { new_process: true }
         ) {
-            send(work, Work::ProcessSeen(view.pid()), stats);
+            outbox.send(Work::ProcessSeen(view.pid()), stats);
             self.new_processes.push(view.pid());
         }
         // The Java frames of a new stack are read soon, in one batch per drain: the methods of
@@ -487,31 +600,23 @@ impl FoundInDrain {
                 self.java_pids.push(pid);
             }
             if self.java_frames.len() >= MAX_PREFETCH_FRAMES {
-                send(
-                    work,
-                    Work::PrefetchJava(std::mem::take(&mut self.java_frames)),
-                    stats,
-                );
+                let frames = std::mem::take(&mut self.java_frames);
+                outbox.send(Work::PrefetchJava(frames), stats);
             }
         }
     }
 
     /// Sends what is left; returns the processes with new Java stacks (sorted).
-    fn finish(
-        mut self,
-        work: &SyncSender<Work>,
-        unwind_tables: &SyncSender<Vec<u32>>,
-        stats: &mut LoopStats,
-    ) -> Vec<u32> {
+    fn finish(mut self, outbox: &Outbox, stats: &mut LoopStats) -> Vec<u32> {
         // A full queue means the loader is behind (building tables): these processes come again
         // at their first sample of the next interval.
         if !self.new_processes.is_empty() {
             self.new_processes.sort_unstable();
             self.new_processes.dedup();
-            let _ = unwind_tables.try_send(self.new_processes);
+            let _ = outbox.unwind_tables.try_send(self.new_processes);
         }
         if !self.java_frames.is_empty() {
-            send(work, Work::PrefetchJava(self.java_frames), stats);
+            outbox.send(Work::PrefetchJava(self.java_frames), stats);
         }
         self.java_pids.sort_unstable();
         self.java_pids.dedup();
@@ -519,122 +624,11 @@ impl FoundInDrain {
     }
 }
 
-fn end_interval(
-    (aggregator, alloc): (&mut Aggregator, Option<&mut Alloc>),
-    off_cpu: Option<&mut OffCpu>,
-    (work, pending): (&SyncSender<Work>, &std::sync::atomic::AtomicU64),
-    stats: &mut LoopStats,
-    kernel: &KernelCounters,
-    tracker: &TrackerThread,
-) {
-    let interval = aggregator.take_interval();
-    tracker.tell_sampled(interval.processes.keys().copied().collect());
-    let jvms = tracker.counts();
-    stats.count_bounds(&interval);
-    tracing::info!(
-        processes = interval.processes.len(),
-        samples = kernel.get(Counter::Samples),
-        sent = kernel.get(Counter::Sent),
-        idle = kernel.get(Counter::Idle),
-        filtered = kernel.get(Counter::Filtered),
-        ring_full = kernel.get(Counter::RingFull),
-        kernel_stack_failed = kernel.get(Counter::KernelStackFailed),
-        user_stack_truncated = kernel.get(Counter::UserStackTruncated),
-        malformed_records = stats.malformed,
-        dropped_work = stats.dropped_work,
-        unwind_ends = %format_unwind_ends(&stats.unwind_ends),
-        jvms_ready = jvms.jvms_ready,
-        jvms_pending = jvms.jvms_pending,
-        jvms_failed = jvms.jvms_failed,
-        jvms_over_bound = jvms.jvms_over_bound,
-        "interval sampled"
-    );
-    stats.unwind_ends = Default::default();
-    let mut intervals = vec![interval];
-    if let Some(off_cpu) = off_cpu {
-        let interval = off_cpu.aggregator.take_interval();
-        // Waits whose end was lost would stay open for good: forget those of exited processes
-        // (a check per process with open waits, once an interval).
-        off_cpu
-            .joiner
-            .forget_waits_of_exited(crate::process_key::ProcessKey::of_live);
-        stats.off_cpu = off_cpu.joiner.stats;
-        stats.off_cpu_open_waits = off_cpu.joiner.open_waits() as u64;
-        tracing::info!(
-            processes = interval.processes.len(),
-            switches = kernel.get(Counter::OffCpuSwitches),
-            sampled = kernel.get(Counter::OffCpuSampled),
-            ring_full = kernel.get(Counter::OffCpuRingFull),
-            no_storage = kernel.get(Counter::OffCpuNoStorage),
-            open_waits = stats.off_cpu_open_waits,
-            "off-CPU interval sampled"
-        );
-        stats.past_bound += interval.past_bound;
-        if off_cpu.write_profiles {
-            intervals.push(interval);
-        }
-        if let Some(lock) = &mut off_cpu.lock {
-            for aggregator in [&mut lock.mutex, &mut lock.block] {
-                let interval = aggregator.take_interval();
-                stats.count_bounds(&interval);
-                intervals.push(interval);
-            }
-        }
-    }
-    if let Some(alloc) = alloc {
-        let interval = alloc.aggregator.take_interval();
-        stats.count_bounds(&interval);
-        tracing::info!(
-            processes = interval.processes.len(),
-            events = kernel.get(Counter::AllocEvents),
-            sampled = kernel.get(Counter::AllocSampled),
-            ring_full = kernel.get(Counter::AllocRingFull),
-            nested = kernel.get(Counter::AllocNested),
-            walks_from_hook = kernel.get(Counter::AllocWalkFromHook),
-            "allocation interval sampled"
-        );
-        intervals.push(interval);
-    }
-    // Taken back by the worker once written.
-    pending.fetch_add(1, Ordering::Relaxed);
-    if !send(work, Work::Interval(intervals), stats) {
-        pending.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 impl LoopStats {
     /// What an interval's aggregator could not keep, or kept without frames.
-    fn count_bounds(&mut self, interval: &crate::aggregate::IntervalStacks) {
+    fn count_bounds(&mut self, interval: &IntervalStacks) {
         self.dropped_over_stack_bound += interval.dropped_over_bound;
         self.past_bound += interval.past_bound;
-    }
-}
-
-fn snapshot(
-    stats: &LoopStats,
-    kernel: KernelCounters,
-    intervals: u64,
-    (cpus, frequency_hz): (usize, u64),
-    alloc: bool,
-) -> Snapshot {
-    Snapshot {
-        kernel,
-        records: stats.records,
-        malformed_records: stats.malformed,
-        dropped_work: stats.dropped_work,
-        dropped_over_stack_bound: stats.dropped_over_stack_bound,
-        past_stack_bound: stats.past_bound,
-        intervals_deferred: stats.intervals_deferred,
-        ring_wakeups: stats.ring_wakeups,
-        unwind_ends: stats.unwind_ends_total,
-        intervals,
-        cpus,
-        frequency_hz,
-        off_cpu: stats.off_cpu_on.then_some(OffCpuSnapshot {
-            joined: stats.off_cpu,
-            open_waits: stats.off_cpu_open_waits,
-        }),
-        alloc,
     }
 }
 
@@ -646,23 +640,25 @@ fn format_unwind_ends(ends: &[u64; UnwindEnd::ALL.len()]) -> String {
         .join(",")
 }
 
-/// Queues `item` for the worker; false (and counted) when the queue is full or gone.
-fn send(work: &SyncSender<Work>, item: Work, stats: &mut LoopStats) -> bool {
-    match work.try_send(item) {
-        Ok(()) => return true,
-        Err(TrySendError::Full(_)) => {
-            stats.dropped_work += 1;
-            // Counted every time, logged at 1, 2, 4, 8... drops: never a log line per sample.
-            if stats.dropped_work.is_power_of_two() {
-                tracing::warn!(
-                    dropped = stats.dropped_work,
-                    "symbolizer queue full: work dropped"
-                );
+impl Outbox {
+    /// Queues `item` for the worker; false (and counted) when the queue is full or gone.
+    fn send(&self, item: Work, stats: &mut LoopStats) -> bool {
+        match self.work.try_send(item) {
+            Ok(()) => return true,
+            Err(TrySendError::Full(_)) => {
+                stats.dropped_work += 1;
+                // Counted every time, logged at 1, 2, 4, 8... drops: never a log line per sample.
+                if stats.dropped_work.is_power_of_two() {
+                    tracing::warn!(
+                        dropped = stats.dropped_work,
+                        "symbolizer queue full: work dropped"
+                    );
+                }
             }
+            Err(TrySendError::Disconnected(_)) => stats.dropped_work += 1,
         }
-        Err(TrySendError::Disconnected(_)) => stats.dropped_work += 1,
+        false
     }
-    false
 }
 
 #[cfg(test)]
