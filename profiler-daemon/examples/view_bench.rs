@@ -112,7 +112,7 @@ fn generate(dir: &Path, start: SystemTime) -> (usize, u64) {
             let duration = Duration::from_secs(INTERVAL_SECS);
             let mut profile = SymbolizedProfile::new(ProfileKind::Cpu, pid, time, duration);
             (profile.comm, profile.period) = ("java".into(), 1_000_000_000 / 19);
-            profile.frames = names.clone();
+            profile.frames = std::sync::Arc::new(names.clone());
             for _ in 0..SAMPLES_PER_FILE {
                 let stack = &stacks[random.hot(STACKS)];
                 let tid = pid + 1 + random.below(THREADS as usize) as u32;

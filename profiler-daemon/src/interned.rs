@@ -49,13 +49,17 @@ impl<K: Hash + Eq, V> Interned<K, V> {
 /// shows it without control characters. Raw strings that show the same share one entry.
 pub struct StringTable {
     strings: Interned<String, String>,
+    scratch: String,
 }
 
 impl Default for StringTable {
     fn default() -> Self {
         let mut strings = Interned::starting_with(Vec::new());
         strings.intern(String::new(), String::new);
-        Self { strings }
+        Self {
+            strings,
+            scratch: String::new(),
+        }
     }
 }
 
@@ -74,11 +78,23 @@ impl StringTable {
         self.strings.intern(shown.clone(), || shown)
     }
 
-    /// The indices of the name, system name and file of `line`'s function shown as `shown`
-    /// (its name, with a suffix where the output wants one); its system name is `shown` when
-    /// the source gave none.
-    pub fn function(&mut self, shown: &str, line: &SourceLine) -> [usize; 3] {
-        let name = self.index(shown);
+    /// The indices of the name, system name and file of `line`'s function, its name shown with
+    /// `suffix` (empty where the output wants none); its system name is the name shown when the
+    /// source gave none.
+    pub fn function(&mut self, line: &SourceLine, suffix: &str) -> [usize; 3] {
+        let name = if suffix.is_empty() {
+            self.index(&line.function)
+        } else {
+            // Names repeat across a profile's frames: the suffixed name is built in a buffer
+            // kept for it, not allocated per line.
+            let mut shown = std::mem::take(&mut self.scratch);
+            shown.clear();
+            shown.push_str(&line.function);
+            shown.push_str(suffix);
+            let index = self.index(&shown);
+            self.scratch = shown;
+            index
+        };
         let system_name = match &line.system_name {
             Some(system_name) => self.index(system_name),
             None => name,

@@ -218,7 +218,9 @@ pub struct SymbolizedProfile {
     /// between CPU samples, bytes between allocation samples, 1 lock event; 0 for off-CPU
     /// profiles (waits are measured, not sampled at a rate).
     pub period: i64,
-    pub frames: Vec<Frame>,
+    /// Shared with its variants: the remote one adds frames only when it roots stacks at
+    /// their threads.
+    pub frames: Arc<Vec<Frame>>,
     pub samples: Vec<Sample>,
     pub threads: Vec<SampleThread>,
 }
@@ -233,16 +235,18 @@ impl SymbolizedProfile {
             start,
             duration,
             period: 0,
-            frames: Vec::new(),
+            frames: Arc::default(),
             samples: Vec::new(),
             threads: Vec::new(),
         }
     }
 
-    /// Adds a frame (the caller makes each distinct frame once).
+    /// Adds a frame (the caller makes each distinct frame once); copies the frames first if a
+    /// variant shares them.
     pub fn add_frame(&mut self, frame: Frame) -> FrameId {
-        self.frames.push(frame);
-        FrameId::try_from(self.frames.len() - 1).unwrap_or(FrameId::MAX)
+        let frames = Arc::make_mut(&mut self.frames);
+        frames.push(frame);
+        FrameId::try_from(frames.len() - 1).unwrap_or(FrameId::MAX)
     }
 
     pub fn add_thread(&mut self, thread: SampleThread) -> u32 {
@@ -277,7 +281,8 @@ impl SymbolizedProfile {
         frames + samples
     }
 
-    /// The profile with its frames but no sample or thread: what a variant starts from.
+    /// The profile with its frames (shared) but no sample or thread: what a variant starts
+    /// from.
     pub fn frames_only(&self) -> Self {
         Self {
             kind: self.kind,

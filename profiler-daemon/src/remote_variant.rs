@@ -92,7 +92,10 @@ mod tests {
         // The merged stack is the local one, no frame added; both values summed.
         assert_eq!(variant.samples[0].frames, profile.samples[0].frames);
         assert_eq!(variant.samples[0].values[..2], [7, 7 * variant.period]);
-        assert_eq!(variant.frames, profile.frames);
+        assert!(
+            std::sync::Arc::ptr_eq(&variant.frames, &profile.frames),
+            "merged, the variant shares the profile's frames"
+        );
         assert!(variant.threads.is_empty());
         assert!(variant.samples.iter().all(|s| s.thread.is_none()));
     }

@@ -23,13 +23,18 @@ pub fn encode(profile: &SymbolizedProfile, annotate: bool) -> proto::Profile {
         .collect();
     let period_type = types.period_type.map(|value| tables.value_type(&value));
     let location = (1..)
-        .zip(&profile.frames)
+        .zip(profile.frames.iter())
         .map(|(id, frame)| tables.location(id, frame))
         .collect();
+    let pid = profile.pid.to_string();
+    let process_labels = [
+        tables.text_label("pid", &pid),
+        tables.text_label("comm", &profile.comm),
+    ];
     let sample = profile
         .samples
         .iter()
-        .map(|sample| tables.sample(profile, sample, sample_type.len()))
+        .map(|sample| tables.sample(profile, sample, sample_type.len(), &process_labels))
         .collect();
     let default_sample_type = sample_type.get(types.default).map_or(0, |t| t.r#type);
     proto::Profile {
@@ -91,10 +96,9 @@ impl Tables {
     /// The id of the function of one line of a frame, shown as `kind`.
     fn function(&mut self, kind: FrameKind, line: &crate::profile_model::SourceLine) -> u64 {
         let suffix = if self.annotate { kind.suffix() } else { "" };
-        let shown = format!("{}{suffix}", line.function);
         let key = self
             .strings
-            .function(&shown, line)
+            .function(line, suffix)
             .map(|index| i64::try_from(index).unwrap_or(0));
         let next_id = self.functions.len() as u64 + 1;
         let [name, system_name, filename] = key;
@@ -149,28 +153,35 @@ impl Tables {
         }
     }
 
+    /// One sample: `values` values, and `process_labels` (`pid`, `comm`) with its thread's if
+    /// it has a thread.
     fn sample(
         &mut self,
         profile: &SymbolizedProfile,
         sample: &Sample,
         values: usize,
+        process_labels: &[proto::Label; 2],
     ) -> proto::Sample {
         proto::Sample {
             location_id: sample.frames.iter().map(|&id| u64::from(id) + 1).collect(),
             value: sample.values[..values].to_vec(),
-            label: self.labels(profile, sample),
+            label: self.labels(profile, sample, process_labels),
         }
     }
 
     /// The local files' labels of a sample that has a thread (see the module header).
-    fn labels(&mut self, profile: &SymbolizedProfile, sample: &Sample) -> Vec<proto::Label> {
+    fn labels(
+        &mut self,
+        profile: &SymbolizedProfile,
+        sample: &Sample,
+        process_labels: &[proto::Label; 2],
+    ) -> Vec<proto::Label> {
         let Some(thread) = profile.thread(sample) else {
             return Vec::new();
         };
-        let pid = profile.pid.to_string();
-        let mut labels = vec![
-            self.text_label("pid", &pid),
-            self.text_label("comm", &profile.comm),
+        let mut labels = Vec::with_capacity(7);
+        labels.extend_from_slice(process_labels);
+        labels.extend([
             self.text_label("thread_name", &thread.name),
             self.text_label("thread_name_source", thread.source.as_str()),
             proto::Label {
@@ -178,7 +189,7 @@ impl Tables {
                 num: i64::from(thread.tid),
                 ..Default::default()
             },
-        ];
+        ]);
         if let Some(wait) = sample.wait {
             labels.push(self.text_label("state", wait.task_state));
             if let Some(java_state) = wait.java_state {

@@ -121,7 +121,7 @@ impl Dictionary {
     }
 
     fn function(&mut self, line: &SourceLine) -> i32 {
-        let key = self.strings.function(&line.function, line).map(index);
+        let key = self.strings.function(line, "").map(index);
         let [name_strindex, system_name_strindex, filename_strindex] = key;
         index(self.functions.intern(key, || otlp::Function {
             name_strindex,
