@@ -26,6 +26,16 @@ impl<K: Hash + Eq, V> Interned<K, V> {
         }
     }
 
+    /// A table that goes on from `entries`, each known by the key `key_of` gives it.
+    pub fn resumed(entries: Vec<V>, key_of: impl Fn(&V) -> K) -> Self {
+        let index = entries
+            .iter()
+            .enumerate()
+            .map(|(position, entry)| (key_of(entry), position))
+            .collect();
+        Self { entries, index }
+    }
+
     /// The position of `key`'s entry, made by `make` the first time.
     pub fn intern(&mut self, key: K, make: impl FnOnce() -> V) -> usize {
         let entries = &mut self.entries;
@@ -64,6 +74,14 @@ impl Default for StringTable {
 }
 
 impl StringTable {
+    /// A table that goes on from `strings` (a table this type made: "" first, printable).
+    pub fn resumed(strings: Vec<String>) -> Self {
+        Self {
+            strings: Interned::resumed(strings, String::clone),
+            scratch: String::new(),
+        }
+    }
+
     pub fn index(&mut self, value: &str) -> usize {
         if let Some(&index) = self.strings.index.get(value) {
             return index;
@@ -127,6 +145,16 @@ mod tests {
         assert_eq!(table.intern(7, || panic!("made twice")), 1);
         assert_eq!(table.intern(8, || "eight"), 2);
         assert_eq!(table.into_entries(), ["zero", "seven", "eight"]);
+    }
+
+    #[test]
+    fn a_resumed_table_knows_its_entries() {
+        let mut strings = StringTable::default();
+        let a = strings.index("a");
+        let mut resumed = StringTable::resumed(strings.into_strings());
+        assert_eq!(resumed.index("a"), a);
+        assert_eq!(resumed.index("b"), 2);
+        assert_eq!(resumed.into_strings(), ["", "a", "b"]);
     }
 
     #[test]

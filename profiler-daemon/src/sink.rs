@@ -92,6 +92,14 @@ impl<'a> SinkProfile<'a> {
             .remote
             .get_or_init(|| Arc::new(remote_variant(self.profile, self.presentation.threads)))
     }
+
+    /// [`Self::remote_variant`] as pprof, from the local pprof's tables (the names are the
+    /// same: none is interned twice).
+    pub fn remote_pprof(&self) -> Result<proto::Profile, &std::io::Error> {
+        let local = self.local_pprof()?;
+        let annotate = self.presentation.annotate_frames;
+        Ok(pprof::encode_variant(self.remote_variant(), &local.profile, annotate))
+    }
 }
 
 /// An output of symbolized profiles.

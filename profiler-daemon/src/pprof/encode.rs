@@ -26,15 +26,24 @@ pub fn encode(profile: &SymbolizedProfile, annotate: bool) -> proto::Profile {
         .zip(profile.frames.iter())
         .map(|(id, frame)| tables.location(id, frame))
         .collect();
+    // Made only for a profile whose samples name their thread (not the remote variant's).
+    let has_threads = !profile.threads.is_empty();
     let pid = profile.pid.to_string();
-    let process_labels = [
-        tables.text_label("pid", &pid),
-        tables.text_label("comm", &profile.comm),
-    ];
+    let process_labels = has_threads.then(|| {
+        [
+            tables.text_label("pid", &pid),
+            tables.text_label("comm", &profile.comm),
+        ]
+    });
     let sample = profile
         .samples
         .iter()
-        .map(|sample| tables.sample(profile, sample, sample_type.len(), &process_labels))
+        .map(|sample| match &process_labels {
+            Some(process_labels) => {
+                tables.sample(profile, sample, sample_type.len(), process_labels)
+            }
+            None => unlabelled(sample, sample_type.len()),
+        })
         .collect();
     let default_sample_type = sample_type.get(types.default).map_or(0, |t| t.r#type);
     proto::Profile {
@@ -52,6 +61,83 @@ pub fn encode(profile: &SymbolizedProfile, annotate: bool) -> proto::Profile {
         period: profile.period,
         comment: Vec::new(),
         default_sample_type,
+    }
+}
+
+/// `variant` as pprof, made from `base`: the pprof [`encode`] made, with the same `annotate`, of
+/// the profile `variant` derives from (`crate::remote_variant`). The variant's frames begin
+/// with that profile's, so `base`'s strings, functions, mappings and locations serve as they
+/// are, and only the frames past them (thread roots) are added: no name is interned twice.
+pub fn encode_variant(
+    variant: &SymbolizedProfile,
+    base: &proto::Profile,
+    annotate: bool,
+) -> proto::Profile {
+    let mut encoded = without_samples(base);
+    let known = encoded.location.len();
+    let Some(added) = variant.frames.get(known..) else {
+        // Not a variant of `base`'s profile after all.
+        return encode(variant, annotate);
+    };
+    if !added.is_empty() {
+        let mut tables = Tables::resume(&mut encoded, annotate);
+        for (id, frame) in (known as u64 + 1..).zip(added) {
+            encoded.location.push(tables.location(id, frame));
+        }
+        tables.put_back(&mut encoded);
+    }
+    let values = encoded.sample_type.len();
+    encoded.sample = variant
+        .samples
+        .iter()
+        .map(|sample| unlabelled(sample, values))
+        .collect();
+    encoded
+}
+
+/// `profile` without its samples, every other field cloned. Written out field by field (no
+/// `..`), so that a field added to the message fails to compile here rather than go missing.
+fn without_samples(profile: &proto::Profile) -> proto::Profile {
+    let proto::Profile {
+        sample_type,
+        sample: _,
+        mapping,
+        location,
+        function,
+        string_table,
+        drop_frames,
+        keep_frames,
+        time_nanos,
+        duration_nanos,
+        period_type,
+        period,
+        comment,
+        default_sample_type,
+    } = profile;
+    proto::Profile {
+        sample_type: sample_type.clone(),
+        sample: Vec::new(),
+        mapping: mapping.clone(),
+        location: location.clone(),
+        function: function.clone(),
+        string_table: string_table.clone(),
+        drop_frames: *drop_frames,
+        keep_frames: *keep_frames,
+        time_nanos: *time_nanos,
+        duration_nanos: *duration_nanos,
+        period_type: *period_type,
+        period: *period,
+        comment: comment.clone(),
+        default_sample_type: *default_sample_type,
+    }
+}
+
+/// A sample's frames and its `values` values, no label.
+fn unlabelled(sample: &Sample, values: usize) -> proto::Sample {
+    proto::Sample {
+        location_id: sample.frames.iter().map(|&id| u64::from(id) + 1).collect(),
+        value: sample.values[..values].to_vec(),
+        label: Vec::new(),
     }
 }
 
@@ -80,6 +166,25 @@ impl Tables {
             functions: Interned::starting_with(Vec::new()),
             mappings: Interned::starting_with(Vec::new()),
         }
+    }
+
+    /// The tables of `profile` (one [`encode`] made), taken out of it to go on with.
+    fn resume(profile: &mut proto::Profile, annotate: bool) -> Self {
+        let functions = std::mem::take(&mut profile.function);
+        let mappings = std::mem::take(&mut profile.mapping);
+        Self {
+            annotate,
+            strings: StringTable::resumed(std::mem::take(&mut profile.string_table)),
+            functions: Interned::resumed(functions, |f| [f.name, f.system_name, f.filename]),
+            mappings: Interned::resumed(mappings, |m| (m.filename, m.build_id)),
+        }
+    }
+
+    /// Puts the tables back into `profile`.
+    fn put_back(self, profile: &mut proto::Profile) {
+        profile.string_table = self.strings.into_strings();
+        profile.function = self.functions.into_entries();
+        profile.mapping = self.mappings.into_entries();
     }
 
     fn string(&mut self, value: &str) -> i64 {
@@ -163,9 +268,8 @@ impl Tables {
         process_labels: &[proto::Label; 2],
     ) -> proto::Sample {
         proto::Sample {
-            location_id: sample.frames.iter().map(|&id| u64::from(id) + 1).collect(),
-            value: sample.values[..values].to_vec(),
             label: self.labels(profile, sample, process_labels),
+            ..unlabelled(sample, values)
         }
     }
 
@@ -298,6 +402,57 @@ mod tests {
         let text = |index: i64| encoded.string_table[index as usize].as_str();
         assert_eq!(text(encoded.mapping[0].filename), "/usr/lib/libc.so.6");
         assert_eq!(text(encoded.mapping[0].build_id), "0123456789abcdef0123");
+    }
+
+    /// Each sample as names: its frames' functions (innermost first) and its values.
+    fn shown_samples(profile: &proto::Profile) -> Vec<(Vec<&str>, Vec<i64>)> {
+        let text = |index: i64| profile.string_table[index as usize].as_str();
+        let function = |id: u64| text(profile.function[id as usize - 1].name);
+        profile
+            .sample
+            .iter()
+            .map(|sample| {
+                let names = sample
+                    .location_id
+                    .iter()
+                    .flat_map(|&id| &profile.location[id as usize - 1].line)
+                    .map(|line| function(line.function_id))
+                    .collect();
+                (names, sample.value.clone())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_variant_is_encoded_from_its_profile_s_tables_as_it_would_be_alone() {
+        use crate::remote_variant::remote_variant;
+        use crate::thread_roots::ThreadRoots;
+
+        let mut profile = java_profile();
+        let thread = profile.add_thread(crate::profile_model::SampleThread {
+            tid: 43,
+            name: "worker-2".into(),
+            source: crate::profile_model::NameSource::Comm,
+        });
+        let mut on_43 = profile.samples[0].clone();
+        on_43.thread = Some(thread);
+        profile.samples.push(on_43);
+        let base = encode(&profile, true);
+        for roots in [ThreadRoots::Merged, ThreadRoots::Pool, ThreadRoots::Thread] {
+            let variant = remote_variant(&profile, roots);
+            let from_base = encode_variant(&variant, &base, true);
+            let alone = encode(&variant, true);
+            assert_eq!(
+                shown_samples(&from_base),
+                shown_samples(&alone),
+                "{roots:?}"
+            );
+            assert!(from_base
+                .sample
+                .iter()
+                .all(|sample| sample.label.is_empty()));
+            assert_eq!(from_base.location.len(), alone.location.len(), "{roots:?}");
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 mod encode;
 
-pub use encode::encode;
+pub use encode::{encode, encode_variant};
 
 /// The protobuf types, generated at build time from `proto/pprof/profile.proto`.
 pub mod proto {

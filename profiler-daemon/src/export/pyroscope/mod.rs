@@ -16,7 +16,7 @@ use super::proto::push::v1::{
 use super::queue::QueuedBatch;
 use super::remote_config::{RemoteConfig, PYROSCOPE};
 use super::{label_pairs, ExportedProfile};
-use crate::pprof::{encode, encode_gzipped};
+use crate::pprof::encode_gzipped;
 use crate::sink::{Sink, SinkProfile, SinkTasks};
 
 /// The sink's name in metrics and logs, as its config section's.
@@ -90,8 +90,8 @@ impl PyroscopeSink {
 
 impl Sink for PyroscopeSink {
     fn accept(&mut self, profile: &SinkProfile<'_>) {
-        let annotate = profile.presentation.annotate_frames;
-        match encode_gzipped(&encode(profile.remote_variant(), annotate)) {
+        let encoded = profile.remote_pprof().map_err(|err| err.to_string());
+        match encoded.and_then(|pprof| encode_gzipped(&pprof).map_err(|err| err.to_string())) {
             Ok(bytes) => {
                 let exported = ExportedProfile::new(profile, Arc::from(bytes));
                 self.interval.push(Arc::new(exported));
