@@ -428,7 +428,10 @@ impl Bench {
         let extra = ["--config".to_owned(), config.display().to_string()];
         let daemons = [baseline, self.daemon_binary()];
         let mut windows: [Vec<BothSinksWindow>; 2] = [Vec::new(), Vec::new()];
-        for round in 0..self.plan.bpf_rounds {
+        // Twice section 2's rounds: a daemon's CPU varies more from window to window than the
+        // BPF program's run time.
+        let rounds = 2 * self.plan.bpf_rounds;
+        for round in 0..rounds {
             for k in 0..2 {
                 let side = (k + round) % 2;
                 let ready = Ready::Profiling { jvms: pids.len() };
@@ -452,7 +455,7 @@ impl Bench {
                     "6. both sinks, round {}/{}, {}: {:.2}% of a core, {:.1} profiles/s, RSS \
                      {:.0} MB",
                     round + 1,
-                    self.plan.bpf_rounds,
+                    rounds,
                     super::results::SIDES[side],
                     measured.cpu_cores * 100.0,
                     measured.built_per_second,
