@@ -98,7 +98,11 @@ impl<'a> SinkProfile<'a> {
     pub fn remote_pprof(&self) -> Result<proto::Profile, &std::io::Error> {
         let local = self.local_pprof()?;
         let annotate = self.presentation.annotate_frames;
-        Ok(pprof::encode_variant(self.remote_variant(), &local.profile, annotate))
+        Ok(pprof::encode_variant(
+            self.remote_variant(),
+            &local.profile,
+            annotate,
+        ))
     }
 }
 
