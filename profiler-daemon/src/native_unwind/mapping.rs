@@ -54,12 +54,29 @@ pub fn load_bias<'data, R: ReadRef<'data>>(
 
 /// [`load_bias`] from the file's segments.
 pub fn load_bias_in(segments: &[LoadSegment], mapping: CodeMapping) -> Option<u64> {
-    // The segment mapped at `start` is the one containing its file offset: its byte p_offset
-    // lies at p_vaddr + bias, so the byte at `file_offset` lies at
-    // file_offset - p_offset + p_vaddr + bias = start.
-    let address = address_of_offset(segments, mapping.file_offset)?;
+    // The loader maps a segment from the page its p_offset is in, so a mapping of a segment
+    // starts at that page: its first bytes may be the end of the segment before (lld puts
+    // code at 0x11a0c00 of a file whose read-only segment ends at 0x11a0bc4, in the same
+    // page). The segment whose first page starts the mapping is the one mapped (the last, for
+    // segments sharing a page: code follows headers); else, for a mapping split later
+    // (mprotect), the segment holding its offset. Its byte p_offset lies at p_vaddr + bias, so
+    // the byte at `file_offset` lies at file_offset - p_offset + p_vaddr + bias = start.
+    let offset = mapping.file_offset;
+    let starts_here = |segment: &&LoadSegment| segment.file_offset & !(PAGE - 1) == offset;
+    let segment = segments.iter().rev().find(starts_here).or_else(|| {
+        segments.iter().find(|segment| {
+            let end = segment.file_offset.saturating_add(segment.file_size.max(1));
+            segment.file_offset <= offset && offset < end
+        })
+    })?;
+    let address = offset
+        .wrapping_sub(segment.file_offset)
+        .wrapping_add(segment.address);
     Some(mapping.start.wrapping_sub(address))
 }
+
+/// The page size mappings are aligned to on x86_64.
+const PAGE: u64 = 4096;
 
 /// The ELF virtual address of the byte at `offset` in a file with `segments`.
 pub fn address_of_offset(segments: &[LoadSegment], offset: u64) -> Option<u64> {
@@ -108,6 +125,52 @@ impl TableKeys {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// librustc_driver's layout (lld): its code starts mid-page, in the page where the
+    /// read-only segment before it ends, and a second code segment is 2 MiB aligned.
+    #[test]
+    fn a_code_mapping_starting_in_the_page_of_the_segment_before_gets_its_own_bias() {
+        let segments = [
+            LoadSegment {
+                file_offset: 0,
+                file_size: 0x11a_0bc4,
+                address: 0,
+            },
+            LoadSegment {
+                file_offset: 0x11a_0c00,
+                file_size: 0x3b1_c9c0,
+                address: 0x11a_1c00,
+            },
+            LoadSegment {
+                file_offset: 0x500_0000,
+                file_size: 0x2be_2b8c,
+                address: 0x500_0000,
+            },
+        ];
+        let first = CodeMapping {
+            start: 0x7f6b_557a_1000,
+            end: 0x7f6b_592b_f000,
+            file_offset: 0x11a_0000,
+        };
+        let bias = load_bias_in(&segments, first).expect("a bias");
+        // The first byte of code (file offset 0x11a0c00) is at vaddr 0x11a1c00.
+        assert_eq!(first.start + 0xc00 - bias, 0x11a_1c00);
+        let second = CodeMapping {
+            start: 0x7f6b_5960_0000,
+            end: 0x7f6b_5c1e_3000,
+            file_offset: 0x500_0000,
+        };
+        let bias = load_bias_in(&segments, second).expect("a bias");
+        assert_eq!(second.start + 0x129_5400 - bias, 0x629_5400);
+        // A mapping split by mprotect starts inside its segment.
+        let split = CodeMapping {
+            start: first.start + 0x10_0000,
+            end: first.end,
+            file_offset: 0x12a_0000,
+        };
+        let bias = load_bias_in(&segments, split).expect("a bias");
+        assert_eq!(split.start - bias, 0x12a_1000);
+    }
 
     /// This process's executable mappings of `path`.
     fn own_code_mappings(path: &str) -> Vec<CodeMapping> {
