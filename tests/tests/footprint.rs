@@ -17,9 +17,12 @@ use profiler_tests::*;
 /// debug build, whose own part is about 60-80 MB.
 const CGROUP_LIMIT_MIB: u64 = 192;
 
-/// A unit test of the daemon's library that spins in its own (debug, ~300 MB) binary for a
-/// second or two: proptest over arbitrary remote memory.
+/// A unit test of the daemon's library that spins in its own (debug, ~300 MB) binary: proptest
+/// over arbitrary remote memory, [`SPINNING_CASES`] cases (about a second: the daemon's code is
+/// built at opt-level 1, where proptest's default 256 cases take 10 ms and the process is gone
+/// before the daemon reads its mappings).
 const SPINNING_TEST: &str = "hotspot::vmstructs::tests::arbitrary_memory_never_panics";
+const SPINNING_CASES: &str = "20000";
 
 /// The daemon library's unit-test binary, beside this test's own (`cargo xtask test` builds
 /// both): a large binary full of DWARF.
@@ -89,6 +92,7 @@ fn a_tight_cache_budget_bounds_memory_on_a_whole_host_run() {
     while started.elapsed() < Duration::from_secs(8) {
         let child = Command::new(&binary)
             .args(["--exact", SPINNING_TEST])
+            .env("PROPTEST_CASES", SPINNING_CASES)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
