@@ -251,7 +251,7 @@ fn missing(
         .iter()
         .any(|base| base.join(first).exists() && !NOT_IN_THE_REPOSITORY.contains(&first));
     let last = path.rsplit('/').next().unwrap_or_default();
-    if !anchored_outside_src && !(path.ends_with('/') || has_source_extension(last)) {
+    if !(anchored_outside_src || path.ends_with('/') || has_source_extension(last)) {
         return None;
     }
     if bases.iter().any(|base| base.join(path).exists()) {
