@@ -36,11 +36,11 @@ impl<K: Hash + Eq, V> Interned<K, V> {
         Self { entries, index }
     }
 
-    /// The position of `key`'s entry, made by `make` the first time.
-    pub fn intern(&mut self, key: K, make: impl FnOnce() -> V) -> usize {
+    /// The position of `key`'s entry, made from the key by `make` the first time only.
+    pub fn intern(&mut self, key: K, make: impl FnOnce(&K) -> V) -> usize {
         let entries = &mut self.entries;
-        *self.index.entry(key).or_insert_with(|| {
-            entries.push(make());
+        *self.index.entry(key).or_insert_with_key(|key| {
+            entries.push(make(key));
             entries.len() - 1
         })
     }
@@ -65,7 +65,7 @@ pub struct StringTable {
 impl Default for StringTable {
     fn default() -> Self {
         let mut strings = Interned::starting_with(Vec::new());
-        strings.intern(String::new(), String::new);
+        strings.intern(String::new(), String::clone);
         Self {
             strings,
             scratch: String::new(),
@@ -93,7 +93,7 @@ impl StringTable {
             }
         }
         let shown = shown.into_owned();
-        self.strings.intern(shown.clone(), || shown)
+        self.strings.intern(shown, String::clone)
     }
 
     /// The indices of the name, system name and file of `line`'s function, its name shown with
@@ -141,9 +141,9 @@ mod tests {
     #[test]
     fn entries_are_made_once_per_key_after_the_starting_ones() {
         let mut table = Interned::starting_with(vec!["zero"]);
-        assert_eq!(table.intern(7, || "seven"), 1);
-        assert_eq!(table.intern(7, || panic!("made twice")), 1);
-        assert_eq!(table.intern(8, || "eight"), 2);
+        assert_eq!(table.intern(7, |_| "seven"), 1);
+        assert_eq!(table.intern(7, |_| panic!("made twice")), 1);
+        assert_eq!(table.intern(8, |_| "eight"), 2);
         assert_eq!(table.into_entries(), ["zero", "seven", "eight"]);
     }
 

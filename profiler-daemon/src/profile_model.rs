@@ -254,6 +254,19 @@ impl SymbolizedProfile {
         u32::try_from(self.threads.len() - 1).unwrap_or(u32::MAX)
     }
 
+    /// When the interval started, in nanoseconds since the Unix epoch (0 before it), and how
+    /// long it lasted: what both encoders' messages carry.
+    pub fn start_and_duration_nanos(&self) -> (u64, u64) {
+        let start = self
+            .start
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |since| {
+                u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
+            });
+        let duration = u64::try_from(self.duration.as_nanos()).unwrap_or(u64::MAX);
+        (start, duration)
+    }
+
     pub fn frame(&self, id: FrameId) -> Option<&Frame> {
         self.frames.get(id as usize)
     }

@@ -191,10 +191,13 @@ fn values(
             events,
         ],
         // In the TLAB or outside-TLAB columns, as the record says.
-        ProfileKind::Alloc => match SampleKind::from_u8(view.header.kind) {
-            Some(SampleKind::AllocOutsideTlab) => [0, 0, events, totals.alloc_bytes_i64()],
-            _ => [events, totals.alloc_bytes_i64(), 0, 0],
-        },
+        ProfileKind::Alloc => {
+            let bytes = saturating_i64(totals.alloc_bytes);
+            match SampleKind::from_u8(view.header.kind) {
+                Some(SampleKind::AllocOutsideTlab) => [0, 0, events, bytes],
+                _ => [events, bytes, 0, 0],
+            }
+        }
         ProfileKind::Mutex | ProfileKind::Block => [
             events,
             saturating_i64(totals.blocked_ns.saturating_add(totals.runqueue_ns)),
@@ -224,12 +227,6 @@ fn wait_state(view: &SampleView<'_>) -> WaitState {
 
 fn saturating_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
-}
-
-impl StackTotals {
-    fn alloc_bytes_i64(&self) -> i64 {
-        saturating_i64(self.alloc_bytes)
-    }
 }
 
 /// Which stack ends deserve a visible marker at the root. A frame-pointer walk that runs into

@@ -6,8 +6,6 @@
 //! stream's subscribers get one process's profiles, not series, so these labels cost nothing
 //! there; the remote variant's samples have no thread and so no label.
 
-use std::time::SystemTime;
-
 use super::proto;
 use crate::interned::{Interned, StringTable};
 use crate::profile_model::{Frame, FrameKind, Sample, SymbolizedProfile, ValueType};
@@ -46,6 +44,7 @@ pub fn encode(profile: &SymbolizedProfile, annotate: bool) -> proto::Profile {
         })
         .collect();
     let default_sample_type = sample_type.get(types.default).map_or(0, |t| t.r#type);
+    let (start_nanos, duration_nanos) = profile.start_and_duration_nanos();
     proto::Profile {
         sample_type,
         sample,
@@ -55,8 +54,8 @@ pub fn encode(profile: &SymbolizedProfile, annotate: bool) -> proto::Profile {
         string_table: tables.strings.into_strings(),
         drop_frames: 0,
         keep_frames: 0,
-        time_nanos: nanos_since_epoch(profile.start),
-        duration_nanos: i64::try_from(profile.duration.as_nanos()).unwrap_or(i64::MAX),
+        time_nanos: i64::try_from(start_nanos).unwrap_or(i64::MAX),
+        duration_nanos: i64::try_from(duration_nanos).unwrap_or(i64::MAX),
         period_type,
         period: profile.period,
         comment: Vec::new(),
@@ -141,13 +140,6 @@ fn unlabelled(sample: &Sample, values: usize) -> proto::Sample {
     }
 }
 
-fn nanos_since_epoch(time: SystemTime) -> i64 {
-    time.duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |since| {
-            i64::try_from(since.as_nanos()).unwrap_or(i64::MAX)
-        })
-}
-
 /// The profile's tables as its frames and samples fill them.
 struct Tables {
     annotate: bool,
@@ -207,7 +199,7 @@ impl Tables {
             .map(|index| i64::try_from(index).unwrap_or(0));
         let next_id = self.functions.len() as u64 + 1;
         let [name, system_name, filename] = key;
-        let position = self.functions.intern(key, || proto::Function {
+        let position = self.functions.intern(key, |_| proto::Function {
             id: next_id,
             name,
             system_name,
@@ -223,7 +215,7 @@ impl Tables {
     fn mapping(&mut self, module: &str, build_id: Option<&str>) -> u64 {
         let key = (self.string(module), self.string(build_id.unwrap_or("")));
         let next_id = self.mappings.len() as u64 + 1;
-        let position = self.mappings.intern(key, || proto::Mapping {
+        let position = self.mappings.intern(key, |_| proto::Mapping {
             id: next_id,
             filename: key.0,
             build_id: key.1,

@@ -95,7 +95,7 @@ impl Dictionary {
         let key_strindex = self.string(key);
         index(
             self.attributes
-                .intern((key, value.to_owned()), || otlp::KeyValueAndUnit {
+                .intern((key, value.to_owned()), |_| otlp::KeyValueAndUnit {
                     key_strindex,
                     value: Some(AnyValue {
                         value: Some(any_value::Value::StringValue(value.to_owned())),
@@ -113,7 +113,7 @@ impl Dictionary {
             "" => Vec::new(),
             build_id => vec![self.attribute(BUILD_ID, build_id)],
         };
-        index(self.mappings.intern(key, || otlp::Mapping {
+        index(self.mappings.intern(key, |_| otlp::Mapping {
             filename_strindex: key.0,
             attribute_indices,
             ..Default::default()
@@ -123,7 +123,7 @@ impl Dictionary {
     fn function(&mut self, line: &SourceLine) -> i32 {
         let key = self.strings.function(line, "").map(index);
         let [name_strindex, system_name_strindex, filename_strindex] = key;
-        index(self.functions.intern(key, || otlp::Function {
+        index(self.functions.intern(key, |_| otlp::Function {
             name_strindex,
             system_name_strindex,
             filename_strindex,
@@ -148,21 +148,22 @@ impl Dictionary {
             frame_type: frame_type(frame.kind),
         };
         let attribute_indices = vec![self.attribute(FRAME_TYPE, key.frame_type)];
-        let location = otlp::Location {
-            mapping_index: key.mapping_index,
-            address: key.address,
-            lines: key
-                .lines
-                .iter()
-                .map(|&(function_index, line)| otlp::Line {
-                    function_index,
-                    line,
-                    column: 0,
-                })
-                .collect(),
-            attribute_indices,
-        };
-        index(self.locations.intern(key, || location))
+        index(self.locations.intern(key, |key| {
+            otlp::Location {
+                mapping_index: key.mapping_index,
+                address: key.address,
+                lines: key
+                    .lines
+                    .iter()
+                    .map(|&(function_index, line)| otlp::Line {
+                        function_index,
+                        line,
+                        column: 0,
+                    })
+                    .collect(),
+                attribute_indices,
+            }
+        }))
     }
 
     fn value_type(&mut self, value: &ValueType) -> otlp::ValueType {
@@ -178,17 +179,14 @@ impl Dictionary {
         let locations: Vec<i32> = profile.frames.iter().map(|f| self.location(f)).collect();
         let types = profile.kind.sample_types();
         let period_type = types.period_type.map(|value| self.value_type(&value));
-        let start = profile
-            .start
-            .duration_since(std::time::SystemTime::UNIX_EPOCH);
-        let time_unix_nano = start.map_or(0, |since| since.as_nanos() as u64);
+        let (time_unix_nano, duration_nano) = profile.start_and_duration_nanos();
         let mut converted: Vec<otlp::Profile> = types
             .values
             .iter()
             .map(|value| otlp::Profile {
                 sample_type: Some(self.value_type(value)),
                 time_unix_nano,
-                duration_nano: profile.duration.as_nanos() as u64,
+                duration_nano,
                 period_type,
                 period: profile.period,
                 ..Default::default()
@@ -200,8 +198,8 @@ impl Dictionary {
                 .iter()
                 .filter_map(|&id| locations.get(id as usize).copied())
                 .collect();
-            let stack_index = index(self.stacks.intern(stack.clone(), || otlp::Stack {
-                location_indices: stack,
+            let stack_index = index(self.stacks.intern(stack, |stack| otlp::Stack {
+                location_indices: stack.clone(),
             }));
             for (target, &value) in converted.iter_mut().zip(&sample.values) {
                 if value != 0 {
