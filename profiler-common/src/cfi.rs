@@ -4,7 +4,12 @@
 //!
 //! A row holds from its `pc` to the next row's. On x86_64 the return address is always the word
 //! below the CFA (the caller's sp after the return), so a row says only how to find the CFA and
-//! where the caller's rbp was saved.
+//! where the caller's rbp was saved: its rule.
+//!
+//! The maps hold rows compactly ([`CfiBlock`]): real code repeats a few hundred rules, so a block
+//! keeps each distinct rule once and a row is 4 bytes, its pc as an offset from the block's
+//! first pc and its rule as an index into the block's rules. The walker decodes the row it finds
+//! back into a [`CfiRow`].
 
 crate::labelled_enum! {
     /// How a row finds the CFA (the caller's sp once this frame returns), or why it cannot.
@@ -66,6 +71,36 @@ impl CfiRow {
         self.kind == other.kind
             && self.cfa_offset == other.cfa_offset
             && self.rbp_slot == other.rbp_slot
+    }
+}
+
+/// How a row unwinds, without its pc: what a [`CfiBlock`] keeps once for all its rows that share
+/// it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CfiRule {
+    pub cfa_offset: u16,
+    pub rbp_slot: i8,
+    pub kind: u8,
+}
+
+impl CfiRule {
+    pub const fn of(row: &CfiRow) -> Self {
+        Self {
+            cfa_offset: row.cfa_offset,
+            rbp_slot: row.rbp_slot,
+            kind: row.kind,
+        }
+    }
+
+    /// The row of this rule starting at `pc`.
+    pub const fn at(&self, pc: u32) -> CfiRow {
+        CfiRow {
+            pc,
+            cfa_offset: self.cfa_offset,
+            rbp_slot: self.rbp_slot,
+            kind: self.kind,
+        }
     }
 }
 
@@ -141,19 +176,55 @@ fn last_at_or_before(
     Some(low - 1)
 }
 
-/// Rows per block: a table is stored as blocks of this many rows, one BPF hash map value each,
-/// so that map memory grows with the tables loaded instead of being reserved up front.
-pub const CFI_BLOCK_ROWS: usize = 4096;
+/// Rules one block holds at most: its rows name them by a one-byte index.
+pub const CFI_BLOCK_RULES: usize = 256;
 
-/// Blocks one table may have (a table of more rows is not loaded): 4 M rows, more than the
-/// largest binaries seen (a 130 MB `librustc_driver` has about 1.3 M).
+/// Rows one block holds at most: a block is 64 KiB (one BPF hash map value, so that map memory
+/// grows with the tables loaded instead of being reserved up front): a header, the rules, the
+/// rows.
+pub const CFI_BLOCK_ROWS: usize = (65536 - 8 - 4 * CFI_BLOCK_RULES) / 4;
+
+/// Bits of a packed row holding its pc's offset from the block's first pc: a block covers at
+/// most 16 MiB of code (a block is cut where the next row is farther).
+pub const CFI_ROW_OFFSET_BITS: u32 = 24;
+
+/// A row as a block holds it: the offset of its pc from the block's first pc, then its rule's
+/// index.
+#[inline(always)]
+pub const fn pack_row(offset: u32, rule: u8) -> u32 {
+    (offset << 8) | rule as u32
+}
+
+/// Blocks one table may have (a table of more rows is not loaded): about 16 M rows, more than the
+/// largest binaries seen (a 190 MB `libLLVM` has about 1.4 M).
 pub const MAX_CFI_BLOCKS: usize = 1024;
 
-/// A block of a table's rows (`CFI_BLOCKS`, keyed by [`cfi_block_key`]).
+/// A block of a table's rows (`CFI_BLOCKS`, keyed by [`cfi_block_key`]), 64 KiB.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct CfiBlock {
-    pub rows: [CfiRow; CFI_BLOCK_ROWS],
+    /// Rows in use, from the first.
+    pub len: u32,
+    pub _reserved: u32,
+    pub rules: [CfiRule; CFI_BLOCK_RULES],
+    /// Sorted; each a [`pack_row`].
+    pub rows: [u32; CFI_BLOCK_ROWS],
+}
+
+impl CfiBlock {
+    /// Row `index` of the block whose first pc is `first_pc`.
+    #[inline(always)]
+    pub fn row(&self, index: u32, first_pc: u32) -> Option<CfiRow> {
+        let packed = *self.rows.get(index as usize)?;
+        let rule = self.rules.get((packed & 0xff) as usize)?;
+        Some(rule.at(first_pc.wrapping_add(packed >> 8)))
+    }
+
+    /// Where row `index` starts, as an offset from the block's first pc.
+    #[inline(always)]
+    pub fn row_offset(&self, index: u32) -> Option<u32> {
+        Some(*self.rows.get(index as usize)? >> 8)
+    }
 }
 
 /// The key of block `block` of table `table` in `CFI_BLOCKS`.
@@ -168,8 +239,7 @@ pub const fn cfi_block_key(table: u32, block: u32) -> u64 {
 pub struct CfiTableIndex {
     /// Blocks in use (at least 1).
     pub blocks: u32,
-    /// Rows in the last block (the others are full).
-    pub last_block_rows: u32,
+    pub _reserved: u32,
     /// The first row's pc of each block.
     pub first_pcs: [u32; MAX_CFI_BLOCKS],
 }
@@ -241,24 +311,25 @@ pub fn find_cfi_block(index: &CfiTableIndex, pc: u32, opaque: &mut impl Opaque) 
 /// Probes of [`find_cfi_block`] (2^11 > [`MAX_CFI_BLOCKS`]).
 pub const CFI_BLOCK_SEARCH_STEPS: u32 = 11;
 
-/// The row of the `len` first rows of `block` covering `pc`: at most
+/// The row of `block`, whose first pc is `first_pc`, covering `pc`: at most
 /// [`CFI_BLOCK_ROW_SEARCH_STEPS`] probes.
 #[inline(always)]
 pub fn find_cfi_row_in_block(
     block: &CfiBlock,
-    len: u32,
+    first_pc: u32,
     pc: u32,
     opaque: &mut impl Opaque,
 ) -> Option<CfiRow> {
-    let len = (len as usize).min(CFI_BLOCK_ROWS) as u32;
+    let len = (block.len as usize).min(CFI_BLOCK_ROWS) as u32;
+    let offset = pc.checked_sub(first_pc)?;
     let index = last_at_or_before(len, CFI_BLOCK_ROW_SEARCH_STEPS, opaque, |i| {
-        block.rows.get(i as usize).map(|row| row.pc <= pc)
+        block.row_offset(i).map(|row| row <= offset)
     })?;
-    block.rows.get(index as usize).copied()
+    block.row(index, first_pc)
 }
 
-/// Probes of [`find_cfi_row_in_block`] (2^13 > [`CFI_BLOCK_ROWS`]).
-pub const CFI_BLOCK_ROW_SEARCH_STEPS: u32 = 13;
+/// Probes of [`find_cfi_row_in_block`] (2^14 > [`CFI_BLOCK_ROWS`]).
+pub const CFI_BLOCK_ROW_SEARCH_STEPS: u32 = 14;
 
 /// The rows of the table whose blocks are `index`, covering `pc`: its block, then the row in it.
 /// `block_at` reads a block by number (the BPF map, or a slice in tests).
@@ -270,12 +341,8 @@ pub fn find_cfi_row_in_table<'a>(
     block_at: impl FnOnce(u32) -> Option<&'a CfiBlock>,
 ) -> Option<CfiRow> {
     let block = find_cfi_block(index, pc, opaque)?;
-    let len = if block + 1 == index.blocks {
-        index.last_block_rows
-    } else {
-        CFI_BLOCK_ROWS as u32
-    };
-    find_cfi_row_in_block(block_at(block)?, len, pc, opaque)
+    let first_pc = *index.first_pcs.get(block as usize)?;
+    find_cfi_row_in_block(block_at(block)?, first_pc, pc, opaque)
 }
 
 /// What a walk remembers of its last table lookup, so that the next native frame, usually in the
@@ -290,7 +357,7 @@ pub struct CfiCache {
     /// The block of that mapping's table last used, and the file addresses it covers,
     /// `[block_start, block_end)` (`block_end == 0`: none).
     pub block: u32,
-    pub block_rows: u32,
+    pub _reserved_block: u32,
     pub block_start: u32,
     pub block_end: u32,
     /// The row last found and where the next row starts (`row_end == 0`: none).
@@ -395,11 +462,6 @@ pub fn find_cfi_row_cached<'a>(
         let blocks = (index.blocks as usize).min(MAX_CFI_BLOCKS) as u32;
         let last = next >= blocks;
         cache.block = block;
-        cache.block_rows = if last {
-            index.last_block_rows
-        } else {
-            CFI_BLOCK_ROWS as u32
-        };
         cache.block_start = *index.first_pcs.get(block as usize)?;
         cache.block_end = if last {
             u32::MAX
@@ -411,18 +473,20 @@ pub fn find_cfi_row_cached<'a>(
         cache.row_end = 0;
     }
     let block = block_at(cache.mapping.table, cache.block)?;
-    let len = (cache.block_rows as usize).min(CFI_BLOCK_ROWS) as u32;
+    let len = (block.len as usize).min(CFI_BLOCK_ROWS) as u32;
+    let first_pc = cache.block_start;
+    let offset = address.checked_sub(first_pc)?;
     // The row after the one found is the search's final upper bound: the last probe that was
     // past `address` read it (none did if the row found is the block's last).
     let mut next_pc = cache.block_end;
     let row = last_at_or_before(len, CFI_BLOCK_ROW_SEARCH_STEPS, opaque, |i| {
-        let pc = block.rows.get(i as usize)?.pc;
-        if pc > address {
-            next_pc = pc;
+        let row_offset = block.row_offset(i)?;
+        if row_offset > offset {
+            next_pc = first_pc.wrapping_add(row_offset);
         }
-        Some(pc <= address)
+        Some(row_offset <= offset)
     })?;
-    cache.row = *block.rows.get(opaque.opaque(row) as usize)?;
+    cache.row = block.row(opaque.opaque(row), first_pc)?;
     cache.row_end = next_pc;
     *rows.entries.get_mut(slot)? = CfiCachedRow {
         table,

@@ -1,7 +1,13 @@
-//! A table's rows as the BPF maps hold them: blocks of [`CFI_BLOCK_ROWS`] rows (one hash map
-//! value each, so map memory follows the tables loaded) and an index of each block's first pc.
+//! A table's rows as the BPF maps hold them: compact blocks (one hash map value each, so map
+//! memory follows the tables loaded), each with its rules once and 4-byte rows naming them, and
+//! an index of each block's first pc. A block is cut where it is full, where the next row lies
+//! past its offsets' reach, or where the next row's rule would be one too many.
 
-use profiler_common::cfi::{CfiBlock, CfiRow, CfiTableIndex, CFI_BLOCK_ROWS, MAX_CFI_BLOCKS};
+use hashbrown::HashMap;
+use profiler_common::cfi::{
+    pack_row, CfiBlock, CfiRow, CfiRule, CfiTableIndex, CFI_BLOCK_ROWS, CFI_BLOCK_RULES,
+    CFI_ROW_OFFSET_BITS, MAX_CFI_BLOCKS,
+};
 
 /// A table split for the maps.
 pub struct TableBlocks {
@@ -21,26 +27,59 @@ impl TableBlocks {
 /// Splits sorted `rows` into blocks; `None` for an empty table or one of more than
 /// [`MAX_CFI_BLOCKS`] blocks.
 pub fn split_into_blocks(rows: &[CfiRow]) -> Option<TableBlocks> {
-    if rows.is_empty() || rows.len() > MAX_CFI_BLOCKS * CFI_BLOCK_ROWS {
+    if rows.is_empty() {
         return None;
     }
     let mut index = Box::new(CfiTableIndex {
         blocks: 0,
-        last_block_rows: 0,
+        _reserved: 0,
         first_pcs: [0; MAX_CFI_BLOCKS],
     });
     let mut blocks = Vec::with_capacity(rows.len().div_ceil(CFI_BLOCK_ROWS));
-    for (number, chunk) in rows.chunks(CFI_BLOCK_ROWS).enumerate() {
-        let mut block = Box::new(CfiBlock {
-            rows: [CfiRow::default(); CFI_BLOCK_ROWS],
-        });
-        block.rows[..chunk.len()].copy_from_slice(chunk);
-        index.first_pcs[number] = chunk[0].pc;
-        index.last_block_rows = chunk.len() as u32;
+    let mut rest = rows;
+    while let Some(first) = rest.first() {
+        let slot = index.first_pcs.get_mut(blocks.len())?;
+        *slot = first.pc;
+        let (block, taken) = fill_block(rest);
         blocks.push(block);
+        rest = &rest[taken..];
     }
     index.blocks = blocks.len() as u32;
     Some(TableBlocks { index, blocks })
+}
+
+/// A block of the first rows of `rows` (at least one), and how many it took.
+fn fill_block(rows: &[CfiRow]) -> (Box<CfiBlock>, usize) {
+    let mut block = Box::new(CfiBlock {
+        len: 0,
+        _reserved: 0,
+        rules: [CfiRule::default(); CFI_BLOCK_RULES],
+        rows: [0; CFI_BLOCK_ROWS],
+    });
+    let first_pc = rows[0].pc;
+    let mut rules: HashMap<CfiRule, u8> = HashMap::new();
+    let mut taken = 0;
+    for row in rows.iter().take(CFI_BLOCK_ROWS) {
+        let offset = row.pc - first_pc;
+        if offset >> CFI_ROW_OFFSET_BITS != 0 {
+            break;
+        }
+        let rule = CfiRule::of(row);
+        let index = match rules.get(&rule) {
+            Some(&index) => index,
+            None if rules.len() < CFI_BLOCK_RULES => {
+                let index = rules.len() as u8;
+                block.rules[index as usize] = rule;
+                rules.insert(rule, index);
+                index
+            }
+            None => break,
+        };
+        block.rows[taken] = pack_row(offset, index);
+        taken += 1;
+    }
+    block.len = taken as u32;
+    (block, taken)
 }
 
 #[cfg(test)]
@@ -52,15 +91,59 @@ mod tests {
 
     use super::*;
 
+    /// `rows` split, checked against a flat search at every few bytes of their range.
+    fn assert_blocks_find_what_a_flat_search_finds(rows: &[CfiRow]) -> TableBlocks {
+        let table = split_into_blocks(rows).expect("fits");
+        let last_pc = rows.last().expect("rows").pc;
+        let step = (last_pc as usize / 200_000).max(5);
+        for pc in (0..last_pc + 64).step_by(step) {
+            let flat = find_cfi_row(rows.len() as u32, pc, |i| rows.get(i as usize).copied());
+            let blocked = find_cfi_row_in_table(&table.index, pc, &mut Transparent, |block| {
+                table.blocks.get(block as usize).map(|b| &**b)
+            });
+            assert_eq!(blocked, flat, "pc {pc:#x}");
+        }
+        table
+    }
+
+    #[test]
+    fn blocks_are_cut_when_full_when_offsets_run_out_and_at_the_rule_bound() {
+        // Full: three blocks and a bit, rows 16 bytes apart, a handful of rules.
+        let rule = |i: usize| (i % 5) as u16 * 8;
+        let rows: Vec<CfiRow> = (0..3 * CFI_BLOCK_ROWS + 17)
+            .map(|i| CfiRow::new(0x1000 + 16 * i as u32, CfaKind::Rsp, rule(i), 0))
+            .collect();
+        let table = assert_blocks_find_what_a_flat_search_finds(&rows);
+        assert_eq!(table.index.blocks, 4);
+        assert_eq!(table.blocks[3].len, 17);
+        assert_eq!(table.blocks[0].rows.len(), CFI_BLOCK_ROWS);
+        // Rows of 1,000 distinct rules: a block at most 256 of them.
+        let rows: Vec<CfiRow> = (0..3000)
+            .map(|i| CfiRow::new(0x1000 + 16 * i as u32, CfaKind::Rsp, (i % 1000) as u16, 0))
+            .collect();
+        let table = assert_blocks_find_what_a_flat_search_finds(&rows);
+        assert_eq!(table.blocks[0].len as usize, CFI_BLOCK_RULES);
+        // Rows 5 MiB apart: a block spans at most 16 MiB of code, its offsets' reach.
+        let rows: Vec<CfiRow> = (0..10)
+            .map(|i| CfiRow::new(0x1000 + (5 << 20) * i as u32, CfaKind::Rsp, 8, 0))
+            .collect();
+        let table = assert_blocks_find_what_a_flat_search_finds(&rows);
+        assert_eq!(table.blocks[0].len, 4);
+        assert_eq!(table.index.blocks, 3);
+    }
+
     #[test]
     fn the_blocks_give_the_rows_a_flat_search_gives() {
-        // Three blocks and a bit, rows 16 bytes apart with distinct rules.
+        // Rows 4 to 67 bytes apart, 500 distinct rules.
+        let mut pc = 0x1000u32;
         let rows: Vec<CfiRow> = (0..3 * CFI_BLOCK_ROWS + 17)
-            .map(|i| CfiRow::new(0x1000 + 16 * i as u32, CfaKind::Rsp, (i % 500) as u16, 0))
+            .map(|i| {
+                let row = CfiRow::new(pc, CfaKind::Rsp, (i % 500) as u16, (i % 3) as i8 - 2);
+                pc += 4 + (i * 31 % 64) as u32;
+                row
+            })
             .collect();
         let table = split_into_blocks(&rows).expect("fits");
-        assert_eq!(table.index.blocks, 4);
-        assert_eq!(table.index.last_block_rows, 17);
         let last_pc = rows.last().expect("rows").pc;
         for pc in (0..last_pc + 64).step_by(5) {
             let flat = find_cfi_row(rows.len() as u32, pc, |i| rows.get(i as usize).copied());
@@ -154,7 +237,11 @@ mod tests {
     #[test]
     fn empty_and_oversized_tables_are_not_split() {
         assert!(split_into_blocks(&[]).is_none());
-        let too_many = vec![CfiRow::default(); MAX_CFI_BLOCKS * CFI_BLOCK_ROWS + 1];
+        // Every row a new rule: blocks of 256 rows, one more than the index holds.
+        let too_many: Vec<CfiRow> = (0..(MAX_CFI_BLOCKS + 1) * CFI_BLOCK_RULES)
+            .map(|i| CfiRow::new(16 * i as u32, CfaKind::Rsp, (i % 60_000) as u16, 0))
+            .collect();
         assert!(split_into_blocks(&too_many).is_none());
+        assert!(split_into_blocks(&too_many[..MAX_CFI_BLOCKS * CFI_BLOCK_RULES]).is_some());
     }
 }

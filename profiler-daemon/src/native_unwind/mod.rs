@@ -20,7 +20,9 @@ pub use build::{build_table, CfiSource};
 pub struct TableReport {
     pub file_bytes: u64,
     pub rows: usize,
+    /// The compact blocks and their index, as loaded.
     pub map_bytes: u64,
+    pub blocks: u32,
     pub build: std::time::Duration,
     pub unsupported_rows: usize,
     pub skipped_fdes: usize,
@@ -29,10 +31,12 @@ pub struct TableReport {
 
 impl std::fmt::Display for TableReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let flat_bytes = self.rows as u64 * std::mem::size_of::<profiler_common::cfi::CfiRow>() as u64;
         write!(
             f,
-            "{} MB file, {} rows from {}, {} KiB in the BPF maps, built in {} ms; {} rows \
-             left to frame pointers (rules a row cannot express), {} FDEs skipped",
+            "{} MB file, {} rows from {}, {} KiB in the BPF maps in {} blocks ({:.2} bytes per \
+             row; {} KiB as flat 8-byte rows), built in {} ms; {} rows left to frame pointers \
+             (rules a row cannot express), {} FDEs skipped",
             self.file_bytes >> 20,
             self.rows,
             match self.source {
@@ -40,6 +44,9 @@ impl std::fmt::Display for TableReport {
                 CfiSource::DebugFrame => ".debug_frame",
             },
             self.map_bytes >> 10,
+            self.blocks,
+            self.map_bytes as f64 / self.rows.max(1) as f64,
+            flat_bytes >> 10,
             self.build.as_millis(),
             self.unsupported_rows,
             self.skipped_fdes,
@@ -62,6 +69,7 @@ pub fn describe(path: &std::path::Path) -> Result<TableReport, String> {
         file_bytes,
         rows: table.rows.len(),
         map_bytes: blocks.map_bytes(),
+        blocks: blocks.index.blocks,
         build: started.elapsed(),
         unsupported_rows: table
             .rows
@@ -80,7 +88,9 @@ mod tests {
         let report = super::describe(std::path::Path::new("/lib/x86_64-linux-gnu/libc.so.6"))
             .expect("libc's table");
         assert!(report.rows > 10_000, "{report}");
-        assert!(report.map_bytes >= report.rows as u64 * 8, "{report}");
+        // Compact: at most about 4 bytes a row, the index and the rules included.
+        assert!(report.map_bytes <= report.rows as u64 * 9 / 2, "{report}");
+        assert!(report.map_bytes >= report.rows as u64 * 4, "{report}");
         assert!(super::describe(std::path::Path::new("/proc/self/status")).is_err());
     }
 }
