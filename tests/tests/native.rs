@@ -581,3 +581,101 @@ fn vdso_frames_are_named_and_unwound_to_main() {
         "only {rooted} of {in_vdso} vDSO samples reach main"
     );
 }
+
+/// A crate that keeps rustc's optimiser busy for a while: many generic functions, each
+/// instantiated for several types, with loops LLVM unrolls and vectorises.
+fn busy_crate(functions: usize) -> String {
+    let mut source = String::from("#![allow(dead_code)]\n");
+    for f in 0..functions {
+        source.push_str(&format!(
+            "pub fn work{f}<T: Copy + Into<u64>>(values: &[T], seed: u64) -> u64 {{\n\
+             let mut acc = seed ^ {f};\n\
+             for (i, v) in values.iter().enumerate() {{\n\
+             let x: u64 = (*v).into();\n\
+             acc = acc.rotate_left((i % 13) as u32).wrapping_mul(x | 1).wrapping_add(i as u64 * {f});\n\
+             if acc % 7 == {m} {{ acc ^= x << 3; }}\n\
+             }}\n\
+             acc\n\
+             }}\n\
+             pub fn use{f}(a: &[u8], b: &[u16], c: &[u32], d: &[u64]) -> u64 {{\n\
+             work{f}(a, 1) ^ work{f}(b, 2) ^ work{f}(c, 3) ^ work{f}(d, 4)\n\
+             }}\n",
+            m = f % 7
+        ));
+    }
+    source
+}
+
+/// rustc's own code (libLLVM and librustc_driver, about 340 MB, without frame pointers) is
+/// unwound from its `.eh_frame` tables: a release build of a generated crate, whole host at the
+/// default budgets, reaches the threads' start in (nearly) every sample once its tables are
+/// loaded, and the daemon's memory (its cgroup's charge, which counts the BPF maps the tables
+/// live in, not only its RSS) stays within its goal.
+#[test]
+fn rustc_stacks_reach_their_root() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sysroot = Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .output()
+        .expect("rustc, which builds this project, is on the PATH");
+    let rustc = std::path::PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim())
+        .join("bin/rustc");
+    let source = dir.path().join("busy.rs");
+    std::fs::write(&source, busy_crate(400)).expect("source written");
+    let out = dir.path().join("profiles");
+    let memory = MemoryCgroup::create("profiler-test-rustc", 1 << 30).expect("a memory cgroup");
+    let daemon = DaemonRun::new()
+        .frequency(99)
+        .interval(1)
+        .no_stream()
+        .output(&out)
+        .start_in(&memory, dir.path());
+    daemon
+        .wait_for_log("interval sampled", Duration::from_secs(60))
+        .expect("the daemon samples");
+    let started = Instant::now();
+    let build = Command::new(&rustc)
+        .args(["--crate-type", "lib", "-C", "opt-level=3", "--out-dir"])
+        .arg(dir.path())
+        .arg(&source)
+        .spawn()
+        .expect("rustc starts");
+    let rustc_pid = build.id();
+    let status = build.wait_with_output().expect("rustc runs").status;
+    let took = started.elapsed();
+    assert!(status.success(), "rustc failed");
+    std::thread::sleep(Duration::from_secs(2));
+    let peak = memory.peak().expect("memory peak");
+    daemon.terminate();
+    let (exit, log) = daemon.wait(Duration::from_secs(60)).expect("the daemon exits");
+    assert!(exit.success(), "the daemon failed:\n{log}");
+
+    // The first second's samples may be walked by frame pointers while the tables are built.
+    let mut profiles = profiles_of(&out, rustc_pid).expect("rustc's profiles");
+    profiles.sort_by(|a, b| a.0.cmp(&b.0));
+    let (mut rooted, mut total) = (0i64, 0i64);
+    for (_, profile) in profiles.iter().skip(2) {
+        for sample in &profile.sample {
+            total += count(sample);
+            let frames = sample_frames(profile, sample);
+            let root = frames.last().map_or("", |frame| frame.name.as_str());
+            if ["start_thread", "clone3", "__clone", "__libc_start_main", "_start"]
+                .iter()
+                .any(|start| root.starts_with(start))
+            {
+                rooted += count(sample);
+            }
+        }
+    }
+    let share = rooted as f64 / total.max(1) as f64;
+    println!(
+        "rustc for {:.1} s: {:.2}% of {total} samples after its first second reach a thread's \
+         start; the daemon's cgroup peaked at {} MB (maps included)",
+        took.as_secs_f64(),
+        share * 100.0,
+        peak >> 20
+    );
+    assert!(total > 300, "too few rustc samples: {total}");
+    assert!(share >= 0.99, "only {share:.4} of rustc's stacks reach their root");
+    assert!(peak <= 160 << 20, "the daemon's memory peaked at {} MB", peak >> 20);
+}

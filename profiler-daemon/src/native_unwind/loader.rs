@@ -9,14 +9,16 @@
 //!   one does not fit, the least recently used tables no live process uses are evicted, and if
 //!   that is not enough the new one is not loaded (its code falls back to frame pointers), and
 //!   counted. Each file's reads and rows are bounded too ([`BuildLimits`], [`MAX_READ_BYTES`]).
-//! - **Shared fairly.** The processes of one user (and so any one process) hold at most half of
-//!   the budget ([`user_share`]), and when the budget is full a user holding less takes room
-//!   from the user holding most, even tables in use (those mappings fall back to frame
-//!   pointers): a user who maps hundreds of libraries cannot keep another user's programs from
-//!   getting their tables. Building takes turns too: a user's processes get
-//!   [`BUILD_SHARE`] of this thread's time per [`BUILD_WINDOW`], and a process whose tables
-//!   wait for its user's next turn is completed at a later sample report, so one user's hundred
-//!   new libraries never hold up another user's program.
+//! - **Shared by need, fairly.** The processes of one user are sure to keep half of the budget
+//!   ([`user_share`]) and may hold more while no other user's tables need the room (one big
+//!   program, a compiler's 10 MiB of tables, is not cut off at half); when the budget is full a
+//!   user holding less takes room from the user holding most, even tables in use (those
+//!   mappings fall back to frame pointers): a user who maps hundreds of libraries cannot keep
+//!   another user's programs from getting their tables. Building takes turns too: a user's
+//!   processes get [`BUILD_SHARE`] of this thread's time per [`BUILD_WINDOW`] while another
+//!   user's process waits, and a process whose tables wait for its user's next turn is
+//!   completed then (at once when nobody else waits), so one user's hundred new libraries
+//!   never hold up another user's program.
 //! - **Never in the way.** Building runs here, never on the sampling loop; samples taken before a
 //!   process's tables are loaded are walked by frame pointers. A process that execs or exits
 //!   loses its entry in the kernel at once (`process_events.rs`); this thread notices the
@@ -70,7 +72,9 @@ pub fn table_budget(cache_budget_bytes: u64) -> u64 {
     cache_budget_bytes / 3
 }
 
-/// The most table bytes the processes of one user may hold: half the budget.
+/// The table bytes the processes of one user are sure to keep: half the budget. A user may hold
+/// more while the budget has room no other user's tables need (share by need); past this, those
+/// tables are the first taken when another user needs room (`fair_share_victim`).
 pub fn user_share(table_budget_bytes: u64) -> u64 {
     table_budget_bytes / 2
 }
@@ -265,6 +269,7 @@ enum TableState {
     /// Not loaded; tried again after `retry` (never for what cannot change).
     Failed {
         retry: Option<Instant>,
+        reason: NotLoaded,
     },
 }
 
@@ -347,6 +352,10 @@ pub struct UnwindTables<M: TableMaps> {
     /// The host's vDSO image's table key and segments (`None`: it has no usable CFI).
     vdso: Option<FileLayout>,
     stats: Arc<TableStats>,
+    /// Why mappings of the process being observed got no table.
+    refused_now: Vec<NotLoaded>,
+    /// Processes (pid, start time) whose missing tables were logged: once each.
+    told: hashbrown::HashSet<(u32, u64)>,
 }
 
 impl<M: TableMaps> UnwindTables<M> {
@@ -374,6 +383,8 @@ impl<M: TableMaps> UnwindTables<M> {
             next_id: 1,
             vdso,
             stats,
+            refused_now: Vec::new(),
+            told: hashbrown::HashSet::new(),
         }
     }
 
@@ -410,7 +421,8 @@ impl<M: TableMaps> UnwindTables<M> {
     }
 
     /// Observes again the processes whose tables waited for their user's next turn, if it has
-    /// come.
+    /// come, or if no other user's process waits (turns are for sharing this thread, not for
+    /// leaving it idle: a build's big libraries get their tables within a second or two).
     fn continue_incomplete(&mut self) {
         let waiting: Vec<(u32, u32)> = self
             .processes
@@ -419,10 +431,31 @@ impl<M: TableMaps> UnwindTables<M> {
             .map(|(pid, process)| (*pid, process.uid))
             .collect();
         for (pid, uid) in waiting {
-            if self.build_shares.allows(uid) {
+            if self.build_shares.allows(uid) || !self.others_wait(uid) {
                 self.observe_guarded(pid);
             }
         }
+    }
+
+    /// Whether a process of another user than `uid` waits for its user's turn to build.
+    fn others_wait(&self, uid: u32) -> bool {
+        self.processes
+            .values()
+            .any(|process| !process.complete && process.uid != uid)
+    }
+
+    /// Bytes free in the budget, counting tables no process uses as free (they are evicted
+    /// first): what a user past their share may still take.
+    fn room_without_others(&self) -> u64 {
+        let unused: u64 = self
+            .tables
+            .values()
+            .filter_map(|state| match state {
+                TableState::Loaded(table) if table.users == 0 => Some(table.bytes),
+                _ => None,
+            })
+            .sum();
+        (self.budget_bytes + unused).saturating_sub(self.used_bytes)
     }
 
     /// [`Self::observe`], a panic costing this process's tables rather than the thread.
@@ -466,6 +499,7 @@ impl<M: TableMaps> UnwindTables<M> {
             }
         }
         self.forget(pid);
+        self.refused_now.clear();
         let shares_our_root = process::shares_our_root(pid);
         let uid = process::owner_uid(pid).unwrap_or(u32::MAX);
         let mut holdings = self.holdings_of(uid);
@@ -480,7 +514,7 @@ impl<M: TableMaps> UnwindTables<M> {
         files.sort_by_key(|m| m.end - m.start);
         for mapping in files {
             if entry.count as usize >= MAX_CFI_MAPPINGS {
-                self.stats.count(NotLoaded::TooManyMappings);
+                self.refuse(NotLoaded::TooManyMappings);
                 break;
             }
             let Some(found) = self.table_of(pid, shares_our_root, mapping, &mut holdings) else {
@@ -500,6 +534,7 @@ impl<M: TableMaps> UnwindTables<M> {
                 tables.push(found.key);
             }
         }
+        self.tell_refused(pid, stat.starttime);
         if entry.count == 0 && !holdings.deferred {
             return;
         }
@@ -538,6 +573,31 @@ impl<M: TableMaps> UnwindTables<M> {
             },
         );
         self.publish();
+    }
+
+    /// Logs once per process why some of its files got no table (their frames are walked by
+    /// frame pointers, and stacks through code without them end there); the counts are
+    /// `profiler_unwind_tables_not_loaded_total{reason}`. Files without call frame information
+    /// are the normal case, not told.
+    fn tell_refused(&mut self, pid: u32, start_time: u64) {
+        let mut reasons: Vec<&'static str> = self
+            .refused_now
+            .iter()
+            .filter(|reason| **reason != NotLoaded::NoCfi)
+            .map(|reason| reason.name())
+            .collect();
+        if reasons.is_empty() || !self.told.insert((pid, start_time)) {
+            return;
+        }
+        reasons.sort_unstable();
+        reasons.dedup();
+        tracing::info!(
+            pid,
+            mappings = self.refused_now.len(),
+            reasons = %reasons.join(","),
+            "some of a process's files got no unwind table: its stacks through them are walked \
+             by frame pointers"
+        );
     }
 
     /// What the loaded processes of `uid` hold.
@@ -639,6 +699,7 @@ impl<M: TableMaps> UnwindTables<M> {
     ) -> Option<(u32, bool)> {
         let now = Instant::now();
         let share = user_share(self.budget_bytes);
+        let room = self.room_without_others();
         match self.tables.get_mut(&key) {
             Some(TableState::Loaded(table)) => {
                 table.last_used = now;
@@ -647,24 +708,29 @@ impl<M: TableMaps> UnwindTables<M> {
                 }
                 return Some((table.id, false));
             }
-            Some(TableState::Failed { retry, .. }) if retry.is_none_or(|at| now < at) => {
-                return None
+            Some(TableState::Failed { retry, reason }) if retry.is_none_or(|at| now < at) => {
+                // Counted when it failed; told again for this process.
+                self.refused_now.push(*reason);
+                return None;
             }
             Some(TableState::OverShare { bytes, retry })
-                if now < *retry && holdings.as_ref().is_some_and(|h| h.bytes + *bytes > share) =>
+                if now < *retry
+                    && *bytes > room
+                    && holdings.as_ref().is_some_and(|h| h.bytes + *bytes > share) =>
             {
-                self.stats.count(NotLoaded::UserShare);
+                self.refuse(NotLoaded::UserShare);
                 return None;
             }
             _ => {}
         }
         if let Some(holdings) = holdings.as_deref_mut() {
-            if holdings.bytes >= share {
-                // Not even built: a user past their share costs no more of this thread's time.
-                self.stats.count(NotLoaded::UserShare);
+            if holdings.bytes >= share && room == 0 {
+                // Not even built: a user past their share, in a budget other users' tables
+                // fill, costs no more of this thread's time.
+                self.refuse(NotLoaded::UserShare);
                 return None;
             }
-            if !self.build_shares.allows(holdings.uid) {
+            if !self.build_shares.allows(holdings.uid) && self.others_wait(holdings.uid) {
                 holdings.deferred = true;
                 return None;
             }
@@ -694,9 +760,10 @@ impl<M: TableMaps> UnwindTables<M> {
             }
         };
         let bytes = blocks.map_bytes();
-        if holdings.as_ref().is_some_and(|h| h.bytes + bytes > share) {
+        let over_share = holdings.as_ref().is_some_and(|h| h.bytes + bytes > share);
+        if over_share && bytes > room {
             // Refused to this user, not to others who map it, who may hold it.
-            self.stats.count(NotLoaded::UserShare);
+            self.refuse(NotLoaded::UserShare);
             self.tables.insert(
                 key,
                 TableState::OverShare {
@@ -706,7 +773,9 @@ impl<M: TableMaps> UnwindTables<M> {
             );
             return None;
         }
-        if !self.make_room(bytes, holdings.as_deref()) {
+        // Past its share, a user takes only room no other user's tables hold.
+        let requester = if over_share { None } else { holdings.as_deref() };
+        if !self.make_room(bytes, requester) {
             self.fail(key, NotLoaded::Budget, Some(now + RETRY_AFTER));
             return None;
         }
@@ -748,9 +817,15 @@ impl<M: TableMaps> UnwindTables<M> {
         Some((id, true))
     }
 
-    fn fail(&mut self, key: TableKey, reason: NotLoaded, retry: Option<Instant>) {
+    /// Counts a mapping left without a table, and notes it for the process being observed.
+    fn refuse(&mut self, reason: NotLoaded) {
         self.stats.count(reason);
-        self.tables.insert(key, TableState::Failed { retry });
+        self.refused_now.push(reason);
+    }
+
+    fn fail(&mut self, key: TableKey, reason: NotLoaded, retry: Option<Instant>) {
+        self.refuse(reason);
+        self.tables.insert(key, TableState::Failed { retry, reason });
     }
 
     /// Evicts tables until `bytes` more fit: the least recently used tables no process uses,
@@ -845,11 +920,12 @@ impl<M: TableMaps> UnwindTables<M> {
         for pid in gone {
             self.forget(pid);
         }
+        self.told.retain(|&(pid, start_time)| ProcessKey { pid, start_time }.is_running());
         let now = Instant::now();
         self.files
             .retain(|_, layout| now.duration_since(layout.last_used) < FORGET_FILES_AFTER);
         self.tables.retain(|_, state| match state {
-            TableState::Failed { retry: Some(at) } | TableState::OverShare { retry: at, .. } => {
+            TableState::Failed { retry: Some(at), .. } | TableState::OverShare { retry: at, .. } => {
                 now < *at
             }
             _ => true,

@@ -176,8 +176,8 @@ fn unused_tables_are_evicted_least_recently_used_first() {
     assert!(tables.maps.tables.is_empty());
 }
 
-/// A user whose processes would take the whole budget holds half of it, and another user's
-/// program started later still gets its tables.
+/// A user alone may hold more than half the budget (share by need), and another user's program
+/// started later still gets its tables, taken from the user holding most.
 #[test]
 fn one_users_tables_leave_another_users_their_share() {
     use std::os::unix::process::CommandExt as _;
@@ -207,13 +207,16 @@ fn one_users_tables_leave_another_users_their_share() {
     let stats = Arc::new(TableStats::default());
     let mut tables = unwind_tables(budget, stats.clone());
     tables.observe(std::process::id());
-    assert!(
-        stats.not_loaded(NotLoaded::UserShare) > 0,
-        "we hit our share"
-    );
     let held = stats.bytes.load(Ordering::Relaxed);
-    assert!(held <= user_share(budget), "we hold {held} of {budget}");
+    assert!(
+        held > user_share(budget),
+        "alone, we hold more than half: {held} of {budget}"
+    );
     tables.observe(other.id());
+    assert!(
+        stats.evictions.load(Ordering::Relaxed) > 0,
+        "their room was taken from us"
+    );
     let _ = other.kill();
     let _ = other.wait();
     let entry = tables.maps.procs.get(&other.id()).expect("their entry");
@@ -229,9 +232,27 @@ fn one_users_tables_leave_another_users_their_share() {
 /// is left incomplete and continued at the user's next turn.
 #[test]
 fn a_process_whose_users_build_time_is_spent_is_completed_at_its_next_turn() {
+    use std::os::unix::process::CommandExt as _;
     let stats = Arc::new(TableStats::default());
     let mut tables = unwind_tables(256 << 20, stats.clone());
     tables.build_shares.share = Duration::ZERO;
+    // Another user's process waits for its turn too: turns are taken only while someone waits.
+    let mut other = std::process::Command::new("sleep")
+        .arg("30")
+        .uid(65534)
+        .gid(65534)
+        .spawn()
+        .expect("sleep as nobody (the tests run as root)");
+    tables.processes.insert(
+        other.id(),
+        LoadedProcess {
+            start_time: 0,
+            complete: false,
+            uid: 65534,
+            mappings: Vec::new(),
+            tables: Vec::new(),
+        },
+    );
     let pid = std::process::id();
     tables.observe(pid);
     // At most the vDSO's, which is every process's and no user's.
@@ -244,8 +265,25 @@ fn a_process_whose_users_build_time_is_spent_is_completed_at_its_next_turn() {
     // The next turn: the process gets its tables.
     tables.build_shares.share = Duration::MAX;
     tables.continue_incomplete();
+    let _ = other.kill();
+    let _ = other.wait();
     assert!(stats.builds.load(Ordering::Relaxed) >= vdso_only + 2);
     assert!(tables.processes.get(&pid).is_some_and(|p| p.complete));
+    let getpid = libc::getpid as *const () as u64;
+    assert!(tables.maps.row(pid, getpid).is_some());
+}
+
+/// Alone, a user's spent build time defers nothing: a build's big libraries get their tables
+/// one after the other, not one per window.
+#[test]
+fn a_user_alone_is_not_kept_waiting_for_a_turn() {
+    let stats = Arc::new(TableStats::default());
+    let mut tables = unwind_tables(256 << 20, stats.clone());
+    tables.build_shares.share = Duration::ZERO;
+    let pid = std::process::id();
+    tables.observe(pid);
+    assert!(tables.processes.get(&pid).is_some_and(|p| p.complete));
+    assert!(stats.builds.load(Ordering::Relaxed) >= 2);
     let getpid = libc::getpid as *const () as u64;
     assert!(tables.maps.row(pid, getpid).is_some());
 }
