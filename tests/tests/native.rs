@@ -1,8 +1,9 @@
 //! End to end on native code: real BPF program, real workloads, the daemon binary as users run it.
 
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use profiler_tests::cgroup::MemoryCgroup;
 use profiler_tests::*;
 
 /// Shares of the process's samples whose stack contains `function`.
@@ -618,8 +619,8 @@ fn rustc_stacks_reach_their_root() {
         .args(["--print", "sysroot"])
         .output()
         .expect("rustc, which builds this project, is on the PATH");
-    let rustc = std::path::PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim())
-        .join("bin/rustc");
+    let rustc =
+        std::path::PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim()).join("bin/rustc");
     let source = dir.path().join("busy.rs");
     std::fs::write(&source, busy_crate(400)).expect("source written");
     let out = dir.path().join("profiles");
@@ -647,26 +648,45 @@ fn rustc_stacks_reach_their_root() {
     std::thread::sleep(Duration::from_secs(2));
     let peak = memory.peak().expect("memory peak");
     daemon.terminate();
-    let (exit, log) = daemon.wait(Duration::from_secs(60)).expect("the daemon exits");
+    let (exit, log) = daemon
+        .wait(Duration::from_secs(60))
+        .expect("the daemon exits");
     assert!(exit.success(), "the daemon failed:\n{log}");
 
     // The first second's samples may be walked by frame pointers while the tables are built.
     let mut profiles = profiles_of(&out, rustc_pid).expect("rustc's profiles");
     profiles.sort_by(|a, b| a.0.cmp(&b.0));
     let (mut rooted, mut total) = (0i64, 0i64);
+    // Where the stacks that do not reach a start end, for the failure message.
+    let mut cut_at: std::collections::BTreeMap<String, i64> = Default::default();
+    let starts = [
+        "start_thread",
+        "clone3",
+        "__clone",
+        "__libc_start_main",
+        "_start",
+    ];
     for (_, profile) in profiles.iter().skip(2) {
         for sample in &profile.sample {
             total += count(sample);
             let frames = sample_frames(profile, sample);
             let root = frames.last().map_or("", |frame| frame.name.as_str());
-            if ["start_thread", "clone3", "__clone", "__libc_start_main", "_start"]
-                .iter()
-                .any(|start| root.starts_with(start))
-            {
+            if starts.iter().any(|start| root.starts_with(start)) {
                 rooted += count(sample);
+            } else {
+                let outer: Vec<&str> = frames
+                    .iter()
+                    .rev()
+                    .take(2)
+                    .map(|f| f.name.as_str())
+                    .collect();
+                *cut_at.entry(outer.join(" < ")).or_default() += count(sample);
             }
         }
     }
+    let mut cut_at: Vec<(i64, String)> = cut_at.into_iter().map(|(k, v)| (v, k)).collect();
+    cut_at.sort_unstable_by(|a, b| b.cmp(a));
+    cut_at.truncate(8);
     let share = rooted as f64 / total.max(1) as f64;
     println!(
         "rustc for {:.1} s: {:.2}% of {total} samples after its first second reach a thread's \
@@ -676,6 +696,13 @@ fn rustc_stacks_reach_their_root() {
         peak >> 20
     );
     assert!(total > 300, "too few rustc samples: {total}");
-    assert!(share >= 0.99, "only {share:.4} of rustc's stacks reach their root");
-    assert!(peak <= 160 << 20, "the daemon's memory peaked at {} MB", peak >> 20);
+    assert!(
+        share >= 0.99,
+        "only {share:.4} of rustc's stacks reach their root; the others end at {cut_at:?}"
+    );
+    assert!(
+        peak <= 160 << 20,
+        "the daemon's memory peaked at {} MB",
+        peak >> 20
+    );
 }

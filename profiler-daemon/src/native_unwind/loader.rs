@@ -774,7 +774,11 @@ impl<M: TableMaps> UnwindTables<M> {
             return None;
         }
         // Past its share, a user takes only room no other user's tables hold.
-        let requester = if over_share { None } else { holdings.as_deref() };
+        let requester = if over_share {
+            None
+        } else {
+            holdings.as_deref()
+        };
         if !self.make_room(bytes, requester) {
             self.fail(key, NotLoaded::Budget, Some(now + RETRY_AFTER));
             return None;
@@ -825,7 +829,8 @@ impl<M: TableMaps> UnwindTables<M> {
 
     fn fail(&mut self, key: TableKey, reason: NotLoaded, retry: Option<Instant>) {
         self.refuse(reason);
-        self.tables.insert(key, TableState::Failed { retry, reason });
+        self.tables
+            .insert(key, TableState::Failed { retry, reason });
     }
 
     /// Evicts tables until `bytes` more fit: the least recently used tables no process uses,
@@ -920,14 +925,16 @@ impl<M: TableMaps> UnwindTables<M> {
         for pid in gone {
             self.forget(pid);
         }
-        self.told.retain(|&(pid, start_time)| ProcessKey { pid, start_time }.is_running());
+        self.told
+            .retain(|&(pid, start_time)| ProcessKey { pid, start_time }.is_running());
         let now = Instant::now();
         self.files
             .retain(|_, layout| now.duration_since(layout.last_used) < FORGET_FILES_AFTER);
         self.tables.retain(|_, state| match state {
-            TableState::Failed { retry: Some(at), .. } | TableState::OverShare { retry: at, .. } => {
-                now < *at
+            TableState::Failed {
+                retry: Some(at), ..
             }
+            | TableState::OverShare { retry: at, .. } => now < *at,
             _ => true,
         });
     }
