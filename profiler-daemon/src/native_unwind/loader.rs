@@ -37,9 +37,10 @@ use object::read::ReadCache;
 use object::ReadRef;
 use profiler_common::cfi::{cfi_block_key, CfiBlock, CfiMapping, CfiProcess, CfiTableIndex};
 use profiler_common::cfi::{MAX_CFI_BLOCKS, MAX_CFI_MAPPINGS};
+use profiler_unwind_tables::{
+    build_table, split_into_blocks, BuildError, BuildLimits, TableBlocks,
+};
 
-use super::blocks::{split_into_blocks, TableBlocks};
-use super::build::{build_table, BuildError, BuildLimits};
 use super::mapping::{load_bias_in, load_segments, CodeMapping, LoadSegment, TableKey, TableKeys};
 use crate::process::{self, Backing, Mapping};
 use crate::process_key::ProcessKey;

@@ -2,18 +2,17 @@
 //! reduced to compact tables ([`profiler_common::cfi`]) the BPF walker searches by pc
 //! (docs/native-unwinding.md).
 //!
-//! - [`build`]: a file's `.eh_frame` (or `.debug_frame`) to rows, with gimli, bounded;
+//! - `profiler_unwind_tables`: a file's `.eh_frame` (or `.debug_frame`) to rows, with gimli,
+//!   bounded, and the rows as the BPF maps hold them (a crate of its own, optimised in every
+//!   build);
 //! - [`mapping`]: where a process maps a file (the load bias) and the key tables are shared by;
-//! - [`blocks`]: rows as the BPF maps hold them;
 //! - [`loader`]: the thread that keeps the maps current for the processes sampled, under the
 //!   memory budget.
 
-pub mod blocks;
-pub mod build;
 pub mod loader;
 pub mod mapping;
 
-pub use build::{build_table, CfiSource};
+use profiler_unwind_tables::{build_table, split_into_blocks, CfiSource};
 
 /// What the daemon's table of one file is: for `profiler-daemon unwind-info` and the bench.
 #[derive(Debug)]
@@ -65,7 +64,7 @@ pub fn describe(path: &std::path::Path) -> Result<TableReport, String> {
     );
     let started = std::time::Instant::now();
     let table = build_table(&reads, loader::build_limits()).map_err(|err| err.to_string())?;
-    let blocks = blocks::split_into_blocks(&table.rows).ok_or("no rows, or too many")?;
+    let blocks = split_into_blocks(&table.rows).ok_or("no rows, or too many")?;
     Ok(TableReport {
         file_bytes,
         rows: table.rows.len(),

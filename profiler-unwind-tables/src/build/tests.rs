@@ -138,52 +138,66 @@ fn plt_expressions_are_recognised_exactly() {
     assert_eq!(plt_threshold(&[]), None);
 }
 
+/// FDEs as `(start, end, rows)`, collected in this order.
+fn collected(fdes: &[(u32, u32, &[CfiRow])]) -> (Vec<CfiRow>, Vec<FdeRows>) {
+    let mut rows = Vec::new();
+    let mut index = Vec::new();
+    for (start, end, fde_rows) in fdes {
+        index.push(FdeRows {
+            start: *start,
+            end: *end,
+            first: rows.len() as u32,
+            len: fde_rows.len() as u32,
+        });
+        rows.extend_from_slice(fde_rows);
+    }
+    (rows, index)
+}
+
 #[test]
 fn gaps_between_functions_have_no_rule_and_equal_rules_merge() {
-    let rsp8 = CfiRow::new(0, CfaKind::Rsp, 8, RBP_UNCHANGED);
-    let rsp16 = CfiRow::new(0, CfaKind::Rsp, 16, -2);
-    let spans = vec![
-        Span {
-            start: 0x2000,
-            end: 0x2010,
-            row: rsp8,
-        },
-        Span {
-            start: 0x1000,
-            end: 0x1004,
-            row: rsp8,
-        },
-        Span {
-            start: 0x1004,
-            end: 0x1020,
-            row: rsp16,
-        },
+    let rsp8 = |pc| CfiRow::new(pc, CfaKind::Rsp, 8, RBP_UNCHANGED);
+    let rsp16 = |pc| CfiRow::new(pc, CfaKind::Rsp, 16, -2);
+    let none = |pc| CfiRow::new(pc, CfaKind::None, 0, RBP_UNCHANGED);
+    // Out of address order, as a linker may lay them out.
+    let (rows, fdes) = collected(&[
+        (0x2000, 0x2010, &[rsp8(0x2000)]),
+        (0x1000, 0x1020, &[rsp8(0x1000), rsp16(0x1004)]),
         // The next function starts where this one ends with the same rule: merged.
-        Span {
-            start: 0x1020,
-            end: 0x1030,
-            row: rsp16,
-        },
-        // Empty spans are dropped.
-        Span {
-            start: 0x1800,
-            end: 0x1800,
-            row: rsp16,
-        },
-    ];
-    let rows = merge(spans).expect("merges");
-    let none = CfiRow::new(0, CfaKind::None, 0, RBP_UNCHANGED);
+        (0x1020, 0x1030, &[rsp16(0x1020)]),
+    ]);
     assert_eq!(
-        rows,
+        merge(&rows, fdes),
         [
-            CfiRow { pc: 0x1000, ..rsp8 },
-            CfiRow {
-                pc: 0x1004,
-                ..rsp16
-            },
-            CfiRow { pc: 0x1030, ..none },
-            CfiRow { pc: 0x2000, ..rsp8 },
-            CfiRow { pc: 0x2010, ..none },
+            rsp8(0x1000),
+            rsp16(0x1004),
+            none(0x1030),
+            rsp8(0x2000),
+            none(0x2010)
+        ]
+    );
+}
+
+#[test]
+fn overlapping_fdes_keep_the_table_sorted() {
+    let rsp = |pc, offset| CfiRow::new(pc, CfaKind::Rsp, offset, RBP_UNCHANGED);
+    let none = |pc| CfiRow::new(pc, CfaKind::None, 0, RBP_UNCHANGED);
+    let (rows, fdes) = collected(&[
+        (0x1000, 0x1100, &[rsp(0x1000, 8), rsp(0x1080, 16)]),
+        // Starts inside the first: its rows before 0x1080 are dropped.
+        (0x1040, 0x1200, &[rsp(0x1040, 24), rsp(0x10c0, 32)]),
+        // Inside the first, behind the rows kept: dropped whole.
+        (0x1000, 0x1010, &[rsp(0x1000, 40)]),
+    ]);
+    let table = merge(&rows, fdes);
+    assert!(table.windows(2).all(|pair| pair[0].pc < pair[1].pc));
+    assert_eq!(
+        table,
+        [
+            rsp(0x1000, 8),
+            rsp(0x1080, 16),
+            rsp(0x10c0, 32),
+            none(0x1200)
         ]
     );
 }

@@ -108,20 +108,27 @@ pub fn build_table<'data, R: ReadRef<'data>>(
     Err(BuildError::NoCallFrameInfo)
 }
 
-/// One FDE row's range and compact rule, before sorting and merging.
+/// Where one FDE's rows are in the rows collected, and the code it covers.
 #[derive(Clone, Copy, Debug)]
-struct Span {
-    start: u64,
-    end: u64,
-    row: CfiRow,
+struct FdeRows {
+    start: u32,
+    end: u32,
+    first: u32,
+    len: u32,
 }
 
+/// The rows of every FDE of `section`: each FDE's rows are in order and merged as they are read
+/// (consecutive rows of one function often differ only in registers the table does not keep),
+/// then the FDEs are put in address order. Sorting FDEs, not rows, keeps the build of a 190 MB
+/// library's 1.4 M rows near the time gimli takes to evaluate them (sorting 3 M rows took a
+/// third of it).
 fn collect_rows<'a, S: UnwindSection<Reader<'a>>>(
     section: &S,
     bases: &BaseAddresses,
     limits: BuildLimits,
 ) -> Result<UnwindTable, BuildError> {
-    let mut spans = Vec::new();
+    let mut rows: Vec<CfiRow> = Vec::new();
+    let mut fdes: Vec<FdeRows> = Vec::new();
     let mut skipped_fdes = 0;
     let mut context = Box::new(UnwindContext::new());
     let mut entries = section.entries(bases);
@@ -134,23 +141,28 @@ fn collect_rows<'a, S: UnwindSection<Reader<'a>>>(
             skipped_fdes += 1;
             continue;
         };
-        let Ok(mut rows) = fde.rows(section, bases, &mut context) else {
+        let Ok(mut fde_rows) = fde.rows(section, bases, &mut context) else {
             skipped_fdes += 1;
             continue;
         };
+        let first = rows.len();
+        let mut end = None;
         loop {
-            match rows.next_row() {
+            match fde_rows.next_row() {
+                Ok(Some(row)) if row.start_address() >= row.end_address() => {}
                 Ok(Some(row)) => {
-                    if spans.len() >= limits.max_rows {
+                    let pc = file_address(row.start_address())?;
+                    end = Some(file_address(row.end_address())?);
+                    let rule = compact_rule(row, section);
+                    if rows.len() > first && rows.last().is_some_and(|last| last.same_rule(&rule)) {
+                        continue;
+                    }
+                    if rows.len() >= limits.max_rows {
                         return Err(BuildError::TooLarge {
                             max_rows: limits.max_rows,
                         });
                     }
-                    spans.push(Span {
-                        start: row.start_address(),
-                        end: row.end_address(),
-                        row: compact_rule(row, section),
-                    });
+                    rows.push(CfiRow { pc, ..rule });
                 }
                 Ok(None) => break,
                 Err(_) => {
@@ -159,47 +171,57 @@ fn collect_rows<'a, S: UnwindSection<Reader<'a>>>(
                 }
             }
         }
+        if let Some(end) = end {
+            fdes.push(FdeRows {
+                start: rows[first].pc,
+                end,
+                first: first as u32,
+                len: (rows.len() - first) as u32,
+            });
+        }
     }
     Ok(UnwindTable {
-        rows: merge(spans)?,
+        rows: merge(&rows, fdes),
         skipped_fdes,
         source: CfiSource::EhFrame,
     })
 }
 
-/// Sorted, gap-marked, merged rows: where one span ends and no other starts, a
-/// [`CfaKind::None`] row says no rule applies.
-fn merge(mut spans: Vec<Span>) -> Result<Vec<CfiRow>, BuildError> {
-    spans.retain(|span| span.start < span.end);
-    spans.sort_by_key(|span| span.start);
-    let mut rows: Vec<CfiRow> = Vec::with_capacity(spans.len() + spans.len() / 4);
-    let push = |rows: &mut Vec<CfiRow>, row: CfiRow| {
-        match rows.last_mut() {
-            // Two spans from the same address (overlapping FDEs): the later one wins.
-            Some(last) if last.pc == row.pc => *last = row,
-            Some(last) if last.same_rule(&row) => {}
-            _ => rows.push(row),
-        }
+/// An address of the file as rows hold it.
+fn file_address(address: u64) -> Result<u32, BuildError> {
+    u32::try_from(address).map_err(|_| BuildError::AddressTooHigh { address })
+}
+
+/// The table: the FDEs' rows put in address order, gap-marked and merged. Where one FDE ends and no
+/// other starts, a [`CfaKind::None`] row says no rule applies. Overlapping FDEs (a malformed or
+/// hostile file) leave the table sorted: a row before the last one kept is dropped, and of two
+/// rows at one address the later wins.
+fn merge(collected: &[CfiRow], mut fdes: Vec<FdeRows>) -> Vec<CfiRow> {
+    // Linkers usually lay FDEs out in address order; a stable sort keeps the later of two FDEs
+    // starting at the same address last, and so the one that wins.
+    if !fdes.is_sorted_by_key(|fde| fde.start) {
+        fdes.sort_by_key(|fde| fde.start);
+    }
+    let mut rows: Vec<CfiRow> = Vec::with_capacity(collected.len() + fdes.len() / 4);
+    let push = |rows: &mut Vec<CfiRow>, row: CfiRow| match rows.last_mut() {
+        Some(last) if row.pc < last.pc => {}
+        Some(last) if last.pc == row.pc => *last = row,
+        Some(last) if last.same_rule(&row) => {}
+        _ => rows.push(row),
     };
-    for (i, span) in spans.iter().enumerate() {
-        let start = u32::try_from(span.start).map_err(|_| BuildError::AddressTooHigh {
-            address: span.start,
-        })?;
-        push(
-            &mut rows,
-            CfiRow {
-                pc: start,
-                ..span.row
-            },
-        );
-        let next_start = spans.get(i + 1).map(|next| next.start);
-        if next_start.is_none_or(|next| next > span.end) {
-            let end = u32::try_from(span.end)
-                .map_err(|_| BuildError::AddressTooHigh { address: span.end })?;
-            push(&mut rows, CfiRow::new(end, CfaKind::None, 0, RBP_UNCHANGED));
+    for (i, fde) in fdes.iter().enumerate() {
+        let first = fde.first as usize;
+        for row in &collected[first..first + fde.len as usize] {
+            push(&mut rows, *row);
+        }
+        if fdes.get(i + 1).is_none_or(|next| next.start > fde.end) {
+            push(
+                &mut rows,
+                CfiRow::new(fde.end, CfaKind::None, 0, RBP_UNCHANGED),
+            );
         }
     }
-    Ok(rows)
+    rows
 }
 
 /// A row's rule in the table's terms.
