@@ -67,10 +67,11 @@ pub const BUILD_WINDOW: Duration = Duration::from_secs(5);
 /// Files not mapped by any process seen for this long are forgotten.
 const FORGET_FILES_AFTER: Duration = Duration::from_secs(600);
 
-/// The share of `cache_budget_mib` given to unwind tables (the rest is the symbolization
-/// caches').
+/// The share of `cache_budget_mib` given to unwind tables: half (the rest is the symbolization
+/// caches'). 48 MiB of the default 96 hold a compiler's tables (rustc's libLLVM and
+/// librustc_driver, 10.5 MiB) four times over beside a JVM host's (libjvm, 0.8 MiB).
 pub fn table_budget(cache_budget_bytes: u64) -> u64 {
-    cache_budget_bytes / 3
+    cache_budget_bytes / 2
 }
 
 /// The table bytes the processes of one user are sure to keep: half the budget. A user may hold
@@ -185,7 +186,7 @@ pub struct BpfTableMaps {
 }
 
 impl TableMaps for BpfTableMaps {
-    // Blocks are 32 KiB and indexes 4 KiB: borrowed, not copied onto the stack.
+    // Blocks are 64 KiB and indexes 4 KiB: borrowed, not copied onto the stack.
     #[allow(clippy::needless_borrows_for_generic_args)]
     fn put_table(&mut self, id: u32, table: &TableBlocks) -> Result<(), String> {
         for (number, block) in table.blocks.iter().enumerate() {
@@ -659,7 +660,7 @@ impl<M: TableMaps> UnwindTables<M> {
         let layout = self.files.get_mut(&id)?;
         layout.last_used = now;
         let (key, bias) = layout.placed_at(mapping)?;
-        let found = self.load_mapped_table(key, bias, &reads, Some(holdings))?;
+        let found = self.load_mapped_table(key, bias, &reads, Some(holdings), &mapping.backing)?;
         Some(found)
     }
 
@@ -668,7 +669,7 @@ impl<M: TableMaps> UnwindTables<M> {
     fn vdso_table(&mut self, mapping: &Mapping) -> Option<MappedTable> {
         let image = VdsoImage::of_this_host().filter(|image| image.is_mapped_by(mapping))?;
         let (key, bias) = self.vdso.as_ref()?.placed_at(mapping)?;
-        self.load_mapped_table(key, bias, image.bytes(), None)
+        self.load_mapped_table(key, bias, image.bytes(), None, &mapping.backing)
     }
 
     /// [`Self::load_table`], for a mapping whose pcs are `bias` from the table's addresses.
@@ -678,8 +679,9 @@ impl<M: TableMaps> UnwindTables<M> {
         bias: u64,
         data: R,
         holdings: Option<&mut UserHoldings>,
+        backing: &Backing,
     ) -> Option<MappedTable> {
-        let (id, built) = self.load_table(key, data, holdings)?;
+        let (id, built) = self.load_table(key, data, holdings, backing)?;
         Some(MappedTable {
             id,
             bias,
@@ -691,12 +693,13 @@ impl<M: TableMaps> UnwindTables<M> {
     /// The id of the table keyed `key`, built from `data` (a file's bounded reads, or the vDSO
     /// image) and loaded if it is not yet, and whether it was built now. A table already loaded
     /// is always given (it costs nothing more); a new one only within the user's share, when
-    /// `holdings` says whose it is (the vDSO's is everyone's).
+    /// `holdings` says whose it is (the vDSO's is everyone's). `backing` names it in the log.
     fn load_table<'data, R: ReadRef<'data>>(
         &mut self,
         key: TableKey,
         data: R,
         mut holdings: Option<&mut UserHoldings>,
+        backing: &Backing,
     ) -> Option<(u32, bool)> {
         let now = Instant::now();
         let share = user_share(self.budget_bytes);
@@ -799,6 +802,7 @@ impl<M: TableMaps> UnwindTables<M> {
             return None;
         }
         tracing::debug!(
+            file = ?backing,
             blocks = blocks.index.blocks,
             bytes,
             took_ms = started.elapsed().as_millis() as u64,

@@ -27,7 +27,7 @@ impl MetricSource for TableStats {
         )?;
         out.gauge(
             metric::UNWIND_TABLE_LIMIT_BYTES,
-            "The unwind tables' budget (a third of cache_budget_mib).",
+            "The unwind tables' budget (half of cache_budget_mib).",
             get(&self.limit_bytes),
         )?;
         out.gauge(

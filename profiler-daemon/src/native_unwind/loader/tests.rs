@@ -149,7 +149,7 @@ fn the_vdso_mapping_gets_the_host_images_table() {
 #[test]
 fn tables_past_the_budget_are_not_loaded_and_counted() {
     let stats = Arc::new(TableStats::default());
-    // Room for one 32 KiB block and the index: libc (7 blocks) does not fit.
+    // Less room than one 64 KiB block: libc (2 blocks and their index) does not fit.
     let mut tables = unwind_tables(40 << 10, stats.clone());
     tables.observe(std::process::id());
     // libc is more than the whole budget, and so more than our share of it.
