@@ -354,7 +354,7 @@ fn a_process_hoarding_libraries_leaves_other_users_their_unwind_tables() {
     let hoarder = compile_c_with("library_hoarder.c", dir.path(), &["-O1"]).expect("gcc");
     make_readable(dir.path());
     let (scenario, baseline) = scenario();
-    let (attacked, (python_pid, _running)) = scenario.run(|_: &AttackContext| {
+    let (attacked, (python_pid, hoarder_pid, _running)) = scenario.run(|_: &AttackContext| {
         let hoarding = Workload::spawn(user.command(&hoarder).args(&libraries)).expect("starts");
         // Its tables are built and loaded once it has been sampled.
         std::thread::sleep(Duration::from_secs(5));
@@ -364,9 +364,23 @@ fn a_process_hoarding_libraries_leaves_other_users_their_unwind_tables() {
             "import json\nwhile True:\n    json.loads(json.dumps([{'k': i} for i in range(500)]))\n",
         ]))
         .expect("python3 starts");
-        (python.pid(), vec![hoarding, python])
+        (python.pid(), hoarding.pid(), vec![hoarding, python])
     });
     attacked.assert_unharmed(baseline);
+    // The hoarder is told, once, that some of its files got no table, and why.
+    let told: Vec<&str> = attacked
+        .log
+        .lines()
+        .filter(|line| {
+            line.contains("got no unwind table") && line.contains(&format!("pid={hoarder_pid} "))
+        })
+        .collect();
+    assert_eq!(told.len(), 1, "the hoarder's log lines: {told:?}");
+    assert!(
+        told[0].contains("user_share") || told[0].contains("budget"),
+        "{}",
+        told[0]
+    );
     // Its first 4 s (two intervals) may be walked by frame pointers while its tables are built,
     // as for any program the daemon meets for the first time.
     let (rooted, samples) =
