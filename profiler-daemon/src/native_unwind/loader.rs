@@ -356,6 +356,10 @@ pub struct UnwindTables<M: TableMaps> {
     stats: Arc<TableStats>,
     /// Why mappings of the process being observed got no table.
     refused_now: Vec<NotLoaded>,
+    /// The tables the process being observed has taken so far: in use, though its `users` count
+    /// only once the process is written (a process of many libraries evicted its own first
+    /// tables to make room for its last ones).
+    taken_now: hashbrown::HashSet<TableKey>,
     /// Processes (pid, start time) whose missing tables were logged: once each.
     told: hashbrown::HashSet<(u32, u64)>,
 }
@@ -386,6 +390,7 @@ impl<M: TableMaps> UnwindTables<M> {
             vdso,
             stats,
             refused_now: Vec::new(),
+            taken_now: hashbrown::HashSet::new(),
             told: hashbrown::HashSet::new(),
         }
     }
@@ -451,9 +456,11 @@ impl<M: TableMaps> UnwindTables<M> {
     fn room_without_others(&self) -> u64 {
         let unused: u64 = self
             .tables
-            .values()
-            .filter_map(|state| match state {
-                TableState::Loaded(table) if table.users == 0 => Some(table.bytes),
+            .iter()
+            .filter_map(|(key, state)| match state {
+                TableState::Loaded(table) if table.users == 0 && !self.taken_now.contains(key) => {
+                    Some(table.bytes)
+                }
                 _ => None,
             })
             .sum();
@@ -464,6 +471,7 @@ impl<M: TableMaps> UnwindTables<M> {
     fn observe_guarded(&mut self, pid: u32) {
         let observed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.observe(pid)));
         if observed.is_err() {
+            self.taken_now.clear();
             tracing::error!(
                 pid,
                 "building unwind tables panicked (a bug; please report it with the log above): \
@@ -475,6 +483,11 @@ impl<M: TableMaps> UnwindTables<M> {
 
     /// A process was sampled: loads its tables and mappings unless they are current.
     pub fn observe(&mut self, pid: u32) {
+        self.load_process(pid);
+        self.taken_now.clear();
+    }
+
+    fn load_process(&mut self, pid: u32) {
         let Ok(stat) = process::read_stat(pid) else {
             self.forget(pid);
             return;
@@ -524,6 +537,7 @@ impl<M: TableMaps> UnwindTables<M> {
             };
             insert_sorted(&mut entry, found.entry_for(mapping));
             tables.push(found.key);
+            self.taken_now.insert(found.key);
             if found.built && self.maps.put_process(pid, &entry).is_err() {
                 break;
             }
@@ -838,8 +852,8 @@ impl<M: TableMaps> UnwindTables<M> {
             .insert(key, TableState::Failed { retry, reason });
     }
 
-    /// Evicts tables until `bytes` more fit: the least recently used tables no process uses,
-    /// then, for a `requester` (a user's holdings), tables of the user holding most, as long as
+    /// Evicts tables until `bytes` more fit: the least recently used tables no process uses
+    /// (nor the process being observed), then, for a `requester` (a user's holdings), tables of the user holding most, as long as
     /// that user would still hold more than the requester.
     fn make_room(&mut self, bytes: u64, requester: Option<&UserHoldings>) -> bool {
         while self.used_bytes + bytes > self.budget_bytes {
@@ -847,7 +861,11 @@ impl<M: TableMaps> UnwindTables<M> {
                 .tables
                 .iter()
                 .filter_map(|(key, state)| match state {
-                    TableState::Loaded(table) if table.users == 0 => Some((*key, table.last_used)),
+                    TableState::Loaded(table)
+                        if table.users == 0 && !self.taken_now.contains(key) =>
+                    {
+                        Some((*key, table.last_used))
+                    }
                     _ => None,
                 })
                 .min_by_key(|(_, last_used)| *last_used)

@@ -159,6 +159,35 @@ fn tables_past_the_budget_are_not_loaded_and_counted() {
     assert!(tables.maps.row(std::process::id(), getpid).is_none());
 }
 
+/// A process whose tables do not all fit keeps the ones it took first: it never evicts its own
+/// tables to make room for its next ones (a process of 40 libraries did, and ended with tables
+/// for none of its mappings but the last few).
+#[test]
+fn a_process_past_the_budget_keeps_the_tables_it_took() {
+    let pid = std::process::id();
+    let stats = Arc::new(TableStats::default());
+    let mut tables = unwind_tables(1 << 30, stats.clone());
+    tables.observe(pid);
+    let all = stats.bytes.load(Ordering::Relaxed);
+    let count = stats.tables.load(Ordering::Relaxed);
+    assert!(
+        count >= 3,
+        "this test's binary, libc and ld.so have tables: {count}"
+    );
+
+    let stats = Arc::new(TableStats::default());
+    let mut tables = unwind_tables(all - 1, stats.clone());
+    tables.observe(pid);
+    assert_eq!(stats.evictions.load(Ordering::Relaxed), 0);
+    let loaded = stats.tables.load(Ordering::Relaxed);
+    assert!(loaded > 0 && loaded < count, "{loaded} of {count} tables");
+    assert!(stats.not_loaded(NotLoaded::Budget) + stats.not_loaded(NotLoaded::UserShare) > 0);
+    // Every table loaded is one the process's entry names.
+    let entry = tables.maps.procs.get(&pid).expect("the entry");
+    assert_eq!(entry.count as u64, loaded);
+    assert!(tables.maps.tables.len() as u64 == loaded);
+}
+
 #[test]
 fn unused_tables_are_evicted_least_recently_used_first() {
     let stats = Arc::new(TableStats::default());
