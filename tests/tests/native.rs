@@ -690,7 +690,8 @@ fn rustc_stacks_reach_their_root() {
     let share = rooted as f64 / total.max(1) as f64;
     println!(
         "rustc for {:.1} s: {:.2}% of {total} samples after its first second reach a thread's \
-         start; the daemon's cgroup peaked at {} MB (maps included)",
+         start; the daemon's cgroup peaked at {} MB (maps included); the others end at \
+         {cut_at:?}",
         took.as_secs_f64(),
         share * 100.0,
         peak >> 20

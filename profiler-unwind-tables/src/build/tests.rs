@@ -126,6 +126,42 @@ fn plt_entries_get_their_expression_rule() {
     assert_eq!(row.cfa_offset, 11);
 }
 
+/// lld writes no FDE for `.plt` (rustc's libLLVM and librustc_driver, on every machine that
+/// builds this project): the table gives the stubs their ABI rule rather than no rule.
+#[test]
+fn plt_sections_without_fdes_get_their_abi_rule() {
+    let sysroot = std::process::Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .output()
+        .expect("rustc");
+    let lib = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim()).join("lib");
+    let library = std::fs::read_dir(&lib)
+        .expect("the sysroot's lib")
+        .filter_map(|entry| Some(entry.ok()?.path()))
+        .find(|path| {
+            path.file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.starts_with("libLLVM") && name.contains(".so"))
+        })
+        .expect("rustc's libLLVM");
+    let data = std::fs::read(&library).expect("libLLVM");
+    let file = object::File::parse(&*data).expect("ELF");
+    let plt = file.section_by_name(".plt").expect(".plt").address() as u32;
+    let table = build_table(&data[..], BuildLimits::default()).expect("table");
+    let row_at = |pc: u32| {
+        find_cfi_row(table.rows.len() as u32, pc, |i| {
+            table.rows.get(i as usize).copied()
+        })
+        .expect("a row")
+    };
+    // The second entry, at its `jmp *GOT` and after its `push`.
+    for pc in [plt + 0x10, plt + 0x10 + 11] {
+        let row = row_at(pc);
+        assert_eq!(row.kind(), Some(CfaKind::Plt), "{row:?} at {pc:#x}");
+        assert_eq!(row.cfa_offset, 11);
+    }
+}
+
 #[test]
 fn plt_expressions_are_recognised_exactly() {
     let mut expression = PLT_EXPRESSION_HEAD.to_vec();
