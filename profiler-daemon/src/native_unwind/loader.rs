@@ -716,16 +716,17 @@ impl<M: TableMaps> UnwindTables<M> {
         backing: &Backing,
     ) -> Option<(u32, bool)> {
         let now = Instant::now();
-        let share = user_share(self.budget_bytes);
-        let room = self.room_without_others();
-        match self.tables.get_mut(&key) {
-            Some(TableState::Loaded(table)) => {
-                table.last_used = now;
-                if let Some(holdings) = holdings {
-                    holdings.add(key, table.bytes);
-                }
-                return Some((table.id, false));
+        if let Some(TableState::Loaded(table)) = self.tables.get_mut(&key) {
+            table.last_used = now;
+            if let Some(holdings) = holdings {
+                holdings.add(key, table.bytes);
             }
+            return Some((table.id, false));
+        }
+        let share = user_share(self.budget_bytes);
+        // A sum over the loaded tables: only for a table not loaded yet.
+        let room = self.room_without_others();
+        match self.tables.get(&key) {
             Some(TableState::Failed { retry, reason }) if retry.is_none_or(|at| now < at) => {
                 // Counted when it failed; told again for this process.
                 self.refused_now.push(*reason);
@@ -853,8 +854,8 @@ impl<M: TableMaps> UnwindTables<M> {
     }
 
     /// Evicts tables until `bytes` more fit: the least recently used tables no process uses
-    /// (nor the process being observed), then, for a `requester` (a user's holdings), tables of the user holding most, as long as
-    /// that user would still hold more than the requester.
+    /// (nor the process being observed), then, for a `requester` (a user's holdings), tables of
+    /// the user holding most, as long as that user would still hold more than the requester.
     fn make_room(&mut self, bytes: u64, requester: Option<&UserHoldings>) -> bool {
         while self.used_bytes + bytes > self.budget_bytes {
             let unused = self
