@@ -62,16 +62,16 @@ pub fn load_bias_in(segments: &[LoadSegment], mapping: CodeMapping) -> Option<u6
     // (mprotect), the segment holding its offset. Its byte p_offset lies at p_vaddr + bias, so
     // the byte at `file_offset` lies at file_offset - p_offset + p_vaddr + bias = start.
     let offset = mapping.file_offset;
-    let starts_here = |segment: &&LoadSegment| segment.file_offset & !(PAGE - 1) == offset;
-    let segment = segments.iter().rev().find(starts_here).or_else(|| {
-        segments.iter().find(|segment| {
-            let end = segment.file_offset.saturating_add(segment.file_size.max(1));
-            segment.file_offset <= offset && offset < end
-        })
-    })?;
-    let address = offset
-        .wrapping_sub(segment.file_offset)
-        .wrapping_add(segment.address);
+    let address = match segments
+        .iter()
+        .rev()
+        .find(|segment| segment.file_offset & !(PAGE - 1) == offset)
+    {
+        Some(segment) => offset
+            .wrapping_sub(segment.file_offset)
+            .wrapping_add(segment.address),
+        None => address_of_offset(segments, offset)?,
+    };
     Some(mapping.start.wrapping_sub(address))
 }
 

@@ -205,18 +205,23 @@ fn unused_tables_are_evicted_least_recently_used_first() {
     assert!(tables.maps.tables.is_empty());
 }
 
-/// A user alone may hold more than half the budget (share by need), and another user's program
-/// started later still gets its tables, taken from the user holding most.
-#[test]
-fn one_users_tables_leave_another_users_their_share() {
+/// A process of another user than this test's (root): `sleep 30` as `nobody`.
+fn sleep_as_nobody() -> std::process::Child {
     use std::os::unix::process::CommandExt as _;
-    // `nobody` runs a program with few tables; root (this test) holds many.
-    let mut other = std::process::Command::new("sleep")
+    std::process::Command::new("sleep")
         .arg("30")
         .uid(65534)
         .gid(65534)
         .spawn()
-        .expect("sleep as nobody (the tests run as root)");
+        .expect("sleep as nobody (the tests run as root)")
+}
+
+/// A user alone may hold more than half the budget (share by need), and another user's program
+/// started later still gets its tables, taken from the user holding most.
+#[test]
+fn one_users_tables_leave_another_users_their_share() {
+    // `nobody` runs a program with few tables; root (this test) holds many.
+    let mut other = sleep_as_nobody();
     std::thread::sleep(Duration::from_millis(100));
     let bytes_alone = |pid: u32| {
         let stats = Arc::new(TableStats::default());
@@ -261,17 +266,11 @@ fn one_users_tables_leave_another_users_their_share() {
 /// is left incomplete and continued at the user's next turn.
 #[test]
 fn a_process_whose_users_build_time_is_spent_is_completed_at_its_next_turn() {
-    use std::os::unix::process::CommandExt as _;
     let stats = Arc::new(TableStats::default());
     let mut tables = unwind_tables(256 << 20, stats.clone());
     tables.build_shares.share = Duration::ZERO;
     // Another user's process waits for its turn too: turns are taken only while someone waits.
-    let mut other = std::process::Command::new("sleep")
-        .arg("30")
-        .uid(65534)
-        .gid(65534)
-        .spawn()
-        .expect("sleep as nobody (the tests run as root)");
+    let mut other = sleep_as_nobody();
     tables.processes.insert(
         other.id(),
         LoadedProcess {
