@@ -144,6 +144,11 @@ crate::labelled_enum! {
         OffCpuUserBudget = 25 => "off_cpu_user_budget",
         ProcessEventsProcessBudget = 26 => "process_events_process_budget",
         ProcessEventsUserBudget = 27 => "process_events_user_budget",
+        /// Java threads described by the thread-start hook as they started.
+        JavaThreadsStarted = 28 => "java_threads_started",
+        /// Thread starts not described: their JVM had [`JAVA_THREADS_PER_TARGET`] described by
+        /// the hook already, or the map was full (the thread list's scan still finds them).
+        JavaThreadsStartRefused = 29 => "java_threads_start_refused",
     }
 }
 
@@ -235,13 +240,15 @@ crate::labelled_enum! {
         /// [`OffCpuEnd`] with the same thread and `ktime_ns`.
         OffCpu = 1 => "off_cpu",
         /// A thread's TLAB was refilled (HotSpot's `AllocTracer::send_allocation_in_new_tlab`):
-        /// `weight` is the new TLAB's size. The first user frame is the class of the object
-        /// whose allocation refilled it ([`FrameKind::AllocatedClass`]), then the thread's
-        /// stack. Each event of size `w` is sampled with probability `min(1, w / interval)`
-        /// ([`ALLOC_INTERVAL_BYTES`] as set at load time).
+        /// `weight` is what the thread allocated since its previous event (the TLAB it
+        /// filled; `profiler-ebpf/src/alloc.rs`). The first user frame is the class of the
+        /// object whose allocation refilled it ([`FrameKind::AllocatedClass`]), then the
+        /// thread's stack. Each event of weight `w` is sampled with probability
+        /// `min(1, w / interval)` ([`ALLOC_INTERVAL_BYTES`] as set at load time).
         AllocInNewTlab = 2 => "alloc_in_new_tlab",
         /// An object allocated outside any TLAB (`send_allocation_outside_tlab`: large arrays,
-        /// a full TLAB not worth retiring): `weight` is the object's size; sampled as above.
+        /// a full TLAB not worth retiring): `weight` as above (the object, and what the
+        /// thread's TLABs held when retired since its previous event); sampled as above.
         AllocOutsideTlab = 3 => "alloc_outside_tlab",
     }
 }
@@ -249,6 +256,10 @@ crate::labelled_enum! {
 /// The allocation sampling interval the BPF side starts with, in bytes (as async-profiler's
 /// and Alloy's default); the daemon sets its own at load time.
 pub const ALLOC_INTERVAL_BYTES: u64 = 512 << 10;
+
+/// Threads whose allocation counter the allocation hooks keep at once (an LRU map's slots:
+/// 24 bytes of value each).
+pub const ALLOC_THREAD_SLOTS: u32 = 16_384;
 
 /// The bytes of one unit of an allocation record's `weight` (a HotSpot heap word).
 pub const ALLOC_WEIGHT_UNIT: u64 = 8;
@@ -416,20 +427,29 @@ const _: () = assert!(
 /// Most code heaps per JVM described to the BPF side (HotSpot uses 1, or 3 when segmented).
 pub const MAX_CODE_HEAPS: usize = 4;
 /// A Java thread described to the BPF side (the `JAVA_THREADS` map: host tid -> this): its
-/// `JavaThread*` and the host pid of the JVM whose thread list named it. The walk uses it only
-/// for a thread of that very process, so a tid reused by another process, or claimed by a
-/// process it does not belong to, never lends that process's thread state to another's stack.
+/// `JavaThread*` and the host pid of the JVM whose thread list named it, or whose thread
+/// started it. The walk uses it only for a thread of that very process, so a tid reused by
+/// another process, or claimed by a process it does not belong to, never lends that process's
+/// thread state to another's stack.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct JavaThreadEntry {
     pub java_thread: u64,
     pub pid: u32,
-    pub _pad: u32,
+    /// Who wrote it: [`JAVA_THREAD_FROM_LIST`] or [`JAVA_THREAD_FROM_START`].
+    pub origin: u32,
 }
+
+/// [`JavaThreadEntry::origin`]: the daemon, from the JVM's thread list.
+pub const JAVA_THREAD_FROM_LIST: u32 = 0;
+/// [`JavaThreadEntry::origin`]: the BPF thread-start hook, in the thread itself as it started
+/// (counted in the `JAVA_THREADS_STARTED` map's entry of its JVM until it exits).
+pub const JAVA_THREAD_FROM_START: u32 = 1;
 
 /// Bound on Java threads (host tid -> [`JavaThreadEntry`]) described to the BPF side, over all JVMs.
 pub const MAX_JAVA_THREADS: u32 = 65_536;
-/// Java threads described per JVM named with `--pid`.
+/// Java threads described per JVM named with `--pid`, and most a JVM's thread-start hook may
+/// describe at once (the `JAVA_THREADS_STARTED` count).
 pub const JAVA_THREADS_PER_TARGET: u32 = 16_384;
 
 /// Size of the BPF map of Java threads (set at load time): [`MAX_JAVA_THREADS`] for the whole
@@ -476,8 +496,13 @@ pub mod hotspot_flags {
     pub const VERIFIED_ENTRY_OFFSET: u8 = 1 << 4;
 }
 
-/// The daemon's uprobes one JVM can have: the two allocation hooks.
-pub const MAX_BREAKPOINTS: usize = 2;
+/// The daemon's uprobes one JVM can have: the thread-start hook, then the two allocation
+/// hooks ([`BREAKPOINT_THREAD_START`], [`BREAKPOINT_ALLOC`]).
+pub const MAX_BREAKPOINTS: usize = 3;
+/// Index of the thread-start hook in [`HotspotProc::breakpoints`].
+pub const BREAKPOINT_THREAD_START: usize = 0;
+/// Indexes of the allocation hooks (in a new TLAB, outside any) in [`HotspotProc::breakpoints`].
+pub const BREAKPOINT_ALLOC: [usize; 2] = [1, 2];
 
 /// What the BPF unwinder needs to know about one JVM process: where its code is and how its
 /// frames and code blobs are laid out. Written by the daemon (key: host pid) once the VM has
@@ -553,6 +578,10 @@ pub struct HotspotProc {
     /// `VERIFIED_ENTRY_OFFSET`): where the prologue starts, to decode it when a sample lands
     /// there. `u16::MAX` if the layout has neither.
     pub nmethod_verified_entry: u16,
+    /// `Thread::_allocated_bytes`: the bytes the thread allocated, its current TLAB's but
+    /// (counted when the TLAB is retired), what an allocation sample weighs the difference of.
+    /// `u16::MAX` if the layout has none.
+    pub thread_allocated_bytes: u16,
     /// Tells this JVM from every other the daemon pushed (a new number for each JVM it makes
     /// ready, never 0): what the walker's code blobs remembered across samples are tagged with,
     /// where a pid would be reused by the next JVM.

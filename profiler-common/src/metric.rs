@@ -78,12 +78,12 @@ pub const ALLOC_SAMPLED: &str = "profiler_alloc_sampled_total";
 /// Labelled `reason`: [`crate::Counter::AllocRingFull`], `AllocNested` by their names.
 pub const ALLOC_NOT_PROFILED: &str = "profiler_alloc_not_profiled_total";
 pub const ALLOC_WALKS_FROM_HOOK: &str = "profiler_alloc_walks_from_hook_total";
-/// Labelled `hooked`: `true` or `false`.
-pub const ALLOC_JVMS: &str = "profiler_alloc_jvms_total";
+/// JVMs whose libjvm was hooked or not; labelled `hooked`: `true` or `false`.
+pub const LIBJVM_HOOK_JVMS: &str = "profiler_libjvm_hook_jvms_total";
 /// Libjvm files whose hooks could not be attached.
-pub const ALLOC_HOOK_ATTACH_FAILURES: &str = "profiler_alloc_hook_attach_failures_total";
-pub const ALLOC_HOOKED_FILES: &str = "profiler_alloc_hooked_files";
-pub const ALLOC_WAITING_FILES: &str = "profiler_alloc_waiting_files";
+pub const LIBJVM_HOOK_ATTACH_FAILURES: &str = "profiler_libjvm_hook_attach_failures_total";
+pub const LIBJVM_HOOKED_FILES: &str = "profiler_libjvm_hooked_files";
+pub const LIBJVM_WAITING_FILES: &str = "profiler_libjvm_waiting_files";
 pub const CPUS: &str = "profiler_cpus";
 pub const FREQUENCY_HERTZ: &str = "profiler_frequency_hertz";
 // The export families have one sample per remote sink, labelled `sink` (`pyroscope`).

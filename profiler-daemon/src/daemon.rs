@@ -22,8 +22,8 @@ use crate::export::grpc::ExporterError;
 use crate::export::otlp::OtlpSink;
 use crate::export::pyroscope::PyroscopeSink;
 use crate::export::stream::StreamSink;
-use crate::hotspot::alloc_hooks::AllocHooks;
 use crate::hotspot::jvm_directory::JvmDirectory;
+use crate::hotspot::libjvm_hooks::LibjvmHooks;
 use crate::hotspot::thread_directory::ThreadDirectory;
 use crate::kernel_features::BpfObject;
 use crate::metrics::Metrics;
@@ -139,9 +139,9 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         }
         started => started?,
     };
-    // The tracker attaches and releases the allocation hooks, with handles of its own on the
-    // programs, as it finds JVMs and sees them exit.
-    let alloc_hooks = sampler.alloc_programs()?.map(AllocHooks::new);
+    // The tracker attaches and releases the libjvm hooks (thread start, allocation events),
+    // with handles of its own on the programs, as it finds JVMs and sees them exit.
+    let libjvm_hooks = Some(LibjvmHooks::new(sampler.hook_programs()?));
     let java_threads = ThreadDirectory::default();
     // Each JVM inspected once, for the tracker and the symbolizer both.
     let jvms = JvmDirectory::default();
@@ -154,7 +154,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         config.pids.clone(),
         (java_threads.clone(), jvms.clone()),
         Attacher::new(config.attach.clone(), attaches.clone()),
-        alloc_hooks,
+        libjvm_hooks,
     )?;
     tracing::info!(
         frequency_hz = config.frequency_hz,

@@ -10,7 +10,7 @@ use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::budget::{EmitBudget, Producer, PRODUCERS};
 use profiler_common::Counter;
 
-use crate::hotspot::alloc_hooks::{AllocPrograms, ALLOC_PROGRAMS};
+use crate::hotspot::libjvm_hooks::{HookPrograms, ALLOC_PROGRAMS, THREAD_START_PROGRAM};
 use crate::hotspot::tracker::BpfMaps;
 use crate::kernel_btf::KernelBtf;
 use crate::kernel_features::BpfObject;
@@ -158,6 +158,8 @@ struct ObjectSettings {
     max_jvms: u32,
     cfi_blocks: u32,
     java_threads: u32,
+    /// Slots of the allocation hooks' per-thread counters (1 without `--alloc`).
+    alloc_threads: u32,
 }
 
 /// Creates the object's maps (programs are loaded one by one afterwards).
@@ -176,9 +178,11 @@ fn load_object(object: BpfObject, settings: &ObjectSettings) -> Result<Ebpf, Sam
         .map_max_entries("OFF_CPU_EVENTS", settings.off_cpu_ring_bytes)
         .map_max_entries("ALLOC_SAMPLES", settings.alloc_ring_bytes)
         .map_max_entries("HOTSPOT_PROCS", settings.max_jvms)
+        .map_max_entries("JAVA_THREADS_STARTED", settings.max_jvms)
         .map_max_entries("SAMPLES", settings.ring_bytes)
         .map_max_entries("CFI_BLOCKS", settings.cfi_blocks)
-        .map_max_entries("JAVA_THREADS", settings.java_threads);
+        .map_max_entries("JAVA_THREADS", settings.java_threads)
+        .map_max_entries("ALLOC_THREADS", settings.alloc_threads);
     let bytes = match object {
         BpfObject::Default => DEFAULT_OBJECT,
         BpfObject::Compat => {
@@ -243,6 +247,7 @@ pub fn check_programs(
             max_jvms: profiler_common::DEFAULT_MAX_JVMS,
             cfi_blocks: 16,
             java_threads: 1024,
+            alloc_threads: 16,
         },
     )?;
     let btf = Btf::from_sys_fs().ok();
@@ -347,6 +352,11 @@ impl Sampler {
                 max_jvms,
                 cfi_blocks,
                 java_threads: profiler_common::java_thread_slots(pids.len()),
+                alloc_threads: if alloc.is_some() {
+                    profiler_common::ALLOC_THREAD_SLOTS
+                } else {
+                    1
+                },
             },
         )?;
         tracing::debug!(ring_bytes, cpus = cpus.len(), "sample ring sized");
@@ -430,7 +440,13 @@ impl Sampler {
             None => None,
         };
 
-        // Loaded now, attached to each libjvm file as JVMs are found (`AllocPrograms::attach`).
+        // Loaded now, attached to each libjvm file as JVMs are found (`HookPrograms::attach`).
+        uprobe(&mut ebpf, THREAD_START_PROGRAM)?
+            .load()
+            .map_err(|source| SamplerError::Program {
+                name: THREAD_START_PROGRAM,
+                source,
+            })?;
         let alloc_ring = match alloc {
             Some(_) => {
                 for name in ALLOC_PROGRAMS {
@@ -456,13 +472,11 @@ impl Sampler {
         })
     }
 
-    /// Handles of the loaded allocation programs, for whoever attaches them to libjvm files
-    /// (the JVM tracker's `AllocHooks`); `None` without `--alloc`. Each handle owns its links,
-    /// so hooks can be attached and released on that thread, and outlive this sampler.
-    pub fn alloc_programs(&self) -> Result<Option<AllocPrograms>, SamplerError> {
-        if !self.alloc {
-            return Ok(None);
-        }
+    /// Handles of the loaded hook programs, for whoever attaches them to libjvm files (the JVM
+    /// tracker's `LibjvmHooks`): the thread-start one, and the allocation ones with `--alloc`.
+    /// Each handle owns its links, so hooks can be attached and released on that thread, and
+    /// outlive this sampler.
+    pub fn hook_programs(&self) -> Result<HookPrograms, SamplerError> {
         let handle = |name: &'static str| {
             let program = match self.ebpf.program(name) {
                 Some(aya::programs::Program::UProbe(program)) => program,
@@ -475,10 +489,12 @@ impl Sampler {
             unsafe { UProbe::from_program_info(info, name.into(), program.kind()) }
                 .map_err(|source| SamplerError::Program { name, source })
         };
-        Ok(Some(AllocPrograms::new(
-            handle(ALLOC_PROGRAMS[0])?,
-            handle(ALLOC_PROGRAMS[1])?,
-        )))
+        let alloc = if self.alloc {
+            Some([handle(ALLOC_PROGRAMS[0])?, handle(ALLOC_PROGRAMS[1])?])
+        } else {
+            None
+        };
+        Ok(HookPrograms::new(handle(THREAD_START_PROGRAM)?, alloc))
     }
 
     /// The maps of per-JVM layouts and Java threads, for the JVM tracker (can be taken once).

@@ -6,10 +6,21 @@
 //! object allocated outside any TLAB, whether or not JFR records them. The daemon attaches
 //! these programs to both, in each libjvm file its JVMs run (docs/allocation-profiling.md).
 //!
-//! Sampling: an event of `w` bytes (the new TLAB's size, or the object's) is taken with
-//! probability `p = min(1, w / ALLOC_INTERVAL_BYTES)`, drawn here; the daemon weighs a taken
-//! event by `w / p` bytes and `1 / p` events, so the expected totals are exactly the bytes and
-//! events the JVM had. No per-thread state: nothing a thread does changes another's odds.
+//! Weights: an event stands for the bytes its thread allocated since its previous event, read
+//! from HotSpot's own per-thread counter (`Thread::_allocated_bytes`, which takes in a TLAB's
+//! bytes when the TLAB is retired, an object outside TLABs at once): a refill stands for the
+//! TLAB just filled, an object outside TLABs for itself. Every byte a thread allocated is then
+//! in exactly one event's weight, whatever its lifetime: a thread that ends early is not
+//! weighed for a TLAB it never filled, and a thread's first TLAB weighs nothing until filled.
+//! The counter's last value is kept per thread (`ALLOC_THREADS`, an LRU map by tid): a thread
+//! the hook started with (`thread_start.rs`) counts from zero; a thread that ran before the
+//! hooks counts from its first event (its earlier bytes are not this profile's). A layout
+//! without the counter weighs an event by the hook's size argument (the new TLAB's size).
+//!
+//! Sampling: an event of `w` bytes is taken with probability `p = min(1, w /
+//! ALLOC_INTERVAL_BYTES)`, drawn here; the daemon weighs a taken event by `w / p` bytes and
+//! `1 / p` events, so the expected totals are exactly the bytes the JVM allocated, and the
+//! events that carried bytes. Nothing a thread does changes another's odds.
 //!
 //! The record: the allocated class's name (a frame the daemon names later, with a cookie that
 //! proves it is still the same `Symbol`), then the thread's stack from its last Java frame (its
@@ -25,17 +36,17 @@ use aya_ebpf::{
     bindings::pt_regs,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated as gen},
     macros::{map, uprobe},
-    maps::{PerCpuArray, RingBuf},
+    maps::{LruHashMap, PerCpuArray, RingBuf},
     programs::ProbeContext,
 };
 use profiler_common::{
-    budget::Producer, Counter, SampleKind, ALLOC_INTERVAL_BYTES, ALLOC_RING_BYTES,
-    ALLOC_WEIGHT_UNIT,
+    budget::Producer, Counter, HotspotProc, SampleKind, ALLOC_INTERVAL_BYTES, ALLOC_RING_BYTES,
+    ALLOC_THREAD_SLOTS, ALLOC_WEIGHT_UNIT, JAVA_THREAD_FROM_START,
 };
 use profiler_unwind::{allocated_class_frame, UserRegs};
 
 use crate::budget;
-use crate::memory::CurrentTask;
+use crate::memory::{CurrentTask, JAVA_THREADS};
 use crate::{
     count, fill_record, profiled, send_to, RecordOrigin, WalkSlot, WalkStart, HOTSPOT_PROCS,
     SCRATCH,
@@ -49,6 +60,23 @@ static ALLOC_INTERVAL: u64 = ALLOC_INTERVAL_BYTES;
 /// room (nor the reverse).
 #[map]
 static ALLOC_SAMPLES: RingBuf = RingBuf::with_byte_size(ALLOC_RING_BYTES, 0);
+
+/// What an allocating thread's counter said at its last event.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct AllocThread {
+    java_thread: u64,
+    allocated: u64,
+    pid: u32,
+    _pad: u32,
+}
+
+/// Host tid -> [`AllocThread`]. An LRU map: an exited thread's entry makes room for the next
+/// one without cleanup; a live thread evicted (over `ALLOC_THREAD_SLOTS` allocating at once)
+/// counts again from its next event. Sized 1 by the daemon without `--alloc`.
+#[map]
+static ALLOC_THREADS: LruHashMap<u32, AllocThread> =
+    LruHashMap::with_max_entries(ALLOC_THREAD_SLOTS, 0);
 
 /// Non-zero while an allocation hook walks on this CPU.
 #[map]
@@ -85,6 +113,7 @@ fn on_allocation(regs: &pt_regs, kind: SampleKind, size: u64, java_thread: u64) 
         return;
     };
     count(Counter::AllocEvents);
+    let size = allocated_since_last_event(hotspot, pid_tgid, java_thread).unwrap_or(size);
     // SAFETY: a global the loader sets once; read-only afterwards.
     let interval = unsafe { core::ptr::read_volatile(&ALLOC_INTERVAL) }.max(1);
     if size < interval {
@@ -111,6 +140,48 @@ fn on_allocation(regs: &pt_regs, kind: SampleKind, size: u64, java_thread: u64) 
     unsafe { *busy = 0 };
 }
 
+/// What the thread allocated since its previous event, by HotSpot's counter; `None` if the
+/// counter cannot be read.
+#[inline(always)]
+fn allocated_since_last_event(
+    hotspot: &HotspotProc,
+    pid_tgid: u64,
+    java_thread: u64,
+) -> Option<u64> {
+    let offset = hotspot.thread_allocated_bytes;
+    if offset == u16::MAX || java_thread == 0 {
+        return None;
+    }
+    // SAFETY: a checked read of user memory.
+    let allocated: u64 =
+        unsafe { bpf_probe_read_user((java_thread + u64::from(offset)) as *const u64) }.ok()?;
+    let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    if let Some(last) = ALLOC_THREADS.get_ptr_mut(&tid) {
+        // SAFETY: a value of the map; only this thread's events write it.
+        let last = unsafe { &mut *last };
+        if last.pid == pid && last.java_thread == java_thread && allocated >= last.allocated {
+            let since = allocated - last.allocated;
+            last.allocated = allocated;
+            return Some(since);
+        }
+    }
+    // The thread's first event seen. Started since the hooks: everything it allocated is ours.
+    // SAFETY: copied out at once.
+    let started_hooked = unsafe { JAVA_THREADS.get(&tid) }.is_some_and(|entry| {
+        entry.pid == pid
+            && entry.java_thread == java_thread
+            && entry.origin == JAVA_THREAD_FROM_START
+    });
+    let first = AllocThread {
+        java_thread,
+        allocated,
+        pid,
+        _pad: 0,
+    };
+    let _ = ALLOC_THREADS.insert(&tid, &first, 0);
+    Some(if started_hooked { allocated } else { 0 })
+}
+
 #[inline(always)]
 fn sample_allocation(
     regs: &pt_regs,
@@ -118,7 +189,7 @@ fn sample_allocation(
     kind: SampleKind,
     size: u64,
     java_thread: u64,
-    hotspot: &profiler_common::HotspotProc,
+    hotspot: &HotspotProc,
 ) {
     let pid = (pid_tgid >> 32) as u32;
     let task = CurrentTask::new(pid, WalkSlot::AllocHook as u32);

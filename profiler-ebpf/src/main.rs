@@ -21,12 +21,16 @@
 //! hash lookup per record.
 #![no_std]
 #![no_main]
+// `atomic_xadd`: the BPF target has no atomic types (thread_start.rs).
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
 
 mod alloc;
 mod budget;
 mod memory;
 mod off_cpu;
 mod process_events;
+mod thread_start;
 mod thread_state;
 
 use memory::{CurrentTask, STACK_WINDOW};

@@ -227,6 +227,7 @@ pub const BCP_SLOT: i8 = -7;
 const JAVA_THREAD_STATE: u64 = 0x80;
 const JAVA_THREAD_PENDING_MONITOR: u64 = 0x88;
 const JAVA_THREAD_WAITING_MONITOR: u64 = 0x90;
+const JAVA_THREAD_ALLOCATED_BYTES: u64 = 0x98;
 const JAVA_THREAD_ANCHOR: u64 = 0x100;
 const CONST_METHOD_SIZE: u64 = 48;
 
@@ -409,6 +410,7 @@ impl Jvm {
             symbol_length: 4,
             symbol_body: 6,
             nmethod_verified_entry: 64,
+            thread_allocated_bytes: JAVA_THREAD_ALLOCATED_BYTES as u16,
             instance: FAKE_INSTANCE,
         };
         Self {

@@ -10,8 +10,8 @@ use aya::maps::{MapData, RingBuf};
 
 use super::DaemonError;
 use crate::config::Config;
-use crate::hotspot::alloc_hooks::AllocHooks;
 use crate::hotspot::jvm_directory::JvmDirectory;
+use crate::hotspot::libjvm_hooks::LibjvmHooks;
 use crate::hotspot::thread_directory::ThreadDirectory;
 use crate::hotspot::tracker::{self, JvmTracker, TrackerCounts};
 use crate::kubernetes::SharedPodIndex;
@@ -159,7 +159,7 @@ pub(super) fn spawn_jvm_tracker(
     pids: Vec<u32>,
     (threads, jvms): (ThreadDirectory, JvmDirectory),
     mut attacher: Attacher,
-    alloc_hooks: Option<AllocHooks>,
+    libjvm_hooks: Option<LibjvmHooks>,
 ) -> Result<TrackerThread, DaemonError> {
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(Mutex::new(TrackerCounts::default()));
@@ -172,7 +172,7 @@ pub(super) fn spawn_jvm_tracker(
             let mut tracker = JvmTracker::new(maps, max_jvms, pids)
                 .with_directory(threads)
                 .with_jvms(jvms)
-                .with_alloc_hooks(alloc_hooks);
+                .with_libjvm_hooks(libjvm_hooks);
             let mut events = Vec::new();
             let mut panics = 0;
             while !stop_flag.load(Ordering::Relaxed) {

@@ -83,6 +83,11 @@ pub(super) fn vmstructs_of(hs: &HotspotProc, layout: Layout) -> VmStructs {
             "ObjectMonitor*",
         ),
         (
+            "Thread::_allocated_bytes",
+            hs.thread_allocated_bytes.into(),
+            "jlong",
+        ),
+        (
             "JavaFrameAnchor::_last_Java_sp",
             hs.anchor_sp.into(),
             "intptr_t*",

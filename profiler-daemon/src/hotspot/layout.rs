@@ -135,6 +135,8 @@ wanted_fields! {
     // What a blocked thread waits for: a monitor's entry, or `Object.wait` (lock profiles).
     JavaThreadCurrentPendingMonitor = "JavaThread::_current_pending_monitor", optional, ["JavaThread::_current_pending_monitor", "Thread::_current_pending_monitor"];
     JavaThreadCurrentWaitingMonitor = "JavaThread::_current_waiting_monitor", optional, ["JavaThread::_current_waiting_monitor", "Thread::_current_waiting_monitor"];
+    // What a thread allocated (allocation samples' weights).
+    ThreadAllocatedBytes = "Thread::_allocated_bytes", optional, ["Thread::_allocated_bytes", "JavaThread::_allocated_bytes"];
     ThreadOsthread = "Thread::_osthread", required, ["Thread::_osthread", "JavaThread::_osthread"];
     OSThreadThreadId = "OSThread::_thread_id", required, ["OSThread::_thread_id"];
     JavaFrameAnchorLastJavaSp = "JavaFrameAnchor::_last_Java_sp", required, ["JavaFrameAnchor::_last_Java_sp"];

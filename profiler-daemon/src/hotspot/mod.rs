@@ -22,12 +22,12 @@
 //!
 //! Not supported yet: JDK 8's single code heap layout (`CodeCache::_heap`), aarch64.
 
-pub mod alloc_hooks;
 pub mod code_proof;
 pub mod jvm;
 pub mod jvm_directory;
 pub mod layout;
 pub mod libjvm;
+pub mod libjvm_hooks;
 pub mod names;
 pub mod remote;
 pub mod symbol;

@@ -24,12 +24,12 @@ use std::time::{Duration, Instant};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::{
     HotspotProc, JavaThreadEntry, ProcessEvent, ProcessEventKind, JAVA_THREADS_PER_TARGET,
-    MAX_BREAKPOINTS,
+    JAVA_THREAD_FROM_LIST, JAVA_THREAD_FROM_START, MAX_BREAKPOINTS,
 };
 
-use super::alloc_hooks::AllocHooks;
 use super::jvm::{Jvm, JvmError};
 use super::jvm_directory::JvmDirectory;
+use super::libjvm_hooks::LibjvmHooks;
 use super::remote::ProcessMemory;
 use super::thread_directory::ThreadDirectory;
 use super::unwind_info::hotspot_proc;
@@ -111,10 +111,19 @@ impl LayoutSink for BpfMaps {
     }
 
     fn put_thread(&mut self, tid: u32, pid: u32, java_thread: u64) -> Result<(), String> {
+        // The thread-start hook described it already: its entry stays the hook's, which the
+        // hook counts until the thread exits.
+        if self.threads.get(&tid, 0).is_ok_and(|entry| {
+            entry.pid == pid
+                && entry.java_thread == java_thread
+                && entry.origin == JAVA_THREAD_FROM_START
+        }) {
+            return Ok(());
+        }
         let entry = JavaThreadEntry {
             java_thread,
             pid,
-            _pad: 0,
+            origin: JAVA_THREAD_FROM_LIST,
         };
         self.threads
             .insert(tid, entry, 0)
@@ -122,6 +131,15 @@ impl LayoutSink for BpfMaps {
     }
 
     fn remove_thread(&mut self, tid: u32) {
+        // An entry of the thread-start hook goes when its thread exits (the BPF side uncounts
+        // it then); the list may drop the thread a little before.
+        if self
+            .threads
+            .get(&tid, 0)
+            .is_ok_and(|entry| entry.origin == JAVA_THREAD_FROM_START)
+        {
+            return;
+        }
         let _ = self.threads.remove(&tid);
     }
 }
@@ -235,13 +253,13 @@ pub struct TrackerCounts {
     pub rescans: u64,
     /// Panics caught around the tracker's ticks (counted by the thread that runs it).
     pub panics: u64,
-    /// With allocation profiling: JVMs that became ready with their allocation events hooked,
-    /// and without (since the start).
-    pub jvms_alloc_hooked: u64,
-    pub jvms_alloc_not_hooked: u64,
-    pub alloc_hooked_files: u64,
-    pub alloc_waiting_files: u64,
-    pub alloc_hook_attach_failures: u64,
+    /// JVMs that became ready with their libjvm hooked (thread start, and allocation events
+    /// with `--alloc`), and without (since the start); the hook budget's state.
+    pub jvms_libjvm_hooked: u64,
+    pub jvms_libjvm_not_hooked: u64,
+    pub libjvm_hooked_files: u64,
+    pub libjvm_waiting_files: u64,
+    pub libjvm_hook_attach_failures: u64,
 }
 
 pub struct JvmTracker<S: LayoutSink> {
@@ -267,7 +285,7 @@ pub struct JvmTracker<S: LayoutSink> {
     exit_events: u64,
     rescans: u64,
     /// Allocation profiling's hooks, found for each JVM that becomes ready (when it is on).
-    alloc_hooks: Option<AllocHooks>,
+    libjvm_hooks: Option<LibjvmHooks>,
     /// The last `HotspotProc::instance` given to a JVM.
     last_instance: u32,
 }
@@ -293,13 +311,13 @@ impl<S: LayoutSink> JvmTracker<S> {
             exit_events: 0,
             rescans: 0,
             last_instance: 0,
-            alloc_hooks: None,
+            libjvm_hooks: None,
         }
     }
 
     /// Finds the allocation events of each JVM's libjvm as it becomes ready.
-    pub fn with_alloc_hooks(mut self, hooks: Option<AllocHooks>) -> Self {
-        self.alloc_hooks = hooks;
+    pub fn with_libjvm_hooks(mut self, hooks: Option<LibjvmHooks>) -> Self {
+        self.libjvm_hooks = hooks;
         self
     }
 
@@ -325,17 +343,20 @@ impl<S: LayoutSink> JvmTracker<S> {
             exec_events: self.exec_events,
             exit_events: self.exit_events,
             rescans: self.rescans,
-            jvms_alloc_hooked: self.alloc_hooks.as_ref().map_or(0, |h| h.jvms_hooked),
-            jvms_alloc_not_hooked: self.alloc_hooks.as_ref().map_or(0, |h| h.jvms_not_hooked),
-            alloc_hooked_files: self
-                .alloc_hooks
+            jvms_libjvm_hooked: self.libjvm_hooks.as_ref().map_or(0, |h| h.jvms_hooked),
+            jvms_libjvm_not_hooked: self.libjvm_hooks.as_ref().map_or(0, |h| h.jvms_not_hooked),
+            libjvm_hooked_files: self
+                .libjvm_hooks
                 .as_ref()
                 .map_or(0, |h| h.hooked_files() as u64),
-            alloc_waiting_files: self
-                .alloc_hooks
+            libjvm_waiting_files: self
+                .libjvm_hooks
                 .as_ref()
                 .map_or(0, |h| h.waiting_files() as u64),
-            alloc_hook_attach_failures: self.alloc_hooks.as_ref().map_or(0, |h| h.attach_failures),
+            libjvm_hook_attach_failures: self
+                .libjvm_hooks
+                .as_ref()
+                .map_or(0, |h| h.attach_failures),
             ..Default::default()
         };
         for tracked in self.tracked.values() {
@@ -360,7 +381,7 @@ impl<S: LayoutSink> JvmTracker<S> {
         self.use_spare_time();
         // Hooks released as their JVMs exit, and given to JVMs that waited for room.
         let hooked_late = self
-            .alloc_hooks
+            .libjvm_hooks
             .as_mut()
             .map(|h| h.tick())
             .unwrap_or_default();
@@ -768,7 +789,7 @@ impl<S: LayoutSink> JvmTracker<S> {
             other_pid_namespace: None,
         };
         self.sync_threads(pid);
-        if let Some(hooks) = &mut self.alloc_hooks {
+        if let Some(hooks) = &mut self.libjvm_hooks {
             let breakpoints = hooks.on_ready(pid, uid, start_time);
             self.push_breakpoints(pid, breakpoints);
         }

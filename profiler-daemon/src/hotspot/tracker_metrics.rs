@@ -22,7 +22,7 @@ impl MetricSource for TrackerMetrics {
         counts.encode_jvms(out)?;
         counts.encode_processes(out)?;
         if self.alloc {
-            counts.encode_alloc(out)?;
+            counts.encode_libjvm_hooks(out)?;
         }
         Ok(())
     }
@@ -87,32 +87,32 @@ impl TrackerCounts {
         )
     }
 
-    fn encode_alloc(&self, out: &mut Families) -> fmt::Result {
+    fn encode_libjvm_hooks(&self, out: &mut Families) -> fmt::Result {
         out.counters(
-            metric::ALLOC_JVMS,
-            "JVMs that became ready, by whether their allocation events were hooked.",
+            metric::LIBJVM_HOOK_JVMS,
+            "JVMs that became ready, by whether their libjvm was hooked (thread start; allocation events with --alloc).",
             by(
                 "hooked",
                 [
-                    ("true", self.jvms_alloc_hooked),
-                    ("false", self.jvms_alloc_not_hooked),
+                    ("true", self.jvms_libjvm_hooked),
+                    ("false", self.jvms_libjvm_not_hooked),
                 ],
             ),
         )?;
         out.counter(
-            metric::ALLOC_HOOK_ATTACH_FAILURES,
-            "Libjvm files whose allocation hooks could not be attached (see the log).",
-            self.alloc_hook_attach_failures,
+            metric::LIBJVM_HOOK_ATTACH_FAILURES,
+            "Libjvm files whose hooks could not be attached (see the log).",
+            self.libjvm_hook_attach_failures,
         )?;
         out.gauge(
-            metric::ALLOC_HOOKED_FILES,
+            metric::LIBJVM_HOOKED_FILES,
             "Libjvm files hooked now (released once none of their JVMs runs).",
-            self.alloc_hooked_files,
+            self.libjvm_hooked_files,
         )?;
         out.gauge(
-            metric::ALLOC_WAITING_FILES,
+            metric::LIBJVM_WAITING_FILES,
             "Libjvm files of ready JVMs waiting for room under the hook cap or their user's share.",
-            self.alloc_waiting_files,
+            self.libjvm_waiting_files,
         )
     }
 }

@@ -156,6 +156,9 @@ pub fn hotspot_proc(
             (None, Some(_)) => offset(Field::NmethodVerifiedEntryOffset)?,
             (None, None) => u16::MAX,
         },
+        thread_allocated_bytes: layout
+            .offset(Field::ThreadAllocatedBytes)
+            .map_or(Ok(u16::MAX), |_| offset(Field::ThreadAllocatedBytes))?,
         instance,
     })
 }

@@ -79,11 +79,11 @@ fn tracker_counts(v: &mut Values) -> TrackerCounts {
         &mut j.exit_events,
         &mut j.rescans,
         &mut j.panics,
-        &mut j.jvms_alloc_hooked,
-        &mut j.jvms_alloc_not_hooked,
-        &mut j.alloc_hooked_files,
-        &mut j.alloc_waiting_files,
-        &mut j.alloc_hook_attach_failures,
+        &mut j.jvms_libjvm_hooked,
+        &mut j.jvms_libjvm_not_hooked,
+        &mut j.libjvm_hooked_files,
+        &mut j.libjvm_waiting_files,
+        &mut j.libjvm_hook_attach_failures,
     ] {
         *field = v.next();
     }

