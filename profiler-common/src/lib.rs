@@ -313,10 +313,16 @@ pub struct OffCpuEnd {
     pub runqueue_ns: u64,
     pub pid: u32,
     pub tid: u32,
+    /// For a wait to enter a monitor: when the whole wait began (its first block off the CPU;
+    /// a thread woken without the monitor blocks again, and each block is a wait of its own
+    /// here), and how long the whole wait had lasted when this block began (0 for its first).
+    /// 0 and 0 for any other wait.
+    pub monitor_wait_start_ns: u64,
+    pub monitor_wait_before_ns: u64,
 }
 
 pub const OFF_CPU_END_BYTES: usize = core::mem::size_of::<OffCpuEnd>();
-const _: () = assert!(OFF_CPU_END_BYTES == 32 && OFF_CPU_END_BYTES < HEADER_BYTES);
+const _: () = assert!(OFF_CPU_END_BYTES == 48 && OFF_CPU_END_BYTES < HEADER_BYTES);
 
 impl OffCpuEnd {
     /// The end in a ring record, if the record has its size.
@@ -332,6 +338,8 @@ impl OffCpuEnd {
             runqueue_ns: word(16),
             pid: half(24),
             tid: half(28),
+            monitor_wait_start_ns: word(32),
+            monitor_wait_before_ns: word(40),
         })
     }
 }
@@ -351,6 +359,12 @@ pub struct OffCpuThread {
     pub woken_ns: u64,
     pub pid: u32,
     pub tid: u32,
+    /// The monitor the thread's open monitor wait is for (0: none, or lock waits not
+    /// tracked), when that wait's first block began, and when the thread last came back on a
+    /// CPU in it (the wait's end so far).
+    pub monitor: u64,
+    pub monitor_wait_start_ns: u64,
+    pub monitor_wait_last_in_ns: u64,
 }
 
 /// Size of the off-CPU ring buffer when off-CPU profiling is on (a power of two).

@@ -110,6 +110,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         .or(config.lock.map(|_| crate::off_cpu::DEFAULT_OFF_CPU_PERIOD))
         .map(|period| OffCpuSampling {
             period_ns: period.as_nanos() as u64,
+            monitor_waits: config.lock.is_some(),
         });
     let alloc = config.alloc.map(|alloc| AllocSampling {
         interval_bytes: alloc.interval_bytes,

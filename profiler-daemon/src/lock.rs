@@ -10,7 +10,10 @@
 //!
 //! Both count each wait once (`contentions`, weighted as off-CPU waits are) and its blocked and
 //! run-queue time (`delay`). Waits shorter than the threshold are left out: a filter, as
-//! async-profiler's and Alloy's, that keeps profiles of heavy, brief contention small.
+//! async-profiler's and Alloy's, that keeps profiles of heavy, brief contention small. A
+//! monitor wait is whole: from its first block to its last, with the spins between (a thread
+//! woken without the monitor blocks again; `JoinedWait::whole_monitor_wait`); a park is one
+//! block, `Unsafe.park` to its return.
 
 use std::time::Duration;
 
@@ -86,15 +89,20 @@ impl LockAggregators {
     /// monitor's entry into the mutex profile, another blocked wait into the block profile's
     /// candidates (whose parks are told apart by their frames when named).
     pub fn fold(&mut self, view: &SampleView<'_>, wait: &JoinedWait) -> Option<Added> {
-        if wait.wait_ns < self.threshold_ns {
-            return None;
+        match JavaState::from_u8(view.header.java_state) {
+            // Followed across its blocks by the BPF side: the threshold is on the whole wait.
+            Some(JavaState::MonitorEnter) if wait.end.monitor_wait_start_ns != 0 => {
+                let totals = wait.whole_monitor_wait(self.threshold_ns)?;
+                Some(self.mutex.add_totals(view, &totals))
+            }
+            Some(JavaState::MonitorEnter) if wait.wait_ns >= self.threshold_ns => {
+                Some(self.mutex.add_totals(view, &wait.totals))
+            }
+            Some(JavaState::Blocked) if wait.wait_ns >= self.threshold_ns => {
+                Some(self.block.add_totals(view, &wait.totals))
+            }
+            _ => None,
         }
-        let aggregator = match JavaState::from_u8(view.header.java_state) {
-            Some(JavaState::MonitorEnter) => &mut self.mutex,
-            Some(JavaState::Blocked) => &mut self.block,
-            _ => return None,
-        };
-        Some(aggregator.add_totals(view, &wait.totals))
     }
 }
 

@@ -212,6 +212,8 @@ impl OffCpuJoiner {
                     let joined = JoinedWait {
                         totals,
                         wait_ns: end.blocked_ns.saturating_add(end.runqueue_ns),
+                        end: *end,
+                        probability: wait.probability,
                     };
                     folded(&view, added, &joined);
                     Some(added)
@@ -262,6 +264,56 @@ pub struct JoinedWait {
     pub totals: StackTotals,
     /// Blocked and run-queue time.
     pub wait_ns: u64,
+    /// The end as the BPF side sent it, and the probability the wait was sampled with.
+    pub end: OffCpuEnd,
+    pub probability: u32,
+}
+
+impl JoinedWait {
+    /// What this block adds to a profile of waits to enter a monitor that counts only whole
+    /// waits of at least `threshold_ns` (a wait is its blocks, and the spins between them:
+    /// `OffCpuEnd::monitor_wait_*`). The block that takes the whole wait past the threshold
+    /// brings the wait's time so far and counts it once; the blocks after it bring their own
+    /// time and the spin before them; blocks before it, nothing. Weighted as the block was
+    /// sampled (which block brings what depends on the wait alone, not on the sampling: the
+    /// totals stay unbiased). `None` if this block adds nothing.
+    pub fn whole_monitor_wait(&self, threshold_ns: u64) -> Option<StackTotals> {
+        let end = &self.end;
+        let start = end.monitor_wait_start_ns;
+        if start == 0 {
+            return None;
+        }
+        let before = end.monitor_wait_before_ns;
+        let through = end
+            .out_ktime_ns
+            .saturating_add(self.wait_ns)
+            .saturating_sub(start)
+            .max(before);
+        if through < threshold_ns {
+            return None;
+        }
+        // Counted by an earlier block (with a zero threshold, the first block counts it).
+        let counted_before = before > 0 && before >= threshold_ns;
+        let delay = if counted_before {
+            through - before
+        } else {
+            through
+        };
+        // The run-queue part of this block stays run-queue; the rest is waiting.
+        let runqueue = end.runqueue_ns.min(delay);
+        let totals = weighted(
+            &OffCpuEnd {
+                blocked_ns: delay - runqueue,
+                runqueue_ns: runqueue,
+                ..*end
+            },
+            self.probability,
+        );
+        Some(StackTotals {
+            events: if counted_before { 0 } else { totals.events },
+            ..totals
+        })
+    }
 }
 
 fn pid_of(record: &[u8]) -> u32 {

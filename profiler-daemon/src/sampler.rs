@@ -52,6 +52,8 @@ pub struct OffCpuSampling {
     /// A thread's switches are sampled about once per this much of its time (see
     /// `profiler-ebpf/src/off_cpu.rs`).
     pub period_ns: u64,
+    /// Whether monitor waits are followed across their blocks (lock profiles).
+    pub monitor_waits: bool,
 }
 
 /// Allocation profiling, when on.
@@ -152,6 +154,8 @@ struct ObjectSettings {
     off_cpu_period_ns: u64,
     off_cpu_ring_bytes: u32,
     off_cpu: bool,
+    /// 1 with lock profiles: `TRACK_MONITOR_WAITS`.
+    monitor_waits: u64,
     alloc_interval: u64,
     alloc_ring_bytes: u32,
     budgets: [EmitBudget; PRODUCERS],
@@ -173,6 +177,7 @@ fn load_object(object: BpfObject, settings: &ObjectSettings) -> Result<Ebpf, Sam
         .override_global("FILTER_PIDS", &settings.filter, true)
         .override_global("RING_WAKEUP_BYTES", &settings.ring_wakeup_bytes, true)
         .override_global("OFF_CPU_PERIOD_NS", &settings.off_cpu_period_ns, true)
+        .override_global("TRACK_MONITOR_WAITS", &settings.monitor_waits, true)
         .override_global("ALLOC_INTERVAL", &settings.alloc_interval, true)
         .override_global("EMIT_BUDGETS", &settings.budgets, true)
         .map_max_entries("OFF_CPU_EVENTS", settings.off_cpu_ring_bytes)
@@ -235,6 +240,7 @@ pub fn check_programs(
             off_cpu_period_ns: 5_000_000,
             off_cpu_ring_bytes: profiler_common::OFF_CPU_RING_BYTES,
             off_cpu: true,
+            monitor_waits: 1,
             alloc_interval: profiler_common::ALLOC_INTERVAL_BYTES,
             alloc_ring_bytes: profiler_common::ALLOC_RING_BYTES,
             budgets: emit_budgets(&EmitSettings {
@@ -340,6 +346,7 @@ impl Sampler {
                 off_cpu_period_ns,
                 off_cpu_ring_bytes,
                 off_cpu: off_cpu.is_some(),
+                monitor_waits: u64::from(off_cpu.is_some_and(|o| o.monitor_waits)),
                 alloc_interval,
                 alloc_ring_bytes,
                 budgets: emit_budgets(&EmitSettings {

@@ -18,6 +18,13 @@
 //! cycle was short (a preemption, a brief lock spin): every wait of such a thread weighs much,
 //! so sampling it rarely would make its totals noisy, though not biased.
 //!
+//! Waits to enter a monitor (lock profiles): a thread woken without the monitor (another
+//! thread took it first) blocks again, each block a wait here. With `--lock`, every switch of a
+//! Java thread reads the monitor it waits to enter, sampled or not: consecutive blocks on the
+//! same monitor, no more than `MONITOR_SPIN_GAP_NS` of running apart (the spin before blocking
+//! again), are one wait, whose start and length so far each block's end carries; the daemon
+//! applies the lock threshold to the whole wait and counts it once.
+//!
 //! Per-thread state lives in `thread_state.rs`: task storage where the kernel has it, a
 //! preallocated hash by tid before (the compat object).
 
@@ -30,7 +37,7 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    budget::Producer, Counter, JavaState, OffCpuEnd, SampleKind, OFF_CPU_END_BYTES,
+    budget::Producer, Counter, JavaState, OffCpuEnd, OffCpuThread, SampleKind, OFF_CPU_END_BYTES,
     OFF_CPU_PROBABILITY_BITS, OFF_CPU_PROBABILITY_ONE, OFF_CPU_RING_BYTES, TASK_DEAD,
 };
 
@@ -52,6 +59,16 @@ const CYCLE_CAP_PERIODS: u64 = 16;
 /// Set by the daemon at load time (`off_cpu_period_us`).
 #[no_mangle]
 static OFF_CPU_PERIOD_NS: u64 = 5_000_000;
+
+/// Set by the daemon at load time: non-zero with `--lock`, whose monitor waits are tracked
+/// across their blocks.
+#[no_mangle]
+static TRACK_MONITOR_WAITS: u64 = 0;
+
+/// Most time a thread runs between two blocks of one monitor wait: HotSpot spins (adaptively,
+/// microseconds) before it blocks again. Longer, and the thread got the monitor, held it and
+/// contends anew: a new wait.
+const MONITOR_SPIN_GAP_NS: u64 = 1_000_000;
 
 /// Stacks of sampled waits ([`SampleKind::OffCpu`] records) and their ends ([`OffCpuEnd`]).
 #[map]
@@ -99,11 +116,22 @@ fn switched_in(task: *mut task_struct) {
         return;
     };
     let out = thread.sampled_out_ns;
-    if out == 0 {
+    if out == 0 && thread.monitor == 0 {
         return;
     }
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
+    let (monitor_wait_start_ns, monitor_wait_before_ns) = if thread.monitor != 0 {
+        let start = thread.monitor_wait_start_ns;
+        let before = thread.monitor_wait_last_in_ns.saturating_sub(start);
+        thread.monitor_wait_last_in_ns = now;
+        (start, before)
+    } else {
+        (0, 0)
+    };
+    if out == 0 {
+        return;
+    }
     let woken = thread.woken_ns;
     // No wake-up seen (woken by a path without the tracepoint): all of it counts as blocked.
     let (blocked_ns, runqueue_ns) = if woken >= out && woken <= now {
@@ -117,6 +145,8 @@ fn switched_in(task: *mut task_struct) {
         runqueue_ns,
         pid: thread.pid,
         tid: thread.tid,
+        monitor_wait_start_ns,
+        monitor_wait_before_ns,
     };
     thread.sampled_out_ns = 0;
     thread.woken_ns = 0;
@@ -129,16 +159,31 @@ fn switched_in(task: *mut task_struct) {
 }
 
 /// What the current thread, if it is a Java thread of a JVM in `HOTSPOT_PROCS`, is doing in
-/// the JVM.
+/// the JVM, and the monitor it waits to enter if it does.
 #[inline(always)]
-fn java_state(pid: u32, tid: u32) -> JavaState {
+fn java_state(pid: u32, tid: u32) -> (JavaState, u64) {
     let task = CurrentTask::new(pid, WalkSlot::Interrupt as u32);
     // SAFETY: map values only read.
     let (Some(layout), Some(thread)) = (unsafe { HOTSPOT_PROCS.get(&pid) }, task.java_thread(tid))
     else {
-        return JavaState::Unknown;
+        return (JavaState::Unknown, 0);
     };
-    profiler_unwind::waiting_state(layout, &task, thread)
+    profiler_unwind::waiting_for(layout, &task, thread)
+}
+
+/// Notes the monitor the thread leaving the CPU at `now` waits to enter (0: none): a block of
+/// the wait it was in, if on the same monitor and soon after its last block, or a new wait.
+#[inline(always)]
+fn track_monitor_wait(thread: &mut OffCpuThread, monitor: u64, now: u64) {
+    if monitor == 0 {
+        thread.monitor = 0;
+    } else if thread.monitor != monitor
+        || now.saturating_sub(thread.monitor_wait_last_in_ns) > MONITOR_SPIN_GAP_NS
+    {
+        thread.monitor = monitor;
+        thread.monitor_wait_start_ns = now;
+        thread.monitor_wait_last_in_ns = now;
+    }
 }
 
 /// The current thread leaves the CPU: decide whether this wait is sampled, and if so send its
@@ -195,6 +240,16 @@ fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, idle: Option<*mut u
     thread.last_out_ns = now;
     // A wait still open here had its end lost (a full ring); it must not be ended twice.
     thread.sampled_out_ns = 0;
+    let tid = pid_tgid as u32;
+    // SAFETY: a global the loader sets once; read-only afterwards.
+    let tracking = unsafe { core::ptr::read_volatile(&TRACK_MONITOR_WAITS) } != 0;
+    let waiting = if tracking {
+        let waiting = java_state(pid, tid);
+        track_monitor_wait(thread, waiting.1, now);
+        Some(waiting)
+    } else {
+        None
+    };
 
     let likely_cycle = if cycle > average { cycle } else { average };
     let probability = if first || likely_cycle >= period {
@@ -225,7 +280,7 @@ fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, idle: Option<*mut u
         kind: SampleKind::OffCpu,
         ktime_ns: now,
         task_state: prev_state as u8,
-        java_state: java_state(pid, pid_tgid as u32) as u8,
+        java_state: waiting.unwrap_or_else(|| java_state(pid, tid)).0 as u8,
         weight: probability,
     };
     let start = WalkStart {

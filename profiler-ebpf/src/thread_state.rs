@@ -171,6 +171,9 @@ mod imp {
             woken_ns: 0,
             pid: 0,
             tid: 0,
+            monitor: 0,
+            monitor_wait_start_ns: 0,
+            monitor_wait_last_in_ns: 0,
         };
         OFF_CPU_THREADS
             .insert(&tid, &fresh, BPF_NOEXIST as u64)

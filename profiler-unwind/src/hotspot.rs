@@ -107,22 +107,32 @@ pub fn java_state<M: UserMemory>(hs: &HotspotProc, memory: &M, thread: u64) -> J
 /// while it blocks; the serviceability agent's deadlock detection reads the same fields).
 #[inline(always)]
 pub fn waiting_state<M: UserMemory>(hs: &HotspotProc, memory: &M, thread: u64) -> JavaState {
+    waiting_for(hs, memory, thread).0
+}
+
+/// [`waiting_state`], and the monitor a thread in [`JavaState::MonitorEnter`] waits to enter (0
+/// otherwise): what tells the blocks of one wait from the next wait's.
+#[inline(always)]
+pub fn waiting_for<M: UserMemory>(hs: &HotspotProc, memory: &M, thread: u64) -> (JavaState, u64) {
     let state = java_state(hs, memory, thread);
     if state != JavaState::Blocked {
-        return state;
+        return (state, 0);
     }
-    let monitor_set = |offset: u16| {
-        offset != u16::MAX
-            && memory
-                .read_u64(thread.wrapping_add(offset as u64))
-                .is_ok_and(|monitor| monitor != 0)
+    let monitor_at = |offset: u16| {
+        if offset == u16::MAX {
+            return 0;
+        }
+        memory
+            .read_u64(thread.wrapping_add(offset as u64))
+            .unwrap_or(0)
     };
-    if monitor_set(hs.java_thread_pending_monitor) {
-        JavaState::MonitorEnter
-    } else if monitor_set(hs.java_thread_waiting_monitor) {
-        JavaState::MonitorWait
+    let pending = monitor_at(hs.java_thread_pending_monitor);
+    if pending != 0 {
+        (JavaState::MonitorEnter, pending)
+    } else if monitor_at(hs.java_thread_waiting_monitor) != 0 {
+        (JavaState::MonitorWait, 0)
     } else {
-        JavaState::Blocked
+        (JavaState::Blocked, 0)
     }
 }
 
