@@ -179,7 +179,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         let listener = crate::metrics::connections::listen(address)
             .map_err(|source| DaemonError::Metrics { address, source })?;
         tracing::info!(%address, "serving metrics at /metrics");
-        let sources = metrics.sources(tracker.shared_counts(), config.alloc.is_some());
+        let sources = metrics.sources(tracker.shared_counts());
         tokio::spawn(crate::metrics::serve(listener, Metrics::new(sources)));
     }
 

@@ -391,7 +391,65 @@ mod tests {
             runqueue_ns,
             pid: 7,
             tid,
+            monitor_wait_start_ns: 0,
+            monitor_wait_before_ns: 0,
         }
+    }
+
+    /// Block `index` of one monitor wait that started at 1 s: blocks of 1, 2 and 3 ms, each
+    /// after 100 us of spinning, all sampled with probability one half.
+    fn monitor_block(index: usize) -> JoinedWait {
+        const MS: u64 = 1_000_000;
+        const SPIN: u64 = 100_000;
+        let start = 1_000 * MS;
+        let lengths = [MS, 2 * MS, 3 * MS];
+        let out = start + lengths[..index].iter().sum::<u64>() + SPIN * index as u64;
+        let before = out - start - if index == 0 { 0 } else { SPIN };
+        let end = OffCpuEnd {
+            monitor_wait_start_ns: start,
+            monitor_wait_before_ns: before,
+            ..end(3, out, lengths[index] - 10_000, 10_000)
+        };
+        JoinedWait {
+            totals: weighted(&end, OFF_CPU_PROBABILITY_ONE / 2),
+            wait_ns: lengths[index],
+            end,
+            probability: OFF_CPU_PROBABILITY_ONE / 2,
+        }
+    }
+
+    /// (delay, contentions) block by block, unweighted, at `threshold_ns`.
+    fn whole_wait_shares(threshold_ns: u64) -> Vec<Option<(u64, u64)>> {
+        (0..3)
+            .map(|index| {
+                monitor_block(index)
+                    .whole_monitor_wait(threshold_ns)
+                    .map(|t| ((t.blocked_ns + t.runqueue_ns) / 2, t.events / 2))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_monitor_wait_is_counted_once_whole_when_it_passes_the_threshold() {
+        const MS: u64 = 1_000_000;
+        let one = crate::aggregate::EVENT_SCALE;
+        // 2 ms: the first block (1 ms) alone is under it; the second takes the wait to 3.1 ms
+        // and brings all of it, the spin included; the third brings itself and its spin.
+        assert_eq!(
+            whole_wait_shares(2 * MS),
+            vec![None, Some((3_100_000, one)), Some((3_100_000, 0))]
+        );
+        // No threshold: the first block counts the wait.
+        assert_eq!(
+            whole_wait_shares(0),
+            vec![Some((MS, one)), Some((2_100_000, 0)), Some((3_100_000, 0))]
+        );
+        // 10 ms: the whole wait (6.2 ms) never gets there.
+        assert_eq!(whole_wait_shares(10 * MS), vec![None, None, None]);
+        // Not a monitor wait: nothing of this kind.
+        let mut park = monitor_block(0);
+        park.end.monitor_wait_start_ns = 0;
+        assert_eq!(park.whole_monitor_wait(0), None);
     }
 
     fn offer(joiner: &mut OffCpuJoiner, record: &[u8]) {

@@ -26,12 +26,8 @@ pub(super) struct Counters {
 
 impl Counters {
     /// Every source of the page: these counters, the JVM tracker's `tracker` counts, and those
-    /// read at each scrape. `alloc`: allocation profiling is on.
-    pub(super) fn sources(
-        &self,
-        tracker: Arc<Mutex<TrackerCounts>>,
-        alloc: bool,
-    ) -> Vec<Arc<dyn MetricSource>> {
+    /// read at each scrape.
+    pub(super) fn sources(&self, tracker: Arc<Mutex<TrackerCounts>>) -> Vec<Arc<dyn MetricSource>> {
         vec![
             Arc::new(FeatureMetrics),
             self.sampling.clone(),
@@ -44,10 +40,7 @@ impl Counters {
                 tracker: tracker.clone(),
             }),
             Arc::new(HeapMetrics),
-            Arc::new(TrackerMetrics {
-                counts: tracker,
-                alloc,
-            }),
+            Arc::new(TrackerMetrics { counts: tracker }),
             self.unwind_tables.clone(),
             self.export.clone(),
         ]

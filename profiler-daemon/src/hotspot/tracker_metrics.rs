@@ -1,5 +1,5 @@
 //! The JVM tracker's families: the JVMs it found and pushed to the BPF maps, the process events
-//! and listings it worked from, and, with allocation profiling, the hooks it attached.
+//! and listings it worked from, and the libjvm hooks it attached.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -12,8 +12,6 @@ use crate::metrics::families::{by, Families, MetricSource};
 /// The tracker's counts as its thread last shared them.
 pub struct TrackerMetrics {
     pub counts: Arc<Mutex<TrackerCounts>>,
-    /// Whether allocation profiling is on (the allocation families are on the page).
-    pub alloc: bool,
 }
 
 impl MetricSource for TrackerMetrics {
@@ -21,10 +19,7 @@ impl MetricSource for TrackerMetrics {
         let counts = self.counts.lock().map(|c| *c).unwrap_or_default();
         counts.encode_jvms(out)?;
         counts.encode_processes(out)?;
-        if self.alloc {
-            counts.encode_libjvm_hooks(out)?;
-        }
-        Ok(())
+        counts.encode_libjvm_hooks(out)
     }
 }
 

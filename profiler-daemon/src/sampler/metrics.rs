@@ -34,6 +34,17 @@ impl KernelCounters {
             "Process events lost to a full ring buffer (the next /proc rescan makes up for them).",
             k(Counter::ProcessEventsLost),
         )?;
+        out.counter(
+            metric::JAVA_THREADS_STARTED,
+            "Java threads described to the BPF side by the thread-start hook as they started.",
+            k(Counter::JavaThreadsStarted),
+        )?;
+        out.counter(
+            metric::JAVA_THREAD_STARTS_REFUSED,
+            "Java thread starts not described (their JVM had 16384 described by the hook, or the \
+             map was full): the thread list's reads find them later.",
+            k(Counter::JavaThreadsStartRefused),
+        )?;
         self.encode_budgets(out)?;
         if alloc {
             self.encode_alloc(out)?;

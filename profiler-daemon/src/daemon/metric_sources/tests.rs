@@ -18,14 +18,13 @@ struct Sources {
 }
 
 impl Sources {
-    fn endpoint(&self, alloc: bool) -> Metrics {
-        Metrics::new(self.counters.sources(self.tracker.clone(), alloc))
+    fn endpoint(&self) -> Metrics {
+        Metrics::new(self.counters.sources(self.tracker.clone()))
     }
 
     fn rendered(&self, snapshot: Snapshot) -> String {
-        let alloc = snapshot.alloc;
         self.counters.sampling.publish(snapshot);
-        self.endpoint(alloc).render()
+        self.endpoint().render()
     }
 }
 
@@ -212,7 +211,7 @@ fn every_family_page() -> String {
     worker_counters(&mut v, &sources.counters.worker);
     export_counters(&mut v, &sources.counters.export);
     table_stats(&mut v, &sources.counters.unwind_tables);
-    let metrics = sources.endpoint(snapshot.alloc);
+    let metrics = sources.endpoint();
     v.store(&metrics.closed_connections.over_limit);
     v.store(&metrics.closed_connections.timed_out);
     sources.counters.sampling.publish(snapshot);
@@ -386,7 +385,7 @@ fn every_reason_of_the_contract_is_a_label() {
     let sources = Sources::default();
     sources.counters.export.sink("pyroscope");
     sources.counters.export.sink("otlp");
-    let text = sources.endpoint(false).render();
+    let text = sources.endpoint().render();
     for sink in ["pyroscope", "otlp"] {
         for reason in [
             export_dropped::EXPORT_QUEUE_FULL,
