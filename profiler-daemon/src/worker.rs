@@ -291,6 +291,13 @@ impl Worker {
         let (mut built, mut samples) = (0, 0);
         for (&pid, stacks) in &interval.processes {
             samples += stacks.samples();
+            // A JVM's first lock or allocation profile covers only what came after its hooks.
+            let (start, duration) = self.symbolizers.jvms.covered(
+                pid,
+                interval.kind,
+                interval.start,
+                interval.duration,
+            );
             let request = ProfileRequest {
                 kind: interval.kind,
                 pid,
@@ -298,8 +305,8 @@ impl Worker {
                 stacks,
                 frequency_hz: self.frequency_hz,
                 alloc_interval_bytes: self.alloc_interval_bytes,
-                start: interval.start,
-                duration: interval.duration,
+                start,
+                duration,
             };
             let mut names = self.symbolizers.names_of(pid, stacks, &mut self.processes);
             let mut profile = profiles::build(request, &mut names);

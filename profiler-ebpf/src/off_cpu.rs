@@ -171,6 +171,31 @@ fn java_state(pid: u32, tid: u32) -> (JavaState, u64) {
     profiler_unwind::waiting_for(layout, &task, thread)
 }
 
+/// The top byte of [`off_cpu_java_waiting`]'s word: the state; the rest: the monitor (a user
+/// address, under 2^56).
+const JAVA_STATE_SHIFT: u32 = 56;
+
+/// [`java_state`] as one word, the state in the top byte: a global function (exported, not
+/// inlined), which the verifier checks once on its own, so that reading it at every switch,
+/// sampled or not, does not multiply the paths it walks through the rest of the program (on
+/// 5.10, inlined, the switch program went past the verifier's million instructions).
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn off_cpu_java_waiting(pid: u32, tid: u32) -> u64 {
+    let (state, monitor) = java_state(pid, tid);
+    ((state as u64) << JAVA_STATE_SHIFT) | (monitor & ((1 << JAVA_STATE_SHIFT) - 1))
+}
+
+/// [`off_cpu_java_waiting`]'s word, unpacked.
+#[inline(always)]
+fn java_waiting(pid: u32, tid: u32) -> (u8, u64) {
+    let word = off_cpu_java_waiting(pid, tid);
+    (
+        (word >> JAVA_STATE_SHIFT) as u8,
+        word & ((1 << JAVA_STATE_SHIFT) - 1),
+    )
+}
+
 /// Notes the monitor the thread leaving the CPU at `now` waits to enter (0: none): a block of
 /// the wait it was in, if on the same monitor and soon after its last block, or a new wait.
 #[inline(always)]
@@ -244,7 +269,7 @@ fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, idle: Option<*mut u
     // SAFETY: a global the loader sets once; read-only afterwards.
     let tracking = unsafe { core::ptr::read_volatile(&TRACK_MONITOR_WAITS) } != 0;
     let waiting = if tracking {
-        let waiting = java_state(pid, tid);
+        let waiting = java_waiting(pid, tid);
         track_monitor_wait(thread, waiting.1, now);
         Some(waiting)
     } else {
@@ -280,7 +305,7 @@ fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, idle: Option<*mut u
         kind: SampleKind::OffCpu,
         ktime_ns: now,
         task_state: prev_state as u8,
-        java_state: waiting.unwrap_or_else(|| java_state(pid, tid)).0 as u8,
+        java_state: waiting.unwrap_or_else(|| java_waiting(pid, tid)).0,
         weight: probability,
     };
     let start = WalkStart {

@@ -1,4 +1,5 @@
-//! Allocation hooks as a budget every user shares (SECURITY.md, docs/allocation-profiling.md).
+//! Libjvm hooks (thread start, allocation events) as a budget every user shares (SECURITY.md,
+//! docs/allocation-profiling.md).
 //! An unprivileged user runs fake JVMs (tests/workloads/fake_jvm.c), each mapping its own copy
 //! of JDK 17's libjvm.so in a tmpfs of the user's own user and mount namespace (no host path
 //! reaches it), against the root daemon with `--alloc`: each copy is a distinct file to hook.
@@ -16,7 +17,7 @@ use profiler_tests::hostile::{unprivileged_user, Scenario, User, SIGTERM_BOUND};
 use profiler_tests::metrics_endpoint::free_local_address;
 use profiler_tests::*;
 
-/// profiler-daemon's `hotspot::alloc_hooks::MAX_HOOKED_FILES` and `USER_SHARE`.
+/// profiler-daemon's `hotspot::libjvm_hooks::MAX_HOOKED_FILES` and `USER_SHARE`.
 const MAX_HOOKED_FILES: u64 = 12;
 const USER_SHARE: u64 = MAX_HOOKED_FILES / 2;
 const INTERVAL_SECS: u64 = 2;
@@ -130,9 +131,9 @@ impl Hooks {
         let text = scrape_metrics(address).expect("metrics");
         let value = |name: &str| metric_value(&text, name).unwrap_or(0);
         Self {
-            hooked_files: value("profiler_alloc_hooked_files"),
-            waiting_files: value("profiler_alloc_waiting_files"),
-            jvms_hooked: value("profiler_alloc_jvms_total{hooked=\"true\"}"),
+            hooked_files: value("profiler_libjvm_hooked_files"),
+            waiting_files: value("profiler_libjvm_waiting_files"),
+            jvms_hooked: value("profiler_libjvm_hook_jvms_total{hooked=\"true\"}"),
         }
     }
 }
@@ -274,7 +275,7 @@ fn a_users_fake_jvms_hold_their_share_of_the_hooks_and_another_users_jvm_is_hook
     );
     assert_eq!(
         hooks.jvms_hooked, counted_pids as u64,
-        "profiler_alloc_jvms_total{{hooked=\"true\"}} against the JVMs logged hooked then"
+        "profiler_libjvm_hook_jvms_total{{hooked=\"true\"}} against the JVMs logged hooked then"
     );
 }
 

@@ -79,6 +79,10 @@ pub(super) struct LoopStats {
     off_cpu_on: bool,
 }
 
+/// How close to the run's end an interval's end may be and still be its last: what is left
+/// of the run is not worth an interval (and a profile per process and kind) of its own.
+const DURATION_SLACK: Duration = Duration::from_millis(200);
+
 /// When the loop ends: at a signal, or after the run's duration.
 pub(super) struct Until {
     /// When the run's `--duration` is over, if it has one.
@@ -220,6 +224,14 @@ impl SamplingLoop {
                         continue;
                     }
                     self.end_interval(&worker.intervals_pending);
+                    // The run's duration ends with this interval (its timer would fire a few
+                    // milliseconds later): no near-empty interval after it.
+                    if until.stop_at.is_some_and(|at| {
+                        at.saturating_duration_since(tokio::time::Instant::now()) < DURATION_SLACK
+                    }) {
+                        tracing::info!("duration reached");
+                        break;
+                    }
                     continue;
                 }
                 _ = sigterm.recv() => { tracing::info!("SIGTERM: writing the current interval, then exiting"); true }

@@ -38,9 +38,9 @@ use profiler_common::{BREAKPOINT_ALLOC, BREAKPOINT_THREAD_START, MAX_BREAKPOINTS
 /// many files that look like libjvm cannot make the daemon set breakpoints without end. Also
 /// what bounds the daemon's stop: the kernel releases uprobes one at a time (under its trace
 /// event lock, each waiting for an RCU tasks-trace grace period), about 120 ms each on a 6.18
-/// kernel, from any number of threads; 8 files, 24 uprobes with `--alloc`, take about 3 s (64
-/// took 15 s).
-pub const MAX_HOOKED_FILES: usize = 8;
+/// kernel, from any number of threads; 12 files, 36 uprobes with `--alloc`, take about 4 s (64
+/// took 15 s). Room enough for a node's JDK builds: one user's JVMs may hold half.
+pub const MAX_HOOKED_FILES: usize = 12;
 /// Most hooked files the JVMs of one user hold: half the cap, as one user's unwind tables hold
 /// at most half theirs (`native_unwind::loader::user_share`). Two users past it still leave
 /// room to a third: one holding less takes it from whoever holds most.

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::{
-    HotspotProc, JavaThreadEntry, ProcessEvent, ProcessEventKind, JAVA_THREADS_PER_TARGET,
-    JAVA_THREAD_FROM_LIST, JAVA_THREAD_FROM_START, MAX_BREAKPOINTS,
+    HotspotProc, JavaThreadEntry, ProcessEvent, ProcessEventKind, BREAKPOINT_ALLOC,
+    JAVA_THREADS_PER_TARGET, JAVA_THREAD_FROM_LIST, JAVA_THREAD_FROM_START, MAX_BREAKPOINTS,
 };
 
 use super::jvm::{Jvm, JvmError};
@@ -789,6 +789,8 @@ impl<S: LayoutSink> JvmTracker<S> {
             other_pid_namespace: None,
         };
         self.sync_threads(pid);
+        self.jvms
+            .watch_locks_since(pid, std::time::SystemTime::now());
         if let Some(hooks) = &mut self.libjvm_hooks {
             let breakpoints = hooks.on_ready(pid, uid, start_time);
             self.push_breakpoints(pid, breakpoints);
@@ -807,6 +809,10 @@ impl<S: LayoutSink> JvmTracker<S> {
         };
         if pushed.breakpoints == breakpoints {
             return;
+        }
+        if breakpoints[BREAKPOINT_ALLOC[0]] != 0 {
+            self.jvms
+                .watch_allocations_since(pid, std::time::SystemTime::now());
         }
         let mut proc_info = **pushed;
         proc_info.breakpoints = breakpoints;

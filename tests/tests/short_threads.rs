@@ -1,0 +1,649 @@
+//! Threads that live briefly, end to end (`--lock`, `--alloc`, CPU): ShortThreads starts a
+//! thread every 30 ms that lives 100 ms, 300 ms, 1 s or 3 s; each contends on a shared monitor
+//! (`monitorSite`) and a shared `ReentrantLock` (`parkSite`), allocates at two sites
+//! (`allocSmall`, `allocLarge`) and spends about 0.3 ms of CPU in a JNI call each round,
+//! measuring its own waits and bytes. On JDK 11, 17, 21, 25 and 27 at once, the JVMs started
+//! once and the daemon run three times (`--lock=0`, `--lock=2ms`, `--lock=10ms`, each with
+//! `--alloc`):
+//!
+//! - each kind's lock profiles (`mutex-*`: the monitor, `block-*`: the lock) must put that
+//!   lock's waiting time under its site within 5% of the time the threads waited in waits at or
+//!   over the same threshold, the threshold applying to the whole wait;
+//! - the alloc profiles must give each site its share of the two sites' bytes within 3
+//!   percentage points, and their total within 5%;
+//! - of the short threads' CPU samples in the JNI call, >= 99% must reach `Thread.run`.
+//!
+//! What makes short threads hard: a thread's first milliseconds are its whole life here, so
+//! whatever the daemon learns of a thread late (its Java identity), or weighs by what the thread
+//! is about to do (a new TLAB's size), or splits (a wait made of several blocks) shows at once.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use profiler_daemon::pprof::proto;
+use profiler_tests::*;
+
+/// The JDKs covered: the long-term releases and the newest.
+const MAJORS: [u32; 5] = [11, 17, 21, 25, 27];
+
+/// A fixed heap of a size services run with (so TLABs of the size they get: tens to hundreds of
+/// KB, more than a 100 ms thread allocates); the sites never inlined, so each is a frame of its
+/// own; `quiet`, so that the JVM's stdout starts with the workload's "ready". The JNI library's
+/// path is added.
+const JVM_ARGS: &[&str] = &[
+    "-Xms256m",
+    "-Xmx256m",
+    "-XX:CompileCommand=quiet",
+    "-XX:CompileCommand=dontinline,ShortThreads::*Site",
+    "-XX:CompileCommand=dontinline,ShortThreads::alloc*",
+];
+
+/// Each daemon run: 2 s intervals, so that 24 s give 11 whole ones after the first, partial one
+/// (about 22 s compared per threshold; three runs and the JVMs' start take about 1.5 minutes).
+const SECONDS: u64 = 24;
+const INTERVAL: u64 = 2;
+/// 99 Hz: the JNI call holds about 6% of a CPU per JVM, about 400 samples over the runs.
+const FREQUENCY: u32 = 99;
+/// One sample per 64 KiB allocated: each JVM allocates about 12 MB/s, so about 180 samples a
+/// second, thousands per site over the runs.
+const ALLOC: &str = "--alloc=64k";
+
+/// The targets.
+const LOCK_TIME_ERROR: f64 = 0.05;
+const ALLOC_SHARE_PP: f64 = 3.0;
+const ALLOC_TOTAL_ERROR: f64 = 0.05;
+const JNI_ROOTED: f64 = 0.99;
+/// Fewer JNI samples than this would say little: the harness failed.
+const JNI_MIN_SAMPLES: usize = 100;
+
+/// One daemon run's lock threshold.
+struct Threshold {
+    /// The daemon's option.
+    flag: &'static str,
+    /// Its suffix in the workload's `SHORT` lines (`monitor_ns_<key>`, `monitor_waits_<key>`).
+    key: &'static str,
+}
+
+const THRESHOLDS: [Threshold; 3] = [
+    Threshold {
+        flag: "--lock=0",
+        key: "0",
+    },
+    Threshold {
+        flag: "--lock=2ms",
+        key: "2ms",
+    },
+    Threshold {
+        flag: "--lock=10ms",
+        key: "10ms",
+    },
+];
+
+/// One lock of tests/java/ShortThreads.java.
+struct LockKind {
+    /// Its name in the workload's `SHORT` lines.
+    key: &'static str,
+    /// The method that waits: a sample whose stack has it is this lock's.
+    method: &'static str,
+    /// The profile its waits belong in: the files' prefix.
+    profile: &'static str,
+}
+
+const LOCK_KINDS: [LockKind; 2] = [
+    LockKind {
+        key: "monitor",
+        method: "ShortThreads.monitorSite",
+        profile: "mutex",
+    },
+    LockKind {
+        key: "park",
+        method: "ShortThreads.parkSite",
+        profile: "block",
+    },
+];
+
+/// One allocation site: its name in the `SHORT` lines and its method.
+struct AllocSite {
+    key: &'static str,
+    method: &'static str,
+}
+
+const ALLOC_SITES: [AllocSite; 2] = [
+    AllocSite {
+        key: "small",
+        method: "ShortThreads.allocSmall",
+    },
+    AllocSite {
+        key: "large",
+        method: "ShortThreads.allocLarge",
+    },
+];
+
+/// The frames of the JNI call: the library's (tests/workloads/jni_callback.c), the native
+/// method, and the Java method the library calls back, which nothing else calls. A sample with
+/// any of them is in the JNI call, whether or not the walk got through the library.
+const JNI_FRAMES: [&str; 5] = [
+    "native_spin",
+    "native_middle",
+    "Java_JniCallback_nativeOuter",
+    "JniCallback.nativeOuter",
+    "JniCallback.javaCallback",
+];
+
+/// The short threads' names: `short-<n>`.
+const SHORT_THREAD: &str = "short-";
+
+/// The frame a rooted stack reaches: the short threads' entry.
+const ROOT: &str = "java.lang.Thread.run";
+
+/// The keys of ShortThreads' `SHORT <epoch ns> ...` lines, all cumulative: per lock and
+/// threshold the nanoseconds waited and the waits at or over it, the bytes of each allocation
+/// site, the threads started and the JNI calls made.
+const TOTALS: &[&str] = &[
+    "monitor_ns_0",
+    "monitor_waits_0",
+    "monitor_ns_2ms",
+    "monitor_waits_2ms",
+    "monitor_ns_10ms",
+    "monitor_waits_10ms",
+    "park_ns_0",
+    "park_waits_0",
+    "park_ns_2ms",
+    "park_waits_2ms",
+    "park_ns_10ms",
+    "park_waits_10ms",
+    "small",
+    "large",
+    "started",
+    "jni",
+];
+
+/// Which profiles of one kind (`mutex`, `block`, `alloc`, `cpu`) are compared, over which
+/// window. The first interval in which the daemon profiles a JVM is partial (waits that began
+/// before it started were never seen to begin, the allocation hooks are attached partway
+/// through, the first CPU samples come before the JVM's layout is read), so its profile is left
+/// out. The later ones cover whole intervals back to back, and exactly: the daemon drains an
+/// interval's records just before ending it, and its bounds are the daemon's wall clock, as the
+/// workload's `Instant.now()` is. A wait is in the profile of the interval in which it ends, and
+/// the waiting thread adds it to the truth microseconds after its end; an allocation is counted
+/// by the truth at the end of its batch (at most a millisecond later). The truth is stamped
+/// every 100 ms and interpolated at each bound: it errs there by about one wait (the longest are
+/// tens of ms, of 13 to 17 s waited per lock over 22 s at threshold 0, 2 to 6 s at 10 ms: under
+/// 1%) and one round of allocations (53 KB of about 250 MB).
+///
+/// So: `pid`'s `kind` profiles in `dir` but the first, checked back to back, and their span;
+/// or what is wrong with them (one JDK's failure, reported with the others').
+fn whole_intervals(
+    dir: &Path,
+    pid: u32,
+    major: u32,
+    kind: &str,
+) -> Result<(Vec<proto::Profile>, Window), String> {
+    let prefix = format!("{kind}-");
+    let mut profiles: Vec<proto::Profile> = profiles_of(dir, pid)
+        .expect("profiles readable")
+        .into_iter()
+        .filter(|(path, _)| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix))
+        })
+        .map(|(_, profile)| profile)
+        .collect();
+    profiles.sort_by_key(|p| p.time_nanos);
+    if profiles.len() < 4 {
+        return Err(format!(
+            "JDK {major}: {} {kind} profiles in {}, at least 4 expected (the first partial)",
+            profiles.len(),
+            dir.display()
+        ));
+    }
+    profiles.remove(0);
+    for pair in profiles.windows(2) {
+        let end = pair[0].time_nanos + pair[0].duration_nanos;
+        if (pair[1].time_nanos - end).abs() >= 1_000_000 {
+            return Err(format!(
+                "JDK {major}: a {kind} profile starts at {} ns, its predecessor ended at {end} \
+                 ns: an interval is missing",
+                pair[1].time_nanos
+            ));
+        }
+    }
+    let last = profiles.last().expect("profiles");
+    let window = Window {
+        start: profiles[0].time_nanos,
+        end: last.time_nanos + last.duration_nanos,
+    };
+    Ok((profiles, window))
+}
+
+/// The column of `profile`'s samples whose type is `name`.
+fn column(profile: &proto::Profile, name: &str) -> usize {
+    profile
+        .sample_type
+        .iter()
+        .position(|t| profile.string_table[t.r#type as usize] == name)
+        .unwrap_or_else(|| panic!("no sample type {name:?}"))
+}
+
+/// Each sample of `profiles` with its frames' base names, innermost first.
+fn samples_with_frames(
+    profiles: &[proto::Profile],
+) -> impl Iterator<Item = (&proto::Profile, &proto::Sample, Vec<String>)> {
+    profiles.iter().flat_map(|profile| {
+        profile.sample.iter().map(move |sample| {
+            let frames = sample_frames(profile, sample)
+                .iter()
+                .map(|frame| base_name(&frame.name).to_owned())
+                .collect();
+            (profile, sample, frames)
+        })
+    })
+}
+
+/// One lock at one threshold: what its profiles say and what its threads measured.
+#[derive(Debug, Default)]
+struct LockFigures {
+    profiles: usize,
+    seconds: f64,
+    delay_ns: i64,
+    contentions: i64,
+    true_ns: f64,
+    true_waits: f64,
+}
+
+impl LockFigures {
+    fn ratio(&self) -> f64 {
+        self.delay_ns as f64 / self.true_ns.max(1.0)
+    }
+}
+
+fn measure_lock(
+    profiles: &[proto::Profile],
+    window: Window,
+    kind: &LockKind,
+    threshold: &Threshold,
+    truth: &Totals,
+) -> LockFigures {
+    let mut figures = LockFigures {
+        profiles: profiles.len(),
+        seconds: window.seconds(),
+        true_ns: truth.get(&format!("{}_ns_{}", kind.key, threshold.key)),
+        true_waits: truth.get(&format!("{}_waits_{}", kind.key, threshold.key)),
+        ..LockFigures::default()
+    };
+    for (profile, sample, frames) in samples_with_frames(profiles) {
+        if frames.iter().any(|f| f == kind.method) {
+            figures.delay_ns += sample.value[column(profile, "delay")];
+            figures.contentions += sample.value[column(profile, "contentions")];
+        }
+    }
+    figures
+}
+
+/// The alloc profiles of every run of one JVM, summed, and the truth over the same windows.
+#[derive(Debug, Default)]
+struct AllocFigures {
+    profiles: usize,
+    seconds: f64,
+    /// Bytes under each of [`ALLOC_SITES`], and what each site allocated.
+    bytes: [i64; 2],
+    true_bytes: [f64; 2],
+    /// Bytes of the whole JVM in the profiles.
+    all_bytes: i64,
+}
+
+impl AllocFigures {
+    fn add(&mut self, profiles: &[proto::Profile], window: Window, truth: &Totals) {
+        self.profiles += profiles.len();
+        self.seconds += window.seconds();
+        for (true_bytes, site) in self.true_bytes.iter_mut().zip(&ALLOC_SITES) {
+            *true_bytes += truth.get(site.key);
+        }
+        for (profile, sample, frames) in samples_with_frames(profiles) {
+            let bytes = sample.value[column(profile, "alloc_in_new_tlab_bytes")]
+                + sample.value[column(profile, "alloc_outside_tlab_bytes")];
+            self.all_bytes += bytes;
+            if let Some(site) = ALLOC_SITES
+                .iter()
+                .position(|site| frames.iter().any(|f| f == site.method))
+            {
+                self.bytes[site] += bytes;
+            }
+        }
+    }
+
+    fn total(&self) -> i64 {
+        self.bytes.iter().sum()
+    }
+
+    fn true_total(&self) -> f64 {
+        self.true_bytes.iter().sum()
+    }
+
+    /// Each site's share of the two sites' bytes, in percent: profiled, true.
+    fn shares(&self, site: usize) -> (f64, f64) {
+        (
+            100.0 * self.bytes[site] as f64 / self.total().max(1) as f64,
+            100.0 * self.true_bytes[site] / self.true_total().max(1.0),
+        )
+    }
+}
+
+/// The short threads' CPU samples in the JNI call, over every run of one JVM.
+#[derive(Debug, Default)]
+struct JniFigures {
+    profiles: usize,
+    samples: usize,
+    rooted: usize,
+    /// Samples in the JNI call whose thread is not a short one (or has no name).
+    other_threads: usize,
+    /// Samples that do not reach [`ROOT`], by their innermost frames.
+    unrooted: HashMap<String, usize>,
+}
+
+impl JniFigures {
+    fn add(&mut self, profiles: &[proto::Profile]) {
+        self.profiles += profiles.len();
+        for (profile, sample, frames) in samples_with_frames(profiles) {
+            if !frames.iter().any(|f| JNI_FRAMES.contains(&f.as_str())) {
+                continue;
+            }
+            let samples = count(sample) as usize;
+            if !label(profile, sample, "thread_name").is_some_and(|t| t.starts_with(SHORT_THREAD)) {
+                self.other_threads += samples;
+                continue;
+            }
+            self.samples += samples;
+            if frames.iter().any(|f| f == ROOT) {
+                self.rooted += samples;
+            } else {
+                let innermost: Vec<&str> = frames.iter().take(6).map(String::as_str).collect();
+                *self.unrooted.entry(innermost.join(";")).or_default() += samples;
+            }
+        }
+    }
+
+    fn rooted_share(&self) -> f64 {
+        self.rooted as f64 / self.samples.max(1) as f64
+    }
+}
+
+/// Everything measured of one JVM: per lock and threshold, the alloc and JNI figures summed
+/// over the runs, and what could not be measured.
+#[derive(Debug, Default)]
+struct JvmFigures {
+    lock: [[Option<LockFigures>; 3]; 2],
+    alloc: AllocFigures,
+    jni: JniFigures,
+    /// Short threads started in the monitor's windows.
+    threads_started: f64,
+    harness_failures: Vec<String>,
+}
+
+/// [`MAJORS`] among the test JDKs (all of them, unless `PROFILER_TEST_JDKS` chooses others).
+fn test_jdks() -> Vec<Jdk> {
+    let chosen: Vec<Jdk> = jdks()
+        .into_iter()
+        .filter(|jdk| MAJORS.contains(&jdk.major))
+        .collect();
+    assert!(!chosen.is_empty(), "no test JDK among {MAJORS:?}");
+    chosen
+}
+
+#[test]
+fn short_threads_locks_allocations_and_jni_stacks_match_the_truth_on_every_jdk() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes =
+        compile_java(&["ShortThreads.java", "JniCallback.java"], dir.path()).expect("javac");
+    let library = compile_jni_callback(dir.path(), &["-O2", "-g", "-fomit-frame-pointer"]);
+    let property = format!("-Djni.lib={}", library.display());
+    let mut jvms: Vec<MeasuringJvm> = test_jdks()
+        .into_iter()
+        .map(|jdk| {
+            let mut jvm_args: Vec<&str> = JVM_ARGS.to_vec();
+            jvm_args.push(&property);
+            // JDK 24 and later warn on stderr when a class path class loads a library, unless
+            // allowed; JDK 11 knows no such option.
+            if jdk.major >= 24 {
+                jvm_args.push("--enable-native-access=ALL-UNNAMED");
+            }
+            MeasuringJvm::start(jdk, &jvm_args, &classes, "ShortThreads", "SHORT", TOTALS)
+        })
+        .collect();
+    let mut figures: Vec<JvmFigures> = jvms.iter().map(|_| JvmFigures::default()).collect();
+
+    // One JVM per JDK for all three runs: the workload is the same whatever the threshold, and
+    // its truth has every threshold's totals.
+    for (t, threshold) in THRESHOLDS.iter().enumerate() {
+        let out = dir.path().join(format!("profiles-{}", threshold.key));
+        DaemonRun::new()
+            .pids(jvms.iter().map(|jvm| jvm.jvm.pid()))
+            .frequency(FREQUENCY)
+            .interval(INTERVAL)
+            .duration(SECONDS)
+            .no_stream()
+            .output(&out)
+            .arg(ALLOC)
+            .arg(threshold.flag)
+            .run(Duration::from_secs(SECONDS + 60));
+        for (jvm, figures) in jvms.iter_mut().zip(&mut figures) {
+            jvm.assert_alive(threshold.flag);
+            let (pid, major) = (jvm.jvm.pid(), jvm.jdk.major);
+            for (k, kind) in LOCK_KINDS.iter().enumerate() {
+                match whole_intervals(&out, pid, major, kind.profile) {
+                    Ok((profiles, window)) => {
+                        let truth = jvm.truth(window);
+                        if k == 0 {
+                            figures.threads_started += truth.get("started");
+                        }
+                        figures.lock[k][t] =
+                            Some(measure_lock(&profiles, window, kind, threshold, &truth));
+                    }
+                    Err(failure) => figures.harness_failures.push(failure),
+                }
+            }
+            match whole_intervals(&out, pid, major, "alloc") {
+                Ok((profiles, window)) => {
+                    let truth = jvm.truth(window);
+                    figures.alloc.add(&profiles, window, &truth);
+                }
+                Err(failure) => figures.harness_failures.push(failure),
+            }
+            match whole_intervals(&out, pid, major, "cpu") {
+                Ok((profiles, _)) => figures.jni.add(&profiles),
+                Err(failure) => figures.harness_failures.push(failure),
+            }
+        }
+    }
+
+    let mut failures = Vec::new();
+    for (jvm, figures) in jvms.iter().zip(&figures) {
+        failures.extend(report(jvm.jdk.major, figures));
+    }
+    summary(&jvms, &figures);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// One line per JDK, every figure a target applies to: lock time ours / truth per kind and
+/// threshold, the small site's share of the alloc bytes (ours - true, pp; the large site's is
+/// its opposite), the alloc total ours / truth, the JNI samples' share rooted.
+fn summary(jvms: &[MeasuringJvm], figures: &[JvmFigures]) {
+    let mut header = format!("{:<6}", "JDK");
+    for kind in &LOCK_KINDS {
+        for threshold in &THRESHOLDS {
+            header += &format!(" {:>12}", format!("{} {}", kind.key, threshold.key));
+        }
+    }
+    println!(
+        "summary (targets: lock ratio 1 +- {LOCK_TIME_ERROR}, share +- {ALLOC_SHARE_PP} pp, \
+         alloc total 1 +- {ALLOC_TOTAL_ERROR}, JNI rooted >= {:.0}%):\n{header} {:>11} {:>11} \
+         {:>10}",
+        JNI_ROOTED * 100.0,
+        "small pp",
+        "alloc total",
+        "JNI rooted"
+    );
+    for (jvm, figures) in jvms.iter().zip(figures) {
+        let mut line = format!("{:<6}", jvm.jdk.major);
+        for lock in figures.lock.iter().flatten() {
+            line += &match lock {
+                Some(lock) => format!(" {:>12.3}", lock.ratio()),
+                None => format!(" {:>12}", "-"),
+            };
+        }
+        let alloc = &figures.alloc;
+        let (ours, truth) = alloc.shares(0);
+        println!(
+            "{line} {:>+11.2} {:>11.3} {:>9.2}%",
+            ours - truth,
+            alloc.total() as f64 / alloc.true_total().max(1.0),
+            figures.jni.rooted_share() * 100.0
+        );
+    }
+}
+
+/// Prints one JVM's figures as a table, and returns the targets it missed (and what could not
+/// be measured).
+fn report(major: u32, figures: &JvmFigures) -> Vec<String> {
+    let mut failures = figures.harness_failures.clone();
+    println!(
+        "JDK {major}: {:.0} short threads started in the {} windows; true n at 0 counts every \
+         entry, contended or not",
+        figures.threads_started, LOCK_KINDS[0].profile
+    );
+    println!(
+        "  {:<8} {:<6} {:>9} {:>9} {:>12} {:>11} {:>7} {:>12} {:>9}",
+        "lock",
+        "thresh",
+        "profiles",
+        "window s",
+        "profiled ms",
+        "true ms",
+        "ratio",
+        "profiled n",
+        "true n"
+    );
+    for (kind, per_threshold) in LOCK_KINDS.iter().zip(&figures.lock) {
+        for (threshold, lock) in THRESHOLDS.iter().zip(per_threshold) {
+            let Some(lock) = lock else {
+                println!("  {:<8} {:<6} (no profiles)", kind.key, threshold.key);
+                continue;
+            };
+            println!(
+                "  {:<8} {:<6} {:>9} {:>9.1} {:>12.1} {:>11.1} {:>7.3} {:>12} {:>9.0}",
+                kind.key,
+                threshold.key,
+                format!("{} {}", lock.profiles, kind.profile),
+                lock.seconds,
+                lock.delay_ns as f64 / 1e6,
+                lock.true_ns / 1e6,
+                lock.ratio(),
+                lock.contentions,
+                lock.true_waits
+            );
+            // The profiles' delay is the waits' time off the CPU; the threads' measure adds
+            // the little they ran meanwhile (HotSpot's spin before parking, the way in and out
+            // of the park): within the target on long-lived threads (lock.rs: 0.4%).
+            if (lock.ratio() - 1.0).abs() > LOCK_TIME_ERROR {
+                failures.push(format!(
+                    "JDK {major}: {:.1} ms of {} delay under {} over {:.1} s with {}, its \
+                     threads waited {:.1} ms in waits of {} or more (ratio {:.3}, target \
+                     1 +- {LOCK_TIME_ERROR})",
+                    lock.delay_ns as f64 / 1e6,
+                    kind.profile,
+                    kind.method,
+                    lock.seconds,
+                    threshold.flag,
+                    lock.true_ns / 1e6,
+                    threshold.key,
+                    lock.ratio()
+                ));
+            }
+        }
+    }
+
+    let alloc = &figures.alloc;
+    println!(
+        "  {:<8} {:>12} {:>9} {:>14} {:>11} {:>8}   ({} alloc profiles over {:.1} s; {:.1} MB \
+         in the JVM's profiles)",
+        "alloc",
+        "profiled MB",
+        "true MB",
+        "profiled share",
+        "true share",
+        "diff",
+        alloc.profiles,
+        alloc.seconds,
+        alloc.all_bytes as f64 / 1e6
+    );
+    for (index, site) in ALLOC_SITES.iter().enumerate() {
+        let (ours, truth) = alloc.shares(index);
+        println!(
+            "  {:<8} {:>12.1} {:>9.1} {:>13.2}% {:>10.2}% {:>+6.2}pp",
+            site.key,
+            alloc.bytes[index] as f64 / 1e6,
+            alloc.true_bytes[index] / 1e6,
+            ours,
+            truth,
+            ours - truth
+        );
+        if (ours - truth).abs() > ALLOC_SHARE_PP {
+            failures.push(format!(
+                "JDK {major}: {} has {ours:.2}% of the two sites' profiled bytes, {truth:.2}% \
+                 of what they allocated (target +- {ALLOC_SHARE_PP} pp)",
+                site.method
+            ));
+        }
+    }
+    let total_ratio = alloc.total() as f64 / alloc.true_total().max(1.0);
+    println!(
+        "  {:<8} {:>12.1} {:>9.1}   ratio {total_ratio:.3}",
+        "total",
+        alloc.total() as f64 / 1e6,
+        alloc.true_total() / 1e6
+    );
+    // A new TLAB's bytes count whole when it is taken, the truth counts what was allocated:
+    // on long-lived threads the unused ends at each GC are the only difference (alloc.rs).
+    if (total_ratio - 1.0).abs() > ALLOC_TOTAL_ERROR {
+        failures.push(format!(
+            "JDK {major}: {:.1} MB profiled under the two sites over {:.1} s, they allocated \
+             {:.1} MB (ratio {total_ratio:.3}, target 1 +- {ALLOC_TOTAL_ERROR})",
+            alloc.total() as f64 / 1e6,
+            alloc.seconds,
+            alloc.true_total() / 1e6
+        ));
+    }
+
+    let jni = &figures.jni;
+    println!(
+        "  JNI: {} CPU samples of {SHORT_THREAD}* threads in the call ({} cpu profiles), \
+         {:.2}% rooted at {ROOT}; {} samples in the call on other or unnamed threads",
+        jni.samples,
+        jni.profiles,
+        jni.rooted_share() * 100.0,
+        jni.other_threads
+    );
+    let mut unrooted: Vec<(&String, &usize)> = jni.unrooted.iter().collect();
+    unrooted.sort_by_key(|(_, samples)| std::cmp::Reverse(**samples));
+    for (innermost, samples) in unrooted.iter().take(3) {
+        println!("    {samples} not rooted: {innermost}");
+    }
+    if jni.samples < JNI_MIN_SAMPLES {
+        failures.push(format!(
+            "JDK {major}: {} CPU samples of the short threads in the JNI call, at least \
+             {JNI_MIN_SAMPLES} expected",
+            jni.samples
+        ));
+    } else if jni.rooted_share() < JNI_ROOTED {
+        failures.push(format!(
+            "JDK {major}: {:.2}% of {} CPU samples of the short threads in the JNI call reach \
+             {ROOT} (target >= {:.0}%)",
+            jni.rooted_share() * 100.0,
+            jni.samples,
+            JNI_ROOTED * 100.0
+        ));
+    }
+    failures
+}
