@@ -12,7 +12,7 @@ import java.util.concurrent.locks.ReentrantLock;
 //     allocLarge    LARGE_PER_BATCH byte[LARGE_LENGTH] (33 KB);
 //     monitorSite   enter `synchronized (MONITOR)`, shared by all, hold it HOLD_MS;
 //     (a random pause)
-//     parkSite      take LOCK, a shared non-fair ReentrantLock (its waiters park in Unsafe.park),
+//     parkSite      take LOCK, a shared fair ReentrantLock (its waiters park in Unsafe.park),
 //                   hold it HOLD_MS;
 //     jniSite       JniCallback.nativeOuter(1) (tests/workloads/jni_callback.c, its library's path
 //                   in the `jni.lib` property): about 0.3 ms of CPU in a JNI library and the
@@ -29,9 +29,11 @@ import java.util.concurrent.locks.ReentrantLock;
 // milliseconds across the thresholds below. A pause sits between the two locks so the monitor,
 // which lets threads out one every HOLD_MS, does not line them up for the ReentrantLock (which
 // would then never be contended).
-// The lock is non-fair, as most are: a newcomer may barge in while the woken waiter is on its
-// way, which sends that waiter back to park, so one wait can be several blocks; a HotSpot
-// monitor does the same. The truth below counts the whole wait once.
+// The lock is fair: a woken waiter gets it, so each wait for it is one park, from
+// `Unsafe.park` to its return, which is what a park wait is (docs/lock-profiling.md). A
+// non-fair lock lets a newcomer barge in and sends the woken waiter back to park: its `lock()`
+// is then several park waits, which the profiles count apart. The monitor does the same, and
+// there the whole entry is one wait (the profiles follow it across its blocks).
 //
 // The truth, all cumulative since the launcher started, over all short threads alive or ended:
 //   - locks: for every entry, the time from just before `synchronized` / `lock()` to just inside,
@@ -63,7 +65,7 @@ public class ShortThreads {
     static final int ARRAY_HEADER = 16;
 
     static final Object MONITOR = new Object();
-    static final ReentrantLock LOCK = new ReentrantLock();
+    static final ReentrantLock LOCK = new ReentrantLock(true);
 
     /** The waits of one lock, per threshold: added to by every short thread. */
     static final class Waits {

@@ -28,9 +28,10 @@ const ASSERTED_SITES: usize = 5;
 const MIN_SITE_WAITS: f64 = 20.0;
 /// Below this many waits on both sides, a kind's sites and time are reported, not asserted.
 const MIN_KIND_WAITS: f64 = 50.0;
-/// A kind's total wait time against JFR's (Jetty on JDK 17 and 27: within 3%). Waits are not
-/// asserted: a monitor entry that blocks twice is two waits of ours, one event of JFR's (Jetty's
-/// on JDK 17: 25% more of ours, the same wait time).
+/// A kind's total wait time against JFR's (Jetty on JDK 17 and 27: within 3%). The number of
+/// waits is not asserted: ours are estimated from sampled switches (a monitor entry that blocks
+/// twice is one wait of ours, as JFR counts it, since monitor waits are followed across their
+/// blocks; before, Jetty's on JDK 17 had 25% more of ours).
 const MAX_WAIT_TIME_ERROR: f64 = 0.15;
 /// The wait time is asserted only where JFR's median wait is at least this long (twice the
 /// threshold): where most waits are near the threshold, which side counts one depends on the
