@@ -142,7 +142,20 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     };
     // The tracker attaches and releases the libjvm hooks (thread start, allocation events),
     // with handles of its own on the programs, as it finds JVMs and sees them exit.
-    let libjvm_hooks = Some(LibjvmHooks::new(sampler.hook_programs()?));
+    // Handles of their own need CAP_SYS_ADMIN (the kernel's program-by-id lookup): without it,
+    // threads are still found by the thread lists' reads; allocation profiling cannot go on.
+    let libjvm_hooks = match sampler.hook_programs() {
+        Ok(programs) => Some(LibjvmHooks::new(programs)),
+        Err(err) if config.alloc.is_none() => {
+            tracing::warn!(
+                %err,
+                "libjvm hooks unavailable: Java threads are found by their JVMs' thread list \
+                 reads alone (every 500 ms)"
+            );
+            None
+        }
+        Err(err) => return Err(err.into()),
+    };
     let java_threads = ThreadDirectory::default();
     // Each JVM inspected once, for the tracker and the symbolizer both.
     let jvms = JvmDirectory::default();

@@ -351,7 +351,7 @@ fn memory_pinned_through_hooked_files_is_released_within_two_intervals_of_their_
     assert!(!run.log.contains("panicked"), "a daemon thread panicked");
     assert!(
         run.log
-            .contains("hooks released, no JVM runs this libjvm anymore"),
+            .contains("libjvm hooks: released, no JVM runs this libjvm anymore"),
         "the release was not logged"
     );
 }

@@ -277,14 +277,22 @@ struct flood {
 };
 
 // Calls the event `depth` frames below here (each frame kept: the walk follows them all).
+// Words a flooding thread hands the event as its `JavaThread*`: each grows by 1 GiB before
+// every call, so that whichever of them the hook reads as the thread's allocated-bytes counter,
+// every event claims a GiB allocated since the last (always sampled).
+#define THREAD_WORDS 1024
+
 static __attribute__((noinline)) void call_deep(const struct flood *flood, unsigned depth,
-                                                char *klass) {
+                                                char *klass, uint64_t *thread) {
     volatile char frame[16];
     frame[0] = (char)depth;
     if (depth > 1) {
-        call_deep(flood, depth - 1, klass);
+        call_deep(flood, depth - 1, klass, thread);
     } else if (sigsetjmp(fault_return, 1) == 0) {
-        flood->in_tlab(klass, klass, (size_t)1 << 30, 64, klass);
+        for (unsigned i = 0; i < THREAD_WORDS; i++) {
+            thread[i] += (uint64_t)1 << 30;
+        }
+        flood->in_tlab(klass, klass, (size_t)1 << 30, 64, thread);
     }
     frame[1] = frame[0];
 }
@@ -293,12 +301,13 @@ static void *flood_thread(void *argument) {
     struct flood flood = *(struct flood *)argument;
     // Class pointers never repeated: 16 MiB of them, 8 bytes apart.
     char *classes = malloc(16 << 20);
-    if (classes == NULL) {
+    uint64_t *thread = calloc(THREAD_WORDS, sizeof(uint64_t));
+    if (classes == NULL || thread == NULL) {
         die("out of memory");
     }
     for (unsigned long call = 0; time(NULL) < flood.end; call++) {
         unsigned depth = 1 + rand_r(&flood.seed) % 900;
-        call_deep(&flood, depth, classes + (call * 8) % (16 << 20));
+        call_deep(&flood, depth, classes + (call * 8) % (16 << 20), thread);
     }
     return NULL;
 }

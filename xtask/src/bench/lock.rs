@@ -8,6 +8,12 @@
 //! and with `--lock` the context switches its switch program saw per second (every one starts a
 //! wait it may measure: what its work grows with; the lock profiles keep the waits of Java
 //! threads over the threshold).
+//!
+//! And what the thread-start hook costs a JVM that starts threads back to back
+//! (`xtask/bench/ThreadChurn.java`: one thread starting a thread that does nothing, joining
+//! it, and again): its starts per second with no daemon and under a whole-host daemon at 99 Hz
+//! (defaults: the hook is attached with or without `--lock`), the cost per start the
+//! difference of their inverses.
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -52,6 +58,8 @@ struct Series {
 pub(super) struct LockCost {
     pingpong: Series,
     contention: Series,
+    /// Rounds of the thread-start workload's rate: (no daemon, daemon).
+    thread_starts: Vec<(f64, f64)>,
     window: Duration,
     threads: usize,
     jdk: u32,
@@ -86,13 +94,62 @@ impl Bench {
             |window| workload.ops_per_second(window),
             Some(&workload),
         )?;
+        drop(workload);
+        let thread_starts = self.measure_thread_starts(window)?;
         Ok(LockCost {
             pingpong,
             contention,
+            thread_starts,
             window,
             threads,
             jdk: jdk.major,
         })
+    }
+
+    /// Rounds of the thread-start workload's rate with no daemon and under one (the order
+    /// alternating per round).
+    fn measure_thread_starts(&self, window: Duration) -> Result<Vec<(f64, f64)>> {
+        let jdk = &self.jdks[0];
+        let workload = Workload::start(
+            "thread-starting JVM",
+            self.java_class_command(jdk, &[], "ThreadChurn", &["1".to_owned()]),
+        )?;
+        thread::sleep(self.plan.warmup);
+        let mut rounds = Vec::new();
+        for round in 0..self.plan.pairs {
+            let mut pair = (0.0, 0.0);
+            let order = if round % 2 == 0 {
+                [false, true]
+            } else {
+                [true, false]
+            };
+            for profiled in order {
+                let rate = if profiled {
+                    let daemon =
+                        self.start_daemon(TARGET_HZ, 15, &[], Ready::Sampling { jvms: 1 }, &[])?;
+                    thread::sleep(SETTLE);
+                    let rate = workload.ops_per_second(window)?;
+                    drop(daemon);
+                    rate
+                } else {
+                    workload.ops_per_second(window)?
+                };
+                self.progress(format_args!(
+                    "9. thread starts, round {}/{}, {}: {} starts/s",
+                    round + 1,
+                    self.plan.pairs,
+                    if profiled { "daemon" } else { "no daemon" },
+                    thousands(rate)
+                ));
+                if profiled {
+                    pair.1 = rate;
+                } else {
+                    pair.0 = rate;
+                }
+            }
+            rounds.push(pair);
+        }
+        Ok(rounds)
     }
 
     fn measure_lock_series(
@@ -224,6 +281,40 @@ impl LockCost {
     pub(super) fn rows(&self, rows: &mut Vec<Row>, _notes: &mut Vec<String>) {
         rows.push(self.pingpong.row(self.window));
         rows.push(self.contention.row(self.window));
+        rows.push(self.thread_start_row());
+    }
+
+    /// What a Java thread's start and end cost more under the daemon (its thread-start hook,
+    /// the entry made and removed), in microseconds: the median of rounds.
+    fn thread_start_row(&self) -> Row {
+        let costs: Vec<f64> = self
+            .thread_starts
+            .iter()
+            .map(|(without, with)| (1.0 / with - 1.0 / without) * 1e6)
+            .collect();
+        Row {
+            section: "9",
+            measurement: "cost per Java thread start (thread-start hook)".into(),
+            setting: format!(
+                "{} pairs of {:.0} s windows: one thread starting and joining do-nothing threads, \
+                 no daemon and a whole-host daemon at 99 Hz (defaults), JDK {}",
+                self.thread_starts.len(),
+                self.window.as_secs_f64(),
+                self.jdk
+            ),
+            result: format!(
+                "{:.1} us per start (median of pairs: {}; {} -> {} starts/s)",
+                median(costs.iter().copied()),
+                costs
+                    .iter()
+                    .map(|c| format!("{c:.1}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                thousands(median(self.thread_starts.iter().map(|p| p.0))),
+                thousands(median(self.thread_starts.iter().map(|p| p.1))),
+            ),
+            target: "-".into(),
+        }
     }
 
     /// How section 9 measures, for the report's method list.
@@ -234,7 +325,11 @@ impl LockCost {
              and as many outside per turn), each for {} rounds of a {:.0} s window under a fresh \
              whole-host daemon at 99 Hz without and with `--lock` (order alternating per round; \
              BPF statistics off); loss = 1 - with/without per round, the median of rounds; the \
-             daemon's CPU from its threads' run time; switches from its `{SWITCHES}` counter.",
+             daemon's CPU from its threads' run time; switches from its `{SWITCHES}` counter. \
+             `xtask/bench/ThreadChurn.java` (one thread starting do-nothing threads and joining \
+             each) for as many rounds with no daemon and under a whole-host daemon at 99 Hz \
+             (defaults), order alternating: the cost per start is 1/rate with the daemon \
+             minus 1/rate without, the median of rounds.",
             self.jdk,
             self.threads,
             self.pingpong.rounds.len(),

@@ -193,6 +193,7 @@ impl Bench {
                 // Sections 8 and 9's workloads.
                 .arg(sources.join("Alloc.java"))
                 .arg(sources.join("Contention.java"))
+                .arg(sources.join("ThreadChurn.java"))
                 .arg(&chain),
         )
         .context("compiling the Java workloads")?;
