@@ -75,8 +75,13 @@ const WARM_UP_SECS: u64 = 8;
 const WINDOW_SECS: u64 = 20;
 const INTERVAL_SECS: u64 = 5;
 const FREQUENCY_HZ: u32 = 99;
-/// Below this many samples of the JVM from either profiler, the harness failed.
+/// Below this many samples of the JVM from our profiles, the harness failed.
 const MIN_SAMPLES: i64 = 500;
+/// Below this many of JFR's samples, the harness failed. JFR samples only threads in Java code,
+/// at most a few per period, and fewer on some machines than on others for the same load:
+/// Spring on JDK 17 gave 781 on one machine of this kind and 427 to 461 on another, with this
+/// daemon and the one before it alike (the shares' allowances follow the counts).
+const MIN_JFR_SAMPLES: i64 = 300;
 
 /// JFR settings added to `profile` (a second `settings=` file, which JDK 11 to 27 all merge):
 /// the TLAB allocation events, off in JFR's `profile` settings since JDK 16 (its throttled
@@ -1887,7 +1892,7 @@ impl Measurement {
         if self.total() < MIN_SAMPLES {
             failures.push(format!("{tag}: only {} daemon samples", self.total()));
         }
-        if self.jfr_total() < MIN_SAMPLES {
+        if self.jfr_total() < MIN_JFR_SAMPLES {
             failures.push(format!("{tag}: only {} JFR samples", self.jfr_total()));
         }
         if self.jfr_summary_count != Some(self.jfr_parsed as u64) {
