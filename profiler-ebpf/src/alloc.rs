@@ -10,8 +10,9 @@
 //! from HotSpot's own per-thread counter (`Thread::_allocated_bytes`, which takes in a TLAB's
 //! bytes when the TLAB is retired, an object outside TLABs at once): a refill stands for the
 //! TLAB just filled, an object outside TLABs for itself. Every byte a thread allocated is then
-//! in exactly one event's weight, whatever its lifetime: a thread that ends early is not
+//! in at most one event's weight, whatever its lifetime: a thread that ends early is not
 //! weighed for a TLAB it never filled, and a thread's first TLAB weighs nothing until filled.
+//! What is not seen: the TLAB a thread holds when it exits (retired after its last event).
 //! The counter's last value is kept per thread (`ALLOC_THREADS`, an LRU map by tid): a thread
 //! the hook started with (`thread_start.rs`) counts from zero; a thread that ran before the
 //! hooks counts from its first event (its earlier bytes are not this profile's). A layout
@@ -19,8 +20,8 @@
 //!
 //! Sampling: an event of `w` bytes is taken with probability `p = min(1, w /
 //! ALLOC_INTERVAL_BYTES)`, drawn here; the daemon weighs a taken event by `w / p` bytes and
-//! `1 / p` events, so the expected totals are exactly the bytes the JVM allocated, and the
-//! events that carried bytes. Nothing a thread does changes another's odds.
+//! `1 / p` events, so the expected totals are the bytes the threads allocated in the TLABs they
+//! retired and outside TLABs, and the events that carried bytes. Nothing a thread does changes another's odds.
 //!
 //! The record: the allocated class's name (a frame the daemon names later, with a cookie that
 //! proves it is still the same `Symbol`), then the thread's stack from its last Java frame (its
