@@ -204,8 +204,10 @@ fn matrix_row(series: &str, expected_object: &str) {
     // Few samples: the guest's two emulated CPUs run the JVM's threads and a native program.
     assert!(
         split.len() >= 50,
-        "kernel {series}: {} Java split samples",
-        split.len()
+        "kernel {series}: {} Java split samples ({} CPU samples of the JVM); the daemon's log:\n{}",
+        split.len(),
+        java.len(),
+        tail(&daemon_log, 40)
     );
     assert!(
         rooted as f64 >= 0.95 * split.len() as f64,
