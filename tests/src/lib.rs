@@ -19,7 +19,7 @@ pub mod cpu_quota;
 pub mod daemon_run;
 pub mod frame_checks;
 pub use daemon_run::DaemonRun;
-pub use measured_truth::{MeasuringJvm, Totals, Window};
+pub use measured_truth::{whole_intervals, MeasuringJvm, Totals, Window};
 pub mod hostile;
 pub mod measured_truth;
 pub mod metrics_endpoint;

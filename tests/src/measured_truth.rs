@@ -176,6 +176,54 @@ impl MeasuringJvm {
     }
 }
 
+/// `pid`'s `kind` profiles (`mutex`, `alloc`...) in `dir` but the first, which lacks what
+/// began before the daemon saw the process, checked back to back (each starting within 1 ms of
+/// its predecessor's end), and the window they span; or what is wrong with them (one JDK's
+/// failure, for the caller to report with the others').
+pub fn whole_intervals(
+    dir: &Path,
+    pid: u32,
+    major: u32,
+    kind: &str,
+) -> Result<(Vec<profiler_daemon::pprof::proto::Profile>, Window), String> {
+    let prefix = format!("{kind}-");
+    let mut profiles: Vec<profiler_daemon::pprof::proto::Profile> = crate::profiles_of(dir, pid)
+        .expect("profiles readable")
+        .into_iter()
+        .filter(|(path, _)| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix))
+        })
+        .map(|(_, profile)| profile)
+        .collect();
+    profiles.sort_by_key(|p| p.time_nanos);
+    if profiles.len() < 4 {
+        return Err(format!(
+            "JDK {major}: {} {kind} profiles in {}, at least 4 expected (the first partial)",
+            profiles.len(),
+            dir.display()
+        ));
+    }
+    profiles.remove(0);
+    for pair in profiles.windows(2) {
+        let end = pair[0].time_nanos + pair[0].duration_nanos;
+        if (pair[1].time_nanos - end).abs() >= 1_000_000 {
+            return Err(format!(
+                "JDK {major}: a {kind} profile starts at {} ns, its predecessor ended at {end} \
+                 ns: an interval is missing",
+                pair[1].time_nanos
+            ));
+        }
+    }
+    let last = profiles.last().expect("profiles");
+    let window = Window {
+        start: profiles[0].time_nanos,
+        end: last.time_nanos + last.duration_nanos,
+    };
+    Ok((profiles, window))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

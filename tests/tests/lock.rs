@@ -7,7 +7,6 @@
 //! neither site is in the other's.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::Duration;
 
 use profiler_daemon::pprof::proto;
@@ -72,61 +71,20 @@ const ROOT: &str = "java.lang.Thread.run";
 /// of [`SITES`]), cumulative.
 const TOTALS: &[&str] = &["monitor_ns", "monitor_waits", "park_ns", "park_waits"];
 
-/// Which profiles of one kind (`mutex` or `block`) are compared, over which window. A wait is
-/// in the profile of the interval in which it ends, if the daemon saw it begin: the first
-/// interval in which the daemon profiles a JVM lacks the waits that began before it started
-/// (their stacks were never taken), so that interval's profile is left out. The later ones
-/// cover whole intervals back to back, and exactly: the daemon drains an interval's records
-/// just before ending it, and its bounds are the daemon's wall clock, as the workload's
-/// `Instant.now()` is. A waiting thread adds its wait to its totals as soon as it has the lock,
-/// microseconds after the wait's end, and the totals are stamped every 100 ms: about 5 waits of
-/// about 30 ms per site between two lines, so interpolating at each bound errs by about a wait
-/// (30 ms of 20 s waited per site over 14 s: 0.2%), as does the count (one of about 700).
-///
-/// So: `pid`'s `kind` profiles in `dir` but the first, checked back to back, and their span;
-/// or what is wrong with them (one JDK's failure, reported with the others').
-fn whole_intervals(
-    dir: &Path,
-    pid: u32,
-    major: u32,
-    kind: &str,
-) -> Result<(Vec<proto::Profile>, Window), String> {
-    let prefix = format!("{kind}-");
-    let mut profiles: Vec<proto::Profile> = profiles_of(dir, pid)
-        .expect("profiles readable")
-        .into_iter()
-        .filter(|(path, _)| {
-            path.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&prefix))
-        })
-        .map(|(_, profile)| profile)
-        .collect();
-    profiles.sort_by_key(|p| p.time_nanos);
-    if profiles.len() < 4 {
-        return Err(format!(
-            "JDK {major}: {} {kind} profiles, at least 4 expected (the first partial)",
-            profiles.len()
-        ));
-    }
-    profiles.remove(0);
-    for pair in profiles.windows(2) {
-        let end = pair[0].time_nanos + pair[0].duration_nanos;
-        if (pair[1].time_nanos - end).abs() >= 1_000_000 {
-            return Err(format!(
-                "JDK {major}: a {kind} profile starts at {} ns, its predecessor ended at {end} \
-                 ns: an interval is missing",
-                pair[1].time_nanos
-            ));
-        }
-    }
-    let last = profiles.last().expect("profiles");
-    let window = Window {
-        start: profiles[0].time_nanos,
-        end: last.time_nanos + last.duration_nanos,
-    };
-    Ok((profiles, window))
-}
+// Which profiles of one kind (`mutex` or `block`) are compared, over which window. A wait is
+// in the profile of the interval in which it ends, if the daemon saw it begin: the first
+// interval in which the daemon profiles a JVM lacks the waits that began before it started
+// (their stacks were never taken), so that interval's profile is left out. The later ones
+// cover whole intervals back to back, and exactly: the daemon drains an interval's records
+// just before ending it, and its bounds are the daemon's wall clock, as the workload's
+// `Instant.now()` is. A waiting thread adds its wait to its totals as soon as it has the lock,
+// microseconds after the wait's end, and the totals are stamped every 100 ms: about 5 waits of
+// about 30 ms per site between two lines, so interpolating at each bound errs by about a wait
+// (30 ms of 20 s waited per site over 14 s: 0.2%), as does the count (one of about 700).
+//
+// So: `pid`'s `kind` profiles in `dir` but the first, checked back to back, and their span;
+// or what is wrong with them (one JDK's failure, reported with the others').
+// The window is taken by `profiler_tests::measured_truth::whole_intervals`.
 
 /// What the profiles of one kind say, per site (as [`SITES`]) and in all.
 #[derive(Debug, Default)]

@@ -19,7 +19,6 @@
 //! is about to do (a new TLAB's size), or splits (a wait made of several blocks) shows at once.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::Duration;
 
 use profiler_daemon::pprof::proto;
@@ -169,64 +168,22 @@ const TOTALS: &[&str] = &[
     "jni",
 ];
 
-/// Which profiles of one kind (`mutex`, `block`, `alloc`, `cpu`) are compared, over which
-/// window. The first interval in which the daemon profiles a JVM is partial (waits that began
-/// before it started were never seen to begin, the allocation hooks are attached partway
-/// through, the first CPU samples come before the JVM's layout is read), so its profile is left
-/// out. The later ones cover whole intervals back to back, and exactly: the daemon drains an
-/// interval's records just before ending it, and its bounds are the daemon's wall clock, as the
-/// workload's `Instant.now()` is. A wait is in the profile of the interval in which it ends, and
-/// the waiting thread adds it to the truth microseconds after its end; an allocation is counted
-/// by the truth at the end of its batch (at most a millisecond later). The truth is stamped
-/// every 100 ms and interpolated at each bound: it errs there by about one wait (the longest are
-/// tens of ms, of 13 to 17 s waited per lock over 22 s at threshold 0, 2 to 6 s at 10 ms: under
-/// 1%) and one round of allocations (53 KB of about 250 MB).
-///
-/// So: `pid`'s `kind` profiles in `dir` but the first, checked back to back, and their span;
-/// or what is wrong with them (one JDK's failure, reported with the others').
-fn whole_intervals(
-    dir: &Path,
-    pid: u32,
-    major: u32,
-    kind: &str,
-) -> Result<(Vec<proto::Profile>, Window), String> {
-    let prefix = format!("{kind}-");
-    let mut profiles: Vec<proto::Profile> = profiles_of(dir, pid)
-        .expect("profiles readable")
-        .into_iter()
-        .filter(|(path, _)| {
-            path.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&prefix))
-        })
-        .map(|(_, profile)| profile)
-        .collect();
-    profiles.sort_by_key(|p| p.time_nanos);
-    if profiles.len() < 4 {
-        return Err(format!(
-            "JDK {major}: {} {kind} profiles in {}, at least 4 expected (the first partial)",
-            profiles.len(),
-            dir.display()
-        ));
-    }
-    profiles.remove(0);
-    for pair in profiles.windows(2) {
-        let end = pair[0].time_nanos + pair[0].duration_nanos;
-        if (pair[1].time_nanos - end).abs() >= 1_000_000 {
-            return Err(format!(
-                "JDK {major}: a {kind} profile starts at {} ns, its predecessor ended at {end} \
-                 ns: an interval is missing",
-                pair[1].time_nanos
-            ));
-        }
-    }
-    let last = profiles.last().expect("profiles");
-    let window = Window {
-        start: profiles[0].time_nanos,
-        end: last.time_nanos + last.duration_nanos,
-    };
-    Ok((profiles, window))
-}
+// Which profiles of one kind (`mutex`, `block`, `alloc`, `cpu`) are compared, over which
+// window. The first interval in which the daemon profiles a JVM is partial (waits that began
+// before it started were never seen to begin, the allocation hooks are attached partway
+// through, the first CPU samples come before the JVM's layout is read), so its profile is left
+// out. The later ones cover whole intervals back to back, and exactly: the daemon drains an
+// interval's records just before ending it, and its bounds are the daemon's wall clock, as the
+// workload's `Instant.now()` is. A wait is in the profile of the interval in which it ends, and
+// the waiting thread adds it to the truth microseconds after its end; an allocation is counted
+// by the truth at the end of its batch (at most a millisecond later). The truth is stamped
+// every 100 ms and interpolated at each bound: it errs there by about one wait (the longest are
+// tens of ms, of 13 to 17 s waited per lock over 22 s at threshold 0, 2 to 6 s at 10 ms: under
+// 1%) and one round of allocations (53 KB of about 250 MB).
+//
+// So: `pid`'s `kind` profiles in `dir` but the first, checked back to back, and their span;
+// or what is wrong with them (one JDK's failure, reported with the others').
+// The window is taken by `profiler_tests::measured_truth::whole_intervals`.
 
 /// The column of `profile`'s samples whose type is `name`.
 fn column(profile: &proto::Profile, name: &str) -> usize {
