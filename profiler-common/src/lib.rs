@@ -149,6 +149,9 @@ crate::labelled_enum! {
         /// Thread starts not described: their JVM had [`JAVA_THREADS_PER_TARGET`] described by
         /// the hook already, or the map was full (the thread list's scan still finds them).
         JavaThreadsStartRefused = 29 => "java_threads_start_refused",
+        /// Objects HotSpot's allocation sampler reported in profiled JVMs (the sidecar agent's
+        /// callback), before the walk: those JVMs' TLAB events are left out.
+        AllocSamplerEvents = 30 => "alloc_sampler_events",
     }
 }
 
@@ -250,6 +253,12 @@ crate::labelled_enum! {
         /// a full TLAB not worth retiring): `weight` as above (the object, and what the
         /// thread's TLABs held when retired since its previous event); sampled as above.
         AllocOutsideTlab = 3 => "alloc_outside_tlab",
+        /// An object HotSpot's own allocation sampler picked (JVMTI `SampledObjectAlloc`, with
+        /// the sidecar agent loaded and `alloc_interval` set: about one per interval bytes a
+        /// thread allocates, wherever the bytes go): `weight` is the object's size. Taken
+        /// whole (no draw here); the daemon weighs it by the inverse of the odds that an object
+        /// of that size is picked. A JVM that sends these sends no TLAB events.
+        AllocSampled = 4 => "alloc_sampled",
     }
 }
 
@@ -596,6 +605,11 @@ pub struct HotspotProc {
     /// (counted when the TLAB is retired), what an allocation sample weighs the difference of.
     /// `u16::MAX` if the layout has none.
     pub thread_allocated_bytes: u16,
+    /// Where a `java.lang.Class` object keeps its `Klass*` (the value of
+    /// `java_lang_Class::_klass_offset`, read from the JVM's memory): the class of an object
+    /// the JVM's allocation sampler reports, from the mirror JVMTI hands over. `u16::MAX` if
+    /// unknown.
+    pub class_mirror_klass: u16,
     /// Tells this JVM from every other the daemon pushed (a new number for each JVM it makes
     /// ready, never 0): what the walker's code blobs remembered across samples are tagged with,
     /// where a pid would be reused by the next JVM.

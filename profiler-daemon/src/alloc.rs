@@ -7,6 +7,11 @@
 //! and events its allocations made. "Objects" in the profiles are these estimated events: an
 //! object for allocations outside TLABs, a TLAB refill for the others (as JFR and
 //! async-profiler count them).
+//!
+//! A JVM whose sidecar agent runs HotSpot's own sampler (`alloc_interval`, JDK 11+) sends
+//! instead one event per object the sampler picked, with the object's size
+//! ([`AllocConfig::weigh_sampled`]): real objects, each stack's bytes in proportion to what
+//! it allocated whatever the TLABs and the threads' lifetimes.
 
 use profiler_common::{ALLOC_INTERVAL_BYTES, ALLOC_WEIGHT_UNIT};
 
@@ -72,6 +77,26 @@ impl AllocConfig {
     }
 }
 
+impl AllocConfig {
+    /// What an object HotSpot's sampler picked weighs; `weight` is its size in heap words. The
+    /// sampler draws points about `interval` bytes apart at random (exponentially spaced) in
+    /// each thread's allocations and samples an object holding one or more of them, once: an
+    /// object of `size` bytes is picked with odds `1 - exp(-size / interval)`, so it stands for
+    /// `size` over those odds in bytes, and their inverse in objects (JDK 11's to 27's
+    /// `ThreadHeapSampler`; the agent is given the daemon's interval).
+    pub fn weigh_sampled(&self, weight: u32) -> StackTotals {
+        let size = (u64::from(weight) * ALLOC_WEIGHT_UNIT).max(1) as f64;
+        // 1 - exp(-x), without losing small x to rounding.
+        let odds = -(-size / self.interval_bytes as f64).exp_m1();
+        StackTotals {
+            count: 1,
+            alloc_bytes: (size / odds).round() as u64,
+            events: (EVENT_SCALE as f64 / odds).round() as u64,
+            ..StackTotals::default()
+        }
+    }
+}
+
 /// `--alloc`'s value: bytes, with an optional `k`, `m` or `g` (binary units).
 pub fn parse_bytes(value: &str) -> Result<u64, String> {
     let value = value.trim();
@@ -100,6 +125,31 @@ mod tests {
 
     fn config(interval_bytes: u64) -> AllocConfig {
         AllocConfig { interval_bytes }
+    }
+
+    #[test]
+    fn an_object_the_jvms_sampler_picked_weighs_the_inverse_of_its_odds() {
+        let alloc = config(512 << 10);
+        // Small: odds about size / interval, so it stands for about one interval of bytes.
+        let small = alloc.weigh_sampled(32 / 8);
+        assert!(
+            (small.alloc_bytes as i64 - (512 << 10) - 16).abs() <= 1,
+            "{small:?}"
+        );
+        let objects = small.events as f64 / EVENT_SCALE as f64;
+        assert!(
+            (objects / ((512 << 10) as f64 / 32.0) - 1.0).abs() < 1e-4,
+            "{objects}"
+        );
+        // As large as the interval: odds 1 - 1/e.
+        let even = alloc.weigh_sampled((512 << 10) / 8);
+        let odds = 1.0 - (-1.0f64).exp();
+        assert_eq!(even.alloc_bytes, ((512 << 10) as f64 / odds).round() as u64);
+        // Far larger: always picked, it stands for itself.
+        let large = alloc.weigh_sampled((64 << 20) / 8);
+        assert_eq!(large.alloc_bytes, 64 << 20);
+        assert_eq!(large.events, EVENT_SCALE);
+        assert_eq!(large.count, 1);
     }
 
     #[test]

@@ -114,6 +114,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         });
     let alloc = config.alloc.map(|alloc| AllocSampling {
         interval_bytes: alloc.interval_bytes,
+        agent: config.attach.agent_path(),
     });
     let start = |object| {
         Sampler::start(
@@ -123,7 +124,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
             config.max_jvms,
             native_unwind::loader::block_capacity(table_budget),
             off_cpu,
-            alloc,
+            alloc.clone(),
         )
     };
     let mut sampler = match start(choice.object) {
@@ -167,7 +168,11 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         config.max_jvms as usize,
         config.pids.clone(),
         (java_threads.clone(), jvms.clone()),
-        Attacher::new(config.attach.clone(), attaches.clone()),
+        match config.alloc {
+            Some(alloc) => Attacher::new(config.attach.clone(), attaches.clone())
+                .with_allocation_sampling(alloc.interval_bytes),
+            None => Attacher::new(config.attach.clone(), attaches.clone()),
+        },
         libjvm_hooks,
     )?;
     tracing::info!(

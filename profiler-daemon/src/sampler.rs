@@ -57,10 +57,13 @@ pub struct OffCpuSampling {
 }
 
 /// Allocation profiling, when on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AllocSampling {
     /// About one sample per this many bytes allocated (see `profiler-ebpf/src/alloc.rs`).
     pub interval_bytes: u64,
+    /// The sidecar agent library, whose allocation sampler callback gets the `alloc_sampled`
+    /// program (JVMs that load this very file, by the daemon's attach or `-agentpath`).
+    pub agent: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -164,6 +167,34 @@ struct ObjectSettings {
     java_threads: u32,
     /// Slots of the allocation hooks' per-thread counters (1 without `--alloc`).
     alloc_threads: u32,
+}
+
+/// The program on the sidecar agent's allocation sampler callback (`profiler-ebpf/src/alloc.rs`).
+const ALLOC_SAMPLED_PROGRAM: &str = "alloc_sampled";
+/// That callback's exported name in the agent library (`profiler-jvmti/src/agent.rs`).
+const AGENT_SAMPLER_CALLBACK: &str = "jvm_profiler_sampled_object_alloc";
+
+/// Attaches `program` to the agent library's sampler callback, for every process that maps
+/// the file: one uprobe whatever the number of JVMs. Without it (an agent copied into a
+/// container's `/tmp` is another file), allocations are weighed by the TLAB events.
+fn attach_to_agent(program: &mut UProbe, agent: &std::path::Path) {
+    use aya::programs::uprobe::{UProbeAttachLocation, UProbeScope};
+    match program.attach(
+        UProbeAttachLocation::Symbol(AGENT_SAMPLER_CALLBACK),
+        agent,
+        UProbeScope::AllProcesses,
+    ) {
+        Ok(_) => tracing::info!(
+            agent = %agent.display(),
+            "allocation profiling: HotSpot's sampler is used in JVMs that load this agent"
+        ),
+        Err(err) => tracing::warn!(
+            agent = %agent.display(),
+            %err,
+            "allocation profiling: cannot hook the agent's sampler callback; TLAB events weigh \
+             every JVM's allocations"
+        ),
+    }
 }
 
 /// Creates the object's maps (programs are loaded one by one afterwards).
@@ -326,9 +357,11 @@ impl Sampler {
         let ring_bytes = profiler_common::sample_ring_bytes(cpus.len() as u32, frequency_hz);
         let ring_wakeup_bytes = u64::from(ring_bytes / 4);
         let off_cpu_period_ns = off_cpu.map_or(1, |o| o.period_ns.max(1));
-        let alloc_interval = alloc.map_or(profiler_common::ALLOC_INTERVAL_BYTES, |a| {
-            a.interval_bytes.max(1)
-        });
+        let alloc_interval = alloc
+            .as_ref()
+            .map_or(profiler_common::ALLOC_INTERVAL_BYTES, |a| {
+                a.interval_bytes.max(1)
+            });
         let off_cpu_ring_bytes = match off_cpu {
             Some(_) => profiler_common::OFF_CPU_RING_BYTES,
             None => UNUSED_RING_BYTES,
@@ -454,12 +487,20 @@ impl Sampler {
                 name: THREAD_START_PROGRAM,
                 source,
             })?;
-        let alloc_ring = match alloc {
-            Some(_) => {
+        let alloc_ring = match &alloc {
+            Some(alloc) => {
                 for name in ALLOC_PROGRAMS {
                     uprobe(&mut ebpf, name)?
                         .load()
                         .map_err(|source| SamplerError::Program { name, source })?;
+                }
+                let sampled = uprobe(&mut ebpf, ALLOC_SAMPLED_PROGRAM)?;
+                sampled.load().map_err(|source| SamplerError::Program {
+                    name: ALLOC_SAMPLED_PROGRAM,
+                    source,
+                })?;
+                if let Some(agent) = alloc.agent.as_deref().filter(|agent| agent.exists()) {
+                    attach_to_agent(sampled, agent);
                 }
                 Some(take_map(&mut ebpf, "ALLOC_SAMPLES")?)
             }

@@ -28,6 +28,15 @@
 //! `JavaFrameAnchor`, valid while the thread is in the VM), so the VM's allocation path above it
 //! is not walked; failing that, from the hook's caller.
 //!
+//! HotSpot's own sampler (JDK 11+, turned on by the sidecar agent's `alloc_interval` option):
+//! `alloc_sampled` runs at the agent's `SampledObjectAlloc` callback, once per object the JVM
+//! picked (points about one interval of bytes apart at random, wherever the bytes go: no TLAB
+//! boundary decides which stack is seen, so small and large objects, short and long threads
+//! are all seen in proportion). Every such event is taken, weighed by its object's size (the
+//! daemon turns that into the inverse of its odds). A JVM's first such event marks it
+//! ([`ALLOC_SAMPLED_JVMS`]): its TLAB events are left out from then on, or its bytes would
+//! count twice.
+//!
 //! These programs run in the allocating thread's context with interrupts on, so the CPU sampler
 //! can fire inside them: they walk with their own per-CPU state ([`WalkSlot::AllocHook`]), and
 //! a per-CPU guard skips (and counts) a hook that finds another one under way on its CPU (a
@@ -42,7 +51,7 @@ use aya_ebpf::{
 };
 use profiler_common::{
     budget::Producer, Counter, HotspotProc, SampleKind, ALLOC_INTERVAL_BYTES, ALLOC_RING_BYTES,
-    ALLOC_THREAD_SLOTS, ALLOC_WEIGHT_UNIT, JAVA_THREAD_FROM_START,
+    ALLOC_THREAD_SLOTS, ALLOC_WEIGHT_UNIT, DEFAULT_MAX_JVMS, JAVA_THREAD_FROM_START,
 };
 use profiler_unwind::{allocated_class_frame, UserRegs};
 
@@ -79,6 +88,12 @@ struct AllocThread {
 static ALLOC_THREADS: LruHashMap<u32, AllocThread> =
     LruHashMap::with_max_entries(ALLOC_THREAD_SLOTS, 0);
 
+/// JVMs whose allocations HotSpot's sampler reports (pid -> the JVM's `HotspotProc::instance`,
+/// so that a reused pid is not taken for the JVM that had it). An LRU map: a JVM evicted (over
+/// `DEFAULT_MAX_JVMS` sampling at once) is marked again by its next sampled object.
+#[map]
+static ALLOC_SAMPLED_JVMS: LruHashMap<u32, u32> = LruHashMap::with_max_entries(DEFAULT_MAX_JVMS, 0);
+
 /// Non-zero while an allocation hook walks on this CPU.
 #[map]
 static ALLOC_BUSY: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
@@ -88,7 +103,7 @@ pub fn alloc_in_new_tlab(ctx: ProbeContext) -> u32 {
     // SAFETY: a uprobe's context is the user registers at the probed instruction.
     let regs = unsafe { &*ctx.regs };
     // (Klass*, HeapWord*, tlab_size, alloc_size, JavaThread*)
-    on_allocation(regs, SampleKind::AllocInNewTlab, regs.rdx, regs.r8);
+    on_tlab_event(regs, SampleKind::AllocInNewTlab, regs.rdx, regs.r8);
     0
 }
 
@@ -97,12 +112,69 @@ pub fn alloc_outside_tlab(ctx: ProbeContext) -> u32 {
     // SAFETY: as above.
     let regs = unsafe { &*ctx.regs };
     // (Klass*, HeapWord*, alloc_size, JavaThread*)
-    on_allocation(regs, SampleKind::AllocOutsideTlab, regs.rdx, regs.rcx);
+    on_tlab_event(regs, SampleKind::AllocOutsideTlab, regs.rdx, regs.rcx);
     0
 }
 
+/// The sidecar agent's `jvm_profiler_sampled_object_alloc(jvmtiEnv*, JNIEnv*, jthread,
+/// jobject object, jclass klass, jlong size)`: HotSpot's sampler picked `object`.
+#[uprobe]
+pub fn alloc_sampled(ctx: ProbeContext) -> u32 {
+    // SAFETY: as above.
+    let regs = unsafe { &*ctx.regs };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    if !profiled(pid) {
+        return 0;
+    }
+    // SAFETY: the value is only read, during this program.
+    let Some(hotspot) = (unsafe { HOTSPOT_PROCS.get(&pid) }) else {
+        return 0;
+    };
+    count(Counter::AllocSamplerEvents);
+    if hotspot.class_mirror_klass == u16::MAX {
+        return 0;
+    }
+    // The thread's JavaThread*, whose last Java frame the walk starts from: the JVM's thread
+    // list or the thread-start hook put it in the map.
+    // SAFETY: copied out at once.
+    let java_thread = match unsafe { JAVA_THREADS.get(&tid) } {
+        Some(entry) if entry.pid == pid => entry.java_thread,
+        _ => 0,
+    };
+    // `klass` is a JNI local reference: the address of a slot holding the class's mirror (a
+    // `java.lang.Class`), which holds the `Klass*`.
+    // SAFETY: checked reads of user memory.
+    let klass = unsafe { bpf_probe_read_user(regs.r8 as *const u64) }
+        .ok()
+        .and_then(|mirror| {
+            // SAFETY: as above.
+            unsafe {
+                bpf_probe_read_user((mirror + u64::from(hotspot.class_mirror_klass)) as *const u64)
+            }
+            .ok()
+        })
+        .unwrap_or(0);
+    let instance = hotspot.instance;
+    // SAFETY: copied out at once.
+    if unsafe { ALLOC_SAMPLED_JVMS.get(&pid) } != Some(&instance) {
+        let _ = ALLOC_SAMPLED_JVMS.insert(&pid, &instance, 0);
+    }
+    walk_allocation(
+        regs,
+        pid_tgid,
+        SampleKind::AllocSampled,
+        regs.r9,
+        klass,
+        java_thread,
+        hotspot,
+    );
+    0
+}
+
+/// A TLAB event: drawn by its weight, left out for a JVM whose sampler reports its allocations.
 #[inline(always)]
-fn on_allocation(regs: &pt_regs, kind: SampleKind, size: u64, java_thread: u64) {
+fn on_tlab_event(regs: &pt_regs, kind: SampleKind, size: u64, java_thread: u64) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
     if !profiled(pid) {
@@ -114,6 +186,10 @@ fn on_allocation(regs: &pt_regs, kind: SampleKind, size: u64, java_thread: u64) 
         return;
     };
     count(Counter::AllocEvents);
+    // SAFETY: copied out at once.
+    if unsafe { ALLOC_SAMPLED_JVMS.get(&pid) } == Some(&hotspot.instance) {
+        return;
+    }
     let size = allocated_since_last_event(hotspot, pid_tgid, java_thread).unwrap_or(size);
     // SAFETY: a global the loader sets once; read-only afterwards.
     let interval = unsafe { core::ptr::read_volatile(&ALLOC_INTERVAL) }.max(1);
@@ -125,6 +201,20 @@ fn on_allocation(regs: &pt_regs, kind: SampleKind, size: u64, java_thread: u64) 
             return;
         }
     }
+    walk_allocation(regs, pid_tgid, kind, size, regs.rdi, java_thread, hotspot);
+}
+
+/// Walks and sends a taken allocation event, unless another hook walks on this CPU.
+#[inline(always)]
+fn walk_allocation(
+    regs: &pt_regs,
+    pid_tgid: u64,
+    kind: SampleKind,
+    size: u64,
+    klass: u64,
+    java_thread: u64,
+    hotspot: &HotspotProc,
+) {
     let Some(busy) = ALLOC_BUSY.get_ptr_mut(0) else {
         return;
     };
@@ -136,7 +226,7 @@ fn on_allocation(regs: &pt_regs, kind: SampleKind, size: u64, java_thread: u64) 
         }
         *busy = 1;
     }
-    sample_allocation(regs, pid_tgid, kind, size, java_thread, hotspot);
+    sample_allocation(regs, pid_tgid, kind, size, klass, java_thread, hotspot);
     // SAFETY: as above.
     unsafe { *busy = 0 };
 }
@@ -189,12 +279,13 @@ fn sample_allocation(
     pid_tgid: u64,
     kind: SampleKind,
     size: u64,
+    klass: u64,
     java_thread: u64,
     hotspot: &HotspotProc,
 ) {
     let pid = (pid_tgid >> 32) as u32;
     let task = CurrentTask::new(pid, WalkSlot::AllocHook as u32);
-    let class = allocated_class_frame(hotspot, &task, regs.rdi);
+    let class = allocated_class_frame(hotspot, &task, klass);
     let Some(record) = SCRATCH.get_ptr_mut(WalkSlot::AllocHook as u32) else {
         count(Counter::ScratchMissing);
         return;

@@ -74,13 +74,14 @@ const LISTING_LOCAL_REFS: ffi::JInt = 64;
 
 /// Events whose callbacks do work; disabled when the agent turns inert. VM death stays enabled
 /// so that the files are still removed at exit.
-const WORK_EVENTS: [JInt; 6] = [
+const WORK_EVENTS: [JInt; 7] = [
     ffi::EVENT_COMPILED_METHOD_LOAD,
     ffi::EVENT_COMPILED_METHOD_UNLOAD,
     ffi::EVENT_DYNAMIC_CODE_GENERATED,
     ffi::EVENT_VM_INIT,
     ffi::EVENT_THREAD_START,
     ffi::EVENT_THREAD_END,
+    ffi::EVENT_SAMPLED_OBJECT_ALLOC,
 ];
 
 struct Agent {
@@ -180,16 +181,6 @@ fn guard<R>(default: R, f: impl FnOnce() -> R) -> R {
 
 /// Err only while nothing points into this library (no callback installed).
 fn start(vm: *mut JavaVm, options: *const c_char, live: bool) -> Result<(), String> {
-    if AGENT.get().is_some() {
-        // Attached twice (the same library is only loaded once): already there.
-        return Ok(());
-    }
-    // Panics are caught at every entry point; one line on the JVM's stderr says what happened
-    // (this library has its own copy of std, so the hook is the agent's alone).
-    std::panic::set_hook(Box::new(|info| log(&format!("internal error: {info}"))));
-    if vm.is_null() {
-        return Err("no JavaVM".into());
-    }
     let options = if options.is_null() {
         String::new()
     } else {
@@ -198,6 +189,21 @@ fn start(vm: *mut JavaVm, options: *const c_char, live: bool) -> Result<(), Stri
             .to_string_lossy()
             .into_owned()
     };
+    if let Some(agent) = AGENT.get() {
+        // Attached again (the same library is only loaded once): already there, and only the
+        // allocation sampler can be asked for anew (a daemon started with `--alloc` after
+        // one without it).
+        if let Some(interval) = Options::parse(&options)?.alloc_interval {
+            agent.sample_allocations(interval);
+        }
+        return Ok(());
+    }
+    // Panics are caught at every entry point; one line on the JVM's stderr says what happened
+    // (this library has its own copy of std, so the hook is the agent's alone).
+    std::panic::set_hook(Box::new(|info| log(&format!("internal error: {info}"))));
+    if vm.is_null() {
+        return Err("no JavaVM".into());
+    }
     let options = Options::parse(&options)?;
     let vm = Vm(vm);
     let jvmti = vm.jvmti_env().ok_or("no JVMTI 1.2 environment")?;
@@ -281,6 +287,10 @@ fn start(vm: *mut JavaVm, options: *const c_char, live: bool) -> Result<(), Stri
         ffi::EVENT_THREAD_END,
         on_thread_end as ffi::ThreadEventFn as *const c_void,
     );
+    callbacks.set(
+        ffi::EVENT_SAMPLED_OBJECT_ALLOC,
+        jvm_profiler_sampled_object_alloc as ffi::SampledObjectAllocFn as *const c_void,
+    );
     let err = agent.jvmti.set_event_callbacks(&callbacks);
     if err != ffi::JVMTI_ERROR_NONE {
         agent.go_inert(&format!("SetEventCallbacks failed ({err})"));
@@ -307,6 +317,9 @@ fn start(vm: *mut JavaVm, options: *const c_char, live: bool) -> Result<(), Stri
         }
     }
     agent.update_status(|status| status.flags |= STATUS_RECORDING);
+    if let Some(interval) = options.alloc_interval {
+        agent.sample_allocations(interval);
+    }
     if live {
         if let Err(err) = spawn_agent_thread(true) {
             agent.go_inert(&format!("cannot start its thread: {err}"));
@@ -401,6 +414,28 @@ unsafe extern "C" fn on_vm_death(_: *mut JvmtiEnv, _: *mut c_void) {
         drop(agent.queue.take_all());
     })
 }
+
+/// HotSpot's allocation sampler calls this for each sampled object, on the allocating thread
+/// (in native state, its last Java frame recorded). It does nothing here: the daemon's BPF
+/// program (`profiler-ebpf/src/alloc.rs`) runs at its first instruction, a uprobe on this
+/// exported name, and reads the arguments from their registers (the class in `r8`, the size in
+/// `r9`) and the thread's stack from outside the JVM. The count keeps the body its own (no
+/// other function folded into this address).
+#[no_mangle]
+#[inline(never)]
+pub unsafe extern "C" fn jvm_profiler_sampled_object_alloc(
+    _: *mut JvmtiEnv,
+    _: *mut c_void,
+    _: ffi::JThread,
+    _: ffi::JObject,
+    _: ffi::JObject,
+    _: ffi::JLong,
+) {
+    SAMPLED_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Objects [`jvm_profiler_sampled_object_alloc`] was called for (read in a debugger).
+static SAMPLED_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
 unsafe extern "C" fn on_compiled_method_load(
     _: *mut JvmtiEnv,
@@ -622,6 +657,38 @@ impl Agent {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         self.write_record(&Record::AgentStatus(status));
+    }
+
+    /// Turns HotSpot's allocation sampler on (JDK 11 and later), `interval` bytes apart on
+    /// average: each sampled object calls [`jvm_profiler_sampled_object_alloc`]. A JVM that
+    /// cannot (JDK 8, or the capability refused) is told on its stderr and keeps working; the
+    /// daemon then weighs its allocations by its TLAB events.
+    fn sample_allocations(&self, interval: i32) {
+        if self.stopped.load(Ordering::Acquire) {
+            return;
+        }
+        let mut caps = ffi::Capabilities::default();
+        caps.bits[1] = ffi::CAN_GENERATE_SAMPLED_OBJECT_ALLOC_EVENTS;
+        let err = self.jvmti.add_capabilities(&caps);
+        if err != ffi::JVMTI_ERROR_NONE {
+            log(&format!(
+                "no allocation sampling: the JVM has no sampler ({err})"
+            ));
+            return;
+        }
+        let err = self.jvmti.set_heap_sampling_interval(interval);
+        if err != ffi::JVMTI_ERROR_NONE {
+            log(&format!(
+                "no allocation sampling: SetHeapSamplingInterval failed ({err})"
+            ));
+            return;
+        }
+        let err = self.jvmti.enable_event(ffi::EVENT_SAMPLED_OBJECT_ALLOC);
+        if err != ffi::JVMTI_ERROR_NONE {
+            log(&format!(
+                "no allocation sampling: enabling the event failed ({err})"
+            ));
+        }
     }
 
     /// Stops recording for good but stays loaded: work events off, callbacks return at once,

@@ -39,6 +39,7 @@ pub const EVENT_THREAD_END: JInt = 53;
 pub const EVENT_COMPILED_METHOD_LOAD: JInt = 68;
 pub const EVENT_COMPILED_METHOD_UNLOAD: JInt = 69;
 pub const EVENT_DYNAMIC_CODE_GENERATED: JInt = 70;
+pub const EVENT_SAMPLED_OBJECT_ALLOC: JInt = 86;
 
 /// `jvmtiCapabilities`: 128 bits, filled from the least significant bit of the first word.
 #[repr(C)]
@@ -50,6 +51,8 @@ pub struct Capabilities {
 pub const CAN_GET_SOURCE_FILE_NAME: u32 = 1 << 11;
 pub const CAN_GET_LINE_NUMBERS: u32 = 1 << 12;
 pub const CAN_GENERATE_COMPILED_METHOD_LOAD_EVENTS: u32 = 1 << 27;
+/// Capability 43, `can_generate_sampled_object_alloc_events` (JDK 11+): in the second word.
+pub const CAN_GENERATE_SAMPLED_OBJECT_ALLOC_EVENTS: u32 = 1 << (43 - 32);
 
 /// `jvmtiLineNumberEntry`.
 #[repr(C)]
@@ -120,18 +123,21 @@ pub type CompiledMethodLoadFn = unsafe extern "C" fn(
 pub type CompiledMethodUnloadFn = unsafe extern "C" fn(*mut JvmtiEnv, JMethodId, *const c_void);
 pub type DynamicCodeGeneratedFn =
     unsafe extern "C" fn(*mut JvmtiEnv, *const c_char, *const c_void, JInt);
+/// SampledObjectAlloc: (env, JNIEnv, thread, object, its class, its size in bytes).
+pub type SampledObjectAllocFn =
+    unsafe extern "C" fn(*mut JvmtiEnv, *mut c_void, JThread, JObject, JObject, JLong);
 
-/// The head of `jvmtiEventCallbacks` up to DynamicCodeGenerated (event 70); slot `i` is event
-/// `50 + i`. JVMTI accepts a prefix of the struct (`size_of_callbacks`).
+/// The head of `jvmtiEventCallbacks` up to SampledObjectAlloc (event 86); slot `i` is event
+/// `50 + i`. JVMTI copies what it knows of a longer struct (JDK 8's ends before event 86).
 #[repr(C)]
 pub struct EventCallbacks {
-    pub slots: [*const c_void; 21],
+    pub slots: [*const c_void; 37],
 }
 
 impl EventCallbacks {
     pub fn new() -> Self {
         Self {
-            slots: [std::ptr::null(); 21],
+            slots: [std::ptr::null(); 37],
         }
     }
 
@@ -397,7 +403,9 @@ pub struct JvmtiInterface {
     pub get_owned_monitor_stack_depth_info: *const c_void, // 153
     pub get_object_size: *const c_void,           // 154
     pub get_local_instance: *const c_void,        // 155
-    pub set_heap_sampling_interval: *const c_void, // 156
+    /// 156: `SetHeapSamplingInterval` (JDK 11+; JDK 8's table ends before it).
+    pub set_heap_sampling_interval:
+        Option<unsafe extern "C" fn(env: *mut JvmtiEnv, sampling_interval: JInt) -> JvmtiError>,
 }
 
 /// Positions (1-based, as the specification numbers them) of the fields the agent calls.
@@ -420,6 +428,7 @@ const _: () = {
     assert!(offset_of!(JvmtiInterface, dispose_environment) == at(127));
     assert!(offset_of!(JvmtiInterface, get_system_property) == at(131));
     assert!(offset_of!(JvmtiInterface, add_capabilities) == at(142));
+    assert!(offset_of!(JvmtiInterface, set_heap_sampling_interval) == at(156));
 };
 
 /// Typed access to the JVMTI function table.
@@ -672,6 +681,17 @@ impl Jvmti {
         match unsafe { (**self.0).set_event_callbacks } {
             // SAFETY: JVMTI copies the callbacks; the size is that of our prefix.
             Some(f) => unsafe { f(self.0, callbacks, size_of::<EventCallbacks>() as JInt) },
+            None => MISSING,
+        }
+    }
+
+    /// Sets the mean bytes between two sampled allocations of a thread. Only for a JVM that
+    /// granted [`CAN_GENERATE_SAMPLED_OBJECT_ALLOC_EVENTS`]: older tables end before it.
+    pub fn set_heap_sampling_interval(&self, bytes: JInt) -> JvmtiError {
+        // SAFETY: as in `set_event_mode`; the capability proves the table reaches position 156.
+        match unsafe { (**self.0).set_heap_sampling_interval } {
+            // SAFETY: live env.
+            Some(f) => unsafe { f(self.0, bytes) },
             None => MISSING,
         }
     }

@@ -3,6 +3,9 @@
 //!
 //! - `dir=PATH`: the records directory (default `/tmp/.jvm-profiler-<pid>`);
 //! - `max_bytes=N`: the size cap of one generation of the records file (default 32 MiB);
+//! - `alloc_interval=N`: turn on HotSpot's allocation sampler (JDK 11+), about one sampled object
+//!   per N bytes a thread allocates (1 to 2^31 - 1), for the daemon's allocation profiles
+//!   (docs/allocation-profiling.md); given again to an agent already loaded, it turns it on there;
 //! - `assume_unknown_version`: treat the JVM as a version the agent does not know, whatever it
 //!   says (for tests of that path): no `Method*` is read, every `method_ptr` is 0.
 //!
@@ -18,6 +21,8 @@ pub struct Options {
     pub dir: Option<PathBuf>,
     pub max_bytes: u64,
     pub assume_unknown_version: bool,
+    /// Bytes between sampled allocations, if the sampler is wanted.
+    pub alloc_interval: Option<i32>,
 }
 
 impl Default for Options {
@@ -26,6 +31,7 @@ impl Default for Options {
             dir: None,
             max_bytes: channel::DEFAULT_MAX_BYTES,
             assume_unknown_version: false,
+            alloc_interval: None,
         }
     }
 }
@@ -42,6 +48,15 @@ impl Options {
                     parsed.max_bytes = value
                         .parse()
                         .map_err(|_| format!("bad max_bytes {value:?}"))?
+                }
+                Some(("alloc_interval", value)) => {
+                    parsed.alloc_interval = Some(
+                        value
+                            .parse()
+                            .ok()
+                            .filter(|bytes: &i32| *bytes > 0)
+                            .ok_or_else(|| format!("bad alloc_interval {value:?}"))?,
+                    )
                 }
                 None if option == "assume_unknown_version" => parsed.assume_unknown_version = true,
                 _ => return Err(format!("unknown option {option:?}")),
@@ -64,7 +79,12 @@ mod tests {
                 dir: Some(PathBuf::from("/tmp/x")),
                 max_bytes: 4096,
                 assume_unknown_version: false,
+                alloc_interval: None,
             })
+        );
+        assert_eq!(
+            Options::parse("alloc_interval=524288").map(|o| o.alloc_interval),
+            Ok(Some(524288))
         );
         let flagged = Options::parse("max_bytes=262144,assume_unknown_version,").expect("parses");
         assert!(flagged.assume_unknown_version);
@@ -82,6 +102,10 @@ mod tests {
             "assume_unknown_version=yes",
             "dir=",
             "dir",
+            "alloc_interval=0",
+            "alloc_interval=-5",
+            "alloc_interval=4294967296",
+            "alloc_interval",
         ] {
             assert!(Options::parse(bad).is_err(), "{bad:?} accepted");
         }

@@ -411,6 +411,8 @@ impl Jvm {
             symbol_body: 6,
             nmethod_verified_entry: 64,
             thread_allocated_bytes: JAVA_THREAD_ALLOCATED_BYTES as u16,
+            class_mirror_klass: 96,
+
             instance: FAKE_INSTANCE,
         };
         Self {

@@ -9,9 +9,9 @@
 //! - each kind's lock profiles (`mutex-*`: the monitor, `block-*`: the lock) must put that
 //!   lock's waiting time under its site within 5% of the time the threads waited in waits at or
 //!   over the same threshold, the threshold applying to the whole wait;
-//! - the alloc profiles' total under the two sites must not pass what they allocated by more
-//!   than 5% (each sample weighs bytes its thread allocated, never a TLAB it may not fill); the
-//!   sites' shares and the total's shortfall are printed, not asserted (below);
+//! - the alloc profiles, from HotSpot's own sampler (the sidecar agent, loaded with the JVM
+//!   and `alloc_interval`), must give each site its share of the bytes within 3 pp and the
+//!   total within 5% on JDK 25 and later; older JDKs' sampler is held to looser bounds (below);
 //! - of the short threads' CPU samples in the JNI call, >= 99% must reach `Thread.run`.
 //!
 //! What makes short threads hard: a thread's first milliseconds are its whole life here, so
@@ -48,20 +48,23 @@ const FREQUENCY: u32 = 99;
 /// One sample per 64 KiB allocated: each JVM allocates about 12 MB/s, so about 180 samples a
 /// second, thousands per site over the runs.
 const ALLOC: &str = "--alloc=64k";
+const ALLOC_INTERVAL_BYTES: u64 = 64 << 10;
 
 /// The targets.
 const LOCK_TIME_ERROR: f64 = 0.05;
-/// Each site's share of the bytes: the issue's target, printed against each JDK, not asserted
-/// yet. A TLAB's bytes go to the allocation that ended it (the refill's stack), and here the
-/// 16 KiB arrays seldom end one (one that does not fit goes outside the TLAB while the TLAB
-/// has room worth keeping), so the small objects' site gets most of the TLABs' bytes on JDK 11
-/// to 25 (+34 to +45 pp; JDK 27, whose TLABs take the arrays less, -1.5 pp). Byte-uniform
-/// sampling (HotSpot's heap sampler, as async-profiler's default mode) is what meets it.
+/// Each site's share of the bytes, and the total against the truth, with HotSpot's allocation
+/// sampler (the agent's `alloc_interval`): JDK 25 and later, whose sampler counts every byte
+/// once (measured: +0.1 to +0.4 pp, total 1.03).
 const ALLOC_SHARE_PP: f64 = 3.0;
-/// Most the profiled total may pass what the sites allocated. It falls short by the bytes of
-/// each thread's last TLAB, retired at its exit after its last event (about 20% here, where
-/// threads of 100 ms allocate less than a TLAB), which is printed.
-const ALLOC_TOTAL_EXCESS: f64 = 0.05;
+const ALLOC_TOTAL_ERROR: f64 = 0.05;
+/// The first JDK whose sampler meets them. Before it (JDK 11 to 24) HotSpot's sampler counts
+/// a TLAB's unused end as allocated when it sets its next sample point, so it samples too soon
+/// at refills, which the small objects' site makes here: measured +5.8 to +7.1 pp and totals
+/// 0.96 to 1.2 (the TLAB events this replaces: +34 to +45 pp, total 0.80). Those JDKs are held
+/// to what their sampler gives.
+const ACCURATE_SAMPLER_JDK: u32 = 25;
+const OLD_SAMPLER_SHARE_PP: f64 = 10.0;
+const OLD_SAMPLER_TOTAL_ERROR: f64 = 0.25;
 const JNI_ROOTED: f64 = 0.99;
 /// Fewer JNI samples than this would say little: the harness failed.
 const JNI_MIN_SAMPLES: usize = 100;
@@ -366,11 +369,19 @@ fn short_threads_locks_allocations_and_jni_stacks_match_the_truth_on_every_jdk()
         compile_java(&["ShortThreads.java", "JniCallback.java"], dir.path()).expect("javac");
     let library = compile_jni_callback(dir.path(), &["-O2", "-g", "-fomit-frame-pointer"]);
     let property = format!("-Djni.lib={}", library.display());
+    // The sidecar agent with HotSpot's allocation sampler on, at the daemon's interval, from
+    // the JVM's start: every alloc profile compared is the sampler's (the daemon's own attach,
+    // `--attach auto`, turns it on in a running JVM: tests/tests/alloc_hooks.rs).
+    let agent = format!(
+        "-agentpath:{}=alloc_interval={ALLOC_INTERVAL_BYTES}",
+        agent_library().display()
+    );
     let mut jvms: Vec<MeasuringJvm> = test_jdks()
         .into_iter()
         .map(|jdk| {
             let mut jvm_args: Vec<&str> = JVM_ARGS.to_vec();
             jvm_args.push(&property);
+            jvm_args.push(&agent);
             // JDK 24 and later warn on stderr when a class path class loads a library, unless
             // allowed; JDK 11 knows no such option.
             if jdk.major >= 24 {
@@ -444,8 +455,8 @@ fn summary(jvms: &[MeasuringJvm], figures: &[JvmFigures]) {
         }
     }
     println!(
-        "summary (targets: lock ratio 1 +- {LOCK_TIME_ERROR}, alloc total <= 1 + \
-         {ALLOC_TOTAL_EXCESS}, JNI rooted >= {:.0}%; printed: share +- {ALLOC_SHARE_PP} pp):\n{header} {:>11} {:>11} \
+        "summary (targets: lock ratio 1 +- {LOCK_TIME_ERROR}, share +- {ALLOC_SHARE_PP} pp \
+         and alloc total 1 +- {ALLOC_TOTAL_ERROR} from JDK {ACCURATE_SAMPLER_JDK}, JNI rooted >= {:.0}%):\n{header} {:>11} {:>11} \
          {:>10}",
         JNI_ROOTED * 100.0,
         "small pp",
@@ -545,6 +556,11 @@ fn report(major: u32, figures: &JvmFigures) -> Vec<String> {
         alloc.seconds,
         alloc.all_bytes as f64 / 1e6
     );
+    let (share_pp, total_error) = if major >= ACCURATE_SAMPLER_JDK {
+        (ALLOC_SHARE_PP, ALLOC_TOTAL_ERROR)
+    } else {
+        (OLD_SAMPLER_SHARE_PP, OLD_SAMPLER_TOTAL_ERROR)
+    };
     for (index, site) in ALLOC_SITES.iter().enumerate() {
         let (ours, truth) = alloc.shares(index);
         println!(
@@ -556,10 +572,12 @@ fn report(major: u32, figures: &JvmFigures) -> Vec<String> {
             truth,
             ours - truth
         );
-        if (ours - truth).abs() > ALLOC_SHARE_PP {
-            println!(
-                "  (share off by more than {ALLOC_SHARE_PP} pp: not asserted yet, see                  ALLOC_SHARE_PP)"
-            );
+        if (ours - truth).abs() > share_pp {
+            failures.push(format!(
+                "JDK {major}: {} holds {ours:.2}% of the profiled bytes, {truth:.2}% of what \
+                 the sites allocated (at most {share_pp} pp apart)",
+                site.key
+            ));
         }
     }
     let total_ratio = alloc.total() as f64 / alloc.true_total().max(1.0);
@@ -569,10 +587,10 @@ fn report(major: u32, figures: &JvmFigures) -> Vec<String> {
         alloc.total() as f64 / 1e6,
         alloc.true_total() / 1e6
     );
-    if total_ratio > 1.0 + ALLOC_TOTAL_EXCESS {
+    if (total_ratio - 1.0).abs() > total_error {
         failures.push(format!(
             "JDK {major}: {:.1} MB profiled under the two sites over {:.1} s, they allocated \
-             {:.1} MB (ratio {total_ratio:.3}, at most 1 + {ALLOC_TOTAL_EXCESS})",
+             {:.1} MB (ratio {total_ratio:.3}, 1 +- {total_error})",
             alloc.total() as f64 / 1e6,
             alloc.seconds,
             alloc.true_total() / 1e6

@@ -441,14 +441,18 @@ impl Folds {
                 let Some(view) = parse_record(bytes, stats) else {
                     return;
                 };
-                if !matches!(
-                    SampleKind::from_u8(view.header.kind),
-                    Some(SampleKind::AllocInNewTlab | SampleKind::AllocOutsideTlab)
-                ) {
-                    stats.malformed += 1;
-                    return;
-                }
-                let totals = alloc.config.weigh(view.header.weight);
+                let totals = match SampleKind::from_u8(view.header.kind) {
+                    Some(SampleKind::AllocInNewTlab | SampleKind::AllocOutsideTlab) => {
+                        alloc.config.weigh(view.header.weight)
+                    }
+                    Some(SampleKind::AllocSampled) => {
+                        alloc.config.weigh_sampled(view.header.weight)
+                    }
+                    _ => {
+                        stats.malformed += 1;
+                        return;
+                    }
+                };
                 let added = alloc.aggregator.add_totals(&view, &totals);
                 found.note(&view, added, outbox, stats);
             });

@@ -280,6 +280,7 @@ pub(super) fn daemon_view(fake: &FakeJvm, layout: Layout) -> (Jvm, CodeCacheInfo
         interpreter_low: hs.interpreter_low,
         interpreter_high: hs.interpreter_high,
         call_stub_return_address: hs.call_stub_return,
+        class_mirror_klass: Some(hs.class_mirror_klass),
     };
     (jvm, code)
 }

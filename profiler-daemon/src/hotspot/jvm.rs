@@ -78,6 +78,9 @@ pub struct CodeCacheInfo {
     pub interpreter_low: u64,
     pub interpreter_high: u64,
     pub call_stub_return_address: u64,
+    /// The value of `java_lang_Class::_klass_offset`: where a class's mirror holds its
+    /// `Klass*` (for the allocation sampler's events); `None` if absent or implausible.
+    pub class_mirror_klass: Option<u16>,
 }
 
 impl Jvm {
@@ -159,7 +162,18 @@ impl Jvm {
             interpreter_low,
             interpreter_high: interpreter_low + interpreter_size as u64,
             call_stub_return_address,
+            class_mirror_klass: self.class_mirror_klass(memory),
         })
+    }
+
+    /// `java_lang_Class::_klass_offset`'s value: set while the VM starts (before its code cache
+    /// is usable), a small offset into an object. Anything else is not believed.
+    fn class_mirror_klass(&self, memory: &dyn RemoteMemory) -> Option<u16> {
+        let address = self.static_address(Field::JavaLangClassKlassOffset).ok()?;
+        let offset = memory.read_i32(address).ok()?;
+        u16::try_from(offset)
+            .ok()
+            .filter(|offset| (8..1024).contains(offset) && offset % 8 == 0)
     }
 
     /// The heaps of a segmented code cache (JDK 9+), sorted by address.

@@ -137,6 +137,8 @@ wanted_fields! {
     JavaThreadCurrentWaitingMonitor = "JavaThread::_current_waiting_monitor", optional, ["JavaThread::_current_waiting_monitor", "Thread::_current_waiting_monitor"];
     // What a thread allocated (allocation samples' weights).
     ThreadAllocatedBytes = "Thread::_allocated_bytes", optional, ["Thread::_allocated_bytes", "JavaThread::_allocated_bytes"];
+    // Where a `java.lang.Class` object holds its `Klass*` (a static int: the offset is its value).
+    JavaLangClassKlassOffset = "java_lang_Class::_klass_offset", optional, ["java_lang_Class::_klass_offset"];
     ThreadOsthread = "Thread::_osthread", required, ["Thread::_osthread", "JavaThread::_osthread"];
     OSThreadThreadId = "OSThread::_thread_id", required, ["OSThread::_thread_id"];
     JavaFrameAnchorLastJavaSp = "JavaFrameAnchor::_last_Java_sp", required, ["JavaFrameAnchor::_last_Java_sp"];

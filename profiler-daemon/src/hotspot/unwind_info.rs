@@ -159,6 +159,8 @@ pub fn hotspot_proc(
         thread_allocated_bytes: layout
             .offset(Field::ThreadAllocatedBytes)
             .map_or(Ok(u16::MAX), |_| offset(Field::ThreadAllocatedBytes))?,
+        class_mirror_klass: code.class_mirror_klass.unwrap_or(u16::MAX),
+
         instance,
     })
 }

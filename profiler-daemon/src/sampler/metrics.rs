@@ -82,6 +82,13 @@ impl KernelCounters {
             k(Counter::AllocEvents),
         )?;
         out.counter(
+            metric::ALLOC_SAMPLER_EVENTS,
+            "Objects HotSpot's own allocation sampler reported in profiled JVMs (the sidecar \
+             agent with alloc_interval): each is walked, and those JVMs' TLAB events are left out.",
+            k(Counter::AllocSamplerEvents),
+        )?;
+
+        out.counter(
             metric::ALLOC_SAMPLED,
             "Allocation events sampled and sent (the others are accounted for by the weights).",
             k(Counter::AllocSampled),

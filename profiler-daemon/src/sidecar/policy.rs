@@ -104,7 +104,7 @@ impl AttachPolicy {
                 || self.allow.iter().any(|p| command_line.contains(p.as_str())))
     }
 
-    fn agent_path(&self) -> Option<PathBuf> {
+    pub(crate) fn agent_path(&self) -> Option<PathBuf> {
         self.agent.clone().or_else(|| {
             std::env::current_exe()
                 .ok()
@@ -126,6 +126,8 @@ pub struct Attacher {
     retries: Retries,
     started: AttachesStarted,
     in_flight: Arc<AtomicUsize>,
+    /// The options each agent is loaded with (`alloc_interval=N` with allocation profiles).
+    agent_options: String,
 }
 
 /// The pids an attach was started for (it may still be under way, or have failed): their
@@ -208,6 +210,15 @@ impl Attacher {
         }
     }
 
+    /// Agents are loaded with HotSpot's allocation sampler on, one object per about
+    /// `interval_bytes` (the allocation profiles' interval): `profiler-ebpf/src/alloc.rs`.
+    pub fn with_allocation_sampling(mut self, interval_bytes: u64) -> Self {
+        // SetHeapSamplingInterval takes an int; the configured bound (1 GiB) fits.
+        let interval = interval_bytes.min(i32::MAX as u64);
+        self.agent_options = format!("alloc_interval={interval}");
+        self
+    }
+
     /// Starts an attach to the JVM `pid` (started at `start_time`, in clock ticks since boot,
     /// of JDK `major`) if the policy wants one and none was tried (or a retry is due).
     pub fn consider(&mut self, pid: u32, start_time: u64, major: u32) {
@@ -258,12 +269,13 @@ impl Attacher {
         let in_flight = self.in_flight.clone();
         in_flight.fetch_add(1, Ordering::AcqRel);
         let retries = self.retries.clone();
+        let options = self.agent_options.clone();
         let spawned = std::thread::Builder::new()
             .name("sidecar-attach".into())
             .spawn({
                 let in_flight = in_flight.clone();
                 move || {
-                    match super::attach(pid, &agent, "") {
+                    match super::attach(pid, &agent, &options) {
                         Ok(attached) => tracing::info!(
                             pid,
                             elapsed_ms = attached.elapsed.as_millis() as u64,
