@@ -421,6 +421,9 @@ unsafe extern "C" fn on_vm_death(_: *mut JvmtiEnv, _: *mut c_void) {
 /// exported name, and reads the arguments from their registers (the class in `r8`, the size in
 /// `r9`) and the thread's stack from outside the JVM. The count keeps the body its own (no
 /// other function folded into this address).
+///
+/// Its first instruction is a `nop`: x86 kernels refuse a uprobe on an instruction with a
+/// `lock` prefix, which the count's atomic add would otherwise be in an optimised build.
 #[no_mangle]
 #[inline(never)]
 pub unsafe extern "C" fn jvm_profiler_sampled_object_alloc(
@@ -431,6 +434,8 @@ pub unsafe extern "C" fn jvm_profiler_sampled_object_alloc(
     _: ffi::JObject,
     _: ffi::JLong,
 ) {
+    // SAFETY: an instruction that does nothing.
+    unsafe { std::arch::asm!("nop", options(nomem, nostack, preserves_flags)) };
     SAMPLED_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
 }
 
