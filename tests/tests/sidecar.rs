@@ -4,7 +4,8 @@
 //! -XX:+DisableAttachMechanism is refused with a clear message and keeps running; `attach =
 //! "auto"` loads the agent (unless denied), and a thread that ran before it is named in full;
 //! minutes of class churn with the agent loaded, on every JDK at once and profiled, keep the
-//! JVMs alive and the agent's heap and files bounded.
+//! JVMs alive and the agent's heap and files bounded; the agent's allocation sampler callback
+//! can take the daemon's uprobe.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -1037,4 +1038,32 @@ fn an_agent_on_an_unknown_jvm_version_reads_no_method_ptrs_and_frames_are_named_
             own_tmp_dir.display()
         );
     }
+}
+
+/// The daemon hooks the agent's allocation sampler callback with a uprobe, which an x86 kernel
+/// refuses on an instruction with a `lock` or segment prefix (an optimised atomic add compiled
+/// that way once; the daemon then fell back to TLAB events for every JVM): the callback's
+/// first byte, in the agent library the daemon ships beside itself, is none of them.
+#[test]
+fn the_agents_sampler_callback_starts_with_an_instruction_a_uprobe_can_take() {
+    use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+    const CALLBACK: &str = "jvm_profiler_sampled_object_alloc";
+    const BAD_PREFIXES: [u8; 7] = [0xf0, 0x26, 0x2e, 0x36, 0x3e, 0x64, 0x65];
+    let library = agent_library();
+    let bytes = std::fs::read(&library).expect("the agent library is built");
+    let file = object::File::parse(&*bytes).expect("an ELF file");
+    let symbol = file
+        .dynamic_symbols()
+        .find(|symbol| symbol.name() == Ok(CALLBACK))
+        .unwrap_or_else(|| panic!("{} exports no {CALLBACK}", library.display()));
+    let section = file
+        .section_by_index(symbol.section_index().expect("a defined symbol"))
+        .expect("its section");
+    let code = section.data().expect("its bytes");
+    let first = code[(symbol.address() - section.address()) as usize];
+    assert!(
+        !BAD_PREFIXES.contains(&first),
+        "{CALLBACK} starts with byte {first:#04x} in {}: no uprobe can be put there",
+        library.display()
+    );
 }
