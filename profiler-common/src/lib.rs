@@ -152,6 +152,9 @@ crate::labelled_enum! {
         /// Objects HotSpot's allocation sampler reported in profiled JVMs (the sidecar agent's
         /// callback), before the walk: those JVMs' TLAB events are left out.
         AllocSamplerEvents = 30 => "alloc_sampler_events",
+        /// Of those, each thread's first in a JVM whose sampler picks it by rule, not by chance
+        /// ([`hotspot_flags::SAMPLER_TAKES_FIRST`]): not walked, not weighed.
+        AllocSamplerFirstSkipped = 31 => "alloc_sampler_first_skipped",
     }
 }
 
@@ -517,6 +520,10 @@ pub mod hotspot_flags {
     /// The nmethod's verified entry point is a 16-bit offset from its code (JDK 23+), not a
     /// pointer.
     pub const VERIFIED_ENTRY_OFFSET: u8 = 1 << 4;
+    /// HotSpot's allocation sampler (before JDK 25) starts each thread with no bytes to go
+    /// until its next sample: a thread's first allocation it checks is always reported, and
+    /// only the reports after it are the random draws the weights assume.
+    pub const SAMPLER_TAKES_FIRST: u8 = 1 << 5;
 }
 
 /// The daemon's uprobes one JVM can have: the thread-start hook, then the two allocation

@@ -81,6 +81,7 @@ pub const ALLOC_SAMPLED: &str = "profiler_alloc_sampled_total";
 pub const ALLOC_NOT_PROFILED: &str = "profiler_alloc_not_profiled_total";
 pub const ALLOC_WALKS_FROM_HOOK: &str = "profiler_alloc_walks_from_hook_total";
 pub const ALLOC_SAMPLER_EVENTS: &str = "profiler_alloc_sampler_events_total";
+pub const ALLOC_SAMPLER_FIRST_SKIPPED: &str = "profiler_alloc_sampler_first_skipped_total";
 /// JVMs whose libjvm was hooked or not; labelled `hooked`: `true` or `false`.
 pub const LIBJVM_HOOK_JVMS: &str = "profiler_libjvm_hook_jvms_total";
 /// Libjvm files whose hooks could not be attached.

@@ -218,7 +218,8 @@ fn load_object(object: BpfObject, settings: &ObjectSettings) -> Result<Ebpf, Sam
         .map_max_entries("SAMPLES", settings.ring_bytes)
         .map_max_entries("CFI_BLOCKS", settings.cfi_blocks)
         .map_max_entries("JAVA_THREADS", settings.java_threads)
-        .map_max_entries("ALLOC_THREADS", settings.alloc_threads);
+        .map_max_entries("ALLOC_THREADS", settings.alloc_threads)
+        .map_max_entries("SAMPLER_THREADS", settings.alloc_threads);
     let bytes = match object {
         BpfObject::Default => DEFAULT_OBJECT,
         BpfObject::Compat => {

@@ -551,6 +551,8 @@ impl Folds {
             tracing::info!(
                 processes = interval.processes.len(),
                 events = kernel.get(Counter::AllocEvents),
+                sampler_events = kernel.get(Counter::AllocSamplerEvents),
+                sampler_first_skipped = kernel.get(Counter::AllocSamplerFirstSkipped),
                 sampled = kernel.get(Counter::AllocSampled),
                 ring_full = kernel.get(Counter::AllocRingFull),
                 nested = kernel.get(Counter::AllocNested),

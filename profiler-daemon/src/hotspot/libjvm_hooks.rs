@@ -45,10 +45,13 @@ pub const MAX_HOOKED_FILES: usize = 12;
 /// at most half theirs (`native_unwind::loader::user_share`). Two users past it still leave
 /// room to a third: one holding less takes it from whoever holds most.
 pub const USER_SHARE: usize = MAX_HOOKED_FILES / 2;
-/// How often the JVMs of each file are checked for life (a file none runs anymore is released:
-/// its breakpoints, its descriptor, and with them the file and its mount) and files waiting for
-/// room tried again: well within the shortest interval (1 s).
-const SWEEP_PERIOD: Duration = Duration::from_secs(1);
+/// How often files waiting for room are tried again: well within the shortest interval (1 s).
+const RETRY_PERIOD: Duration = Duration::from_secs(1);
+/// How often the JVMs of each file are checked for life in `/proc` (a file none runs anymore is
+/// released: its breakpoints, its descriptor, and with them the file and its mount). Only a
+/// fallback: the tracker says at once which JVMs it forgot ([`LibjvmHooks::forget`]), and a
+/// read per JVM every second was a cost that grew with the JVMs and told nothing new.
+const SWEEP_PERIOD: Duration = Duration::from_secs(30);
 /// Most links detached at once on threads of their own (each detach waits for the kernel's
 /// grace periods, tens of milliseconds); past it, on the tracker's thread: hooks that come
 /// and go cannot make threads without end.
@@ -253,6 +256,7 @@ pub struct LibjvmHooks {
     programs: HookPrograms,
     files: HashMap<FileKey, LibjvmFile>,
     swept: Instant,
+    retried: Instant,
     /// Links being detached on threads of their own.
     detaching: Arc<AtomicUsize>,
     /// Breakpoints of JVMs hooked after they became ready, for their layouts.
@@ -274,6 +278,7 @@ impl LibjvmHooks {
             programs,
             files: HashMap::new(),
             swept: Instant::now(),
+            retried: Instant::now(),
             detaching: Arc::new(AtomicUsize::new(0)),
             pushes: Vec::new(),
             jvms_hooked: 0,
@@ -340,12 +345,22 @@ impl LibjvmHooks {
         }
     }
 
-    /// Every [`SWEEP_PERIOD`]: releases the files no JVM of theirs runs anymore, then hooks the
-    /// waiting files room is found for, those of the users holding least first. Returns the
-    /// breakpoints of JVMs hooked since they became ready, for their layouts.
+    /// The tracker forgot `pid` (it exited, or exec'd another program): its files are released
+    /// if no other JVM runs them.
+    pub fn forget(&mut self, pid: u32) {
+        self.drop_jvms(|jvm| jvm.key.pid == pid);
+    }
+
+    /// Every [`RETRY_PERIOD`]: hooks the waiting files room is found for, those of the users
+    /// holding least first (every [`SWEEP_PERIOD`], after releasing the files no JVM of theirs
+    /// runs anymore). Returns the breakpoints of JVMs hooked since they became ready, for their
+    /// layouts.
     pub fn tick(&mut self) -> Vec<(u32, [u64; MAX_BREAKPOINTS])> {
         if self.swept.elapsed() >= SWEEP_PERIOD {
             self.sweep();
+        }
+        if self.retried.elapsed() >= RETRY_PERIOD {
+            self.retried = Instant::now();
             let holdings = self.holdings();
             let mut waiting: Vec<(usize, Instant, FileKey)> = self
                 .files
@@ -375,17 +390,30 @@ impl LibjvmHooks {
     /// files none of theirs runs anymore.
     fn sweep(&mut self) {
         self.swept = Instant::now();
+        self.drop_jvms(|jvm| !still_runs(jvm.key));
+    }
+
+    /// Forgets the JVMs `gone` says are (a JVM never hooked is counted as such), and releases
+    /// the files none of theirs runs anymore.
+    fn drop_jvms(&mut self, gone: impl Fn(&JvmOf) -> bool) {
         let mut not_hooked = 0;
         for file in self.files.values_mut() {
             file.jvms.retain(|jvm| {
-                let runs = still_runs(jvm.key);
-                if !runs && !jvm.told {
+                if !gone(jvm) {
+                    return true;
+                }
+                if !jvm.told {
                     not_hooked += 1;
                 }
-                runs
+                false
             });
         }
         self.jvms_not_hooked += not_hooked;
+        self.release_unused();
+    }
+
+    /// Releases the files none of whose JVMs runs anymore.
+    fn release_unused(&mut self) {
         let unused: Vec<FileKey> = self
             .files
             .iter()

@@ -535,8 +535,10 @@ impl<S: LayoutSink> JvmTracker<S> {
             return;
         }
         let stat = match crate::process::read_stat(pid) {
-            Ok(stat) => stat,
-            Err(_) => {
+            // A zombie without live threads has exited, only its parent has not reaped it yet:
+            // what the daemon holds for it (its libjvm's hooks, its layout) goes now.
+            Ok(stat) if !(stat.state == 'Z' && stat.num_threads <= 1) => stat,
+            _ => {
                 if let Some(old) = self.tracked.remove(&pid) {
                     self.forget(pid, old);
                 }
@@ -583,6 +585,9 @@ impl<S: LayoutSink> JvmTracker<S> {
     fn forget(&mut self, pid: u32, old: Tracked) {
         self.directory.remove(pid);
         self.jvms.forget(pid);
+        if let Some(hooks) = &mut self.libjvm_hooks {
+            hooks.forget(pid);
+        }
         if let State::Ready { threads, .. } = old.state {
             self.sink.remove(pid);
             for tid in threads.keys() {

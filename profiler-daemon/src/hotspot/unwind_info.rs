@@ -12,6 +12,11 @@ pub struct DoesNotFit {
     pub value: i64,
 }
 
+/// The first JDK whose allocation sampler draws a thread's first sample point at random
+/// (`ThreadHeapSampler`'s constructor picks it); before, a thread starts with none to go and its
+/// first allocation checked is reported whatever its size (measured: JDK 21 and 25).
+const FIRST_RANDOM_FIRST_SAMPLE: u32 = 25;
+
 /// The record of `jvm`, with `code` its code cache now; `instance` tells this JVM from every other
 /// the daemon pushes (see [`HotspotProc::instance`]).
 pub fn hotspot_proc(
@@ -57,6 +62,9 @@ pub fn hotspot_proc(
     }
     if layout.width(Field::HeapBlockUsed) == Some(4) {
         flags |= hotspot_flags::HEAP_BLOCK_USED_32;
+    }
+    if jvm.version.major < FIRST_RANDOM_FIRST_SAMPLE {
+        flags |= hotspot_flags::SAMPLER_TAKES_FIRST;
     }
     let call_wrapper = layout
         .constant(Constant::EntryFrameCallWrapperOffset)

@@ -87,6 +87,13 @@ impl KernelCounters {
              agent with alloc_interval): each is walked, and those JVMs' TLAB events are left out.",
             k(Counter::AllocSamplerEvents),
         )?;
+        out.counter(
+            metric::ALLOC_SAMPLER_FIRST_SKIPPED,
+            "Of those, each thread's first where the JVM's sampler reports it by rule, not by \
+             chance (before JDK 25): not weighed, or every thread's first allocation site would \
+             take an interval of bytes.",
+            k(Counter::AllocSamplerFirstSkipped),
+        )?;
 
         out.counter(
             metric::ALLOC_SAMPLED,
