@@ -140,7 +140,9 @@ pub fn alloc_sampled(ctx: ProbeContext) -> u32 {
         return 0;
     };
     count(Counter::AllocSamplerEvents);
-    if hotspot.class_mirror_klass == u16::MAX || is_forced_first_report(hotspot, pid, tid) {
+    if hotspot.class_mirror_klass == u16::MAX
+        || alloc_sampler_report_is_forced(u32::from(hotspot.flags), pid, tid) != 0
+    {
         return 0;
     }
     // The thread's JavaThread*, whose last Java frame the walk starts from: the JVM's thread
@@ -183,20 +185,24 @@ pub fn alloc_sampled(ctx: ProbeContext) -> u32 {
 /// Whether this report is the thread's first from a sampler that reports every thread's first
 /// allocation by rule: that object was not drawn, so it stands for nothing but itself, and
 /// weighing it as a draw would put one interval of bytes on the site of every thread's first
-/// allocation (a per-thread site took 3 to 13 points of the bytes it never allocated, with
-/// threads of 100 ms to 3 s on JDK 11 to 21). The reports after it are the sampler's draws.
-#[inline(always)]
-fn is_forced_first_report(hotspot: &HotspotProc, pid: u32, tid: u32) -> bool {
-    if hotspot.flags & hotspot_flags::SAMPLER_TAKES_FIRST == 0 {
-        return false;
+/// allocation. The reports after it are the sampler's draws. `flags` are the JVM's
+/// `HotspotProc::flags`.
+///
+/// A global function (exported, not inlined), checked once on its own by the verifier: inlined,
+/// its branches before the walk made 5.10's verifier run past the kernel matrix's five minutes.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn alloc_sampler_report_is_forced(flags: u32, pid: u32, tid: u32) -> u32 {
+    if flags & u32::from(hotspot_flags::SAMPLER_TAKES_FIRST) == 0 {
+        return 0;
     }
     // SAFETY: copied out at once.
     if unsafe { SAMPLER_THREADS.get(&tid) } == Some(&pid) {
-        return false;
+        return 0;
     }
     let _ = SAMPLER_THREADS.insert(&tid, &pid, 0);
     count(Counter::AllocSamplerFirstSkipped);
-    true
+    1
 }
 
 /// The current thread exits: a later thread with its tid is a new one to the sampler.
