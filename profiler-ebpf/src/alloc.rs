@@ -188,8 +188,9 @@ pub fn alloc_sampled(ctx: ProbeContext) -> u32 {
 /// allocation. The reports after it are the sampler's draws. `flags` are the JVM's
 /// `HotspotProc::flags`.
 ///
-/// A global function (exported, not inlined), checked once on its own by the verifier: inlined,
-/// its branches before the walk made 5.10's verifier run past the kernel matrix's five minutes.
+/// A global function (exported, not inlined), checked once on its own by the verifier, so that
+/// its branches do not multiply the paths it checks through the walk after it (as
+/// `unwind_steps`; inlined, the 5.10 guest of the kernel matrix once ran past its five minutes).
 #[inline(never)]
 #[no_mangle]
 pub extern "C" fn alloc_sampler_report_is_forced(flags: u32, pid: u32, tid: u32) -> u32 {
