@@ -4,8 +4,10 @@
 use serde::Serialize;
 
 use crate::hotspot::jvm::{CodeCacheInfo, Jvm, JvmError};
-use crate::hotspot::libjvm::LibJvmError;
+use crate::hotspot::layout::Field;
+use crate::hotspot::libjvm::{LibJvmError, LibJvmMapping};
 use crate::hotspot::remote::ProcessMemory;
+use crate::hotspot::virtual_threads::VirtualThreadLayout;
 use crate::process::ProcessInfo;
 
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +30,22 @@ pub struct JvmReport {
     /// None while the VM is still starting (see `not_ready`).
     pub code_cache: Option<CodeCacheInfo>,
     pub not_ready: Option<String>,
+    /// JDK 21 and later: what is known of its virtual threads' layout, or why it is unknown.
+    pub virtual_threads: Option<Result<VirtualThreadLayout, String>>,
+}
+
+/// The first JDK with virtual threads.
+const FIRST_VIRTUAL_THREADS_JDK: u32 = 21;
+
+/// `jvm`'s virtual-thread layout, from its libjvm's `.symtab` and its memory.
+fn virtual_threads(jvm: &Jvm, memory: &ProcessMemory) -> Result<VirtualThreadLayout, String> {
+    let mapping =
+        LibJvmMapping::find_in(jvm.pid).ok_or_else(|| "its libjvm mapping is gone".to_owned())?;
+    let file = mapping
+        .open(jvm.pid)
+        .map_err(|refused| format!("cannot open its libjvm: {refused}"))?;
+    let cont_entry = jvm.layout.offset(Field::JavaThreadContEntry);
+    VirtualThreadLayout::read(file, jvm.bias, cont_entry, memory)
 }
 
 pub fn inspect(pid: u32) -> Result<JvmReport, JvmInfoError> {
@@ -52,11 +70,14 @@ pub fn inspect(pid: u32) -> Result<JvmReport, JvmInfoError> {
         Ok(code) => (Some(code), None),
         Err(err) => (None, Some(err.to_string())),
     };
+    let virtual_threads =
+        (jvm.version.major >= FIRST_VIRTUAL_THREADS_JDK).then(|| virtual_threads(&jvm, &memory));
     Ok(JvmReport {
         jvm,
         comm: process.comm,
         code_cache,
         not_ready,
+        virtual_threads,
     })
 }
 
@@ -120,6 +141,25 @@ pub fn render_text(report: &JvmReport) -> String {
         "frames     interpreter Method* at fp{:+} words, bcp at fp{:+} words; UNSIGNED5 excludes zero: {}",
         jvm.facts.interpreter_method_slot, jvm.facts.interpreter_bcp_slot, jvm.facts.unsigned5_excludes_zero
     );
+    match &report.virtual_threads {
+        Some(Ok(vt)) => {
+            let int = |value: Option<i32>| value.map_or("?".to_owned(), |v| v.to_string());
+            let chunk = &vt.stack_chunk;
+            let _ = writeln!(
+                out,
+                "virtual threads: StackChunk parent +{} size +{} sp +{} bottom +{} pc +{} flags +{} cont +{}, frames from +{}; Continuation.tail +{}; Thread.tid +{}; JavaThread::_cont_entry {}; return barrier {}",
+                int(chunk.parent), int(chunk.size), int(chunk.sp), int(chunk.bottom), int(chunk.pc),
+                int(chunk.flags), int(chunk.cont), int(chunk.stack), int(vt.continuation_tail),
+                int(vt.thread_tid),
+                vt.cont_entry.map_or("not exported".to_owned(), |o| format!("+{o}")),
+                vt.return_barrier.map_or("?".to_owned(), |pc| format!("{pc:#x}")),
+            );
+        }
+        Some(Err(why)) => {
+            let _ = writeln!(out, "virtual threads: layout unknown: {why}");
+        }
+        None => {}
+    }
     let _ = writeln!(out, "fields:");
     for (key, field) in &jvm.layout.fields {
         let kind = if field.is_static {

@@ -96,6 +96,39 @@ fn known_offsets(major: u64) -> &'static [(&'static str, u64)] {
     }
 }
 
+/// The virtual-thread layout recorded in docs/virtual-threads.md for the builds this project's
+/// machines carry (default flags: compressed oops; JDK 27's compact object headers on), checked
+/// against what jvm-info read from that JVM's statics: StackChunk parent, size, sp, bottom, pc,
+/// flags, cont, where its frames start; Continuation.tail; Thread.tid; and
+/// `JavaThread::_cont_entry` from VMStructs (`None`: not exported).
+fn known_virtual_thread_layout(major: u64) -> Option<([i64; 10], Option<u64>)> {
+    let compressed_oops = [40, 12, 24, 28, 16, 36, 44, 48, 32, 24];
+    match major {
+        8..=17 => None,
+        21 => Some((compressed_oops, None)),
+        25 => Some((compressed_oops, Some(1560))),
+        26 => Some((compressed_oops, Some(1528))),
+        27 => Some(([36, 16, 20, 24, 8, 32, 40, 48, 28, 16], Some(1456))),
+        _ => panic!("no virtual-thread layout recorded for JDK {major} in docs/virtual-threads.md"),
+    }
+}
+
+/// jvm-info's virtual-thread layout of `info`, in [`known_virtual_thread_layout`]'s order.
+fn virtual_thread_layout(info: &Value) -> ([i64; 10], Option<u64>) {
+    let layout = &info["virtual_threads"]["Ok"];
+    let chunk = &layout["stack_chunk"];
+    let keys = [
+        "parent", "size", "sp", "bottom", "pc", "flags", "cont", "stack",
+    ];
+    let mut values = [-1; 10];
+    for (value, key) in values.iter_mut().zip(keys) {
+        *value = chunk[key].as_i64().unwrap_or(-1);
+    }
+    values[8] = layout["continuation_tail"].as_i64().unwrap_or(-1);
+    values[9] = layout["thread_tid"].as_i64().unwrap_or(-1);
+    (values, layout["cont_entry"].as_u64())
+}
+
 #[test]
 fn jvm_info_reads_every_jdk() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -190,6 +223,32 @@ fn jvm_info_reads_every_jdk() {
             info["facts"]["unsigned5_excludes_zero"].as_bool(),
             Some(jdk.major >= 20)
         );
+
+        // Virtual threads (JDK 21+): the statics the JVM computed at start, read through its
+        // libjvm's `.symtab`; the return-barrier stub is JIT-area code.
+        match known_virtual_thread_layout(jdk.major as u64) {
+            None => assert!(
+                info["virtual_threads"].is_null(),
+                "JDK {}: {}",
+                jdk.major,
+                info["virtual_threads"]
+            ),
+            Some(expected) => {
+                assert_eq!(
+                    virtual_thread_layout(&info),
+                    expected,
+                    "JDK {} ({release}): {}",
+                    jdk.major,
+                    info["virtual_threads"]
+                );
+                let barrier = info["virtual_threads"]["Ok"]["return_barrier"].as_u64();
+                assert!(
+                    barrier.is_some_and(|pc| low <= pc && pc < high),
+                    "JDK {}: return barrier {barrier:?} outside the code cache [{low:#x}, {high:#x})",
+                    jdk.major
+                );
+            }
+        }
     }
 }
 

@@ -131,6 +131,8 @@ wanted_fields! {
     SymbolBody = "Symbol::_body", required, ["Symbol::_body"];
     // Threads: the last Java frame of threads in native or VM code.
     JavaThreadAnchor = "JavaThread::_anchor", required, ["JavaThread::_anchor"];
+    // The innermost mounted continuation's entry frame (JDK 25+ export it; not JDK 21).
+    JavaThreadContEntry = "JavaThread::_cont_entry", optional, ["JavaThread::_cont_entry"];
     JavaThreadThreadState = "JavaThread::_thread_state", required, ["JavaThread::_thread_state"];
     // What a blocked thread waits for: a monitor's entry, or `Object.wait` (lock profiles).
     JavaThreadCurrentPendingMonitor = "JavaThread::_current_pending_monitor", optional, ["JavaThread::_current_pending_monitor", "Thread::_current_pending_monitor"];

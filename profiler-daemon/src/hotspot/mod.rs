@@ -36,6 +36,7 @@ pub mod tracker;
 pub mod tracker_metrics;
 pub mod unsigned5;
 pub mod unwind_info;
+pub mod virtual_threads;
 pub mod vmstructs;
 
 #[cfg(test)]
