@@ -55,7 +55,7 @@ const ALLOC_INTERVAL_BYTES: u64 = 64 << 10;
 const LOCK_TIME_ERROR: f64 = 0.05;
 /// Each site's share of the bytes, and the total against the truth, with HotSpot's allocation
 /// sampler (the agent's `alloc_interval`): JDK 25 and later, whose sampler counts every byte
-/// once. Measured over eight runs: shares -1.8 to +2.9 pp, totals 0.915 to 1.10: the issue's
+/// once. Measured over nine runs: shares -1.8 to +2.9 pp, totals 0.915 to 1.10: the issue's
 /// 3 pp and 5% on average, with more spread between runs than the samples' count explains
 /// (about 1%; not understood yet). Asserted with room for that spread; each run prints its
 /// figures.
@@ -64,7 +64,7 @@ const ALLOC_TOTAL_ERROR: f64 = 0.15;
 /// The first JDK whose sampler meets them. Before it (JDK 11 to 24) HotSpot's sampler reports
 /// each thread's first allocation by rule, not by chance (the daemon skips that report), and
 /// spreads its points less evenly over a TLAB's objects and those outside TLABs: measured over
-/// three runs with the skip, the small objects' site +4.5 to +8.1 pp and totals 0.79 to 0.93
+/// four runs with the skip, the small objects' site +4.5 to +8.1 pp and totals 0.77 to 0.94
 /// (without it, over seven: +2.7 to +12.8 pp, 0.92 to 1.20; the TLAB events the sampler
 /// replaces: +34 to +45 pp, total 0.80). Those JDKs are held to what their sampler gives.
 const ACCURATE_SAMPLER_JDK: u32 = 25;
