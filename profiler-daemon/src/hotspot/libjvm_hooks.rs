@@ -59,7 +59,7 @@ const MAX_DETACHING: usize = 2 * MAX_HOOKED_FILES;
 
 /// Most bytes read from one libjvm file: its headers and symbol sections (Debian's JDK 17:
 /// 1.4 MB of symbols and 2.7 MB of their names), with room for builds carrying more.
-const MAX_BYTES_READ: u64 = 48 << 20;
+pub(crate) const MAX_BYTES_READ: u64 = 48 << 20;
 /// The largest the two functions may claim to be (they are a few hundred bytes).
 const MAX_FUNCTION_BYTES: u64 = 64 << 10;
 

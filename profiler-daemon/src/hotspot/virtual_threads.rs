@@ -14,11 +14,9 @@ use object::read::ReadCache;
 use object::{Object as _, ObjectSymbol as _, SymbolKind};
 use serde::Serialize;
 
+use super::libjvm_hooks::MAX_BYTES_READ;
 use super::remote::RemoteMemory;
 use crate::untrusted::BoundedReads;
-
-/// Most bytes read from the libjvm file: its headers and symbol sections (as the hooks' read).
-const MAX_BYTES_READ: u64 = 48 << 20;
 
 /// The statics read, by their mangled names in `.symtab`.
 const STATICS: [(&str, Static); 12] = [
