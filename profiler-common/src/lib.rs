@@ -85,6 +85,11 @@ crate::labelled_enum! {
         BadJavaFrame = 6 => "bad_java_frame",
         /// A Java frame could not be read (its memory was unmapped or paged out).
         JavaReadFailed = 7 => "java_read_failed",
+        /// A mounted virtual thread's frames frozen in its stack chunks could not be read (a
+        /// chunk being thawed or moved, or not the mounted continuation's): the walk stops at
+        /// the return barrier rather than go on through it with frames that may be another
+        /// virtual thread's.
+        FrozenFramesUnread = 8 => "frozen_frames_unread",
     }
 }
 
@@ -524,6 +529,9 @@ pub mod hotspot_flags {
     /// until its next sample: a thread's first allocation it checks is always reported, and
     /// only the reports after it are the random draws the weights assume.
     pub const SAMPLER_TAKES_FIRST: u8 = 1 << 5;
+    /// Java heap references are 32-bit compressed oops (`UseCompressedOops`): decoded as
+    /// `HotspotProc::narrow_oop_base + (narrow << narrow_oop_shift)`.
+    pub const COMPRESSED_OOPS: u8 = 1 << 6;
 }
 
 /// The daemon's uprobes one JVM can have: the thread-start hook, then the two allocation
@@ -621,6 +629,45 @@ pub struct HotspotProc {
     /// ready, never 0): what the walker's code blobs remembered across samples are tagged with,
     /// where a pid would be reused by the next JVM.
     pub instance: u32,
+    /// Virtual threads (JDK 21+; all zero, and the walker leaves frozen frames alone, when the
+    /// JVM has none or the daemon could not read them): a mounted virtual thread's oldest
+    /// frames may still be frozen in its stack chunks on the Java heap; see
+    /// docs/virtual-threads.md.
+    pub frozen: FrozenFramesLayout,
+}
+
+/// What the walker needs to follow a mounted virtual thread's frames into its stack chunks:
+/// the return barrier that marks where they start, how to reach the chunks from the carrier
+/// thread, and the chunk object's fields. Offsets in bytes; `sp`, `bottom` and `size` count
+/// words from `chunk_stack`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FrozenFramesLayout {
+    /// `StubRoutines::_cont_returnBarrier`: the return address of the oldest thawed frame
+    /// while older ones stay frozen (0: no virtual-thread walking for this JVM).
+    pub return_barrier: u64,
+    /// `ContinuationEntry::_return_pc`: a pc inside `enterSpecial`, where the walk resumes on
+    /// the carrier once every chunk is walked (0 until the JVM generated it: the walk then
+    /// resumes at enterSpecial's caller).
+    pub entry_return_pc: u64,
+    /// `CompressedOops::_base` (with `hotspot_flags::COMPRESSED_OOPS`).
+    pub narrow_oop_base: u64,
+    /// `JavaThread::_cont_entry`: the innermost mounted continuation's entry.
+    pub java_thread_cont_entry: u16,
+    /// `jdk.internal.vm.Continuation.tail`: its newest chunk.
+    pub continuation_tail: u16,
+    /// `jdk.internal.vm.StackChunk` fields.
+    pub chunk_parent: u16,
+    pub chunk_size: u16,
+    pub chunk_sp: u16,
+    pub chunk_bottom: u16,
+    pub chunk_pc: u16,
+    pub chunk_cont: u16,
+    /// Where a chunk's frames start (`InstanceStackChunkKlass::_offset_of_stack`).
+    pub chunk_stack: u16,
+    /// `CompressedOops::_shift`.
+    pub narrow_oop_shift: u8,
+    pub _reserved: [u8; 5],
 }
 
 /// The cookie of an allocated class's name ([`FrameKind::AllocatedClass`]): its `Symbol*`, the

@@ -4,10 +4,9 @@
 use serde::Serialize;
 
 use crate::hotspot::jvm::{CodeCacheInfo, Jvm, JvmError};
-use crate::hotspot::layout::Field;
-use crate::hotspot::libjvm::{LibJvmError, LibJvmMapping};
+use crate::hotspot::libjvm::LibJvmError;
 use crate::hotspot::remote::ProcessMemory;
-use crate::hotspot::virtual_threads::VirtualThreadLayout;
+use crate::hotspot::virtual_threads::{self, VirtualThreadLayout, FIRST_VIRTUAL_THREADS_JDK};
 use crate::process::ProcessInfo;
 
 #[derive(Debug, thiserror::Error)]
@@ -34,20 +33,6 @@ pub struct JvmReport {
     pub virtual_threads: Option<Result<VirtualThreadLayout, String>>,
 }
 
-/// The first JDK with virtual threads.
-const FIRST_VIRTUAL_THREADS_JDK: u32 = 21;
-
-/// `jvm`'s virtual-thread layout, from its libjvm's `.symtab` and its memory.
-fn virtual_threads(jvm: &Jvm, memory: &ProcessMemory) -> Result<VirtualThreadLayout, String> {
-    let mapping =
-        LibJvmMapping::find_in(jvm.pid).ok_or_else(|| "its libjvm mapping is gone".to_owned())?;
-    let file = mapping
-        .open(jvm.pid)
-        .map_err(|refused| format!("cannot open its libjvm: {refused}"))?;
-    let cont_entry = jvm.layout.offset(Field::JavaThreadContEntry);
-    VirtualThreadLayout::read(file, jvm.bias, cont_entry, memory)
-}
-
 pub fn inspect(pid: u32) -> Result<JvmReport, JvmInfoError> {
     let process = ProcessInfo::read(pid).map_err(|err| match err {
         procfs::ProcError::PermissionDenied(_) => JvmInfoError::PermissionDenied { pid },
@@ -70,8 +55,8 @@ pub fn inspect(pid: u32) -> Result<JvmReport, JvmInfoError> {
         Ok(code) => (Some(code), None),
         Err(err) => (None, Some(err.to_string())),
     };
-    let virtual_threads =
-        (jvm.version.major >= FIRST_VIRTUAL_THREADS_JDK).then(|| virtual_threads(&jvm, &memory));
+    let virtual_threads = (jvm.version.major >= FIRST_VIRTUAL_THREADS_JDK)
+        .then(|| virtual_threads::layout_of(&jvm, &memory, None));
     Ok(JvmReport {
         jvm,
         comm: process.comm,
@@ -151,7 +136,7 @@ pub fn render_text(report: &JvmReport) -> String {
                 int(chunk.parent), int(chunk.size), int(chunk.sp), int(chunk.bottom), int(chunk.pc),
                 int(chunk.flags), int(chunk.cont), int(chunk.stack), int(vt.continuation_tail),
                 int(vt.thread_tid),
-                vt.cont_entry.map_or("not exported".to_owned(), |o| format!("+{o}")),
+                vt.cont_entry.map_or("unknown".to_owned(), |o| format!("+{o}")),
                 vt.return_barrier.map_or("?".to_owned(), |pc| format!("{pc:#x}")),
             );
         }

@@ -239,7 +239,8 @@ fn truncation_marker(end: Option<UnwindEnd>) -> Option<UnwindEnd> {
         end @ (UnwindEnd::MaxDepth
         | UnwindEnd::NoCodeBlob
         | UnwindEnd::BadJavaFrame
-        | UnwindEnd::JavaReadFailed) => Some(end),
+        | UnwindEnd::JavaReadFailed
+        | UnwindEnd::FrozenFramesUnread) => Some(end),
         UnwindEnd::Complete
         | UnwindEnd::ReadFailed
         | UnwindEnd::NotMonotonic
@@ -373,6 +374,7 @@ mod tests {
             UnwindEnd::NoCodeBlob,
             UnwindEnd::BadJavaFrame,
             UnwindEnd::JavaReadFailed,
+            UnwindEnd::FrozenFramesUnread,
         ] {
             assert_eq!(truncation_marker(Some(end)), Some(end));
         }

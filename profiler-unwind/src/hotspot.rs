@@ -627,7 +627,7 @@ fn header_field(header: u64, offset: u16, bytes: u64) -> u64 {
 /// An interpreter frame: Method* and bcp from fixed slots below fp (the live bcp from r13 for
 /// the interrupted frame); the caller's sp is the saved sender sp.
 #[inline(always)]
-fn interpreted_step<M: UserMemory>(
+pub(crate) fn interpreted_step<M: UserMemory>(
     walk: &mut Walk,
     window: &mut StackWindow,
     memory: &M,

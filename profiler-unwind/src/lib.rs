@@ -26,6 +26,7 @@
 //! links; this one is an algorithm only the BPF program and its tests use.
 #![cfg_attr(not(any(test, feature = "fakes")), no_std)]
 
+mod frozen;
 mod hotspot;
 mod memory;
 mod native;
@@ -39,6 +40,7 @@ pub mod fakes;
 #[cfg(test)]
 mod tests;
 
+pub use frozen::FrozenWalk;
 pub use hotspot::{allocated_class_frame, java_state, waiting_for, waiting_state};
 pub use memory::{
     FrameSink, JavaThreads, NativeTables, ReadError, StackWindow, UserMemory, SCRATCH_BYTES,

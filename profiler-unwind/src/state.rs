@@ -1,10 +1,12 @@
 //! The state of a user stack walk, which every kind of step reads and moves: the registers it
 //! starts from, the frame it is at, its caches, and the JVM layout it walks with. A leaf of the
-//! crate: the steps (`native`, `hotspot`) and their driver (`walk`) depend on it, it on none of
-//! them.
+//! crate: the steps (`native`, `hotspot`, `frozen`) and their driver (`walk`) depend on it, it
+//! on none of them but for the frozen-frame position it holds.
 
 use profiler_common::cfi::CfiCache;
 use profiler_common::{FrameKind, HotspotProc, UnwindEnd, UserFrame};
+
+use crate::frozen::FrozenWalk;
 
 /// Marks [`Walk::end`] as "not decided yet".
 pub const END_UNSET: u8 = u8::MAX;
@@ -61,6 +63,8 @@ pub struct Walk {
     pub blob_cache: BlobCache,
     /// The last native unwind table lookup of this walk.
     pub cfi: CfiCache,
+    /// Where the walk is in a mounted virtual thread's frozen frames, if it is.
+    pub frozen: FrozenWalk,
     pub hotspot: HotspotProc,
 }
 
@@ -77,6 +81,8 @@ impl Walk {
         self.tid = tid;
         self.blob_cache.blob = 0;
         self.cfi.clear();
+        self.frozen.chunk = 0;
+        self.frozen.chunks = 0;
         self.cookie_const_method = 0;
         self.pc = regs.ip;
         if let Some(hotspot) = hotspot {

@@ -3,6 +3,7 @@
 
 use profiler_common::{UnwindEnd, MAX_USER_FRAMES};
 
+use crate::frozen::{at_return_barrier, enter_frozen_frames, frozen_step};
 use crate::hotspot::{java_step, jump_to_anchor, resume_at_anchor, unwind_top_stub};
 use crate::memory::{FrameSink, JavaThreads, NativeTables, StackWindow, UserMemory};
 use crate::native::native_step;
@@ -35,7 +36,15 @@ pub fn unwind_step<P: UserMemory + JavaThreads + NativeTables + RecentBlobs, S: 
     if in_code_cache {
         walk.java_seen = 1;
     }
-    let step = if in_code_cache {
+    let step = if walk.frozen.chunk != 0 {
+        frozen_step(walk, window, process)
+    } else if in_code_cache && at_return_barrier(walk) {
+        if enter_frozen_frames(walk, window, process) {
+            frozen_step(walk, window, process)
+        } else {
+            Err(UnwindEnd::FrozenFramesUnread)
+        }
+    } else if in_code_cache {
         java_step(walk, window, process, top)
     } else {
         native_step(walk, window, process)

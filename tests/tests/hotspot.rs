@@ -105,7 +105,7 @@ fn known_virtual_thread_layout(major: u64) -> Option<([i64; 10], Option<u64>)> {
     let compressed_oops = [40, 12, 24, 28, 16, 36, 44, 48, 32, 24];
     match major {
         8..=17 => None,
-        21 => Some((compressed_oops, None)),
+        21 => Some((compressed_oops, Some(1328))),
         25 => Some((compressed_oops, Some(1560))),
         26 => Some((compressed_oops, Some(1528))),
         27 => Some(([36, 16, 20, 24, 8, 32, 40, 48, 28, 16], Some(1456))),

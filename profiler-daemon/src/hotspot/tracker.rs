@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::{
-    HotspotProc, JavaThreadEntry, ProcessEvent, ProcessEventKind, BREAKPOINT_ALLOC,
+    hotspot_flags, HotspotProc, JavaThreadEntry, ProcessEvent, ProcessEventKind, BREAKPOINT_ALLOC,
     JAVA_THREADS_PER_TARGET, JAVA_THREAD_FROM_LIST, JAVA_THREAD_FROM_START, MAX_BREAKPOINTS,
 };
 
@@ -33,6 +33,7 @@ use super::libjvm_hooks::LibjvmHooks;
 use super::remote::ProcessMemory;
 use super::thread_directory::ThreadDirectory;
 use super::unwind_info::hotspot_proc;
+use super::virtual_threads::{self, StaticsByBuild, FIRST_VIRTUAL_THREADS_JDK};
 use crate::process::ProcessInfo;
 use crate::user_time::UserTimeShares;
 
@@ -288,6 +289,8 @@ pub struct JvmTracker<S: LayoutSink> {
     libjvm_hooks: Option<LibjvmHooks>,
     /// The last `HotspotProc::instance` given to a JVM.
     last_instance: u32,
+    /// Where each libjvm build keeps the statics of its virtual-thread layout.
+    statics_by_build: StaticsByBuild,
 }
 
 impl<S: LayoutSink> JvmTracker<S> {
@@ -311,6 +314,7 @@ impl<S: LayoutSink> JvmTracker<S> {
             exit_events: 0,
             rescans: 0,
             last_instance: 0,
+            statics_by_build: StaticsByBuild::default(),
             libjvm_hooks: None,
         }
     }
@@ -755,7 +759,7 @@ impl<S: LayoutSink> JvmTracker<S> {
         // A JVM's instance is what the BPF walker's blobs remembered across samples are tagged
         // with: a new one for every JVM made ready (the pid may be a dead JVM's), never 0.
         self.last_instance = self.last_instance.checked_add(1).unwrap_or(1);
-        let proc_info = match hotspot_proc(found, &code, self.last_instance) {
+        let mut proc_info = match hotspot_proc(found, &code, self.last_instance) {
             Ok(proc_info) => proc_info,
             Err(err) => {
                 tracing::warn!(pid, %err, "JVM layout does not fit the BPF unwinder");
@@ -771,6 +775,9 @@ impl<S: LayoutSink> JvmTracker<S> {
             );
             tracked.state = State::OverBound;
             return;
+        }
+        if found.version.major >= FIRST_VIRTUAL_THREADS_JDK {
+            add_frozen_frames(&mut proc_info, found, &memory, &mut self.statics_by_build, Retry::Loud);
         }
         if let Err(err) = self.sink.put(pid, &proc_info) {
             tracing::warn!(pid, %err, "cannot push JVM layout to BPF");
@@ -940,11 +947,63 @@ impl<S: LayoutSink> JvmTracker<S> {
             return;
         };
         proc_info.breakpoints = pushed.breakpoints;
+        proc_info.frozen = pushed.frozen;
+        proc_info.flags |= pushed.flags & hotspot_flags::COMPRESSED_OOPS;
+        if proc_info.frozen.entry_return_pc == 0
+            && jvm.version.major >= FIRST_VIRTUAL_THREADS_JDK
+        {
+            // JDK 21 generates the continuation entry on first use.
+            add_frozen_frames(&mut proc_info, jvm, &memory, &mut self.statics_by_build, Retry::Quiet);
+        }
         if proc_info != **pushed && self.sink.put(pid, &proc_info).is_ok() {
             **pushed = proc_info;
             tracing::debug!(pid, "JVM code cache changed: layout updated");
         }
     }
+}
+
+/// Adds to `proc_info` what the BPF walker needs to walk the frames of `jvm`'s mounted virtual
+/// threads still frozen in their stack chunks; without it (a stripped libjvm, a layout that
+/// does not fit), they are left out as before, and the reason logged.
+fn add_frozen_frames(
+    proc_info: &mut HotspotProc,
+    jvm: &Jvm,
+    memory: &ProcessMemory,
+    statics: &mut StaticsByBuild,
+    retry: Retry,
+) {
+    let layout = match virtual_threads::layout_of(jvm, memory, Some(statics)) {
+        Ok(layout) => layout,
+        Err(why) => {
+            if retry == Retry::Loud {
+                tracing::info!(pid = jvm.pid, %why, "virtual threads' frozen frames will not be walked");
+            }
+            return;
+        }
+    };
+    match layout.frozen_frames() {
+        Some(frozen) => {
+            proc_info.frozen = frozen;
+            if layout.oops_compressed() {
+                proc_info.flags |= hotspot_flags::COMPRESSED_OOPS;
+            }
+            tracing::debug!(pid = jvm.pid, "virtual threads' frozen frames will be walked");
+        }
+        None if retry == Retry::Loud => tracing::debug!(
+            pid = jvm.pid,
+            ?layout,
+            "virtual threads' layout incomplete (tried again as the JVM runs)"
+        ),
+        None => {}
+    }
+}
+
+/// Whether a failure to read a JVM's virtual-thread layout is logged: the first time, not on
+/// the retries while it is not there yet.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    Loud,
+    Quiet,
 }
 
 /// Whether `pid` lives in another pid namespace than the daemon (a container); `None` if

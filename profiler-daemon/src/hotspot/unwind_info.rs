@@ -1,6 +1,8 @@
 //! The BPF-side description of a JVM ([`HotspotProc`]), built from its layout and runtime state.
 
-use profiler_common::{hotspot_flags, CodeHeapRange, HotspotProc, MAX_CODE_HEAPS};
+use profiler_common::{
+    hotspot_flags, CodeHeapRange, FrozenFramesLayout, HotspotProc, MAX_CODE_HEAPS,
+};
 
 use super::jvm::{CodeCacheInfo, Jvm};
 use super::layout::{Constant, Field, TypeSize};
@@ -170,6 +172,8 @@ pub fn hotspot_proc(
         class_mirror_klass: code.class_mirror_klass.unwrap_or(u16::MAX),
 
         instance,
+        // Set by the tracker once it read the JVM's virtual-thread layout.
+        frozen: FrozenFramesLayout::default(),
     })
 }
 

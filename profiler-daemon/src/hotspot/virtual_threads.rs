@@ -1,6 +1,6 @@
-//! What a walker of mounted virtual threads needs to know about one JVM (JDK 21 and later), as
-//! far as the daemon reads it today: shown by `jvm-info`, for the BPF walker to come
-//! (docs/virtual-threads.md).
+//! What the walker of mounted virtual threads needs to know about one JVM (JDK 21 and later):
+//! read once per JVM, shown by `jvm-info`, and pushed to the BPF walker as
+//! [`FrozenFramesLayout`] (docs/virtual-threads.md).
 //!
 //! The Java field offsets of `jdk.internal.vm.StackChunk` and `Continuation`, where a chunk's
 //! frames start, and the return-barrier stub's address are in no JDK's VMStructs: HotSpot
@@ -8,18 +8,73 @@
 //! into static variables, which libjvm's `.symtab` names. They are read here from the JVM's
 //! memory at those symbols' addresses, so they are this JVM's, whatever its flags.
 
+use std::collections::HashMap;
 use std::fs::File;
+use std::sync::Arc;
 
-use object::read::ReadCache;
-use object::{Object as _, ObjectSymbol as _, SymbolKind};
+use object::elf::{FileHeader64, Sym64, SHT_PROGBITS, SHT_SYMTAB, STT_FUNC, STT_OBJECT};
+use object::read::elf::{FileHeader as _, SectionHeader as _, Sym as _};
+use object::read::{ReadCache, ReadRef, StringTable};
+use object::LittleEndian;
+use profiler_common::FrozenFramesLayout;
 use serde::Serialize;
 
+use super::jvm::Jvm;
+use super::layout::Field;
+use super::libjvm::LibJvmMapping;
 use super::libjvm_hooks::MAX_BYTES_READ;
 use super::remote::RemoteMemory;
 use crate::untrusted::BoundedReads;
 
+/// The first JDK with virtual threads.
+pub const FIRST_VIRTUAL_THREADS_JDK: u32 = 21;
+
+/// Libjvm builds whose statics are remembered; past it the cache starts over (a host runs a
+/// handful of JDK builds).
+const MAX_BUILDS_REMEMBERED: usize = 32;
+
+/// [`LibjvmStatics`] by libjvm build id: the JVMs of one JDK build share one `.symtab` pass.
+#[derive(Default)]
+pub struct StaticsByBuild {
+    found: HashMap<String, Result<Arc<LibjvmStatics>, String>>,
+}
+
+/// `jvm`'s virtual-thread layout, from its libjvm's `.symtab` (found once per build when
+/// `cache` is given) and its memory.
+pub fn layout_of(
+    jvm: &Jvm,
+    memory: &impl RemoteMemory,
+    cache: Option<&mut StaticsByBuild>,
+) -> Result<VirtualThreadLayout, String> {
+    let find = || -> Result<LibjvmStatics, String> {
+        let mapping = LibJvmMapping::find_in(jvm.pid)
+            .ok_or_else(|| "its libjvm mapping is gone".to_owned())?;
+        let file = mapping
+            .open(jvm.pid)
+            .map_err(|refused| format!("cannot open its libjvm: {refused}"))?;
+        LibjvmStatics::find(file)
+    };
+    let statics = match (cache, &jvm.build_id) {
+        (Some(cache), Some(build)) => match cache.found.get(build) {
+            Some(statics) => statics.clone()?,
+            None => {
+                // A failure is remembered too: a stripped libjvm is not parsed again.
+                let statics = find().map(Arc::new);
+                if cache.found.len() >= MAX_BUILDS_REMEMBERED {
+                    cache.found.clear();
+                }
+                cache.found.insert(build.clone(), statics.clone());
+                statics?
+            }
+        },
+        _ => Arc::new(find()?),
+    };
+    let cont_entry = jvm.layout.offset(Field::JavaThreadContEntry);
+    Ok(VirtualThreadLayout::read(&statics, jvm.bias, cont_entry, memory))
+}
+
 /// The statics read, by their mangled names in `.symtab`.
-const STATICS: [(&str, Static); 12] = [
+const STATICS: [(&str, Static); 16] = [
     (
         "_ZN26jdk_internal_vm_StackChunk14_parent_offsetE",
         Static::ChunkParent,
@@ -62,7 +117,18 @@ const STATICS: [(&str, Static); 12] = [
         Static::ReturnBarrier,
     ),
     ("_ZN17ContinuationEntry10_return_pcE", Static::EntryReturnPc),
+    ("UseCompressedOops", Static::UseCompressedOops),
+    ("_ZN14CompressedOops5_baseE", Static::NarrowOopBase),
+    ("_ZN14CompressedOops6_shiftE", Static::NarrowOopShift),
+    // JDK 21 and earlier: one `NarrowPtrStruct` (its `_base`, then the 32-bit `_shift`).
+    ("_ZN14CompressedOops11_narrow_oopE", Static::NarrowOop),
 ];
+
+/// `Continuation::pin(JavaThread*)`: its first load from the thread is of `_cont_entry`, the
+/// offset JDK 21's VMStructs does not export.
+const CONTINUATION_PIN: &str = "_ZN12Continuation3pinEP10JavaThread";
+/// Bytes of `Continuation::pin` searched for that load.
+const PIN_BYTES: u64 = 32;
 
 #[derive(Clone, Copy)]
 enum Static {
@@ -78,6 +144,101 @@ enum Static {
     ThreadTid,
     ReturnBarrier,
     EntryReturnPc,
+    UseCompressedOops,
+    NarrowOopBase,
+    NarrowOopShift,
+    NarrowOop,
+}
+
+/// Where the statics of [`STATICS`] are in one libjvm file (link-time addresses), and the
+/// `_cont_entry` offset its code uses: found in one pass over its `.symtab`, the same for every
+/// JVM that maps the file.
+#[derive(Clone, Debug, Default)]
+pub struct LibjvmStatics {
+    addresses: [Option<u64>; STATICS.len()],
+    /// `JavaThread::_cont_entry` as `Continuation::pin` loads it.
+    cont_entry_in_code: Option<u64>,
+}
+
+impl LibjvmStatics {
+    /// Finds them in `file`, a libjvm.
+    pub fn find(file: File) -> Result<Self, String> {
+        let reader = BoundedReads::new(ReadCache::new(file), MAX_BYTES_READ);
+        Self::find_in(&reader)
+    }
+
+    fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<Self, String> {
+        let header = FileHeader64::<LittleEndian>::parse(data).map_err(|err| err.to_string())?;
+        let endian = header.endian().map_err(|err| err.to_string())?;
+        let sections = header
+            .sections(endian, data)
+            .map_err(|err| err.to_string())?;
+        let symtab = sections
+            .iter()
+            .find(|section| section.sh_type(endian) == SHT_SYMTAB)
+            .ok_or("no .symtab (a stripped libjvm)")?;
+        // Each section is read whole, once: names looked up one by one through the bounded
+        // reader would each be charged a read.
+        let symbols: &[Sym64<LittleEndian>] = symtab
+            .data_as_array(endian, data)
+            .map_err(|_| "its .symtab cannot be read")?;
+        let names = sections
+            .section(object::SectionIndex(symtab.sh_link(endian) as usize))
+            .and_then(|strtab| strtab.data(endian, data))
+            .map_err(|_| "its .strtab cannot be read")?;
+        let strings = StringTable::new(names, 0, names.len() as u64);
+        let mut statics = Self::default();
+        let mut pin = None;
+        for symbol in symbols {
+            let kind = symbol.st_type();
+            if kind != STT_OBJECT && kind != STT_FUNC {
+                continue;
+            }
+            let Ok(name) = symbol.name(endian, strings) else {
+                continue;
+            };
+            if kind == STT_FUNC {
+                if name == CONTINUATION_PIN.as_bytes() {
+                    pin = Some(symbol.st_value(endian));
+                }
+                continue;
+            }
+            if let Some(index) = STATICS
+                .iter()
+                .position(|(wanted, _)| wanted.as_bytes() == name)
+            {
+                statics.addresses[index] = Some(symbol.st_value(endian));
+            }
+        }
+        // Its code, from the section that holds it.
+        statics.cont_entry_in_code = pin.and_then(|address| {
+            let text = sections.iter().find(|section| {
+                let start = section.sh_addr(endian);
+                section.sh_type(endian) == SHT_PROGBITS
+                    && address >= start
+                    && address + PIN_BYTES <= start + section.sh_size(endian)
+            })?;
+            let offset = address - text.sh_addr(endian) + text.sh_offset(endian);
+            let code = data.read_bytes_at(offset, PIN_BYTES).ok()?;
+            first_load_from_first_argument(code)
+        });
+        Ok(statics)
+    }
+}
+
+/// The displacement of the first `mov disp32(%rdi), %r64` in `code` (REX.W `8b`, ModRM mod 2
+/// with rm = rdi): how a method taking a `JavaThread*` loads one of its fields. An 8-aligned
+/// offset inside a plausible `JavaThread`, or None.
+fn first_load_from_first_argument(code: &[u8]) -> Option<u64> {
+    code.windows(7).find_map(|bytes| {
+        let rex_w = bytes[0] & 0xf8 == 0x48;
+        let load_from_rdi_disp32 = bytes[1] == 0x8b && bytes[2] & 0xc7 == 0x87;
+        if !(rex_w && load_from_rdi_disp32) {
+            return None;
+        }
+        let offset = u32::from_le_bytes([bytes[3], bytes[4], bytes[5], bytes[6]]) as u64;
+        (offset % 8 == 0 && (256..8192).contains(&offset)).then_some(offset)
+    })
 }
 
 /// Byte offsets in a `jdk.internal.vm.StackChunk` object (`None`: not in this libjvm's
@@ -99,7 +260,7 @@ pub struct StackChunkOffsets {
 /// What the daemon knows of a JVM's virtual threads.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct VirtualThreadLayout {
-    /// `JavaThread::_cont_entry` (VMStructs from JDK 25; not exported by JDK 21).
+    /// `JavaThread::_cont_entry`: from VMStructs (JDK 25 on), else as libjvm's code loads it.
     pub cont_entry: Option<u64>,
     pub stack_chunk: StackChunkOffsets,
     /// `jdk.internal.vm.Continuation.tail`: the continuation's newest chunk.
@@ -111,38 +272,26 @@ pub struct VirtualThreadLayout {
     pub return_barrier: Option<u64>,
     /// `ContinuationEntry::_return_pc`: that frame's return address when nothing is frozen.
     pub entry_return_pc: Option<u64>,
+    /// `UseCompressedOops`, and how a compressed reference decodes: `base + (narrow << shift)`.
+    pub compressed_oops: Option<bool>,
+    pub narrow_oop_base: Option<u64>,
+    pub narrow_oop_shift: Option<i32>,
 }
 
 impl VirtualThreadLayout {
-    /// Reads the layout of the JVM whose libjvm is `file`, loaded at `bias` in the process
+    /// Reads the layout of a JVM whose libjvm (`statics`) is loaded at `bias` in the process
     /// `memory` reads; `cont_entry` is the VMStructs offset if the JVM exports it.
     pub fn read(
-        file: File,
+        statics: &LibjvmStatics,
         bias: u64,
         cont_entry: Option<u64>,
         memory: &impl RemoteMemory,
-    ) -> Result<Self, String> {
-        let reader = BoundedReads::new(ReadCache::new(file), MAX_BYTES_READ);
-        let elf = object::File::parse(&reader).map_err(|err| err.to_string())?;
-        let mut addresses: [Option<u64>; STATICS.len()] = [None; STATICS.len()];
-        let mut symbols = elf.symbols().peekable();
-        if symbols.peek().is_none() {
-            return Err("no .symtab (a stripped libjvm)".into());
-        }
-        for symbol in symbols {
-            if symbol.kind() != SymbolKind::Data {
-                continue;
-            }
-            let Ok(name) = symbol.name() else { continue };
-            if let Some(index) = STATICS.iter().position(|(wanted, _)| *wanted == name) {
-                addresses[index] = Some(symbol.address());
-            }
-        }
+    ) -> Self {
         let mut layout = Self {
-            cont_entry,
+            cont_entry: cont_entry.or(statics.cont_entry_in_code),
             ..Self::default()
         };
-        for ((_, which), address) in STATICS.iter().zip(addresses) {
+        for ((_, which), address) in STATICS.iter().zip(statics.addresses) {
             let Some(address) = address.map(|address| address.wrapping_add(bias)) else {
                 continue;
             };
@@ -161,8 +310,51 @@ impl VirtualThreadLayout {
                 Static::ThreadTid => layout.thread_tid = int(),
                 Static::ReturnBarrier => layout.return_barrier = memory.read_u64(address).ok(),
                 Static::EntryReturnPc => layout.entry_return_pc = memory.read_u64(address).ok(),
+                Static::UseCompressedOops => {
+                    layout.compressed_oops = memory.read_u8(address).ok().map(|on| on != 0)
+                }
+                Static::NarrowOopBase => layout.narrow_oop_base = memory.read_u64(address).ok(),
+                Static::NarrowOopShift => layout.narrow_oop_shift = int(),
+                Static::NarrowOop => {
+                    layout.narrow_oop_base = memory.read_u64(address).ok();
+                    layout.narrow_oop_shift = memory.read_i32(address + 8).ok();
+                }
             }
         }
-        Ok(layout)
+        layout
+    }
+
+    /// The BPF walker's part of it, when it has every piece (else the walker leaves this JVM's
+    /// frozen frames alone, as it did before): the offsets must fit their fields, and the return
+    /// barrier be generated.
+    pub fn frozen_frames(&self) -> Option<FrozenFramesLayout> {
+        let chunk = &self.stack_chunk;
+        let field = |offset: Option<i32>| offset.and_then(|at| u16::try_from(at).ok());
+        let compressed = self.compressed_oops?;
+        Some(FrozenFramesLayout {
+            return_barrier: self.return_barrier.filter(|pc| *pc != 0)?,
+            entry_return_pc: self.entry_return_pc.unwrap_or(0),
+            narrow_oop_base: if compressed { self.narrow_oop_base? } else { 0 },
+            java_thread_cont_entry: self.cont_entry.and_then(|at| u16::try_from(at).ok())?,
+            continuation_tail: field(self.continuation_tail)?,
+            chunk_parent: field(chunk.parent)?,
+            chunk_size: field(chunk.size)?,
+            chunk_sp: field(chunk.sp)?,
+            chunk_bottom: field(chunk.bottom)?,
+            chunk_pc: field(chunk.pc)?,
+            chunk_cont: field(chunk.cont)?,
+            chunk_stack: field(chunk.stack)?,
+            narrow_oop_shift: if compressed {
+                self.narrow_oop_shift.and_then(|shift| u8::try_from(shift).ok())?
+            } else {
+                0
+            },
+            _reserved: [0; 5],
+        })
+    }
+
+    /// Whether references are compressed (`hotspot_flags::COMPRESSED_OOPS`).
+    pub fn oops_compressed(&self) -> bool {
+        self.compressed_oops == Some(true)
     }
 }
