@@ -16,6 +16,7 @@ use crate::lock::LockConfig;
 use crate::off_cpu::OffCpuConfig;
 use crate::output::LocalOutput;
 use crate::thread_roots::ThreadRoots;
+use crate::virtual_thread_roots::VirtualThreadRoots;
 
 pub use crate::config_error::{invalid, ConfigError};
 pub use crate::kubernetes::Environment;
@@ -68,6 +69,10 @@ pub struct FileConfig {
     /// or "thread" (rooted at its thread, `[http-nio-8080-exec-12 tid=4242]`). Local pprof
     /// files and the live stream label every sample with its thread whatever this says.
     pub threads: Option<String>,
+    /// What a virtual thread's stack is shown on: "logical" (default: its own frames alone,
+    /// rooted at `java.lang.VirtualThread.run`, as jstack and JFR show it) or "carrier" (above
+    /// the frames of the carrier thread that ran it, under a `[carrier <name>]` frame).
+    pub virtual_threads: Option<String>,
     /// Suffix frame names with their kind, as async-profiler does: `_[j]` JIT-compiled, `_[1]`
     /// C1, `_[i]` inlined, `_[0]` interpreted, `_[k]` kernel. Default true.
     pub annotate_frames: Option<bool>,
@@ -158,6 +163,8 @@ pub struct Config {
     pub annotate_frames: bool,
     /// How Pyroscope's profiles and the local flame graphs show threads.
     pub threads: ThreadRoots,
+    /// What virtual threads' stacks are shown on.
+    pub virtual_threads: VirtualThreadRoots,
     pub local_output: LocalOutput,
     pub metrics_listen: Option<SocketAddr>,
     pub grpc_listen: Option<GrpcListen>,
@@ -327,6 +334,14 @@ impl Config {
                 reason: format!("{text:?} is not {}", ThreadRoots::VALUES),
             })?,
         };
+        let virtual_threads = match file.virtual_threads {
+            None => VirtualThreadRoots::default(),
+            Some(text) => VirtualThreadRoots::parse(&text).ok_or_else(|| ConfigError::Invalid {
+                field: "virtual_threads",
+                flag: None,
+                reason: format!("{text:?} is not {}", VirtualThreadRoots::VALUES),
+            })?,
+        };
         let pyroscope = match (flags.pyroscope_url, file.pyroscope) {
             (None, None) => None,
             (url, table) => Some(RemoteConfig::resolve(
@@ -382,6 +397,7 @@ impl Config {
             local_output,
             annotate_frames: file.annotate_frames.unwrap_or(true),
             threads,
+            virtual_threads,
             off_cpu,
             alloc,
             lock,

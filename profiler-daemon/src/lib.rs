@@ -48,6 +48,7 @@ pub(crate) mod thread_roots;
 pub(crate) mod untrusted;
 pub(crate) mod user_time;
 pub(crate) mod vdso;
+pub(crate) mod virtual_thread_roots;
 pub(crate) mod worker;
 pub(crate) mod worker_metrics;
 

@@ -21,6 +21,7 @@ use crate::pprof::{self, proto};
 use crate::profile_model::SymbolizedProfile;
 use crate::remote_variant::remote_variant;
 use crate::thread_roots::ThreadRoots;
+use crate::virtual_thread_roots::VirtualThreadRoots;
 
 /// How profiles are shown, the same for every sink.
 #[derive(Clone, Copy, Debug, Default)]
@@ -29,6 +30,8 @@ pub struct Presentation {
     pub annotate_frames: bool,
     /// How the remote sinks' stacks and the local flame graphs show their thread.
     pub threads: ThreadRoots,
+    /// What virtual threads' stacks are shown on (applied as profiles are built).
+    pub virtual_threads: VirtualThreadRoots,
 }
 
 /// One process's profile of one interval, as every sink receives it.

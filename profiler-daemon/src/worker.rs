@@ -8,6 +8,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::virtual_thread_roots::root_virtual_threads;
 use crate::aggregate::IntervalStacks;
 use crate::identity::ServiceNaming;
 use crate::process::ProcessTable;
@@ -313,6 +314,7 @@ impl Worker {
             if interval.kind == ProfileKind::Block {
                 crate::lock::keep_parked(&mut profile);
             }
+            root_virtual_threads(&mut profile, self.presentation.virtual_threads);
             built += 1;
             let identity = {
                 let pods = self.pods.as_ref().and_then(|pods| pods.read().ok());

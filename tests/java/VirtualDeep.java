@@ -10,13 +10,14 @@ import java.util.concurrent.locks.LockSupport;
  * families of threads take two disjoint paths ({@code alphaStep}/{@code alphaWork} and
  * {@code betaStep}/{@code betaWork}): a sample whose frames mix the two named frames of
  * another virtual thread. Work is split 70:30 between the alpha and beta threads by their
- * count, and every thread counts its own rounds of work, printed at the end as
- * {@code rounds alpha N beta M}.
+ * count, and every thread counts its own rounds of work, written at the end to the results
+ * file as {@code rounds alpha N beta M}.
  *
  * Uses the virtual-thread API through reflection, so the class compiles for release 8 and
  * runs on JDK 21 and later.
  *
- * Args: seconds to run (after "ready" and a pause for the profiler to find the JVM), depth.
+ * Args: seconds to run (after "ready" and a pause for the profiler to find the JVM), depth,
+ * the results file.
  */
 public class VirtualDeep {
     static final int THREADS = 40;
@@ -27,6 +28,7 @@ public class VirtualDeep {
     public static void main(String[] args) throws Exception {
         long seconds = args.length > 0 ? Long.parseLong(args[0]) : 20;
         final int depth = args.length > 1 ? Integer.parseInt(args[1]) : 120;
+        String results = args.length > 2 ? args[2] : null;
         System.out.println("ready");
         System.out.flush();
         Thread.sleep(2000);
@@ -54,8 +56,12 @@ public class VirtualDeep {
                 beta += rounds[i];
             }
         }
-        System.out.println("rounds alpha " + alpha + " beta " + beta);
-        System.out.flush();
+        String line = "rounds alpha " + alpha + " beta " + beta;
+        if (results != null) {
+            java.nio.file.Files.write(java.nio.file.Paths.get(results), (line + "\n").getBytes("UTF-8"));
+        } else {
+            System.out.println(line);
+        }
     }
 
     static void alphaStep(int depth, int index, long until) {

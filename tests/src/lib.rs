@@ -500,12 +500,24 @@ pub fn start_java(
     main_class: &str,
     extra_args: &[&str],
 ) -> Result<Workload> {
+    start_java_with_args(jdk, classes, main_class, extra_args, &[])
+}
+
+/// [`start_java`] with the program's own arguments (`program_args`, after the class).
+pub fn start_java_with_args(
+    jdk: &Jdk,
+    classes: &Path,
+    main_class: &str,
+    extra_args: &[&str],
+    program_args: &[&str],
+) -> Result<Workload> {
     use std::io::BufRead;
     let mut child = Command::new(&jdk.java)
         .args(extra_args)
         .arg("-cp")
         .arg(classes)
         .arg(main_class)
+        .args(program_args)
         .stdout(Stdio::piped())
         .spawn()
         .with_context(|| format!("starting {}", jdk.java.display()))?;

@@ -47,6 +47,7 @@ pub(super) fn spawn_worker(
     let presentation = crate::sink::Presentation {
         annotate_frames: config.annotate_frames,
         threads: config.threads,
+        virtual_threads: config.virtual_threads,
     };
     let (naming, extra_labels) = (config.naming.clone(), config.labels.clone());
     let alloc_interval = config

@@ -1,0 +1,255 @@
+//! Virtual threads, end to end, on every JDK that has them (21, 25, 26, 27 at once):
+//! `VirtualDeep` runs 40 virtual threads that recurse 120 frames deep and then loop doing CPU
+//! work and parking for a millisecond, so each is continued with most of its frames still
+//! frozen in its stack chunk; 28 take the `alpha` path, 12 the disjoint `beta` path, and each
+//! counts its rounds of work. Profiled at 99 Hz, each JVM's virtual threads' CPU samples must:
+//!
+//! - reach `java.lang.VirtualThread.run`, their root by default (`virtual_threads =
+//!   "logical"`), in >= 99% of the samples, through all 120 recursive frames;
+//! - never mix the two paths (a frame of another virtual thread named in a sample);
+//! - split between the paths as the threads' own rounds do, within 5 pp.
+//!
+//! Then once more on one JDK with `virtual_threads = "carrier"`: the stacks go on under
+//! `[carrier <thread name>]` down to the carrier's `ForkJoinWorkerThread.run`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use profiler_daemon::pprof::proto;
+use profiler_tests::*;
+
+/// The JDKs with virtual threads.
+const MAJORS: [u32; 4] = [21, 25, 26, 27];
+/// The recursion below each virtual thread's work.
+const DEPTH: usize = 120;
+/// The JVMs' whole run, and the daemon's window within it.
+const JVM_SECONDS: u64 = 30;
+const DAEMON_SECONDS: u64 = 12;
+const FREQUENCY: u32 = 99;
+
+const ROOTED_TARGET: f64 = 0.99;
+const SPLIT_TOLERANCE_PP: f64 = 5.0;
+
+/// What a JVM's virtual threads' CPU samples show.
+#[derive(Debug, Default)]
+struct Figures {
+    /// Samples in either path's frames.
+    samples: i64,
+    /// Of those, ending at `VirtualThread.run` with every recursive frame.
+    rooted_whole: i64,
+    /// Of those, with frames of both paths.
+    mixed: i64,
+    /// In `alphaWork` and in `betaWork`.
+    alpha_work: i64,
+    beta_work: i64,
+}
+
+fn figures(profiles: &[(std::path::PathBuf, proto::Profile)]) -> Figures {
+    let mut figures = Figures::default();
+    for (_, profile) in profiles {
+        for sample in &profile.sample {
+            let names: Vec<String> = sample_frames(profile, sample)
+                .into_iter()
+                .map(|frame| base_name(&frame.name).to_owned())
+                .collect();
+            let has = |method: &str| names.iter().any(|n| n == &format!("VirtualDeep.{method}"));
+            let steps = |method: &str| {
+                names
+                    .iter()
+                    .filter(|n| *n == &format!("VirtualDeep.{method}"))
+                    .count()
+            };
+            let (alpha, beta) = (has("alphaStep"), has("betaStep"));
+            if !alpha && !beta {
+                continue;
+            }
+            let count = count(sample);
+            figures.samples += count;
+            if alpha && beta {
+                figures.mixed += count;
+            }
+            let whole = steps("alphaStep").max(steps("betaStep")) > DEPTH;
+            if whole && names.last().map(String::as_str) == Some("java.lang.VirtualThread.run") {
+                figures.rooted_whole += count;
+            }
+            if has("alphaWork") {
+                figures.alpha_work += count;
+            }
+            if has("betaWork") {
+                figures.beta_work += count;
+            }
+        }
+    }
+    figures
+}
+
+/// The alpha threads' share of the rounds, from the workload's results file.
+fn true_alpha_share(results: &Path) -> f64 {
+    let text = std::fs::read_to_string(results).expect("the workload wrote its rounds");
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let number = |at: usize| -> f64 { words[at].parse().expect("a count") };
+    let (alpha, beta) = (number(2), number(4));
+    alpha / (alpha + beta)
+}
+
+struct RunningJvm {
+    major: u32,
+    workload: Workload,
+    results: std::path::PathBuf,
+}
+
+fn start_jvms(classes: &Path, dir: &Path, majors: &[u32]) -> Vec<RunningJvm> {
+    majors
+        .iter()
+        .map(|&major| {
+            let results = dir.join(format!("rounds-{major}"));
+            let (seconds, depth) = (JVM_SECONDS.to_string(), DEPTH.to_string());
+            let args = [seconds.as_str(), depth.as_str(), results.to_str().expect("utf-8")];
+            let workload = start_java_with_args(&jdk(major), classes, "VirtualDeep", &[], &args)
+                .expect("JVM starts");
+            RunningJvm {
+                major,
+                workload,
+                results,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn mounted_virtual_threads_are_walked_whole_to_their_root() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes = compile_java(&["VirtualDeep.java"], dir.path()).expect("javac");
+    let majors = majors_from_env("PROFILER_VIRTUAL_THREAD_JDKS", &MAJORS);
+    let mut jvms = start_jvms(&classes, dir.path(), &majors);
+    let out = dir.path().join("profiles");
+    let run = DaemonRun::new()
+        .pids(jvms.iter().map(|jvm| jvm.workload.pid()))
+        .frequency(FREQUENCY)
+        .duration(DAEMON_SECONDS)
+        .no_stream()
+        .output(&out)
+        .run(Duration::from_secs(DAEMON_SECONDS + 60));
+
+    let mut failures = Vec::new();
+    for jvm in &mut jvms {
+        let pid = jvm.workload.pid();
+        let status = jvm.workload.0.wait().expect("the JVM ends");
+        assert!(status.success(), "JDK {}: the workload failed", jvm.major);
+        let profiles: Vec<_> = profiles_of(&out, pid)
+            .expect("profiles")
+            .into_iter()
+            .filter(|(path, _)| file_name(path).starts_with("cpu-"))
+            .collect();
+        let figures = figures(&profiles);
+        let truth = true_alpha_share(&jvm.results);
+        let worked = (figures.alpha_work + figures.beta_work).max(1) as f64;
+        let ours = figures.alpha_work as f64 / worked;
+        let rooted = figures.rooted_whole as f64 / figures.samples.max(1) as f64;
+        eprintln!(
+            "JDK {}: {} virtual-thread samples, {:.2}% rooted at VirtualThread.run through all {DEPTH} frames, {} mixing the paths; alpha share {:.1}% (workload: {:.1}%)",
+            jvm.major,
+            figures.samples,
+            100.0 * rooted,
+            figures.mixed,
+            100.0 * ours,
+            100.0 * truth,
+        );
+        if figures.samples < 100 {
+            failures.push(format!(
+                "JDK {}: {} virtual-thread samples (under 100)",
+                jvm.major, figures.samples
+            ));
+            continue;
+        }
+        if rooted < ROOTED_TARGET {
+            failures.push(format!(
+                "JDK {}: {:.2}% rooted whole (target {}%)",
+                jvm.major,
+                100.0 * rooted,
+                100.0 * ROOTED_TARGET
+            ));
+        }
+        if figures.mixed != 0 {
+            failures.push(format!(
+                "JDK {}: {} samples name frames of both paths",
+                jvm.major, figures.mixed
+            ));
+        }
+        if (100.0 * (ours - truth)).abs() > SPLIT_TOLERANCE_PP {
+            failures.push(format!(
+                "JDK {}: alpha share {:.1}% against the workload's {:.1}%",
+                jvm.major,
+                100.0 * ours,
+                100.0 * truth
+            ));
+        }
+    }
+    assert!(
+        run.log.contains("frozen_frames_unread="),
+        "the interval log counts walks stopped at frozen frames"
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn carrier_mode_keeps_the_carrier_under_a_named_frame() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes = compile_java(&["VirtualDeep.java"], dir.path()).expect("javac");
+    let major = major_of_the_day(&MAJORS);
+    let mut jvms = start_jvms(&classes, dir.path(), &[major]);
+    let jvm = &mut jvms[0];
+    let config = dir.path().join("profiler.toml");
+    std::fs::write(&config, "virtual_threads = \"carrier\"\n").expect("config written");
+    let out = dir.path().join("profiles");
+    DaemonRun::new()
+        .pid(jvm.workload.pid())
+        .frequency(FREQUENCY)
+        .duration(8)
+        .no_stream()
+        .config(&config)
+        .output(&out)
+        .run(Duration::from_secs(60));
+    let profiles: Vec<_> = profiles_of(&out, jvm.workload.pid())
+        .expect("profiles")
+        .into_iter()
+        .filter(|(path, _)| file_name(path).starts_with("cpu-"))
+        .collect();
+    let _ = jvm.workload.0.kill();
+    let (mut samples, mut carried) = (0, 0);
+    for (_, profile) in &profiles {
+        for sample in &profile.sample {
+            let names: Vec<String> = sample_frames(profile, sample)
+                .into_iter()
+                .map(|frame| base_name(&frame.name).to_owned())
+                .collect();
+            if !names.iter().any(|n| n == "VirtualDeep.alphaWork") {
+                continue;
+            }
+            samples += count(sample);
+            let Some(run) = names
+                .iter()
+                .position(|n| n == "java.lang.VirtualThread.run")
+            else {
+                continue;
+            };
+            let marker = names.get(run + 1).map(String::as_str).unwrap_or("");
+            let carrier_root = names
+                .iter()
+                .any(|n| n == "java.util.concurrent.ForkJoinWorkerThread.run");
+            if marker.starts_with("[carrier ForkJoinPool-") && carrier_root {
+                carried += count(sample);
+            }
+        }
+    }
+    eprintln!("JDK {major}: {carried} of {samples} alphaWork samples under [carrier ...] down to ForkJoinWorkerThread.run");
+    assert!(samples >= 50, "JDK {major}: {samples} alphaWork samples");
+    assert!(
+        carried as f64 >= ROOTED_TARGET * samples as f64,
+        "JDK {major}: {carried} of {samples} samples under a carrier frame"
+    );
+}
+
+fn file_name(path: &Path) -> &str {
+    path.file_name().and_then(|n| n.to_str()).unwrap_or("")
+}
