@@ -8,7 +8,6 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::virtual_thread_roots::root_virtual_threads;
 use crate::aggregate::IntervalStacks;
 use crate::identity::ServiceNaming;
 use crate::process::ProcessTable;
@@ -16,6 +15,7 @@ use crate::profile_model::ProfileKind;
 use crate::profiles::{self, ProfileRequest};
 use crate::sink::{Presentation, Sink, SinkProfile};
 use crate::symbolize::symbolizers::Symbolizers;
+use crate::virtual_thread_roots::root_virtual_threads;
 use crate::worker_metrics::WorkerCounters;
 
 pub enum Work {

@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use profiler_common::cfi::{find_cfi_row, CfiCache, CfiRow};
 use profiler_common::{
     hotspot_flags, interpreted_cookie, name_tail, name_tail_start, CodeHeapRange, FrameKind,
-    HotspotProc, UnwindEnd, UserFrame, BCI_UNKNOWN, NAME_TAIL_BYTES,
+    FrozenFramesLayout, HotspotProc, UnwindEnd, UserFrame, BCI_UNKNOWN, NAME_TAIL_BYTES,
 };
 
 use crate::state::frame;
@@ -414,6 +414,7 @@ impl Jvm {
             class_mirror_klass: 96,
 
             instance: FAKE_INSTANCE,
+            frozen: FrozenFramesLayout::default(),
         };
         Self {
             memory,
@@ -639,6 +640,86 @@ impl Jvm {
     /// Walks thread `tid` from `regs` as the BPF program would.
     pub fn walk(&self, tid: u32, regs: UserRegs) -> (Vec<UserFrame>, UnwindEnd) {
         walk_process(&self.memory, Some(&self.hs), tid, regs)
+    }
+}
+
+/// The Java heap of a JVM with virtual threads: where continuations and stack chunks are.
+pub const JAVA_HEAP: u64 = 0x1000_0000;
+/// `JavaThread::_cont_entry` in the fake threads.
+const JAVA_THREAD_CONT_ENTRY: u64 = 0x180;
+/// Where a fake chunk's frames start, and its fields (JDK 21-26's offsets).
+const CHUNK_STACK: u64 = 48;
+
+/// A stack chunk to place on the fake heap ([`Jvm::stack_chunk`]).
+pub struct ChunkSpec {
+    pub cont: u64,
+    pub parent: u64,
+    /// Words of stack, and the frames' span in them.
+    pub size: i32,
+    pub sp: i32,
+    pub bottom: i32,
+    /// The top frame's pc (also written just below its frame).
+    pub pc: u64,
+}
+
+impl Jvm {
+    /// Turns on the virtual-thread layout, with `return_barrier` and `entry_return_pc` as the
+    /// stubs' pcs, compressed references decoded with shift 3, and JDK 9+'s bcp slot (the
+    /// locals slot above it is where a chunk's interpreted frames keep theirs).
+    pub fn with_virtual_threads(&mut self, return_barrier: u64, entry_return_pc: u64) {
+        self.memory.map(JAVA_HEAP, 0x2_0000);
+        self.hs.flags |= hotspot_flags::COMPRESSED_OOPS;
+        self.hs.interpreter_bcp_slot = -8;
+        self.hs.frozen = FrozenFramesLayout {
+            return_barrier,
+            entry_return_pc,
+            narrow_oop_base: 0,
+            java_thread_cont_entry: JAVA_THREAD_CONT_ENTRY as u16,
+            continuation_tail: 32,
+            chunk_parent: 40,
+            chunk_size: 12,
+            chunk_sp: 24,
+            chunk_bottom: 28,
+            chunk_pc: 16,
+            chunk_cont: 44,
+            chunk_stack: CHUNK_STACK as u16,
+            narrow_oop_shift: 3,
+            _reserved: [0; 5],
+        };
+    }
+
+    /// A compressed reference to `address`.
+    pub fn narrow(address: u64) -> u32 {
+        u32::try_from(address >> 3).expect("a heap address below 32 GiB")
+    }
+
+    /// Mounts the continuation `cont` (whose newest chunk is `tail`) on the thread of `tid`
+    /// with its entry at `entry` on the stack.
+    pub fn mount(&mut self, tid: u32, entry: u64, cont: u64, tail: u64) {
+        let thread = Self::java_thread_of(tid);
+        self.memory.add_thread(tid, thread);
+        self.memory.put_u64(thread + JAVA_THREAD_CONT_ENTRY, entry);
+        self.memory.put_u64(entry + 16, cont);
+        let tail_field = cont + self.hs.frozen.continuation_tail as u64;
+        self.memory.put_u32(tail_field, Self::narrow(tail));
+    }
+
+    /// Places a chunk at `chunk`; returns where its frames start (word 0 of its stack).
+    pub fn stack_chunk(&mut self, chunk: u64, spec: &ChunkSpec) -> u64 {
+        let layout = self.hs.frozen;
+        let m = &mut self.memory;
+        m.put_u32(chunk + layout.chunk_size as u64, spec.size as u32);
+        m.put_u32(chunk + layout.chunk_sp as u64, spec.sp as u32);
+        m.put_u32(chunk + layout.chunk_bottom as u64, spec.bottom as u32);
+        m.put_u64(chunk + layout.chunk_pc as u64, spec.pc);
+        m.put_u32(
+            chunk + layout.chunk_parent as u64,
+            Self::narrow(spec.parent),
+        );
+        m.put_u32(chunk + layout.chunk_cont as u64, Self::narrow(spec.cont));
+        let start = chunk + CHUNK_STACK;
+        m.put_u64(start + spec.sp as u64 * 8 - 8, spec.pc);
+        start
     }
 }
 

@@ -101,8 +101,11 @@ pub(crate) fn enter_frozen_frames<P: UserMemory + JavaThreads>(
     let Ok(cont) = read_u64(process, entry + ENTRY_CONT) else {
         return false;
     };
-    let Some(tail) = read_oop(&walk.hotspot, process, cont + layout.continuation_tail as u64)
-    else {
+    let Some(tail) = read_oop(
+        &walk.hotspot,
+        process,
+        cont + layout.continuation_tail as u64,
+    ) else {
         return false;
     };
     if cont == 0 {

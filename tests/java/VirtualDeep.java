@@ -17,7 +17,8 @@ import java.util.concurrent.locks.LockSupport;
  * runs on JDK 21 and later.
  *
  * Args: seconds to run (after "ready" and a pause for the profiler to find the JVM), depth,
- * the results file.
+ * the results file, and {@code platform} to run the same work on platform threads instead (to
+ * compare what walking either costs).
  */
 public class VirtualDeep {
     static final int THREADS = 40;
@@ -29,6 +30,7 @@ public class VirtualDeep {
         long seconds = args.length > 0 ? Long.parseLong(args[0]) : 20;
         final int depth = args.length > 1 ? Integer.parseInt(args[1]) : 120;
         String results = args.length > 2 ? args[2] : null;
+        boolean platform = args.length > 3 && args[3].equals("platform");
         System.out.println("ready");
         System.out.flush();
         Thread.sleep(2000);
@@ -42,7 +44,13 @@ public class VirtualDeep {
             Runnable body = index < ALPHA_THREADS
                     ? () -> alphaStep(depth, index, until)
                     : () -> betaStep(depth, index, until);
-            threads.add((Thread) start.invoke(builder, body));
+            if (platform) {
+                Thread thread = new Thread(body, "platform-" + index);
+                thread.start();
+                threads.add(thread);
+            } else {
+                threads.add((Thread) start.invoke(builder, body));
+            }
         }
         for (Thread thread : threads) {
             thread.join();

@@ -104,7 +104,11 @@ fn start_jvms(classes: &Path, dir: &Path, majors: &[u32]) -> Vec<RunningJvm> {
         .map(|&major| {
             let results = dir.join(format!("rounds-{major}"));
             let (seconds, depth) = (JVM_SECONDS.to_string(), DEPTH.to_string());
-            let args = [seconds.as_str(), depth.as_str(), results.to_str().expect("utf-8")];
+            let args = [
+                seconds.as_str(),
+                depth.as_str(),
+                results.to_str().expect("utf-8"),
+            ];
             let workload = start_java_with_args(&jdk(major), classes, "VirtualDeep", &[], &args)
                 .expect("JVM starts");
             RunningJvm {

@@ -777,7 +777,13 @@ impl<S: LayoutSink> JvmTracker<S> {
             return;
         }
         if found.version.major >= FIRST_VIRTUAL_THREADS_JDK {
-            add_frozen_frames(&mut proc_info, found, &memory, &mut self.statics_by_build, Retry::Loud);
+            add_frozen_frames(
+                &mut proc_info,
+                found,
+                &memory,
+                &mut self.statics_by_build,
+                Retry::Loud,
+            );
         }
         if let Err(err) = self.sink.put(pid, &proc_info) {
             tracing::warn!(pid, %err, "cannot push JVM layout to BPF");
@@ -949,11 +955,15 @@ impl<S: LayoutSink> JvmTracker<S> {
         proc_info.breakpoints = pushed.breakpoints;
         proc_info.frozen = pushed.frozen;
         proc_info.flags |= pushed.flags & hotspot_flags::COMPRESSED_OOPS;
-        if proc_info.frozen.entry_return_pc == 0
-            && jvm.version.major >= FIRST_VIRTUAL_THREADS_JDK
-        {
+        if proc_info.frozen.entry_return_pc == 0 && jvm.version.major >= FIRST_VIRTUAL_THREADS_JDK {
             // JDK 21 generates the continuation entry on first use.
-            add_frozen_frames(&mut proc_info, jvm, &memory, &mut self.statics_by_build, Retry::Quiet);
+            add_frozen_frames(
+                &mut proc_info,
+                jvm,
+                &memory,
+                &mut self.statics_by_build,
+                Retry::Quiet,
+            );
         }
         if proc_info != **pushed && self.sink.put(pid, &proc_info).is_ok() {
             **pushed = proc_info;
@@ -987,7 +997,10 @@ fn add_frozen_frames(
             if layout.oops_compressed() {
                 proc_info.flags |= hotspot_flags::COMPRESSED_OOPS;
             }
-            tracing::debug!(pid = jvm.pid, "virtual threads' frozen frames will be walked");
+            tracing::debug!(
+                pid = jvm.pid,
+                "virtual threads' frozen frames will be walked"
+            );
         }
         None if retry == Retry::Loud => tracing::debug!(
             pid = jvm.pid,

@@ -70,7 +70,9 @@ pub fn layout_of(
         _ => Arc::new(find()?),
     };
     let cont_entry = jvm.layout.offset(Field::JavaThreadContEntry);
-    Ok(VirtualThreadLayout::read(&statics, jvm.bias, cont_entry, memory))
+    Ok(VirtualThreadLayout::read(
+        &statics, jvm.bias, cont_entry, memory,
+    ))
 }
 
 /// The statics read, by their mangled names in `.symtab`.
@@ -345,7 +347,8 @@ impl VirtualThreadLayout {
             chunk_cont: field(chunk.cont)?,
             chunk_stack: field(chunk.stack)?,
             narrow_oop_shift: if compressed {
-                self.narrow_oop_shift.and_then(|shift| u8::try_from(shift).ok())?
+                self.narrow_oop_shift
+                    .and_then(|shift| u8::try_from(shift).ok())?
             } else {
                 0
             },

@@ -3,6 +3,7 @@
 //! walk fails. See `fake.rs` for the fake process.
 
 mod cfi;
+mod frozen;
 
 use crate::fakes::*;
 use crate::UserRegs;
