@@ -107,7 +107,7 @@ mod tests {
             profile.add_thread(SampleThread {
                 tid: 7,
                 name: name.into(),
-                source: Default::default(),
+                source: crate::profile_model::NameSource::Comm,
             });
         }
         profile.samples.push(Sample {

@@ -239,7 +239,7 @@ fn first_load_from_first_argument(code: &[u8]) -> Option<u64> {
             return None;
         }
         let offset = u32::from_le_bytes([bytes[3], bytes[4], bytes[5], bytes[6]]) as u64;
-        (offset % 8 == 0 && (256..8192).contains(&offset)).then_some(offset)
+        (offset.is_multiple_of(8) && (256..8192).contains(&offset)).then_some(offset)
     })
 }
 
@@ -359,5 +359,73 @@ impl VirtualThreadLayout {
     /// Whether references are compressed (`hotspot_flags::COMPRESSED_OOPS`).
     pub fn oops_compressed(&self) -> bool {
         self.compressed_oops == Some(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cont_entry_offset_is_read_from_the_first_load_off_the_thread() {
+        // JDK 26's `Continuation::pin`: endbr64, push rbp, mov rbp,rsp (padding), then
+        // `mov 0x5f8(%rdi),%rdx`, `test %rdx,%rdx`.
+        let pin = [
+            0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x8b, 0x97, 0xf8, 0x05, 0x00, 0x00, 0x48, 0x85, 0xd2,
+        ];
+        assert_eq!(first_load_from_first_argument(&pin), Some(0x5f8));
+        // JDK 21's loads through r8 (`mov 0x530(%rdi),%r8`: REX.WR).
+        let pin_21 = [0x4c, 0x8b, 0x87, 0x30, 0x05, 0x00, 0x00];
+        assert_eq!(first_load_from_first_argument(&pin_21), Some(0x530));
+        // A load from another register, or an offset no JavaThread field has, is not taken.
+        let from_rsi = [0x48, 0x8b, 0x96, 0xf8, 0x05, 0x00, 0x00];
+        assert_eq!(first_load_from_first_argument(&from_rsi), None);
+        let unaligned = [0x48, 0x8b, 0x97, 0xf9, 0x05, 0x00, 0x00];
+        assert_eq!(first_load_from_first_argument(&unaligned), None);
+    }
+
+    #[test]
+    fn the_walker_gets_a_layout_only_when_every_piece_is_known() {
+        let complete = VirtualThreadLayout {
+            cont_entry: Some(1560),
+            stack_chunk: StackChunkOffsets {
+                parent: Some(40),
+                size: Some(12),
+                sp: Some(24),
+                bottom: Some(28),
+                pc: Some(16),
+                flags: Some(36),
+                cont: Some(44),
+                stack: Some(48),
+            },
+            continuation_tail: Some(32),
+            thread_tid: Some(24),
+            return_barrier: Some(0x7f00_0000_1000),
+            entry_return_pc: None,
+            compressed_oops: Some(true),
+            narrow_oop_base: Some(0),
+            narrow_oop_shift: Some(3),
+        };
+        let frozen = complete.frozen_frames().expect("complete");
+        assert_eq!(frozen.chunk_cont, 44);
+        assert_eq!(frozen.narrow_oop_shift, 3);
+        // enterSpecial not generated yet: the walker resumes at its caller.
+        assert_eq!(frozen.entry_return_pc, 0);
+        let without = |edit: fn(&mut VirtualThreadLayout)| {
+            let mut layout = complete.clone();
+            edit(&mut layout);
+            layout.frozen_frames()
+        };
+        assert!(without(|l| l.cont_entry = None).is_none());
+        assert!(without(|l| l.stack_chunk.parent = None).is_none());
+        assert!(without(|l| l.return_barrier = Some(0)).is_none());
+        assert!(without(|l| l.compressed_oops = None).is_none());
+        assert!(without(|l| l.stack_chunk.sp = Some(-1)).is_none());
+        // Without compressed references, no base or shift is needed.
+        let wide = without(|l| {
+            l.compressed_oops = Some(false);
+            l.narrow_oop_shift = None;
+        });
+        assert_eq!(wide.map(|f| f.narrow_oop_shift), Some(0));
     }
 }
