@@ -532,6 +532,10 @@ pub mod hotspot_flags {
     /// Java heap references are 32-bit compressed oops (`UseCompressedOops`): decoded as
     /// `HotspotProc::narrow_oop_base + (narrow << narrow_oop_shift)`.
     pub const COMPRESSED_OOPS: u8 = 1 << 6;
+    /// Java heap references are generational ZGC's coloured pointers: the address is the
+    /// pointer shifted right past its colour bits, by 13 to 16 as its remapped bit (bits 12 to
+    /// 15) says.
+    pub const ZGC_COLORED_OOPS: u8 = 1 << 7;
 }
 
 /// The daemon's uprobes one JVM can have: the thread-start hook, then the two allocation

@@ -326,7 +326,7 @@ fn read_chunk<M: UserMemory>(hs: &HotspotProc, memory: &M, chunk: u64) -> Option
             if compressed {
                 decode(layout, field_i32(bytes, offset as usize) as u32)
             } else {
-                field_u64(bytes, offset as usize)
+                wide(hs, field_u64(bytes, offset as usize))
             }
         };
         Some(ChunkHeader {
@@ -347,8 +347,25 @@ fn read_oop<M: UserMemory>(hs: &HotspotProc, memory: &M, at: u64) -> Option<u64>
     if hs.flags & hotspot_flags::COMPRESSED_OOPS != 0 {
         Some(decode(&hs.frozen, memory.read_u32(at).ok()?))
     } else {
-        memory.read_u64(at).ok()
+        Some(wide(hs, memory.read_u64(at).ok()?))
     }
+}
+
+/// An uncompressed reference's address: itself, or a ZGC coloured pointer's address.
+#[inline(always)]
+fn wide(hs: &HotspotProc, reference: u64) -> u64 {
+    if hs.flags & hotspot_flags::ZGC_COLORED_OOPS == 0 {
+        return reference;
+    }
+    // The remapped bit set in the colour says how far the address is shifted.
+    let shift = match (reference >> 12) & 0xf {
+        1 => 13,
+        2 => 14,
+        4 => 15,
+        8 => 16,
+        _ => return 0,
+    };
+    reference >> shift
 }
 
 /// A compressed reference's address (0 stays null).

@@ -954,7 +954,8 @@ impl<S: LayoutSink> JvmTracker<S> {
         };
         proc_info.breakpoints = pushed.breakpoints;
         proc_info.frozen = pushed.frozen;
-        proc_info.flags |= pushed.flags & hotspot_flags::COMPRESSED_OOPS;
+        proc_info.flags |=
+            pushed.flags & (hotspot_flags::COMPRESSED_OOPS | hotspot_flags::ZGC_COLORED_OOPS);
         if proc_info.frozen.entry_return_pc == 0 && jvm.version.major >= FIRST_VIRTUAL_THREADS_JDK {
             // JDK 21 generates the continuation entry on first use.
             add_frozen_frames(
@@ -996,6 +997,9 @@ fn add_frozen_frames(
             proc_info.frozen = frozen;
             if layout.oops_compressed() {
                 proc_info.flags |= hotspot_flags::COMPRESSED_OOPS;
+            }
+            if layout.oops_zgc_colored() {
+                proc_info.flags |= hotspot_flags::ZGC_COLORED_OOPS;
             }
             tracing::debug!(
                 pid = jvm.pid,

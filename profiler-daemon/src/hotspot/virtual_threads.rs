@@ -76,7 +76,7 @@ pub fn layout_of(
 }
 
 /// The statics read, by their mangled names in `.symtab`.
-const STATICS: [(&str, Static); 16] = [
+const STATICS: [(&str, Static); 18] = [
     (
         "_ZN26jdk_internal_vm_StackChunk14_parent_offsetE",
         Static::ChunkParent,
@@ -124,6 +124,9 @@ const STATICS: [(&str, Static); 16] = [
     ("_ZN14CompressedOops6_shiftE", Static::NarrowOopShift),
     // JDK 21 and earlier: one `NarrowPtrStruct` (its `_base`, then the 32-bit `_shift`).
     ("_ZN14CompressedOops11_narrow_oopE", Static::NarrowOop),
+    ("UseZGC", Static::UseZgc),
+    // JDK 21 to 23: ZGC's generational mode is a choice (the only one from JDK 24).
+    ("ZGenerational", Static::ZgcGenerational),
 ];
 
 /// `Continuation::pin(JavaThread*)`: its first load from the thread is of `_cont_entry`, the
@@ -150,6 +153,8 @@ enum Static {
     NarrowOopBase,
     NarrowOopShift,
     NarrowOop,
+    UseZgc,
+    ZgcGenerational,
 }
 
 /// Where the statics of [`STATICS`] are in one libjvm file (link-time addresses), and the
@@ -278,6 +283,9 @@ pub struct VirtualThreadLayout {
     pub compressed_oops: Option<bool>,
     pub narrow_oop_base: Option<u64>,
     pub narrow_oop_shift: Option<i32>,
+    /// `UseZGC`, and `ZGenerational` where the flag exists (JDK 21 to 23).
+    pub zgc: Option<bool>,
+    pub zgc_generational: Option<bool>,
 }
 
 impl VirtualThreadLayout {
@@ -317,6 +325,10 @@ impl VirtualThreadLayout {
                 }
                 Static::NarrowOopBase => layout.narrow_oop_base = memory.read_u64(address).ok(),
                 Static::NarrowOopShift => layout.narrow_oop_shift = int(),
+                Static::UseZgc => layout.zgc = memory.read_u8(address).ok().map(|on| on != 0),
+                Static::ZgcGenerational => {
+                    layout.zgc_generational = memory.read_u8(address).ok().map(|on| on != 0)
+                }
                 Static::NarrowOop => {
                     layout.narrow_oop_base = memory.read_u64(address).ok();
                     layout.narrow_oop_shift = memory.read_i32(address + 8).ok();
@@ -359,6 +371,14 @@ impl VirtualThreadLayout {
     /// Whether references are compressed (`hotspot_flags::COMPRESSED_OOPS`).
     pub fn oops_compressed(&self) -> bool {
         self.compressed_oops == Some(true)
+    }
+
+    /// Whether references are generational ZGC's coloured pointers
+    /// (`hotspot_flags::ZGC_COLORED_OOPS`): ZGC without the choice of mode, or with it made.
+    /// Single-generation ZGC's coloured pointers are addresses as they are (its heap is mapped
+    /// at every colour).
+    pub fn oops_zgc_colored(&self) -> bool {
+        self.zgc == Some(true) && self.zgc_generational != Some(false)
     }
 }
 
@@ -405,6 +425,8 @@ mod tests {
             compressed_oops: Some(true),
             narrow_oop_base: Some(0),
             narrow_oop_shift: Some(3),
+            zgc: Some(false),
+            zgc_generational: None,
         };
         let frozen = complete.frozen_frames().expect("complete");
         assert_eq!(frozen.chunk_cont, 44);
