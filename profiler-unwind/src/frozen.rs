@@ -16,12 +16,10 @@
 //! its unextended sp if it is compiled (its saved-rbp slot may hold an oop there). The layout
 //! facts are in docs/virtual-threads.md (sections 1.3, 2.3, 2.4 and 3).
 
-use profiler_common::{hotspot_flags, FrozenFramesLayout, HotspotProc, UnwindEnd, UserFrame};
+use profiler_common::{hotspot_flags, FrozenFramesLayout, HotspotProc, UnwindEnd};
 
-use crate::hotspot::java_step;
-use crate::memory::{field_i32, field_u64, read_u64, JavaThreads, StackWindow, UserMemory};
-use crate::recent_blobs::RecentBlobs;
-use crate::state::{Walk, END_UNSET};
+use crate::memory::{read_u64, JavaThreads, StackWindow, UserMemory};
+use crate::state::Walk;
 
 /// `ContinuationEntry::_cont` (an uncompressed oop: the entry lives on the thread's stack).
 const ENTRY_CONT: u64 = 16;
@@ -49,6 +47,9 @@ pub struct FrozenWalk {
     pub end: u64,
     /// Its parent chunk, walked next (0: none).
     pub parent: u64,
+    /// A parent chunk to enter at the next step, the walk being at the carrier meanwhile (one
+    /// place enters chunks: each inlined copy costs the BPF program stack it does not have).
+    pub next: u64,
     /// The mounted continuation, which every chunk walked must belong to.
     pub cont: u64,
     /// The continuation's entry on the carrier's stack, where the walk returns after its
@@ -56,114 +57,127 @@ pub struct FrozenWalk {
     pub entry: u64,
     /// Chunks entered in this walk.
     pub chunks: u32,
+    /// Non-zero while the frame being stepped is interpreted: its fp and locals, kept from
+    /// before its step (which reads their raw, relative values) for after it.
+    pub interpreted: u32,
+    pub fp: u64,
+    pub locals: u64,
+    /// The last chunk header read.
+    pub header: ChunkHeader,
+}
+
+/// The fields of a chunk the walk reads. Kept in the walk's state, like everything of this
+/// module: the BPF program's stack (512 bytes with the callers') has no room for them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ChunkHeader {
+    pub size: i32,
+    pub sp: i32,
+    pub bottom: i32,
     pub _reserved: u32,
+    pub pc: u64,
+    pub parent: u64,
+    pub cont: u64,
 }
 
-/// The fields of a chunk the walk reads.
-struct ChunkHeader {
-    size: i32,
-    sp: i32,
-    bottom: i32,
-    pc: u64,
-    parent: u64,
-    cont: u64,
-}
-
-/// Whether the walk's next frame is the return barrier: the frame below it is frozen (a barrier
-/// sampled on top is a thaw in progress, walked as a stub).
-#[inline(always)]
-pub(crate) fn at_return_barrier(walk: &Walk) -> bool {
-    let barrier = walk.hotspot.frozen.return_barrier;
-    barrier != 0 && walk.pc == barrier && walk.frames != 0
-}
-
-/// Moves the walk from the return barrier to the newest frame frozen in the thread's mounted
-/// continuation. False, the walk unchanged, when its chunks are not the mounted
-/// continuation's or cannot be read.
+/// Moves the walk into frozen frames if it is due to: at the return barrier (the frame below it
+/// is frozen; a barrier sampled on top is a thaw in progress, walked as a stub), into the newest
+/// chunk of the thread's mounted continuation; after a chunk, into its parent. Ok if it did, or
+/// was not due, or the parent holds nothing of the mounted continuation (the walk is then at
+/// the carrier); an error if the barrier's chunks cannot be read or are not the mounted
+/// continuation's.
 #[inline(always)]
 pub(crate) fn enter_frozen_frames<P: UserMemory + JavaThreads>(
     walk: &mut Walk,
     window: &mut StackWindow,
     process: &P,
-) -> bool {
-    let layout = walk.hotspot.frozen;
-    let Some(thread) = process.java_thread(walk.tid) else {
-        return false;
+) -> Result<(), UnwindEnd> {
+    let parent = walk.frozen.next;
+    let chunk = if parent != 0 {
+        walk.frozen.next = 0;
+        parent
+    } else if at_return_barrier(walk) {
+        mounted_tail(walk, process).ok_or(UnwindEnd::FrozenFramesUnread)?
+    } else {
+        return Ok(());
     };
-    let Ok(entry) = read_u64(process, thread + layout.java_thread_cont_entry as u64) else {
-        return false;
-    };
-    // The barrier's caller is the continuation mounted here only if its frame ends just below
-    // the entry (everything strictly below an entry belongs to its continuation).
-    if entry == 0 || walk.sp > entry || entry - walk.sp > MAX_ENTRY_GAP {
-        return false;
+    if enter_chunk(walk, window, process, chunk) || parent != 0 {
+        Ok(())
+    } else {
+        Err(UnwindEnd::FrozenFramesUnread)
     }
-    let Ok(cont) = read_u64(process, entry + ENTRY_CONT) else {
-        return false;
-    };
-    let Some(tail) = read_oop(
-        &walk.hotspot,
-        process,
-        cont + layout.continuation_tail as u64,
-    ) else {
-        return false;
-    };
-    if cont == 0 {
-        return false;
-    }
-    walk.frozen = FrozenWalk {
-        chunk: 0,
-        end: 0,
-        parent: 0,
-        cont,
-        entry,
-        chunks: 0,
-        _reserved: 0,
-    };
-    enter_chunk(walk, window, process, tail)
 }
 
-/// One frozen frame: records it and moves to its caller, in this chunk, the next one, or back
-/// on the carrier after the last.
 #[inline(always)]
-pub(crate) fn frozen_step<M: UserMemory + RecentBlobs>(
+fn at_return_barrier(walk: &Walk) -> bool {
+    let barrier = walk.hotspot.frozen.return_barrier;
+    walk.is_jvm != 0 && barrier != 0 && walk.pc == barrier && walk.frames != 0
+}
+
+/// The newest chunk of the continuation mounted on the walk's thread, whose entry must be just
+/// above the barrier's frame (everything strictly below an entry belongs to its continuation).
+#[inline(always)]
+fn mounted_tail<P: UserMemory + JavaThreads>(walk: &mut Walk, process: &P) -> Option<u64> {
+    let thread = process.java_thread(walk.tid)?;
+    let cont_entry = walk.hotspot.frozen.java_thread_cont_entry as u64;
+    let entry = read_u64(process, thread + cont_entry).ok()?;
+    if entry == 0 || walk.sp > entry || entry - walk.sp > MAX_ENTRY_GAP {
+        return None;
+    }
+    let cont = read_u64(process, entry + ENTRY_CONT).ok()?;
+    if cont == 0 {
+        return None;
+    }
+    let tail_field = cont + walk.hotspot.frozen.continuation_tail as u64;
+    let tail = read_oop(&walk.hotspot, process, tail_field)?;
+    walk.frozen.cont = cont;
+    walk.frozen.entry = entry;
+    Some(tail)
+}
+
+/// Before the step of a frozen frame: a compiled frame is stepped from its unextended sp; an
+/// interpreted one's fp and locals are kept (the step reads them as a stack frame's, and its
+/// locals tell the chunk's last frame).
+#[inline(always)]
+pub(crate) fn frozen_before<M: UserMemory>(
     walk: &mut Walk,
     window: &mut StackWindow,
     memory: &M,
-) -> Result<UserFrame, UnwindEnd> {
-    let end = walk.frozen.end;
+) -> Result<(), UnwindEnd> {
     if is_interpreted(&walk.hotspot, walk.pc) {
         let fp = walk.fp;
-        let locals = window.u64(memory, fp.wrapping_sub(LOCALS_SLOT))?;
-        // Records the frame; its links read as on a thread stack are offsets here.
-        let frame = crate::hotspot::interpreted_step(walk, window, memory, false)?;
-        if walk.end != END_UNSET {
-            return Ok(frame);
-        }
+        walk.frozen.locals = window.u64(memory, fp.wrapping_sub(LOCALS_SLOT))?;
+        walk.frozen.fp = fp;
+        walk.frozen.interpreted = 1;
+        return Ok(());
+    }
+    walk.frozen.interpreted = 0;
+    walk.sp = walk.fp;
+    Ok(())
+}
+
+/// After the step of a frozen frame (which recorded it and read its caller's links as a stack
+/// frame's): the caller in this chunk, its links made absolute; or, after the chunk's last
+/// frame, the next chunk's first or the carrier.
+#[inline(always)]
+pub(crate) fn frozen_after<M: UserMemory>(walk: &mut Walk, window: &mut StackWindow, memory: &M) {
+    let end = walk.frozen.end;
+    if walk.frozen.interpreted != 0 {
+        let fp = walk.frozen.fp;
+        // The step read the sender sp slot, relative to fp here.
         let caller_usp = relative(fp, walk.sp);
-        let caller_sp = fp + 16;
         // The bottom frame's locals (its arguments) reach the chunk's bottom.
-        if relative(fp, locals).wrapping_add(8) >= end {
+        if relative(fp, walk.frozen.locals).wrapping_add(8) >= end {
             leave_chunk(walk, window, memory);
         } else {
-            move_to(walk, window, memory, caller_sp, caller_usp);
+            move_to(walk, window, memory, fp + 16, caller_usp);
         }
-        return Ok(frame);
-    }
-    let (low, high) = (walk.hotspot.code_low, walk.hotspot.code_high);
-    if walk.pc < low || walk.pc >= high {
-        return Err(UnwindEnd::BadJavaFrame);
-    }
-    // A compiled frame: its fixed size from its unextended sp.
-    walk.sp = walk.fp;
-    let frame = java_step(walk, window, memory, false)?;
-    if walk.end != END_UNSET {
-        return Ok(frame);
+        return;
     }
     if walk.blob_cache.frame_size <= 0 {
         // A blob without a fixed frame (its rbp links are not kept in a chunk).
         walk.end = UnwindEnd::BadJavaFrame as u8;
-        return Ok(frame);
+        return;
     }
     let caller_sp = walk.sp;
     if caller_sp.wrapping_add(16) >= end {
@@ -171,7 +185,6 @@ pub(crate) fn frozen_step<M: UserMemory + RecentBlobs>(
     } else {
         move_to(walk, window, memory, caller_sp, caller_sp);
     }
-    Ok(frame)
 }
 
 /// Moves the walk to the frame at `sp` in the chunk (its return address just below), whose
@@ -199,17 +212,14 @@ fn move_to<M: UserMemory>(
     };
 }
 
-/// After a chunk's last frame: the next chunk's first, or the continuation's entry frame on the
-/// carrier (the walk then goes on as if nothing had been frozen), or its caller if the entry
-/// frame's code is not known.
+/// After a chunk's last frame: the continuation's entry frame on the carrier (the walk then
+/// goes on as if nothing had been frozen), or its caller if the entry frame's code is not known;
+/// the next step first enters the chunk's parent, if it has one.
 #[inline(always)]
 fn leave_chunk<M: UserMemory>(walk: &mut Walk, window: &mut StackWindow, memory: &M) {
-    let parent = walk.frozen.parent;
-    if parent != 0 && enter_chunk(walk, window, memory, parent) {
-        return;
-    }
-    let entry = walk.frozen.entry;
+    walk.frozen.next = walk.frozen.parent;
     walk.frozen.chunk = 0;
+    let entry = walk.frozen.entry;
     let entry_pc = walk.hotspot.frozen.entry_return_pc;
     if entry_pc != 0 {
         walk.pc = entry_pc;
@@ -245,9 +255,10 @@ fn enter_chunk<M: UserMemory>(
             return false;
         }
         walk.frozen.chunks += 1;
-        let Some(header) = read_chunk(&walk.hotspot, memory, chunk) else {
+        if !read_chunk(&walk.hotspot, memory, chunk, &mut walk.frozen.header) {
             return false;
-        };
+        }
+        let header = &walk.frozen.header;
         if header.cont != walk.frozen.cont
             || header.sp < 0
             || header.sp > header.bottom
@@ -262,13 +273,14 @@ fn enter_chunk<M: UserMemory>(
         }
         let start = chunk + walk.hotspot.frozen.chunk_stack as u64;
         let sp = start + header.sp as u64 * 8;
+        let pc = header.pc;
         // The top frame's pc is kept twice: in the chunk, and as the return address just
         // below its frame. A chunk being rewritten has them differ.
         match window.u64(memory, sp - 8) {
-            Ok(pc) if pc == header.pc && pc != 0 => {}
+            Ok(below) if below == pc && pc != 0 => {}
             _ => return false,
         }
-        let fp = if is_interpreted(&walk.hotspot, header.pc) {
+        let fp = if is_interpreted(&walk.hotspot, pc) {
             match interpreted_fp(window, memory, sp) {
                 Ok(fp) => fp,
                 Err(_) => return false,
@@ -276,10 +288,11 @@ fn enter_chunk<M: UserMemory>(
         } else {
             sp
         };
-        walk.frozen.chunk = chunk;
+        let header = &walk.frozen.header;
         walk.frozen.end = start + header.bottom as u64 * 8;
         walk.frozen.parent = header.parent;
-        walk.pc = header.pc;
+        walk.frozen.chunk = chunk;
+        walk.pc = pc;
         walk.sp = sp;
         walk.fp = fp;
         return true;
@@ -311,34 +324,39 @@ fn is_interpreted(hs: &HotspotProc, pc: u64) -> bool {
     pc >= hs.interpreter_low && pc < hs.interpreter_high
 }
 
-/// The chunk fields the walk needs, in one read of the chunk's start.
+/// The chunk fields the walk needs, into `out`. False if one cannot be read. Field by field:
+/// one read of the chunk's start into the scratch buffer took its closure's captures onto the
+/// BPF program's stack, 48 bytes it does not have.
 #[inline(always)]
-fn read_chunk<M: UserMemory>(hs: &HotspotProc, memory: &M, chunk: u64) -> Option<ChunkHeader> {
+fn read_chunk<M: UserMemory>(
+    hs: &HotspotProc,
+    memory: &M,
+    chunk: u64,
+    out: &mut ChunkHeader,
+) -> bool {
     let layout: &FrozenFramesLayout = &hs.frozen;
-    let compressed = hs.flags & hotspot_flags::COMPRESSED_OOPS != 0;
-    let header = memory.with_scratch(|buffer| {
-        if !memory.read_into(chunk, buffer) {
-            return None;
-        }
-        // SAFETY: the read filled every byte.
-        let bytes = unsafe { &*(buffer as *const _ as *const [u8; crate::memory::SCRATCH_BYTES]) };
-        let oop = |offset: u16| {
-            if compressed {
-                decode(layout, field_i32(bytes, offset as usize) as u32)
-            } else {
-                wide(hs, field_u64(bytes, offset as usize))
-            }
-        };
-        Some(ChunkHeader {
-            size: field_i32(bytes, layout.chunk_size as usize),
-            sp: field_i32(bytes, layout.chunk_sp as usize),
-            bottom: field_i32(bytes, layout.chunk_bottom as usize),
-            pc: field_u64(bytes, layout.chunk_pc as usize),
-            parent: oop(layout.chunk_parent),
-            cont: oop(layout.chunk_cont),
-        })
-    });
-    header.flatten()
+    let int = |at: u16| memory.read_u32(chunk + at as u64).map(|v| v as i32);
+    let (Ok(size), Ok(sp), Ok(bottom), Ok(pc)) = (
+        int(layout.chunk_size),
+        int(layout.chunk_sp),
+        int(layout.chunk_bottom),
+        memory.read_u64(chunk + layout.chunk_pc as u64),
+    ) else {
+        return false;
+    };
+    let (Some(parent), Some(cont)) = (
+        read_oop(hs, memory, chunk + layout.chunk_parent as u64),
+        read_oop(hs, memory, chunk + layout.chunk_cont as u64),
+    ) else {
+        return false;
+    };
+    out.size = size;
+    out.sp = sp;
+    out.bottom = bottom;
+    out.pc = pc;
+    out.parent = parent;
+    out.cont = cont;
+    true
 }
 
 /// The reference held at `at` (a field of a heap object).
@@ -357,14 +375,11 @@ fn wide(hs: &HotspotProc, reference: u64) -> u64 {
     if hs.flags & hotspot_flags::ZGC_COLORED_OOPS == 0 {
         return reference;
     }
-    // The remapped bit set in the colour says how far the address is shifted.
-    let shift = match (reference >> 12) & 0xf {
-        1 => 13,
-        2 => 14,
-        4 => 15,
-        8 => 16,
-        _ => return 0,
-    };
+    // The remapped bit set in the colour (one of bits 12 to 15) says how far the address is
+    // shifted: 13 to 16. Its index, without branches (the bit is one of 1, 2, 4, 8): (n >> 1)
+    // - (n >> 3) is 0, 1, 2, 3. Any other colour gives an address the chunk checks refuse.
+    let remapped = (reference >> 12) & 0xf;
+    let shift = 13 + (remapped >> 1) - (remapped >> 3);
     reference >> shift
 }
 

@@ -82,6 +82,7 @@ impl Walk {
         self.blob_cache.blob = 0;
         self.cfi.clear();
         self.frozen.chunk = 0;
+        self.frozen.next = 0;
         self.frozen.chunks = 0;
         self.cookie_const_method = 0;
         self.pc = regs.ip;

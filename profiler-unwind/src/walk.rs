@@ -3,7 +3,7 @@
 
 use profiler_common::{UnwindEnd, MAX_USER_FRAMES};
 
-use crate::frozen::{at_return_barrier, enter_frozen_frames, frozen_step};
+use crate::frozen::{enter_frozen_frames, frozen_after, frozen_before};
 use crate::hotspot::{java_step, jump_to_anchor, resume_at_anchor, unwind_top_stub};
 use crate::memory::{FrameSink, JavaThreads, NativeTables, StackWindow, UserMemory};
 use crate::native::native_step;
@@ -30,22 +30,32 @@ pub fn unwind_step<P: UserMemory + JavaThreads + NativeTables + RecentBlobs, S: 
         return true;
     }
     let top = walk.frames == 0;
+    walk.skip = 0;
+    // A mounted virtual thread's frames frozen in its stack chunks go through the same steps as
+    // those on a stack, their links made absolute before and after (`crate::frozen`): one copy of the
+    // steps keeps the BPF program within what 5.10's verifier explores in time.
+    if walk.frozen.chunk == 0 {
+        if let Err(end) = enter_frozen_frames(walk, window, process) {
+            walk.end = end as u8;
+            return true;
+        }
+    }
+    // In a chunk now (`walk.frozen.chunk`, which the step leaves alone) if the frame is frozen.
+    if walk.frozen.chunk != 0 {
+        if let Err(end) = frozen_before(walk, window, process) {
+            walk.end = end as u8;
+            return true;
+        }
+    }
     let in_code_cache =
         walk.is_jvm != 0 && walk.pc >= walk.hotspot.code_low && walk.pc < walk.hotspot.code_high;
-    walk.skip = 0;
     if in_code_cache {
         walk.java_seen = 1;
     }
-    let step = if walk.frozen.chunk != 0 {
-        frozen_step(walk, window, process)
-    } else if in_code_cache && at_return_barrier(walk) {
-        if enter_frozen_frames(walk, window, process) {
-            frozen_step(walk, window, process)
-        } else {
-            Err(UnwindEnd::FrozenFramesUnread)
-        }
-    } else if in_code_cache {
+    let step = if in_code_cache {
         java_step(walk, window, process, top)
+    } else if walk.frozen.chunk != 0 {
+        Err(UnwindEnd::BadJavaFrame)
     } else {
         native_step(walk, window, process)
     };
@@ -56,6 +66,9 @@ pub fn unwind_step<P: UserMemory + JavaThreads + NativeTables + RecentBlobs, S: 
             return true;
         }
     };
+    if walk.frozen.chunk != 0 && walk.end == END_UNSET {
+        frozen_after(walk, window, process);
+    }
     if walk.skip == 0 {
         if !sink.record(walk.frames, frame) {
             walk.end = UnwindEnd::MaxDepth as u8;

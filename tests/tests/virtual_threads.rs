@@ -11,7 +11,9 @@
 //! - split between the paths as the threads' own rounds do, within the samples' noise.
 //!
 //! Then once more on one JDK with `virtual_threads = "carrier"`: the stacks go on under
-//! `[carrier <thread name>]` down to the carrier's `ForkJoinWorkerThread.run`.
+//! `[carrier <thread name>]` down to the carrier's `ForkJoinWorkerThread.run`. And on JDK 21,
+//! where a virtual thread waiting inside `synchronized` pins its carrier (`VirtualPinned`): its
+//! off-CPU, lock and allocation samples carry its whole stack too.
 
 use std::path::Path;
 use std::time::Duration;
@@ -269,6 +271,65 @@ fn carrier_mode_keeps_the_carrier_under_a_named_frame() {
         carried as f64 >= ROOTED_TARGET * samples as f64,
         "JDK {major}: {carried} of {samples} samples under a carrier frame"
     );
+}
+
+#[test]
+fn pinned_waits_and_allocations_carry_the_virtual_threads_whole_stack() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes = compile_java(&["VirtualPinned.java"], dir.path()).expect("javac");
+    let jvm = start_java_with_args(&jdk(21), &classes, "VirtualPinned", &[], &["20"])
+        .expect("JVM starts");
+    let out = dir.path().join("profiles");
+    DaemonRun::new()
+        .pid(jvm.pid())
+        .frequency(FREQUENCY)
+        .duration(14)
+        .no_stream()
+        .output(&out)
+        .arg("--off-cpu")
+        .arg("--lock=1ms")
+        .arg("--alloc")
+        .run(Duration::from_secs(80));
+    let profiles = profiles_of(&out, jvm.pid()).expect("profiles");
+    let mut failures = Vec::new();
+    // Per profile kind, the site its samples are counted at.
+    for (kind, site) in [
+        ("offcpu-", "VirtualPinned.pinnedSite"),
+        ("mutex-", "VirtualPinned.pinnedSite"),
+        ("alloc-", "VirtualPinned.allocSite"),
+    ] {
+        let (mut samples, mut rooted) = (0, 0);
+        for (_, profile) in profiles
+            .iter()
+            .filter(|(path, _)| file_name(path).starts_with(kind))
+        {
+            for sample in &profile.sample {
+                let names: Vec<String> = sample_frames(profile, sample)
+                    .into_iter()
+                    .map(|frame| base_name(&frame.name).to_owned())
+                    .collect();
+                if !names.iter().any(|n| n == site) {
+                    continue;
+                }
+                samples += 1;
+                let depth = names
+                    .iter()
+                    .filter(|n| *n == "VirtualPinned.descend")
+                    .count();
+                let root = names.last().map(String::as_str);
+                if depth > 60 && root == Some("java.lang.VirtualThread.run") {
+                    rooted += 1;
+                }
+            }
+        }
+        eprintln!("JDK 21 {kind}: {rooted} of {samples} stacks at {site} rooted at VirtualThread.run through all 60 frames");
+        if samples < 5 || (rooted as f64) < ROOTED_TARGET * samples as f64 {
+            failures.push(format!(
+                "{kind}: {rooted} of {samples} stacks at {site} whole"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 fn file_name(path: &Path) -> &str {
