@@ -19,7 +19,7 @@
 use profiler_common::{hotspot_flags, FrozenFramesLayout, HotspotProc, UnwindEnd};
 
 use crate::memory::{read_u64, JavaThreads, StackWindow, UserMemory};
-use crate::state::Walk;
+use crate::state::{ChunkHeader, Walk};
 
 /// `ContinuationEntry::_cont` (an uncompressed oop: the entry lives on the thread's stack).
 const ENTRY_CONT: u64 = 16;
@@ -36,49 +36,6 @@ const LOCALS_SLOT: u64 = 7 * 8;
 const MAX_CHUNKS: u32 = 16;
 /// Largest chunk stack accepted, in words (a bound against garbage, far above real stacks).
 const MAX_CHUNK_WORDS: i32 = 1 << 20;
-
-/// Where a walk is in the frozen frames of a mounted virtual thread.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct FrozenWalk {
-    /// The chunk walked (its address), 0 while the walk is on a thread's stack.
-    pub chunk: u64,
-    /// Where its frames end (`bottom`).
-    pub end: u64,
-    /// Its parent chunk, walked next (0: none).
-    pub parent: u64,
-    /// A parent chunk to enter at the next step, the walk being at the carrier meanwhile (one
-    /// place enters chunks: each inlined copy costs the BPF program stack it does not have).
-    pub next: u64,
-    /// The mounted continuation, which every chunk walked must belong to.
-    pub cont: u64,
-    /// The continuation's entry on the carrier's stack, where the walk returns after its
-    /// chunks.
-    pub entry: u64,
-    /// Chunks entered in this walk.
-    pub chunks: u32,
-    /// Non-zero while the frame being stepped is interpreted: its fp and locals, kept from
-    /// before its step (which reads their raw, relative values) for after it.
-    pub interpreted: u32,
-    pub fp: u64,
-    pub locals: u64,
-    /// The last chunk header read.
-    pub header: ChunkHeader,
-}
-
-/// The fields of a chunk the walk reads. Kept in the walk's state, like everything of this
-/// module: the BPF program's stack (512 bytes with the callers') has no room for them.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ChunkHeader {
-    pub size: i32,
-    pub sp: i32,
-    pub bottom: i32,
-    pub _reserved: u32,
-    pub pc: u64,
-    pub parent: u64,
-    pub cont: u64,
-}
 
 /// Moves the walk into frozen frames if it is due to: at the return barrier (the frame below it
 /// is frozen; a barrier sampled on top is a thaw in progress, walked as a stub), into the newest

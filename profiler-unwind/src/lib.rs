@@ -40,12 +40,11 @@ pub mod fakes;
 #[cfg(test)]
 mod tests;
 
-pub use frozen::FrozenWalk;
 pub use hotspot::{allocated_class_frame, java_state, waiting_for, waiting_state};
 pub use memory::{
     FrameSink, JavaThreads, NativeTables, ReadError, StackWindow, UserMemory, SCRATCH_BYTES,
     STACK_WINDOW_BYTES,
 };
 pub use recent_blobs::{RecentBlob, RecentBlobTable, RecentBlobs, RECENT_BLOBS};
-pub use state::{BlobCache, UserRegs, Walk, END_UNSET};
+pub use state::{BlobCache, ChunkHeader, FrozenWalk, UserRegs, Walk, END_UNSET};
 pub use walk::{settle_top_stub, start_at_anchor, unwind_step, walk_stack, MAX_WALK_STEPS};

@@ -1,12 +1,10 @@
 //! The state of a user stack walk, which every kind of step reads and moves: the registers it
 //! starts from, the frame it is at, its caches, and the JVM layout it walks with. A leaf of the
 //! crate: the steps (`native`, `hotspot`, `frozen`) and their driver (`walk`) depend on it, it
-//! on none of them but for the frozen-frame position it holds.
+//! on none of them.
 
 use profiler_common::cfi::CfiCache;
 use profiler_common::{FrameKind, HotspotProc, UnwindEnd, UserFrame};
-
-use crate::frozen::FrozenWalk;
 
 /// Marks [`Walk::end`] as "not decided yet".
 pub const END_UNSET: u8 = u8::MAX;
@@ -113,6 +111,49 @@ impl Walk {
             self.end = UnwindEnd::MaxDepth as u8;
         }
     }
+}
+
+/// Where a walk is in the frozen frames of a mounted virtual thread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FrozenWalk {
+    /// The chunk walked (its address), 0 while the walk is on a thread's stack.
+    pub chunk: u64,
+    /// Where its frames end (`bottom`).
+    pub end: u64,
+    /// Its parent chunk, walked next (0: none).
+    pub parent: u64,
+    /// A parent chunk to enter at the next step, the walk being at the carrier meanwhile (one
+    /// place enters chunks: each inlined copy costs the BPF program stack it does not have).
+    pub next: u64,
+    /// The mounted continuation, which every chunk walked must belong to.
+    pub cont: u64,
+    /// The continuation's entry on the carrier's stack, where the walk returns after its
+    /// chunks.
+    pub entry: u64,
+    /// Chunks entered in this walk.
+    pub chunks: u32,
+    /// Non-zero while the frame being stepped is interpreted: its fp and locals, kept from
+    /// before its step (which reads their raw, relative values) for after it.
+    pub interpreted: u32,
+    pub fp: u64,
+    pub locals: u64,
+    /// The last chunk header read.
+    pub header: ChunkHeader,
+}
+
+/// The fields of a chunk the walk reads. Kept in the walk's state, like everything of this
+/// crate's frozen-frame walk: the BPF program's stack (512 bytes with the callers') has no room for them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ChunkHeader {
+    pub size: i32,
+    pub sp: i32,
+    pub bottom: i32,
+    pub _reserved: u32,
+    pub pc: u64,
+    pub parent: u64,
+    pub cont: u64,
 }
 
 /// Whether `pc`, that of a thread that entered the kernel, is one byte past one of the daemon's
