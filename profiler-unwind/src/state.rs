@@ -142,8 +142,9 @@ pub struct FrozenWalk {
     pub header: ChunkHeader,
 }
 
-/// The fields of a chunk the walk reads. Kept in the walk's state, like everything of this
-/// crate's frozen-frame walk: the BPF program's stack (512 bytes with the callers') has no room for them.
+/// The fields of a chunk the walk reads. Kept in the walk's state, like everything of the
+/// frozen-frame walk: the BPF program's stack (512 bytes with the callers') has no room for
+/// them.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ChunkHeader {
