@@ -74,6 +74,11 @@ macro_rules! labelled_enum {
                     $(Self::$variant => $label,)+
                 }
             }
+
+            /// The variant labelled `text` (a setting's value, for instance).
+            pub fn from_name(text: &str) -> Option<Self> {
+                Self::ALL.into_iter().find(|variant| variant.name() == text)
+            }
         }
     };
 }

@@ -328,7 +328,7 @@ impl Config {
         crate::identity::check_labels(&labels)?;
         let threads = match flags.threads.or(file.threads) {
             None => ThreadRoots::default(),
-            Some(text) => ThreadRoots::parse(&text).ok_or_else(|| ConfigError::Invalid {
+            Some(text) => ThreadRoots::from_name(&text).ok_or_else(|| ConfigError::Invalid {
                 field: "threads",
                 flag: Some("threads"),
                 reason: format!("{text:?} is not {}", ThreadRoots::VALUES),
@@ -336,11 +336,13 @@ impl Config {
         };
         let virtual_threads = match file.virtual_threads {
             None => VirtualThreadRoots::default(),
-            Some(text) => VirtualThreadRoots::parse(&text).ok_or_else(|| ConfigError::Invalid {
-                field: "virtual_threads",
-                flag: None,
-                reason: format!("{text:?} is not {}", VirtualThreadRoots::VALUES),
-            })?,
+            Some(text) => {
+                VirtualThreadRoots::from_name(&text).ok_or_else(|| ConfigError::Invalid {
+                    field: "virtual_threads",
+                    flag: None,
+                    reason: format!("{text:?} is not {}", VirtualThreadRoots::VALUES),
+                })?
+            }
         };
         let pyroscope = match (flags.pyroscope_url, file.pyroscope) {
             (None, None) => None,

@@ -56,7 +56,7 @@ pub fn inspect(pid: u32) -> Result<JvmReport, JvmInfoError> {
         Err(err) => (None, Some(err.to_string())),
     };
     let virtual_threads = (jvm.version.major >= FIRST_VIRTUAL_THREADS_JDK)
-        .then(|| virtual_threads::layout_of(&jvm, &memory, None));
+        .then(|| virtual_threads::layout_of(&jvm, &memory));
     Ok(JvmReport {
         jvm,
         comm: process.comm,

@@ -28,10 +28,6 @@ profiler_common::labelled_enum! {
 impl ThreadRoots {
     pub const VALUES: &'static str = "\"merged\", \"pool\" or \"thread\"";
 
-    pub fn parse(text: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|roots| roots.name() == text)
-    }
-
     /// The synthetic root frame of a stack that ran on thread `tid` named `name`, if any.
     pub fn root_frame(self, name: &str, tid: u32) -> Option<String> {
         match self {
@@ -97,9 +93,9 @@ mod tests {
     fn settings_parse_by_name_only() {
         assert_eq!(ThreadRoots::default(), ThreadRoots::Merged);
         for roots in [ThreadRoots::Merged, ThreadRoots::Pool, ThreadRoots::Thread] {
-            assert_eq!(ThreadRoots::parse(roots.name()), Some(roots));
+            assert_eq!(ThreadRoots::from_name(roots.name()), Some(roots));
         }
-        assert_eq!(ThreadRoots::parse("Pool"), None);
-        assert_eq!(ThreadRoots::parse("true"), None);
+        assert_eq!(ThreadRoots::from_name("Pool"), None);
+        assert_eq!(ThreadRoots::from_name("true"), None);
     }
 }

@@ -28,10 +28,6 @@ profiler_common::labelled_enum! {
 
 impl VirtualThreadRoots {
     pub const VALUES: &'static str = "\"logical\" or \"carrier\"";
-
-    pub fn parse(text: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|roots| roots.name() == text)
-    }
 }
 
 /// Roots each virtual thread's sample in `profile` as `roots` says; other samples are left as
@@ -162,8 +158,8 @@ mod tests {
     fn the_setting_parses_its_two_values() {
         assert_eq!(VirtualThreadRoots::default(), VirtualThreadRoots::Logical);
         for roots in VirtualThreadRoots::ALL {
-            assert_eq!(VirtualThreadRoots::parse(roots.name()), Some(roots));
+            assert_eq!(VirtualThreadRoots::from_name(roots.name()), Some(roots));
         }
-        assert_eq!(VirtualThreadRoots::parse("Logical"), None);
+        assert_eq!(VirtualThreadRoots::from_name("Logical"), None);
     }
 }

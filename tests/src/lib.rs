@@ -231,6 +231,14 @@ pub fn sample_frames(profile: &proto::Profile, sample: &proto::Sample) -> Vec<St
     frames
 }
 
+/// One sample's frame names without their kind suffixes ([`base_name`]), innermost first.
+pub fn sample_base_names(profile: &proto::Profile, sample: &proto::Sample) -> Vec<String> {
+    sample_frames(profile, sample)
+        .into_iter()
+        .map(|frame| base_name(&frame.name).to_owned())
+        .collect()
+}
+
 /// The name of every frame of every sample in `profiles` (one entry per sample and frame).
 pub fn frame_names(profiles: &[(PathBuf, proto::Profile)]) -> Vec<String> {
     profiles

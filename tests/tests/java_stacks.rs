@@ -32,10 +32,7 @@ fn tally_by_leaf(
     let mut shown = 0;
     for (_, profile) in profiles {
         for sample in &profile.sample {
-            let names: Vec<String> = sample_frames(profile, sample)
-                .into_iter()
-                .map(|frame| base_name(&frame.name).to_owned())
-                .collect();
+            let names = sample_base_names(profile, sample);
             let Some(leaf) = leaf_of(&names) else {
                 continue;
             };

@@ -56,10 +56,7 @@ fn figures(profiles: &[(std::path::PathBuf, proto::Profile)]) -> Figures {
     let mut figures = Figures::default();
     for (_, profile) in profiles {
         for sample in &profile.sample {
-            let names: Vec<String> = sample_frames(profile, sample)
-                .into_iter()
-                .map(|frame| base_name(&frame.name).to_owned())
-                .collect();
+            let names = sample_base_names(profile, sample);
             let has = |method: &str| names.iter().any(|n| n == &format!("VirtualDeep.{method}"));
             let steps = |method: &str| {
                 names
@@ -242,10 +239,7 @@ fn carrier_mode_keeps_the_carrier_under_a_named_frame() {
     let (mut samples, mut carried) = (0, 0);
     for (_, profile) in &profiles {
         for sample in &profile.sample {
-            let names: Vec<String> = sample_frames(profile, sample)
-                .into_iter()
-                .map(|frame| base_name(&frame.name).to_owned())
-                .collect();
+            let names = sample_base_names(profile, sample);
             if !names.iter().any(|n| n == "VirtualDeep.alphaWork") {
                 continue;
             }
@@ -304,10 +298,7 @@ fn pinned_waits_and_allocations_carry_the_virtual_threads_whole_stack() {
             .filter(|(path, _)| file_name(path).starts_with(kind))
         {
             for sample in &profile.sample {
-                let names: Vec<String> = sample_frames(profile, sample)
-                    .into_iter()
-                    .map(|frame| base_name(&frame.name).to_owned())
-                    .collect();
+                let names = sample_base_names(profile, sample);
                 if !names.iter().any(|n| n == site) {
                     continue;
                 }

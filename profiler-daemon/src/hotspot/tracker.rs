@@ -33,7 +33,9 @@ use super::libjvm_hooks::LibjvmHooks;
 use super::remote::ProcessMemory;
 use super::thread_directory::ThreadDirectory;
 use super::unwind_info::hotspot_proc;
-use super::virtual_threads::{self, StaticsByBuild, FIRST_VIRTUAL_THREADS_JDK};
+use super::virtual_threads::{
+    LibjvmStatics, StaticsByFile, VirtualThreadLayout, FIRST_VIRTUAL_THREADS_JDK,
+};
 use crate::process::ProcessInfo;
 use crate::user_time::UserTimeShares;
 
@@ -177,6 +179,9 @@ enum State {
         threads_read: Instant,
         /// Whether the JVM lives in another pid namespace (fixed for a process's life).
         other_pid_namespace: Option<bool>,
+        /// Its libjvm's virtual-thread statics (JDK 21+), to read its layout again while it is
+        /// incomplete (JDK 21 generates the continuation entry on first use).
+        frozen_statics: Option<Arc<LibjvmStatics>>,
     },
     /// Not readable for good (layout missing a field, no permission): not retried.
     Failed,
@@ -289,8 +294,8 @@ pub struct JvmTracker<S: LayoutSink> {
     libjvm_hooks: Option<LibjvmHooks>,
     /// The last `HotspotProc::instance` given to a JVM.
     last_instance: u32,
-    /// Where each libjvm build keeps the statics of its virtual-thread layout.
-    statics_by_build: StaticsByBuild,
+    /// Where each libjvm file keeps the statics of its virtual-thread layout.
+    statics_by_file: StaticsByFile,
 }
 
 impl<S: LayoutSink> JvmTracker<S> {
@@ -314,7 +319,7 @@ impl<S: LayoutSink> JvmTracker<S> {
             exit_events: 0,
             rescans: 0,
             last_instance: 0,
-            statics_by_build: StaticsByBuild::default(),
+            statics_by_file: StaticsByFile::default(),
             libjvm_hooks: None,
         }
     }
@@ -776,15 +781,25 @@ impl<S: LayoutSink> JvmTracker<S> {
             tracked.state = State::OverBound;
             return;
         }
-        if found.version.major >= FIRST_VIRTUAL_THREADS_JDK {
-            add_frozen_frames(
-                &mut proc_info,
-                found,
-                &memory,
-                &mut self.statics_by_build,
-                Retry::Loud,
-            );
-        }
+        let frozen_statics = if found.version.major >= FIRST_VIRTUAL_THREADS_JDK {
+            match self.statics_by_file.of(pid) {
+                Ok(statics) => {
+                    if !add_frozen_frames(&mut proc_info, found, &memory, &statics) {
+                        tracing::debug!(
+                            pid,
+                            "virtual threads' layout incomplete (read again as the JVM runs)"
+                        );
+                    }
+                    Some(statics)
+                }
+                Err(why) => {
+                    tracing::info!(pid, %why, "virtual threads' frozen frames will not be walked");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         if let Err(err) = self.sink.put(pid, &proc_info) {
             tracing::warn!(pid, %err, "cannot push JVM layout to BPF");
             return;
@@ -805,6 +820,7 @@ impl<S: LayoutSink> JvmTracker<S> {
             thread_list: None,
             threads_read: Instant::now(),
             other_pid_namespace: None,
+            frozen_statics,
         };
         self.sync_threads(pid);
         self.jvms
@@ -940,6 +956,7 @@ impl<S: LayoutSink> JvmTracker<S> {
             jvm,
             pushed,
             refreshed,
+            frozen_statics,
             ..
         } = &mut tracked.state
         else {
@@ -956,15 +973,11 @@ impl<S: LayoutSink> JvmTracker<S> {
         proc_info.frozen = pushed.frozen;
         proc_info.flags |=
             pushed.flags & (hotspot_flags::COMPRESSED_OOPS | hotspot_flags::ZGC_COLORED_OOPS);
-        if proc_info.frozen.entry_return_pc == 0 && jvm.version.major >= FIRST_VIRTUAL_THREADS_JDK {
-            // JDK 21 generates the continuation entry on first use.
-            add_frozen_frames(
-                &mut proc_info,
-                jvm,
-                &memory,
-                &mut self.statics_by_build,
-                Retry::Quiet,
-            );
+        if let Some(statics) = frozen_statics
+            .as_ref()
+            .filter(|_| proc_info.frozen.entry_return_pc == 0)
+        {
+            add_frozen_frames(&mut proc_info, jvm, &memory, statics);
         }
         if proc_info != **pushed && self.sink.put(pid, &proc_info).is_ok() {
             **pushed = proc_info;
@@ -974,53 +987,27 @@ impl<S: LayoutSink> JvmTracker<S> {
 }
 
 /// Adds to `proc_info` what the BPF walker needs to walk the frames of `jvm`'s mounted virtual
-/// threads still frozen in their stack chunks; without it (a stripped libjvm, a layout that
-/// does not fit), they are left out as before, and the reason logged.
+/// threads still frozen in their stack chunks, read with its libjvm's `statics`. False when the
+/// layout is incomplete (not generated yet, or an offset that does not fit): the frozen frames
+/// are then left out as before.
 fn add_frozen_frames(
     proc_info: &mut HotspotProc,
     jvm: &Jvm,
     memory: &ProcessMemory,
-    statics: &mut StaticsByBuild,
-    retry: Retry,
-) {
-    let layout = match virtual_threads::layout_of(jvm, memory, Some(statics)) {
-        Ok(layout) => layout,
-        Err(why) => {
-            if retry == Retry::Loud {
-                tracing::info!(pid = jvm.pid, %why, "virtual threads' frozen frames will not be walked");
-            }
-            return;
-        }
+    statics: &LibjvmStatics,
+) -> bool {
+    let layout = VirtualThreadLayout::of(jvm, statics, memory);
+    let Some(frozen) = layout.frozen_frames() else {
+        return false;
     };
-    match layout.frozen_frames() {
-        Some(frozen) => {
-            proc_info.frozen = frozen;
-            if layout.oops_compressed() {
-                proc_info.flags |= hotspot_flags::COMPRESSED_OOPS;
-            }
-            if layout.oops_zgc_colored() {
-                proc_info.flags |= hotspot_flags::ZGC_COLORED_OOPS;
-            }
-            tracing::debug!(
-                pid = jvm.pid,
-                "virtual threads' frozen frames will be walked"
-            );
-        }
-        None if retry == Retry::Loud => tracing::debug!(
-            pid = jvm.pid,
-            ?layout,
-            "virtual threads' layout incomplete (tried again as the JVM runs)"
-        ),
-        None => {}
+    proc_info.frozen = frozen;
+    if layout.oops_compressed() {
+        proc_info.flags |= hotspot_flags::COMPRESSED_OOPS;
     }
-}
-
-/// Whether a failure to read a JVM's virtual-thread layout is logged: the first time, not on
-/// the retries while it is not there yet.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Retry {
-    Loud,
-    Quiet,
+    if layout.oops_zgc_colored() {
+        proc_info.flags |= hotspot_flags::ZGC_COLORED_OOPS;
+    }
+    true
 }
 
 /// Whether `pid` lives in another pid namespace than the daemon (a container); `None` if

@@ -29,50 +29,46 @@ use crate::untrusted::BoundedReads;
 /// The first JDK with virtual threads.
 pub const FIRST_VIRTUAL_THREADS_JDK: u32 = 21;
 
-/// Libjvm builds whose statics are remembered; past it the cache starts over (a host runs a
-/// handful of JDK builds).
-const MAX_BUILDS_REMEMBERED: usize = 32;
+/// Libjvm files whose statics are remembered; past it the cache starts over (a host runs a
+/// handful of JDKs).
+const MAX_FILES_REMEMBERED: usize = 32;
 
-/// [`LibjvmStatics`] by libjvm build id: the JVMs of one JDK build share one `.symtab` pass.
+/// [`LibjvmStatics`] by libjvm file: the JVMs of one JDK share one `.symtab` pass. Keyed by the
+/// file's device and inode as the kernel reports the mapping, not by what the file claims (its
+/// build id): a process cannot make its own file stand for another's.
 #[derive(Default)]
-pub struct StaticsByBuild {
-    found: HashMap<String, Result<Arc<LibjvmStatics>, String>>,
+pub struct StaticsByFile {
+    found: HashMap<(u64, u64), Result<Arc<LibjvmStatics>, String>>,
 }
 
-/// `jvm`'s virtual-thread layout, from its libjvm's `.symtab` (found once per build when
-/// `cache` is given) and its memory.
-pub fn layout_of(
-    jvm: &Jvm,
-    memory: &impl RemoteMemory,
-    cache: Option<&mut StaticsByBuild>,
-) -> Result<VirtualThreadLayout, String> {
-    let find = || -> Result<LibjvmStatics, String> {
-        let mapping = LibJvmMapping::find_in(jvm.pid)
-            .ok_or_else(|| "its libjvm mapping is gone".to_owned())?;
-        let file = mapping
-            .open(jvm.pid)
-            .map_err(|refused| format!("cannot open its libjvm: {refused}"))?;
-        LibjvmStatics::find(file)
-    };
-    let statics = match (cache, &jvm.build_id) {
-        (Some(cache), Some(build)) => match cache.found.get(build) {
-            Some(statics) => statics.clone()?,
-            None => {
-                // A failure is remembered too: a stripped libjvm is not parsed again.
-                let statics = find().map(Arc::new);
-                if cache.found.len() >= MAX_BUILDS_REMEMBERED {
-                    cache.found.clear();
-                }
-                cache.found.insert(build.clone(), statics.clone());
-                statics?
-            }
-        },
-        _ => Arc::new(find()?),
-    };
-    let cont_entry = jvm.layout.offset(Field::JavaThreadContEntry);
-    Ok(VirtualThreadLayout::read(
-        &statics, jvm.bias, cont_entry, memory,
-    ))
+impl StaticsByFile {
+    /// The statics of the libjvm process `pid` runs: remembered, or found now (a failure is
+    /// remembered too: a stripped libjvm is not parsed again).
+    pub fn of(&mut self, pid: u32) -> Result<Arc<LibjvmStatics>, String> {
+        let mapping =
+            LibJvmMapping::find_in(pid).ok_or_else(|| "its libjvm mapping is gone".to_owned())?;
+        let Some(file) = mapping.file_identity() else {
+            return LibjvmStatics::of_mapping(pid, &mapping).map(Arc::new);
+        };
+        if let Some(found) = self.found.get(&file) {
+            return found.clone();
+        }
+        let found = LibjvmStatics::of_mapping(pid, &mapping).map(Arc::new);
+        if self.found.len() >= MAX_FILES_REMEMBERED {
+            self.found.clear();
+        }
+        self.found.insert(file, found.clone());
+        found
+    }
+}
+
+/// `jvm`'s virtual-thread layout, from its libjvm's `.symtab` and its memory (for `jvm-info`;
+/// the tracker keeps each JVM's statics).
+pub fn layout_of(jvm: &Jvm, memory: &impl RemoteMemory) -> Result<VirtualThreadLayout, String> {
+    let mapping =
+        LibJvmMapping::find_in(jvm.pid).ok_or_else(|| "its libjvm mapping is gone".to_owned())?;
+    let statics = LibjvmStatics::of_mapping(jvm.pid, &mapping)?;
+    Ok(VirtualThreadLayout::of(jvm, &statics, memory))
 }
 
 /// The statics read, by their mangled names in `.symtab`.
@@ -168,6 +164,14 @@ pub struct LibjvmStatics {
 }
 
 impl LibjvmStatics {
+    /// Finds them in the libjvm file `mapping` is of, opened through process `pid`.
+    fn of_mapping(pid: u32, mapping: &LibJvmMapping) -> Result<Self, String> {
+        let file = mapping
+            .open(pid)
+            .map_err(|refused| format!("cannot open its libjvm: {refused}"))?;
+        Self::find(file)
+    }
+
     /// Finds them in `file`, a libjvm.
     pub fn find(file: File) -> Result<Self, String> {
         let reader = BoundedReads::new(ReadCache::new(file), MAX_BYTES_READ);
@@ -289,9 +293,15 @@ pub struct VirtualThreadLayout {
 }
 
 impl VirtualThreadLayout {
+    /// The layout of `jvm`, whose libjvm's statics are `statics`, read through `memory`.
+    pub fn of(jvm: &Jvm, statics: &LibjvmStatics, memory: &impl RemoteMemory) -> Self {
+        let cont_entry = jvm.layout.offset(Field::JavaThreadContEntry);
+        Self::read(statics, jvm.bias, cont_entry, memory)
+    }
+
     /// Reads the layout of a JVM whose libjvm (`statics`) is loaded at `bias` in the process
     /// `memory` reads; `cont_entry` is the VMStructs offset if the JVM exports it.
-    pub fn read(
+    fn read(
         statics: &LibjvmStatics,
         bias: u64,
         cont_entry: Option<u64>,

@@ -414,10 +414,11 @@ impl ViewRequest {
                     ProfileKind::ALL.map(ProfileKind::file_prefix).join(", ")
                 ),
             })?;
-        let threads = ThreadRoots::parse(&options.threads).ok_or_else(|| ViewError::Argument {
-            flag: "threads",
-            reason: format!("{:?} is not {}", options.threads, ThreadRoots::VALUES),
-        })?;
+        let threads =
+            ThreadRoots::from_name(&options.threads).ok_or_else(|| ViewError::Argument {
+                flag: "threads",
+                reason: format!("{:?} is not {}", options.threads, ThreadRoots::VALUES),
+            })?;
         let selection = Selection {
             kind,
             from: time("from", &options.from)?,

@@ -89,18 +89,23 @@ fn mounted(chunk_cont: Option<u64>) -> Mounted {
     }
 }
 
+impl Mounted {
+    /// Walks the carrier from the thawed top frame.
+    fn walk(&self) -> (Vec<UserFrame>, UnwindEnd) {
+        self.jvm.walk(TID, regs(self.top.pc(0x80), self.sp, 0x7))
+    }
+
+    /// What a walk records after the thawed frame when it goes through every frozen frame.
+    fn frozen_then_carrier(&self) -> Vec<UserFrame> {
+        self.frozen.iter().chain(&self.carrier).copied().collect()
+    }
+}
+
 #[test]
 fn the_walk_goes_through_the_frozen_frames_back_to_the_carrier() {
     let mounted = mounted(None);
-    let walked = mounted
-        .jvm
-        .walk(TID, regs(mounted.top.pc(0x80), mounted.sp, 0x7));
-    let rest: Vec<UserFrame> = mounted
-        .frozen
-        .iter()
-        .chain(&mounted.carrier)
-        .copied()
-        .collect();
+    let walked = mounted.walk();
+    let rest = mounted.frozen_then_carrier();
     expect(walked, &mounted.thawed, &rest, UnwindEnd::Complete);
 }
 
@@ -120,24 +125,15 @@ fn an_emptied_tail_leads_to_its_parent() {
         },
     );
     mounted.jvm.mount(TID, mounted.sp + 32, mounted.cont, tail);
-    let walked = mounted
-        .jvm
-        .walk(TID, regs(mounted.top.pc(0x80), mounted.sp, 0x7));
-    let rest: Vec<UserFrame> = mounted
-        .frozen
-        .iter()
-        .chain(&mounted.carrier)
-        .copied()
-        .collect();
+    let walked = mounted.walk();
+    let rest = mounted.frozen_then_carrier();
     expect(walked, &mounted.thawed, &rest, UnwindEnd::Complete);
 }
 
 #[test]
 fn a_chunk_of_another_continuation_is_never_walked() {
     let mounted = mounted(Some(JAVA_HEAP + 0x200));
-    let walked = mounted
-        .jvm
-        .walk(TID, regs(mounted.top.pc(0x80), mounted.sp, 0x7));
+    let walked = mounted.walk();
     expect(walked, &mounted.thawed, &[], UnwindEnd::FrozenFramesUnread);
 }
 
@@ -149,9 +145,7 @@ fn a_chunk_whose_top_pc_disagrees_is_not_walked() {
         .jvm
         .memory
         .put_u64(mounted.chunk + 48 + 3 * 8, INTERPRETER_PC + 0x40);
-    let walked = mounted
-        .jvm
-        .walk(TID, regs(mounted.top.pc(0x80), mounted.sp, 0x7));
+    let walked = mounted.walk();
     expect(walked, &mounted.thawed, &[], UnwindEnd::FrozenFramesUnread);
 }
 
@@ -160,8 +154,6 @@ fn a_thread_without_a_mounted_continuation_stops_at_the_barrier() {
     let mut mounted = mounted(None);
     let thread = Jvm::java_thread_of(TID);
     mounted.jvm.memory.put_u64(thread + 0x180, 0);
-    let walked = mounted
-        .jvm
-        .walk(TID, regs(mounted.top.pc(0x80), mounted.sp, 0x7));
+    let walked = mounted.walk();
     expect(walked, &mounted.thawed, &[], UnwindEnd::FrozenFramesUnread);
 }
