@@ -160,6 +160,18 @@ crate::labelled_enum! {
         /// Of those, each thread's first in a JVM whose sampler picks it by rule, not by chance
         /// ([`hotspot_flags::SAMPLER_TAKES_FIRST`]): not walked, not weighed.
         AllocSamplerFirstSkipped = 31 => "alloc_sampler_first_skipped",
+        /// Virtual threads' unmounts from their carriers (freezes) in profiled JVMs, with
+        /// off-CPU or lock profiling on; those that failed (the virtual thread was pinned);
+        /// those whose stack was taken and sent.
+        VirtualUnmounts = 32 => "virtual_unmounts",
+        VirtualUnmountsFailed = 33 => "virtual_unmounts_failed",
+        VirtualUnmountsSampled = 34 => "virtual_unmounts_sampled",
+        /// Mounts (thaws) of virtual threads; those that ended a sampled wait.
+        VirtualMounts = 35 => "virtual_mounts",
+        VirtualWaitsEnded = 36 => "virtual_waits_ended",
+        /// Unmount hooks not looked at: another hook was walking on the CPU, or the virtual
+        /// thread could not be identified (its thread object unreadable).
+        VirtualUnmountsUnseen = 37 => "virtual_unmounts_unseen",
     }
 }
 
@@ -237,8 +249,20 @@ pub struct SampleHeader {
     /// The task's real uid (in the initial user namespace) when the record was taken: whose
     /// budget the record counts against in the daemon (`crate::budget` for the BPF side's).
     pub uid: u32,
-    /// Zero: keeps the header free of implicit padding, which the daemon hashes.
-    pub _reserved: u32,
+    /// [`sample_flags`] bits (also what keeps the header free of implicit padding, which the
+    /// daemon hashes).
+    pub flags: u32,
+}
+
+/// [`SampleHeader::flags`] and [`VirtualWaitEnd::flags`] bits.
+pub mod sample_flags {
+    /// An off-CPU record of a virtual thread's wait: its stack when it unmounted from its
+    /// carrier (`tid`, which went on running other work), its end when it was mounted again.
+    /// Such a wait is told from its carrier's own by `tid` and `ktime_ns` together.
+    pub const VIRTUAL_THREAD: u32 = 1;
+    /// An end only: the unmount whose stack was sent failed (the virtual thread was pinned to
+    /// its carrier and stayed mounted), so no wait began; its stack is dropped.
+    pub const UNMOUNT_FAILED: u32 = 1 << 1;
 }
 
 crate::labelled_enum! {
@@ -277,6 +301,12 @@ pub const ALLOC_INTERVAL_BYTES: u64 = 512 << 10;
 /// Threads whose allocation counter the allocation hooks keep at once (an LRU map's slots:
 /// 24 bytes of value each).
 pub const ALLOC_THREAD_SLOTS: u32 = 16_384;
+
+/// Virtual threads whose unmounts are tracked at once (their sampling and open wait;
+/// `profiler-ebpf/src/virtual_waits.rs`), and carriers (their unmount under way, their last
+/// mount).
+pub const VIRTUAL_WAIT_SLOTS: u32 = 32_768;
+pub const VIRTUAL_CARRIER_SLOTS: u32 = 4_096;
 
 /// The bytes of one unit of an allocation record's `weight` (a HotSpot heap word).
 pub const ALLOC_WEIGHT_UNIT: u64 = 8;
@@ -340,6 +370,60 @@ pub struct OffCpuEnd {
 
 pub const OFF_CPU_END_BYTES: usize = core::mem::size_of::<OffCpuEnd>();
 const _: () = assert!(OFF_CPU_END_BYTES == 48 && OFF_CPU_END_BYTES < HEADER_BYTES);
+
+/// The end of a virtual thread's wait, sent when it is mounted again (or the withdrawal of its
+/// stack, when its unmount failed): the off-CPU ring carries these too, told apart by length.
+/// A virtual thread's wait is its record's with the same `tid` (the carrier it unmounted from)
+/// and `ktime_ns`: its carrier has waits of its own, and unmounts other virtual threads.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VirtualWaitEnd {
+    pub out_ktime_ns: u64,
+    /// From the unmount to the mount (the virtual thread's wait for a free carrier included).
+    pub blocked_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    /// [`sample_flags`]: [`sample_flags::VIRTUAL_THREAD`], with
+    /// [`sample_flags::UNMOUNT_FAILED`] for a withdrawal.
+    pub flags: u32,
+    pub _reserved: u32,
+}
+
+pub const VIRTUAL_WAIT_END_BYTES: usize = core::mem::size_of::<VirtualWaitEnd>();
+const _: () = assert!(VIRTUAL_WAIT_END_BYTES == 32);
+
+impl VirtualWaitEnd {
+    /// The end in a ring record, if the record has its size.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() != VIRTUAL_WAIT_END_BYTES {
+            return None;
+        }
+        let word = |at: usize| u64::from_ne_bytes(bytes[at..at + 8].try_into().unwrap_or([0; 8]));
+        let half = |at: usize| u32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap_or([0; 4]));
+        Some(Self {
+            out_ktime_ns: word(0),
+            blocked_ns: word(8),
+            pid: half(16),
+            tid: half(20),
+            flags: half(24),
+            _reserved: 0,
+        })
+    }
+
+    /// The wait as an off-CPU end: all of it blocked (a virtual thread's run-queue delay, its
+    /// wait for a carrier, is not told apart).
+    pub fn as_off_cpu_end(&self) -> OffCpuEnd {
+        OffCpuEnd {
+            out_ktime_ns: self.out_ktime_ns,
+            blocked_ns: self.blocked_ns,
+            runqueue_ns: 0,
+            pid: self.pid,
+            tid: self.tid,
+            monitor_wait_start_ns: 0,
+            monitor_wait_before_ns: 0,
+        }
+    }
+}
 
 impl OffCpuEnd {
     /// The end in a ring record, if the record has its size.
@@ -671,7 +755,14 @@ pub struct FrozenFramesLayout {
     pub chunk_stack: u16,
     /// `CompressedOops::_shift`.
     pub narrow_oop_shift: u8,
-    pub _reserved: [u8; 5],
+    pub _reserved: u8,
+    /// `java.lang.Thread.tid`: a virtual thread's id, which its waits are keyed by.
+    pub thread_tid: u16,
+    /// `JavaThread::_vthread` and `_threadObj` (`OopHandle`s): the thread object current on
+    /// the carrier (the virtual thread while mounted) and the carrier's own.
+    pub java_thread_vthread: u16,
+    pub java_thread_thread_obj: u16,
+    pub _reserved_tail: [u16; 3],
 }
 
 /// The cookie of an allocated class's name ([`FrameKind::AllocatedClass`]): its `Symbol*`, the

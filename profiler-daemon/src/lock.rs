@@ -6,7 +6,9 @@
 //!   (`JavaState::MonitorEnter`), so neither `Object.wait` nor `Thread.sleep` counts.
 //! - **block**: waits of threads parked by `Unsafe.park` (`LockSupport.park`: `ReentrantLock`,
 //!   `Semaphore`, conditions, executors' queues), told by that Java frame when the profile is
-//!   named; other blocked waits (`Thread.sleep`, safepoints) are left out then.
+//!   named; other blocked waits (`Thread.sleep`, safepoints) are left out then. A virtual
+//!   thread parks by unmounting (`VirtualThread.park`, `parkNanos`: its sleeps too), from
+//!   unmount to mount.
 //!
 //! Both count each wait once (`contentions`, weighted as off-CPU waits are) and its blocked and
 //! run-queue time (`delay`). Waits shorter than the threshold are left out: a filter, as
@@ -106,8 +108,14 @@ impl LockAggregators {
     }
 }
 
-/// The Java frames a parked thread waits under (`LockSupport.park` calls one of them).
-const PARK_METHODS: [&str; 2] = ["jdk.internal.misc.Unsafe.park", "sun.misc.Unsafe.park"];
+/// The Java frames a parked thread waits under (`LockSupport.park` calls one of them; on a
+/// virtual thread it calls `VirtualThread.park`, and `Thread.sleep` `VirtualThread.parkNanos`).
+const PARK_METHODS: [&str; 4] = [
+    "jdk.internal.misc.Unsafe.park",
+    "sun.misc.Unsafe.park",
+    "java.lang.VirtualThread.park",
+    "java.lang.VirtualThread.parkNanos",
+];
 
 /// Whether a Java frame runs the park a block profile's stacks must have.
 fn is_park(frame: &Frame) -> bool {

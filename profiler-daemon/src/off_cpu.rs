@@ -3,6 +3,9 @@
 //! The BPF side (`profiler-ebpf/src/off_cpu.rs`) sends a wait's stack when the thread leaves the
 //! CPU and the wait's length when it comes back, through one ring that keeps their order. A
 //! thread has at most one wait open, so the stacks waiting for their ends are kept per thread.
+//! A virtual thread's wait (`profiler-ebpf/src/virtual_waits.rs`) is sent the same way, from
+//! its unmount to its next mount, under the carrier's tid: a carrier unmounts many virtual
+//! threads and waits itself meanwhile, so such a wait is kept by its tid and start together.
 //!
 //! Weighting: a switch is sampled with a probability `p` decided before the wait's length is
 //! known (from the thread's past only), so counting each sampled wait's time `1 / p` times
@@ -14,7 +17,9 @@ pub mod metrics;
 use std::time::Duration;
 
 use hashbrown::HashMap;
-use profiler_common::{OffCpuEnd, SampleHeader, OFF_CPU_PROBABILITY_ONE};
+use profiler_common::{
+    sample_flags, OffCpuEnd, SampleHeader, VirtualWaitEnd, OFF_CPU_PROBABILITY_ONE,
+};
 
 use crate::aggregate::{Added, Aggregator, StackTotals};
 use crate::config_error::{invalid, ConfigError};
@@ -99,6 +104,30 @@ pub struct OffCpuStats {
     pub over_open_bound: u64,
     /// Folded waits over the interval's distinct-stack bound.
     pub over_stack_bound: u64,
+    /// Virtual threads' stacks withdrawn: their unmount failed (they were pinned), or their
+    /// mount was never seen.
+    pub virtual_withdrawn: u64,
+}
+
+/// Which wait an open stack is: a thread's (`virtual_start` 0), or a virtual thread's, by its
+/// carrier's tid and its start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct WaitKey {
+    tid: u32,
+    virtual_start: u64,
+}
+
+impl WaitKey {
+    fn of(header: &SampleHeader) -> Self {
+        Self {
+            tid: header.tid,
+            virtual_start: if header.flags & sample_flags::VIRTUAL_THREAD != 0 {
+                header.ktime_ns
+            } else {
+                0
+            },
+        }
+    }
 }
 
 struct OpenWait {
@@ -109,7 +138,7 @@ struct OpenWait {
 }
 
 pub struct OffCpuJoiner {
-    open: HashMap<u32, OpenWait>,
+    open: HashMap<WaitKey, OpenWait>,
     /// The processes with open waits at the last check, by pid.
     processes: HashMap<u32, ProcessKey>,
     /// Bytes the open waits' records hold (their buffers' capacity), in all and by user.
@@ -141,7 +170,7 @@ impl OffCpuJoiner {
     /// A wait's stack: kept until its end comes.
     pub fn stack(&mut self, view: &SampleView<'_>, bytes: &[u8]) {
         let header = &view.header;
-        let tid = header.tid;
+        let tid = WaitKey::of(header);
         let held = self.open.get(&tid).map_or(0, |wait| wait.record.capacity());
         let uid = header.uid;
         // A tid's open wait is its user's (a thread keeps its user across a wait's stack and
@@ -179,17 +208,66 @@ impl OffCpuJoiner {
         &mut self,
         end: &OffCpuEnd,
         aggregator: &mut Aggregator,
+        folded: impl FnMut(&SampleView<'_>, Added, &JoinedWait),
+    ) -> Option<Added> {
+        let key = WaitKey {
+            tid: end.tid,
+            virtual_start: 0,
+        };
+        self.end_of(key, end, aggregator, folded)
+    }
+
+    /// A virtual thread's wait end: as [`Self::end`], or, for an unmount that failed, drops its
+    /// stack.
+    pub fn virtual_end(
+        &mut self,
+        end: &VirtualWaitEnd,
+        aggregator: &mut Aggregator,
+        folded: impl FnMut(&SampleView<'_>, Added, &JoinedWait),
+    ) -> Option<Added> {
+        let key = WaitKey {
+            tid: end.tid,
+            virtual_start: end.out_ktime_ns,
+        };
+        if end.flags & sample_flags::UNMOUNT_FAILED != 0 {
+            if let Some(wait) = self.open.remove(&key) {
+                self.stats.virtual_withdrawn += 1;
+                self.close(wait);
+            }
+            return None;
+        }
+        self.end_of(key, &end.as_off_cpu_end(), aggregator, folded)
+    }
+
+    /// Gives back what an open wait held.
+    fn close(&mut self, wait: OpenWait) {
+        self.open_bytes -= wait.record.capacity();
+        release(
+            &mut self.open_bytes_by_user,
+            uid_of(&wait.record),
+            wait.record.capacity(),
+        );
+        if self.spare.len() < SPARE_BUFFERS {
+            self.spare.push(wait.record);
+        }
+    }
+
+    fn end_of(
+        &mut self,
+        key: WaitKey,
+        end: &OffCpuEnd,
+        aggregator: &mut Aggregator,
         mut folded: impl FnMut(&SampleView<'_>, Added, &JoinedWait),
     ) -> Option<Added> {
         let matches = self
             .open
-            .get(&end.tid)
+            .get(&key)
             .is_some_and(|wait| wait.out_ktime_ns == end.out_ktime_ns);
         if !matches {
             self.stats.unmatched_ends += 1;
             return None;
         }
-        let wait = self.open.remove(&end.tid)?;
+        let wait = self.open.remove(&key)?;
         self.open_bytes -= wait.record.capacity();
         release(
             &mut self.open_bytes_by_user,

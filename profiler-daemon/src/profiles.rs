@@ -210,7 +210,10 @@ fn values(
 /// What the thread of an off-CPU sample waited in: the kernel's task state, and the JVM's for
 /// Java threads.
 fn wait_state(view: &SampleView<'_>) -> WaitState {
+    let virtual_thread = view.header.flags & profiler_common::sample_flags::VIRTUAL_THREAD != 0;
     let task_state = match view.header.task_state {
+        // Its carrier went on running: the virtual thread waited unmounted.
+        _ if virtual_thread => "unmounted",
         0 => "runnable",
         state if state & 1 != 0 => "sleeping",
         state if state & 2 != 0 => "uninterruptible",

@@ -165,7 +165,7 @@ pub(crate) mod tests {
             weight: 0,
             comm: name,
             uid: 0,
-            _reserved: 0,
+            flags: 0,
         };
         let mut bytes = Vec::new();
         // SAFETY: plain old data viewed as bytes.

@@ -10,7 +10,9 @@ use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::budget::{EmitBudget, Producer, PRODUCERS};
 use profiler_common::Counter;
 
-use crate::hotspot::libjvm_hooks::{HookPrograms, ALLOC_PROGRAMS, THREAD_START_PROGRAM};
+use crate::hotspot::libjvm_hooks::{
+    HookPrograms, ALLOC_PROGRAMS, THREAD_START_PROGRAM, VIRTUAL_THREAD_PROGRAMS,
+};
 use crate::hotspot::tracker::BpfMaps;
 use crate::kernel_btf::KernelBtf;
 use crate::kernel_features::BpfObject;
@@ -117,8 +119,14 @@ impl SamplerError {
 }
 
 /// Counter values summed over CPUs, indexed like [`Counter`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelCounters(pub [u64; Counter::COUNT]);
+
+impl Default for KernelCounters {
+    fn default() -> Self {
+        Self([0; Counter::COUNT])
+    }
+}
 
 impl KernelCounters {
     pub fn get(&self, counter: Counter) -> u64 {
@@ -220,6 +228,19 @@ fn load_object(object: BpfObject, settings: &ObjectSettings) -> Result<Ebpf, Sam
         .map_max_entries("JAVA_THREADS", settings.java_threads)
         .map_max_entries("ALLOC_THREADS", settings.alloc_threads)
         .map_max_entries("SAMPLER_THREADS", settings.alloc_threads);
+    // Virtual threads' waits ride on the off-CPU programs' ring and settings.
+    let (virtual_waits, carriers) = if settings.off_cpu {
+        (
+            profiler_common::VIRTUAL_WAIT_SLOTS,
+            profiler_common::VIRTUAL_CARRIER_SLOTS,
+        )
+    } else {
+        (1, 1)
+    };
+    loader
+        .map_max_entries("VIRTUAL_WAITS", virtual_waits)
+        .map_max_entries("UNMOUNTING", carriers)
+        .map_max_entries("MOUNTED", carriers);
     let bytes = match object {
         BpfObject::Default => DEFAULT_OBJECT,
         BpfObject::Compat => {
@@ -476,6 +497,12 @@ impl Sampler {
                         .attach()
                         .map_err(|source| SamplerError::Program { name, source })?;
                 }
+                // Loaded now, attached to each libjvm file as JVMs are found.
+                for name in VIRTUAL_THREAD_PROGRAMS {
+                    uprobe(&mut ebpf, name)?
+                        .load()
+                        .map_err(|source| SamplerError::Program { name, source })?;
+                }
                 Some(take_map(&mut ebpf, "OFF_CPU_EVENTS")?)
             }
             None => None,
@@ -543,7 +570,20 @@ impl Sampler {
         } else {
             None
         };
-        Ok(HookPrograms::new(handle(THREAD_START_PROGRAM)?, alloc))
+        let virtual_threads = if self.off_cpu.is_some() {
+            Some([
+                handle(VIRTUAL_THREAD_PROGRAMS[0])?,
+                handle(VIRTUAL_THREAD_PROGRAMS[1])?,
+                handle(VIRTUAL_THREAD_PROGRAMS[2])?,
+            ])
+        } else {
+            None
+        };
+        Ok(HookPrograms::new(
+            handle(THREAD_START_PROGRAM)?,
+            alloc,
+            virtual_threads,
+        ))
     }
 
     /// The maps of per-JVM layouts and Java threads, for the JVM tracker (can be taken once).

@@ -102,9 +102,10 @@ static ALLOC_SAMPLED_JVMS: LruHashMap<u32, u32> = LruHashMap::with_max_entries(D
 #[map]
 static SAMPLER_THREADS: LruHashMap<u32, u32> = LruHashMap::with_max_entries(ALLOC_THREAD_SLOTS, 0);
 
-/// Non-zero while an allocation hook walks on this CPU.
+/// Non-zero while a hook walks on this CPU (an allocation hook, or a virtual thread's unmount:
+/// they share the [`WalkSlot::AllocHook`] state).
 #[map]
-static ALLOC_BUSY: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+pub(crate) static ALLOC_BUSY: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
 #[uprobe]
 pub fn alloc_in_new_tlab(ctx: ProbeContext) -> u32 {
@@ -351,11 +352,13 @@ fn sample_allocation(
         task_state: 0,
         java_state: 0,
         weight: (size / ALLOC_WEIGHT_UNIT).min(u64::from(u32::MAX)) as u32,
+        flags: 0,
     };
     let start = WalkStart {
         user: Some(caller),
         slot: WalkSlot::AllocHook,
         allocated: Some((class, java_thread)),
+        anchor: 0,
     };
     let Some(bytes) = fill_record(record, pid_tgid, start, 0, origin) else {
         return;

@@ -32,6 +32,7 @@ mod off_cpu;
 mod process_events;
 mod thread_start;
 mod thread_state;
+mod virtual_waits;
 
 use memory::{CurrentTask, STACK_WINDOW};
 
@@ -255,11 +256,13 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
         task_state: 0,
         java_state: 0,
         weight: 0,
+        flags: 0,
     };
     let start = WalkStart {
         user,
         slot: WalkSlot::Interrupt,
         allocated: None,
+        anchor: 0,
     };
     let Some(bytes) = fill_record(record, pid_tgid, start, kernel_bytes, origin) else {
         return;
@@ -305,6 +308,8 @@ pub(crate) struct RecordOrigin {
     pub task_state: u8,
     pub java_state: u8,
     pub weight: u32,
+    /// `sample_flags` bits.
+    pub flags: u32,
 }
 
 /// Where a walk starts, and with which per-CPU state.
@@ -315,6 +320,9 @@ pub(crate) struct WalkStart {
     /// Allocation records: the allocated class's frame, which goes first, and the thread's
     /// `JavaThread*`, whose last Java frame the walk starts at when it can.
     pub allocated: Option<(UserFrame, u64)>,
+    /// Other records: a `JavaThread*` whose last Java frame the walk starts at when it can (0:
+    /// none; the walk starts at `user`).
+    pub anchor: u64,
 }
 
 /// Walks the current task's user stack (from `start`) into `record` after its `kernel_bytes`
@@ -358,6 +366,9 @@ pub(crate) fn fill_record(
                 if !start_at_anchor(walk, &task, java_thread, 1) {
                     count(Counter::AllocWalkFromHook);
                 }
+            } else if start.anchor != 0 {
+                let task = CurrentTask::new(pid, slot);
+                start_at_anchor(walk, &task, start.anchor, 0);
             }
             for _ in 0..MAX_WALK_STEPS.div_ceil(CALLS_PER_CHECK) {
                 let mut done = 0;
@@ -395,7 +406,7 @@ pub(crate) fn fill_record(
         weight: origin.weight,
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
         uid: budget::current_uid(),
-        _reserved: 0,
+        flags: origin.flags,
     };
 
     // Through `black_box`: the compiler proves this bound from the two above and drops the

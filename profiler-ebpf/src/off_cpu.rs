@@ -54,11 +54,11 @@ use profiler_unwind::JavaThreads as _;
 const TRACING_FRAMES: u64 = 2;
 
 /// Cycles longer than this many periods count as this long in a thread's average.
-const CYCLE_CAP_PERIODS: u64 = 16;
+pub(crate) const CYCLE_CAP_PERIODS: u64 = 16;
 
 /// Set by the daemon at load time (`off_cpu_period_us`).
 #[no_mangle]
-static OFF_CPU_PERIOD_NS: u64 = 5_000_000;
+pub(crate) static OFF_CPU_PERIOD_NS: u64 = 5_000_000;
 
 /// Set by the daemon at load time: non-zero with `--lock`, whose monitor waits are tracked
 /// across their blocks.
@@ -72,7 +72,7 @@ const MONITOR_SPIN_GAP_NS: u64 = 1_000_000;
 
 /// Stacks of sampled waits ([`SampleKind::OffCpu`] records) and their ends ([`OffCpuEnd`]).
 #[map]
-static OFF_CPU_EVENTS: RingBuf = RingBuf::with_byte_size(OFF_CPU_RING_BYTES, 0);
+pub(crate) static OFF_CPU_EVENTS: RingBuf = RingBuf::with_byte_size(OFF_CPU_RING_BYTES, 0);
 
 /// Each CPU's idle task (`task_struct` address), learnt when it leaves the CPU: a switch to it
 /// needs no lookup. Every switch of the host runs this program, and on an idle-ish machine half
@@ -307,11 +307,13 @@ fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, idle: Option<*mut u
         task_state: prev_state as u8,
         java_state: waiting.unwrap_or_else(|| java_waiting(pid, tid)).0,
         weight: probability,
+        flags: 0,
     };
     let start = WalkStart {
         user: Some(user),
         slot: WalkSlot::Interrupt,
         allocated: None,
+        anchor: 0,
     };
     let Some(bytes) = fill_record(record, pid_tgid, start, kernel_bytes, origin) else {
         return;

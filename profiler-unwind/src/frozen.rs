@@ -22,7 +22,7 @@ use crate::memory::{read_u64, JavaThreads, StackWindow, UserMemory};
 use crate::state::{ChunkHeader, Walk};
 
 /// `ContinuationEntry::_cont` (an uncompressed oop: the entry lives on the thread's stack).
-const ENTRY_CONT: u64 = 16;
+pub(crate) const ENTRY_CONT: u64 = 16;
 /// `ContinuationEntry::size()`: enterSpecial's frame pointer is the entry plus this.
 const ENTRY_SIZE: u64 = 64;
 /// How far below the entry the barrier's frame may end: the bottom frame's stack arguments
@@ -328,7 +328,7 @@ fn read_oop<M: UserMemory>(hs: &HotspotProc, memory: &M, at: u64) -> Option<u64>
 
 /// An uncompressed reference's address: itself, or a ZGC coloured pointer's address.
 #[inline(always)]
-fn wide(hs: &HotspotProc, reference: u64) -> u64 {
+pub(crate) fn wide(hs: &HotspotProc, reference: u64) -> u64 {
     if hs.flags & hotspot_flags::ZGC_COLORED_OOPS == 0 {
         return reference;
     }

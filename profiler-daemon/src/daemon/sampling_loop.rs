@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::time::Duration;
 
-use profiler_common::{Counter, OffCpuEnd, SampleKind, UnwindEnd};
+use profiler_common::{Counter, OffCpuEnd, SampleKind, UnwindEnd, VirtualWaitEnd};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::signal::unix::{signal, SignalKind};
@@ -468,6 +468,15 @@ impl Folds {
                 stats.off_cpu_records += 1;
                 if let Some(end) = OffCpuEnd::from_bytes(bytes) {
                     joiner.end(&end, aggregator, |view, added, wait| {
+                        found.note(view, added, outbox, stats);
+                        if let Some(lock) = lock.as_mut() {
+                            lock.fold(view, wait);
+                        }
+                    });
+                    return;
+                }
+                if let Some(end) = VirtualWaitEnd::from_bytes(bytes) {
+                    joiner.virtual_end(&end, aggregator, |view, added, wait| {
                         found.note(view, added, outbox, stats);
                         if let Some(lock) = lock.as_mut() {
                             lock.fold(view, wait);

@@ -133,6 +133,9 @@ wanted_fields! {
     JavaThreadAnchor = "JavaThread::_anchor", required, ["JavaThread::_anchor"];
     // The innermost mounted continuation's entry frame (JDK 25+ export it; not JDK 21).
     JavaThreadContEntry = "JavaThread::_cont_entry", optional, ["JavaThread::_cont_entry"];
+    // The thread object current on a thread (a mounted virtual thread), and its own (JDK 19+).
+    JavaThreadVthread = "JavaThread::_vthread", optional, ["JavaThread::_vthread"];
+    JavaThreadThreadObj = "JavaThread::_threadObj", optional, ["JavaThread::_threadObj"];
     JavaThreadThreadState = "JavaThread::_thread_state", required, ["JavaThread::_thread_state"];
     // What a blocked thread waits for: a monitor's entry, or `Object.wait` (lock profiles).
     JavaThreadCurrentPendingMonitor = "JavaThread::_current_pending_monitor", optional, ["JavaThread::_current_pending_monitor", "Thread::_current_pending_monitor"];

@@ -1,7 +1,10 @@
 //! The daemon's uprobes in libjvm files: `JavaThread::run()`, where every thread HotSpot starts
-//! is described to the BPF side as it starts (`profiler-ebpf/src/thread_start.rs`), and with
-//! `--alloc` HotSpot's two allocation events (docs/allocation-profiling.md). Found in each file,
-//! attached and released as the JVMs that run it come and go, under one budget all users share.
+//! is described to the BPF side as it starts (`profiler-ebpf/src/thread_start.rs`), with
+//! `--alloc` HotSpot's two allocation events (docs/allocation-profiling.md), and with off-CPU or
+//! lock profiling a virtual thread's unmount and mount (`profiler-ebpf/src/virtual_waits.rs`:
+//! `Continuation::prepare_thaw` by name, and the unmounting functions each JVM's own statics
+//! point to, among their instantiations). Found in each file, attached and released as the JVMs
+//! that run it come and go, under one budget all users share.
 //!
 //! `JavaThread::run`, `AllocTracer::send_allocation_in_new_tlab` and
 //! `AllocTracer::send_allocation_outside_tlab` are local symbols: they are in `.symtab` (kept by
@@ -67,6 +70,12 @@ const MAX_FUNCTION_BYTES: u64 = 64 << 10;
 const THREAD_RUN: &[u8] = b"_ZN10JavaThread3runEv";
 const IN_NEW_TLAB: &[u8] = b"_ZN11AllocTracer27send_allocation_in_new_tlabE";
 const OUTSIDE_TLAB: &[u8] = b"_ZN11AllocTracer28send_allocation_outside_tlabE";
+const PREPARE_THAW: &[u8] = b"_ZN12Continuation12prepare_thawEP10JavaThreadb";
+
+/// Most unmounting functions hooked in one file: the instantiations its JVMs chose (one per
+/// collector and reference width in use, two each from JDK 24). A file whose JVMs ask for more
+/// leaves the rest unhooked.
+const MAX_UNMOUNT_FUNCTIONS: usize = 4;
 
 /// `endbr64`, which builds with control-flow protection (Debian's JDK 26 and 27) put first in
 /// every function that may be called indirectly, these two included. The kernel cannot emulate
@@ -85,6 +94,8 @@ pub struct HookOffsets {
     pub thread_start: Option<u64>,
     /// The allocation events, or which one the file lacks.
     pub alloc: Result<AllocHookOffsets, HookError>,
+    /// `Continuation::prepare_thaw`, if the file has it (JDK 21+): a virtual thread's mount.
+    pub mount: Option<u64>,
 }
 
 /// The two allocation events' offsets.
@@ -111,6 +122,11 @@ pub const THREAD_START_PROGRAM: &str = "java_thread_start";
 /// HotSpot's event taking a new TLAB, then the one on its event allocating outside any TLAB.
 pub const ALLOC_PROGRAMS: [&str; 2] = ["alloc_in_new_tlab", "alloc_outside_tlab"];
 
+/// The virtual threads' programs (`profiler-ebpf/src/virtual_waits.rs`): an unmount's entry and
+/// its return, and a mount.
+pub const VIRTUAL_THREAD_PROGRAMS: [&str; 3] =
+    ["virtual_unmount", "virtual_unmount_result", "virtual_mount"];
+
 /// A program that could not be attached.
 #[derive(Debug, thiserror::Error)]
 #[error("BPF program `{name}`: {source}")]
@@ -124,16 +140,44 @@ pub struct AttachError {
 pub struct HookPrograms {
     thread_start: UProbe,
     alloc: Option<[UProbe; 2]>,
+    virtual_threads: Option<[UProbe; 3]>,
 }
 
 impl HookPrograms {
     /// Handles of the programs named [`THREAD_START_PROGRAM`] and [`ALLOC_PROGRAMS`] (in that
     /// order).
-    pub fn new(thread_start: UProbe, alloc: Option<[UProbe; 2]>) -> Self {
+    pub fn new(
+        thread_start: UProbe,
+        alloc: Option<[UProbe; 2]>,
+        virtual_threads: Option<[UProbe; 3]>,
+    ) -> Self {
         Self {
             thread_start,
             alloc,
+            virtual_threads,
         }
+    }
+
+    /// Whether virtual threads' waits are profiled (their programs are loaded).
+    pub fn profiles_virtual_waits(&self) -> bool {
+        self.virtual_threads.is_some()
+    }
+
+    /// Attaches the unmount programs to the function at `offset` of a hooked libjvm file (its
+    /// entry and its return).
+    fn attach_unmount(
+        &mut self,
+        file: &std::fs::File,
+        offset: u64,
+    ) -> Result<Vec<UProbeLink>, AttachError> {
+        let Some([unmount, result, _]) = &mut self.virtual_threads else {
+            return Ok(Vec::new());
+        };
+        let path = descriptor_path(file);
+        Ok(vec![
+            attach_one(unmount, VIRTUAL_THREAD_PROGRAMS[0], &path, offset)?,
+            attach_one(result, VIRTUAL_THREAD_PROGRAMS[1], &path, offset)?,
+        ])
     }
 
     /// Whether allocations are profiled (the allocation programs are loaded).
@@ -160,20 +204,9 @@ impl HookPrograms {
         file: &std::fs::File,
         offsets: &HookOffsets,
     ) -> Result<Vec<UProbeLink>, AttachError> {
-        use std::os::fd::AsRawFd as _;
-        // The file as the JVM maps it, reached through our descriptor whatever its path or
-        // mount namespace.
-        let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+        let path = descriptor_path(file);
         let attach = |program: &mut UProbe, name: &'static str, offset: u64| {
-            let error = |source| AttachError { name, source };
-            let id = program
-                .attach(
-                    UProbeAttachLocation::AbsoluteOffset(offset),
-                    &path,
-                    UProbeScope::AllProcesses,
-                )
-                .map_err(error)?;
-            program.take_link(id).map_err(error)
+            attach_one(program, name, &path, offset)
         };
         let mut links = Vec::with_capacity(MAX_BREAKPOINTS);
         if let Some(offset) = offsets.thread_start {
@@ -187,8 +220,36 @@ impl HookPrograms {
             links.push(attach(in_new_tlab, ALLOC_PROGRAMS[0], alloc.in_new_tlab)?);
             links.push(attach(outside_tlab, ALLOC_PROGRAMS[1], alloc.outside_tlab)?);
         }
+        if let (Some([_, _, mount]), Some(offset)) = (&mut self.virtual_threads, offsets.mount) {
+            links.push(attach(mount, VIRTUAL_THREAD_PROGRAMS[2], offset)?);
+        }
         Ok(links)
     }
+}
+
+/// The file as the JVM maps it, reached through our descriptor whatever its path or mount
+/// namespace.
+fn descriptor_path(file: &std::fs::File) -> String {
+    use std::os::fd::AsRawFd as _;
+    format!("/proc/self/fd/{}", file.as_raw_fd())
+}
+
+/// Attaches `program` at `offset` of the file at `path`, for every process that maps it.
+fn attach_one(
+    program: &mut UProbe,
+    name: &'static str,
+    path: &str,
+    offset: u64,
+) -> Result<UProbeLink, AttachError> {
+    let error = |source| AttachError { name, source };
+    let id = program
+        .attach(
+            UProbeAttachLocation::AbsoluteOffset(offset),
+            path,
+            UProbeScope::AllProcesses,
+        )
+        .map_err(error)?;
+    program.take_link(id).map_err(error)
 }
 
 /// A libjvm file, by device and inode. Held open while hooked or waiting, so the inode cannot
@@ -223,11 +284,15 @@ struct Hook {
     links: Vec<UProbeLink>,
     file: File,
     offsets: HookOffsets,
+    /// The unmounting functions hooked (or refused), of [`LibjvmFile::unmounts`].
+    unmounts_tried: Vec<u64>,
 }
 
 struct LibjvmFile {
     jvms: Vec<JvmOf>,
     state: FileState,
+    /// The unmounting functions its JVMs call (file offsets), to hook once it is hooked.
+    unmounts: Vec<u64>,
     /// When a JVM of it last became ready: the least recently used hook gives room first.
     last_used: Instant,
 }
@@ -306,7 +371,16 @@ impl LibjvmHooks {
     /// became ready, has its hooks, or waits for room; logs once per JVM what is hooked.
     /// Returns where the hooks' breakpoints are in `pid` (0 for
     /// none), for its layout in the BPF map.
-    pub fn on_ready(&mut self, pid: u32, uid: u32, start_time: u64) -> [u64; MAX_BREAKPOINTS] {
+    ///
+    /// `unmount_functions`: the functions that unmount its virtual threads (addresses in
+    /// `pid`; 0 for none), hooked in its file with off-CPU or lock profiling.
+    pub fn on_ready(
+        &mut self,
+        pid: u32,
+        uid: u32,
+        start_time: u64,
+        unmount_functions: [u64; 2],
+    ) -> [u64; MAX_BREAKPOINTS] {
         let jvm = ProcessKey { pid, start_time };
         let key = match super::libjvm::LibJvmMapping::find_in(pid)
             .ok_or("its libjvm mapping is gone")
@@ -319,14 +393,25 @@ impl LibjvmHooks {
                 return [0; MAX_BREAKPOINTS];
             }
         };
+        let unmounts = if self.programs.profiles_virtual_waits() {
+            file_offsets_in(pid, key, &unmount_functions)
+        } else {
+            Vec::new()
+        };
         let file = self.files.entry(key).or_insert_with(|| LibjvmFile {
             jvms: Vec::new(),
             state: FileState::Waiting {
                 found: None,
                 why: String::new(),
             },
+            unmounts: Vec::new(),
             last_used: Instant::now(),
         });
+        for offset in unmounts {
+            if !file.unmounts.contains(&offset) && file.unmounts.len() < MAX_UNMOUNT_FUNCTIONS {
+                file.unmounts.push(offset);
+            }
+        }
         file.last_used = Instant::now();
         // The tracker may make a JVM ready again (forgotten then found): still one JVM.
         if !file.jvms.iter().any(|known| known.key == jvm) {
@@ -338,6 +423,7 @@ impl LibjvmHooks {
             });
         }
         self.try_hook(key);
+        self.hook_unmounts(key);
         self.tell(key);
         match self.files.get(&key).map(|file| &file.state) {
             Some(FileState::Hooked(hook)) => breakpoints_in(pid, key, &hook.offsets),
@@ -379,6 +465,7 @@ impl LibjvmHooks {
             waiting.sort_unstable_by_key(|(least, used, _)| (*least, std::cmp::Reverse(*used)));
             for (_, _, key) in waiting {
                 if self.try_hook(key) {
+                    self.hook_unmounts(key);
                     self.tell(key);
                 }
             }
@@ -509,6 +596,7 @@ impl LibjvmHooks {
                     links,
                     file: opened,
                     offsets,
+                    unmounts_tried: Vec::new(),
                 });
                 true
             }
@@ -521,6 +609,30 @@ impl LibjvmHooks {
                 );
                 file.state = FileState::Unhookable(format!("its hooks cannot be attached: {err}"));
                 false
+            }
+        }
+    }
+
+    /// Hooks the unmounting functions the JVMs of the hooked file `key` call that are not yet.
+    fn hook_unmounts(&mut self, key: FileKey) {
+        let Some(file) = self.files.get_mut(&key) else {
+            return;
+        };
+        let FileState::Hooked(hook) = &mut file.state else {
+            return;
+        };
+        for offset in file.unmounts.iter().copied() {
+            if hook.unmounts_tried.contains(&offset) {
+                continue;
+            }
+            hook.unmounts_tried.push(offset);
+            let offset = past_endbr64(&hook.file, offset);
+            match self.programs.attach_unmount(&hook.file, offset) {
+                Ok(links) => hook.links.extend(links),
+                Err(err) => {
+                    self.attach_failures += 1;
+                    tracing::warn!(%err, "virtual threads: cannot hook an unmount in a libjvm; its virtual threads' waits are not seen");
+                }
             }
         }
     }
@@ -599,7 +711,7 @@ impl LibjvmHooks {
                 FileState::Hooked(hook) if !jvm.told => {
                     jvm.told = true;
                     self.jvms_hooked += 1;
-                    tell_hooked(pid, &hook.offsets, self.programs.profiles_allocations());
+                    tell_hooked(pid, &hook.offsets, &self.programs);
                     self.pushes
                         .push((pid, breakpoints_in(pid, key, &hook.offsets)));
                 }
@@ -670,7 +782,14 @@ impl Drop for LibjvmHooks {
 }
 
 /// Logs what a hooked JVM gets.
-fn tell_hooked(pid: u32, offsets: &HookOffsets, profiles_allocations: bool) {
+fn tell_hooked(pid: u32, offsets: &HookOffsets, programs: &HookPrograms) {
+    let profiles_allocations = programs.profiles_allocations();
+    if programs.profiles_virtual_waits() && offsets.mount.is_some() {
+        tracing::info!(
+            pid,
+            "virtual threads: unmounts and mounts hooked (their waits profiled)"
+        );
+    }
     if offsets.thread_start.is_some() {
         tracing::info!(pid, "libjvm hooks: Java threads described as they start");
     } else {
@@ -746,6 +865,37 @@ fn breakpoints_in(pid: u32, file: (u64, u64), offsets: &HookOffsets) -> [u64; MA
     breakpoints
 }
 
+/// The file offsets of the functions at `addresses` in process `pid` (0: none), in its
+/// executable mappings of the libjvm file `file` (device, inode).
+fn file_offsets_in(pid: u32, file: (u64, u64), addresses: &[u64]) -> Vec<u64> {
+    let Ok(mappings) = crate::process::read_mappings(pid) else {
+        return Vec::new();
+    };
+    addresses
+        .iter()
+        .filter(|address| **address != 0)
+        .filter_map(|address| {
+            mappings
+                .iter()
+                .filter(|m| {
+                    matches!(m.backing, Backing::File { dev, inode, .. } if (dev, inode) == file)
+                })
+                .find(|m| (m.start..m.end).contains(address))
+                .map(|m| address - m.start + m.offset)
+        })
+        .collect()
+}
+
+/// Where a hook at the function starting at file offset `offset` goes: past an [`ENDBR64`].
+fn past_endbr64(file: &File, offset: u64) -> u64 {
+    use std::os::unix::fs::FileExt as _;
+    let mut first = [0; ENDBR64.len()];
+    match file.read_exact_at(&mut first, offset) {
+        Ok(()) if first == ENDBR64 => offset + ENDBR64.len() as u64,
+        _ => offset,
+    }
+}
+
 /// Finds the hooked functions in the libjvm `file`.
 pub fn find(file: File) -> Result<HookOffsets, HookError> {
     let reader = BoundedReads::new(ReadCache::new(file), MAX_BYTES_READ);
@@ -787,7 +937,7 @@ fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<HookOffsets, HookError> 
             (executable && inside).then(|| address - start + segment.p_offset(endian))
         })
     };
-    let (mut thread_start, mut in_new_tlab, mut outside_tlab) = (None, None, None);
+    let (mut thread_start, mut in_new_tlab, mut outside_tlab, mut mount) = (None, None, None, None);
     for symbol in symbols {
         let size = symbol.st_size(endian);
         if symbol.st_type() != STT_FUNC || size == 0 || size > MAX_FUNCTION_BYTES {
@@ -802,6 +952,8 @@ fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<HookOffsets, HookError> 
             &mut in_new_tlab
         } else if name.starts_with(OUTSIDE_TLAB) {
             &mut outside_tlab
+        } else if name == PREPARE_THAW {
+            &mut mount
         } else {
             continue;
         };
@@ -832,6 +984,7 @@ fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<HookOffsets, HookError> 
     Ok(HookOffsets {
         thread_start,
         alloc,
+        mount,
     })
 }
 

@@ -781,9 +781,12 @@ impl<S: LayoutSink> JvmTracker<S> {
             tracked.state = State::OverBound;
             return;
         }
+        let mut unmount_functions = [0; 2];
         let frozen_statics = if found.version.major >= FIRST_VIRTUAL_THREADS_JDK {
             match self.statics_by_file.of(pid) {
                 Ok(statics) => {
+                    unmount_functions =
+                        VirtualThreadLayout::of(found, &statics, &memory).unmount_functions();
                     if !add_frozen_frames(&mut proc_info, found, &memory, &statics) {
                         tracing::debug!(
                             pid,
@@ -826,7 +829,7 @@ impl<S: LayoutSink> JvmTracker<S> {
         self.jvms
             .watch_locks_since(pid, std::time::SystemTime::now());
         if let Some(hooks) = &mut self.libjvm_hooks {
-            let breakpoints = hooks.on_ready(pid, uid, start_time);
+            let breakpoints = hooks.on_ready(pid, uid, start_time, unmount_functions);
             self.push_breakpoints(pid, breakpoints);
         }
     }

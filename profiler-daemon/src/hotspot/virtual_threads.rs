@@ -72,7 +72,7 @@ pub fn layout_of(jvm: &Jvm, memory: &impl RemoteMemory) -> Result<VirtualThreadL
 }
 
 /// The statics read, by their mangled names in `.symtab`.
-const STATICS: [(&str, Static); 18] = [
+const STATICS: [(&str, Static); 20] = [
     (
         "_ZN26jdk_internal_vm_StackChunk14_parent_offsetE",
         Static::ChunkParent,
@@ -121,6 +121,10 @@ const STATICS: [(&str, Static); 18] = [
     // JDK 21 and earlier: one `NarrowPtrStruct` (its `_base`, then the 32-bit `_shift`).
     ("_ZN14CompressedOops11_narrow_oopE", Static::NarrowOop),
     ("UseZGC", Static::UseZgc),
+    // The functions that unmount a virtual thread, as this JVM's collector and reference width
+    // chose them among their instantiations: a yield's, and (JDK 24+) one from inside the VM.
+    ("_ZL12freeze_entry", Static::FreezeEntry),
+    ("_ZL20freeze_preempt_entry", Static::FreezePreemptEntry),
     // JDK 21 to 23: ZGC's generational mode is a choice (the only one from JDK 24).
     ("ZGenerational", Static::ZgcGenerational),
 ];
@@ -151,6 +155,8 @@ enum Static {
     NarrowOop,
     UseZgc,
     ZgcGenerational,
+    FreezeEntry,
+    FreezePreemptEntry,
 }
 
 /// Where the statics of [`STATICS`] are in one libjvm file (link-time addresses), and the
@@ -290,13 +296,32 @@ pub struct VirtualThreadLayout {
     /// `UseZGC`, and `ZGenerational` where the flag exists (JDK 21 to 23).
     pub zgc: Option<bool>,
     pub zgc_generational: Option<bool>,
+    /// `JavaThread::_vthread` and `_threadObj`: which virtual thread a carrier has mounted.
+    pub java_thread_vthread: Option<u64>,
+    pub java_thread_thread_obj: Option<u64>,
+    /// The functions that unmount a virtual thread in this JVM (addresses in the process; 0
+    /// until set at the VM's start): a yield's, and one from inside the VM (JDK 24+).
+    pub freeze_entry: Option<u64>,
+    pub freeze_preempt_entry: Option<u64>,
 }
 
 impl VirtualThreadLayout {
     /// The layout of `jvm`, whose libjvm's statics are `statics`, read through `memory`.
     pub fn of(jvm: &Jvm, statics: &LibjvmStatics, memory: &impl RemoteMemory) -> Self {
         let cont_entry = jvm.layout.offset(Field::JavaThreadContEntry);
-        Self::read(statics, jvm.bias, cont_entry, memory)
+        Self {
+            java_thread_vthread: jvm.layout.offset(Field::JavaThreadVthread),
+            java_thread_thread_obj: jvm.layout.offset(Field::JavaThreadThreadObj),
+            ..Self::read(statics, jvm.bias, cont_entry, memory)
+        }
+    }
+
+    /// The unmounting functions this JVM calls (addresses in the process).
+    pub fn unmount_functions(&self) -> [u64; 2] {
+        [
+            self.freeze_entry.unwrap_or(0),
+            self.freeze_preempt_entry.unwrap_or(0),
+        ]
     }
 
     /// Reads the layout of a JVM whose libjvm (`statics`) is loaded at `bias` in the process
@@ -339,6 +364,10 @@ impl VirtualThreadLayout {
                 Static::ZgcGenerational => {
                     layout.zgc_generational = memory.read_u8(address).ok().map(|on| on != 0)
                 }
+                Static::FreezeEntry => layout.freeze_entry = memory.read_u64(address).ok(),
+                Static::FreezePreemptEntry => {
+                    layout.freeze_preempt_entry = memory.read_u64(address).ok()
+                }
                 Static::NarrowOop => {
                     layout.narrow_oop_base = memory.read_u64(address).ok();
                     layout.narrow_oop_shift = memory.read_i32(address + 8).ok();
@@ -374,7 +403,18 @@ impl VirtualThreadLayout {
             } else {
                 0
             },
-            _reserved: [0; 5],
+            _reserved: 0,
+            // Not needed to walk: without them, waits of virtual threads are not keyed.
+            thread_tid: field(self.thread_tid).unwrap_or(0),
+            java_thread_vthread: self
+                .java_thread_vthread
+                .and_then(|at| u16::try_from(at).ok())
+                .unwrap_or(0),
+            java_thread_thread_obj: self
+                .java_thread_thread_obj
+                .and_then(|at| u16::try_from(at).ok())
+                .unwrap_or(0),
+            _reserved_tail: [0; 3],
         })
     }
 
@@ -437,6 +477,10 @@ mod tests {
             narrow_oop_shift: Some(3),
             zgc: Some(false),
             zgc_generational: None,
+            java_thread_vthread: Some(1128),
+            java_thread_thread_obj: Some(1120),
+            freeze_entry: None,
+            freeze_preempt_entry: None,
         };
         let frozen = complete.frozen_frames().expect("complete");
         assert_eq!(frozen.chunk_cont, 44);

@@ -1,0 +1,451 @@
+//! Where virtual threads wait: uprobes on HotSpot's unmount (freeze) and mount (thaw) of a
+//! virtual thread, with off-CPU or lock profiling on (docs/virtual-threads.md).
+//!
+//! A virtual thread that parks, sleeps, blocks on I/O or (JDK 24+) on a monitor is frozen into
+//! its stack chunk and its carrier goes on with other work: no context switch says it waits.
+//! The freeze runs on the carrier with the virtual thread's frames still on its stack, so its
+//! entry (`virtual_unmount`, on the function `freeze_entry` or `freeze_preempt_entry` holds)
+//! walks them from the thread's last Java frame, as the off-CPU program walks a thread leaving
+//! its CPU, and sends the stack through the same ring. Its return (`virtual_unmount_result`)
+//! says whether it froze: a pinned virtual thread stays mounted (its carrier then blocks, which
+//! the off-CPU program sees), and its stack is withdrawn with an end marked
+//! [`sample_flags::UNMOUNT_FAILED`]. The next mount of the virtual thread
+//! (`Continuation::prepare_thaw(thread, false)`, `virtual_mount`) sends the wait's end.
+//!
+//! Identity: a wait is keyed by the virtual thread's `Thread.tid` (`profiler_unwind::mounted`).
+//! JDK 21 to 23 freeze with the carrier's thread object current, so there the carrier's last
+//! mount tells which virtual thread it runs, if the same continuation is still mounted; else
+//! the wait is keyed by the continuation object's address, which a collection may move before
+//! the mount (the wait's end is then lost, and its stack dropped with its process's).
+//!
+//! Sampling, as the off-CPU program's: an unmount is taken with probability max(cycle,
+//! average) / period from the virtual thread's own past (its unmount-to-unmount cycles), so
+//! that weighting each by its inverse keeps every stack's total unbiased.
+
+use aya_ebpf::{
+    bindings::pt_regs,
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated as gen},
+    macros::{map, uprobe, uretprobe},
+    maps::LruHashMap,
+    programs::{ProbeContext, RetProbeContext},
+};
+use profiler_common::{
+    budget::Producer, sample_flags, Counter, HotspotProc, JavaState, SampleKind, VirtualWaitEnd,
+    OFF_CPU_PROBABILITY_BITS, OFF_CPU_PROBABILITY_ONE, OFF_CPU_RING_BYTES, VIRTUAL_CARRIER_SLOTS,
+    VIRTUAL_WAIT_END_BYTES, VIRTUAL_WAIT_SLOTS,
+};
+use profiler_unwind::{mounted_thread, UserRegs};
+
+use crate::alloc::ALLOC_BUSY;
+use crate::budget;
+use crate::memory::CurrentTask;
+use crate::off_cpu::{CYCLE_CAP_PERIODS, OFF_CPU_EVENTS, OFF_CPU_PERIOD_NS};
+use crate::{
+    count, fill_record, profiled, send_to, RecordOrigin, WalkSlot, WalkStart, BPF_RB_NO_WAKEUP,
+    HOTSPOT_PROCS, SCRATCH,
+};
+
+/// [`VirtualKey::kind`]: the id is a `Thread.tid`, or a continuation's address.
+const KEY_TID: u32 = 1;
+const KEY_CONTINUATION: u32 = 2;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct VirtualKey {
+    pid: u32,
+    kind: u32,
+    id: u64,
+}
+
+/// A virtual thread's past and open wait.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct VirtualWait {
+    /// The open wait's stack record (its `ktime_ns`; 0: none open).
+    out_ns: u64,
+    last_unmount_ns: u64,
+    average_cycle_ns: u64,
+    /// The carrier it unmounted from: the wait's records carry its tid.
+    carrier_tid: u32,
+    _pad: u32,
+}
+
+/// An unmount under way on a carrier, between the freeze's entry and its return.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Unmounting {
+    key: VirtualKey,
+    now: u64,
+    /// The stack record sent (its `ktime_ns`; 0: not sampled).
+    out_ns: u64,
+    average_cycle_ns: u64,
+}
+
+/// The virtual thread a carrier mounted last (read at JDK 21-23's unmounts).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Mounted {
+    pid: u32,
+    _pad: u32,
+    tid: u64,
+    continuation: u64,
+}
+
+/// Virtual threads by key. An LRU map: an evicted one's open wait loses its end (and its stack
+/// goes with its process's), its sampling starts over. Sized 1 by the daemon unless it hooks
+/// unmounts.
+#[map]
+static VIRTUAL_WAITS: LruHashMap<VirtualKey, VirtualWait> =
+    LruHashMap::with_max_entries(VIRTUAL_WAIT_SLOTS, 0);
+
+/// Unmounts under way, by carrier tid.
+#[map]
+static UNMOUNTING: LruHashMap<u32, Unmounting> =
+    LruHashMap::with_max_entries(VIRTUAL_CARRIER_SLOTS, 0);
+
+/// Each carrier's last mount, by carrier tid.
+#[map]
+static MOUNTED: LruHashMap<u32, Mounted> = LruHashMap::with_max_entries(VIRTUAL_CARRIER_SLOTS, 0);
+
+/// `freeze(JavaThread*, intptr_t* sp)` or `freeze_preempt(JavaThread*, intptr_t* sp)`: the
+/// current carrier starts unmounting its virtual thread.
+#[uprobe]
+pub fn virtual_unmount(ctx: ProbeContext) -> u32 {
+    // SAFETY: a uprobe's context is the user registers at the probed instruction.
+    let regs = unsafe { &*ctx.regs };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid = (pid_tgid >> 32) as u32;
+    if !profiled(pid) {
+        return 0;
+    }
+    // SAFETY: the value is only read, during this program.
+    let Some(hotspot) = (unsafe { HOTSPOT_PROCS.get(&pid) }) else {
+        return 0;
+    };
+    count(Counter::VirtualUnmounts);
+    let Some(busy) = ALLOC_BUSY.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: a per-CPU slot; a hook preempted on this CPU left it set, which is what it tells.
+    unsafe {
+        if *busy != 0 {
+            count(Counter::VirtualUnmountsUnseen);
+            return 0;
+        }
+        *busy = 1;
+    }
+    unmount(regs, pid_tgid, hotspot);
+    // SAFETY: as above.
+    unsafe { *busy = 0 };
+    0
+}
+
+/// The unmount's return: 0 when the virtual thread froze.
+#[uretprobe]
+pub fn virtual_unmount_result(ctx: RetProbeContext) -> u32 {
+    let result: u32 = ctx.ret();
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: copied out at once.
+    let Some(unmounting) = (unsafe { UNMOUNTING.get(&tid) }).copied() else {
+        return 0;
+    };
+    let _ = UNMOUNTING.remove(&tid);
+    if result != 0 {
+        count(Counter::VirtualUnmountsFailed);
+        if unmounting.out_ns != 0 {
+            send_end(unmounting.out_ns, 0, unmounting.key.pid, tid, true);
+        }
+        return 0;
+    }
+    // SAFETY: copied out at once.
+    if let Some(before) = unsafe { VIRTUAL_WAITS.get(&unmounting.key) } {
+        // An open wait whose mount was never seen: its stack is withdrawn.
+        if before.out_ns != 0 {
+            send_end(
+                before.out_ns,
+                0,
+                unmounting.key.pid,
+                before.carrier_tid,
+                true,
+            );
+        }
+    }
+    let wait = VirtualWait {
+        out_ns: unmounting.out_ns,
+        last_unmount_ns: unmounting.now,
+        average_cycle_ns: unmounting.average_cycle_ns,
+        carrier_tid: tid,
+        _pad: 0,
+    };
+    let _ = VIRTUAL_WAITS.insert(&unmounting.key, &wait, 0);
+    0
+}
+
+/// `Continuation::prepare_thaw(JavaThread*, bool return_barrier)`: with `false`, a virtual
+/// thread is mounted on the current carrier (with `true`, a mounted one thaws more frames).
+#[uprobe]
+pub fn virtual_mount(ctx: ProbeContext) -> u32 {
+    // SAFETY: as above.
+    let regs = unsafe { &*ctx.regs };
+    if regs.rsi & 0xff != 0 {
+        return 0;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    if !profiled(pid) {
+        return 0;
+    }
+    // SAFETY: the value is only read, during this program.
+    let Some(hotspot) = (unsafe { HOTSPOT_PROCS.get(&pid) }) else {
+        return 0;
+    };
+    count(Counter::VirtualMounts);
+    let task = CurrentTask::new(pid, WalkSlot::AllocHook as u32);
+    let Some(mounted) = mounted_thread(hotspot, &task, regs.rdi) else {
+        return 0;
+    };
+    let Some(virtual_tid) = mounted.virtual_tid else {
+        return 0;
+    };
+    let mount = Mounted {
+        pid,
+        _pad: 0,
+        tid: virtual_tid,
+        continuation: mounted.continuation,
+    };
+    let _ = MOUNTED.insert(&tid, &mount, 0);
+    let by_tid = VirtualKey {
+        pid,
+        kind: KEY_TID,
+        id: virtual_tid,
+    };
+    if end_wait(&by_tid) || mounted.continuation == 0 {
+        return 0;
+    }
+    let by_continuation = VirtualKey {
+        pid,
+        kind: KEY_CONTINUATION,
+        id: mounted.continuation,
+    };
+    if end_wait(&by_continuation) {
+        // Its past goes on under its tid from here.
+        let _ = VIRTUAL_WAITS.remove(&by_continuation);
+    }
+    0
+}
+
+/// Ends `key`'s open wait, if any: true if it had one.
+#[inline(always)]
+fn end_wait(key: &VirtualKey) -> bool {
+    let Some(wait) = VIRTUAL_WAITS.get_ptr_mut(key) else {
+        return false;
+    };
+    // SAFETY: a value of the map; its virtual thread is mounted here, so no other program
+    // writes it now.
+    let wait = unsafe { &mut *wait };
+    let out = wait.out_ns;
+    if out == 0 {
+        return false;
+    }
+    wait.out_ns = 0;
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    send_end(
+        out,
+        now.saturating_sub(out),
+        key.pid,
+        wait.carrier_tid,
+        false,
+    );
+    count(Counter::VirtualWaitsEnded);
+    true
+}
+
+/// Sends a virtual thread's wait end (or, `failed`, the withdrawal of its stack).
+#[inline(always)]
+fn send_end(out_ns: u64, blocked_ns: u64, pid: u32, carrier_tid: u32, failed: bool) {
+    let flags = if failed {
+        sample_flags::VIRTUAL_THREAD | sample_flags::UNMOUNT_FAILED
+    } else {
+        sample_flags::VIRTUAL_THREAD
+    };
+    let end = VirtualWaitEnd {
+        out_ktime_ns: out_ns,
+        blocked_ns,
+        pid,
+        tid: carrier_tid,
+        flags,
+        _reserved: 0,
+    };
+    if OFF_CPU_EVENTS
+        .output::<VirtualWaitEnd>(&end, BPF_RB_NO_WAKEUP)
+        .is_err()
+    {
+        count(Counter::OffCpuRingFull);
+    }
+}
+
+/// The virtual thread the carrier `java_thread` unmounts, keyed.
+#[inline(always)]
+fn unmounting_key(
+    hotspot: &HotspotProc,
+    task: &CurrentTask,
+    java_thread: u64,
+    pid: u32,
+    tid: u32,
+) -> Option<VirtualKey> {
+    let mounted = mounted_thread(hotspot, task, java_thread)?;
+    if let Some(id) = mounted.virtual_tid {
+        return Some(VirtualKey {
+            pid,
+            kind: KEY_TID,
+            id,
+        });
+    }
+    if mounted.continuation == 0 {
+        return None;
+    }
+    // SAFETY: copied out at once.
+    let last = unsafe { MOUNTED.get(&tid) }.copied();
+    Some(match last {
+        Some(last) if last.pid == pid && last.continuation == mounted.continuation => VirtualKey {
+            pid,
+            kind: KEY_TID,
+            id: last.tid,
+        },
+        _ => VirtualKey {
+            pid,
+            kind: KEY_CONTINUATION,
+            id: mounted.continuation,
+        },
+    })
+}
+
+#[inline(always)]
+fn unmount(regs: &pt_regs, pid_tgid: u64, hotspot: &HotspotProc) {
+    let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    let java_thread = regs.rdi;
+    let task = CurrentTask::new(pid, WalkSlot::AllocHook as u32);
+    let Some(key) = unmounting_key(hotspot, &task, java_thread, pid, tid) else {
+        count(Counter::VirtualUnmountsUnseen);
+        return;
+    };
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: a global the loader sets once; read-only afterwards.
+    let period = unsafe { core::ptr::read_volatile(&OFF_CPU_PERIOD_NS) }.max(1);
+    // SAFETY: copied out at once.
+    let past = unsafe { VIRTUAL_WAITS.get(&key) }.copied();
+    let (first, cycle, average) = match past {
+        Some(past) if past.last_unmount_ns != 0 => {
+            let cycle = now
+                .wrapping_sub(past.last_unmount_ns)
+                .min(period * CYCLE_CAP_PERIODS);
+            let average = past.average_cycle_ns;
+            let average = if cycle >= average {
+                average + (cycle - average) / 8
+            } else {
+                average - (average - cycle) / 8
+            };
+            (false, cycle, average)
+        }
+        _ => (true, 0, 0),
+    };
+    let likely_cycle = if cycle > average { cycle } else { average };
+    let probability = if first || likely_cycle >= period {
+        OFF_CPU_PROBABILITY_ONE
+    } else {
+        (((likely_cycle << OFF_CPU_PROBABILITY_BITS) / period) as u32).max(1)
+    };
+    let sampled = probability >= OFF_CPU_PROBABILITY_ONE || {
+        // SAFETY: helper without preconditions.
+        let draw = unsafe { gen::bpf_get_prandom_u32() } & (OFF_CPU_PROBABILITY_ONE - 1);
+        draw < probability
+    };
+    let out_ns = if sampled {
+        send_stack(regs, pid_tgid, hotspot, java_thread, now, probability)
+    } else {
+        0
+    };
+    let unmounting = Unmounting {
+        key,
+        now,
+        out_ns,
+        average_cycle_ns: if first { cycle } else { average },
+    };
+    let _ = UNMOUNTING.insert(&tid, &unmounting, 0);
+}
+
+/// Walks and sends the unmounting virtual thread's stack; its `ktime_ns`, or 0 if not sent.
+#[inline(always)]
+fn send_stack(
+    regs: &pt_regs,
+    pid_tgid: u64,
+    hotspot: &HotspotProc,
+    java_thread: u64,
+    now: u64,
+    probability: u32,
+) -> u64 {
+    let pid = (pid_tgid >> 32) as u32;
+    let Some(record) = SCRATCH.get_ptr_mut(WalkSlot::AllocHook as u32) else {
+        count(Counter::ScratchMissing);
+        return 0;
+    };
+    // SAFETY: this slot's record, used by one hook at a time on this CPU (the guard).
+    let record = unsafe { &mut *record };
+    // What it waits for: a monitor's entry (a preempted freeze, JDK 24+), `Object.wait`, or
+    // else a park (a sleep and blocking I/O park too).
+    let monitor_at = |offset: u16| {
+        if offset == u16::MAX {
+            return 0;
+        }
+        // SAFETY: a checked read of user memory.
+        unsafe { bpf_probe_read_user((java_thread + u64::from(offset)) as *const u64) }.unwrap_or(0)
+    };
+    let java_state = if monitor_at(hotspot.java_thread_pending_monitor) != 0 {
+        JavaState::MonitorEnter
+    } else if monitor_at(hotspot.java_thread_waiting_monitor) != 0 {
+        JavaState::MonitorWait
+    } else {
+        JavaState::Blocked
+    };
+    // At the hook's first instruction its caller's frame is intact (see `alloc.rs`): the walk
+    // falls back to it when the thread's last Java frame is not usable.
+    // SAFETY: a checked read of user memory.
+    let return_address = unsafe { bpf_probe_read_user(regs.rsp as *const u64) }.unwrap_or(0);
+    let caller = UserRegs {
+        ip: return_address,
+        sp: regs.rsp.wrapping_add(8),
+        fp: regs.rbp,
+        r13: 0,
+        rbx: 0,
+        entered_kernel: false,
+    };
+    let origin = RecordOrigin {
+        kind: SampleKind::OffCpu,
+        ktime_ns: now,
+        task_state: 0,
+        java_state: java_state as u8,
+        weight: probability,
+        flags: sample_flags::VIRTUAL_THREAD,
+    };
+    let start = WalkStart {
+        user: Some(caller),
+        slot: WalkSlot::AllocHook,
+        allocated: None,
+        anchor: java_thread,
+    };
+    let Some(bytes) = fill_record(record, pid_tgid, start, 0, origin) else {
+        return 0;
+    };
+    let charged = bytes.len() + VIRTUAL_WAIT_END_BYTES;
+    if !budget::admit(Producer::OffCpu, pid, budget::current_uid(), charged) {
+        return 0;
+    }
+    if send_to(&OFF_CPU_EVENTS, bytes, u64::from(OFF_CPU_RING_BYTES / 4)).is_err() {
+        count(Counter::OffCpuRingFull);
+        return 0;
+    }
+    count(Counter::VirtualUnmountsSampled);
+    now
+}
