@@ -15,6 +15,7 @@
 //! where a virtual thread waiting inside `synchronized` pins its carrier (`VirtualPinned`): its
 //! off-CPU, lock and allocation samples carry its whole stack too.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -325,4 +326,125 @@ fn pinned_waits_and_allocations_carry_the_virtual_threads_whole_stack() {
 
 fn file_name(path: &Path) -> &str {
     path.file_name().and_then(|n| n.to_str()).unwrap_or("")
+}
+
+/// Waits of virtual threads per site, against the workload's own measure (within 15%).
+const WAIT_TOLERANCE: f64 = 0.15;
+
+/// `VirtualWaits`' sites, the profile their waits go to, and the JDKs on which the virtual
+/// thread unmounts there (JDK 21 pins its carrier on a monitor: that wait is the carrier's, seen
+/// by the off-CPU program with the virtual thread's stack).
+const WAIT_SITES: [(&str, &str); 3] = [
+    ("sleepSite", "block-"),
+    ("lockSite", "block-"),
+    ("monitorSite", "mutex-"),
+];
+
+/// The workload's own wait time per site, in nanoseconds.
+fn measured_waits(results: &Path) -> HashMap<String, f64> {
+    let text = std::fs::read_to_string(results).expect("the workload wrote its waits");
+    text.lines()
+        .filter_map(|line| {
+            let (site, nanos) = line.split_once(' ')?;
+            Some((site.to_owned(), nanos.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn waits_of_unmounted_virtual_threads_are_profiled_per_site() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes = compile_java(&["VirtualWaits.java"], dir.path()).expect("javac");
+    let majors = majors_from_env("PROFILER_VIRTUAL_THREAD_JDKS", &[21, 25, 27]);
+    let seconds = 12;
+    let jvms: Vec<(u32, Workload, std::path::PathBuf)> = majors
+        .iter()
+        .map(|&major| {
+            let results = dir.path().join(format!("waits-{major}"));
+            let seconds = seconds.to_string();
+            let args = [seconds.as_str(), results.to_str().expect("utf-8")];
+            let workload = start_java_with_args(&jdk(major), &classes, "VirtualWaits", &[], &args)
+                .expect("JVM starts");
+            (major, workload, results)
+        })
+        .collect();
+    let out = dir.path().join("profiles");
+    // Longer than the workloads: every wait they measure ends while the daemon runs.
+    DaemonRun::new()
+        .pids(jvms.iter().map(|(_, workload, _)| workload.pid()))
+        .frequency(FREQUENCY)
+        .duration(seconds + 8)
+        .no_stream()
+        .output(&out)
+        .arg("--off-cpu")
+        .arg("--lock=0")
+        .run(Duration::from_secs(seconds + 70));
+    let mut failures = Vec::new();
+    for (major, mut workload, results) in jvms {
+        let pid = workload.pid();
+        assert!(
+            workload.0.wait().expect("the JVM ends").success(),
+            "JDK {major}: the workload failed"
+        );
+        let measured = measured_waits(&results);
+        let profiles = profiles_of(&out, pid).expect("profiles");
+        for (site, kind) in WAIT_SITES {
+            let method = format!("VirtualWaits.{site}");
+            let (mut waited_ns, mut samples, mut rooted) = (0i64, 0, 0);
+            for (_, profile) in profiles
+                .iter()
+                .filter(|(path, _)| file_name(path).starts_with(kind))
+            {
+                for sample in &profile.sample {
+                    let names = sample_base_names(profile, sample);
+                    if !names.iter().any(|n| *n == method) {
+                        continue;
+                    }
+                    samples += 1;
+                    waited_ns += sample.value.get(1).copied().unwrap_or(0);
+                    let depth = names
+                        .iter()
+                        .filter(|n| *n == "VirtualWaits.descend")
+                        .count();
+                    if depth > 40
+                        && names.last().map(String::as_str) == Some("java.lang.VirtualThread.run")
+                    {
+                        rooted += 1;
+                    }
+                }
+            }
+            let truth = measured.get(site).copied().unwrap_or(0.0);
+            let ratio = waited_ns as f64 / truth.max(1.0);
+            eprintln!(
+                "JDK {major} {site}: {kind} {:.2} s, the workload's {:.2} s (ratio {ratio:.3}); {rooted} of {samples} stacks rooted at VirtualThread.run through all 40 frames",
+                waited_ns as f64 / 1e9,
+                truth / 1e9
+            );
+            if samples < 5 || (ratio - 1.0).abs() > WAIT_TOLERANCE {
+                failures.push(format!(
+                    "JDK {major} {site}: {kind} wait ratio {ratio:.3} over {samples} stacks"
+                ));
+            }
+            if (rooted as f64) < ROOTED_TARGET * samples as f64 {
+                failures.push(format!(
+                    "JDK {major} {site}: {rooted} of {samples} stacks whole"
+                ));
+            }
+        }
+        // The off-CPU profile has them too, labelled as unmounted.
+        let unmounted = profiles
+            .iter()
+            .filter(|(path, _)| file_name(path).starts_with("offcpu-"))
+            .flat_map(|(_, profile)| {
+                profile
+                    .sample
+                    .iter()
+                    .filter(move |sample| label(profile, sample, "state") == Some("unmounted"))
+            })
+            .count();
+        if unmounted == 0 {
+            failures.push(format!("JDK {major}: no off-CPU sample labelled unmounted"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
