@@ -72,6 +72,13 @@ pub const OFF_CPU_WAITS: &str = "profiler_off_cpu_waits_total";
 pub const OFF_CPU_WAITS_NOT_PROFILED: &str = "profiler_off_cpu_waits_not_profiled_total";
 pub const OFF_CPU_OPEN_WAITS: &str = "profiler_off_cpu_open_waits";
 pub const OFF_CPU_THREADS: &str = "profiler_off_cpu_threads";
+/// Labelled `outcome`: `unmounted`, `pinned`, `unseen`.
+pub const VIRTUAL_THREAD_UNMOUNTS: &str = "profiler_virtual_thread_unmounts_total";
+pub const VIRTUAL_THREAD_UNMOUNTS_SAMPLED: &str = "profiler_virtual_thread_unmounts_sampled_total";
+pub const VIRTUAL_THREAD_MOUNTS: &str = "profiler_virtual_thread_mounts_total";
+pub const VIRTUAL_THREAD_WAITS_ENDED: &str = "profiler_virtual_thread_waits_ended_total";
+pub const VIRTUAL_THREAD_STACKS_WITHDRAWN: &str =
+    "profiler_virtual_thread_stacks_withdrawn_total";
 /// Labelled `feature` and `mode`: each BPF feature the daemon probed at start, `present` or
 /// `missing`, and `feature="object"` with the object loaded (`default` or `compat`); value 1.
 pub const KERNEL_FEATURE: &str = "profiler_kernel_feature";

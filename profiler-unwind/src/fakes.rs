@@ -684,7 +684,7 @@ impl Jvm {
             chunk_cont: 44,
             chunk_stack: CHUNK_STACK as u16,
             narrow_oop_shift: 3,
-            _reserved: [0; 5],
+            ..FrozenFramesLayout::default()
         };
     }
 

@@ -197,7 +197,7 @@ fn matrix_row(series: &str, expected_object: &str) {
         "kernel {series}: expected the {expected_object} object:\n{check}"
     );
     let loaded = check.lines().filter(|l| l.starts_with("  ok ")).count();
-    assert_eq!(loaded, 9, "kernel {series}: programs loaded:\n{check}");
+    assert_eq!(loaded, 12, "kernel {series}: programs loaded:\n{check}");
 
     let daemon_log = read("daemon.log");
     assert_eq!(

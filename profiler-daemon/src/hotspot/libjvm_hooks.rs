@@ -42,7 +42,9 @@ use profiler_common::{BREAKPOINT_ALLOC, BREAKPOINT_THREAD_START, MAX_BREAKPOINTS
 /// what bounds the daemon's stop: the kernel releases uprobes one at a time (under its trace
 /// event lock, each waiting for an RCU tasks-trace grace period), about 120 ms each on a 6.18
 /// kernel, from any number of threads; 12 files, 36 uprobes with `--alloc`, take about 4 s (64
-/// took 15 s). Room enough for a node's JDK builds: one user's JVMs may hold half.
+/// took 15 s). With off-CPU or lock profiling a JDK 21+ file has up to 5 more (a mount, two
+/// unmounting functions' entries and returns): 12 such files, up to 96 uprobes, about 12 s.
+/// Room enough for a node's JDK builds: one user's JVMs may hold half.
 pub const MAX_HOOKED_FILES: usize = 12;
 /// Most hooked files the JVMs of one user hold: half the cap, as one user's unwind tables hold
 /// at most half theirs (`native_unwind::loader::user_share`). Two users past it still leave

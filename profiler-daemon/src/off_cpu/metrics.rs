@@ -56,6 +56,45 @@ impl OffCpuSnapshot {
             metric::OFF_CPU_THREADS,
             "Threads with off-CPU task storage now (it goes when they exit).",
             k(Counter::OffCpuThreadsTracked).saturating_sub(k(Counter::OffCpuThreadsGone)),
+        )?;
+        out.counters(
+            metric::VIRTUAL_THREAD_UNMOUNTS,
+            "Unmounts of virtual threads from their carriers in profiled JVMs (off-CPU or lock \
+             profiling), by outcome: unmounted, pinned (the freeze failed: the virtual thread \
+             stayed mounted), unseen (another hook was walking on the CPU, or the virtual \
+             thread could not be identified).",
+            [
+                (
+                    "unmounted",
+                    k(Counter::VirtualUnmounts)
+                        .saturating_sub(k(Counter::VirtualUnmountsFailed))
+                        .saturating_sub(k(Counter::VirtualUnmountsUnseen)),
+                ),
+                ("pinned", k(Counter::VirtualUnmountsFailed)),
+                ("unseen", k(Counter::VirtualUnmountsUnseen)),
+            ]
+            .map(|(outcome, value)| ([("outcome", outcome)], value)),
+        )?;
+        out.counter(
+            metric::VIRTUAL_THREAD_UNMOUNTS_SAMPLED,
+            "Of those, the unmounts whose stack was taken (their waits end at the next mount).",
+            k(Counter::VirtualUnmountsSampled),
+        )?;
+        out.counter(
+            metric::VIRTUAL_THREAD_MOUNTS,
+            "Mounts of virtual threads on carriers in profiled JVMs.",
+            k(Counter::VirtualMounts),
+        )?;
+        out.counter(
+            metric::VIRTUAL_THREAD_WAITS_ENDED,
+            "Of those, the mounts that ended a sampled wait.",
+            k(Counter::VirtualWaitsEnded),
+        )?;
+        out.counter(
+            metric::VIRTUAL_THREAD_STACKS_WITHDRAWN,
+            "Virtual threads' stacks taken at an unmount that failed (pinned) or whose mount was \
+             never seen: dropped, no wait began.",
+            self.joined.virtual_withdrawn,
         )
     }
 }

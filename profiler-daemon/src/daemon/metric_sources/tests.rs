@@ -114,6 +114,7 @@ fn loop_snapshot(v: &mut Values, snapshot: &mut Snapshot) {
             unmatched_ends: v.next(),
             over_open_bound: v.next(),
             over_stack_bound: v.next(),
+            virtual_withdrawn: v.next(),
         },
         open_waits: v.next(),
     });
@@ -270,6 +271,7 @@ fn families_of_profiling_off_are_not_on_the_page() {
         .into_iter()
         .filter(|line| {
             !line.starts_with("# TYPE profiler_off_cpu_")
+                && !line.starts_with("# TYPE profiler_virtual_thread_")
                 && !line.starts_with("# TYPE profiler_alloc_")
         })
         .collect();
