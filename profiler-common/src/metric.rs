@@ -77,8 +77,7 @@ pub const VIRTUAL_THREAD_UNMOUNTS: &str = "profiler_virtual_thread_unmounts_tota
 pub const VIRTUAL_THREAD_UNMOUNTS_SAMPLED: &str = "profiler_virtual_thread_unmounts_sampled_total";
 pub const VIRTUAL_THREAD_MOUNTS: &str = "profiler_virtual_thread_mounts_total";
 pub const VIRTUAL_THREAD_WAITS_ENDED: &str = "profiler_virtual_thread_waits_ended_total";
-pub const VIRTUAL_THREAD_STACKS_WITHDRAWN: &str =
-    "profiler_virtual_thread_stacks_withdrawn_total";
+pub const VIRTUAL_THREAD_STACKS_WITHDRAWN: &str = "profiler_virtual_thread_stacks_withdrawn_total";
 /// Labelled `feature` and `mode`: each BPF feature the daemon probed at start, `present` or
 /// `missing`, and `feature="object"` with the object loaded (`default` or `compat`); value 1.
 pub const KERNEL_FEATURE: &str = "profiler_kernel_feature";

@@ -111,6 +111,10 @@ pub struct FileConfig {
     /// Off-CPU: leave out waits shorter than this many microseconds (default 0: none). A
     /// filter: the time of the waits it drops is not in the profile.
     pub off_cpu_min_wait_us: Option<u64>,
+    /// Off-CPU and lock profiles: the waits of unmounted virtual threads too (default true),
+    /// from hooks on their unmounts and mounts in libjvm, which cost each unmount a few
+    /// microseconds of its carrier's time (docs/java.md, "Where virtual threads wait").
+    pub virtual_thread_waits: Option<bool>,
     /// Java allocation profiles too: where Java threads allocate and how much (default false).
     pub alloc: Option<bool>,
     /// Allocation: about one sample per this many bytes allocated (default 524288, 512 KiB,
@@ -181,6 +185,8 @@ pub struct Config {
     pub alloc: Option<AllocConfig>,
     /// Java lock profiling, when on.
     pub lock: Option<LockConfig>,
+    /// With off-CPU or lock profiling: virtual threads' waits hooked too.
+    pub virtual_thread_waits: bool,
 }
 
 impl FileConfig {
@@ -304,6 +310,13 @@ impl Config {
         )?;
         let alloc = AllocConfig::resolve(flags.alloc, file.alloc, file.alloc_interval_bytes)?;
         let lock = LockConfig::resolve(flags.lock, file.lock, file.lock_threshold_ms)?;
+        if file.virtual_thread_waits.is_some() && off_cpu.is_none() && lock.is_none() {
+            return Err(ConfigError::Invalid {
+                field: "virtual_thread_waits",
+                flag: None,
+                reason: "set, but neither off-CPU nor lock profiling is on".to_owned(),
+            });
+        }
         let cache_budget_mib = file
             .cache_budget_mib
             .unwrap_or(crate::symbolize::cache_budget::DEFAULT_LIMIT_BYTES >> 20);
@@ -403,6 +416,7 @@ impl Config {
             off_cpu,
             alloc,
             lock,
+            virtual_thread_waits: file.virtual_thread_waits.unwrap_or(true),
             max_jvms,
             cache_budget_bytes: cache_budget_mib << 20,
             frequency_hz,

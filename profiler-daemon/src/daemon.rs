@@ -111,6 +111,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         .map(|period| OffCpuSampling {
             period_ns: period.as_nanos() as u64,
             monitor_waits: config.lock.is_some(),
+            virtual_thread_waits: config.virtual_thread_waits,
         });
     let alloc = config.alloc.map(|alloc| AllocSampling {
         interval_bytes: alloc.interval_bytes,

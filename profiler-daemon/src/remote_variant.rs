@@ -10,6 +10,7 @@ use hashbrown::HashMap;
 
 use crate::profile_model::{Frame, FrameId, FrameKind, Sample, SymbolizedProfile};
 use crate::thread_roots::ThreadRoots;
+use crate::virtual_thread_roots::is_virtual_thread_run;
 
 /// `profile` for the remote sinks: threads merged or rooted as `roots` asks, equal stacks
 /// merged, no wait labels.
@@ -19,9 +20,14 @@ pub fn remote_variant(profile: &SymbolizedProfile, roots: ThreadRoots) -> Symbol
     let mut index_of: HashMap<Vec<FrameId>, usize> = HashMap::with_capacity(profile.samples.len());
     for sample in &profile.samples {
         let mut frames = sample.frames.clone();
+        let virtual_thread = sample
+            .frames
+            .last()
+            .and_then(|id| profile.frames.get(*id as usize))
+            .is_some_and(is_virtual_thread_run);
         let root = profile
             .thread(sample)
-            .and_then(|thread| roots.root_frame(&thread.name, thread.tid));
+            .and_then(|thread| roots.root_frame(&thread.name, thread.tid, virtual_thread));
         if let Some(root) = root {
             let id = *root_ids
                 .entry(root)

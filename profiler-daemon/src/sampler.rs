@@ -56,6 +56,9 @@ pub struct OffCpuSampling {
     pub period_ns: u64,
     /// Whether monitor waits are followed across their blocks (lock profiles).
     pub monitor_waits: bool,
+    /// Whether virtual threads' unmounts and mounts are hooked
+    /// (`profiler-ebpf/src/virtual_waits.rs`).
+    pub virtual_thread_waits: bool,
 }
 
 /// Allocation profiling, when on.
@@ -155,6 +158,8 @@ pub struct Sampler {
     cpus: usize,
     /// Whether the allocation programs are loaded.
     alloc: bool,
+    /// Whether the virtual threads' programs are loaded.
+    virtual_thread_waits: bool,
 }
 
 /// What the object is loaded with: its globals and map sizes.
@@ -165,6 +170,8 @@ struct ObjectSettings {
     off_cpu_period_ns: u64,
     off_cpu_ring_bytes: u32,
     off_cpu: bool,
+    /// Virtual threads' waits hooked (their maps sized).
+    virtual_thread_waits: bool,
     /// 1 with lock profiles: `TRACK_MONITOR_WAITS`.
     monitor_waits: u64,
     alloc_interval: u64,
@@ -229,7 +236,7 @@ fn load_object(object: BpfObject, settings: &ObjectSettings) -> Result<Ebpf, Sam
         .map_max_entries("ALLOC_THREADS", settings.alloc_threads)
         .map_max_entries("SAMPLER_THREADS", settings.alloc_threads);
     // Virtual threads' waits ride on the off-CPU programs' ring and settings.
-    let (virtual_waits, carriers) = if settings.off_cpu {
+    let (virtual_waits, carriers) = if settings.virtual_thread_waits {
         (
             profiler_common::VIRTUAL_WAIT_SLOTS,
             profiler_common::VIRTUAL_CARRIER_SLOTS,
@@ -293,6 +300,7 @@ pub fn check_programs(
             off_cpu_period_ns: 5_000_000,
             off_cpu_ring_bytes: profiler_common::OFF_CPU_RING_BYTES,
             off_cpu: true,
+            virtual_thread_waits: true,
             monitor_waits: 1,
             alloc_interval: profiler_common::ALLOC_INTERVAL_BYTES,
             alloc_ring_bytes: profiler_common::ALLOC_RING_BYTES,
@@ -401,6 +409,7 @@ impl Sampler {
                 off_cpu_period_ns,
                 off_cpu_ring_bytes,
                 off_cpu: off_cpu.is_some(),
+                virtual_thread_waits: off_cpu.is_some_and(|o| o.virtual_thread_waits),
                 monitor_waits: u64::from(off_cpu.is_some_and(|o| o.monitor_waits)),
                 alloc_interval,
                 alloc_ring_bytes,
@@ -481,6 +490,7 @@ impl Sampler {
                 .map_err(|source| SamplerError::Program { name, source })?;
         }
 
+        let virtual_thread_waits = off_cpu.is_some_and(|o| o.virtual_thread_waits);
         let off_cpu = match off_cpu {
             Some(_) => {
                 let btf = Btf::from_sys_fs()?;
@@ -498,7 +508,10 @@ impl Sampler {
                         .map_err(|source| SamplerError::Program { name, source })?;
                 }
                 // Loaded now, attached to each libjvm file as JVMs are found.
-                for name in VIRTUAL_THREAD_PROGRAMS {
+                for name in VIRTUAL_THREAD_PROGRAMS
+                    .iter()
+                    .filter(|_| virtual_thread_waits)
+                {
                     uprobe(&mut ebpf, name)?
                         .load()
                         .map_err(|source| SamplerError::Program { name, source })?;
@@ -545,6 +558,7 @@ impl Sampler {
             counters,
             cpus: cpus.len(),
             alloc: alloc.is_some(),
+            virtual_thread_waits,
         })
     }
 
@@ -570,7 +584,7 @@ impl Sampler {
         } else {
             None
         };
-        let virtual_threads = if self.off_cpu.is_some() {
+        let virtual_threads = if self.virtual_thread_waits {
             Some([
                 handle(VIRTUAL_THREAD_PROGRAMS[0])?,
                 handle(VIRTUAL_THREAD_PROGRAMS[1])?,

@@ -6,10 +6,13 @@
 //! "what is hot here?" a sum done by eye; Pyroscope's own agents push merged stacks too. A
 //! pool's name is its threads' name with the last run of digits collapsed
 //! (`http-nio-8080-exec-12` -> `http-nio-8080-exec-*`), so a pool is one root whatever its size
-//! and across restarts. A leaf module: Pyroscope's variant (`profiles`), the local flame graphs
+//! and across restarts. Virtual threads' stacks are one root, `[virtual]`. A leaf module: Pyroscope's variant (`profiles`), the local flame graphs
 //! and the `view` command all root stacks through it.
 
 use std::borrow::Cow;
+
+/// The root of virtual threads' stacks with `pool` or `thread`.
+pub const VIRTUAL_ROOT: &str = "[virtual]";
 
 profiler_common::labelled_enum! {
     /// The `threads` setting; its label is the setting's value.
@@ -28,8 +31,13 @@ profiler_common::labelled_enum! {
 impl ThreadRoots {
     pub const VALUES: &'static str = "\"merged\", \"pool\" or \"thread\"";
 
-    /// The synthetic root frame of a stack that ran on thread `tid` named `name`, if any.
-    pub fn root_frame(self, name: &str, tid: u32) -> Option<String> {
+    /// The synthetic root frame of a stack that ran on thread `tid` named `name`, if any; a
+    /// virtual thread's own stack (rooted at `VirtualThread.run`: its carrier, named here, is
+    /// not its thread, and a thread per task is no pool) is rooted at `[virtual]` instead.
+    pub fn root_frame(self, name: &str, tid: u32, virtual_thread: bool) -> Option<String> {
+        if virtual_thread && self != Self::Merged {
+            return Some(VIRTUAL_ROOT.to_owned());
+        }
         match self {
             Self::Merged => None,
             Self::Pool => Some(format!("[{}]", pool_name(name))),
@@ -78,15 +86,24 @@ mod tests {
     #[test]
     fn root_frames_per_setting() {
         let name = "http-nio-8080-exec-12";
-        assert_eq!(ThreadRoots::Merged.root_frame(name, 4242), None);
+        assert_eq!(ThreadRoots::Merged.root_frame(name, 4242, false), None);
         assert_eq!(
-            ThreadRoots::Pool.root_frame(name, 4242).as_deref(),
+            ThreadRoots::Pool.root_frame(name, 4242, false).as_deref(),
             Some("[http-nio-8080-exec-*]")
         );
         assert_eq!(
-            ThreadRoots::Thread.root_frame(name, 4242).as_deref(),
+            ThreadRoots::Thread.root_frame(name, 4242, false).as_deref(),
             Some("[http-nio-8080-exec-12 tid=4242]")
         );
+        // A virtual thread's own stack: its carrier is not its thread.
+        let carrier = "ForkJoinPool-1-worker-3";
+        assert_eq!(ThreadRoots::Merged.root_frame(carrier, 7, true), None);
+        for roots in [ThreadRoots::Pool, ThreadRoots::Thread] {
+            assert_eq!(
+                roots.root_frame(carrier, 7, true).as_deref(),
+                Some("[virtual]")
+            );
+        }
     }
 
     #[test]

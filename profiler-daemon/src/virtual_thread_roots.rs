@@ -12,7 +12,7 @@
 use crate::profile_model::{Frame, FrameId, FrameKind, SymbolizedProfile};
 
 /// The root frame of every virtual thread's own stack.
-const VIRTUAL_THREAD_RUN: &str = "java.lang.VirtualThread.run";
+pub const VIRTUAL_THREAD_RUN: &str = "java.lang.VirtualThread.run";
 
 profiler_common::labelled_enum! {
     /// The `virtual_threads` setting; its label is the setting's value.
@@ -65,7 +65,7 @@ pub fn root_virtual_threads(profile: &mut SymbolizedProfile, roots: VirtualThrea
     }
 }
 
-fn is_virtual_thread_run(frame: &Frame) -> bool {
+pub fn is_virtual_thread_run(frame: &Frame) -> bool {
     frame.kind.is_jvm()
         && frame
             .lines

@@ -7,6 +7,14 @@ use hashbrown::HashMap;
 use crate::pprof::proto::{Location, Profile};
 use crate::pprof::string_at;
 use crate::thread_roots::ThreadRoots;
+use crate::virtual_thread_roots::VIRTUAL_THREAD_RUN;
+
+/// Whether a function named `name` in a pprof profile (maybe suffixed with its frame kind,
+/// `_[0]`) is `java.lang.VirtualThread.run`.
+fn is_virtual_thread_run(name: &str) -> bool {
+    name.strip_prefix(VIRTUAL_THREAD_RUN)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with("_["))
+}
 
 /// Hands each sample of `profile` to `add` as flame graphs read it: its frames root first
 /// (inlined frames expanded, each frame as `frame` makes it from its name), with its value
@@ -40,7 +48,7 @@ pub fn fold_samples<F: Clone>(
     };
     // Ids are usually positions + 1 (as the builder numbers them); others are looked up.
     let mut by_position: Vec<Option<Vec<F>>> = vec![None; profile.location.len()];
-    let mut roots: HashMap<(i64, u32), Option<F>> = HashMap::new();
+    let mut roots: HashMap<(i64, u32, bool), Option<F>> = HashMap::new();
     let key_of = |name: &str| profile.string_table.iter().position(|s| s == name);
     let (thread_key, tid_key) = (key_of("thread_name"), key_of("thread_id"));
     let mut stack: Vec<F> = Vec::new();
@@ -59,11 +67,20 @@ pub fn fold_samples<F: Clone>(
         };
         if let Some(thread) = label(thread_key).filter(|l| l.str != 0) {
             let tid = label(tid_key).map_or(0, |l| u32::try_from(l.num).unwrap_or(0));
-            let root = roots.entry((thread.str, tid)).or_insert_with(|| {
-                threads
-                    .root_frame(string(thread.str), tid)
-                    .map(|root| frame(&root))
-            });
+            // A virtual thread's own stack ends at `VirtualThread.run` (its outermost line).
+            let virtual_thread = sample
+                .location_id
+                .last()
+                .and_then(|id| profile.location.iter().find(|l| l.id == *id))
+                .and_then(|location| location.line.last())
+                .is_some_and(|line| is_virtual_thread_run(name_of(line.function_id)));
+            let root = roots
+                .entry((thread.str, tid, virtual_thread))
+                .or_insert_with(|| {
+                    threads
+                        .root_frame(string(thread.str), tid, virtual_thread)
+                        .map(|root| frame(&root))
+                });
             stack.extend(root.clone());
         }
         // Locations are innermost first.

@@ -29,8 +29,10 @@ import org.springframework.web.servlet.mvc.method.annotation.RequestMappingHandl
 // by `ab`. A request runs the deep, mostly distinct framework stack such services have: Tomcat's
 // connector, filter chain and servlet, Spring's dispatcher, handler mapping, argument resolvers
 // and message converters, Jackson reading and writing JSON, then a controller doing ordinary
-// work (streams, BigDecimal arithmetic, dates, maps). Arguments: port, base directory. Prints
-// "ready" once it accepts connections.
+// work (streams, BigDecimal arithmetic, dates, maps). Arguments: port, base directory, and
+// "virtual" to run each request on a virtual thread of its own (JDK 21+: the connector's
+// executor is `Executors.newVirtualThreadPerTaskExecutor()`, as Spring Boot's
+// `spring.threads.virtual.enabled` makes it). Prints "ready" once it accepts connections.
 public class SpringApp {
     public static void main(String[] args) throws Exception {
         int port = Integer.parseInt(args[0]);
@@ -49,6 +51,13 @@ public class SpringApp {
         tomcat.setPort(port);
         tomcat.getConnector().setProperty("address", "127.0.0.1");
         tomcat.getConnector().setProperty("maxThreads", "16");
+        if (args.length > 2 && args[2].equals("virtual")) {
+            // Through reflection: the class compiles for JDK 17.
+            Object executor = java.util.concurrent.Executors.class
+                    .getMethod("newVirtualThreadPerTaskExecutor").invoke(null);
+            tomcat.getConnector().getProtocolHandler()
+                    .setExecutor((java.util.concurrent.Executor) executor);
+        }
         Context context = tomcat.addContext("", base.getAbsolutePath());
         Tomcat.addServlet(context, "dispatcher", new DispatcherServlet(spring)).setLoadOnStartup(1);
         context.addServletMappingDecoded("/", "dispatcher");

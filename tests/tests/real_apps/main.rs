@@ -367,6 +367,48 @@ fn real_app_spring_server() {
     run_app(&app, dir.path());
 }
 
+/// The Spring application with every request on a virtual thread of its own (JDK 21+), on the
+/// run's JDKs that have them: its stacks are virtual threads' (rooted at
+/// `VirtualThread.run`, their frames partly frozen in their stack chunks when sampled), its
+/// lock waits unmounts.
+#[test]
+fn real_app_spring_on_virtual_threads() {
+    let mut needed = SPRING_JARS.to_vec();
+    needed.push("/usr/bin/ab");
+    if !have_packages(
+        &needed,
+        "libspring-web-servlet-java libtomcat9-java libjackson2-databind-java apache2-utils",
+    ) {
+        return;
+    }
+    let dir = WorkDir::new();
+    let classes = compile_app("spring/SpringApp.java", SPRING_JARS, dir.path());
+    let port = free_local_address().expect("a free port").port();
+    let class_path = format!("{}:{}", classes.display(), SPRING_JARS.join(":"));
+    let base = format!("http://127.0.0.1:{port}");
+    let quote = dir.path().join("quote.json");
+    std::fs::write(&quote, SPRING_QUOTE).expect("quote.json written");
+    let app = App {
+        name: "spring-virtual",
+        args: vec![
+            "-cp".into(),
+            class_path,
+            "SpringApp".into(),
+            port.to_string(),
+            dir.path().join("tomcat").display().to_string(),
+            "virtual".into(),
+        ],
+        prints_ready: true,
+        load: Some(Box::new(move || {
+            ab_clients(&[
+                AbClient::get(2, format!("{base}/customers/7/summary?top=5")),
+                AbClient::post_json(2, format!("{base}/quote"), quote.clone()),
+            ])
+        })),
+    };
+    run_app_on(&app, dir.path(), |jdk| jdk.major >= 21);
+}
+
 /// A quote request the Spring application prices.
 const SPRING_QUOTE: &str = r#"{"customer":"c-17","lines":[
 {"sku":"sku-1","quantity":3,"day":"2026-02-01"},{"sku":"sku-44","quantity":1,"day":"2026-02-01"},
@@ -450,6 +492,11 @@ fn ab_clients(clients: &[AbClient]) -> Vec<Workload> {
 /// Runs `app` on each JDK, prints every figure, and asserts the harness (and, when asked, the
 /// targets) once all JDKs ran.
 fn run_app(app: &App, dir: &Path) {
+    run_app_on(app, dir, |_| true);
+}
+
+/// [`run_app`] on the run's JDKs that `runs_on` keeps.
+fn run_app_on(app: &App, dir: &Path, runs_on: impl Fn(&Jdk) -> bool) {
     let helper =
         compile_java_for(&["JfrSamples.java"], &dir.join("helper"), "11").expect("javac helper");
     let extra_jfc = dir.join("extra-events.jfc");
@@ -457,7 +504,7 @@ fn run_app(app: &App, dir: &Path) {
     let mut summaries = Vec::new();
     let mut harness_failures = Vec::new();
     let mut target_failures = Vec::new();
-    for jdk in real_app_jdks() {
+    for jdk in real_app_jdks().into_iter().filter(|jdk| runs_on(jdk)) {
         let started = Instant::now();
         match measure(app, &jdk, dir, &helper, &extra_jfc) {
             Ok(m) => {
