@@ -13,6 +13,9 @@
 //! of its waits, each counting for the others: unbiased, noisier; see docs/off-cpu.md).
 //! Asserted where both sides have enough waits to compare: each kind's total wait time (where
 //! JFR's median wait is at least twice the threshold), and each top site's share of the waits.
+//! The waits of unmounted virtual threads (ours: no kernel frame, their carrier ran on) are
+//! reported apart: JFR records no `ThreadPark` for a virtual thread's park, nor (seen on JDK
+//! 25) a `JavaMonitorEnter` for a monitor it unmounted to wait for.
 
 use std::collections::BTreeMap;
 
@@ -61,6 +64,8 @@ pub(crate) struct LockComparison {
     pub(crate) profiles: usize,
     pub(crate) window_secs: f64,
     ours: [BTreeMap<String, WaitTally>; 2],
+    /// Ours of virtual threads unmounted (not compared: JFR has none of them).
+    unmounted: [WaitTally; 2],
     jfr: [BTreeMap<String, WaitTally>; 2],
     /// Every JFR wait's duration, per kind.
     jfr_wait_nanos: [Vec<i64>; 2],
@@ -103,11 +108,18 @@ impl LockComparison {
         };
         let names = FrameNames::of(profile);
         for sample in &profile.sample {
+            let value = |at: usize| sample.value.get(at).copied().unwrap_or(0) as f64;
+            if !names
+                .frames(sample)
+                .any(|name| Kind::of(name) == Kind::Kernel)
+            {
+                self.unmounted[kind as usize].add(value(waits), value(delay));
+                continue;
+            }
             let java_frames = names
                 .frames(sample)
                 .filter(|name| Kind::of(name).is_java())
                 .map(base_name);
-            let value = |at: usize| sample.value.get(at).copied().unwrap_or(0) as f64;
             self.ours[kind as usize]
                 .entry(site(java_frames))
                 .or_default()
@@ -242,6 +254,15 @@ impl LockComparison {
                     ""
                 }
             );
+            let unmounted = self.unmounted[kind as usize];
+            if unmounted.waits > 0.0 {
+                let _ = writeln!(
+                    r,
+                    "      and virtual threads' unmounted waits (JFR has none): {:.0} waits, {:.2} s",
+                    unmounted.waits,
+                    unmounted.nanos / 1e9
+                );
+            }
             for row in self.site_rows(kind) {
                 let _ = writeln!(
                     r,

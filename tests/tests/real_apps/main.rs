@@ -1417,14 +1417,20 @@ impl Measurement {
             .sum()
     }
 
-    /// Thread entries: `Thread.run`, `Thread.runWith`, `main` methods, and the outermost frames
-    /// of JFR's complete stacks that root at least 0.5% of them (JFR rarely records a stack cut
-    /// short: `clojure.lang.LazySeq.hasheq` once in 3782 samples).
+    /// Thread entries: `Thread.run`, `Thread.runWith`, `main` methods, a virtual thread's
+    /// `VirtualThread.run` (where the daemon ends its stack; JFR's go on to the continuation's
+    /// `enterSpecial`), and the outermost frames of JFR's complete stacks that root at least
+    /// 0.5% of them (JFR rarely records a stack cut short: `clojure.lang.LazySeq.hasheq` once in
+    /// 3782 samples).
     fn entries(&self) -> HashSet<String> {
-        let mut entries: HashSet<String> = ["java.lang.Thread.run", "java.lang.Thread.runWith"]
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
+        let mut entries: HashSet<String> = [
+            "java.lang.Thread.run",
+            "java.lang.Thread.runWith",
+            "java.lang.VirtualThread.run",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
         let mut roots: HashMap<&str, usize> = HashMap::new();
         for sample in self.jfr.iter().filter(|s| !s.truncated) {
             if let Some((_, name)) = sample.frames.last() {
