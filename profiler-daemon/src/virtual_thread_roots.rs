@@ -33,38 +33,102 @@ impl VirtualThreadRoots {
 /// Roots each virtual thread's sample in `profile` as `roots` says; other samples are left as
 /// they are.
 pub fn root_virtual_threads(profile: &mut SymbolizedProfile, roots: VirtualThreadRoots) {
-    let runs: Vec<bool> = profile.frames.iter().map(is_virtual_thread_run).collect();
-    if !runs.contains(&true) {
+    let runs: Vec<Option<usize>> = profile.frames.iter().map(virtual_thread_run_line).collect();
+    if runs.iter().all(Option::is_none) {
         return;
     }
-    let is_run = |id: &FrameId| runs.get(*id as usize).copied().unwrap_or(false);
+    let run_line = |id: &FrameId| runs.get(*id as usize).copied().flatten();
+    // Frames where `VirtualThread.run` was inlined into the continuation's entry, split in two
+    // once each: the virtual thread's lines, then the carrier's.
+    let mut splits: Vec<(FrameId, [FrameId; 2])> = Vec::new();
     let mut carriers: Vec<(u32, FrameId)> = Vec::new();
     for index in 0..profile.samples.len() {
         let sample = &profile.samples[index];
         // Innermost first: the first `run` is this virtual thread's (a nested one's is above).
-        let Some(at) = sample.frames.iter().position(is_run) else {
+        let Some((at, line)) = sample
+            .frames
+            .iter()
+            .enumerate()
+            .find_map(|(at, id)| Some((at, run_line(id)?)))
+        else {
             continue;
         };
-        match roots {
-            VirtualThreadRoots::Logical => profile.samples[index].frames.truncate(at + 1),
+        let id = sample.frames[at];
+        let thread = sample.thread;
+        let split = if line + 1 < profile.frames[id as usize].lines.len() {
+            Some(match splits.iter().find(|(of, _)| *of == id) {
+                Some((_, parts)) => *parts,
+                None => {
+                    let parts = split_at_line(profile, id, line);
+                    splits.push((id, parts));
+                    parts
+                }
+            })
+        } else {
+            None
+        };
+        let marker = match roots {
+            VirtualThreadRoots::Logical => None,
             VirtualThreadRoots::Carrier => {
-                let thread = sample.thread.unwrap_or(u32::MAX);
-                let marker = match carriers.iter().find(|(of, _)| *of == thread) {
+                let thread = thread.unwrap_or(u32::MAX);
+                Some(match carriers.iter().find(|(of, _)| *of == thread) {
                     Some((_, marker)) => *marker,
                     None => {
+                        let sample = &profile.samples[index];
                         let name = profile.thread(sample).map_or("?", |t| t.name.as_str());
                         let frame = Frame::marker(FrameKind::Root, format!("[carrier {name}]"));
                         let marker = profile.add_frame(frame);
                         carriers.push((thread, marker));
                         marker
                     }
-                };
-                profile.samples[index].frames.insert(at + 1, marker);
+                })
+            }
+        };
+        let frames = &mut profile.samples[index].frames;
+        match (marker, split) {
+            (None, None) => frames.truncate(at + 1),
+            (None, Some([inner, _])) => {
+                frames.truncate(at);
+                frames.push(inner);
+            }
+            (Some(marker), None) => frames.insert(at + 1, marker),
+            (Some(marker), Some([inner, outer])) => {
+                frames.splice(at..=at, [inner, marker, outer]);
             }
         }
     }
 }
 
+/// Splits frame `id` after its line `line`: a frame of the lines up to it (inlined code, as
+/// they were), and one of the lines after it (the compiled method and what it inlined there).
+fn split_at_line(profile: &mut SymbolizedProfile, id: FrameId, line: usize) -> [FrameId; 2] {
+    let frame = profile.frames[id as usize].clone();
+    let inner = Frame {
+        kind: FrameKind::Inlined,
+        lines: frame.lines[..=line].to_vec(),
+        ..frame.clone()
+    };
+    let outer = Frame {
+        lines: frame.lines[line + 1..].to_vec(),
+        ..frame
+    };
+    [profile.add_frame(inner), profile.add_frame(outer)]
+}
+
+/// Which line of `frame` (innermost first) is `java.lang.VirtualThread.run`, if any: its last
+/// when the method was not inlined, an inner one when it was inlined into its caller.
+fn virtual_thread_run_line(frame: &Frame) -> Option<usize> {
+    if !frame.kind.is_jvm() {
+        return None;
+    }
+    frame
+        .lines
+        .iter()
+        .position(|line| line.function == VIRTUAL_THREAD_RUN)
+}
+
+/// Whether `frame` ends with `java.lang.VirtualThread.run` (a virtual thread's stack, rooted
+/// as `logical` roots it, ends with such a frame).
 pub fn is_virtual_thread_run(frame: &Frame) -> bool {
     frame.kind.is_jvm()
         && frame
@@ -77,7 +141,7 @@ pub fn is_virtual_thread_run(frame: &Frame) -> bool {
 mod tests {
     use super::*;
     use crate::profile_model::{ProfileKind, Sample, SampleThread};
-    use crate::resolved_frame::ResolvedFrame;
+    use crate::resolved_frame::{ResolvedFrame, SourceLine};
 
     /// A virtual thread's stack on carrier 0 (task, `VirtualThread.run`, entry, carrier's
     /// loop), and a platform thread's stack on thread 1.
@@ -152,6 +216,71 @@ mod tests {
             ]
         );
         assert_eq!(names(&profile, 1), ["App.task", "App.main"]);
+    }
+
+    /// The virtual thread's stack with `VirtualThread.run` inlined into the continuation's
+    /// compiled `enter` (one frame: `run`, `enter0`, `enter`, innermost first).
+    fn inlined_profile() -> SymbolizedProfile {
+        let mut profile = profile();
+        let mut entry = profile.frames[2].clone();
+        entry.lines = [
+            VIRTUAL_THREAD_RUN,
+            "jdk.internal.vm.Continuation.enter0",
+            "jdk.internal.vm.Continuation.enter",
+        ]
+        .into_iter()
+        .map(|name| SourceLine {
+            function: name.into(),
+            system_name: None,
+            file: None,
+            line: 0,
+        })
+        .collect();
+        let entry = profile.add_frame(entry);
+        let sample = &mut profile.samples[0];
+        sample.frames = vec![sample.frames[0], entry, sample.frames[3]];
+        profile
+    }
+
+    fn lines(profile: &SymbolizedProfile, sample: usize) -> Vec<(String, FrameKind)> {
+        profile.samples[sample]
+            .frames
+            .iter()
+            .flat_map(|id| {
+                let frame = profile.frame(*id).expect("frame");
+                frame.lines.iter().map(|l| (l.function.clone(), frame.kind))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_inlined_virtual_thread_run_splits_its_frame() {
+        let mut logical = inlined_profile();
+        root_virtual_threads(&mut logical, VirtualThreadRoots::Logical);
+        assert_eq!(
+            lines(&logical, 0),
+            [
+                ("App.task".to_owned(), FrameKind::Jit),
+                (VIRTUAL_THREAD_RUN.to_owned(), FrameKind::Inlined),
+            ]
+        );
+        assert!(logical
+            .frame(*logical.samples[0].frames.last().expect("a frame"))
+            .is_some_and(is_virtual_thread_run));
+        let mut carrier = inlined_profile();
+        root_virtual_threads(&mut carrier, VirtualThreadRoots::Carrier);
+        let names: Vec<String> = lines(&carrier, 0).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(
+            names,
+            [
+                "App.task",
+                VIRTUAL_THREAD_RUN,
+                "[carrier ForkJoinPool-1-worker-3]",
+                "jdk.internal.vm.Continuation.enter0",
+                "jdk.internal.vm.Continuation.enter",
+                "java.util.concurrent.ForkJoinPool.runWorker",
+            ]
+        );
     }
 
     #[test]

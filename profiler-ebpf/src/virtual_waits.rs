@@ -20,7 +20,13 @@
 //!
 //! Sampling, as the off-CPU program's: an unmount is taken with probability max(cycle,
 //! average) / period from the virtual thread's own past (its unmount-to-unmount cycles), so
-//! that weighting each by its inverse keeps every stack's total unbiased.
+//! that weighting each by its inverse keeps every stack's total unbiased. A virtual thread's
+//! first unmount has no past: most are started per task (a request), so taking every first
+//! unmount would walk a stack per task; its cycle is taken as the time since its carrier's last
+//! mount or unmount, about how long it has run, which is known before the wait too, and at
+//! least 1/[`FIRST_UNMOUNT_SHARE`] of the period: a task that runs microseconds before it
+//! first waits would otherwise be taken so rarely that each taken wait stands for hundreds,
+//! and a site reached only there would be noisy.
 
 use aya_ebpf::{
     bindings::pt_regs,
@@ -44,6 +50,9 @@ use crate::{
     count, fill_record, profiled, send_to, RecordOrigin, WalkSlot, WalkStart, BPF_RB_NO_WAKEUP,
     HOTSPOT_PROCS, SCRATCH,
 };
+
+/// A virtual thread's first unmount is taken with probability at least 1/this.
+const FIRST_UNMOUNT_SHARE: u64 = 16;
 
 /// [`VirtualKey::kind`]: the id is a `Thread.tid`, or a continuation's address.
 const KEY_TID: u32 = 1;
@@ -81,7 +90,8 @@ struct Unmounting {
     average_cycle_ns: u64,
 }
 
-/// The virtual thread a carrier mounted last (read at JDK 21-23's unmounts).
+/// The virtual thread a carrier mounted last (read at JDK 21-23's unmounts), and when the
+/// carrier last mounted or unmounted one.
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct Mounted {
@@ -89,6 +99,7 @@ struct Mounted {
     _pad: u32,
     tid: u64,
     continuation: u64,
+    event_ns: u64,
 }
 
 /// Virtual threads by key. An LRU map: an evicted one's open wait loses its end (and its stack
@@ -178,6 +189,21 @@ pub fn virtual_unmount_result(ctx: RetProbeContext) -> u32 {
         _pad: 0,
     };
     let _ = VIRTUAL_WAITS.insert(&unmounting.key, &wait, 0);
+    // The carrier is free from here: the next virtual thread it starts runs from now.
+    match MOUNTED.get_ptr_mut(&tid) {
+        // SAFETY: a value of the map, this carrier's: only its own hooks write it.
+        Some(last) => unsafe { (*last).event_ns = unmounting.now },
+        None => {
+            let free = Mounted {
+                pid: unmounting.key.pid,
+                _pad: 0,
+                tid: 0,
+                continuation: 0,
+                event_ns: unmounting.now,
+            };
+            let _ = MOUNTED.insert(&tid, &free, 0);
+        }
+    }
     0
 }
 
@@ -212,6 +238,8 @@ pub fn virtual_mount(ctx: ProbeContext) -> u32 {
         _pad: 0,
         tid: virtual_tid,
         continuation: mounted.continuation,
+        // SAFETY: helper without preconditions.
+        event_ns: unsafe { bpf_ktime_get_ns() },
     };
     let _ = MOUNTED.insert(&tid, &mount, 0);
     let by_tid = VirtualKey {
@@ -336,11 +364,10 @@ fn unmount(regs: &pt_regs, pid_tgid: u64, hotspot: &HotspotProc) {
     let period = unsafe { core::ptr::read_volatile(&OFF_CPU_PERIOD_NS) }.max(1);
     // SAFETY: copied out at once.
     let past = unsafe { VIRTUAL_WAITS.get(&key) }.copied();
+    let cap = period * CYCLE_CAP_PERIODS;
     let (first, cycle, average) = match past {
         Some(past) if past.last_unmount_ns != 0 => {
-            let cycle = now
-                .wrapping_sub(past.last_unmount_ns)
-                .min(period * CYCLE_CAP_PERIODS);
+            let cycle = now.wrapping_sub(past.last_unmount_ns).min(cap);
             let average = past.average_cycle_ns;
             let average = if cycle >= average {
                 average + (cycle - average) / 8
@@ -349,7 +376,19 @@ fn unmount(regs: &pt_regs, pid_tgid: u64, hotspot: &HotspotProc) {
             };
             (false, cycle, average)
         }
-        _ => (true, 0, 0),
+        _ => {
+            // Its first unmount: how long it has run, by its carrier's last event.
+            // SAFETY: copied out at once.
+            match unsafe { MOUNTED.get(&tid) }.copied() {
+                Some(last) if last.pid == pid && last.event_ns != 0 && last.event_ns <= now => {
+                    let cycle = (now - last.event_ns)
+                        .max(period / FIRST_UNMOUNT_SHARE)
+                        .min(cap);
+                    (false, cycle, cycle)
+                }
+                _ => (true, 0, 0),
+            }
+        }
     };
     let likely_cycle = if cycle > average { cycle } else { average };
     let probability = if first || likely_cycle >= period {
@@ -371,7 +410,7 @@ fn unmount(regs: &pt_regs, pid_tgid: u64, hotspot: &HotspotProc) {
         key,
         now,
         out_ns,
-        average_cycle_ns: if first { cycle } else { average },
+        average_cycle_ns: average,
     };
     let _ = UNMOUNTING.insert(&tid, &unmounting, 0);
 }

@@ -13,10 +13,13 @@ import java.util.concurrent.locks.ReentrantLock;
  * here (from the call to the lock taken, or the sleep's end) and written at the end, one
  * "site nanoseconds" line each.
  *
+ * With "per-task", each round runs on a virtual thread of its own, started for it and joined
+ * (as a server starts one per request): every wait is then in a virtual thread's first rounds.
+ *
  * Uses the virtual-thread API through reflection, so the class compiles for release 8.
  *
  * Args: seconds to run (after "ready" and a pause for the profiler to find the JVM), results
- * file.
+ * file, and optionally "per-task".
  */
 public class VirtualWaits {
     static final ReentrantLock LOCK = new ReentrantLock();
@@ -27,15 +30,19 @@ public class VirtualWaits {
     static final AtomicLong LOCK_WAITED = new AtomicLong();
     static final AtomicLong MONITOR_WAITED = new AtomicLong();
     static volatile long sink;
+    static Object builder;
+    static Method start;
+    static boolean perTask;
 
     public static void main(String[] args) throws Exception {
         long seconds = args.length > 0 ? Long.parseLong(args[0]) : 20;
         String results = args.length > 1 ? args[1] : null;
+        perTask = args.length > 2 && args[2].equals("per-task");
         System.out.println("ready");
         System.out.flush();
         Thread.sleep(2000);
-        Object builder = Thread.class.getMethod("ofVirtual").invoke(null);
-        Method start = Class.forName("java.lang.Thread$Builder").getMethod("start", Runnable.class);
+        builder = Thread.class.getMethod("ofVirtual").invoke(null);
+        start = Class.forName("java.lang.Thread$Builder").getMethod("start", Runnable.class);
         final long until = System.nanoTime() + seconds * 1_000_000_000L;
         List<Thread> threads = new ArrayList<>();
         for (int i = 0; i < THREADS; i++) {
@@ -54,16 +61,36 @@ public class VirtualWaits {
         }
     }
 
+    /** {@link #descend}'s deadline for one round only. */
+    static final long ONCE = Long.MIN_VALUE;
+
     static void descend(int depth, long until) {
         if (depth > 0) {
             descend(depth - 1, until);
             return;
         }
-        while (System.nanoTime() < until) {
-            sleepSite();
-            lockSite();
-            monitorSite();
+        if (until == ONCE) {
+            round();
+            return;
         }
+        while (System.nanoTime() < until) {
+            if (perTask) {
+                try {
+                    Runnable task = () -> descend(DEPTH, ONCE);
+                    ((Thread) start.invoke(builder, task)).join();
+                } catch (Exception e) {
+                    throw new RuntimeException(e);
+                }
+                continue;
+            }
+            round();
+        }
+    }
+
+    static void round() {
+        sleepSite();
+        lockSite();
+        monitorSite();
     }
 
     static void sleepSite() {

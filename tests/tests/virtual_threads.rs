@@ -14,6 +14,12 @@
 //! `[carrier <thread name>]` down to the carrier's `ForkJoinWorkerThread.run`. And on JDK 21,
 //! where a virtual thread waiting inside `synchronized` pins its carrier (`VirtualPinned`): its
 //! off-CPU, lock and allocation samples carry its whole stack too.
+//!
+//! Waits of unmounted virtual threads (`VirtualWaits`: 24 virtual threads 40 frames deep
+//! sleeping, contending for a `ReentrantLock` and for a monitor; JDK 21, 25, 27, and 25 with a
+//! virtual thread per round): per site, the `block` and `mutex` profiles' wait time within 15%
+//! of the workload's own measure, >= 99% of the stacks whole, and off-CPU samples labelled
+//! `state="unmounted"`.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -356,16 +362,23 @@ fn waits_of_unmounted_virtual_threads_are_profiled_per_site() {
     let dir = tempfile::tempdir().expect("tempdir");
     let classes = compile_java(&["VirtualWaits.java"], dir.path()).expect("javac");
     let majors = majors_from_env("PROFILER_VIRTUAL_THREAD_JDKS", &[21, 25, 27]);
+    // Each JDK with long-lived virtual threads, and JDK 25 once more with a virtual thread per
+    // round (every wait among a virtual thread's first: sampled by its carrier's time).
+    let mut runs: Vec<(u32, &str)> = majors.iter().map(|&major| (major, "")).collect();
+    if majors.contains(&25) {
+        runs.push((25, "per-task"));
+    }
     let seconds = 12;
-    let jvms: Vec<(u32, Workload, std::path::PathBuf)> = majors
+    let jvms: Vec<(String, Workload, std::path::PathBuf)> = runs
         .iter()
-        .map(|&major| {
-            let results = dir.path().join(format!("waits-{major}"));
+        .enumerate()
+        .map(|(index, &(major, mode))| {
+            let results = dir.path().join(format!("waits-{index}"));
             let seconds = seconds.to_string();
-            let args = [seconds.as_str(), results.to_str().expect("utf-8")];
+            let args = [seconds.as_str(), results.to_str().expect("utf-8"), mode];
             let workload = start_java_with_args(&jdk(major), &classes, "VirtualWaits", &[], &args)
                 .expect("JVM starts");
-            (major, workload, results)
+            (format!("{major} {mode}"), workload, results)
         })
         .collect();
     let out = dir.path().join("profiles");
