@@ -410,7 +410,7 @@ fn waits_of_unmounted_virtual_threads_are_profiled_per_site() {
             {
                 for sample in &profile.sample {
                     let names = sample_base_names(profile, sample);
-                    if !names.iter().any(|n| *n == method) {
+                    if !names.contains(&method) {
                         continue;
                     }
                     samples += 1;
