@@ -46,8 +46,12 @@ pub fn mounted_thread<M: UserMemory>(
     } else {
         read_u64(memory, entry + ENTRY_CONT).unwrap_or(0)
     };
-    let virtual_tid = if current != carrier && current != 0 && layout.thread_tid != 0 {
-        Some(read_u64(memory, current + layout.thread_tid as u64).ok()?)
+    // Told apart by their ids, not their addresses: single-generation ZGC's references to one
+    // object differ by their colour.
+    let tid_of = |object: u64| read_u64(memory, object + layout.thread_tid as u64).ok();
+    let virtual_tid = if current != 0 && carrier != 0 && layout.thread_tid != 0 {
+        let tid = tid_of(current)?;
+        (tid != tid_of(carrier)?).then_some(tid)
     } else {
         None
     };

@@ -26,8 +26,9 @@ use profiler_tests::{
     sample_frames, skip_or_fail,
 };
 
-/// How long a guest may take, boot to power-off, before it counts as hung.
-const GUEST_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a guest may take, boot to power-off, before it counts as hung (rows take 60 to
+/// 130 s; a hung one is run once more, so the bound is also what a hang costs the run).
+const GUEST_TIMEOUT: Duration = Duration::from_secs(210);
 
 #[test]
 fn kernel_5_10_compat_object() {

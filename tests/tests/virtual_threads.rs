@@ -461,3 +461,83 @@ fn waits_of_unmounted_virtual_threads_are_profiled_per_site() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The link-time address of `name` in the ELF file `library`.
+fn symbol_address(library: &Path, name: &str) -> u64 {
+    use object::{Object as _, ObjectSymbol as _};
+    let bytes = std::fs::read(library).expect("libjvm read");
+    let elf = object::File::parse(&*bytes).expect("libjvm parsed");
+    elf.symbols()
+        .find(|symbol| symbol.name() == Ok(name))
+        .map(|symbol| symbol.address())
+        .unwrap_or_else(|| panic!("{name} in {}", library.display()))
+}
+
+/// Where `library` is loaded in process `pid` (its first mapping's start, offset 0).
+fn load_base(pid: u32, library: &Path) -> u64 {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    let wanted = library.canonicalize().expect("libjvm path");
+    maps.lines()
+        .find(|line| line.ends_with(wanted.to_str().expect("utf-8")))
+        .and_then(|line| u64::from_str_radix(line.split('-').next()?, 16).ok())
+        .expect("libjvm mapped")
+}
+
+/// A JVM's statics are its owner's to write: one that names, as its unmounting function, an
+/// address inside a real one (a breakpoint there would split an instruction of every JVM of that
+/// JDK, whoever runs it) gets no unmount hook, and runs on unharmed.
+#[test]
+fn a_jvm_naming_a_false_unmounting_function_gets_no_hook() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes = compile_java(&["VirtualWaits.java"], dir.path()).expect("javac");
+    let jdk = jdk(25);
+    let results = dir.path().join("waits");
+    let mut workload = start_java_with_args(
+        &jdk,
+        &classes,
+        "VirtualWaits",
+        &[],
+        &["6", results.to_str().expect("utf-8")],
+    )
+    .expect("JVM starts");
+    let pid = workload.pid();
+    let library = jdk.libjvm();
+    let base = load_base(pid, &library);
+    let freeze = symbol_address(
+        &library,
+        "_Z6freezeI6ConfigIL8oop_kind0E12G1BarrierSetEEiP10JavaThreadPl",
+    );
+    let entry = symbol_address(&library, "_ZL12freeze_entry");
+    {
+        use std::os::unix::fs::FileExt as _;
+        let memory = std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/proc/{pid}/mem"))
+            .expect("the JVM's memory");
+        // Three bytes into the function: inside its first instructions.
+        memory
+            .write_all_at(&(base + freeze + 3).to_le_bytes(), base + entry)
+            .expect("freeze_entry written");
+    }
+    let out = dir.path().join("profiles");
+    let run = DaemonRun::new()
+        .pid(pid)
+        .frequency(FREQUENCY)
+        .duration(6)
+        .no_stream()
+        .output(&out)
+        .arg("--off-cpu")
+        .run(Duration::from_secs(60));
+    let status = workload.0.wait().expect("the JVM ends");
+    assert!(status.success(), "the JVM failed: {status}");
+    assert!(
+        std::fs::read_to_string(&results).is_ok_and(|text| text.contains("sleepSite")),
+        "the workload ran to its end"
+    );
+    assert!(
+        run.log
+            .contains("names an unmounting function its libjvm's .symtab does not have"),
+        "the false function was refused:\n{}",
+        run.log
+    );
+}

@@ -73,11 +73,20 @@ const THREAD_RUN: &[u8] = b"_ZN10JavaThread3runEv";
 const IN_NEW_TLAB: &[u8] = b"_ZN11AllocTracer27send_allocation_in_new_tlabE";
 const OUTSIDE_TLAB: &[u8] = b"_ZN11AllocTracer28send_allocation_outside_tlabE";
 const PREPARE_THAW: &[u8] = b"_ZN12Continuation12prepare_thawEP10JavaThreadb";
+/// The unmounting functions' instantiations: `freeze<Config<...>>(JavaThread*, intptr_t*)`,
+/// and (JDK 24+) `Config<...>::freeze_preempt(JavaThread*, intptr_t*)`. A JVM's statics say
+/// which one it calls; only an address that is one of these is hooked.
+const FREEZE: &[u8] = b"_Z6freezeI6ConfigI";
+const CONFIG: &[u8] = b"_ZN6ConfigI";
+const FREEZE_PREEMPT: &[u8] = b"E14freeze_preemptEP10JavaThreadPl";
 
 /// Most unmounting functions hooked in one file: the instantiations its JVMs chose (one per
 /// collector and reference width in use, two each from JDK 24). A file whose JVMs ask for more
 /// leaves the rest unhooked.
 const MAX_UNMOUNT_FUNCTIONS: usize = 4;
+/// Most instantiations of them believed in one file (JDK 21 has 12 of `freeze`; 25 to 27 have
+/// 10 of each).
+const MAX_UNMOUNT_CANDIDATES: usize = 64;
 
 /// `endbr64`, which builds with control-flow protection (Debian's JDK 26 and 27) put first in
 /// every function that may be called indirectly, these two included. The kernel cannot emulate
@@ -98,6 +107,11 @@ pub struct HookOffsets {
     pub alloc: Result<AllocHookOffsets, HookError>,
     /// `Continuation::prepare_thaw`, if the file has it (JDK 21+): a virtual thread's mount.
     pub mount: Option<u64>,
+    /// The unmounting functions' instantiations (their first instruction's file offset): a
+    /// JVM's statics are its own memory, which its owner can write, so the function they name
+    /// is hooked only if it is one of these (a breakpoint elsewhere in a libjvm other users'
+    /// JVMs run could land inside an instruction of theirs).
+    pub unmount_candidates: Vec<u64>,
 }
 
 /// The two allocation events' offsets.
@@ -628,6 +642,14 @@ impl LibjvmHooks {
                 continue;
             }
             hook.unmounts_tried.push(offset);
+            if !hook.offsets.unmount_candidates.contains(&offset) {
+                tracing::warn!(
+                    offset,
+                    "virtual threads: a JVM names an unmounting function its libjvm's .symtab \
+                     does not have; not hooked"
+                );
+                continue;
+            }
             let offset = past_endbr64(&hook.file, offset);
             match self.programs.attach_unmount(&hook.file, offset) {
                 Ok(links) => hook.links.extend(links),
@@ -940,6 +962,7 @@ fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<HookOffsets, HookError> 
         })
     };
     let (mut thread_start, mut in_new_tlab, mut outside_tlab, mut mount) = (None, None, None, None);
+    let mut unmount_candidates = Vec::new();
     for symbol in symbols {
         let size = symbol.st_size(endian);
         if symbol.st_type() != STT_FUNC || size == 0 || size > MAX_FUNCTION_BYTES {
@@ -956,6 +979,17 @@ fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<HookOffsets, HookError> 
             &mut outside_tlab
         } else if name == PREPARE_THAW {
             &mut mount
+        } else if name.starts_with(FREEZE)
+            || (name.starts_with(CONFIG) && name.ends_with(FREEZE_PREEMPT))
+        {
+            // Hooked where the JVM's statics point, the function's first byte (an `endbr64`
+            // is skipped when hooked).
+            if let Some(offset) = file_offset(symbol.st_value(endian), size) {
+                if unmount_candidates.len() < MAX_UNMOUNT_CANDIDATES {
+                    unmount_candidates.push(offset);
+                }
+            }
+            continue;
         } else {
             continue;
         };
@@ -987,6 +1021,7 @@ fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<HookOffsets, HookError> 
         thread_start,
         alloc,
         mount,
+        unmount_candidates,
     })
 }
 
@@ -1200,5 +1235,20 @@ mod tests {
         let offsets = found.alloc.expect("both events");
         assert!(offsets.in_new_tlab > 0 && offsets.outside_tlab > 0);
         assert!(found.thread_start.is_some_and(|offset| offset > 0));
+    }
+
+    #[test]
+    fn a_jdk_25_libjvm_has_its_mount_and_every_unmounting_function() {
+        let library = Path::new("/usr/lib/jvm/temurin-25-jdk-amd64/lib/server/libjvm.so");
+        let bytes = std::fs::read(library).expect("the tests' JDK 25");
+        let found = find(File::open(library).expect("the tests' JDK 25")).expect("found");
+        assert!(found.mount.is_some_and(|offset| offset > 0));
+        // `freeze` and `freeze_preempt` for 5 collectors and 2 reference widths.
+        assert_eq!(found.unmount_candidates.len(), 20);
+        let g1 = symbol_file_offset(
+            &bytes,
+            "_Z6freezeI6ConfigIL8oop_kind0E12G1BarrierSetEEiP10JavaThreadPl",
+        );
+        assert!(found.unmount_candidates.contains(&g1));
     }
 }

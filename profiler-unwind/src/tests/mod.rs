@@ -4,6 +4,7 @@
 
 mod cfi;
 mod frozen;
+mod mounted;
 
 use crate::fakes::*;
 use crate::UserRegs;
