@@ -369,6 +369,18 @@ pub struct OffCpuEnd {
 }
 
 pub const OFF_CPU_END_BYTES: usize = core::mem::size_of::<OffCpuEnd>();
+
+/// The native-endian word at `at` of a ring record (0 past its end).
+fn word_at(bytes: &[u8], at: usize) -> u64 {
+    let word = bytes.get(at..at + 8).and_then(|b| b.try_into().ok());
+    u64::from_ne_bytes(word.unwrap_or([0; 8]))
+}
+
+/// The native-endian 32-bit value at `at` of a ring record (0 past its end).
+fn half_at(bytes: &[u8], at: usize) -> u32 {
+    let half = bytes.get(at..at + 4).and_then(|b| b.try_into().ok());
+    u32::from_ne_bytes(half.unwrap_or([0; 4]))
+}
 const _: () = assert!(OFF_CPU_END_BYTES == 48 && OFF_CPU_END_BYTES < HEADER_BYTES);
 
 /// The end of a virtual thread's wait, sent when it is mounted again (or the withdrawal of its
@@ -398,8 +410,7 @@ impl VirtualWaitEnd {
         if bytes.len() != VIRTUAL_WAIT_END_BYTES {
             return None;
         }
-        let word = |at: usize| u64::from_ne_bytes(bytes[at..at + 8].try_into().unwrap_or([0; 8]));
-        let half = |at: usize| u32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap_or([0; 4]));
+        let (word, half) = (|at| word_at(bytes, at), |at| half_at(bytes, at));
         Some(Self {
             out_ktime_ns: word(0),
             blocked_ns: word(8),
@@ -431,8 +442,7 @@ impl OffCpuEnd {
         if bytes.len() != OFF_CPU_END_BYTES {
             return None;
         }
-        let word = |at: usize| u64::from_ne_bytes(bytes[at..at + 8].try_into().unwrap_or([0; 8]));
-        let half = |at: usize| u32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap_or([0; 4]));
+        let (word, half) = (|at| word_at(bytes, at), |at| half_at(bytes, at));
         Some(Self {
             out_ktime_ns: word(0),
             blocked_ns: word(8),

@@ -268,12 +268,6 @@ impl OffCpuJoiner {
             return None;
         }
         let wait = self.open.remove(&key)?;
-        self.open_bytes -= wait.record.capacity();
-        release(
-            &mut self.open_bytes_by_user,
-            uid_of(&wait.record),
-            wait.record.capacity(),
-        );
         let added = if end.blocked_ns.saturating_add(end.runqueue_ns) < self.min_wait_ns {
             self.stats.filtered_short += 1;
             None
@@ -300,9 +294,7 @@ impl OffCpuJoiner {
                 Err(_) => None,
             }
         };
-        if self.spare.len() < SPARE_BUFFERS {
-            self.spare.push(wait.record);
-        }
+        self.close(wait);
         added
     }
 

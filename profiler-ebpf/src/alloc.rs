@@ -103,9 +103,9 @@ static ALLOC_SAMPLED_JVMS: LruHashMap<u32, u32> = LruHashMap::with_max_entries(D
 static SAMPLER_THREADS: LruHashMap<u32, u32> = LruHashMap::with_max_entries(ALLOC_THREAD_SLOTS, 0);
 
 /// Non-zero while a hook walks on this CPU (an allocation hook, or a virtual thread's unmount:
-/// they share the [`WalkSlot::AllocHook`] state).
+/// they share the [`WalkSlot::AllocHook`] state; [`guarded_hook_walk`]).
 #[map]
-pub(crate) static ALLOC_BUSY: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+static ALLOC_BUSY: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
 #[uprobe]
 pub fn alloc_in_new_tlab(ctx: ProbeContext) -> u32 {
@@ -256,20 +256,46 @@ fn walk_allocation(
     java_thread: u64,
     hotspot: &HotspotProc,
 ) {
+    guarded_hook_walk(Counter::AllocNested, || {
+        sample_allocation(regs, pid_tgid, kind, size, klass, java_thread, hotspot)
+    });
+}
+
+/// Runs `walk` unless another hook walks on this CPU (a preempted one), which is counted as
+/// `nested`: the hooks share one walk state ([`WalkSlot::AllocHook`]).
+#[inline(always)]
+pub(crate) fn guarded_hook_walk(nested: Counter, walk: impl FnOnce()) {
     let Some(busy) = ALLOC_BUSY.get_ptr_mut(0) else {
         return;
     };
     // SAFETY: a per-CPU slot; a hook preempted on this CPU left it set, which is what it tells.
     unsafe {
         if *busy != 0 {
-            count(Counter::AllocNested);
+            count(nested);
             return;
         }
         *busy = 1;
     }
-    sample_allocation(regs, pid_tgid, kind, size, klass, java_thread, hotspot);
+    walk();
     // SAFETY: as above.
     unsafe { *busy = 0 };
+}
+
+/// The registers of a hooked function's caller, at the hook on its first instruction: the
+/// return address on top of the stack, rbp still the caller's. A walk starting there sees
+/// every frame as a caller's.
+#[inline(always)]
+pub(crate) fn hook_caller(regs: &pt_regs) -> UserRegs {
+    // SAFETY: a checked read of user memory.
+    let return_address = unsafe { bpf_probe_read_user(regs.rsp as *const u64) }.unwrap_or(0);
+    UserRegs {
+        ip: return_address,
+        sp: regs.rsp.wrapping_add(8),
+        fp: regs.rbp,
+        r13: 0,
+        rbx: 0,
+        entered_kernel: false,
+    }
 }
 
 /// What the thread allocated since its previous event, by HotSpot's counter; `None` if the
@@ -333,18 +359,6 @@ fn sample_allocation(
     };
     // SAFETY: this slot's record, used by one hook at a time on this CPU (the guard).
     let record = unsafe { &mut *record };
-    // At the hook's first instruction its caller's frame is intact: the return address on top
-    // of the stack, rbp still the caller's. Starting there, every frame is a caller's.
-    // SAFETY: a checked read of user memory.
-    let return_address = unsafe { bpf_probe_read_user(regs.rsp as *const u64) }.unwrap_or(0);
-    let caller = UserRegs {
-        ip: return_address,
-        sp: regs.rsp.wrapping_add(8),
-        fp: regs.rbp,
-        r13: 0,
-        rbx: 0,
-        entered_kernel: false,
-    };
     let origin = RecordOrigin {
         kind,
         // SAFETY: helper without preconditions.
@@ -355,7 +369,7 @@ fn sample_allocation(
         flags: 0,
     };
     let start = WalkStart {
-        user: Some(caller),
+        user: Some(hook_caller(regs)),
         slot: WalkSlot::AllocHook,
         allocated: Some((class, java_thread)),
         anchor: 0,

@@ -175,6 +175,39 @@ fn java_state(pid: u32, tid: u32) -> (JavaState, u64) {
 /// address, under 2^56).
 const JAVA_STATE_SHIFT: u32 = 56;
 
+/// A moving average of cycles, one eighth of the way to the new `cycle`.
+#[inline(always)]
+pub(crate) fn next_average(average: u64, cycle: u64) -> u64 {
+    if cycle >= average {
+        average + (cycle - average) / 8
+    } else {
+        average - (average - cycle) / 8
+    }
+}
+
+/// The probability a wait is sampled with (in units of 2^-`OFF_CPU_PROBABILITY_BITS`), from its
+/// thread's last `cycle` and `average` before it (see the module's notes): always for a
+/// `first` one.
+#[inline(always)]
+pub(crate) fn wait_probability(first: bool, cycle: u64, average: u64, period: u64) -> u32 {
+    let likely_cycle = if cycle > average { cycle } else { average };
+    if first || likely_cycle >= period {
+        OFF_CPU_PROBABILITY_ONE
+    } else {
+        (((likely_cycle << OFF_CPU_PROBABILITY_BITS) / period) as u32).max(1)
+    }
+}
+
+/// Whether a wait sampled with `probability` is taken: a draw below it.
+#[inline(always)]
+pub(crate) fn drawn(probability: u32) -> bool {
+    probability >= OFF_CPU_PROBABILITY_ONE || {
+        // SAFETY: helper without preconditions.
+        let draw = unsafe { gen::bpf_get_prandom_u32() } & (OFF_CPU_PROBABILITY_ONE - 1);
+        draw < probability
+    }
+}
+
 /// [`java_state`] as one word, the state in the top byte: a global function (exported, not
 /// inlined), which the verifier checks once on its own, so that reading it at every switch,
 /// sampled or not, does not multiply the paths it walks through the rest of the program (on
@@ -257,10 +290,8 @@ fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, idle: Option<*mut u
     let average = thread.average_cycle_ns;
     thread.average_cycle_ns = if first {
         cycle
-    } else if cycle >= average {
-        average + (cycle - average) / 8
     } else {
-        average - (average - cycle) / 8
+        next_average(average, cycle)
     };
     thread.last_out_ns = now;
     // A wait still open here had its end lost (a full ring); it must not be ended twice.
@@ -276,18 +307,9 @@ fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, idle: Option<*mut u
         None
     };
 
-    let likely_cycle = if cycle > average { cycle } else { average };
-    let probability = if first || likely_cycle >= period {
-        OFF_CPU_PROBABILITY_ONE
-    } else {
-        (((likely_cycle << OFF_CPU_PROBABILITY_BITS) / period) as u32).max(1)
-    };
-    if probability < OFF_CPU_PROBABILITY_ONE {
-        // SAFETY: helper without preconditions.
-        let draw = unsafe { gen::bpf_get_prandom_u32() } & (OFF_CPU_PROBABILITY_ONE - 1);
-        if draw >= probability {
-            return;
-        }
+    let probability = wait_probability(first, cycle, average, period);
+    if !drawn(probability) {
+        return;
     }
 
     // Kernel threads have no user stack; their waits are the kernel's business.

@@ -30,22 +30,23 @@
 
 use aya_ebpf::{
     bindings::pt_regs,
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated as gen},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{map, uprobe, uretprobe},
     maps::LruHashMap,
     programs::{ProbeContext, RetProbeContext},
 };
 use profiler_common::{
-    budget::Producer, sample_flags, Counter, HotspotProc, JavaState, SampleKind, VirtualWaitEnd,
-    OFF_CPU_PROBABILITY_BITS, OFF_CPU_PROBABILITY_ONE, OFF_CPU_RING_BYTES, VIRTUAL_CARRIER_SLOTS,
-    VIRTUAL_WAIT_END_BYTES, VIRTUAL_WAIT_SLOTS,
+    budget::Producer, sample_flags, Counter, HotspotProc, SampleKind, VirtualWaitEnd,
+    OFF_CPU_RING_BYTES, VIRTUAL_CARRIER_SLOTS, VIRTUAL_WAIT_END_BYTES, VIRTUAL_WAIT_SLOTS,
 };
-use profiler_unwind::{mounted_thread, UserRegs};
+use profiler_unwind::{monitor_state, mounted_thread};
 
-use crate::alloc::ALLOC_BUSY;
+use crate::alloc::{guarded_hook_walk, hook_caller};
 use crate::budget;
 use crate::memory::CurrentTask;
-use crate::off_cpu::{CYCLE_CAP_PERIODS, OFF_CPU_EVENTS, OFF_CPU_PERIOD_NS};
+use crate::off_cpu::{
+    drawn, next_average, wait_probability, CYCLE_CAP_PERIODS, OFF_CPU_EVENTS, OFF_CPU_PERIOD_NS,
+};
 use crate::{
     count, fill_record, profiled, send_to, RecordOrigin, WalkSlot, WalkStart, BPF_RB_NO_WAKEUP,
     HOTSPOT_PROCS, SCRATCH,
@@ -134,20 +135,9 @@ pub fn virtual_unmount(ctx: ProbeContext) -> u32 {
         return 0;
     };
     count(Counter::VirtualUnmounts);
-    let Some(busy) = ALLOC_BUSY.get_ptr_mut(0) else {
-        return 0;
-    };
-    // SAFETY: a per-CPU slot; a hook preempted on this CPU left it set, which is what it tells.
-    unsafe {
-        if *busy != 0 {
-            count(Counter::VirtualUnmountsUnseen);
-            return 0;
-        }
-        *busy = 1;
-    }
-    unmount(regs, pid_tgid, hotspot);
-    // SAFETY: as above.
-    unsafe { *busy = 0 };
+    guarded_hook_walk(Counter::VirtualUnmountsUnseen, || {
+        unmount(regs, pid_tgid, hotspot)
+    });
     0
 }
 
@@ -368,13 +358,7 @@ fn unmount(regs: &pt_regs, pid_tgid: u64, hotspot: &HotspotProc) {
     let (first, cycle, average) = match past {
         Some(past) if past.last_unmount_ns != 0 => {
             let cycle = now.wrapping_sub(past.last_unmount_ns).min(cap);
-            let average = past.average_cycle_ns;
-            let average = if cycle >= average {
-                average + (cycle - average) / 8
-            } else {
-                average - (average - cycle) / 8
-            };
-            (false, cycle, average)
+            (false, cycle, next_average(past.average_cycle_ns, cycle))
         }
         _ => {
             // Its first unmount: how long it has run, by its carrier's last event.
@@ -390,17 +374,8 @@ fn unmount(regs: &pt_regs, pid_tgid: u64, hotspot: &HotspotProc) {
             }
         }
     };
-    let likely_cycle = if cycle > average { cycle } else { average };
-    let probability = if first || likely_cycle >= period {
-        OFF_CPU_PROBABILITY_ONE
-    } else {
-        (((likely_cycle << OFF_CPU_PROBABILITY_BITS) / period) as u32).max(1)
-    };
-    let sampled = probability >= OFF_CPU_PROBABILITY_ONE || {
-        // SAFETY: helper without preconditions.
-        let draw = unsafe { gen::bpf_get_prandom_u32() } & (OFF_CPU_PROBABILITY_ONE - 1);
-        draw < probability
-    };
+    let probability = wait_probability(first, cycle, average, period);
+    let sampled = drawn(probability);
     let out_ns = if sampled {
         send_stack(regs, pid_tgid, hotspot, java_thread, now, probability)
     } else {
@@ -434,32 +409,8 @@ fn send_stack(
     let record = unsafe { &mut *record };
     // What it waits for: a monitor's entry (a preempted freeze, JDK 24+), `Object.wait`, or
     // else a park (a sleep and blocking I/O park too).
-    let monitor_at = |offset: u16| {
-        if offset == u16::MAX {
-            return 0;
-        }
-        // SAFETY: a checked read of user memory.
-        unsafe { bpf_probe_read_user((java_thread + u64::from(offset)) as *const u64) }.unwrap_or(0)
-    };
-    let java_state = if monitor_at(hotspot.java_thread_pending_monitor) != 0 {
-        JavaState::MonitorEnter
-    } else if monitor_at(hotspot.java_thread_waiting_monitor) != 0 {
-        JavaState::MonitorWait
-    } else {
-        JavaState::Blocked
-    };
-    // At the hook's first instruction its caller's frame is intact (see `alloc.rs`): the walk
-    // falls back to it when the thread's last Java frame is not usable.
-    // SAFETY: a checked read of user memory.
-    let return_address = unsafe { bpf_probe_read_user(regs.rsp as *const u64) }.unwrap_or(0);
-    let caller = UserRegs {
-        ip: return_address,
-        sp: regs.rsp.wrapping_add(8),
-        fp: regs.rbp,
-        r13: 0,
-        rbx: 0,
-        entered_kernel: false,
-    };
+    let task = CurrentTask::new(pid, WalkSlot::AllocHook as u32);
+    let (java_state, _) = monitor_state(hotspot, &task, java_thread);
     let origin = RecordOrigin {
         kind: SampleKind::OffCpu,
         ktime_ns: now,
@@ -469,7 +420,8 @@ fn send_stack(
         flags: sample_flags::VIRTUAL_THREAD,
     };
     let start = WalkStart {
-        user: Some(caller),
+        // Where the walk falls back to when the thread's last Java frame is not usable.
+        user: Some(hook_caller(regs)),
         slot: WalkSlot::AllocHook,
         allocated: None,
         anchor: java_thread,

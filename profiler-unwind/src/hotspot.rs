@@ -118,6 +118,14 @@ pub fn waiting_for<M: UserMemory>(hs: &HotspotProc, memory: &M, thread: u64) -> 
     if state != JavaState::Blocked {
         return (state, 0);
     }
+    monitor_state(hs, memory, thread)
+}
+
+/// What a thread that waits in the VM waits for, by its monitor fields alone: a monitor's entry
+/// (and that monitor), `Object.wait`, or else [`JavaState::Blocked`] (a park, a sleep). Also
+/// what a virtual thread unmounting waits for, whose thread state says nothing of it.
+#[inline(always)]
+pub fn monitor_state<M: UserMemory>(hs: &HotspotProc, memory: &M, thread: u64) -> (JavaState, u64) {
     let monitor_at = |offset: u16| {
         if offset == u16::MAX {
             return 0;

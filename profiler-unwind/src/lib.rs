@@ -41,7 +41,7 @@ pub mod fakes;
 #[cfg(test)]
 mod tests;
 
-pub use hotspot::{allocated_class_frame, java_state, waiting_for, waiting_state};
+pub use hotspot::{allocated_class_frame, java_state, monitor_state, waiting_for, waiting_state};
 pub use memory::{
     FrameSink, JavaThreads, NativeTables, ReadError, StackWindow, UserMemory, SCRATCH_BYTES,
     STACK_WINDOW_BYTES,

@@ -21,7 +21,7 @@ use crate::aggregate::{Added, Aggregator, IntervalStacks};
 use crate::alloc::AllocConfig;
 use crate::lock::{LockAggregators, LockConfig};
 use crate::off_cpu::metrics::OffCpuSnapshot;
-use crate::off_cpu::{OffCpuConfig, OffCpuJoiner, OffCpuStats};
+use crate::off_cpu::{JoinedWait, OffCpuConfig, OffCpuJoiner, OffCpuStats};
 use crate::profile_model::ProfileKind;
 use crate::record::SampleView;
 use crate::sampler::{KernelCounters, Sampler};
@@ -466,22 +466,19 @@ impl Folds {
             } = off_cpu;
             sampler.drain_off_cpu(|bytes| {
                 stats.off_cpu_records += 1;
+                // A wait's end (a thread's, or a virtual thread's): folded with its stack.
+                let mut fold = |view: &SampleView<'_>, added, wait: &JoinedWait| {
+                    found.note(view, added, outbox, stats);
+                    if let Some(lock) = lock.as_mut() {
+                        lock.fold(view, wait);
+                    }
+                };
                 if let Some(end) = OffCpuEnd::from_bytes(bytes) {
-                    joiner.end(&end, aggregator, |view, added, wait| {
-                        found.note(view, added, outbox, stats);
-                        if let Some(lock) = lock.as_mut() {
-                            lock.fold(view, wait);
-                        }
-                    });
+                    joiner.end(&end, aggregator, &mut fold);
                     return;
                 }
                 if let Some(end) = VirtualWaitEnd::from_bytes(bytes) {
-                    joiner.virtual_end(&end, aggregator, |view, added, wait| {
-                        found.note(view, added, outbox, stats);
-                        if let Some(lock) = lock.as_mut() {
-                            lock.fold(view, wait);
-                        }
-                    });
+                    joiner.virtual_end(&end, aggregator, &mut fold);
                     return;
                 }
                 if let Some(view) = parse_record(bytes, stats) {

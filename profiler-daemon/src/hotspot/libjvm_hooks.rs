@@ -107,11 +107,11 @@ pub struct HookOffsets {
     pub alloc: Result<AllocHookOffsets, HookError>,
     /// `Continuation::prepare_thaw`, if the file has it (JDK 21+): a virtual thread's mount.
     pub mount: Option<u64>,
-    /// The unmounting functions' instantiations (their first instruction's file offset): a
-    /// JVM's statics are its own memory, which its owner can write, so the function they name
-    /// is hooked only if it is one of these (a breakpoint elsewhere in a libjvm other users'
-    /// JVMs run could land inside an instruction of theirs).
-    pub unmount_candidates: Vec<u64>,
+    /// The unmounting functions' instantiations: each one's start (file offset) and where its
+    /// hook goes. A JVM's statics are its own memory, which its owner can write, so the
+    /// function they name is hooked only if it starts one of these (a breakpoint elsewhere in
+    /// a libjvm other users' JVMs run could land inside an instruction of theirs).
+    pub unmount_candidates: Vec<(u64, u64)>,
 }
 
 /// The two allocation events' offsets.
@@ -642,15 +642,19 @@ impl LibjvmHooks {
                 continue;
             }
             hook.unmounts_tried.push(offset);
-            if !hook.offsets.unmount_candidates.contains(&offset) {
+            let Some(&(_, offset)) = hook
+                .offsets
+                .unmount_candidates
+                .iter()
+                .find(|(start, _)| *start == offset)
+            else {
                 tracing::warn!(
                     offset,
                     "virtual threads: a JVM names an unmounting function its libjvm's .symtab \
                      does not have; not hooked"
                 );
                 continue;
-            }
-            let offset = past_endbr64(&hook.file, offset);
+            };
             match self.programs.attach_unmount(&hook.file, offset) {
                 Ok(links) => hook.links.extend(links),
                 Err(err) => {
@@ -910,16 +914,6 @@ fn file_offsets_in(pid: u32, file: (u64, u64), addresses: &[u64]) -> Vec<u64> {
         .collect()
 }
 
-/// Where a hook at the function starting at file offset `offset` goes: past an [`ENDBR64`].
-fn past_endbr64(file: &File, offset: u64) -> u64 {
-    use std::os::unix::fs::FileExt as _;
-    let mut first = [0; ENDBR64.len()];
-    match file.read_exact_at(&mut first, offset) {
-        Ok(()) if first == ENDBR64 => offset + ENDBR64.len() as u64,
-        _ => offset,
-    }
-}
-
 /// Finds the hooked functions in the libjvm `file`.
 pub fn find(file: File) -> Result<HookOffsets, HookError> {
     let reader = BoundedReads::new(ReadCache::new(file), MAX_BYTES_READ);
@@ -971,38 +965,43 @@ fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<HookOffsets, HookError> 
         let Ok(name) = symbol.name(endian, strings) else {
             continue;
         };
+        let is_unmount = name.starts_with(FREEZE)
+            || (name.starts_with(CONFIG) && name.ends_with(FREEZE_PREEMPT));
+        // The named functions' slot; none for an unmounting function's instantiation.
         let slot = if name == THREAD_RUN {
-            &mut thread_start
+            Some(&mut thread_start)
         } else if name.starts_with(IN_NEW_TLAB) {
-            &mut in_new_tlab
+            Some(&mut in_new_tlab)
         } else if name.starts_with(OUTSIDE_TLAB) {
-            &mut outside_tlab
+            Some(&mut outside_tlab)
         } else if name == PREPARE_THAW {
-            &mut mount
-        } else if name.starts_with(FREEZE)
-            || (name.starts_with(CONFIG) && name.ends_with(FREEZE_PREEMPT))
-        {
-            // Hooked where the JVM's statics point, the function's first byte (an `endbr64`
-            // is skipped when hooked).
-            if let Some(offset) = file_offset(symbol.st_value(endian), size) {
-                if unmount_candidates.len() < MAX_UNMOUNT_CANDIDATES {
-                    unmount_candidates.push(offset);
-                }
-            }
-            continue;
+            Some(&mut mount)
+        } else if is_unmount {
+            None
         } else {
             continue;
         };
-        if let Some(offset) = file_offset(symbol.st_value(endian), size) {
-            let endbr64 = size > ENDBR64.len() as u64
-                && data
-                    .read_bytes_at(offset, ENDBR64.len() as u64)
-                    .is_ok_and(|first| first == ENDBR64);
-            slot.get_or_insert(if endbr64 {
-                offset + ENDBR64.len() as u64
-            } else {
-                offset
-            });
+        let Some(start) = file_offset(symbol.st_value(endian), size) else {
+            continue;
+        };
+        let endbr64 = size > ENDBR64.len() as u64
+            && data
+                .read_bytes_at(start, ENDBR64.len() as u64)
+                .is_ok_and(|first| first == ENDBR64);
+        let hook = if endbr64 {
+            start + ENDBR64.len() as u64
+        } else {
+            start
+        };
+        match slot {
+            Some(slot) => {
+                slot.get_or_insert(hook);
+            }
+            // Hooked where a JVM's statics say it calls: they name the function's start.
+            None if unmount_candidates.len() < MAX_UNMOUNT_CANDIDATES => {
+                unmount_candidates.push((start, hook));
+            }
+            None => {}
         }
     }
     let alloc = match (in_new_tlab, outside_tlab) {
@@ -1249,6 +1248,9 @@ mod tests {
             &bytes,
             "_Z6freezeI6ConfigIL8oop_kind0E12G1BarrierSetEEiP10JavaThreadPl",
         );
-        assert!(found.unmount_candidates.contains(&g1));
+        assert!(found
+            .unmount_candidates
+            .iter()
+            .any(|(start, _)| *start == g1));
     }
 }

@@ -785,9 +785,9 @@ impl<S: LayoutSink> JvmTracker<S> {
         let frozen_statics = if found.version.major >= FIRST_VIRTUAL_THREADS_JDK {
             match self.statics_by_file.of(pid) {
                 Ok(statics) => {
-                    unmount_functions =
-                        VirtualThreadLayout::of(found, &statics, &memory).unmount_functions();
-                    if !add_frozen_frames(&mut proc_info, found, &memory, &statics) {
+                    let layout = VirtualThreadLayout::of(found, &statics, &memory);
+                    unmount_functions = layout.unmount_functions();
+                    if !add_frozen_frames(&mut proc_info, &layout) {
                         tracing::debug!(
                             pid,
                             "virtual threads' layout incomplete (read again as the JVM runs)"
@@ -980,7 +980,10 @@ impl<S: LayoutSink> JvmTracker<S> {
             .as_ref()
             .filter(|_| proc_info.frozen.entry_return_pc == 0)
         {
-            add_frozen_frames(&mut proc_info, jvm, &memory, statics);
+            add_frozen_frames(
+                &mut proc_info,
+                &VirtualThreadLayout::of(jvm, statics, &memory),
+            );
         }
         if proc_info != **pushed && self.sink.put(pid, &proc_info).is_ok() {
             **pushed = proc_info;
@@ -989,17 +992,11 @@ impl<S: LayoutSink> JvmTracker<S> {
     }
 }
 
-/// Adds to `proc_info` what the BPF walker needs to walk the frames of `jvm`'s mounted virtual
-/// threads still frozen in their stack chunks, read with its libjvm's `statics`. False when the
+/// Adds to `proc_info` what the BPF walker needs to walk the frames of a JVM's mounted virtual
+/// threads still frozen in their stack chunks, from its virtual-thread `layout`. False when the
 /// layout is incomplete (not generated yet, or an offset that does not fit): the frozen frames
 /// are then left out as before.
-fn add_frozen_frames(
-    proc_info: &mut HotspotProc,
-    jvm: &Jvm,
-    memory: &ProcessMemory,
-    statics: &LibjvmStatics,
-) -> bool {
-    let layout = VirtualThreadLayout::of(jvm, statics, memory);
+fn add_frozen_frames(proc_info: &mut HotspotProc, layout: &VirtualThreadLayout) -> bool {
     let Some(frozen) = layout.frozen_frames() else {
         return false;
     };

@@ -330,6 +330,21 @@ fn real_app_jetty_server() {
 
 #[test]
 fn real_app_spring_server() {
+    run_spring(false);
+}
+
+/// The Spring application with every request on a virtual thread of its own (JDK 21+), on the
+/// run's JDKs that have them: its stacks are virtual threads' (rooted at
+/// `VirtualThread.run`, their frames partly frozen in their stack chunks when sampled), its
+/// lock waits unmounts.
+#[test]
+fn real_app_spring_on_virtual_threads() {
+    run_spring(true);
+}
+
+/// The Spring application under `ab`, its requests on platform threads (Tomcat's pool) or on
+/// virtual threads.
+fn run_spring(on_virtual_threads: bool) {
     let mut needed = SPRING_JARS.to_vec();
     needed.push("/usr/bin/ab");
     if !have_packages(
@@ -345,15 +360,23 @@ fn real_app_spring_server() {
     let base = format!("http://127.0.0.1:{port}");
     let quote = dir.path().join("quote.json");
     std::fs::write(&quote, SPRING_QUOTE).expect("quote.json written");
+    let mut args = vec![
+        "-cp".into(),
+        class_path,
+        "SpringApp".into(),
+        port.to_string(),
+        dir.path().join("tomcat").display().to_string(),
+    ];
+    if on_virtual_threads {
+        args.push("virtual".into());
+    }
     let app = App {
-        name: "spring",
-        args: vec![
-            "-cp".into(),
-            class_path,
-            "SpringApp".into(),
-            port.to_string(),
-            dir.path().join("tomcat").display().to_string(),
-        ],
+        name: if on_virtual_threads {
+            "spring-virtual"
+        } else {
+            "spring"
+        },
+        args,
         prints_ready: true,
         load: Some(Box::new(move || {
             // JSON posted and priced, and a summary read: both through Spring's dispatcher and
@@ -364,49 +387,9 @@ fn real_app_spring_server() {
             ])
         })),
     };
-    run_app(&app, dir.path());
-}
-
-/// The Spring application with every request on a virtual thread of its own (JDK 21+), on the
-/// run's JDKs that have them: its stacks are virtual threads' (rooted at
-/// `VirtualThread.run`, their frames partly frozen in their stack chunks when sampled), its
-/// lock waits unmounts.
-#[test]
-fn real_app_spring_on_virtual_threads() {
-    let mut needed = SPRING_JARS.to_vec();
-    needed.push("/usr/bin/ab");
-    if !have_packages(
-        &needed,
-        "libspring-web-servlet-java libtomcat9-java libjackson2-databind-java apache2-utils",
-    ) {
-        return;
-    }
-    let dir = WorkDir::new();
-    let classes = compile_app("spring/SpringApp.java", SPRING_JARS, dir.path());
-    let port = free_local_address().expect("a free port").port();
-    let class_path = format!("{}:{}", classes.display(), SPRING_JARS.join(":"));
-    let base = format!("http://127.0.0.1:{port}");
-    let quote = dir.path().join("quote.json");
-    std::fs::write(&quote, SPRING_QUOTE).expect("quote.json written");
-    let app = App {
-        name: "spring-virtual",
-        args: vec![
-            "-cp".into(),
-            class_path,
-            "SpringApp".into(),
-            port.to_string(),
-            dir.path().join("tomcat").display().to_string(),
-            "virtual".into(),
-        ],
-        prints_ready: true,
-        load: Some(Box::new(move || {
-            ab_clients(&[
-                AbClient::get(2, format!("{base}/customers/7/summary?top=5")),
-                AbClient::post_json(2, format!("{base}/quote"), quote.clone()),
-            ])
-        })),
-    };
-    run_app_on(&app, dir.path(), |jdk| jdk.major >= 21);
+    run_app_on(&app, dir.path(), |jdk| {
+        !on_virtual_threads || jdk.major >= 21
+    });
 }
 
 /// A quote request the Spring application prices.
