@@ -103,7 +103,7 @@ static ALLOC_SAMPLED_JVMS: LruHashMap<u32, u32> = LruHashMap::with_max_entries(D
 static SAMPLER_THREADS: LruHashMap<u32, u32> = LruHashMap::with_max_entries(ALLOC_THREAD_SLOTS, 0);
 
 /// Non-zero while a hook walks on this CPU (an allocation hook, or a virtual thread's unmount:
-/// they share the [`WalkSlot::AllocHook`] state; [`guarded_hook_walk`]).
+/// they share the [`WalkSlot::AllocHook`] state; [`begin_hook_walk`]).
 #[map]
 static ALLOC_BUSY: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
@@ -256,29 +256,39 @@ fn walk_allocation(
     java_thread: u64,
     hotspot: &HotspotProc,
 ) {
-    guarded_hook_walk(Counter::AllocNested, || {
-        sample_allocation(regs, pid_tgid, kind, size, klass, java_thread, hotspot)
-    });
+    if begin_hook_walk(Counter::AllocNested) {
+        sample_allocation(regs, pid_tgid, kind, size, klass, java_thread, hotspot);
+        end_hook_walk();
+    }
 }
 
-/// Runs `walk` unless another hook walks on this CPU (a preempted one), which is counted as
-/// `nested`: the hooks share one walk state ([`WalkSlot::AllocHook`]).
+/// Takes this CPU's hook walk state ([`WalkSlot::AllocHook`], which the hooks share): false,
+/// counted as `nested`, if another hook walks on this CPU (a preempted one). A taken state is
+/// given back with [`end_hook_walk`]. (Not a function taking the walk as a closure: the
+/// compiler made that a BPF function of its own, whose stack frame took the program past the
+/// 512 bytes its calls may use.)
 #[inline(always)]
-pub(crate) fn guarded_hook_walk(nested: Counter, walk: impl FnOnce()) {
+pub(crate) fn begin_hook_walk(nested: Counter) -> bool {
     let Some(busy) = ALLOC_BUSY.get_ptr_mut(0) else {
-        return;
+        return false;
     };
     // SAFETY: a per-CPU slot; a hook preempted on this CPU left it set, which is what it tells.
     unsafe {
         if *busy != 0 {
             count(nested);
-            return;
+            return false;
         }
         *busy = 1;
     }
-    walk();
-    // SAFETY: as above.
-    unsafe { *busy = 0 };
+    true
+}
+
+#[inline(always)]
+pub(crate) fn end_hook_walk() {
+    if let Some(busy) = ALLOC_BUSY.get_ptr_mut(0) {
+        // SAFETY: as above.
+        unsafe { *busy = 0 };
+    }
 }
 
 /// The registers of a hooked function's caller, at the hook on its first instruction: the

@@ -41,7 +41,7 @@ use profiler_common::{
 };
 use profiler_unwind::{monitor_state, mounted_thread};
 
-use crate::alloc::{guarded_hook_walk, hook_caller};
+use crate::alloc::{begin_hook_walk, end_hook_walk, hook_caller};
 use crate::budget;
 use crate::memory::CurrentTask;
 use crate::off_cpu::{
@@ -135,9 +135,10 @@ pub fn virtual_unmount(ctx: ProbeContext) -> u32 {
         return 0;
     };
     count(Counter::VirtualUnmounts);
-    guarded_hook_walk(Counter::VirtualUnmountsUnseen, || {
-        unmount(regs, pid_tgid, hotspot)
-    });
+    if begin_hook_walk(Counter::VirtualUnmountsUnseen) {
+        unmount(regs, pid_tgid, hotspot);
+        end_hook_walk();
+    }
     0
 }
 
