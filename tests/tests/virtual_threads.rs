@@ -261,7 +261,11 @@ fn carrier_mode_keeps_the_carrier_under_a_named_frame() {
             let carrier_root = names
                 .iter()
                 .any(|n| n == "java.util.concurrent.ForkJoinWorkerThread.run");
-            if marker.starts_with("[carrier ForkJoinPool-") && carrier_root {
+            // The carrier's native name: cut to 15 bytes before JDK 26, abbreviated after.
+            let carrier_named = ["[carrier ForkJoinPool-", "[carrier ForkJoi..rker-"]
+                .iter()
+                .any(|form| marker.starts_with(form));
+            if carrier_named && carrier_root {
                 carried += count(sample);
             }
         }

@@ -219,19 +219,30 @@ fn innermost_nspid(status: &str) -> Option<u32> {
     u32::try_from(*ids.last()?).ok()
 }
 
-/// Whether the kernel's `comm` is what HotSpot makes of `name`: its first 15 bytes (cut
-/// anywhere, even inside a character, hence the lossy end tolerated below).
+/// Whether the kernel's `comm` is what HotSpot makes of `name` when it names the native
+/// thread. A name of up to 15 bytes is kept whole. A longer one is cut to its first 15 bytes
+/// before JDK 26, and from JDK 26 on abbreviated to its first 7 bytes, `..` and its last 6
+/// (`ForkJoinPool-1-worker-2` -> `ForkJoi..rker-2`, so the trailing number survives). Either
+/// cut may split a character: `comm` is read lossily, so the expected form is too.
 fn confirms(comm: &str, name: &str) -> bool {
     const COMM_BYTES: usize = profiler_common::COMM_LEN - 1;
+    const HEAD_BYTES: usize = 7;
+    const TAIL_BYTES: usize = 6;
     if comm.is_empty() {
         return false;
     }
-    if comm.len() < COMM_BYTES {
+    let bytes = name.as_bytes();
+    if bytes.len() <= COMM_BYTES {
         return comm == name;
     }
-    // A cut inside a multi-byte character shows as U+FFFD at the end of the lossy comm.
-    let comm = comm.trim_end_matches(char::REPLACEMENT_CHARACTER);
-    name.len() > comm.len() && name.starts_with(comm) || name == comm
+    let cut = String::from_utf8_lossy(&bytes[..COMM_BYTES]);
+    let abbreviated = [
+        &bytes[..HEAD_BYTES],
+        b"..",
+        &bytes[bytes.len() - TAIL_BYTES..],
+    ]
+    .concat();
+    comm == cut || comm == String::from_utf8_lossy(&abbreviated)
 }
 
 /// `name` bounded to [`MAX_THREAD_NAME_BYTES`] (on a character boundary) with control
@@ -287,6 +298,24 @@ mod tests {
         let mut names = ThreadNames::new(1, 1);
         names.started(3, name);
         assert_eq!(names.name_of(3, &comm), (name.into(), NameSource::Sidecar));
+    }
+
+    #[test]
+    fn jdk_26_abbreviated_native_names_confirm() {
+        let mut names = ThreadNames::new(1, 1);
+        names.started(3, "ForkJoinPool-1-worker-2");
+        names.started(4, "\u{e9}-unicode-name-long-\u{e4}\u{e4}\u{e4}\u{e4}");
+        assert_eq!(
+            names.name_of(3, "ForkJoi..rker-2"),
+            ("ForkJoinPool-1-worker-2".into(), NameSource::Sidecar)
+        );
+        // As JDK 26 names it (seen on a live JVM).
+        assert_eq!(names.name_of(4, "\u{e9}-unic..\u{e4}\u{e4}\u{e4}").1, NameSource::Sidecar);
+        // Another thread's abbreviation does not.
+        assert_eq!(names.name_of(3, "ForkJoi..rker-3").1, NameSource::Comm);
+        // Nor does a name exactly 15 bytes long abbreviated (HotSpot keeps those whole).
+        names.started(5, "exactly15chars!");
+        assert_eq!(names.name_of(5, "exactl..chars!").1, NameSource::Comm);
     }
 
     #[test]
