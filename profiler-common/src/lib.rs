@@ -252,6 +252,9 @@ pub struct SampleHeader {
     /// [`sample_flags`] bits (also what keeps the header free of implicit padding, which the
     /// daemon hashes).
     pub flags: u32,
+    /// The virtual thread the sample was taken for (its `java.lang.Thread` id): the one mounted
+    /// on the sampled carrier thread, or the one unmounting. 0 for every other sample.
+    pub virtual_thread: u64,
 }
 
 /// [`SampleHeader::flags`] and [`VirtualWaitEnd::flags`] bits.
@@ -542,7 +545,7 @@ pub const FRAMES_BYTES: usize =
 pub const RECORD_BYTES: usize = core::mem::size_of::<SampleRecord>();
 
 // The layout is the contract: pin it.
-const _: () = assert!(HEADER_BYTES == 56);
+const _: () = assert!(HEADER_BYTES == 64);
 const _: () = assert!(USER_FRAME_BYTES == 24);
 const _: () = assert!(
     RECORD_BYTES < 32 * 1024,

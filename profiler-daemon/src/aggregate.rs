@@ -114,6 +114,7 @@ impl ProcessStacks {
                     user_end: profiler_common::UnwindEnd::Complete as u8,
                     task_state: 0,
                     java_state: 0,
+                    virtual_thread: 0,
                     ..*header
                 };
                 self.past_bound = Some(PastBound {
@@ -184,6 +185,7 @@ pub struct Aggregator {
     dropped_over_bound: u64,
     past_bound: u64,
     start: SystemTime,
+    keep_virtual_threads: bool,
 }
 
 impl Aggregator {
@@ -212,6 +214,16 @@ impl Aggregator {
             dropped_over_bound: 0,
             past_bound: 0,
             start: SystemTime::now(),
+            keep_virtual_threads: false,
+        }
+    }
+
+    /// Whether the stacks of two virtual threads stay apart (the header's `virtual_thread`
+    /// kept in the key). Off, they fold together, as the virtual threads one carrier runs do.
+    pub fn keeping_virtual_threads(self, keep: bool) -> Self {
+        Self {
+            keep_virtual_threads: keep,
+            ..self
         }
     }
 
@@ -222,7 +234,7 @@ impl Aggregator {
 
     /// Folds a stack with what it adds (an off-CPU wait: its count and times).
     pub fn add_totals(&mut self, sample: &SampleView<'_>, totals: &StackTotals) -> Added {
-        let header = normalized_header(&sample.header);
+        let header = normalized_header(&sample.header, self.keep_virtual_threads);
         let header_bytes = header_bytes(&header);
         let (kernel, user) = sample.stack_bytes();
         let hash = stack_hash(&self.hasher, header_bytes, kernel, user);
@@ -323,12 +335,18 @@ fn stack_hash(hasher: &DefaultHashBuilder, header: &[u8], kernel: &[u8], user: &
 }
 
 /// The header with the fields that differ from sample to sample of one thread zeroed, so equal
-/// stacks of the same thread fold together (an off-CPU wait's probability is in its weight).
-fn normalized_header(header: &SampleHeader) -> SampleHeader {
+/// stacks of the same thread fold together (an off-CPU wait's probability is in its weight),
+/// and its virtual thread unless kept.
+fn normalized_header(header: &SampleHeader, keep_virtual_thread: bool) -> SampleHeader {
     SampleHeader {
         ktime_ns: 0,
         cpu: 0,
         weight: 0,
+        virtual_thread: if keep_virtual_thread {
+            header.virtual_thread
+        } else {
+            0
+        },
         ..*header
     }
 }
@@ -370,6 +388,31 @@ mod tests {
             &cpu.to_ne_bytes(),
         );
         record
+    }
+
+    #[test]
+    fn virtual_threads_stay_apart_only_when_kept() {
+        let stack = encode(7, "ForkJoinPool-1-", &[], &[1, 2, 3], UnwindEnd::Complete);
+        let running = |id: u64| {
+            let mut record = stack.clone();
+            let at = std::mem::offset_of!(SampleHeader, virtual_thread);
+            record[at..at + 8].copy_from_slice(&id.to_ne_bytes());
+            record
+        };
+        for (keep, distinct) in [(false, 1), (true, 2)] {
+            let mut aggregator = Aggregator::new(100).keeping_virtual_threads(keep);
+            for id in [5, 6, 5] {
+                add(&mut aggregator, &running(id));
+            }
+            let interval = aggregator.take_interval();
+            let seven = &interval.processes[&7];
+            assert_eq!((seven.samples(), seven.distinct_stacks()), (3, distinct));
+            let ids: Vec<u64> = seven
+                .stacks()
+                .map(|(view, _)| view.header.virtual_thread)
+                .collect();
+            assert!(ids.iter().all(|id| (*id != 0) == keep), "{ids:?}");
+        }
     }
 
     #[test]

@@ -73,6 +73,11 @@ pub struct FileConfig {
     /// rooted at `java.lang.VirtualThread.run`, as jstack and JFR show it) or "carrier" (above
     /// the frames of the carrier thread that ran it, under a `[carrier <name>]` frame).
     pub virtual_threads: Option<String>,
+    /// Local pprof files and the live stream: label each sample taken for a virtual thread
+    /// with its id (`virtual_thread_id`, its `Thread.threadId()`). Default false: with a
+    /// virtual thread per request or task, every sample and wait of each is a stack of its
+    /// own, which fills the interval's stack memory (docs/java.md, "Virtual threads").
+    pub virtual_thread_ids: Option<bool>,
     /// Suffix frame names with their kind, as async-profiler does: `_[j]` JIT-compiled, `_[1]`
     /// C1, `_[i]` inlined, `_[0]` interpreted, `_[k]` kernel. Default true.
     pub annotate_frames: Option<bool>,
@@ -169,6 +174,8 @@ pub struct Config {
     pub threads: ThreadRoots,
     /// What virtual threads' stacks are shown on.
     pub virtual_threads: VirtualThreadRoots,
+    /// Samples of virtual threads keep their virtual thread's id (local outputs).
+    pub virtual_thread_ids: bool,
     pub local_output: LocalOutput,
     pub metrics_listen: Option<SocketAddr>,
     pub grpc_listen: Option<GrpcListen>,
@@ -413,6 +420,7 @@ impl Config {
             annotate_frames: file.annotate_frames.unwrap_or(true),
             threads,
             virtual_threads,
+            virtual_thread_ids: file.virtual_thread_ids.unwrap_or(false),
             off_cpu,
             alloc,
             lock,

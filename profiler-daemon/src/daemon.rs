@@ -233,6 +233,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     };
     let settings = LoopSettings {
         max_stacks_per_interval: config.max_stacks_per_interval,
+        virtual_thread_ids: config.virtual_thread_ids,
         stack_memory_bytes: config.stack_memory_bytes,
         off_cpu: config.off_cpu,
         lock: config.lock,

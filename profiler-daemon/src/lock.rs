@@ -87,6 +87,15 @@ impl LockAggregators {
         }
     }
 
+    /// See [`Aggregator::keeping_virtual_threads`].
+    pub fn keeping_virtual_threads(self, keep: bool) -> Self {
+        Self {
+            mutex: self.mutex.keeping_virtual_threads(keep),
+            block: self.block.keeping_virtual_threads(keep),
+            ..self
+        }
+    }
+
     /// Folds one joined off-CPU wait if it is a lock wait at least the threshold long: a
     /// monitor's entry into the mutex profile, another blocked wait into the block profile's
     /// candidates (whose parks are told apart by their frames when named).

@@ -203,6 +203,9 @@ pub struct SampleThread {
     /// Printable ([`crate::printable`]).
     pub name: String,
     pub source: NameSource,
+    /// The virtual thread it ran (its `java.lang.Thread` id), mounted or unmounting: a
+    /// carrier is one entry per virtual thread it ran.
+    pub virtual_thread: Option<u64>,
 }
 
 /// One process's profile of one interval, symbolized.
@@ -421,6 +424,7 @@ pub(crate) mod testing {
             tid: 42,
             name: "worker-1".into(),
             source: NameSource::Sidecar,
+            virtual_thread: None,
         });
         profile.samples.push(Sample {
             frames: vec![jit, main],
@@ -459,6 +463,7 @@ pub(crate) mod testing {
                     tid,
                     name: name.into(),
                     source: NameSource::Comm,
+                    virtual_thread: None,
                 })
             });
             profile.samples.push(Sample {

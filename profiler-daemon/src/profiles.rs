@@ -106,7 +106,7 @@ pub fn build(request: ProfileRequest<'_>, names: &mut impl ProfileNames) -> Symb
 struct Interned {
     profile: SymbolizedProfile,
     frames: HashMap<FrameKey, FrameId>,
-    threads: HashMap<(u32, [u8; COMM_LEN]), u32>,
+    threads: HashMap<(u32, [u8; COMM_LEN], u64), u32>,
 }
 
 impl Interned {
@@ -130,7 +130,11 @@ impl Interned {
         let profile = &mut self.profile;
         *self
             .threads
-            .entry((view.header.tid, *view.thread_name()))
+            .entry((
+                view.header.tid,
+                *view.thread_name(),
+                view.header.virtual_thread,
+            ))
             .or_insert_with(|| profile.add_thread(sample_thread(view, names)))
     }
 }
@@ -154,6 +158,7 @@ fn sample_thread(view: &SampleView<'_>, names: &mut impl ProfileNames) -> Sample
         tid,
         name: printable(&name).into_owned(),
         source,
+        virtual_thread: (view.header.virtual_thread != 0).then_some(view.header.virtual_thread),
     }
 }
 

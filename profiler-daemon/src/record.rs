@@ -166,6 +166,7 @@ pub(crate) mod tests {
             comm: name,
             uid: 0,
             flags: 0,
+            virtual_thread: 0,
         };
         let mut bytes = Vec::new();
         // SAFETY: plain old data viewed as bytes.

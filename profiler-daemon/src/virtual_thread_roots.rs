@@ -168,6 +168,7 @@ mod tests {
                 tid: 7,
                 name: name.into(),
                 source: crate::profile_model::NameSource::Comm,
+                virtual_thread: None,
             });
         }
         profile.samples.push(Sample {

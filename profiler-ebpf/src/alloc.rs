@@ -377,6 +377,7 @@ fn sample_allocation(
         java_state: 0,
         weight: (size / ALLOC_WEIGHT_UNIT).min(u64::from(u32::MAX)) as u32,
         flags: 0,
+        virtual_thread: 0,
     };
     let start = WalkStart {
         user: Some(hook_caller(regs)),

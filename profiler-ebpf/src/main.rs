@@ -56,8 +56,8 @@ use profiler_common::{
     MAX_KERNEL_FRAMES, MAX_TARGET_PIDS, MAX_USER_FRAMES, RECORD_BYTES, USER_FRAME_BYTES,
 };
 use profiler_unwind::{
-    settle_top_stub, start_at_anchor, unwind_step, FrameSink, UserRegs, Walk, END_UNSET,
-    MAX_WALK_STEPS,
+    settle_top_stub, start_at_anchor, unwind_step, FrameSink, JavaThreads, UserRegs, Walk,
+    END_UNSET, MAX_WALK_STEPS,
 };
 
 /// The flags of the maps the daemon fills. Not preallocated where the kernel lets perf-event
@@ -257,6 +257,7 @@ fn try_sample_cpu(ctx: &PerfEventContext) {
         java_state: 0,
         weight: 0,
         flags: 0,
+        virtual_thread: 0,
     };
     let start = WalkStart {
         user,
@@ -310,6 +311,9 @@ pub(crate) struct RecordOrigin {
     pub weight: u32,
     /// `sample_flags` bits.
     pub flags: u32,
+    /// The virtual thread the record is for, when its taker knows (the unmount hook); 0: the
+    /// one mounted on the thread, if any, is read after the walk.
+    pub virtual_thread: u64,
 }
 
 /// Where a walk starts, and with which per-CPU state.
@@ -391,10 +395,18 @@ pub(crate) fn fill_record(
     }
 
     let user_frames = (walk.frames as usize).min(MAX_USER_FRAMES);
+    let tid = pid_tgid as u32;
+    let virtual_thread = if origin.virtual_thread != 0 {
+        origin.virtual_thread
+    } else if walk.is_jvm != 0 && walk.hotspot.frozen.java_thread_vthread != 0 {
+        mounted_virtual_thread(pid, tid, slot)
+    } else {
+        0
+    };
     record.header = SampleHeader {
         ktime_ns: origin.ktime_ns,
         pid,
-        tid: pid_tgid as u32,
+        tid,
         // SAFETY: helper without preconditions.
         cpu: unsafe { bpf_get_smp_processor_id() },
         kernel_frames: (kernel_bytes / KERNEL_FRAME_BYTES) as u16,
@@ -407,6 +419,7 @@ pub(crate) fn fill_record(
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
         uid: budget::current_uid(),
         flags: origin.flags,
+        virtual_thread,
     };
 
     // Through `black_box`: the compiler proves this bound from the two above and drops the
@@ -417,6 +430,26 @@ pub(crate) fn fill_record(
     }
     // SAFETY: `len` is within the record, which is plain bytes.
     Some(unsafe { core::slice::from_raw_parts(record as *const SampleRecord as *const u8, len) })
+}
+
+/// The id of the virtual thread mounted on Java thread `tid` of JVM `pid`, 0 if none (or not
+/// known), with the layout the walk in `slot` copied. A global function (exported, not
+/// inlined): the verifier checks its reads once, not on every path through the walk's callers.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn mounted_virtual_thread(pid: u32, tid: u32, slot: u32) -> u64 {
+    let Some(state) = WALK.get_ptr(slot) else {
+        return 0;
+    };
+    let task = CurrentTask::new(pid, slot);
+    let Some(thread) = task.java_thread(tid) else {
+        return 0;
+    };
+    // SAFETY: a per-CPU map value, only read; its walk has ended.
+    let hotspot = unsafe { &(*state).walk.hotspot };
+    profiler_unwind::mounted_virtual_tid(hotspot, &task, thread)
+        .flatten()
+        .unwrap_or(0)
 }
 
 /// Copies the current task's kernel stack to the start of the record's frame area and returns

@@ -330,6 +330,7 @@ fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, idle: Option<*mut u
         java_state: waiting.unwrap_or_else(|| java_waiting(pid, tid)).0,
         weight: probability,
         flags: 0,
+        virtual_thread: 0,
     };
     let start = WalkStart {
         user: Some(user),

@@ -378,7 +378,17 @@ fn unmount(regs: &pt_regs, pid_tgid: u64, hotspot: &HotspotProc) {
     let probability = wait_probability(first, cycle, average, period);
     let sampled = drawn(probability);
     let out_ns = if sampled {
-        send_stack(regs, pid_tgid, hotspot, java_thread, now, probability)
+        // Its id, where the key is it (else the sample has none rather than the carrier's).
+        let virtual_thread = if key.kind == KEY_TID { key.id } else { 0 };
+        send_stack(
+            regs,
+            pid_tgid,
+            hotspot,
+            java_thread,
+            now,
+            probability,
+            virtual_thread,
+        )
     } else {
         0
     };
@@ -400,6 +410,7 @@ fn send_stack(
     java_thread: u64,
     now: u64,
     probability: u32,
+    virtual_thread: u64,
 ) -> u64 {
     let pid = (pid_tgid >> 32) as u32;
     let Some(record) = SCRATCH.get_ptr_mut(WalkSlot::AllocHook as u32) else {
@@ -419,6 +430,7 @@ fn send_stack(
         java_state: java_state as u8,
         weight: probability,
         flags: sample_flags::VIRTUAL_THREAD,
+        virtual_thread,
     };
     let start = WalkStart {
         // Where the walk falls back to when the thread's last Java frame is not usable.

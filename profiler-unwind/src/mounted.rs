@@ -29,6 +29,29 @@ pub fn mounted_thread<M: UserMemory>(
     memory: &M,
     thread: u64,
 ) -> Option<MountedThread> {
+    let virtual_tid = mounted_virtual_tid(hs, memory, thread)?;
+    let entry_field = hs.frozen.java_thread_cont_entry as u64;
+    let entry = read_u64(memory, thread + entry_field).unwrap_or(0);
+    let continuation = if entry == 0 {
+        0
+    } else {
+        read_u64(memory, entry + ENTRY_CONT).unwrap_or(0)
+    };
+    Some(MountedThread {
+        virtual_tid,
+        continuation,
+    })
+}
+
+/// The id (`Thread.tid`) of the virtual thread mounted on the carrier `thread` (a
+/// `JavaThread*`): `Some(None)` when the carrier runs as itself, `None` when the JVM's layout
+/// lacks the fields or the thread's objects cannot be read.
+#[inline(always)]
+pub fn mounted_virtual_tid<M: UserMemory>(
+    hs: &HotspotProc,
+    memory: &M,
+    thread: u64,
+) -> Option<Option<u64>> {
     let layout = &hs.frozen;
     if layout.java_thread_vthread == 0 || layout.java_thread_thread_obj == 0 {
         return None;
@@ -40,23 +63,12 @@ pub fn mounted_thread<M: UserMemory>(
     };
     let current = object_of(layout.java_thread_vthread)?;
     let carrier = object_of(layout.java_thread_thread_obj)?;
-    let entry = read_u64(memory, thread + layout.java_thread_cont_entry as u64).unwrap_or(0);
-    let continuation = if entry == 0 {
-        0
-    } else {
-        read_u64(memory, entry + ENTRY_CONT).unwrap_or(0)
-    };
+    if current == 0 || carrier == 0 || layout.thread_tid == 0 {
+        return Some(None);
+    }
     // Told apart by their ids, not their addresses: single-generation ZGC's references to one
     // object differ by their colour.
     let tid_of = |object: u64| read_u64(memory, object + layout.thread_tid as u64).ok();
-    let virtual_tid = if current != 0 && carrier != 0 && layout.thread_tid != 0 {
-        let tid = tid_of(current)?;
-        (tid != tid_of(carrier)?).then_some(tid)
-    } else {
-        None
-    };
-    Some(MountedThread {
-        virtual_tid,
-        continuation,
-    })
+    let tid = tid_of(current)?;
+    Some((tid != tid_of(carrier)?).then_some(tid))
 }

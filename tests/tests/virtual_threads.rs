@@ -57,6 +57,15 @@ struct Figures {
     /// In `alphaWork` and in `betaWork`.
     alpha_work: i64,
     beta_work: i64,
+    /// Of the virtual threads' samples, those run as their carrier, and of the others, those
+    /// without a `virtual_thread_id` label.
+    as_carrier: i64,
+    unlabelled: i64,
+    /// The paths each labelled virtual thread was seen in (bit 0 alpha, bit 1 beta): a virtual
+    /// thread takes one path, so two mean a sample named after another virtual thread.
+    paths_by_id: HashMap<i64, u8>,
+    /// Samples of threads that are no carriers labelled with a virtual thread.
+    labelled_elsewhere: i64,
 }
 
 fn figures(profiles: &[(std::path::PathBuf, proto::Profile)]) -> Figures {
@@ -72,11 +81,26 @@ fn figures(profiles: &[(std::path::PathBuf, proto::Profile)]) -> Figures {
                     .count()
             };
             let (alpha, beta) = (has("alphaStep"), has("betaStep"));
+            let id = num_label(profile, sample, "virtual_thread_id");
             if !alpha && !beta {
+                let carrier = label(profile, sample, "thread_name")
+                    .is_some_and(|name| name.starts_with("ForkJoi"));
+                if id.is_some() && !carrier {
+                    figures.labelled_elsewhere += count(sample);
+                }
                 continue;
             }
             let count = count(sample);
             figures.samples += count;
+            if runs_as_carrier(&names) {
+                figures.as_carrier += count;
+            } else if id.is_none() {
+                figures.unlabelled += count;
+            }
+            if let Some(id) = id {
+                *figures.paths_by_id.entry(id).or_default() |=
+                    u8::from(alpha) | u8::from(beta) << 1;
+            }
             if alpha && beta {
                 figures.mixed += count;
             }
@@ -93,6 +117,15 @@ fn figures(profiles: &[(std::path::PathBuf, proto::Profile)]) -> Figures {
         }
     }
     figures
+}
+
+/// Whether a virtual thread's stack runs as its carrier there: JDK 21 schedules and cancels a
+/// timed park's wake-up with the carrier current (`switchToCarrierThread`), so
+/// `Thread.currentThread()` is the carrier, and so is the thread a sample there is labelled with.
+fn runs_as_carrier(names: &[String]) -> bool {
+    names.iter().any(|n| {
+        n == "java.lang.VirtualThread.scheduleUnpark" || n == "java.lang.VirtualThread.cancel"
+    })
 }
 
 /// The alpha threads' share of the rounds, from the workload's results file.
@@ -151,11 +184,14 @@ fn mounted_virtual_threads_are_walked_whole_to_their_root() {
     }
     let mut jvms = start_jvms(&classes, dir.path(), &runs);
     let out = dir.path().join("profiles");
+    let config = dir.path().join("profiler.toml");
+    std::fs::write(&config, "virtual_thread_ids = true\n").expect("config written");
     let run = DaemonRun::new()
         .pids(jvms.iter().map(|jvm| jvm.workload.pid()))
         .frequency(FREQUENCY)
         .duration(DAEMON_SECONDS)
         .no_stream()
+        .config(&config)
         .output(&out)
         .run(Duration::from_secs(DAEMON_SECONDS + 60));
 
@@ -175,6 +211,29 @@ fn mounted_virtual_threads_are_walked_whole_to_their_root() {
         let worked = (figures.alpha_work + figures.beta_work).max(1) as f64;
         let ours = figures.alpha_work as f64 / worked;
         let rooted = figures.rooted_whole as f64 / figures.samples.max(1) as f64;
+        let own = (figures.samples - figures.as_carrier).max(1) as f64;
+        let labelled = 1.0 - figures.unlabelled as f64 / own;
+        let ids_on_both_paths = figures.paths_by_id.values().filter(|p| **p == 3).count();
+        eprintln!(
+            "{label}: {:.2}% labelled with a virtual_thread_id ({} run as the carrier), {} ids ({ids_on_both_paths} on both paths), {} samples of other threads labelled",
+            100.0 * labelled,
+            figures.as_carrier,
+            figures.paths_by_id.len(),
+            figures.labelled_elsewhere,
+        );
+        // Every virtual thread but the few the window's samples miss.
+        if labelled < ROOTED_TARGET
+            || figures.paths_by_id.len() < 30
+            || ids_on_both_paths != 0
+            || figures.labelled_elsewhere != 0
+        {
+            failures.push(format!(
+                "{label}: virtual_thread_id on {:.2}% of the samples, {} ids, {ids_on_both_paths} on both paths, {} samples of other threads labelled",
+                100.0 * labelled,
+                figures.paths_by_id.len(),
+                figures.labelled_elsewhere
+            ));
+        }
         eprintln!(
             "{label}: {} virtual-thread samples, {:.2}% rooted at VirtualThread.run through all {DEPTH} frames, {} mixing the paths; alpha share {:.1}% (workload: {:.1}%)",
             figures.samples,
@@ -285,11 +344,14 @@ fn pinned_waits_and_allocations_carry_the_virtual_threads_whole_stack() {
     let jvm = start_java_with_args(&jdk(21), &classes, "VirtualPinned", &[], &["20"])
         .expect("JVM starts");
     let out = dir.path().join("profiles");
+    let config = dir.path().join("profiler.toml");
+    std::fs::write(&config, "virtual_thread_ids = true\n").expect("config written");
     DaemonRun::new()
         .pid(jvm.pid())
         .frequency(FREQUENCY)
         .duration(14)
         .no_stream()
+        .config(&config)
         .output(&out)
         .arg("--off-cpu")
         .arg("--lock=1ms")
@@ -303,7 +365,7 @@ fn pinned_waits_and_allocations_carry_the_virtual_threads_whole_stack() {
         ("mutex-", "VirtualPinned.pinnedSite"),
         ("alloc-", "VirtualPinned.allocSite"),
     ] {
-        let (mut samples, mut rooted) = (0, 0);
+        let (mut samples, mut rooted, mut with_id) = (0, 0, 0);
         for (_, profile) in profiles
             .iter()
             .filter(|(path, _)| file_name(path).starts_with(kind))
@@ -314,6 +376,10 @@ fn pinned_waits_and_allocations_carry_the_virtual_threads_whole_stack() {
                     continue;
                 }
                 samples += 1;
+                let as_carrier = runs_as_carrier(&names);
+                with_id += usize::from(
+                    as_carrier || num_label(profile, sample, "virtual_thread_id").is_some(),
+                );
                 let depth = names
                     .iter()
                     .filter(|n| *n == "VirtualPinned.descend")
@@ -324,10 +390,13 @@ fn pinned_waits_and_allocations_carry_the_virtual_threads_whole_stack() {
                 }
             }
         }
-        eprintln!("JDK 21 {kind}: {rooted} of {samples} stacks at {site} rooted at VirtualThread.run through all 60 frames");
-        if samples < 5 || (rooted as f64) < ROOTED_TARGET * samples as f64 {
+        eprintln!("JDK 21 {kind}: {rooted} of {samples} stacks at {site} rooted at VirtualThread.run through all 60 frames, {with_id} with a virtual_thread_id");
+        if samples < 5
+            || (rooted as f64) < ROOTED_TARGET * samples as f64
+            || (with_id as f64) < ROOTED_TARGET * samples as f64
+        {
             failures.push(format!(
-                "{kind}: {rooted} of {samples} stacks at {site} whole"
+                "{kind}: {rooted} of {samples} stacks at {site} whole, {with_id} labelled"
             ));
         }
     }
@@ -386,12 +455,21 @@ fn waits_of_unmounted_virtual_threads_are_profiled_per_site() {
         })
         .collect();
     let out = dir.path().join("profiles");
+    let config = dir.path().join("profiler.toml");
+    // Labelled with their virtual threads' ids, every sampled wait of a virtual thread per task
+    // is a stack of its own: room for them all.
+    std::fs::write(
+        &config,
+        "virtual_thread_ids = true\nstack_memory_mib = 1024\n",
+    )
+    .expect("config written");
     // Longer than the workloads: every wait they measure ends while the daemon runs.
     DaemonRun::new()
         .pids(jvms.iter().map(|(_, workload, _)| workload.pid()))
         .frequency(FREQUENCY)
         .duration(seconds + 8)
         .no_stream()
+        .config(&config)
         .output(&out)
         .arg("--off-cpu")
         .arg("--lock=0")
@@ -448,19 +526,29 @@ fn waits_of_unmounted_virtual_threads_are_profiled_per_site() {
                 ));
             }
         }
-        // The off-CPU profile has them too, labelled as unmounted.
-        let unmounted = profiles
+        // The off-CPU profile has them too, labelled as unmounted, and with the virtual
+        // thread's id.
+        let (mut unmounted, mut with_id) = (0, 0);
+        for (_, profile) in profiles
             .iter()
             .filter(|(path, _)| file_name(path).starts_with("offcpu-"))
-            .flat_map(|(_, profile)| {
-                profile
-                    .sample
-                    .iter()
-                    .filter(move |sample| label(profile, sample, "state") == Some("unmounted"))
-            })
-            .count();
+        {
+            for sample in &profile.sample {
+                if label(profile, sample, "state") == Some("unmounted") {
+                    unmounted += 1;
+                    with_id +=
+                        usize::from(num_label(profile, sample, "virtual_thread_id").is_some());
+                }
+            }
+        }
+        eprintln!("JDK {major}: {with_id} of {unmounted} unmounted off-CPU stacks with a virtual_thread_id");
         if unmounted == 0 {
             failures.push(format!("JDK {major}: no off-CPU sample labelled unmounted"));
+        }
+        if (with_id as f64) < ROOTED_TARGET * unmounted as f64 {
+            failures.push(format!(
+                "JDK {major}: {with_id} of {unmounted} unmounted stacks with a virtual_thread_id"
+            ));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -101,6 +101,8 @@ pub(super) struct Outbox {
 /// What the loop folds and how much memory its stacks may take.
 pub(super) struct LoopSettings {
     pub(super) max_stacks_per_interval: usize,
+    /// Stacks of virtual threads kept apart per virtual thread.
+    pub(super) virtual_thread_ids: bool,
     pub(super) stack_memory_bytes: usize,
     pub(super) off_cpu: Option<OffCpuConfig>,
     pub(super) lock: Option<LockConfig>,
@@ -394,7 +396,10 @@ struct Alloc {
 impl Folds {
     fn new(settings: &LoopSettings, memory: &SharedStackMemory) -> Self {
         let max_stacks = settings.max_stacks_per_interval;
-        let aggregator = |kind| Aggregator::sharing(kind, max_stacks, memory.clone());
+        let keep_ids = settings.virtual_thread_ids;
+        let aggregator = |kind| {
+            Aggregator::sharing(kind, max_stacks, memory.clone()).keeping_virtual_threads(keep_ids)
+        };
         let (off_cpu, lock) = (settings.off_cpu, settings.lock);
         Self {
             cpu: aggregator(ProfileKind::Cpu),
@@ -402,7 +407,10 @@ impl Folds {
                 joiner: OffCpuJoiner::new(off_cpu.map_or(0, |o| o.min_wait.as_nanos() as u64)),
                 aggregator: aggregator(ProfileKind::OffCpu),
                 write_profiles: off_cpu.is_some(),
-                lock: lock.map(|lock| LockAggregators::sharing(lock, max_stacks, memory.clone())),
+                lock: lock.map(|lock| {
+                    LockAggregators::sharing(lock, max_stacks, memory.clone())
+                        .keeping_virtual_threads(keep_ids)
+                }),
             }),
             alloc: settings.alloc.map(|config| Alloc {
                 config,

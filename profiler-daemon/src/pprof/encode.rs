@@ -286,6 +286,13 @@ impl Tables {
                 ..Default::default()
             },
         ]);
+        if let Some(id) = thread.virtual_thread {
+            labels.push(proto::Label {
+                key: self.string("virtual_thread_id"),
+                num: i64::try_from(id).unwrap_or(i64::MAX),
+                ..Default::default()
+            });
+        }
         if let Some(wait) = sample.wait {
             labels.push(self.text_label("state", wait.task_state));
             if let Some(java_state) = wait.java_state {
@@ -365,6 +372,35 @@ mod tests {
     }
 
     #[test]
+    fn a_virtual_thread_s_sample_carries_its_id() {
+        let mut profile = java_profile();
+        let carrier = profile.add_thread(crate::profile_model::SampleThread {
+            tid: 44,
+            name: "ForkJoinPool-1-worker-1".into(),
+            source: crate::profile_model::NameSource::Comm,
+            virtual_thread: Some(9_001),
+        });
+        let mut mounted = profile.samples[0].clone();
+        mounted.thread = Some(carrier);
+        profile.samples.push(mounted);
+        let encoded = encode(&profile, true);
+        let s = |i: i64| encoded.string_table[i as usize].as_str();
+        let ids: Vec<Option<i64>> = encoded
+            .sample
+            .iter()
+            .map(|sample| {
+                let id = sample
+                    .label
+                    .iter()
+                    .find(|l| s(l.key) == "virtual_thread_id");
+                id.map(|l| l.num)
+            })
+            .collect();
+        // The platform thread's sample has none.
+        assert_eq!(ids, [None, Some(9_001)]);
+    }
+
+    #[test]
     fn suffixes_follow_each_line_s_kind_and_the_setting() {
         let profile = java_profile();
         assert_eq!(
@@ -425,6 +461,7 @@ mod tests {
             tid: 43,
             name: "worker-2".into(),
             source: crate::profile_model::NameSource::Comm,
+            virtual_thread: None,
         });
         let mut on_43 = profile.samples[0].clone();
         on_43.thread = Some(thread);

@@ -310,7 +310,10 @@ mod tests {
             ("ForkJoinPool-1-worker-2".into(), NameSource::Sidecar)
         );
         // As JDK 26 names it (seen on a live JVM).
-        assert_eq!(names.name_of(4, "\u{e9}-unic..\u{e4}\u{e4}\u{e4}").1, NameSource::Sidecar);
+        assert_eq!(
+            names.name_of(4, "\u{e9}-unic..\u{e4}\u{e4}\u{e4}").1,
+            NameSource::Sidecar
+        );
         // Another thread's abbreviation does not.
         assert_eq!(names.name_of(3, "ForkJoi..rker-3").1, NameSource::Comm);
         // Nor does a name exactly 15 bytes long abbreviated (HotSpot keeps those whole).
