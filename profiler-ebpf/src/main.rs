@@ -552,7 +552,7 @@ impl FrameSink for RecordFrames<'_> {
             return false;
         }
         // SAFETY: `offset` is bounds-checked against the frame area above, and 8-aligned like
-        // the frame area itself (after the 56-byte header of an 8-aligned map value): stored
+        // the frame area itself (after the 64-byte header of an 8-aligned map value): stored
         // as three words, where an unaligned store was 24 byte stores.
         unsafe {
             let slot = self.record.frames.as_mut_ptr().add(offset) as *mut UserFrame;
