@@ -120,6 +120,7 @@ fn generate(dir: &Path, start: SystemTime) -> (usize, u64) {
                     tid,
                     name: format!("http-nio-8080-exec-{}", tid - pid),
                     source: NameSource::Sidecar,
+                    virtual_thread: None,
                 });
                 let count = 1 + random.below(3) as i64;
                 profile.samples.push(Sample {
