@@ -25,9 +25,15 @@ pub fn string_at(profile: &proto::Profile, index: i64) -> &str {
         .map_or("", String::as_str)
 }
 
-/// Encodes and gzips a profile.
+/// Encodes and gzips a profile, at level 3: the daemon compresses every JVM's profiles every
+/// interval. Measured on 16 profiles of 4 JVMs (2.5 MB encoded), against the default level 6:
+/// level 3 takes 0.53 of its time for 12% more bytes; level 1 (Go's profile writer's) 0.29 for
+/// 35% more, level 2 0.44 for 18% more.
+const GZIP_LEVEL: u32 = 3;
+
+/// Encodes and gzips a profile (see [`GZIP_LEVEL`]).
 pub fn encode_gzipped(profile: &proto::Profile) -> std::io::Result<Vec<u8>> {
-    let mut encoder = GzEncoder::new(Vec::new(), Compression::default());
+    let mut encoder = GzEncoder::new(Vec::new(), Compression::new(GZIP_LEVEL));
     encoder.write_all(&profile.encode_to_vec())?;
     encoder.finish()
 }
