@@ -391,6 +391,8 @@ pub(crate) fn fill_record(
         None => {
             walk.frames = 0;
             walk.end = UnwindEnd::NoUserContext as u8;
+            // The slot's layout is an earlier walk's, of another process maybe: not this one's.
+            walk.is_jvm = 0;
         }
     }
 
