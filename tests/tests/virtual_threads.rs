@@ -8,7 +8,9 @@
 //! - reach `java.lang.VirtualThread.run`, their root by default (`virtual_threads =
 //!   "logical"`), in >= 99% of the samples, through all 120 recursive frames;
 //! - never mix the two paths (a frame of another virtual thread named in a sample);
-//! - split between the paths as the threads' own rounds do, within the samples' noise.
+//! - split between the paths as the threads' own rounds do, within the samples' noise;
+//! - with `virtual_thread_ids = true`, carry their virtual thread's id (>= 99%, but where JDK 21
+//!   runs them as the carrier), no id on both paths, none on a platform thread's sample.
 //!
 //! Then once more on one JDK with `virtual_threads = "carrier"`: the stacks go on under
 //! `[carrier <thread name>]` down to the carrier's `ForkJoinWorkerThread.run`. And on JDK 21,
@@ -19,7 +21,7 @@
 //! sleeping, contending for a `ReentrantLock` and for a monitor; JDK 21, 25, 27, and 25 with a
 //! virtual thread per round): per site, the `block` and `mutex` profiles' wait time within 15%
 //! of the workload's own measure, >= 99% of the stacks whole, and off-CPU samples labelled
-//! `state="unmounted"`.
+//! `state="unmounted"` and with their virtual thread's id.
 
 use std::collections::HashMap;
 use std::path::Path;
