@@ -186,8 +186,7 @@ fn mounted_virtual_threads_are_walked_whole_to_their_root() {
     }
     let mut jvms = start_jvms(&classes, dir.path(), &runs);
     let out = dir.path().join("profiles");
-    let config = dir.path().join("profiler.toml");
-    std::fs::write(&config, "virtual_thread_ids = true\n").expect("config written");
+    let config = config_file(dir.path(), "virtual_thread_ids = true\n");
     let run = DaemonRun::new()
         .pids(jvms.iter().map(|jvm| jvm.workload.pid()))
         .frequency(FREQUENCY)
@@ -287,8 +286,7 @@ fn carrier_mode_keeps_the_carrier_under_a_named_frame() {
     let major = major_of_the_day(&MAJORS);
     let mut jvms = start_jvms(&classes, dir.path(), &[(major, &[])]);
     let jvm = &mut jvms[0];
-    let config = dir.path().join("profiler.toml");
-    std::fs::write(&config, "virtual_threads = \"carrier\"\n").expect("config written");
+    let config = config_file(dir.path(), "virtual_threads = \"carrier\"\n");
     let out = dir.path().join("profiles");
     DaemonRun::new()
         .pid(jvm.workload.pid())
@@ -346,8 +344,7 @@ fn pinned_waits_and_allocations_carry_the_virtual_threads_whole_stack() {
     let jvm = start_java_with_args(&jdk(21), &classes, "VirtualPinned", &[], &["20"])
         .expect("JVM starts");
     let out = dir.path().join("profiles");
-    let config = dir.path().join("profiler.toml");
-    std::fs::write(&config, "virtual_thread_ids = true\n").expect("config written");
+    let config = config_file(dir.path(), "virtual_thread_ids = true\n");
     DaemonRun::new()
         .pid(jvm.pid())
         .frequency(FREQUENCY)
@@ -405,6 +402,13 @@ fn pinned_waits_and_allocations_carry_the_virtual_threads_whole_stack() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// A daemon configuration file in `dir` holding `text`.
+fn config_file(dir: &Path, text: &str) -> std::path::PathBuf {
+    let config = dir.join("profiler.toml");
+    std::fs::write(&config, text).expect("config written");
+    config
+}
+
 fn file_name(path: &Path) -> &str {
     path.file_name().and_then(|n| n.to_str()).unwrap_or("")
 }
@@ -457,14 +461,12 @@ fn waits_of_unmounted_virtual_threads_are_profiled_per_site() {
         })
         .collect();
     let out = dir.path().join("profiles");
-    let config = dir.path().join("profiler.toml");
     // Labelled with their virtual threads' ids, every sampled wait of a virtual thread per task
     // is a stack of its own: room for them all.
-    std::fs::write(
-        &config,
+    let config = config_file(
+        dir.path(),
         "virtual_thread_ids = true\nstack_memory_mib = 1024\n",
-    )
-    .expect("config written");
+    );
     // Longer than the workloads: every wait they measure ends while the daemon runs.
     DaemonRun::new()
         .pids(jvms.iter().map(|(_, workload, _)| workload.pid()))

@@ -371,18 +371,29 @@ mod tests {
         );
     }
 
+    /// The profile's first sample once more, on thread `tid` named `name` (which ran the
+    /// virtual thread `virtual_thread`).
+    fn again_on(
+        profile: &mut SymbolizedProfile,
+        tid: u32,
+        name: &str,
+        virtual_thread: Option<u64>,
+    ) {
+        let thread = profile.add_thread(crate::profile_model::SampleThread {
+            tid,
+            name: name.into(),
+            source: crate::profile_model::NameSource::Comm,
+            virtual_thread,
+        });
+        let mut again = profile.samples[0].clone();
+        again.thread = Some(thread);
+        profile.samples.push(again);
+    }
+
     #[test]
     fn a_virtual_thread_s_sample_carries_its_id() {
         let mut profile = java_profile();
-        let carrier = profile.add_thread(crate::profile_model::SampleThread {
-            tid: 44,
-            name: "ForkJoinPool-1-worker-1".into(),
-            source: crate::profile_model::NameSource::Comm,
-            virtual_thread: Some(9_001),
-        });
-        let mut mounted = profile.samples[0].clone();
-        mounted.thread = Some(carrier);
-        profile.samples.push(mounted);
+        again_on(&mut profile, 44, "ForkJoinPool-1-worker-1", Some(9_001));
         let encoded = encode(&profile, true);
         let s = |i: i64| encoded.string_table[i as usize].as_str();
         let ids: Vec<Option<i64>> = encoded
@@ -457,15 +468,7 @@ mod tests {
         use crate::thread_roots::ThreadRoots;
 
         let mut profile = java_profile();
-        let thread = profile.add_thread(crate::profile_model::SampleThread {
-            tid: 43,
-            name: "worker-2".into(),
-            source: crate::profile_model::NameSource::Comm,
-            virtual_thread: None,
-        });
-        let mut on_43 = profile.samples[0].clone();
-        on_43.thread = Some(thread);
-        profile.samples.push(on_43);
+        again_on(&mut profile, 43, "worker-2", None);
         let base = encode(&profile, true);
         for roots in [ThreadRoots::Merged, ThreadRoots::Pool, ThreadRoots::Thread] {
             let variant = remote_variant(&profile, roots);
