@@ -5,6 +5,12 @@
 //! directory, owned by the JVM's user). Rotation writes `records.next`, then renames it over
 //! `records`: readers see either the whole old generation or a new file whose header has the
 //! next generation number, never a half-written header.
+//!
+//! A JVM killed with SIGKILL leaves its directory behind, and pids are reused: the next JVM
+//! with that pid takes over a directory of its own user, but one of another user (left over, or
+//! planted to keep the agent out) cannot be used. The agent then writes into a fresh
+//! `/tmp/.jvm-profiler-<nspid>-<random>` ([`fallback_dir_prefix`]), which nobody can plant in
+//! advance; the daemon finds it by its prefix and owner.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read as _, Seek as _, SeekFrom, Write as _};
@@ -26,6 +32,11 @@ const MIN_REPLAY_ROOM: u64 = 16 << 20;
 /// that namespace. The daemon prefixes `/proc/PID/root`.
 pub fn records_dir(nspid: u32) -> PathBuf {
     PathBuf::from(format!("/tmp/.jvm-profiler-{nspid}"))
+}
+
+/// The name (below `/tmp`) every fallback records directory of `nspid` starts with.
+pub fn fallback_dir_prefix(nspid: u32) -> String {
+    format!(".jvm-profiler-{nspid}-")
 }
 
 /// The agent's side: appends encoded records, one `write(2)` each.
@@ -124,6 +135,37 @@ impl Writer {
         remove_records(&self.dir);
     }
 
+    /// Creates the records of the JVM whose pid (in its namespace) is `pid`: in
+    /// [`records_dir`], or, when another user owns that path, in a fresh fallback directory.
+    pub fn create_for_pid(pid: u32, started_ns: u64, max_bytes: u64) -> io::Result<Self> {
+        let default = records_dir(pid);
+        match Self::create(&default, pid, started_ns, max_bytes) {
+            Err(err) if err.kind() == io::ErrorKind::PermissionDenied => {
+                let mut last = err;
+                // A few names, in case one is taken: each is 64 random bits.
+                for _ in 0..4 {
+                    let dir = PathBuf::from("/tmp").join(format!(
+                        "{}{:016x}",
+                        fallback_dir_prefix(pid),
+                        random_u64()?
+                    ));
+                    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                        Ok(()) => return Self::create(&dir, pid, started_ns, max_bytes),
+                        Err(err) => last = err,
+                    }
+                }
+                Err(io::Error::new(
+                    last.kind(),
+                    format!(
+                        "{} is another user's, and no fallback: {last}",
+                        default.display()
+                    ),
+                ))
+            }
+            other => other,
+        }
+    }
+
     /// The records directory this writer writes into.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -136,6 +178,16 @@ pub fn remove_records(dir: &Path) {
     let _ = std::fs::remove_file(dir.join(RECORDS_FILE));
     let _ = std::fs::remove_file(dir.join(NEXT_FILE));
     let _ = std::fs::remove_dir(dir);
+}
+
+fn random_u64() -> io::Result<u64> {
+    let mut bytes = [0u8; 8];
+    // SAFETY: the buffer is valid for its length.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n != bytes.len() as isize {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u64::from_ne_bytes(bytes))
 }
 
 /// Makes `dir` a private directory of ours; refuses one someone else planted (e.g. a symlink

@@ -349,16 +349,17 @@ fn prepare(jvmti: &Jvmti, options: &Options) -> Result<(Writer, version::JvmVers
 
     // SAFETY: getpid has no preconditions; inside the JVM's pid namespace it is the nspid.
     let pid = unsafe { libc::getpid() } as u32;
-    let dir = options
-        .dir
-        .clone()
-        .unwrap_or_else(|| channel::records_dir(pid));
     let started_ns = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
-    let writer = Writer::create(&dir, pid, started_ns, options.max_bytes)
-        .map_err(|err| format!("{}: {err}", dir.display()))?;
+    let writer = match &options.dir {
+        Some(dir) => Writer::create(dir, pid, started_ns, options.max_bytes)
+            .map_err(|err| format!("{}: {err}", dir.display()))?,
+        // The daemon's place, or a fallback of ours when another user holds it.
+        None => Writer::create_for_pid(pid, started_ns, options.max_bytes)
+            .map_err(|err| format!("records: {err}"))?,
+    };
     Ok((writer, jvm))
 }
 

@@ -13,11 +13,13 @@ use std::time::Duration;
 use anyhow::{bail, Context as _, Result};
 use profiler_daemon::pprof::{decode, proto};
 
+pub mod agent_records;
 pub mod background;
 pub mod cgroup;
 pub mod cpu_quota;
 pub mod daemon_run;
 pub mod frame_checks;
+pub use agent_records::{agent_records_dirs, agent_records_file, remove_agent_records_dirs};
 pub use daemon_run::DaemonRun;
 pub use measured_truth::{whole_intervals, MeasuringJvm, Totals, Window};
 pub mod hostile;

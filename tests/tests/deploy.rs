@@ -733,7 +733,7 @@ fn container_image_profiles_a_jvm_on_the_host() {
         String::from_utf8_lossy(&attach.stderr)
     );
     assert!(attach.status.success(), "attach from the image failed");
-    let records = PathBuf::from(format!("/tmp/.jvm-profiler-{}/records", jvm.pid()));
+    let records = agent_records_file(jvm.pid());
     assert!(
         records.exists(),
         "no agent records at {}",

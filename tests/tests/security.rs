@@ -212,6 +212,8 @@ fn hostile_records_files_never_stall_profiling() {
     let mut planted = Vec::new();
     for (jvm, kind) in jvms.iter().zip(["fifo", "dev_zero", "sparse"]) {
         let records_dir = PathBuf::from(format!("/tmp/.jvm-profiler-{}", jvm.pid()));
+        // A dead JVM with this pid may have left its directory (pids are reused).
+        remove_agent_records_dirs(jvm.pid());
         std::fs::create_dir(&records_dir).expect("records dir");
         let records = records_dir.join("records");
         match kind {

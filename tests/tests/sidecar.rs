@@ -2,7 +2,8 @@
 //! into a running JVM, in the host namespace and in a mount namespace with a private /tmp; the
 //! agent's records decode and name an inlined chain with its source lines; a JVM started with
 //! -XX:+DisableAttachMechanism is refused with a clear message and keeps running; `attach =
-//! "auto"` loads the agent (unless denied), and a thread that ran before it is named in full;
+//! "auto"` loads the agent (unless denied), into a fallback directory when another user holds
+//! the JVM's pid's, and a thread that ran before it is named in full;
 //! minutes of class churn with the agent loaded, on every JDK at once and profiled, keep the
 //! JVMs alive and the agent's heap and files bounded; the agent's allocation sampler callback
 //! can take the daemon's uprobe.
@@ -11,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use profiler_jvmti_records::channel::{Reader, Update};
+use profiler_jvmti_records::channel::{Reader, Update, Writer, RECORDS_FILE};
 use profiler_jvmti_records::record::{AgentStats, CompiledMethod, Record};
 use profiler_tests::*;
 
@@ -178,10 +179,7 @@ fn the_sidecar_attaches_to_a_running_jvm_and_records_inline_chains_on_every_jdk(
             String::from_utf8_lossy(&output.stderr)
         );
         let millis = attach_millis(&stdout);
-        let records = PathBuf::from(format!(
-            "/proc/{0}/root/tmp/.jvm-profiler-{0}/records",
-            jvm.pid()
-        ));
+        let records = agent_records_file(jvm.pid());
         let seen = wait_for_inline_chain(
             &records,
             jdk.agent_reads_method_ptrs(),
@@ -513,6 +511,7 @@ fn attach_auto_loads_the_agent_unless_denied() {
             let thread_name = format!("-Dspin.thread={POOL_THREAD}");
             start_java(&jdk, &classes, "Spin", &[&thread_name]).expect("JVM starts")
         };
+        let jvm_pid = jvm.pid();
         let config = dir.path().join(format!("config-{deny}.toml"));
         let deny_list = if deny {
             r#"["Workloads"]"#
@@ -526,7 +525,23 @@ fn attach_auto_loads_the_agent_unless_denied() {
         .expect("config");
         let out = dir.path().join(format!("profiles-{deny}"));
         // An earlier JVM with this pid (pids are reused) may have left its agent's records.
-        let _ = std::fs::remove_dir_all(format!("/tmp/.jvm-profiler-{}", jvm.pid()));
+        remove_agent_records_dirs(jvm.pid());
+        // The attached JVM's pid is held by another user's directory, with a dead JVM's
+        // records in it: the agent writes into a fallback, and the daemon finds it.
+        let squatted = PathBuf::from(format!("/tmp/.jvm-profiler-{}", jvm.pid()));
+        if !deny {
+            let started_ns = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_nanos() as u64
+                - 3_600_000_000_000;
+            let theirs = Writer::create(&squatted, jvm.pid(), started_ns, 1 << 20)
+                .expect("a dead JVM's records");
+            drop(theirs);
+            for path in [squatted.join(RECORDS_FILE), squatted.clone()] {
+                std::os::unix::fs::chown(&path, Some(65534), Some(65534)).expect("chown");
+            }
+        }
         let log = DaemonRun::new()
             .config(&config)
             .pid(jvm.pid())
@@ -535,22 +550,25 @@ fn attach_auto_loads_the_agent_unless_denied() {
             .output(&out)
             .run(Duration::from_secs(60))
             .log;
-        let records = PathBuf::from(format!(
-            "/proc/{0}/root/tmp/.jvm-profiler-{0}/records",
-            jvm.pid()
-        ));
+        let records = agent_records_dirs(jvm.pid());
         if deny {
             assert!(
                 !log.contains("sidecar: agent loaded"),
                 "denied JVM attached"
             );
-            assert!(!records.exists());
+            assert!(records.is_empty(), "{records:?}");
         } else {
             assert!(
                 log.contains("sidecar: agent loaded"),
                 "no attach in the log"
             );
-            assert!(records.exists());
+            let fallback: Vec<_> = records.iter().filter(|dir| **dir != squatted).collect();
+            assert_eq!(fallback.len(), 1, "one fallback directory: {records:?}");
+            assert!(fallback[0].join(RECORDS_FILE).exists());
+            assert!(
+                log.contains("sidecar: the agent writes into a fallback directory"),
+                "the fallback is not logged"
+            );
             assert!(
                 log.contains("java frames named from the sidecar agent's records"),
                 "the sidecar was not used"
@@ -576,7 +594,19 @@ fn attach_auto_loads_the_agent_unless_denied() {
                 "the pool thread that ran before the attach is named in full"
             );
         }
+        drop(jvm);
+        remove_agent_records_dirs(jvm_pid);
     }
+}
+
+/// The directory of `records` (a path through `/proc/PID/root` of a JVM that shares our /tmp)
+/// as our /tmp names it: still a name once the JVM is gone.
+fn records_dir_in_our_tmp(records: &Path) -> PathBuf {
+    let dir = records
+        .parent()
+        .and_then(Path::file_name)
+        .expect("a records directory");
+    Path::new("/tmp").join(dir)
 }
 
 /// How long the churn soak runs: `PROFILER_SOAK_SECS`, default 2 minutes.
@@ -660,10 +690,7 @@ fn class_churn_with_the_agent_loaded_for_minutes_keeps_jvms_alive_and_agent_memo
                     .arg(&classes)
                     .arg("Churn"),
             );
-            let records = PathBuf::from(format!(
-                "/proc/{0}/root/tmp/.jvm-profiler-{0}/records",
-                jvm.pid()
-            ));
+            let records = agent_records_file(jvm.pid());
             Churning {
                 jdk: jdk.major,
                 jvm,
@@ -789,7 +816,7 @@ fn class_churn_with_the_agent_loaded_for_minutes_keeps_jvms_alive_and_agent_memo
         unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
         let mut jvm = one.jvm;
         jvm.0.wait().expect("JVM exits");
-        let own_tmp_dir = PathBuf::from(format!("/tmp/.jvm-profiler-{pid}"));
+        let own_tmp_dir = records_dir_in_our_tmp(&one.records);
         assert!(
             !own_tmp_dir.exists(),
             "JDK {}: the agent left {} behind",
@@ -866,7 +893,7 @@ fn an_agent_on_an_unknown_jvm_version_reads_no_method_ptrs_and_frames_are_named_
     }
 
     fn records_of(pid: u32) -> PathBuf {
-        PathBuf::from(format!("/proc/{pid}/root/tmp/.jvm-profiler-{pid}/records"))
+        agent_records_file(pid)
     }
 
     /// Waits until the records hold a status and a compiled method of the workload's hot chain.
@@ -1027,10 +1054,10 @@ fn an_agent_on_an_unknown_jvm_version_reads_no_method_ptrs_and_frames_are_named_
     /// thread).
     fn exits_cleanly(jdk: &Jdk, what: &str, mut jvm: Workload) {
         let pid = jvm.pid();
+        let own_tmp_dir = records_dir_in_our_tmp(&agent_records_file(pid));
         // SAFETY: plain kill(2) on our child.
         unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
         jvm.0.wait().expect("JVM exits");
-        let own_tmp_dir = PathBuf::from(format!("/tmp/.jvm-profiler-{pid}"));
         assert!(
             !own_tmp_dir.exists(),
             "JDK {} ({what} version): the agent left {} behind",

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use profiler_jvmti_records::channel::{ReadError, Reader, Update};
 use profiler_jvmti_records::record::{self, AgentStats, Record};
 
+use super::records_location::RecordsLocation;
 use crate::java_names::{internal_of_signature, MethodInfo, RecordedNmethod};
-use crate::untrusted::{self, Refused};
+use crate::untrusted::Refused;
 
 const REFRESH_EVERY: Duration = Duration::from_millis(250);
 /// Until a records file shows up (most JVMs never load the agent), look less often: each look
@@ -71,26 +72,11 @@ impl SidecarIndex {
     /// For host pid `pid`, whose pid in its own namespace is `nspid` and whose effective uid
     /// (the owner the agent's files must have) is `euid`.
     pub fn new(pid: u32, nspid: u32, euid: u32) -> Self {
-        let inside = profiler_jvmti_records::channel::records_dir(nspid)
-            .join(profiler_jvmti_records::channel::RECORDS_FILE);
-        let below_tmp = inside.strip_prefix("/tmp").unwrap_or(&inside).to_path_buf();
         let description = std::path::Path::new(&format!("/proc/{pid}/root"))
-            .join(inside.strip_prefix("/").unwrap_or(&inside));
+            .join(format!("tmp/.jvm-profiler-{nspid}[-*]/records"));
         let max = profiler_jvmti_records::channel::DEFAULT_MAX_GENERATION_BYTES;
-        // The JVM's user owns the directory: open the file without following anything it
-        // could plant there, and never wait on it.
-        let open = move || match untrusted::open_in_tmp(
-            pid,
-            &below_tmp,
-            untrusted::Expect {
-                owner: Some(euid),
-                max_size: max,
-            },
-        ) {
-            Ok(file) => Ok(Some(file)),
-            Err(Refused::NotFound) => Ok(None),
-            Err(refused) => Err(std::io::Error::other(refused)),
-        };
+        let mut location = RecordsLocation::new(pid, nspid, euid);
+        let open = move || location.open(max).map_err(std::io::Error::other);
         Self {
             reader: Reader::with_opener(description, Box::new(open), max),
             nmethods: HashMap::new(),

@@ -14,14 +14,14 @@
 //! `-agentpath:` or an earlier attach) are left alone.
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::attach::{NotTheJvmsSocket, Target};
+use super::records_location::RecordsLocation;
 use crate::config_error::{invalid, ConfigError};
-use crate::untrusted;
 
 /// Attaches running at once.
 const MAX_IN_FLIGHT: usize = 2;
@@ -187,18 +187,14 @@ impl Retries {
 }
 
 /// Whether the JVM's agent already writes its records (`-agentpath`, or an earlier attach): a
-/// regular file of the JVM's user at its records path. Looked for as the records are read
-/// (`untrusted::open_in_tmp`): a link, FIFO or file of another user planted there does not
-/// count, and nothing there can make the look block.
+/// regular file of the JVM's user at its records path, written by an agent of this process (not
+/// left by a dead process with the same pid). Looked for as the records are read
+/// ([`RecordsLocation`]): a link, FIFO or file of another user planted there does not count, and
+/// nothing there can make the look block.
 fn agent_records_present(target: &Target) -> bool {
-    let records = profiler_jvmti_records::channel::records_dir(target.nspid)
-        .join(profiler_jvmti_records::channel::RECORDS_FILE);
-    let below_tmp = records.strip_prefix("/tmp").unwrap_or(&records);
-    let expect = untrusted::Expect {
-        owner: Some(target.euid),
-        max_size: u64::MAX,
-    };
-    untrusted::open_in_tmp(target.pid, Path::new(below_tmp), expect).is_ok()
+    RecordsLocation::new(target.pid, target.nspid, target.euid)
+        .open(u64::MAX)
+        .is_ok_and(|file| file.is_some())
 }
 
 impl Attacher {

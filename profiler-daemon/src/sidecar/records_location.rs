@@ -1,0 +1,297 @@
+//! Finding the records file of one JVM's agent in the JVM's `/tmp`: the directory named after its
+//! pid, or the fallback directory its agent made when another user held that name
+//! (`profiler_jvmti_records::channel`); never the records a dead process with the same pid left
+//! there.
+//!
+//! Pids are reused and a JVM killed with SIGKILL leaves its records behind, so a records file
+//! at the right path may be a previous process's: its header's start time (the agent's) then
+//! predates this process's start, and it is treated as absent.
+
+use std::fs::File;
+use std::os::fd::AsRawFd as _;
+use std::os::unix::ffi::OsStrExt as _;
+use std::os::unix::fs::{FileExt as _, MetadataExt as _};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use profiler_jvmti_records::channel::{fallback_dir_prefix, records_dir, RECORDS_FILE};
+use profiler_jvmti_records::record::{FileHeader, HEADER_LEN};
+
+use crate::untrusted::{self, Refused};
+
+/// A JVM's `/tmp` is listed at most this often, and only while the default path holds
+/// something unusable (a file of another user, or a dead process's records).
+const SCAN_EVERY: Duration = Duration::from_secs(30);
+/// Entries of a `/tmp` looked at per scan: its users can fill it.
+const MAX_SCANNED_ENTRIES: usize = 100_000;
+/// Clock steps the start-time comparison tolerates: records whose agent started more than this
+/// before the process did are a previous process's.
+const START_SLACK: Duration = Duration::from_secs(1);
+
+/// Where one JVM's records are, remembered between looks.
+pub struct RecordsLocation {
+    pid: u32,
+    nspid: u32,
+    euid: u32,
+    /// CLOCK_REALTIME nanoseconds at the process's start (to the clock tick), or 0 if unknown.
+    process_started_ns: u64,
+    /// The fallback directory (below `/tmp`) found by the last scan.
+    fallback: Option<PathBuf>,
+    last_scan: Option<Instant>,
+}
+
+impl RecordsLocation {
+    /// For host pid `pid`, whose pid in its own namespace is `nspid` and whose effective uid
+    /// (the owner the agent's files must have) is `euid`.
+    pub fn new(pid: u32, nspid: u32, euid: u32) -> Self {
+        Self {
+            pid,
+            nspid,
+            euid,
+            process_started_ns: process_started_ns(pid).unwrap_or(0),
+            fallback: None,
+            last_scan: None,
+        }
+    }
+
+    /// The current records file, opened without following anything the JVM's user could plant
+    /// (and never waited on); `Ok(None)` when there is none (yet).
+    pub fn open(&mut self, max_size: u64) -> Result<Option<File>, Refused> {
+        if let Some(dir) = &self.fallback {
+            match self.open_fresh(&dir.join(RECORDS_FILE), max_size) {
+                Ok(Some(file)) => return Ok(Some(file)),
+                _ => self.fallback = None,
+            }
+        }
+        let default = Path::new(
+            records_dir(self.nspid)
+                .strip_prefix("/tmp")
+                .expect("records directories are below /tmp"),
+        )
+        .join(RECORDS_FILE);
+        let unusable = match self.open_fresh(&default, max_size) {
+            Ok(Some(file)) => return Ok(Some(file)),
+            // Most JVMs never load an agent: nothing to look for.
+            Err(Refused::NotFound) => return Ok(None),
+            // A dead process's records.
+            Ok(None) => None,
+            Err(refused) => Some(refused),
+        };
+        let now = Instant::now();
+        if self.last_scan.is_none_or(|last| now >= last + SCAN_EVERY) {
+            self.last_scan = Some(now);
+            self.fallback = self.scan(max_size);
+            if let Some(dir) = &self.fallback {
+                tracing::info!(
+                    pid = self.pid,
+                    dir = %Path::new("/tmp").join(dir).display(),
+                    "sidecar: the agent writes into a fallback directory (its pid's is another \
+                     user's or a dead process's)"
+                );
+                return self.open_fresh(&dir.join(RECORDS_FILE), max_size);
+            }
+        }
+        unusable.map_or(Ok(None), Err)
+    }
+
+    /// Opens `below_tmp` as the JVM user's records file: `Ok(None)` if it is a previous
+    /// process's.
+    fn open_fresh(&self, below_tmp: &Path, max_size: u64) -> Result<Option<File>, Refused> {
+        let file = untrusted::open_in_tmp(
+            self.pid,
+            below_tmp,
+            untrusted::Expect {
+                owner: Some(self.euid),
+                max_size,
+            },
+        )?;
+        Ok(self.is_this_process_s(&file).then_some(file))
+    }
+
+    /// Whether the agent that wrote `file` runs in this process: its header names this pid and
+    /// a start after the process's. A header not (yet) readable counts as this process's: the
+    /// reader reports what is wrong with it.
+    fn is_this_process_s(&self, file: &File) -> bool {
+        let mut bytes = [0u8; HEADER_LEN];
+        let Ok(header) = file
+            .read_exact_at(&mut bytes, 0)
+            .ok()
+            .and_then(|()| FileHeader::decode(&bytes).ok())
+            .ok_or(())
+        else {
+            return true;
+        };
+        header.pid == self.nspid
+            && header
+                .started_ns
+                .saturating_add(START_SLACK.as_nanos() as u64)
+                >= self.process_started_ns
+    }
+
+    /// The newest fallback directory of this JVM's user whose records are this process's.
+    fn scan(&self, max_size: u64) -> Option<PathBuf> {
+        let tmp = untrusted::open_tmp_dir(self.pid).ok()?;
+        // The O_PATH descriptor cannot be listed; its /proc/self/fd link reopens the very
+        // directory (no path lookup in the JVM's namespace).
+        let entries = std::fs::read_dir(format!("/proc/self/fd/{}", tmp.as_raw_fd())).ok()?;
+        let prefix = fallback_dir_prefix(self.nspid);
+        let mut newest: Option<(u64, PathBuf)> = None;
+        for entry in entries.take(MAX_SCANNED_ENTRIES).flatten() {
+            let name = entry.file_name();
+            if !name.as_bytes().starts_with(prefix.as_bytes()) {
+                continue;
+            }
+            // `file_type`/`metadata` of a directory entry do not follow links.
+            let Ok(meta) = entry.metadata() else { continue };
+            if !meta.is_dir() || meta.uid() != self.euid {
+                continue;
+            }
+            let dir = PathBuf::from(&name);
+            let Ok(Some(file)) = self.open_fresh(&dir.join(RECORDS_FILE), max_size) else {
+                continue;
+            };
+            let mut bytes = [0u8; HEADER_LEN];
+            let started = file
+                .read_exact_at(&mut bytes, 0)
+                .ok()
+                .and_then(|()| FileHeader::decode(&bytes).ok())
+                .map_or(0, |header| header.started_ns);
+            if newest.as_ref().is_none_or(|(best, _)| started > *best) {
+                newest = Some((started, dir));
+            }
+        }
+        newest.map(|(_, dir)| dir)
+    }
+}
+
+/// CLOCK_REALTIME nanoseconds at which process `pid` started, to the clock tick.
+fn process_started_ns(pid: u32) -> Option<u64> {
+    let stat = procfs::process::Process::new(pid as i32)
+        .ok()?
+        .stat()
+        .ok()?;
+    let ticks = procfs::ticks_per_second();
+    let since_boot_ns = (stat.starttime as u128 * 1_000_000_000 / ticks as u128) as u64;
+    // Boot time on the wall clock, from two clocks read together (`btime` has whole seconds).
+    let boot_ns = clock_ns(libc::CLOCK_REALTIME)?.checked_sub(clock_ns(libc::CLOCK_BOOTTIME)?)?;
+    Some(boot_ns + since_boot_ns)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> Option<u64> {
+    // SAFETY: all-zero is a valid timespec.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: `ts` is valid for writes.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return None;
+    }
+    Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use profiler_jvmti_records::channel::Writer;
+
+    /// Our own process stands for the JVM, with an nspid no process has, so that its records
+    /// directories are this test's alone (`test` tells the tests apart: they run together).
+    fn location(euid: u32, test: u32) -> RecordsLocation {
+        RecordsLocation::new(
+            std::process::id(),
+            4_100_000 + test * 100_000 + std::process::id() % 100_000,
+            euid,
+        )
+    }
+
+    fn now_ns() -> u64 {
+        clock_ns(libc::CLOCK_REALTIME).expect("clock")
+    }
+
+    fn remove_all(nspid: u32) {
+        let _ = std::fs::remove_dir_all(records_dir(nspid));
+        for entry in std::fs::read_dir("/tmp").expect("/tmp").flatten() {
+            if entry
+                .file_name()
+                .as_bytes()
+                .starts_with(fallback_dir_prefix(nspid).as_bytes())
+            {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+
+    #[test]
+    fn a_dead_process_s_records_are_absent_and_a_new_agent_s_are_found() {
+        // SAFETY: a plain getter.
+        let euid = unsafe { libc::geteuid() };
+        let mut location = location(euid, 0);
+        let nspid = location.nspid;
+        remove_all(nspid);
+        assert!(location.process_started_ns > 0);
+        assert!(location.process_started_ns <= now_ns());
+        assert!(
+            location.open(u64::MAX).expect("open").is_none(),
+            "nothing yet"
+        );
+
+        // Left by a process with this pid that ran before ours started.
+        let before = location.process_started_ns - 5_000_000_000;
+        let stale = Writer::create(&records_dir(nspid), nspid, before, 1 << 20).expect("stale");
+        assert!(
+            location.open(u64::MAX).expect("open").is_none(),
+            "a dead process's"
+        );
+        drop(stale);
+
+        // Our agent takes the directory over.
+        let _fresh = Writer::create(&records_dir(nspid), nspid, now_ns(), 1 << 20).expect("new");
+        assert!(location.open(u64::MAX).expect("open").is_some(), "ours");
+        remove_all(nspid);
+    }
+
+    #[test]
+    fn the_fallback_directory_is_found_when_another_user_holds_the_pid_s() {
+        // SAFETY: a plain getter.
+        let euid = unsafe { libc::geteuid() };
+        assert_eq!(
+            euid, 0,
+            "the tests run as root (they chown to another user)"
+        );
+        let mut location = location(euid, 1);
+        let nspid = location.nspid;
+        remove_all(nspid);
+        // Another user's directory, with records of that user's (dead) JVM.
+        let other = 65534;
+        let squatted = records_dir(nspid);
+        let _theirs = Writer::create(&squatted, nspid, now_ns(), 1 << 20).expect("theirs");
+        for path in [squatted.join(RECORDS_FILE), squatted.clone()] {
+            std::os::unix::fs::chown(&path, Some(other), Some(other)).expect("chown");
+        }
+        // A fallback directory of that user does not count either.
+        let decoy = PathBuf::from("/tmp").join(format!("{}decoy", fallback_dir_prefix(nspid)));
+        let _decoy = Writer::create(&decoy, nspid, now_ns(), 1 << 20).expect("decoy");
+        for path in [decoy.join(RECORDS_FILE), decoy.clone()] {
+            std::os::unix::fs::chown(&path, Some(other), Some(other)).expect("chown");
+        }
+        assert!(
+            matches!(location.open(u64::MAX), Err(Refused::WrongOwner { .. })),
+            "no agent of ours yet"
+        );
+
+        let ours = Writer::create_for_pid(nspid, now_ns(), 1 << 20).expect("fallback");
+        assert_ne!(ours.dir(), squatted.as_path());
+        assert!(ours
+            .dir()
+            .to_string_lossy()
+            .starts_with(&format!("/tmp/{}", fallback_dir_prefix(nspid))));
+        // Found at the next scan (the first one found nothing).
+        location.last_scan = None;
+        let file = location.open(u64::MAX).expect("open").expect("found");
+        let found =
+            std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).expect("readlink");
+        assert_eq!(found, ours.dir().join(RECORDS_FILE));
+        // And remembered without a scan.
+        assert!(location.open(u64::MAX).expect("open").is_some());
+        remove_all(nspid);
+    }
+}
