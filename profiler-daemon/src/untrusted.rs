@@ -208,6 +208,61 @@ pub fn open_tmp_dir(pid: u32) -> Result<OwnedFd, Refused> {
     )?)
 }
 
+/// Removes `name` from `dir` below our own `/tmp` if it still is the inode `(dev, ino)`, then
+/// `dir` if that left it empty: cleaning up after a process whose user owns `dir`, so nothing
+/// below `/tmp` is followed (a link planted there is what would be removed, not its target).
+/// Ok(false) when the file was gone or is another one now.
+pub fn remove_file_below_tmp(dir: &Path, name: &str, (dev, ino): (u64, u64)) -> io::Result<bool> {
+    let tmp = openat2(
+        libc::AT_FDCWD,
+        Path::new("/tmp"),
+        libc::O_PATH | libc::O_DIRECTORY,
+        0,
+    )?;
+    let no_links = libc::RESOLVE_BENEATH
+        | libc::RESOLVE_NO_SYMLINKS
+        | libc::RESOLVE_NO_MAGICLINKS
+        | libc::RESOLVE_NO_XDEV;
+    let dir_fd = openat2(
+        tmp.as_raw_fd(),
+        dir,
+        libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        no_links,
+    )?;
+    let name = CString::new(name)?;
+    // SAFETY: all-zero is a valid stat.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor, C string and buffer.
+    if unsafe {
+        libc::fstatat(
+            dir_fd.as_raw_fd(),
+            name.as_ptr(),
+            &mut stat,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    } != 0
+    {
+        let err = io::Error::last_os_error();
+        return if err.kind() == io::ErrorKind::NotFound {
+            Ok(false)
+        } else {
+            Err(err)
+        };
+    }
+    if (stat.st_dev, stat.st_ino) != (dev, ino) {
+        return Ok(false);
+    }
+    // SAFETY: a valid descriptor and C string.
+    if unsafe { libc::unlinkat(dir_fd.as_raw_fd(), name.as_ptr(), 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let dir = CString::new(dir.as_os_str().as_bytes())?;
+    // Fails, harmlessly, if something else is in there.
+    // SAFETY: a valid descriptor and C string.
+    unsafe { libc::unlinkat(tmp.as_raw_fd(), dir.as_ptr(), libc::AT_REMOVEDIR) };
+    Ok(true)
+}
+
 /// The process's working directory as an `O_PATH` descriptor (the kernel resolves the magic
 /// link itself: no path lookup in the process's namespace).
 pub fn open_cwd_dir(pid: u32) -> Result<OwnedFd, Refused> {

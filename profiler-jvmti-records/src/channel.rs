@@ -63,7 +63,15 @@ impl Writer {
             pid,
             started_ns,
         };
-        let file = new_generation(dir, &header)?;
+        let file = match new_generation(dir, &header) {
+            // The directory was empty, and a daemon cleaning up after a killed JVM that had
+            // this pid removed it just now.
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                prepare_dir(dir)?;
+                new_generation(dir, &header)?
+            }
+            other => other?,
+        };
         Ok(Self {
             dir: dir.to_path_buf(),
             file,

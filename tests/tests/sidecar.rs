@@ -3,10 +3,10 @@
 //! agent's records decode and name an inlined chain with its source lines; a JVM started with
 //! -XX:+DisableAttachMechanism is refused with a clear message and keeps running; `attach =
 //! "auto"` loads the agent (unless denied), into a fallback directory when another user holds
-//! the JVM's pid's, and a thread that ran before it is named in full;
-//! minutes of class churn with the agent loaded, on every JDK at once and profiled, keep the
-//! JVMs alive and the agent's heap and files bounded; the agent's allocation sampler callback
-//! can take the daemon's uprobe.
+//! the JVM's pid's, and a thread that ran before it is named in full; the records of a killed
+//! JVM are removed by the daemon; minutes of class churn with the agent loaded, on every JDK at
+//! once and profiled, keep the JVMs alive and the agent's heap and files bounded; the agent's
+//! allocation sampler callback can take the daemon's uprobe.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -597,6 +597,46 @@ fn attach_auto_loads_the_agent_unless_denied() {
         drop(jvm);
         remove_agent_records_dirs(jvm_pid);
     }
+}
+
+/// A JVM killed with SIGKILL cannot remove its agent's records: the daemon, which loaded the
+/// agent, removes them once the JVM is gone (what it took on the JVM's behalf, it gives back).
+#[test]
+fn the_records_of_a_killed_jvm_are_removed_by_the_daemon() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes = compile_java(&["Workloads.java"], dir.path()).expect("javac");
+    let jdk = jdks().into_iter().find(|j| j.major == 17).expect("JDK 17");
+    let mut jvm = start_workloads(&jdk, &classes, &[]);
+    let pid = jvm.pid();
+    remove_agent_records_dirs(pid);
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "attach = \"auto\"\ngrpc_listen = \"off\"\n").expect("config");
+    let daemon = DaemonRun::new()
+        .config(&config)
+        .pid(pid)
+        .interval(2)
+        .output(&dir.path().join("profiles"))
+        .start(dir.path());
+    daemon
+        .wait_for_log(
+            "java frames named from the sidecar agent's records",
+            Duration::from_secs(60),
+        )
+        .expect("the agent's records are read");
+    let records = records_dir_in_our_tmp(&agent_records_file(pid));
+    assert!(records.join(RECORDS_FILE).exists(), "{}", records.display());
+
+    jvm.0.kill().expect("SIGKILL");
+    jvm.0.wait().expect("JVM exits");
+    let removed = daemon.wait_for_log(
+        "sidecar: removed the records a killed JVM's agent left",
+        Duration::from_secs(30),
+    );
+    daemon.terminate();
+    let (status, log) = daemon.wait(Duration::from_secs(60)).expect("daemon exits");
+    assert!(status.success(), "daemon failed:\n{log}");
+    assert!(removed.is_ok(), "no removal logged:\n{log}");
+    assert!(!records.exists(), "{} left behind", records.display());
 }
 
 /// The directory of `records` (a path through `/proc/PID/root` of a JVM that shares our /tmp)

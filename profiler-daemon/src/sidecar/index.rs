@@ -8,7 +8,7 @@
 //! stay right after the class metadata moves or is freed.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use profiler_jvmti_records::channel::{ReadError, Reader, Update};
@@ -28,6 +28,8 @@ const MAX_NMETHODS: usize = 500_000;
 /// The sidecar view of one JVM.
 pub struct SidecarIndex {
     reader: Reader,
+    /// Where the records are (shared with the reader's opener).
+    location: Arc<Mutex<RecordsLocation>>,
     nmethods: HashMap<u64, Arc<RecordedNmethod>>,
     last_refresh: Option<Instant>,
     /// Whether any records file was seen: the agent is (or was) loaded.
@@ -75,10 +77,15 @@ impl SidecarIndex {
         let description = std::path::Path::new(&format!("/proc/{pid}/root"))
             .join(format!("tmp/.jvm-profiler-{nspid}[-*]/records"));
         let max = profiler_jvmti_records::channel::DEFAULT_MAX_GENERATION_BYTES;
-        let mut location = RecordsLocation::new(pid, nspid, euid);
-        let open = move || location.open(max).map_err(std::io::Error::other);
+        let location = Arc::new(Mutex::new(RecordsLocation::new(pid, nspid, euid)));
+        let opener = Arc::clone(&location);
+        let open = move || match opener.lock() {
+            Ok(mut location) => location.open(max).map_err(std::io::Error::other),
+            Err(_) => Ok(None),
+        };
         Self {
             reader: Reader::with_opener(description, Box::new(open), max),
+            location,
             nmethods: HashMap::new(),
             last_refresh: None,
             active: false,
@@ -87,6 +94,14 @@ impl SidecarIndex {
             refused: None,
             status: None,
             threads: super::threads::ThreadNames::new(pid, nspid),
+        }
+    }
+
+    /// The JVM exited: removes the records its agent left if it was killed
+    /// ([`RecordsLocation::remove_left_behind`]).
+    pub fn jvm_exited(&self) {
+        if let Ok(location) = self.location.lock() {
+            location.remove_left_behind();
         }
     }
 

@@ -38,6 +38,19 @@ pub struct RecordsLocation {
     /// The fallback directory (below `/tmp`) found by the last scan.
     fallback: Option<PathBuf>,
     last_scan: Option<Instant>,
+    /// Whether the JVM's `/tmp` is ours (same mount): where the daemon can still reach its
+    /// records once the JVM is gone.
+    shares_our_tmp: bool,
+    /// The records file opened last: its directory (below `/tmp`) and inode.
+    last_opened: Option<OpenedRecords>,
+}
+
+/// Which records file was read: the one to remove if the JVM dies without removing it.
+#[derive(Clone, Debug, PartialEq)]
+struct OpenedRecords {
+    dir: PathBuf,
+    dev: u64,
+    ino: u64,
 }
 
 impl RecordsLocation {
@@ -51,26 +64,42 @@ impl RecordsLocation {
             process_started_ns: process_started_ns(pid).unwrap_or(0),
             fallback: None,
             last_scan: None,
+            shares_our_tmp: shares_our_tmp(pid),
+            last_opened: None,
         }
     }
 
     /// The current records file, opened without following anything the JVM's user could plant
     /// (and never waited on); `Ok(None)` when there is none (yet).
     pub fn open(&mut self, max_size: u64) -> Result<Option<File>, Refused> {
-        if let Some(dir) = &self.fallback {
+        let opened = self.find(max_size)?;
+        if let Some((dir, file)) = &opened {
+            if let Ok(meta) = file.metadata() {
+                self.last_opened = Some(OpenedRecords {
+                    dir: dir.clone(),
+                    dev: meta.dev(),
+                    ino: meta.ino(),
+                });
+            }
+        }
+        Ok(opened.map(|(_, file)| file))
+    }
+
+    /// The records file and its directory (below `/tmp`).
+    fn find(&mut self, max_size: u64) -> Result<Option<(PathBuf, File)>, Refused> {
+        if let Some(dir) = self.fallback.clone() {
             match self.open_fresh(&dir.join(RECORDS_FILE), max_size) {
-                Ok(Some(file)) => return Ok(Some(file)),
+                Ok(Some(file)) => return Ok(Some((dir, file))),
                 _ => self.fallback = None,
             }
         }
-        let default = Path::new(
+        let default_dir = PathBuf::from(
             records_dir(self.nspid)
                 .strip_prefix("/tmp")
                 .expect("records directories are below /tmp"),
-        )
-        .join(RECORDS_FILE);
-        let unusable = match self.open_fresh(&default, max_size) {
-            Ok(Some(file)) => return Ok(Some(file)),
+        );
+        let unusable = match self.open_fresh(&default_dir.join(RECORDS_FILE), max_size) {
+            Ok(Some(file)) => return Ok(Some((default_dir, file))),
             // Most JVMs never load an agent: nothing to look for.
             Err(Refused::NotFound) => return Ok(None),
             // A dead process's records.
@@ -81,17 +110,39 @@ impl RecordsLocation {
         if self.last_scan.is_none_or(|last| now >= last + SCAN_EVERY) {
             self.last_scan = Some(now);
             self.fallback = self.scan(max_size);
-            if let Some(dir) = &self.fallback {
+            if let Some(dir) = self.fallback.clone() {
                 tracing::info!(
                     pid = self.pid,
-                    dir = %Path::new("/tmp").join(dir).display(),
+                    dir = %Path::new("/tmp").join(&dir).display(),
                     "sidecar: the agent writes into a fallback directory (its pid's is another \
                      user's or a dead process's)"
                 );
-                return self.open_fresh(&dir.join(RECORDS_FILE), max_size);
+                let file = self.open_fresh(&dir.join(RECORDS_FILE), max_size)?;
+                return Ok(file.map(|file| (dir, file)));
             }
         }
         unusable.map_or(Ok(None), Err)
+    }
+
+    /// Once the JVM is gone: removes the records file read last, and its directory if that
+    /// leaves it empty, when the JVM's agent could not (the JVM was killed). What the agent
+    /// took on the JVM's behalf is given back. Only in our own `/tmp` (a container's goes with
+    /// the container), and only that very inode: a process that has the pid since, and wrote
+    /// its own records there, keeps them.
+    pub fn remove_left_behind(&self) {
+        let Some(opened) = self.last_opened.as_ref().filter(|_| self.shares_our_tmp) else {
+            return;
+        };
+        match untrusted::remove_file_below_tmp(&opened.dir, RECORDS_FILE, (opened.dev, opened.ino))
+        {
+            Ok(true) => tracing::info!(
+                pid = self.pid,
+                dir = %Path::new("/tmp").join(&opened.dir).display(),
+                "sidecar: removed the records a killed JVM's agent left"
+            ),
+            Ok(false) => {}
+            Err(err) => tracing::debug!(pid = self.pid, %err, "sidecar: records left behind"),
+        }
     }
 
     /// Opens `below_tmp` as the JVM user's records file: `Ok(None)` if it is a previous
@@ -162,6 +213,17 @@ impl RecordsLocation {
         }
         newest.map(|(_, dir)| dir)
     }
+}
+
+/// Whether process `pid`'s `/tmp` is the very directory ours is.
+fn shares_our_tmp(pid: u32) -> bool {
+    let (Ok(theirs), Ok(ours)) = (
+        untrusted::open_tmp_dir(pid).and_then(|tmp| Ok(File::from(tmp).metadata()?)),
+        std::fs::metadata("/tmp"),
+    ) else {
+        return false;
+    };
+    (theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino())
 }
 
 /// CLOCK_REALTIME nanoseconds at which process `pid` started, to the clock tick.
@@ -246,6 +308,36 @@ mod tests {
         // Our agent takes the directory over.
         let _fresh = Writer::create(&records_dir(nspid), nspid, now_ns(), 1 << 20).expect("new");
         assert!(location.open(u64::MAX).expect("open").is_some(), "ours");
+        remove_all(nspid);
+    }
+
+    #[test]
+    fn records_left_by_a_killed_jvm_are_removed_unless_replaced() {
+        // SAFETY: a plain getter.
+        let euid = unsafe { libc::geteuid() };
+        let mut location = location(euid, 2);
+        let nspid = location.nspid;
+        remove_all(nspid);
+        assert!(location.shares_our_tmp, "our own process shares our /tmp");
+        let dir = records_dir(nspid);
+
+        // Read, then replaced by a new process's agent (same user, same pid): kept.
+        let first = Writer::create(&dir, nspid, now_ns(), 1 << 20).expect("records");
+        assert!(location.open(u64::MAX).expect("open").is_some());
+        let _second = Writer::create(&dir, nspid, now_ns(), 1 << 20).expect("records");
+        location.remove_left_behind();
+        assert!(
+            dir.join(RECORDS_FILE).exists(),
+            "another process's records removed"
+        );
+        drop(first);
+
+        // Read, and the JVM is gone: removed, directory and all.
+        assert!(location.open(u64::MAX).expect("open").is_some());
+        location.remove_left_behind();
+        assert!(!dir.exists(), "left behind");
+        // Nothing to do a second time.
+        location.remove_left_behind();
         remove_all(nspid);
     }
 

@@ -124,8 +124,11 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
         totals
     }
 
+    /// Forgets JVM `pid`, which exited.
     pub fn remove(&mut self, pid: u32) {
-        self.jvms.remove(&pid);
+        if let Some(sidecar) = self.jvms.remove(&pid).and_then(|jvm| jvm.sidecar) {
+            sidecar.jvm_exited();
+        }
     }
 
     pub fn pids(&self) -> Vec<u32> {
