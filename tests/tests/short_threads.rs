@@ -62,7 +62,7 @@ const LOCK_TIME_ERROR: f64 = 0.05;
 /// lands on the next object that takes the TLAB's slow path. With this heap's adaptive TLABs
 /// (tens of KB among ~37 threads) the 16 KiB arrays often go outside, and the small arrays' site
 /// got +0.1 to +4.4 pp on JDK 25 and 27 and +4 to +10 pp on JDK 11 to 21; with TLABs of a fixed
-/// 512 KiB, where they fit, every JDK's shares were within -0.1 to +1.6 pp (one run each). That
+/// 512 KiB, where they fit, every JDK's shares were within -1.8 to +2.8 pp (two runs). That
 /// bias is HotSpot's (async-profiler's default allocation mode uses the same sampler), so the
 /// TLABs are fixed here and the test holds the daemon's part (weights, the first-report skip,
 /// short threads' identity) to 4 pp on every JDK.
