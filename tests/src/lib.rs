@@ -145,18 +145,36 @@ pub fn run_daemon(args: &[&str], timeout: Duration) -> Result<Output> {
         .stderr(Stdio::piped())
         .spawn()
         .context("starting the daemon")?;
+    // Read both pipes while it runs: a daemon that logs more than a pipe holds would otherwise
+    // block on its next write and never exit.
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
     let deadline = std::time::Instant::now() + timeout;
-    loop {
-        if child.try_wait()?.is_some() {
-            break;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
         }
         if std::time::Instant::now() > deadline {
             let _ = child.kill();
+            let _ = child.wait();
             bail!("daemon did not exit within {timeout:?}");
         }
         std::thread::sleep(Duration::from_millis(100));
-    }
-    let output = child.wait_with_output()?;
+    };
+    let output = Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    };
     eprintln!(
         "--- daemon stderr ---\n{}",
         String::from_utf8_lossy(&output.stderr)
