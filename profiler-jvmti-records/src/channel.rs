@@ -148,8 +148,8 @@ impl Writer {
     pub fn create_for_pid(pid: u32, started_ns: u64, max_bytes: u64) -> io::Result<Self> {
         let default = records_dir(pid);
         match Self::create(&default, pid, started_ns, max_bytes) {
-            Err(err) if err.kind() == io::ErrorKind::PermissionDenied => {
-                let mut last = err;
+            Err(refused) if refused.kind() == io::ErrorKind::PermissionDenied => {
+                let mut last = io::Error::other("no name tried");
                 // A few names, in case one is taken: each is 64 random bits.
                 for _ in 0..4 {
                     let dir = PathBuf::from("/tmp").join(format!(
@@ -165,7 +165,7 @@ impl Writer {
                 Err(io::Error::new(
                     last.kind(),
                     format!(
-                        "{} is another user's, and no fallback: {last}",
+                        "{}: {refused}; and no fallback directory: {last}",
                         default.display()
                     ),
                 ))
