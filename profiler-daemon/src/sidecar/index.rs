@@ -8,6 +8,7 @@
 //! stay right after the class metadata moves or is freed.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -74,8 +75,12 @@ impl SidecarIndex {
     /// For host pid `pid`, whose pid in its own namespace is `nspid` and whose effective uid
     /// (the owner the agent's files must have) is `euid`.
     pub fn new(pid: u32, nspid: u32, euid: u32) -> Self {
-        let description = std::path::Path::new(&format!("/proc/{pid}/root"))
-            .join(format!("tmp/.jvm-profiler-{nspid}[-*]/records"));
+        // What logs call the file: the pid's directory or a fallback next to it.
+        let description = PathBuf::from(format!(
+            "/proc/{pid}/root{}[-*]/{}",
+            profiler_jvmti_records::channel::records_dir(nspid).display(),
+            profiler_jvmti_records::channel::RECORDS_FILE
+        ));
         let max = profiler_jvmti_records::channel::DEFAULT_MAX_GENERATION_BYTES;
         let location = Arc::new(Mutex::new(RecordsLocation::new(pid, nspid, euid)));
         let opener = Arc::clone(&location);

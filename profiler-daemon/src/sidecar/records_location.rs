@@ -109,16 +109,15 @@ impl RecordsLocation {
         let now = Instant::now();
         if self.last_scan.is_none_or(|last| now >= last + SCAN_EVERY) {
             self.last_scan = Some(now);
-            self.fallback = self.scan(max_size);
-            if let Some(dir) = self.fallback.clone() {
+            if let Some((dir, file)) = self.scan(max_size) {
                 tracing::info!(
                     pid = self.pid,
                     dir = %Path::new("/tmp").join(&dir).display(),
                     "sidecar: the agent writes into a fallback directory (its pid's is another \
                      user's or a dead process's)"
                 );
-                let file = self.open_fresh(&dir.join(RECORDS_FILE), max_size)?;
-                return Ok(file.map(|file| (dir, file)));
+                self.fallback = Some(dir.clone());
+                return Ok(Some((dir, file)));
             }
         }
         unusable.map_or(Ok(None), Err)
@@ -156,37 +155,31 @@ impl RecordsLocation {
                 max_size,
             },
         )?;
-        Ok(self.is_this_process_s(&file).then_some(file))
+        Ok(self.written_by_this_process(&file).then_some(file))
     }
 
     /// Whether the agent that wrote `file` runs in this process: its header names this pid and
     /// a start after the process's. A header not (yet) readable counts as this process's: the
     /// reader reports what is wrong with it.
-    fn is_this_process_s(&self, file: &File) -> bool {
-        let mut bytes = [0u8; HEADER_LEN];
-        let Ok(header) = file
-            .read_exact_at(&mut bytes, 0)
-            .ok()
-            .and_then(|()| FileHeader::decode(&bytes).ok())
-            .ok_or(())
-        else {
-            return true;
-        };
-        header.pid == self.nspid
-            && header
-                .started_ns
-                .saturating_add(START_SLACK.as_nanos() as u64)
-                >= self.process_started_ns
+    fn written_by_this_process(&self, file: &File) -> bool {
+        header_of(file).is_none_or(|header| {
+            header.pid == self.nspid
+                && header
+                    .started_ns
+                    .saturating_add(START_SLACK.as_nanos() as u64)
+                    >= self.process_started_ns
+        })
     }
 
-    /// The newest fallback directory of this JVM's user whose records are this process's.
-    fn scan(&self, max_size: u64) -> Option<PathBuf> {
+    /// The newest fallback directory (below `/tmp`) of this JVM's user whose records are this
+    /// process's, and those records.
+    fn scan(&self, max_size: u64) -> Option<(PathBuf, File)> {
         let tmp = untrusted::open_tmp_dir(self.pid).ok()?;
         // The O_PATH descriptor cannot be listed; its /proc/self/fd link reopens the very
         // directory (no path lookup in the JVM's namespace).
         let entries = std::fs::read_dir(format!("/proc/self/fd/{}", tmp.as_raw_fd())).ok()?;
         let prefix = fallback_dir_prefix(self.nspid);
-        let mut newest: Option<(u64, PathBuf)> = None;
+        let mut newest: Option<(u64, PathBuf, File)> = None;
         for entry in entries.take(MAX_SCANNED_ENTRIES).flatten() {
             let name = entry.file_name();
             if !name.as_bytes().starts_with(prefix.as_bytes()) {
@@ -201,18 +194,20 @@ impl RecordsLocation {
             let Ok(Some(file)) = self.open_fresh(&dir.join(RECORDS_FILE), max_size) else {
                 continue;
             };
-            let mut bytes = [0u8; HEADER_LEN];
-            let started = file
-                .read_exact_at(&mut bytes, 0)
-                .ok()
-                .and_then(|()| FileHeader::decode(&bytes).ok())
-                .map_or(0, |header| header.started_ns);
-            if newest.as_ref().is_none_or(|(best, _)| started > *best) {
-                newest = Some((started, dir));
+            let started = header_of(&file).map_or(0, |header| header.started_ns);
+            if newest.as_ref().is_none_or(|(best, ..)| started > *best) {
+                newest = Some((started, dir, file));
             }
         }
-        newest.map(|(_, dir)| dir)
+        newest.map(|(_, dir, file)| (dir, file))
     }
+}
+
+/// The header of a records file, if it has a whole one.
+fn header_of(file: &File) -> Option<FileHeader> {
+    let mut bytes = [0u8; HEADER_LEN];
+    file.read_exact_at(&mut bytes, 0).ok()?;
+    FileHeader::decode(&bytes).ok()
 }
 
 /// Whether process `pid`'s `/tmp` is the very directory ours is.
@@ -265,6 +260,15 @@ mod tests {
         )
     }
 
+    /// A location for test number `test`, as root's JVM, with nothing of an earlier run left.
+    fn fresh_location(test: u32) -> RecordsLocation {
+        // SAFETY: a plain getter.
+        let euid = unsafe { libc::geteuid() };
+        let location = location(euid, test);
+        remove_all(location.nspid);
+        location
+    }
+
     fn now_ns() -> u64 {
         clock_ns(libc::CLOCK_REALTIME).expect("clock")
     }
@@ -284,11 +288,8 @@ mod tests {
 
     #[test]
     fn a_dead_process_s_records_are_absent_and_a_new_agent_s_are_found() {
-        // SAFETY: a plain getter.
-        let euid = unsafe { libc::geteuid() };
-        let mut location = location(euid, 0);
+        let mut location = fresh_location(0);
         let nspid = location.nspid;
-        remove_all(nspid);
         assert!(location.process_started_ns > 0);
         assert!(location.process_started_ns <= now_ns());
         assert!(
@@ -313,11 +314,8 @@ mod tests {
 
     #[test]
     fn records_left_by_a_killed_jvm_are_removed_unless_replaced() {
-        // SAFETY: a plain getter.
-        let euid = unsafe { libc::geteuid() };
-        let mut location = location(euid, 2);
+        let mut location = fresh_location(2);
         let nspid = location.nspid;
-        remove_all(nspid);
         assert!(location.shares_our_tmp, "our own process shares our /tmp");
         let dir = records_dir(nspid);
 
@@ -349,9 +347,8 @@ mod tests {
             euid, 0,
             "the tests run as root (they chown to another user)"
         );
-        let mut location = location(euid, 1);
+        let mut location = fresh_location(1);
         let nspid = location.nspid;
-        remove_all(nspid);
         // Another user's directory, with records of that user's (dead) JVM.
         let other = 65534;
         let squatted = records_dir(nspid);
