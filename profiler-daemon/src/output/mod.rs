@@ -24,7 +24,7 @@ use crate::sink::{Sink, SinkProfile};
 use crate::thread_roots::ThreadRoots;
 use crate::worker_metrics::WorkerCounters;
 use file_name::file_stem;
-use retention::{Removed, Retention};
+use retention::{Ledger, Removed, Retention};
 
 /// What the local output writes, and how long it keeps it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,6 +94,8 @@ impl LocalOutput {
 pub struct LocalWriter {
     dir: PathBuf,
     options: LocalOutput,
+    /// The files written (and found at start), for the retention policy.
+    ledger: Ledger,
 }
 
 /// One profile as the local output writes it.
@@ -141,12 +143,13 @@ impl LocalWriter {
         Ok(Self {
             dir: dir.to_owned(),
             options,
+            ledger: Ledger::new(dir, options.retention),
         })
     }
 
     /// Writes `<kind>-<UTC time>-<pid>-<comm>@<service>.pb.gz` (see [`file_name`]) and, with
     /// flame graphs on, `.svg`; returns the pprof file's path.
-    pub fn write(&self, local: &LocalProfile<'_>) -> std::io::Result<PathBuf> {
+    pub fn write(&mut self, local: &LocalProfile<'_>) -> std::io::Result<PathBuf> {
         let LocalProfile {
             kind,
             start,
@@ -174,7 +177,7 @@ impl LocalWriter {
         Ok(path)
     }
 
-    fn write_atomically(&self, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
+    fn write_atomically(&mut self, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
         let path = self.dir.join(name);
         let temporary = self.dir.join(format!(".{name}.tmp"));
         let mut file = std::fs::OpenOptions::new()
@@ -190,12 +193,14 @@ impl LocalWriter {
         file.write_all(bytes)?;
         drop(file);
         std::fs::rename(&temporary, &path)?;
+        self.ledger
+            .wrote(path.clone(), SystemTime::now(), bytes.len() as u64);
         Ok(path)
     }
 
     /// Deletes what the retention policy no longer keeps.
-    pub fn enforce_retention(&self) -> std::io::Result<Removed> {
-        retention::enforce(&self.dir, self.options.retention, SystemTime::now())
+    pub fn enforce_retention(&mut self) -> std::io::Result<Removed> {
+        self.ledger.enforce(SystemTime::now())
     }
 }
 
@@ -278,7 +283,7 @@ mod tests {
             },
             file_mode: DEFAULT_FILE_MODE,
         };
-        let writer =
+        let mut writer =
             LocalWriter::new(&dir.path().join("out"), options).expect("creates the directory");
         let profile = crate::pprof::encode(&cpu_profile(&[(&["main"], 3, None)]), true);
         let path = writer
@@ -319,7 +324,7 @@ mod tests {
             },
             file_mode,
         };
-        let writer = LocalWriter::new(dir, options).expect("the directory");
+        let mut writer = LocalWriter::new(dir, options).expect("the directory");
         let profile = crate::pprof::encode(&cpu_profile(&[(&["main"], 3, None)]), true);
         writer
             .write(&LocalProfile {
@@ -369,7 +374,7 @@ mod tests {
             },
             file_mode: DEFAULT_FILE_MODE,
         };
-        let writer = LocalWriter::new(&dir, options).expect("the directory");
+        let mut writer = LocalWriter::new(&dir, options).expect("the directory");
         // A world-readable temporary file left by a crash is reused with the mode.
         let leftover = dir.join(".a.pb.gz.tmp");
         std::fs::write(&leftover, b"old").expect("write");

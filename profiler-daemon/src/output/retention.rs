@@ -1,9 +1,21 @@
 //! Keeps the local output bounded: profiles older than a maximum age are deleted, then the oldest
 //! ones until the directory's profiles fit a byte budget. Only files this daemon writes
-//! (`cpu-*`, `offcpu-*` and `alloc-*`, `.pb.gz` and `.svg`) are ever touched.
+//! (`cpu-*`, `offcpu-*`, `alloc-*`, `mutex-*` and `block-*`, `.pb.gz` and `.svg`) are ever
+//! touched.
+//!
+//! The policy is applied at the end of every interval, to a ledger of the files rather than to
+//! a listing of the directory: a day of 20 JVMs' profiles is tens of thousands of files, and
+//! listing and measuring them every interval cost more than writing the interval's profiles
+//! (34,000 files: about 0.1 s, every 15 s). The directory is listed when the ledger starts and
+//! again every [`RELIST_EVERY`], which brings in what others changed there meanwhile (files
+//! deleted by hand, a previous run's).
 
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
+
+/// How often the ledger is checked against the directory.
+pub const RELIST_EVERY: Duration = Duration::from_secs(600);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Retention {
@@ -17,49 +29,112 @@ pub struct Removed {
     pub bytes: u64,
 }
 
-/// Applies `retention` to `dir` as of `now`.
-pub fn enforce(dir: &Path, retention: Retention, now: SystemTime) -> std::io::Result<Removed> {
-    let mut files: Vec<(SystemTime, PathBuf, u64)> = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let Ok(entry) = entry else { continue };
-        let name = entry.file_name();
-        if !name.to_str().is_some_and(super::file_name::is_ours) {
-            continue;
-        }
-        let Ok(metadata) = entry.metadata() else {
-            continue;
-        };
-        if metadata.is_file() {
-            files.push((
-                metadata.modified().unwrap_or(now),
-                entry.path(),
-                metadata.len(),
-            ));
+/// The daemon's files in the output directory, oldest first, and their total size.
+#[derive(Debug)]
+pub struct Ledger {
+    dir: PathBuf,
+    retention: Retention,
+    /// (modified, path): the order files go in. Ties fall to the name, which starts with the
+    /// interval's UTC time.
+    by_age: BTreeSet<(SystemTime, PathBuf)>,
+    /// path -> (modified, bytes).
+    files: HashMap<PathBuf, (SystemTime, u64)>,
+    total: u64,
+    listed: Option<Instant>,
+}
+
+impl Ledger {
+    /// A ledger of `dir`, listed at its first [`Ledger::enforce`].
+    pub fn new(dir: &Path, retention: Retention) -> Self {
+        Self {
+            dir: dir.to_owned(),
+            retention,
+            by_age: BTreeSet::new(),
+            files: HashMap::new(),
+            total: 0,
+            listed: None,
         }
     }
-    // Oldest first; the name (which starts with the UTC time) breaks ties.
-    files.sort();
-    let mut total: u64 = files.iter().map(|(_, _, len)| len).sum();
-    let mut removed = Removed::default();
-    for (modified, path, len) in files {
-        let too_old = retention
-            .max_age
-            .is_some_and(|age| now.duration_since(modified).unwrap_or_default() > age);
-        let over_budget = retention.max_bytes.is_some_and(|max| total > max);
-        if !too_old && !over_budget {
-            // Everything after this file is newer, and the budget holds.
-            if retention.max_bytes.is_none_or(|max| total <= max) {
+
+    /// Notes a file the daemon just wrote (or wrote again).
+    pub fn wrote(&mut self, path: PathBuf, modified: SystemTime, bytes: u64) {
+        self.forget(&path);
+        self.by_age.insert((modified, path.clone()));
+        self.files.insert(path, (modified, bytes));
+        self.total += bytes;
+    }
+
+    fn forget(&mut self, path: &Path) {
+        if let Some((modified, bytes)) = self.files.remove(path) {
+            self.by_age.remove(&(modified, path.to_owned()));
+            self.total -= bytes;
+        }
+    }
+
+    /// Applies the retention policy as of `now`: deletes what is too old, then the oldest files
+    /// while over the byte budget.
+    pub fn enforce(&mut self, now: SystemTime) -> std::io::Result<Removed> {
+        if self.listed.is_none_or(|at| at.elapsed() >= RELIST_EVERY) {
+            self.relist(now)?;
+        }
+        let mut removed = Removed::default();
+        while let Some((modified, path)) = self.by_age.first().cloned() {
+            let too_old = self
+                .retention
+                .max_age
+                .is_some_and(|age| now.duration_since(modified).unwrap_or_default() > age);
+            let over_budget = self.retention.max_bytes.is_some_and(|max| self.total > max);
+            if !too_old && !over_budget {
                 break;
             }
-            continue;
+            let bytes = self.files.get(&path).map_or(0, |(_, bytes)| *bytes);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    removed.files += 1;
+                    removed.bytes += bytes;
+                }
+                // Deleted by someone else: gone all the same.
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                // Kept, but out of the ledger: it is listed again at the next relisting.
+                Err(err) => tracing::debug!(path = %path.display(), %err, "retention: not deleted"),
+            }
+            self.forget(&path);
         }
-        if std::fs::remove_file(&path).is_ok() {
-            total -= len;
-            removed.files += 1;
-            removed.bytes += len;
-        }
+        Ok(removed)
     }
-    Ok(removed)
+
+    /// Replaces the ledger with what the directory holds.
+    fn relist(&mut self, now: SystemTime) -> std::io::Result<()> {
+        let entries = std::fs::read_dir(&self.dir)?;
+        self.by_age.clear();
+        self.files.clear();
+        self.total = 0;
+        for entry in entries {
+            let Ok(entry) = entry else { continue };
+            let name = entry.file_name();
+            if !name.to_str().is_some_and(super::file_name::is_ours) {
+                continue;
+            }
+            let Ok(metadata) = entry.metadata() else {
+                continue;
+            };
+            if metadata.is_file() {
+                self.wrote(
+                    entry.path(),
+                    metadata.modified().unwrap_or(now),
+                    metadata.len(),
+                );
+            }
+        }
+        self.listed = Some(Instant::now());
+        Ok(())
+    }
+}
+
+/// Applies `retention` to `dir` as of `now`, from a listing of it.
+#[cfg(test)]
+fn enforce(dir: &Path, retention: Retention, now: SystemTime) -> std::io::Result<Removed> {
+    Ledger::new(dir, retention).enforce(now)
 }
 
 #[cfg(test)]
@@ -141,5 +216,62 @@ mod tests {
         )
         .expect("ok");
         assert_eq!(removed, Removed::default());
+    }
+
+    #[test]
+    fn the_ledger_deletes_what_it_was_told_of_without_listing_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let hour = Duration::from_secs(3600);
+        write(dir.path(), "cpu-1-a.pb.gz", 100, 3 * hour);
+        let mut ledger = Ledger::new(
+            dir.path(),
+            Retention {
+                max_age: Some(2 * hour),
+                max_bytes: Some(250),
+            },
+        );
+        // The first enforcement lists the directory: the old file goes.
+        let removed = ledger.enforce(SystemTime::now()).expect("enforces");
+        assert_eq!(
+            removed,
+            Removed {
+                files: 1,
+                bytes: 100
+            }
+        );
+
+        // Files written since are known from the ledger alone: one put in the directory by
+        // someone else (not listed again before RELIST_EVERY) is not counted.
+        write(dir.path(), "cpu-9-stranger.pb.gz", 1_000, Duration::ZERO);
+        for (name, age) in [
+            ("cpu-2-b.pb.gz", 30),
+            ("cpu-3-c.pb.gz", 20),
+            ("cpu-4-d.pb.gz", 10),
+        ] {
+            write(dir.path(), name, 100, Duration::from_secs(age));
+            let modified = SystemTime::now() - Duration::from_secs(age);
+            ledger.wrote(dir.path().join(name), modified, 100);
+        }
+        // Written again (same name): counted once.
+        ledger.wrote(
+            dir.path().join("cpu-4-d.pb.gz"),
+            SystemTime::now() - Duration::from_secs(10),
+            100,
+        );
+        // 300 bytes known, budget 250: the oldest goes; one deleted by hand meanwhile is gone
+        // all the same, without an error.
+        std::fs::remove_file(dir.path().join("cpu-3-c.pb.gz")).expect("removes");
+        let removed = ledger.enforce(SystemTime::now()).expect("enforces");
+        assert_eq!(
+            removed,
+            Removed {
+                files: 1,
+                bytes: 100
+            }
+        );
+        assert_eq!(
+            names(dir.path()),
+            vec!["cpu-4-d.pb.gz", "cpu-9-stranger.pb.gz"]
+        );
     }
 }
