@@ -43,6 +43,7 @@ use anyhow::{bail, Context as _, Result};
 mod alloc;
 mod daemon;
 mod export;
+mod jvms;
 mod lock;
 mod measure;
 mod off_cpu;
@@ -95,7 +96,8 @@ pub struct BenchArgs {
     /// Section 2 side by side with this older daemon binary (A; its eBPF object is embedded, so
     /// an older daemon is an older BPF program) against this build's (B), in alternating windows
     /// on the same workload processes. Needs `--section bpf`, or `--section export`: the daemon's
-    /// CPU and memory exporting to Pyroscope and OTLP at once, side by side.
+    /// CPU and memory exporting to Pyroscope and OTLP at once, side by side; or `--section
+    /// jvms`: its CPU with 20 small JVMs.
     #[arg(long, value_name = "PATH", requires = "section")]
     baseline_daemon: Option<PathBuf>,
     /// How long section 10 (`--section soak`) runs.
@@ -119,6 +121,9 @@ enum Section {
     Bpf,
     /// 6: what exporting to Pyroscope and OTLP costs, side by side.
     Export,
+    /// 3, side by side: the daemon's CPU with 20 small JVMs, writing into an empty output
+    /// directory and into one holding a day's files (needs `--baseline-daemon`).
+    Jvms,
     /// 7: what off-CPU profiling costs a program that switches often.
     OffCpu,
     /// 8: what allocation profiling costs a program that allocates about 1 GB/s.
@@ -209,6 +214,7 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
         Some(Section::Lock) => return run_lock_section(&bench, args),
         Some(Section::Export) => return run_export_section(&bench, args),
         Some(Section::Soak) => return run_soak_section(&bench, args),
+        Some(Section::Jvms) => return run_jvms_section(&bench, args),
         None => {}
     }
 
@@ -330,6 +336,24 @@ fn run_export_section(bench: &Bench, args: &BenchArgs) -> Result<()> {
         export::method(bench.plan.cost_window)
     );
     write_section(bench, args, "export", &rows, &[], &method)
+}
+
+/// Section 3's small JVMs, this build against a baseline daemon; written to target/bench/.
+fn run_jvms_section(bench: &Bench, args: &BenchArgs) -> Result<()> {
+    let Some(baseline) = &args.baseline_daemon else {
+        bail!("--section jvms compares two daemons: give --baseline-daemon PATH");
+    };
+    if !baseline.is_file() {
+        bail!("no baseline daemon at {}", baseline.display());
+    }
+    let compared = bench.with_small_jvms(|bench, pids| bench.compare_jvm_costs(pids, baseline))?;
+    let mut rows = Vec::new();
+    compared.rows(&mut rows);
+    let method = format!(
+        "\n## How it measures\n\n{}\n",
+        jvms::method(bench.plan.cost_window)
+    );
+    write_section(bench, args, "jvms-vs-baseline", &rows, &[], &method)
 }
 
 /// Section 1 alone; written to target/bench/.

@@ -315,10 +315,33 @@ impl Bench {
         ready: Ready,
         extra_args: &[String],
     ) -> Result<Daemon> {
+        self.start_daemon_over(binary, hz, interval_secs, pids, ready, extra_args, None)
+    }
+
+    /// `start_daemon_binary` with the output directory holding the files of `earlier` (hard
+    /// links): what a daemon that has run for a while finds there.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn start_daemon_over(
+        &self,
+        binary: &Path,
+        hz: u32,
+        interval_secs: u32,
+        pids: &[u32],
+        ready: Ready,
+        extra_args: &[String],
+        earlier: Option<&Path>,
+    ) -> Result<Daemon> {
         let output = self.work_dir.join("profiles");
         if output.exists() {
             fs::remove_dir_all(&output)
                 .with_context(|| format!("clearing {}", output.display()))?;
+        }
+        if let Some(earlier) = earlier {
+            fs::create_dir_all(&output)?;
+            for entry in fs::read_dir(earlier)? {
+                let entry = entry?;
+                fs::hard_link(entry.path(), output.join(entry.file_name()))?;
+            }
         }
         let metrics = free_local_address()?;
         let log = self.work_dir.join("daemon.log");
