@@ -18,7 +18,7 @@
 //! off-CPU, lock and allocation samples carry its whole stack too.
 //!
 //! Waits of unmounted virtual threads (`VirtualWaits`: 24 virtual threads 40 frames deep
-//! sleeping, contending for a `ReentrantLock` and for a monitor; JDK 21, 25, 27, and 25 with a
+//! sleeping, contending for a `ReentrantLock` and for a monitor; JDK 21, 25, 26, 27, and 25 with a
 //! virtual thread per round): per site, the `block` and `mutex` profiles' wait time within 15%
 //! of the workload's own measure, >= 99% of the stacks whole, and off-CPU samples labelled
 //! `state="unmounted"` and with their virtual thread's id.
@@ -440,7 +440,7 @@ fn measured_waits(results: &Path) -> HashMap<String, f64> {
 fn waits_of_unmounted_virtual_threads_are_profiled_per_site() {
     let dir = tempfile::tempdir().expect("tempdir");
     let classes = compile_java(&["VirtualWaits.java"], dir.path()).expect("javac");
-    let majors = majors_from_env("PROFILER_VIRTUAL_THREAD_JDKS", &[21, 25, 27]);
+    let majors = majors_from_env("PROFILER_VIRTUAL_THREAD_JDKS", &[21, 25, 26, 27]);
     // Each JDK with long-lived virtual threads, and JDK 25 once more with a virtual thread per
     // round (every wait among a virtual thread's first: sampled by its carrier's time).
     let mut runs: Vec<(u32, &str)> = majors.iter().map(|&major| (major, "")).collect();
