@@ -194,7 +194,7 @@ impl LocalWriter {
         drop(file);
         std::fs::rename(&temporary, &path)?;
         self.ledger
-            .wrote(path.clone(), SystemTime::now(), bytes.len() as u64);
+            .wrote(name, SystemTime::now(), bytes.len() as u64);
         Ok(path)
     }
 

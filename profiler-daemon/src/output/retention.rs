@@ -10,12 +10,18 @@
 //! again every [`RELIST_EVERY`], which brings in what others changed there meanwhile (files
 //! deleted by hand, a previous run's).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 /// How often the ledger is checked against the directory.
 pub const RELIST_EVERY: Duration = Duration::from_secs(600);
+
+/// Most files the ledger holds (about 100 bytes each): past them, the oldest are deleted as if
+/// over the byte budget. A directory of more profiles than this is more than `view` reads in a
+/// reasonable time anyway; 20 JVMs' pprof files and flame graphs of a day within the default
+/// 1 GiB are about 40,000.
+pub const MAX_FILES: usize = 200_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Retention {
@@ -34,12 +40,12 @@ pub struct Removed {
 pub struct Ledger {
     dir: PathBuf,
     retention: Retention,
-    /// (modified, path): the order files go in. Ties fall to the name, which starts with the
-    /// interval's UTC time.
-    by_age: BTreeSet<(SystemTime, PathBuf)>,
-    /// path -> (modified, bytes).
-    files: HashMap<PathBuf, (SystemTime, u64)>,
+    /// (modified, file name) -> bytes, in the order files go. Ties fall to the name, which
+    /// starts with the interval's UTC time. A name written twice is counted twice until the
+    /// next listing (the daemon's names are unique per interval).
+    files: BTreeMap<(SystemTime, Box<str>), u64>,
     total: u64,
+    max_files: usize,
     listed: Option<Instant>,
 }
 
@@ -49,45 +55,43 @@ impl Ledger {
         Self {
             dir: dir.to_owned(),
             retention,
-            by_age: BTreeSet::new(),
-            files: HashMap::new(),
+            files: BTreeMap::new(),
             total: 0,
+            max_files: MAX_FILES,
             listed: None,
         }
     }
 
-    /// Notes a file the daemon just wrote (or wrote again).
-    pub fn wrote(&mut self, path: PathBuf, modified: SystemTime, bytes: u64) {
-        self.forget(&path);
-        self.by_age.insert((modified, path.clone()));
-        self.files.insert(path, (modified, bytes));
+    /// Notes a file the daemon just wrote in its directory.
+    pub fn wrote(&mut self, name: &str, modified: SystemTime, bytes: u64) {
+        if let Some(previous) = self.files.insert((modified, name.into()), bytes) {
+            self.total -= previous;
+        }
         self.total += bytes;
     }
 
-    fn forget(&mut self, path: &Path) {
-        if let Some((modified, bytes)) = self.files.remove(path) {
-            self.by_age.remove(&(modified, path.to_owned()));
-            self.total -= bytes;
-        }
-    }
-
     /// Applies the retention policy as of `now`: deletes what is too old, then the oldest files
-    /// while over the byte budget.
+    /// while over the byte budget (or [`MAX_FILES`]).
     pub fn enforce(&mut self, now: SystemTime) -> std::io::Result<Removed> {
         if self.listed.is_none_or(|at| at.elapsed() >= RELIST_EVERY) {
             self.relist(now)?;
         }
         let mut removed = Removed::default();
-        while let Some((modified, path)) = self.by_age.first().cloned() {
+        while let Some(((modified, _), _)) = self.files.first_key_value() {
             let too_old = self
                 .retention
                 .max_age
-                .is_some_and(|age| now.duration_since(modified).unwrap_or_default() > age);
-            let over_budget = self.retention.max_bytes.is_some_and(|max| self.total > max);
+                .is_some_and(|age| now.duration_since(*modified).unwrap_or_default() > age);
+            let over_budget = self.retention.max_bytes.is_some_and(|max| self.total > max)
+                || self.files.len() > self.max_files;
             if !too_old && !over_budget {
                 break;
             }
-            let bytes = self.files.get(&path).map_or(0, |(_, bytes)| *bytes);
+            let Some(((_, name), bytes)) = self.files.pop_first() else {
+                break;
+            };
+            self.total -= bytes;
+            let path = self.dir.join(&*name);
             match std::fs::remove_file(&path) {
                 Ok(()) => {
                     removed.files += 1;
@@ -95,10 +99,9 @@ impl Ledger {
                 }
                 // Deleted by someone else: gone all the same.
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-                // Kept, but out of the ledger: it is listed again at the next relisting.
+                // Kept, but out of the ledger until the next listing.
                 Err(err) => tracing::debug!(path = %path.display(), %err, "retention: not deleted"),
             }
-            self.forget(&path);
         }
         Ok(removed)
     }
@@ -106,24 +109,19 @@ impl Ledger {
     /// Replaces the ledger with what the directory holds.
     fn relist(&mut self, now: SystemTime) -> std::io::Result<()> {
         let entries = std::fs::read_dir(&self.dir)?;
-        self.by_age.clear();
         self.files.clear();
         self.total = 0;
         for entry in entries {
             let Ok(entry) = entry else { continue };
             let name = entry.file_name();
-            if !name.to_str().is_some_and(super::file_name::is_ours) {
+            let Some(name) = name.to_str().filter(|name| super::file_name::is_ours(name)) else {
                 continue;
-            }
+            };
             let Ok(metadata) = entry.metadata() else {
                 continue;
             };
             if metadata.is_file() {
-                self.wrote(
-                    entry.path(),
-                    metadata.modified().unwrap_or(now),
-                    metadata.len(),
-                );
+                self.wrote(name, metadata.modified().unwrap_or(now), metadata.len());
             }
         }
         self.listed = Some(Instant::now());
@@ -250,14 +248,8 @@ mod tests {
         ] {
             write(dir.path(), name, 100, Duration::from_secs(age));
             let modified = SystemTime::now() - Duration::from_secs(age);
-            ledger.wrote(dir.path().join(name), modified, 100);
+            ledger.wrote(name, modified, 100);
         }
-        // Written again (same name): counted once.
-        ledger.wrote(
-            dir.path().join("cpu-4-d.pb.gz"),
-            SystemTime::now() - Duration::from_secs(10),
-            100,
-        );
         // 300 bytes known, budget 250: the oldest goes; one deleted by hand meanwhile is gone
         // all the same, without an error.
         std::fs::remove_file(dir.path().join("cpu-3-c.pb.gz")).expect("removes");
@@ -272,6 +264,37 @@ mod tests {
         assert_eq!(
             names(dir.path()),
             vec!["cpu-4-d.pb.gz", "cpu-9-stranger.pb.gz"]
+        );
+    }
+
+    #[test]
+    fn past_its_file_bound_the_ledger_deletes_the_oldest() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (i, name) in ["cpu-1.pb.gz", "cpu-2.pb.gz", "cpu-3.pb.gz", "cpu-4.pb.gz"]
+            .iter()
+            .enumerate()
+        {
+            write(dir.path(), name, 10, Duration::from_secs(100 - i as u64));
+        }
+        let mut ledger = Ledger::new(
+            dir.path(),
+            Retention {
+                max_age: None,
+                max_bytes: None,
+            },
+        );
+        ledger.max_files = 3;
+        let removed = ledger.enforce(SystemTime::now()).expect("enforces");
+        assert_eq!(
+            removed,
+            Removed {
+                files: 1,
+                bytes: 10
+            }
+        );
+        assert_eq!(
+            names(dir.path()),
+            vec!["cpu-2.pb.gz", "cpu-3.pb.gz", "cpu-4.pb.gz"]
         );
     }
 }
