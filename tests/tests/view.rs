@@ -169,3 +169,107 @@ fn merges_stored_profiles_by_pid_service_and_process_and_diffs_two_windows() {
         "{message}"
     );
 }
+
+/// The retention policy on a directory the daemon finds with files in it: its own profiles past
+/// the age go at the first interval's end, then the oldest past the byte budget as it writes;
+/// a file that is not one of its profiles stays, however old.
+#[test]
+fn retention_deletes_old_profiles_then_the_oldest_past_the_budget() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let busy = Workload::spawn(
+        Command::new(compile_c("native_split.c", dir.path()).expect("compiles")).arg("30"),
+    )
+    .expect("starts");
+    let out = dir.path().join("profiles");
+    std::fs::create_dir(&out).expect("creates the output directory");
+    let aged = |name: &str, bytes: usize, age: Duration| {
+        let path = out.join(name);
+        std::fs::write(&path, vec![0u8; bytes]).expect("writes");
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .expect("opens")
+            .set_modified(std::time::SystemTime::now() - age)
+            .expect("sets its time");
+    };
+    let day = Duration::from_secs(24 * 3600);
+    aged("cpu-20261101T000000Z-1-old.pb.gz", 1000, 2 * day);
+    aged("cpu-20261101T000000Z-1-old.svg", 1000, 2 * day);
+    aged("notes.txt", 1000, 30 * day);
+    // Recent, but the oldest of the daemon's files: the first to go past the budget.
+    aged(
+        "cpu-20261201T000000Z-2-recent.pb.gz",
+        100_000,
+        Duration::from_secs(3600),
+    );
+    let budget = 150_000u64;
+    let config = dir.path().join("retention.toml");
+    std::fs::write(
+        &config,
+        format!("retention_max_age_secs = 86400\nretention_max_bytes = {budget}\n"),
+    )
+    .expect("writes the config");
+
+    let finished = DaemonRun::new()
+        .pid(busy.pid())
+        .frequency(499)
+        .interval(1)
+        .duration(6)
+        .no_stream()
+        .config(&config)
+        .output(&out)
+        .run(Duration::from_secs(60));
+
+    let names: Vec<String> = std::fs::read_dir(&out)
+        .expect("lists")
+        .map(|entry| {
+            entry
+                .expect("entry")
+                .file_name()
+                .into_string()
+                .expect("utf-8")
+        })
+        .collect();
+    let ours: Vec<&String> = names
+        .iter()
+        .filter(|name| ProfileFileName::parse(name).is_some() || name.ends_with(".svg"))
+        .collect();
+    let bytes: u64 = ours
+        .iter()
+        .map(|name| std::fs::metadata(out.join(name)).expect("stat").len())
+        .sum();
+    eprintln!("left: {names:?} ({bytes} bytes of profiles)");
+    assert!(
+        names.contains(&"notes.txt".to_owned()),
+        "a file not ours was deleted"
+    );
+    assert!(
+        !names.iter().any(|name| name.contains("-old.")),
+        "profiles past the age were kept: {names:?}"
+    );
+    assert!(
+        !names.iter().any(|name| name.contains("-recent.")),
+        "the oldest profile was kept past the byte budget: {names:?}"
+    );
+    assert!(
+        finished.log.contains("retention: old profiles deleted"),
+        "no deletion logged: {}",
+        finished.log
+    );
+    // The budget holds after each interval's files are written; the daemon's last interval
+    // (written as it stops) may add a pprof file and a flame graph.
+    let newest_interval: u64 = ours
+        .iter()
+        .filter(|name| name.contains(&format!("-{}-", busy.pid())))
+        .map(|name| std::fs::metadata(out.join(name)).expect("stat").len())
+        .max()
+        .unwrap_or(0);
+    assert!(
+        bytes <= budget + 2 * newest_interval,
+        "{bytes} bytes of profiles left, budget {budget}"
+    );
+    assert!(
+        ours.len() >= 2,
+        "the newest profiles were deleted too: {names:?}"
+    );
+}
