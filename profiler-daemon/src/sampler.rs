@@ -41,8 +41,11 @@ const PROCESS_EVENT_PROGRAMS: [(&str, &str); 2] = [
 /// attach to.
 const OFF_CPU_PROGRAMS: [(&str, &str); 2] = [
     ("off_cpu_switch", "sched_switch"),
-    ("off_cpu_wakeup", "sched_wakeup"),
+    (WAKEUP_PROGRAM, "sched_wakeup"),
 ];
+
+/// The off-CPU program that marks wake-ups, where the kernel's run-queue account is not known.
+const WAKEUP_PROGRAM: &str = "off_cpu_wakeup";
 
 /// The smallest ring the kernel takes (a page): what the off-CPU ring is sized to when off-CPU
 /// profiling is off, so it costs nothing.
@@ -182,6 +185,29 @@ struct ObjectSettings {
     java_threads: u32,
     /// Slots of the allocation hooks' per-thread counters (1 without `--alloc`).
     alloc_threads: u32,
+    /// Where the off-CPU programs read a task's run-queue account, if the kernel has one.
+    run_queue: Option<RunQueueOffsets>,
+}
+
+/// Where a task's scheduler account of its run-queue wait is (`profiler-ebpf/src/off_cpu.rs`,
+/// `queued_for`): `task_struct.sched_info.last_queued`, `task_struct.se.cfs_rq`, `cfs_rq.rq`
+/// and `rq.clock`, byte offsets from the kernel's BTF.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RunQueueOffsets([u64; 4]);
+
+impl RunQueueOffsets {
+    /// From the running kernel's BTF; `None` if any is missing (a kernel without
+    /// `CONFIG_SCHED_INFO` or `CONFIG_FAIR_GROUP_SCHED`): the wake-up program is used then.
+    fn of_running_kernel() -> Option<Self> {
+        let btf = KernelBtf::from_sys_fs().ok()?;
+        let at = |structure: &str, member: &str| btf.member_offset(structure, member).ok();
+        Some(Self([
+            u64::from(at("task_struct", "sched_info")? + at("sched_info", "last_queued")?),
+            u64::from(at("task_struct", "se")? + at("sched_entity", "cfs_rq")?),
+            u64::from(at("cfs_rq", "rq")?),
+            u64::from(at("rq", "clock")?),
+        ]))
+    }
 }
 
 /// The program on the sidecar agent's allocation sampler callback (`profiler-ebpf/src/alloc.rs`).
@@ -215,6 +241,7 @@ fn attach_to_agent(program: &mut UProbe, agent: &std::path::Path) {
 /// Creates the object's maps (programs are loaded one by one afterwards).
 fn load_object(object: BpfObject, settings: &ObjectSettings) -> Result<Ebpf, SamplerError> {
     let task_offsets;
+    let run_queue = settings.run_queue.map_or([0; 4], |offsets| offsets.0);
     let mut loader = EbpfLoader::new();
     loader
         // The off-CPU programs' task storage, which aya has no userspace type for (the
@@ -226,6 +253,10 @@ fn load_object(object: BpfObject, settings: &ObjectSettings) -> Result<Ebpf, Sam
         .override_global("TRACK_MONITOR_WAITS", &settings.monitor_waits, true)
         .override_global("ALLOC_INTERVAL", &settings.alloc_interval, true)
         .override_global("EMIT_BUDGETS", &settings.budgets, true)
+        .override_global("TASK_LAST_QUEUED_OFFSET", &run_queue[0], true)
+        .override_global("TASK_CFS_RQ_OFFSET", &run_queue[1], true)
+        .override_global("CFS_RQ_RQ_OFFSET", &run_queue[2], true)
+        .override_global("RQ_CLOCK_OFFSET", &run_queue[3], true)
         .map_max_entries("OFF_CPU_EVENTS", settings.off_cpu_ring_bytes)
         .map_max_entries("ALLOC_SAMPLES", settings.alloc_ring_bytes)
         .map_max_entries("HOTSPOT_PROCS", settings.max_jvms)
@@ -315,6 +346,7 @@ pub fn check_programs(
             cfi_blocks: 16,
             java_threads: 1024,
             alloc_threads: 16,
+            run_queue: RunQueueOffsets::of_running_kernel(),
         },
     )?;
     let btf = Btf::from_sys_fs().ok();
@@ -400,6 +432,7 @@ impl Sampler {
             Some(_) => profiler_common::ALLOC_RING_BYTES,
             None => UNUSED_RING_BYTES,
         };
+        let run_queue = off_cpu.and_then(|_| RunQueueOffsets::of_running_kernel());
         let mut ebpf = load_object(
             object,
             &ObjectSettings {
@@ -428,6 +461,7 @@ impl Sampler {
                 } else {
                     1
                 },
+                run_queue,
             },
         )?;
         tracing::debug!(ring_bytes, cpus = cpus.len(), "sample ring sized");
@@ -494,7 +528,17 @@ impl Sampler {
         let off_cpu = match off_cpu {
             Some(_) => {
                 let btf = Btf::from_sys_fs()?;
-                for (name, tracepoint) in OFF_CPU_PROGRAMS {
+                if run_queue.is_none() {
+                    tracing::info!(
+                        "off-CPU: no run-queue account in the kernel's BTF; a program on \
+                         sched_wakeup marks wake-ups"
+                    );
+                }
+                // With the scheduler's own account, no program needs to run at each wake-up.
+                let wanted = OFF_CPU_PROGRAMS
+                    .into_iter()
+                    .filter(|(name, _)| run_queue.is_none() || *name != WAKEUP_PROGRAM);
+                for (name, tracepoint) in wanted {
                     let program: &mut BtfTracePoint = ebpf
                         .program_mut(name)
                         .ok_or(SamplerError::MissingProgram(name))?

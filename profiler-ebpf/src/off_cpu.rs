@@ -4,9 +4,12 @@
 //! there, as the CPU sampler walks them. How long it will wait is not known yet, so the switch
 //! is sampled first (with a probability set from the thread's past alone, so that weighting each
 //! sampled wait by its inverse keeps every stack's total unbiased), its stack sent at once, and
-//! the wait's end sent when the thread is back on a CPU. `sched_wakeup` marks when a sleeping
-//! thread became runnable: what comes after is run-queue delay (waiting for a CPU), not waiting
-//! for something it asked for.
+//! the wait's end sent when the thread is back on a CPU. What part of the wait was run-queue
+//! delay (runnable, waiting for a CPU), not waiting for something it asked for, comes from the
+//! scheduler's own account where the daemon found it in the kernel's BTF: the time the thread
+//! was queued (`sched_info.last_queued`, on its run queue's clock) against that clock now, read
+//! at switch-in, so that no program runs at each wake-up. Elsewhere a `sched_wakeup` program
+//! marks when a sleeping thread became runnable.
 //!
 //! The probability: a thread's cycle is the time from one of its switches off the CPU to the
 //! next (it ran, then waited). A switch is always sampled when the cycle it ends, or the thread's
@@ -30,7 +33,9 @@
 
 use aya_ebpf::{
     bindings::task_struct,
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated as gen},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, generated as gen,
+    },
     macros::{btf_tracepoint, map},
     maps::{PerCpuArray, RingBuf},
     programs::BtfTracePointContext,
@@ -64,6 +69,18 @@ pub(crate) static OFF_CPU_PERIOD_NS: u64 = 5_000_000;
 /// across their blocks.
 #[no_mangle]
 static TRACK_MONITOR_WAITS: u64 = 0;
+
+/// Set by the daemon at load time from the kernel's BTF, all or none (0: the `sched_wakeup`
+/// program marks wake-ups instead): where a task's `sched_info.last_queued` is, its
+/// `se.cfs_rq`, a `cfs_rq`'s `rq`, and an `rq`'s `clock`.
+#[no_mangle]
+static TASK_LAST_QUEUED_OFFSET: u64 = 0;
+#[no_mangle]
+static TASK_CFS_RQ_OFFSET: u64 = 0;
+#[no_mangle]
+static CFS_RQ_RQ_OFFSET: u64 = 0;
+#[no_mangle]
+static RQ_CLOCK_OFFSET: u64 = 0;
 
 /// Most time a thread runs between two blocks of one monitor wait: HotSpot spins (adaptively,
 /// microseconds) before it blocks again. Longer, and the thread got the monitor, held it and
@@ -133,11 +150,15 @@ fn switched_in(task: *mut task_struct) {
         return;
     }
     let woken = thread.woken_ns;
-    // No wake-up seen (woken by a path without the tracepoint): all of it counts as blocked.
-    let (blocked_ns, runqueue_ns) = if woken >= out && woken <= now {
+    let waited = now.saturating_sub(out);
+    let (blocked_ns, runqueue_ns) = if let Some(queued) = queued_for(task) {
+        let queued = queued.min(waited);
+        (waited - queued, queued)
+    } else if woken >= out && woken <= now {
         (woken - out, now - woken)
     } else {
-        (now.saturating_sub(out), 0)
+        // No wake-up seen (woken by a path without the tracepoint): all of it counts as blocked.
+        (waited, 0)
     };
     let end = OffCpuEnd {
         out_ktime_ns: out,
@@ -155,6 +176,37 @@ fn switched_in(task: *mut task_struct) {
         .is_err()
     {
         count(Counter::OffCpuRingFull);
+    }
+}
+
+/// How long `task`, being switched in, has been runnable, by the scheduler's account: its run
+/// queue's clock (brought up to date by this very switch) less the time it was queued on it.
+/// `None` where the daemon found no such account, or it says nothing of this task.
+#[inline(always)]
+fn queued_for(task: *mut task_struct) -> Option<u64> {
+    // SAFETY: globals the loader sets once; read-only afterwards.
+    let (last_queued_at, cfs_rq_at, rq_at, clock_at) = unsafe {
+        (
+            core::ptr::read_volatile(&TASK_LAST_QUEUED_OFFSET),
+            core::ptr::read_volatile(&TASK_CFS_RQ_OFFSET),
+            core::ptr::read_volatile(&CFS_RQ_RQ_OFFSET),
+            core::ptr::read_volatile(&RQ_CLOCK_OFFSET),
+        )
+    };
+    if last_queued_at == 0 {
+        return None;
+    }
+    // SAFETY: checked reads of kernel memory, at offsets from the kernel's own BTF.
+    unsafe {
+        let last_queued: u64 =
+            bpf_probe_read_kernel((task as u64 + last_queued_at) as *const u64).ok()?;
+        if last_queued == 0 {
+            return None;
+        }
+        let cfs_rq: u64 = bpf_probe_read_kernel((task as u64 + cfs_rq_at) as *const u64).ok()?;
+        let rq: u64 = bpf_probe_read_kernel((cfs_rq + rq_at) as *const u64).ok()?;
+        let clock: u64 = bpf_probe_read_kernel((rq + clock_at) as *const u64).ok()?;
+        clock.checked_sub(last_queued)
     }
 }
 
