@@ -891,4 +891,18 @@ mod budget_tests {
             assert!(budget.process_burst_bytes <= budget.user_burst_bytes);
         }
     }
+
+    /// This machine's kernel (the project's, and Debian's from 5.10) keeps the scheduler's
+    /// run-queue account: the off-CPU programs read it, and no wake-up program is attached.
+    #[test]
+    fn the_run_queue_account_is_found_in_this_kernels_btf() {
+        let offsets = RunQueueOffsets::of_running_kernel().expect("sched_info and cfs_rq.rq");
+        let task_struct = KernelBtf::from_sys_fs()
+            .expect("BTF")
+            .member_offset("task_struct", "sched_info")
+            .expect("task_struct.sched_info");
+        // last_queued is inside task_struct's sched_info; the others are fields of their own.
+        assert!(offsets.0[0] > u64::from(task_struct), "{offsets:?}");
+        assert!(offsets.0[1] > 0 && offsets.0[3] > 0, "{offsets:?}");
+    }
 }
