@@ -72,6 +72,16 @@ pub fn check(whole_logs: bool) -> CheckReport {
         }
     );
 
+    let _ = writeln!(
+        text,
+        "run-queue account: {}",
+        if crate::sampler::run_queue_account_known() {
+            "present (off-CPU waits split without a program at wake-ups)"
+        } else {
+            "MISSING from BTF: off-CPU profiling attaches a program to sched_wakeup"
+        }
+    );
+
     let features = KernelFeatures::probe();
     let _ = writeln!(text, "\nBPF features:");
     for probe in &features.probes {

@@ -189,6 +189,12 @@ struct ObjectSettings {
     run_queue: Option<RunQueueOffsets>,
 }
 
+/// Whether the running kernel's BTF says where the scheduler keeps its run-queue account
+/// (`profiler-daemon check`).
+pub fn run_queue_account_known() -> bool {
+    RunQueueOffsets::of_running_kernel().is_some()
+}
+
 /// Where a task's scheduler account of its run-queue wait is (`profiler-ebpf/src/off_cpu.rs`,
 /// `queued_for`): `task_struct.sched_info.last_queued`, `task_struct.se.cfs_rq`, `cfs_rq.rq`
 /// and `rq.clock`, byte offsets from the kernel's BTF.
