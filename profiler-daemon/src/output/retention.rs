@@ -41,8 +41,9 @@ pub struct Ledger {
     dir: PathBuf,
     retention: Retention,
     /// (modified, file name) -> bytes, in the order files go. Ties fall to the name, which
-    /// starts with the interval's UTC time. A name written twice is counted twice until the
-    /// next listing (the daemon's names are unique per interval).
+    /// starts with the interval's UTC time. A name written again (only within its interval: a
+    /// pid reused with the same process name) has two entries until the next listing: counted
+    /// twice, and the file goes with the older one, of the same interval.
     files: BTreeMap<(SystemTime, Box<str>), u64>,
     total: u64,
     max_files: usize,
