@@ -87,6 +87,8 @@ pub(super) struct Daemon {
     pub(super) log: PathBuf,
     /// Its own memory cgroup (it is started in it), for what the kernel charges it.
     pub(super) cgroup: MemoryCgroup,
+    /// Its output directory, its own (two daemons may run at once), removed when it stops.
+    pub(super) output: PathBuf,
 }
 
 /// The daemon's CPU and counters over one window.
@@ -213,12 +215,30 @@ impl Daemon {
 
     pub(super) fn stop(self) -> Result<()> {
         let log = self.log.clone();
+        let output = self.output.clone();
         let status = self.process.interrupt()?;
         if !status.success() {
             bail!("the daemon failed ({status}); see {}", log.display());
         }
+        let _ = std::fs::remove_dir_all(&output);
         Ok(())
     }
+}
+
+/// The CPU each of `daemons`, running at once over the same workload, used over one `window`:
+/// the workload's drift is then in every one's figure alike, where daemons run in turns would
+/// each see their own stretch of it.
+pub(super) fn cpu_at_once(daemons: &[&Daemon], window: Duration) -> Result<Vec<CpuUse>> {
+    let before = daemons
+        .iter()
+        .map(|daemon| daemon.cpu_reading())
+        .collect::<Result<Vec<_>>>()?;
+    thread::sleep(window);
+    daemons
+        .iter()
+        .zip(&before)
+        .map(|(daemon, before)| Ok(daemon.cpu_reading()?.since(before)))
+        .collect()
 }
 
 #[cfg(test)]

@@ -331,7 +331,9 @@ impl Bench {
         extra_args: &[String],
         earlier: Option<&Path>,
     ) -> Result<Daemon> {
-        let output = self.work_dir.join("profiles");
+        static DAEMONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let serial = DAEMONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let output = self.work_dir.join(format!("profiles-{serial}"));
         if output.exists() {
             fs::remove_dir_all(&output)
                 .with_context(|| format!("clearing {}", output.display()))?;
@@ -344,11 +346,9 @@ impl Bench {
             }
         }
         let metrics = free_local_address()?;
-        let log = self.work_dir.join("daemon.log");
+        let log = self.work_dir.join(format!("daemon-{serial}.log"));
         let log_file = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         // No limit to speak of: the cgroup is there to measure.
-        static DAEMONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let serial = DAEMONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let cgroup = MemoryCgroup::create(&format!("profiler-bench-{serial}"), 8 << 30)?;
         // The shell joins the cgroup and becomes the daemon, so every page is charged there.
         let mut command = Command::new("sh");
@@ -375,6 +375,7 @@ impl Bench {
             program: 0,
             log,
             cgroup,
+            output,
         };
         daemon.wait_until(ready)?;
         daemon.program = sampling_program(daemon.process.pid())?;
