@@ -149,6 +149,38 @@ fn a_symlinked_attach_trigger_never_touches_the_file_it_points_to() {
 }
 
 #[test]
+fn a_stale_socket_of_another_user_at_the_jvms_attach_name_is_cleared_and_the_attach_works() {
+    let user = test_user();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes = classes(dir.path());
+    let jvm = start_jvm_as(user, &classes, Path::new("/tmp"), &["split-worker"]);
+    let pid = jvm.pid();
+    // What a root process with the same pid, killed, leaves behind: its socket file, nobody
+    // listening. The JVM's user cannot replace it in the sticky /tmp.
+    let stale = Planted(PathBuf::from(format!("/tmp/.java_pid{pid}")));
+    let _ = std::fs::remove_file(&stale.0);
+    drop(std::os::unix::net::UnixListener::bind(&stale.0).expect("bind"));
+    let inode = std::fs::symlink_metadata(&stale.0)
+        .expect("the stale socket")
+        .ino();
+
+    let output = attach(pid);
+    assert!(
+        output.status.success(),
+        "attach past a stale root socket: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let now = std::fs::symlink_metadata(&stale.0).expect("the JVM's socket");
+    assert_ne!(now.ino(), inode, "the stale socket was replaced");
+    assert_eq!(now.uid(), user.uid, "by the JVM's own");
+    assert!(alive(pid));
+    println!(
+        "stale root socket at /tmp/.java_pid{pid}: cleared, attached: {}",
+        String::from_utf8_lossy(&output.stdout).trim()
+    );
+}
+
+#[test]
 fn the_attach_child_closes_the_daemons_descriptors_and_drops_its_rights_before_acting() {
     let user = test_user();
     let dir = tempfile::tempdir().expect("tempdir");

@@ -6,7 +6,9 @@
 //! accepts a peer only with its own euid/egid (`SO_PEERCRED`). The request is
 //! `1\0load\0PATH\0true\0OPTIONS\0`; the path is resolved inside the JVM's namespace, so the
 //! agent is copied there first when the JVM has its own mount namespace. A socket that refuses
-//! connections was left by a dead process with the same pid: the listener is started anyway.
+//! connections was left by a dead process with the same pid: the listener is started anyway
+//! (and one of another user, which the JVM could not replace in a sticky `/tmp`, is removed
+//! first).
 //!
 //! Everything in the JVM's directories belongs to the JVM's user, who may plant symlinks, FIFOs
 //! or mounts there, and its mount namespace may put any directory at its `/tmp` (a bind mount
@@ -145,6 +147,13 @@ pub fn attach(pid: u32, agent: &Path, options: &str) -> Result<Attached> {
     // The working directory is only a preferred place for the trigger.
     let cwd = untrusted::open_cwd_dir(pid).ok();
     let placement = place_agent(&target, &tmp, agent)?;
+    if remove_stale_foreign_socket(&tmp, &target) {
+        tracing::info!(
+            pid,
+            socket = format!("/tmp/{}", target.socket_name()),
+            "removed a stale attach socket of another user (a dead process with the same pid left it)"
+        );
+    }
     // SIGQUIT kills a JVM that does not handle it yet (still starting) or at all (-Xrs); the
     // child only signals when the socket is missing, but it cannot read /proc as the JVM's user
     // in every setup, so the daemon checks first.
@@ -275,6 +284,72 @@ fn socket_exists(dir: &OwnedFd, name: &str) -> bool {
     CString::new(name).is_ok_and(|name| unsafe { socket_file(dir.as_raw_fd(), &name) }.is_some())
 }
 
+/// The address of the JVM's socket in `tmp`, reached through the directory's descriptor.
+fn socket_address(tmp: &OwnedFd, target: &Target) -> Result<libc::sockaddr_un> {
+    let via_fd = format!("/proc/self/fd/{}/{}", tmp.as_raw_fd(), target.socket_name());
+    // SAFETY: all-zero is a valid sockaddr_un.
+    let mut address: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    address.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = CString::new(via_fd)?.into_bytes_with_nul();
+    if bytes.len() > address.sun_path.len() {
+        bail!("socket path too long");
+    }
+    for (dst, src) in address.sun_path.iter_mut().zip(&bytes) {
+        *dst = *src as libc::c_char;
+    }
+    Ok(address)
+}
+
+/// Removes a stale socket of another user at the JVM's attach name; true if it did.
+///
+/// HotSpot binds its socket as the JVM's user, so one owned by anyone else is never the JVM's
+/// listener, and in a sticky `/tmp` the JVM cannot replace it: its listener would never start.
+/// Nobody listening on it, a dead process of that user with the same pid left it (a killed JVM
+/// does not remove its socket, and pids come round). One that someone listens on stays, and is
+/// refused as another user's ([`NotTheJvmsSocket`]). The daemon tests it with a connection that
+/// sends nothing, and removes it through the directory's descriptor, only if the name still
+/// holds the same socket.
+fn remove_stale_foreign_socket(tmp: &OwnedFd, target: &Target) -> bool {
+    let Ok(name) = CString::new(target.socket_name()) else {
+        return false;
+    };
+    // SAFETY: a directory descriptor we own.
+    let Some(before) = (unsafe { socket_file(tmp.as_raw_fd(), &name) }) else {
+        return false;
+    };
+    if before.owner == target.euid {
+        return false;
+    }
+    let Ok(address) = socket_address(tmp, target) else {
+        return false;
+    };
+    // SAFETY: a new socket of our own, closed by `OwnedFd`; connect reads the prepared address.
+    let refused = unsafe {
+        let fd = libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        );
+        if fd < 0 {
+            return false;
+        }
+        let socket = OwnedFd::from_raw_fd(fd);
+        let connected = libc::connect(
+            socket.as_raw_fd(),
+            (&address as *const libc::sockaddr_un).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        ) == 0;
+        !connected && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECONNREFUSED)
+    };
+    // SAFETY: as above; unlinkat removes the name, never what a link points to.
+    unsafe {
+        let still = socket_file(tmp.as_raw_fd(), &name);
+        refused
+            && still.is_some_and(|s| s.inode == before.inode && s.owner == before.owner)
+            && libc::unlinkat(tmp.as_raw_fd(), name.as_ptr(), 0) == 0
+    }
+}
+
 /// Waits (briefly) until `pid` catches SIGQUIT, per the `SigCgt` mask of /proc/PID/status.
 fn wait_for_sigquit_handler(pid: u32) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -385,17 +460,7 @@ fn exchange_as(
     request: &[u8],
     may_signal: bool,
 ) -> Result<(bool, Vec<u8>)> {
-    let via_fd = format!("/proc/self/fd/{}/{}", tmp.as_raw_fd(), target.socket_name());
-    // SAFETY: all-zero is a valid sockaddr_un.
-    let mut address: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    address.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let bytes = CString::new(via_fd)?.into_bytes_with_nul();
-    if bytes.len() > address.sun_path.len() {
-        bail!("socket path too long");
-    }
-    for (dst, src) in address.sun_path.iter_mut().zip(&bytes) {
-        *dst = *src as libc::c_char;
-    }
+    let address = socket_address(tmp, target)?;
     let mut copy_buffer = vec![0u8; 64 * 1024];
     let mut reply = vec![0u8; MAX_REPLY];
     let mut fds = [0; 2];
