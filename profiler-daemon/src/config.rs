@@ -58,7 +58,7 @@ pub struct FileConfig {
     pub cache_budget_mib: Option<u64>,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. "127.0.0.1:9464"; default: off).
     pub metrics_listen: Option<String>,
-    /// Write an SVG flame graph beside each pprof file (default true).
+    /// Write an SVG flame graph beside each pprof file (default false: `view` draws them).
     pub flame_graphs: Option<bool>,
     /// Delete local profiles older than this (default 86400: one day; 0 keeps them forever).
     pub retention_max_age_secs: Option<u64>,
@@ -396,7 +396,6 @@ impl Config {
             file.retention_max_age_secs,
             file.retention_max_bytes,
             output_mode,
-            pyroscope.is_some() || otlp.is_some(),
         );
         let attach = crate::sidecar::AttachPolicy::resolve(
             flags.attach,
@@ -539,16 +538,15 @@ mod tests {
     }
 
     #[test]
-    fn flame_graphs_are_drawn_by_default_only_without_a_backend() {
+    fn flame_graphs_are_drawn_only_when_asked() {
         let local = resolve_text("").expect("valid");
-        assert!(local.local_output.flame_graphs);
+        assert!(!local.local_output.flame_graphs);
+        let asked = resolve_text("flame_graphs = true\n").expect("valid");
+        assert!(asked.local_output.flame_graphs);
         let exported =
-            resolve_text("[pyroscope]\nurl = \"http://127.0.0.1:4040\"\n").expect("valid");
-        assert!(!exported.local_output.flame_graphs);
-        let asked =
             resolve_text("flame_graphs = true\n[pyroscope]\nurl = \"http://127.0.0.1:4040\"\n")
                 .expect("valid");
-        assert!(asked.local_output.flame_graphs);
+        assert!(exported.local_output.flame_graphs);
     }
 
     #[test]
@@ -642,7 +640,6 @@ mod tests {
         assert_eq!(otlp.target.auth, Some(Auth::Bearer("t".into())));
         assert_eq!(otlp.delivery.queue.max_profiles, 10);
         assert!(config.pyroscope.is_none());
-        assert!(!config.local_output.flame_graphs, "a backend is configured");
         for (text, field) in [
             ("[otlp]\nurl = \"ftp://x\"", "`otlp.url` (flag --otlp)"),
             (

@@ -41,7 +41,11 @@ fn native_cpu_split_is_measured_and_stacks_reach_main() {
     let workload = Workload::spawn(Command::new(&binary).arg("30")).expect("starts");
     let out = dir.path().join("profiles");
     let pid = workload.pid().to_string();
+    // Flame graphs beside the files are asked for (off by default).
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "flame_graphs = true\n").expect("config written");
     DaemonRun::new()
+        .config(&config)
         .pid(workload.pid())
         // About 3,000 samples: at 199 Hz (1,200) hot_a's share spread from 64.5% to 72%; at
         // 499 Hz it stays within 67.5-69% (the workload's own CPU clock says 69.4%).

@@ -68,20 +68,20 @@ pub fn directory_mode(file_mode: u32) -> u32 {
 }
 
 impl LocalOutput {
-    /// The local output's keys: `flame_graphs` (default: on only without a backend, since an
-    /// SVG per process per interval costs CPU and with a backend people look there),
+    /// The local output's keys: `flame_graphs` (default off: an SVG per process per interval
+    /// tells nothing its pprof file beside it does not, and drawing them was a seventh of the
+    /// daemon's CPU with 20 JVMs; `profiler-daemon view` draws any window of them on demand),
     /// `retention_max_age_secs` and `retention_max_bytes` (0: no bound).
     pub fn resolve(
         flame_graphs: Option<bool>,
         retention_max_age_secs: Option<u64>,
         retention_max_bytes: Option<u64>,
         file_mode: Option<u32>,
-        has_backend: bool,
     ) -> Self {
         let max_age = retention_max_age_secs.unwrap_or(DEFAULT_RETENTION_AGE.as_secs());
         let max_bytes = retention_max_bytes.unwrap_or(DEFAULT_RETENTION_BYTES);
         Self {
-            flame_graphs: flame_graphs.unwrap_or(!has_backend),
+            flame_graphs: flame_graphs.unwrap_or(false),
             retention: Retention {
                 max_age: (max_age > 0).then(|| Duration::from_secs(max_age)),
                 max_bytes: (max_bytes > 0).then_some(max_bytes),

@@ -678,8 +678,14 @@ mod tests {
         let function = |frames: &[Option<Arc<ResolvedFrame>>]| {
             frames[0].as_ref().map(|f| f.function().to_owned())
         };
-        // Named from the symbol table: this binary's DWARF is far larger than the budget.
-        assert_eq!(function(&again), function(&first));
+        // Named from the symbol table: this binary's DWARF is far larger than the budget. (With
+        // line tables only, as the tests build it, DWARF names it without its module path.)
+        for named in [function(&again), function(&first)] {
+            assert!(
+                named.is_some_and(|name| name.ends_with("a_function_with_a_distinct_name")),
+                "{named:?}"
+            );
+        }
         assert_eq!(again[0].as_ref().map(|f| f.lines[0].line), Some(0));
         assert_eq!(tight.cached_frames(), 0);
         assert!(stats.evictions.load(std::sync::atomic::Ordering::Relaxed) >= 1);
