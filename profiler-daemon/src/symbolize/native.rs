@@ -682,7 +682,9 @@ mod tests {
         // line tables only, as the tests build it, DWARF names it without its module path.)
         for named in [function(&again), function(&first)] {
             assert!(
-                named.is_some_and(|name| name.ends_with("a_function_with_a_distinct_name")),
+                named
+                    .as_deref()
+                    .is_some_and(|name| name.ends_with("a_function_with_a_distinct_name")),
                 "{named:?}"
             );
         }
