@@ -206,7 +206,10 @@ fn retention_deletes_old_profiles_then_the_oldest_past_the_budget() {
     let config = dir.path().join("retention.toml");
     std::fs::write(
         &config,
-        format!("retention_max_age_secs = 86400\nretention_max_bytes = {budget}\n"),
+        // Flame graphs too (off by default): the budget counts them with the pprof files.
+        format!(
+            "flame_graphs = true\nretention_max_age_secs = 86400\nretention_max_bytes = {budget}\n"
+        ),
     )
     .expect("writes the config");
 
