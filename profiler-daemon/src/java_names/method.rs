@@ -14,6 +14,12 @@ pub struct MethodInfo {
     pub file: Option<String>,
     /// (start bci, line), sorted by bci.
     pub lines: Vec<(u32, u32)>,
+    /// `java.lang.Thread.run(Ljava/lang/Runnable;)V`, built once: every interval's profile
+    /// names its frames anew, and formatting it each time was most of naming a cached method.
+    /// (So the names above are not to be changed after [`MethodInfo::from_internal`].)
+    full_name: String,
+    /// Where the signature starts in `full_name`.
+    function_len: usize,
 }
 
 impl MethodInfo {
@@ -28,15 +34,32 @@ impl MethodInfo {
         mut lines: Vec<(u32, u32)>,
     ) -> Self {
         lines.sort_by_key(|(bci, _)| *bci);
+        let class = stable_class_name(internal_class);
+        let full_name = format!("{class}.{name}{signature}");
+        let function_len = full_name.len() - signature.len();
         Self {
-            class: stable_class_name(internal_class),
+            class,
             name,
             signature,
+            full_name,
+            function_len,
             file: source_file
                 .filter(|file| !file.is_empty())
                 .map(|file| source_path(internal_class, file)),
             lines,
         }
+    }
+
+    /// `java.lang.Thread.run`: the name frames show.
+    pub fn function_name(&self) -> &str {
+        self.full_name
+            .get(..self.function_len)
+            .unwrap_or(&self.full_name)
+    }
+
+    /// `java.lang.Thread.run(Ljava/lang/Runnable;)V`: the name with the signature.
+    pub fn name_with_signature(&self) -> &str {
+        &self.full_name
     }
 
     /// The line of `bci`: the last table entry at or before it (the first entry's line before

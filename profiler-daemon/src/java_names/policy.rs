@@ -93,11 +93,8 @@ fn java_line(
     match method {
         Ok(method) => (
             SourceLine {
-                function: format!("{}.{}", method.class, method.name),
-                system_name: Some(format!(
-                    "{}.{}{}",
-                    method.class, method.name, method.signature
-                )),
+                function: method.function_name().to_owned(),
+                system_name: Some(method.name_with_signature().to_owned()),
                 file: method.file.clone(),
                 line: bci.map_or(0, |bci| method.line_of(bci)),
             },
@@ -371,8 +368,13 @@ mod tests {
         assert_eq!(functions(&named), ["G2.inner_[i]", "G2.outer_[j]"]);
 
         // A different signature is a different method too.
-        let mut other = MethodInfo::clone(&method("G2", "outer"));
-        other.signature = "()V".into();
+        let other = MethodInfo::from_internal(
+            "G2",
+            "outer".into(),
+            "()V".into(),
+            Some("Gen.java"),
+            vec![(0, 10), (5, 11)],
+        );
         let recorded = record(Arc::new(other), method("G2", "inner"));
         let named = at_call(&names, &recorded);
         assert!(!named.from_sidecar);
