@@ -286,11 +286,19 @@ fn socket_exists(dir: &OwnedFd, name: &str) -> bool {
 
 /// The address of the JVM's socket in `tmp`, reached through the directory's descriptor.
 fn socket_address(tmp: &OwnedFd, target: &Target) -> Result<libc::sockaddr_un> {
-    let via_fd = format!("/proc/self/fd/{}/{}", tmp.as_raw_fd(), target.socket_name());
+    unix_address(&format!(
+        "/proc/self/fd/{}/{}",
+        tmp.as_raw_fd(),
+        target.socket_name()
+    ))
+}
+
+/// A Unix socket address for `path`.
+fn unix_address(path: &str) -> Result<libc::sockaddr_un> {
     // SAFETY: all-zero is a valid sockaddr_un.
     let mut address: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     address.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let bytes = CString::new(via_fd)?.into_bytes_with_nul();
+    let bytes = CString::new(path)?.into_bytes_with_nul();
     if bytes.len() > address.sun_path.len() {
         bail!("socket path too long");
     }
@@ -306,46 +314,54 @@ fn socket_address(tmp: &OwnedFd, target: &Target) -> Result<libc::sockaddr_un> {
 /// listener, and in a sticky `/tmp` the JVM cannot replace it: its listener would never start.
 /// Nobody listening on it, a dead process of that user with the same pid left it (a killed JVM
 /// does not remove its socket, and pids come round). One that someone listens on stays, and is
-/// refused as another user's ([`NotTheJvmsSocket`]). The daemon tests it with a connection that
-/// sends nothing, and removes it through the directory's descriptor, only if the name still
-/// holds the same socket.
+/// refused as another user's ([`NotTheJvmsSocket`]). The daemon holds the socket file itself
+/// (`O_PATH`, never a link) and connects through that descriptor, so a name swapped meanwhile
+/// cannot lead its connection (which sends nothing) elsewhere; it removes the name only if the
+/// name still holds that socket.
 fn remove_stale_foreign_socket(tmp: &OwnedFd, target: &Target) -> bool {
     let Ok(name) = CString::new(target.socket_name()) else {
         return false;
     };
-    // SAFETY: a directory descriptor we own.
-    let Some(before) = (unsafe { socket_file(tmp.as_raw_fd(), &name) }) else {
-        return false;
-    };
-    if before.owner == target.euid {
-        return false;
-    }
-    let Ok(address) = socket_address(tmp, target) else {
-        return false;
-    };
-    // SAFETY: a new socket of our own, closed by `OwnedFd`; connect reads the prepared address.
-    let refused = unsafe {
-        let fd = libc::socket(
-            libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
+    // SAFETY: raw calls on our own descriptors; `OwnedFd` closes what we open.
+    unsafe {
+        let fd = libc::openat(
+            tmp.as_raw_fd(),
+            name.as_ptr(),
+            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
         );
         if fd < 0 {
             return false;
         }
-        let socket = OwnedFd::from_raw_fd(fd);
+        let held = OwnedFd::from_raw_fd(fd);
+        let mut stat: libc::stat = std::mem::zeroed();
+        if libc::fstat(held.as_raw_fd(), &mut stat) != 0
+            || stat.st_mode & libc::S_IFMT != libc::S_IFSOCK
+            || stat.st_uid == target.euid
+        {
+            return false;
+        }
+        let Ok(address) = unix_address(&format!("/proc/self/fd/{}", held.as_raw_fd())) else {
+            return false;
+        };
+        let probe = libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        );
+        if probe < 0 {
+            return false;
+        }
+        let probe = OwnedFd::from_raw_fd(probe);
         let connected = libc::connect(
-            socket.as_raw_fd(),
+            probe.as_raw_fd(),
             (&address as *const libc::sockaddr_un).cast(),
             std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
         ) == 0;
-        !connected && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECONNREFUSED)
-    };
-    // SAFETY: as above; unlinkat removes the name, never what a link points to.
-    unsafe {
+        let refused = !connected
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECONNREFUSED);
         let still = socket_file(tmp.as_raw_fd(), &name);
         refused
-            && still.is_some_and(|s| s.inode == before.inode && s.owner == before.owner)
+            && still.is_some_and(|s| s.inode == stat.st_ino && s.owner == stat.st_uid)
             && libc::unlinkat(tmp.as_raw_fd(), name.as_ptr(), 0) == 0
     }
 }
