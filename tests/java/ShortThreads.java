@@ -8,8 +8,8 @@ import java.util.concurrent.locks.ReentrantLock;
 //   launcher        starts a thread every START_EVERY_MS, whose lifetime cycles over LIFETIMES_MS
 //                   (100 ms, 300 ms, 1 s, 3 s): about 37 alive at a time;
 //   short-<n>       the short threads. For its life each loops over:
-//     allocSmall    SMALL_PER_BATCH byte[SMALL_LENGTH] (20 KB);
-//     allocLarge    LARGE_PER_BATCH byte[LARGE_LENGTH] (33 KB);
+//     allocSmall    1 to 2 x SMALL_PER_BATCH - 1 byte[SMALL_LENGTH] (20 KB on average);
+//     allocLarge    0 to 2 x LARGE_PER_BATCH byte[LARGE_LENGTH] (33 KB on average);
 //     monitorSite   enter `synchronized (MONITOR)`, shared by all, hold it HOLD_MS;
 //     (a random pause)
 //     parkSite      take LOCK, a shared fair ReentrantLock (its waiters park in Unsafe.park),
@@ -18,6 +18,12 @@ import java.util.concurrent.locks.ReentrantLock;
 //                   in the `jni.lib` property): about 0.3 ms of CPU in a JNI library and the
 //                   Java method it calls back;
 //     (a random pause).
+// The batches' sizes are drawn anew each round: HotSpot's allocation sampler draws the distances
+// between its sample points from one generator that all threads share and that each new thread
+// reseeds from its own address, and the addresses of ended threads come back, so the same few
+// runs of distances recur; over rounds of a fixed size they fell on the same offsets, hence the
+// same site, again and again (the small site's share was off by up to 5 pp, a different way each
+// run). Rounds of random sizes spread those offsets over both sites.
 // A new thread allocates first (its first TLAB is taken in allocSmall, as a request handler's
 // first objects are), then goes for the monitor, microseconds after its start: its first waits
 // are in its first milliseconds. A round takes about 190 ms: a 100 ms thread lives one round or
@@ -132,14 +138,14 @@ public class ShortThreads {
         }
     }
 
-    static void allocSmall() {
-        for (int i = 0; i < SMALL_PER_BATCH; i++) {
+    static void allocSmall(int count) {
+        for (int i = 0; i < count; i++) {
             sink = new byte[SMALL_LENGTH];
         }
     }
 
-    static void allocLarge() {
-        for (int i = 0; i < LARGE_PER_BATCH; i++) {
+    static void allocLarge(int count) {
+        for (int i = 0; i < count; i++) {
             sink = new byte[LARGE_LENGTH];
         }
     }
@@ -163,13 +169,14 @@ public class ShortThreads {
 
     static void live(long lifetimeMs) throws InterruptedException {
         long end = System.nanoTime() + lifetimeMs * 1_000_000;
-        long small = (long) SMALL_PER_BATCH * (SMALL_LENGTH + ARRAY_HEADER);
-        long large = (long) LARGE_PER_BATCH * (LARGE_LENGTH + ARRAY_HEADER);
+        ThreadLocalRandom random = ThreadLocalRandom.current();
         while (true) {
-            allocSmall();
-            SMALL_BYTES.addAndGet(small);
-            allocLarge();
-            LARGE_BYTES.addAndGet(large);
+            int small = random.nextInt(1, 2 * SMALL_PER_BATCH);
+            allocSmall(small);
+            SMALL_BYTES.addAndGet((long) small * (SMALL_LENGTH + ARRAY_HEADER));
+            int large = random.nextInt(0, 2 * LARGE_PER_BATCH + 1);
+            allocLarge(large);
+            LARGE_BYTES.addAndGet((long) large * (LARGE_LENGTH + ARRAY_HEADER));
             monitorSite();
             if (!pause(end)) {
                 return;
@@ -215,16 +222,16 @@ public class ShortThreads {
         com.sun.management.ThreadMXBean threads =
                 (com.sun.management.ThreadMXBean) ManagementFactory.getThreadMXBean();
         long id = Thread.currentThread().getId();
-        allocSmall();
-        allocLarge();
+        allocSmall(SMALL_PER_BATCH);
+        allocLarge(LARGE_PER_BATCH);
         long before = threads.getThreadAllocatedBytes(id);
         int batches = 20;
         for (int i = 0; i < batches; i++) {
-            allocSmall();
+            allocSmall(SMALL_PER_BATCH);
         }
         long between = threads.getThreadAllocatedBytes(id);
         for (int i = 0; i < batches; i++) {
-            allocLarge();
+            allocLarge(LARGE_PER_BATCH);
         }
         long after = threads.getThreadAllocatedBytes(id);
         // The counter's own call may allocate a few dozen bytes (JDK 11): rounding to the 8-byte
