@@ -78,8 +78,8 @@ const ALLOC_SHARE_PP: f64 = 3.0;
 const ALLOC_TOTAL_ERROR: f64 = 0.15;
 /// The first JDK whose sampler counts every byte once. Before it (JDK 11 to 24) HotSpot's
 /// sampler reports each thread's first allocation by rule, not by chance (the daemon skips that
-/// report); their totals were 0.77 to 0.94 (0.79 to 1.06 with the fixed TLABs and rounds of random sizes): held to a
-/// looser bound.
+/// report); their totals were 0.77 to 0.94 (0.79 to 1.06 with the fixed TLABs and rounds of
+/// random sizes): held to a looser bound.
 const ACCURATE_SAMPLER_JDK: u32 = 25;
 const OLD_SAMPLER_TOTAL_ERROR: f64 = 0.25;
 const JNI_ROOTED: f64 = 0.99;
