@@ -38,6 +38,8 @@ pub const HEAP_BYTES: &str = "profiler_heap_bytes";
 /// Labelled `reason`: the sidecar index's refusal reasons.
 pub const SIDECAR_RECORDS_REFUSED: &str = "profiler_sidecar_records_refused";
 pub const JAVA_PREFETCH_MISSES: &str = "profiler_java_prefetch_misses_total";
+pub const ALLOC_PROFILES_SCALED: &str = "profiler_alloc_profiles_scaled_total";
+pub const ALLOC_PROFILES_NOT_SCALED: &str = "profiler_alloc_profiles_not_scaled_total";
 /// Labelled `reason`: the daemon's `UnnamedReason` names.
 pub const JAVA_FRAMES_UNNAMED: &str = "profiler_java_frames_unnamed_total";
 /// Labelled `reason`: the daemon's name guard's refusals (`empty`, `too_long`,

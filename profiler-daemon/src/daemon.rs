@@ -9,7 +9,7 @@
 //! ```
 
 mod metric_sources;
-mod sampling_loop;
+pub(crate) mod sampling_loop;
 mod threads;
 
 use std::sync::atomic::Ordering;

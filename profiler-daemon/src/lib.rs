@@ -3,6 +3,7 @@
 
 pub(crate) mod aggregate;
 pub(crate) mod alloc;
+pub(crate) mod alloc_scale;
 pub mod config;
 pub(crate) mod config_error;
 #[cfg(test)]

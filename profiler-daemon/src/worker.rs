@@ -3,15 +3,21 @@
 //! (`crate::profiles`) and hands it to every sink. Kept off the sampling loop so that
 //! slow symbol loading never delays draining the ring buffer.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use profiler_common::SampleKind;
+
 use crate::aggregate::IntervalStacks;
+use crate::alloc_scale::{self, AllocScale, Scaled};
+use crate::hotspot::remote::ProcessMemory;
 use crate::identity::ServiceNaming;
 use crate::process::ProcessTable;
 use crate::profile_model::ProfileKind;
+use crate::profile_model::SymbolizedProfile;
 use crate::profiles::{self, ProfileRequest};
 use crate::sink::{Presentation, Sink, SinkProfile};
 use crate::symbolize::symbolizers::Symbolizers;
@@ -66,6 +72,8 @@ pub struct Worker {
     thread_directory: Option<crate::hotspot::thread_directory::ThreadDirectory>,
     /// The JVMs the tracker started loading the sidecar agent into.
     attaches: crate::sidecar::AttachesStarted,
+    /// Each JVM's last count of its allocated bytes, for its next allocation profile's scale.
+    alloc_scale: AllocScale,
 }
 
 impl Worker {
@@ -90,6 +98,7 @@ impl Worker {
             cache_budget: None,
             thread_directory: None,
             attaches: Default::default(),
+            alloc_scale: AllocScale::default(),
         }
     }
 
@@ -244,8 +253,9 @@ impl Worker {
 
     fn write_intervals(&mut self, intervals: Vec<IntervalStacks>) {
         let began = Instant::now();
+        let counts = self.read_allocation_counts(&intervals);
         for interval in &intervals {
-            let (profiles, samples) = self.write_profiles(interval);
+            let (profiles, samples) = self.write_profiles(interval, &counts);
             tracing::info!(
                 kind = interval.kind.file_prefix(),
                 profiles,
@@ -288,7 +298,11 @@ impl Worker {
 
     /// Builds the profiles of one interval's stacks and hands each to every sink; returns how
     /// many were built and the samples they hold.
-    fn write_profiles(&mut self, interval: &IntervalStacks) -> (u64, u64) {
+    fn write_profiles(
+        &mut self,
+        interval: &IntervalStacks,
+        counts: &HashMap<u32, Option<u64>>,
+    ) -> (u64, u64) {
         let (mut built, mut samples) = (0, 0);
         for (&pid, stacks) in &interval.processes {
             samples += stacks.samples();
@@ -311,6 +325,11 @@ impl Worker {
             };
             let mut names = self.symbolizers.names_of(pid, stacks, &mut self.processes);
             let mut profile = profiles::build(request, &mut names);
+            if interval.kind == ProfileKind::Alloc {
+                if let Some(&count) = counts.get(&pid) {
+                    self.scale_allocations(pid, count, &mut profile);
+                }
+            }
             if interval.kind == ProfileKind::Block {
                 crate::lock::keep_parked(&mut profile);
             }
@@ -328,7 +347,88 @@ impl Worker {
                 sink.accept(&shared);
             }
         }
+        if interval.kind == ProfileKind::Alloc {
+            // The JVMs counted without a profile this interval: their next one starts here.
+            for (&pid, &count) in counts {
+                if let (false, Some(process)) = (
+                    interval.processes.contains_key(&pid),
+                    self.processes.get(pid),
+                ) {
+                    self.alloc_scale.note(pid, process.key(), count);
+                }
+            }
+            let processes = &self.processes;
+            self.alloc_scale
+                .forget_exited(|pid| processes.get(pid).is_some());
+        }
         (built, samples)
+    }
+
+    /// Each JVM's count of its allocated bytes (`alloc_scale`), read first thing, as close to
+    /// the interval's end as can be: those whose allocation profile comes from HotSpot's
+    /// sampler, and those counted before.
+    fn read_allocation_counts(
+        &mut self,
+        intervals: &[IntervalStacks],
+    ) -> HashMap<u32, Option<u64>> {
+        let mut counts = HashMap::new();
+        let Some(alloc) = intervals.iter().find(|i| i.kind == ProfileKind::Alloc) else {
+            return counts;
+        };
+        let from_sampler = alloc.processes.iter().filter_map(|(&pid, stacks)| {
+            stacks
+                .stacks()
+                .any(|(view, _)| {
+                    SampleKind::from_u8(view.header.kind) == Some(SampleKind::AllocSampled)
+                })
+                .then_some(pid)
+        });
+        let pids: Vec<u32> = from_sampler.chain(self.alloc_scale.scaled_pids()).collect();
+        for pid in pids {
+            if counts.contains_key(&pid) {
+                continue;
+            }
+            let Some(process) = self.processes.get(pid) else {
+                continue;
+            };
+            let count = self
+                .symbolizers
+                .jvms
+                .inspect(process, &ProcessMemory::new(pid))
+                .ok()
+                .and_then(|jvm| self.alloc_scale.count(&jvm));
+            counts.insert(pid, count);
+        }
+        counts
+    }
+
+    /// Scales `pid`'s allocation profile from HotSpot's sampler to the bytes its JVM counted,
+    /// `count` at the interval's end (`alloc_scale`).
+    fn scale_allocations(&mut self, pid: u32, count: Option<u64>, profile: &mut SymbolizedProfile) {
+        let Some(process) = self.processes.get(pid) else {
+            return;
+        };
+        let sampled = alloc_scale::sampled_bytes(profile);
+        match self.alloc_scale.scale(pid, process.key(), count, sampled) {
+            Scaled::By(factor) => {
+                alloc_scale::apply(profile, factor);
+                self.counters
+                    .alloc_profiles_scaled
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Scaled::Refused => {
+                self.counters
+                    .alloc_profiles_not_scaled
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(
+                    pid,
+                    sampled,
+                    count,
+                    "allocation profile's scale out of bounds: left as sampled"
+                );
+            }
+            Scaled::FirstReading | Scaled::NoCount => {}
+        }
     }
 }
 

@@ -38,6 +38,10 @@ pub struct WorkerCounters {
     /// Intervals handed to the worker and not written yet: the sampling loop puts off the next
     /// one while there is one (`daemon::sampling_loop`).
     pub intervals_pending: AtomicU64,
+    /// Allocation profiles from HotSpot's sampler scaled to the JVM's count of its bytes, and
+    /// those left as sampled because the factor was out of bounds (`alloc_scale`).
+    pub alloc_profiles_scaled: AtomicU64,
+    pub alloc_profiles_not_scaled: AtomicU64,
 }
 
 /// The worker's families: its counters, with the profiles its remote sinks could not encode
@@ -46,6 +50,8 @@ pub struct WorkerCounters {
 pub struct WorkerMetrics {
     pub counters: Arc<WorkerCounters>,
     pub export: Arc<ExportCounters>,
+    /// Whether allocation profiling is on (its families are on the page only then).
+    pub sampling: Arc<crate::daemon::sampling_loop::metrics::LoopMetrics>,
 }
 
 fn load(value: &AtomicU64) -> u64 {
@@ -65,10 +71,27 @@ impl MetricSource for WorkerMetrics {
             "pprof files that could not be written (or, for Pyroscope, encoded).",
             load(&worker.write_errors) + load(&self.export.encode_errors),
         )?;
+        if self.sampling.alloc_on() {
+            encode_alloc_scale(out, worker)?;
+        }
         encode_sidecar(out, worker)?;
         encode_symbol_cache(out, worker)?;
         encode_names(out, worker)
     }
+}
+
+fn encode_alloc_scale(out: &mut Families, worker: &WorkerCounters) -> fmt::Result {
+    out.counter(
+        metric::ALLOC_PROFILES_SCALED,
+        "Allocation profiles from HotSpot's sampler scaled to the bytes their JVM counted.",
+        load(&worker.alloc_profiles_scaled),
+    )?;
+    out.counter(
+        metric::ALLOC_PROFILES_NOT_SCALED,
+        "Allocation profiles from HotSpot's sampler left as sampled: the JVM's count and \
+             the samples disagreed by more than twice (garbage in its memory?).",
+        load(&worker.alloc_profiles_not_scaled),
+    )
 }
 
 fn encode_sidecar(out: &mut Families, worker: &WorkerCounters) -> fmt::Result {

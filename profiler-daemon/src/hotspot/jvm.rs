@@ -234,6 +234,12 @@ impl Jvm {
 
 /// Most Java threads read from one JVM's thread list.
 const MAX_THREADS: usize = 65_536;
+/// Most bytes of a thread read for its allocation counters: `_allocated_bytes` sits next to the
+/// TLAB in `Thread` (JDK 11 to 27).
+const MAX_ALLOCATED_SPAN: usize = 256;
+/// A TLAB's used part past this is garbage (a thread ending while it is read): HotSpot's TLABs
+/// stay far below it.
+const MAX_TLAB_BYTES: u64 = 1 << 30;
 
 impl Jvm {
     /// The address of the JVM's current ThreadsSMR list (JDK 10+), `None` before it. HotSpot
@@ -255,6 +261,78 @@ impl Jvm {
         memory: &dyn RemoteMemory,
         max_threads: usize,
     ) -> Result<Vec<(u32, u64)>, JvmError> {
+        let threads = self.java_thread_pointers(memory, max_threads)?;
+        let osthread_at = self.offset(Field::ThreadOsthread)?;
+        let tid_at = self.offset(Field::OSThreadThreadId)?;
+        let mut out = Vec::with_capacity(threads.len());
+        for thread in threads {
+            let Ok(osthread) = memory.read_ptr(thread + osthread_at) else {
+                continue;
+            };
+            let Ok(tid) = memory.read_u32(osthread + tid_at) else {
+                continue;
+            };
+            if tid != 0 {
+                out.push((tid, thread));
+            }
+        }
+        Ok(out)
+    }
+
+    /// What the JVM's threads allocated since it started, by HotSpot's own counters: what the
+    /// threads that ended allocated (`ThreadService::_exited_allocated_bytes`, at the link-time
+    /// address `exited_at` from libjvm's `.symtab`), and for every live Java thread its retired
+    /// TLABs and objects allocated outside them (`_allocated_bytes`) and its current TLAB's
+    /// used part. A list longer than `max_threads` is refused, as in [`Self::java_threads`].
+    /// None of these is read atomically: a TLAB retired while it is read may count twice or not
+    /// at all, a thread that ends meanwhile likewise.
+    pub fn allocated_bytes(
+        &self,
+        memory: &dyn RemoteMemory,
+        exited_at: u64,
+        max_threads: usize,
+    ) -> Result<u64, JvmError> {
+        let allocated_at = self.offset(Field::ThreadAllocatedBytes)?;
+        let tlab_at = self.offset(Field::ThreadTlab)?;
+        let start_at = tlab_at + self.offset(Field::TlabStart)?;
+        let top_at = tlab_at + self.offset(Field::TlabTop)?;
+        // The three words in one read per thread.
+        let first = allocated_at.min(start_at).min(top_at);
+        let span = (allocated_at.max(start_at).max(top_at) + 8 - first) as usize;
+        if span > MAX_ALLOCATED_SPAN {
+            return Err(JvmError::Implausible(format!(
+                "a thread's allocation counters span {span} bytes"
+            )));
+        }
+        let word = |bytes: &[u8], at: u64| {
+            let at = (at - first) as usize;
+            u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or_default())
+        };
+        let mut total = memory.read_u64(self.bias.wrapping_add(exited_at))?;
+        let mut bytes = [0u8; MAX_ALLOCATED_SPAN];
+        for thread in self.java_thread_pointers(memory, max_threads)? {
+            // Left out if unreadable: a thread that ended while the list was read.
+            if memory.read(thread + first, &mut bytes[..span]).is_err() {
+                continue;
+            }
+            let (start, top) = (word(&bytes, start_at), word(&bytes, top_at));
+            let used = top
+                .checked_sub(start)
+                .filter(|used| *used <= MAX_TLAB_BYTES)
+                .unwrap_or(0);
+            total = total
+                .saturating_add(word(&bytes, allocated_at))
+                .saturating_add(used);
+        }
+        Ok(total)
+    }
+
+    /// The `JavaThread*` of every thread on the JVM's thread list (see [`Self::java_threads`]).
+    fn java_thread_pointers(
+        &self,
+        memory: &dyn RemoteMemory,
+        max_threads: usize,
+    ) -> Result<Vec<u64>, JvmError> {
         let max_threads = max_threads.min(MAX_THREADS);
         let layout = &self.layout;
         let threads: Vec<u64> = if let Some(list_at) =
@@ -285,21 +363,7 @@ impl Jvm {
             }
             threads
         };
-        let osthread_at = self.offset(Field::ThreadOsthread)?;
-        let tid_at = self.offset(Field::OSThreadThreadId)?;
-        let mut out = Vec::with_capacity(threads.len());
-        for thread in threads {
-            let Ok(osthread) = memory.read_ptr(thread + osthread_at) else {
-                continue;
-            };
-            let Ok(tid) = memory.read_u32(osthread + tid_at) else {
-                continue;
-            };
-            if tid != 0 {
-                out.push((tid, thread));
-            }
-        }
-        Ok(out)
+        Ok(threads)
     }
 }
 

@@ -142,6 +142,11 @@ wanted_fields! {
     JavaThreadCurrentWaitingMonitor = "JavaThread::_current_waiting_monitor", optional, ["JavaThread::_current_waiting_monitor", "Thread::_current_waiting_monitor"];
     // What a thread allocated (allocation samples' weights).
     ThreadAllocatedBytes = "Thread::_allocated_bytes", optional, ["Thread::_allocated_bytes", "JavaThread::_allocated_bytes"];
+    // A thread's current TLAB, whose used part `_allocated_bytes` counts only when it is retired
+    // (the allocation profiles' scale, `alloc_scale`).
+    ThreadTlab = "Thread::_tlab", optional, ["Thread::_tlab", "JavaThread::_tlab"];
+    TlabStart = "ThreadLocalAllocBuffer::_start", optional, ["ThreadLocalAllocBuffer::_start"];
+    TlabTop = "ThreadLocalAllocBuffer::_top", optional, ["ThreadLocalAllocBuffer::_top"];
     // Where a `java.lang.Class` object holds its `Klass*` (a static int: the offset is its value).
     JavaLangClassKlassOffset = "java_lang_Class::_klass_offset", optional, ["java_lang_Class::_klass_offset"];
     ThreadOsthread = "Thread::_osthread", required, ["Thread::_osthread", "JavaThread::_osthread"];

@@ -72,7 +72,7 @@ pub fn layout_of(jvm: &Jvm, memory: &impl RemoteMemory) -> Result<VirtualThreadL
 }
 
 /// The statics read, by their mangled names in `.symtab`.
-const STATICS: [(&str, Static); 20] = [
+const STATICS: [(&str, Static); 21] = [
     (
         "_ZN26jdk_internal_vm_StackChunk14_parent_offsetE",
         Static::ChunkParent,
@@ -127,6 +127,12 @@ const STATICS: [(&str, Static); 20] = [
     ("_ZL20freeze_preempt_entry", Static::FreezePreemptEntry),
     // JDK 21 to 23: ZGC's generational mode is a choice (the only one from JDK 24).
     ("ZGenerational", Static::ZgcGenerational),
+    // Not the virtual threads': what the JVM's ended threads allocated (JDK 21+, and JDK 17
+    // builds with the backport), for the allocation profiles' scale (`alloc_scale`).
+    (
+        "_ZN13ThreadService23_exited_allocated_bytesE",
+        Static::ExitedAllocatedBytes,
+    ),
 ];
 
 /// `Continuation::pin(JavaThread*)`: its first load from the thread is of `_cont_entry`, the
@@ -157,6 +163,7 @@ enum Static {
     ZgcGenerational,
     FreezeEntry,
     FreezePreemptEntry,
+    ExitedAllocatedBytes,
 }
 
 /// Where the statics of [`STATICS`] are in one libjvm file (link-time addresses), and the
@@ -170,6 +177,18 @@ pub struct LibjvmStatics {
 }
 
 impl LibjvmStatics {
+    /// Where `ThreadService::_exited_allocated_bytes` is (a link-time address), if libjvm has it.
+    pub fn exited_allocated_bytes(&self) -> Option<u64> {
+        STATICS
+            .iter()
+            .zip(self.addresses)
+            .find_map(|((_, which), address)| {
+                matches!(which, Static::ExitedAllocatedBytes)
+                    .then_some(address)
+                    .flatten()
+            })
+    }
+
     /// Finds them in the libjvm file `mapping` is of, opened through process `pid`.
     fn of_mapping(pid: u32, mapping: &LibJvmMapping) -> Result<Self, String> {
         let file = mapping
@@ -368,6 +387,7 @@ impl VirtualThreadLayout {
                 Static::FreezePreemptEntry => {
                     layout.freeze_preempt_entry = memory.read_u64(address).ok()
                 }
+                Static::ExitedAllocatedBytes => {}
                 Static::NarrowOop => {
                     layout.narrow_oop_base = memory.read_u64(address).ok();
                     layout.narrow_oop_shift = memory.read_i32(address + 8).ok();

@@ -301,6 +301,25 @@ impl NativeSymbolizer {
         }
     }
 
+    /// Forgets the processes `alive` (by pid and start time) says are gone, and drops the
+    /// caches of every binary none of the others maps. A cached binary holds its file mapped:
+    /// a file on a tmpfs, or deleted, keeps its memory while it does, so a user's file would
+    /// stay in memory on the daemon's account after the user's processes are gone.
+    pub fn forget_exited(&mut self, alive: impl Fn(u32, u64) -> bool) {
+        self.by_process_file
+            .retain(|&(pid, start_time, _, _), _| alive(pid, start_time));
+        let in_use: std::collections::HashSet<u32> =
+            self.by_process_file.values().copied().collect();
+        for entry in &mut self.binaries {
+            if entry.symbolizer.is_some() && !in_use.contains(&entry.id) {
+                entry.symbolizer = None;
+                entry.frames = HashMap::new();
+                let charged = std::mem::take(&mut entry.charged);
+                self.budget.release(charged);
+            }
+        }
+    }
+
     /// Forgets every binary (their number passed its bound).
     fn forget_all(&mut self) {
         for entry in &mut self.binaries {
@@ -595,6 +614,7 @@ fn module_offset(module: &str, offset: u64) -> String {
 mod tests {
     use super::*;
     use crate::native_unwind::mapping::load_segments;
+    use std::sync::atomic::Ordering;
 
     #[inline(never)]
     fn a_function_with_a_distinct_name() -> u64 {
@@ -625,6 +645,30 @@ mod tests {
         let again = symbolizer.resolve(&process, &[addr]);
         assert_eq!(again[0], frames[0]);
         assert_eq!(symbolizer.cached_frames(), cached);
+    }
+
+    #[test]
+    fn a_binary_no_live_process_maps_is_let_go_and_its_charge_given_back() {
+        let process = ProcessInfo::read(std::process::id()).expect("own process");
+        let addr = a_function_with_a_distinct_name as *const () as u64 + 1;
+        let mut symbolizer = NativeSymbolizer::with_budget(u64::MAX);
+        let named = symbolizer.resolve(&process, &[addr]);
+        let stats = symbolizer.cache_stats();
+        assert!(stats.charged_bytes.load(Ordering::Relaxed) > 0);
+
+        // Still mapped by a live process: kept.
+        symbolizer.forget_exited(|_, _| true);
+        assert!(symbolizer.cached_frames() > 0);
+        assert!(symbolizer.binaries.iter().any(|b| b.symbolizer.is_some()));
+
+        // Its process gone: the file is no longer held, nothing is charged for it.
+        symbolizer.forget_exited(|_, _| false);
+        assert_eq!(symbolizer.cached_frames(), 0);
+        assert!(symbolizer.binaries.iter().all(|b| b.symbolizer.is_none()));
+        assert_eq!(stats.charged_bytes.load(Ordering::Relaxed), 0);
+
+        // A process mapping it again gets the same names.
+        assert_eq!(symbolizer.resolve(&process, &[addr]), named);
     }
 
     #[test]

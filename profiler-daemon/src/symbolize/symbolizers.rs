@@ -114,6 +114,11 @@ impl Symbolizers {
 
     /// Forgets per-process state of processes the table no longer knows.
     pub fn forget_exited(&mut self, processes: &ProcessTable) {
+        self.native.forget_exited(|pid, start_time| {
+            processes
+                .get(pid)
+                .is_some_and(|process| process.start_time == start_time)
+        });
         for pid in self.java.pids() {
             if processes.get(pid).is_none() {
                 self.java.remove(pid);
