@@ -13,11 +13,11 @@
 //!
 //! The counts are read when the worker takes the interval, before it names anything (a few
 //! milliseconds after the interval's end); consecutive readings telescope, so over a run of
-//! intervals only the first and the last reading's delays show. A JVM's first profile is not scaled (nothing to count
-//! from), nor is one whose factor is outside [`MIN_FACTOR`, `MAX_FACTOR`]: the readings are the
-//! process's memory, and a JVM that writes garbage there changes its own profile's scale by two
-//! at most. Without the ended threads' count (JDK 11, a libjvm without `.symtab`), profiles are
-//! left as sampled.
+//! intervals only the first and the last reading's delays show. A JVM's first profile is not
+//! scaled (nothing to count from), nor is one whose factor is outside [`MIN_FACTOR`,
+//! `MAX_FACTOR`]: the readings are the process's memory, and a JVM that writes garbage there
+//! changes its own profile's scale by two at most. Without the ended threads' count (JDK 11, a
+//! libjvm without `.symtab`), profiles are left as sampled.
 
 use std::collections::HashMap;
 
