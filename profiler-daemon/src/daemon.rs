@@ -9,7 +9,7 @@
 //! ```
 
 mod metric_sources;
-pub(crate) mod sampling_loop;
+mod sampling_loop;
 mod threads;
 
 use std::sync::atomic::Ordering;
@@ -99,6 +99,10 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     privileges::check()?;
     raise_open_files_limit();
     let metrics = Counters::default();
+    metrics
+        .worker
+        .alloc_profiling
+        .store(config.alloc.is_some(), std::sync::atomic::Ordering::Relaxed);
     // Before the sampler: a bad output directory or a taken stream address stops the start.
     let (sinks, sink_tasks) = build_sinks(&config, &metrics).await?;
     let table_budget = native_unwind::loader::table_budget(config.cache_budget_bytes);

@@ -2,7 +2,7 @@
 //! `output`), and the families they make on the metrics endpoint.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use profiler_common::metric;
@@ -42,6 +42,8 @@ pub struct WorkerCounters {
     /// those left as sampled because the factor was out of bounds (`alloc_scale`).
     pub alloc_profiles_scaled: AtomicU64,
     pub alloc_profiles_not_scaled: AtomicU64,
+    /// Whether allocation profiling is on: the two above are on the page only then.
+    pub alloc_profiling: AtomicBool,
 }
 
 /// The worker's families: its counters, with the profiles its remote sinks could not encode
@@ -50,8 +52,6 @@ pub struct WorkerCounters {
 pub struct WorkerMetrics {
     pub counters: Arc<WorkerCounters>,
     pub export: Arc<ExportCounters>,
-    /// Whether allocation profiling is on (its families are on the page only then).
-    pub sampling: Arc<crate::daemon::sampling_loop::metrics::LoopMetrics>,
 }
 
 fn load(value: &AtomicU64) -> u64 {
@@ -71,7 +71,7 @@ impl MetricSource for WorkerMetrics {
             "pprof files that could not be written (or, for Pyroscope, encoded).",
             load(&worker.write_errors) + load(&self.export.encode_errors),
         )?;
-        if self.sampling.alloc_on() {
+        if worker.alloc_profiling.load(Ordering::Relaxed) {
             encode_alloc_scale(out, worker)?;
         }
         encode_sidecar(out, worker)?;

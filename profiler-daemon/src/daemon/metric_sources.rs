@@ -34,7 +34,6 @@ impl Counters {
             Arc::new(WorkerMetrics {
                 counters: self.worker.clone(),
                 export: self.export.clone(),
-                sampling: self.sampling.clone(),
             }),
             Arc::new(ThreadPanics {
                 worker: self.worker.clone(),

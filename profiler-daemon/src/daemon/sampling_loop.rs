@@ -4,7 +4,7 @@
 //! tables' loader which processes it saw. It never blocks on the worker: if its queue is full,
 //! work is dropped and counted.
 
-pub(crate) mod metrics;
+pub(super) mod metrics;
 
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{SyncSender, TrySendError};

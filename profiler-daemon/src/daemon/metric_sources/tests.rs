@@ -133,6 +133,8 @@ fn worker_counters(v: &mut Values, w: &WorkerCounters) {
         &w.panics,
         &w.java_prefetch_misses,
         &w.intervals_pending,
+        &w.alloc_profiles_scaled,
+        &w.alloc_profiles_not_scaled,
     ] {
         v.store(counter);
     }
@@ -210,6 +212,11 @@ fn every_family_page() -> String {
     *sources.tracker.lock().expect("counts") = tracker_counts(&mut v);
     loop_snapshot(&mut v, &mut snapshot);
     worker_counters(&mut v, &sources.counters.worker);
+    sources
+        .counters
+        .worker
+        .alloc_profiling
+        .store(true, Ordering::Relaxed);
     export_counters(&mut v, &sources.counters.export);
     table_stats(&mut v, &sources.counters.unwind_tables);
     let metrics = sources.endpoint();

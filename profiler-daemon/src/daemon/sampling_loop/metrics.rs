@@ -51,11 +51,6 @@ impl LoopMetrics {
         }
         self.published.fetch_add(1, Ordering::Release);
     }
-
-    /// Whether allocation profiling is on, as last published.
-    pub fn alloc_on(&self) -> bool {
-        self.snapshot.lock().is_ok_and(|s| s.alloc)
-    }
 }
 
 impl MetricSource for LoopMetrics {
