@@ -312,7 +312,10 @@ impl Jvm {
         let mut bytes = [0u8; MAX_ALLOCATED_SPAN];
         for thread in self.java_thread_pointers(memory, max_threads)? {
             // Left out if unreadable: a thread that ended while the list was read.
-            if memory.read(thread + first, &mut bytes[..span]).is_err() {
+            if memory
+                .read(thread.wrapping_add(first), &mut bytes[..span])
+                .is_err()
+            {
                 continue;
             }
             let (start, top) = (word(&bytes, start_at), word(&bytes, top_at));
