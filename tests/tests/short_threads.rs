@@ -77,7 +77,7 @@ const LOCK_TIME_ERROR: f64 = 0.05;
 const ALLOC_SHARE_PP: f64 = 3.0;
 /// Totals, where the daemon scales each interval's profile to the bytes the JVM counted
 /// (`ThreadService::_exited_allocated_bytes` is there from JDK 14): the 5%. Measured
-/// 0.986 to 0.998 on JDK 17 to 27; unscaled, the sampler's recurring distances made them 0.91
+/// 0.986 to 0.999 on JDK 17 to 27; unscaled, the sampler's recurring distances made them 0.91
 /// to 1.09 on JDK 25 and 27, 0.79 to 1.06 before.
 const ALLOC_TOTAL_ERROR: f64 = 0.05;
 const SCALED_FROM_JDK: u32 = 14;
