@@ -139,14 +139,18 @@ pub fn apply(profile: &mut crate::profile_model::SymbolizedProfile, factor: f64)
     }
 }
 
-/// The bytes an allocation profile's samples add up to (in and outside TLABs).
+/// The bytes an allocation profile's samples add up to: its values whose unit is bytes (in and
+/// outside TLABs), as its kind's sample types say.
 pub fn sampled_bytes(profile: &crate::profile_model::SymbolizedProfile) -> u64 {
+    let types = profile.kind.sample_types().values;
+    let byte_columns: Vec<usize> = (0..types.len())
+        .filter(|&index| types[index].unit == "bytes")
+        .collect();
     profile
         .samples
         .iter()
-        .map(|sample| {
-            (sample.values[1].max(0) as u64).saturating_add(sample.values[3].max(0) as u64)
-        })
+        .flat_map(|sample| byte_columns.iter().map(|&index| sample.values[index]))
+        .map(|value| value.max(0) as u64)
         .fold(0u64, u64::saturating_add)
 }
 
