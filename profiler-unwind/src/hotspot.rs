@@ -15,7 +15,7 @@ use crate::memory::{
     field_i16, field_i32, field_u64, read_u64, JavaThreads, StackWindow, UserMemory,
 };
 use crate::recent_blobs::{still_in_place, RecentBlobs};
-use crate::state::{frame, BlobCache, Walk};
+use crate::state::{frame, BlobCache, Walk, STUB_CALLER, STUB_ON_TOP};
 use crate::x86_frames::{
     epilogue_state, prologue_state, FrameState, EPILOGUE_BEFORE, EPILOGUE_BYTES, PROLOGUE_BYTES,
 };
@@ -203,7 +203,14 @@ pub(crate) fn java_step<M: UserMemory + RecentBlobs>(
         // A stub whose blob does not say how far its frame is built at this pc (C1's runtime
         // stubs record no frame-complete offset; frameless stubs push registers): the walk's
         // driver moves to its caller before the next step (`unwind_top_stub`).
-        walk.stub_pending = 1;
+        walk.stub_pending = STUB_ON_TOP;
+        return Ok(recorded);
+    }
+    if walk.stub_caller != 0 && frame_size > 0 && walk.frozen.chunk == 0 {
+        // The caller of that stub: before the next step (`unwind_stub_caller`), for the same
+        // reason.
+        walk.stub_pending = STUB_CALLER;
+        walk.stub_caller_words = frame_size as u32;
         return Ok(recorded);
     }
     let moved = if top && offset as i64 >= frame_complete {
@@ -316,6 +323,7 @@ fn unwind_called_stub<M: UserMemory>(
                 walk.fp = slot[0];
                 walk.pc = slot[1];
                 walk.sp = fp + 16;
+                walk.stub_caller = 1;
                 return true;
             }
         }
@@ -329,10 +337,75 @@ fn unwind_called_stub<M: UserMemory>(
         if returns_from_call_into(memory, code_range, value, blob) {
             walk.pc = value;
             walk.sp = slot + 8;
+            walk.stub_caller = 1;
             return true;
         }
     }
     false
+}
+
+/// Moves the walk from the compiled caller of a stub found by its return address (recorded by
+/// `java_step`, its frame's fixed size in `walk.stub_caller_words`) to its own caller. Such a
+/// caller may have pushed the stub's arguments below its fixed frame (C1 code pushes
+/// `slow_subtype_check`'s two), so the word its frame size points at can be one of its own
+/// spill slots, and a spill slot can hold a code address: the return address is the first word
+/// from there that a call into the frame's code precedes (or one into the interpreter or the
+/// call stub, which push their return addresses). None found (code unreadable): the first
+/// code address, as for any compiled frame.
+#[inline(always)]
+pub(crate) fn unwind_stub_caller<M: UserMemory>(
+    walk: &mut Walk,
+    window: &mut StackWindow,
+    memory: &M,
+) -> Result<(), UnwindEnd> {
+    let frame_words = walk.stub_caller_words as u64;
+    let fixed_top = walk.sp + frame_words * 8;
+    for words in 0..=MAX_EXTRA_WORDS {
+        let caller_sp = fixed_top + words * 8;
+        let Ok(slot) = window.pair(memory, caller_sp - 16) else {
+            break;
+        };
+        if is_return_address(&walk.hotspot, memory, slot[1]) {
+            walk.fp = slot[0];
+            walk.pc = slot[1];
+            walk.sp = caller_sp;
+            return Ok(());
+        }
+    }
+    unwind_compiled(walk, window, memory, FrameState::Built, frame_words)
+}
+
+/// True if `address` is where Java code returns to: the interpreter or the call stub (they push
+/// the return address and jump), or code just after a call instruction (`call rel32`, or
+/// `call` through a register or memory: megamorphic and runtime calls).
+#[inline(always)]
+fn is_return_address<M: UserMemory>(hs: &HotspotProc, memory: &M, address: u64) -> bool {
+    if (address >= hs.interpreter_low && address < hs.interpreter_high)
+        || address == hs.call_stub_return
+    {
+        return true;
+    }
+    if !is_code((hs.code_low, hs.code_high), address) {
+        return false;
+    }
+    let Ok(before) = memory.read_u64(address - 8) else {
+        return false;
+    };
+    // Byte i of the eight before `address` (byte 7 the last).
+    let byte = |i: u32| (before >> (8 * i)) as u8;
+    // ModRM's reg field 2 (`call`), mod and rm as each form needs.
+    let call_modrm = |modrm: u8, mode: u8| modrm >> 6 == mode && (modrm >> 3) & 7 == 2;
+    byte(3) == CALL_REL32
+        // call reg (ff /2, mod 11)
+        || (byte(6) == 0xff && call_modrm(byte(7), 3))
+        // call [reg] (mod 00, no SIB, not rip-relative)
+        || (byte(6) == 0xff && call_modrm(byte(7), 0) && !matches!(byte(7) & 7, 4 | 5))
+        // call [reg + disp8] (mod 01, no SIB)
+        || (byte(5) == 0xff && call_modrm(byte(6), 1) && byte(6) & 7 != 4)
+        // call [base + index + disp8] (mod 01 with a SIB byte)
+        || (byte(4) == 0xff && byte(5) == 0x54)
+        // call [rip + disp32] (mod 00, rm 101) or [reg + disp32] (mod 10, no SIB)
+        || (byte(2) == 0xff && (byte(3) == 0x15 || (call_modrm(byte(3), 2) && byte(3) & 7 != 4)))
 }
 
 /// True if `return_address` is in the code cache and follows a `call rel32` whose target lies

@@ -8,6 +8,9 @@ use profiler_common::{FrameKind, HotspotProc, UnwindEnd, UserFrame};
 
 /// Marks [`Walk::end`] as "not decided yet".
 pub const END_UNSET: u8 = u8::MAX;
+/// [`Walk::stub_pending`]'s values.
+pub const STUB_ON_TOP: u8 = 1;
+pub const STUB_CALLER: u8 = 2;
 
 /// The registers a user stack walk starts from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -47,10 +50,17 @@ pub struct Walk {
     pub skip: u8,
     /// Non-zero once a Java frame was walked, or the thread's anchor was used.
     pub java_seen: u8,
-    /// Non-zero when the top frame, a stub whose blob does not describe its frame (in
-    /// `blob_cache`), is recorded and the walk has yet to move to its caller
-    /// ([`crate::settle_top_stub`]).
+    /// What the walk has to settle before its next step ([`crate::settle_top_stub`]):
+    /// [`STUB_ON_TOP`], the top frame is a stub whose blob does not describe its frame (in
+    /// `blob_cache`), recorded, its caller not found yet; [`STUB_CALLER`], that caller is a
+    /// compiled frame, recorded, whose own caller is to be found (it may have pushed the
+    /// stub's arguments). 0: nothing.
     pub stub_pending: u8,
+    /// Non-zero while the current frame is the caller of a stub, found by the return address
+    /// of its call into the stub.
+    pub stub_caller: u8,
+    /// The size in words of the [`STUB_CALLER`] frame's fixed part.
+    pub stub_caller_words: u32,
     /// Host tid of the sampled thread.
     pub tid: u32,
     /// The cookie of the last interpreted method of this walk, and its `ConstMethod*` (0 for
@@ -76,6 +86,7 @@ impl Walk {
         self.skip = 0;
         self.java_seen = 0;
         self.stub_pending = 0;
+        self.stub_caller = 0;
         self.tid = tid;
         self.blob_cache.blob = 0;
         self.cfi.clear();

@@ -4,11 +4,13 @@
 use profiler_common::{UnwindEnd, MAX_USER_FRAMES};
 
 use crate::frozen::{enter_frozen_frames, frozen_after, frozen_before};
-use crate::hotspot::{java_step, jump_to_anchor, resume_at_anchor, unwind_top_stub};
+use crate::hotspot::{
+    java_step, jump_to_anchor, resume_at_anchor, unwind_stub_caller, unwind_top_stub,
+};
 use crate::memory::{FrameSink, JavaThreads, NativeTables, StackWindow, UserMemory};
 use crate::native::native_step;
 use crate::recent_blobs::RecentBlobs;
-use crate::state::{Walk, END_UNSET};
+use crate::state::{Walk, END_UNSET, STUB_ON_TOP};
 
 /// Steps of a walk: frames recorded plus the few that are skipped (the call stub).
 pub const MAX_WALK_STEPS: u32 = MAX_USER_FRAMES as u32 + 16;
@@ -59,6 +61,8 @@ pub fn unwind_step<P: UserMemory + JavaThreads + NativeTables + RecentBlobs, S: 
     } else {
         native_step(walk, window, process)
     };
+    // Only the frame right after a stub is its caller.
+    walk.stub_caller = 0;
     let frame = match step {
         Ok(frame) => frame,
         Err(end) => {
@@ -92,20 +96,26 @@ pub fn unwind_step<P: UserMemory + JavaThreads + NativeTables + RecentBlobs, S: 
     false
 }
 
-/// Moves the walk from a stub recorded on top to its caller, if a step left that to do
-/// (`Walk::stub_pending`); to be run before each step. True to stop (its caller was not
-/// found).
+/// Moves the walk from a stub recorded on top, or from that stub's caller, to the next caller,
+/// if a step left that to do (`Walk::stub_pending`); to be run before each step. True to stop
+/// (the caller was not found).
 #[inline(always)]
 pub fn settle_top_stub<M: UserMemory>(
     walk: &mut Walk,
     window: &mut StackWindow,
     memory: &M,
 ) -> bool {
-    if walk.stub_pending == 0 {
+    let pending = walk.stub_pending;
+    if pending == 0 {
         return false;
     }
     walk.stub_pending = 0;
-    if let Err(end) = unwind_top_stub(walk, window, memory) {
+    let moved = if pending == STUB_ON_TOP {
+        unwind_top_stub(walk, window, memory)
+    } else {
+        unwind_stub_caller(walk, window, memory)
+    };
+    if let Err(end) = moved {
         walk.end = end as u8;
         return true;
     }

@@ -625,16 +625,28 @@ fn c1_runtime_stub(jvm: &mut Jvm, frame_size: i32) -> Blob {
 
 #[test]
 fn a_stub_that_pushed_registers_returns_past_them_to_the_call_into_it() {
-    type_check_stub_case(STACK + 0x8000);
+    type_check_stub_case(STACK + 0x8000, CallerOfCaller::Interpreter);
     // Its saved registers at the end of a page, the return address on the next one.
-    type_check_stub_case(STACK + 0x8ff0);
+    type_check_stub_case(STACK + 0x8ff0, CallerOfCaller::Interpreter);
+}
+
+#[test]
+fn the_stubs_caller_returns_past_the_stubs_arguments_to_a_compiled_caller() {
+    type_check_stub_case(STACK + 0x8000, CallerOfCaller::Compiled);
+}
+
+/// Who called the caller of the stub in [`type_check_stub_case`].
+enum CallerOfCaller {
+    Interpreter,
+    Compiled,
 }
 
 /// C1's `slow_subtype_check` sampled with sp at `sp`: the caller pushes two arguments and calls
 /// the stub, which pushes four registers and builds no frame; rbp is the compiled caller's
 /// general register. One saved register holds a code address that does not follow a call into
-/// the stub.
-fn type_check_stub_case(sp: u64) {
+/// the stub, and so does the caller's spill slot where its frame size, taken from the pushed
+/// arguments, puts its return address.
+fn type_check_stub_case(sp: u64, caller_of_caller: CallerOfCaller) {
     let mut jvm = Jvm::new(Layout::Offsets);
     let stub = c1_runtime_stub(&mut jvm, -1);
     let a = jvm.add_blob(&BlobSpec::nmethod(6, 31));
@@ -648,8 +660,21 @@ fn type_check_stub_case(sp: u64) {
     jvm.memory.put_u64(arguments, 0x8_0000_1000);
     jvm.memory.put_u64(arguments + 8, 0x8_0000_2000);
     let a_sp = arguments + 16;
-    let (interp_fp, rest) = interpreted_caller(&mut jvm, a_sp + 6 * 8);
-    jvm.compiled_frame(a_sp, 6, interp_fp, INTERPRETER_PC);
+    let b_sp = a_sp + 6 * 8;
+    let (interp_fp, mut rest) = interpreted_caller(&mut jvm, b_sp + 4 * 8);
+    match caller_of_caller {
+        CallerOfCaller::Interpreter => {
+            jvm.compiled_frame(a_sp, 6, interp_fp, INTERPRETER_PC);
+        }
+        CallerOfCaller::Compiled => {
+            let b = jvm.add_blob(&BlobSpec::nmethod(4, 32));
+            let into_a = jvm.call_instruction(b.pc(0x50), a.pc(0));
+            jvm.compiled_frame(a_sp, 6, 0x43, into_a);
+            jvm.compiled_frame(b_sp, 4, interp_fp, INTERPRETER_PC);
+            rest.insert(0, b.frame(0x55));
+        }
+    }
+    jvm.memory.put_u64(a_sp + 3 * 8, stub.pc(0x10));
     let walked = jvm.walk(TID, regs(stub.pc(0x30), sp, 0x42));
     expect(
         walked,

@@ -1972,7 +1972,21 @@ impl Measurement {
         let (with_java, rooted) = self.rooted_counts();
         let rooted = pct(rooted, with_java);
         if rooted < 99.0 {
-            failures.push(format!("{tag}: {rooted:.2}% rooted (target >= 99%)"));
+            // The ways the walks ended go with the failure: CI keeps only the end of the log.
+            let (kinds, signatures) = self.lost_stacks();
+            let mut kinds: Vec<(String, i64)> = kinds.into_iter().collect();
+            kinds.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            let mut signatures: Vec<_> = signatures.into_iter().collect();
+            signatures.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.0.cmp(&b.0)));
+            let mut message = format!("{tag}: {rooted:.2}% rooted (target >= 99%); lost by kind:");
+            for (kind, n) in kinds.iter().take(5) {
+                message += &format!("\n      {n:>5}  {kind}");
+            }
+            message += "\n    top signatures:";
+            for (signature, (n, threads)) in signatures.iter().take(5) {
+                message += &format!("\n      {n:>5}  {signature}  [{}]", top_counts(threads, 2));
+            }
+            failures.push(message);
         }
         for row in self.leaf_rows() {
             let allowed = 3.0 * row.sigma * 100.0 + 10.0;
