@@ -172,6 +172,11 @@ crate::labelled_enum! {
         /// Unmount hooks not looked at: another hook was walking on the CPU, or the virtual
         /// thread could not be identified (its thread object unreadable).
         VirtualUnmountsUnseen = 37 => "virtual_unmounts_unseen",
+        /// Java threads ending in JVMs that do not count their ended threads' bytes (before JDK
+        /// 14) whose bytes the thread-exit hook added up; those whose counters it could not
+        /// read (the JVM's allocation profile then counts a little short).
+        ThreadExitsCounted = 38 => "thread_exits_counted",
+        ThreadExitsUnread = 39 => "thread_exits_unread",
     }
 }
 
@@ -635,13 +640,33 @@ pub mod hotspot_flags {
     pub const ZGC_COLORED_OOPS: u8 = 1 << 7;
 }
 
-/// The daemon's uprobes one JVM can have: the thread-start hook, then the two allocation
-/// hooks ([`BREAKPOINT_THREAD_START`], [`BREAKPOINT_ALLOC`]).
-pub const MAX_BREAKPOINTS: usize = 3;
+/// The daemon's uprobes one JVM can have: the thread-start hook, the two allocation hooks and
+/// the thread-exit hook ([`BREAKPOINT_THREAD_START`], [`BREAKPOINT_ALLOC`],
+/// [`BREAKPOINT_THREAD_EXIT`]).
+pub const MAX_BREAKPOINTS: usize = 4;
 /// Index of the thread-start hook in [`HotspotProc::breakpoints`].
 pub const BREAKPOINT_THREAD_START: usize = 0;
 /// Indexes of the allocation hooks (in a new TLAB, outside any) in [`HotspotProc::breakpoints`].
 pub const BREAKPOINT_ALLOC: [usize; 2] = [1, 2];
+/// Index of the thread-exit hook in [`HotspotProc::breakpoints`].
+pub const BREAKPOINT_THREAD_EXIT: usize = 3;
+
+/// The bytes a JVM's ended threads allocated, added up by the thread-exit hook
+/// (`profiler-ebpf/src/thread_exit.rs`) for a JVM that does not count them itself (before JDK
+/// 14, no `ThreadService::_exited_allocated_bytes`). The daemon writes the offsets, the hook
+/// adds to `exited_bytes`. Key: host pid.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExitedAllocation {
+    /// From a `JavaThread*`: `Thread::_allocated_bytes` (its retired TLABs and the objects
+    /// outside any), and its TLAB's `_start` and `_top`.
+    pub allocated_bytes_offset: u32,
+    pub tlab_start_offset: u32,
+    pub tlab_top_offset: u32,
+    pub _reserved: u32,
+    /// What the threads that ended since the entry was written allocated.
+    pub exited_bytes: u64,
+}
 
 /// What the BPF unwinder needs to know about one JVM process: where its code is and how its
 /// frames and code blobs are laid out. Written by the daemon (key: host pid) once the VM has
@@ -905,6 +930,8 @@ mod user {
     unsafe impl aya::Pod for super::HotspotProc {}
     // SAFETY: plain old data, its padding explicit.
     unsafe impl aya::Pod for super::JavaThreadEntry {}
+    // SAFETY: plain old data, its padding explicit.
+    unsafe impl aya::Pod for super::ExitedAllocation {}
     // SAFETY: plain old data, no padding the kernel could leave uninitialised that we rely on.
     unsafe impl aya::Pod for super::SampleHeader {}
     unsafe impl aya::Pod for super::UserFrame {}

@@ -88,6 +88,8 @@ pub const ALLOC_SAMPLED: &str = "profiler_alloc_sampled_total";
 /// Labelled `reason`: [`crate::Counter::AllocRingFull`], `AllocNested` by their names.
 pub const ALLOC_NOT_PROFILED: &str = "profiler_alloc_not_profiled_total";
 pub const ALLOC_WALKS_FROM_HOOK: &str = "profiler_alloc_walks_from_hook_total";
+pub const ALLOC_THREAD_EXITS_COUNTED: &str = "profiler_alloc_thread_exits_counted_total";
+pub const ALLOC_THREAD_EXITS_UNREAD: &str = "profiler_alloc_thread_exits_unread_total";
 pub const ALLOC_SAMPLER_EVENTS: &str = "profiler_alloc_sampler_events_total";
 pub const ALLOC_SAMPLER_FIRST_SKIPPED: &str = "profiler_alloc_sampler_first_skipped_total";
 /// JVMs whose libjvm was hooked or not; labelled `hooked`: `true` or `false`.

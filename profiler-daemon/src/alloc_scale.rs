@@ -16,13 +16,16 @@
 //! intervals only the first and the last reading's delays show. A JVM's first profile is not
 //! scaled (nothing to count from), nor is one whose factor is outside [`MIN_FACTOR`,
 //! `MAX_FACTOR`]: the readings are the process's memory, and a JVM that writes garbage there
-//! changes its own profile's scale by two at most. Without the ended threads' count (JDK 11, a
-//! libjvm without `.symtab`), profiles are left as sampled.
+//! changes its own profile's scale by two at most. Before JDK 14 the JVM does not add up what its
+//! ended threads allocated: a hook on their end does (`hotspot::thread_exits`), once in place.
+//! Without that count (the hook not placed, a libjvm without `.symtab`), profiles are left as
+//! sampled.
 
 use std::collections::HashMap;
 
 use crate::hotspot::jvm::Jvm;
-use crate::hotspot::remote::ProcessMemory;
+use crate::hotspot::remote::{ProcessMemory, RemoteMemory as _};
+use crate::hotspot::thread_exits::ExitCounts;
 use crate::hotspot::virtual_threads::StaticsByFile;
 use crate::process_key::ProcessKey;
 
@@ -52,22 +55,33 @@ pub enum Scaled {
 #[derive(Default)]
 pub struct AllocScale {
     statics: StaticsByFile,
+    /// The thread-exit hook's counts, for JVMs without a count of their ended threads.
+    exit_counts: Option<ExitCounts>,
     last: HashMap<u32, (ProcessKey, u64)>,
 }
 
 impl AllocScale {
+    pub fn with_exit_counts(exit_counts: Option<ExitCounts>) -> Self {
+        Self {
+            exit_counts,
+            ..Self::default()
+        }
+    }
+
     /// `jvm`'s count of the bytes its threads allocated, read now; None where it has none.
     pub fn count(&mut self, jvm: &Jvm) -> Option<u64> {
-        let exited_at = self.statics.of(jvm.pid).ok()?.exited_allocated_bytes()?;
+        let memory = ProcessMemory::new(jvm.pid);
+        // What the ended threads allocated first (see `Jvm::allocated_bytes`): the JVM's own
+        // sum (JDK 14+), else its thread-exit hook's, if the hook is in place.
+        let exited = match self.statics.of(jvm.pid).ok()?.exited_allocated_bytes() {
+            Some(exited_at) => memory.read_u64(jvm.bias.wrapping_add(exited_at)).ok()?,
+            None => self.exit_counts.as_ref()?.exited_bytes(jvm.pid)?,
+        };
         let tasks = std::fs::read_dir(format!("/proc/{}/task", jvm.pid))
             .ok()?
             .count();
-        jvm.allocated_bytes(
-            &ProcessMemory::new(jvm.pid),
-            exited_at,
-            tasks + THREAD_LIST_SLACK,
-        )
-        .ok()
+        jvm.allocated_bytes(&memory, exited, tasks + THREAD_LIST_SLACK)
+            .ok()
     }
 
     /// The factor by which the interval's profile of `pid` (the process `key`), whose bytes add

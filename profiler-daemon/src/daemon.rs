@@ -167,8 +167,11 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     let jvms = JvmDirectory::default();
     // The tracker decides which JVMs get the sidecar agent; the symbolizer expects their records.
     let attaches = AttachesStarted::default();
+    let hotspot_maps = sampler.take_hotspot_maps()?;
+    // The tracker starts and stops the ended threads' counts; the worker reads them.
+    let exit_counts = hotspot_maps.exits.clone();
     let tracker = spawn_jvm_tracker(
-        sampler.take_hotspot_maps()?,
+        hotspot_maps,
         sampler.take_process_events()?,
         config.max_jvms as usize,
         config.pids.clone(),
@@ -222,6 +225,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
             jvms,
             attaches,
             pods,
+            exit_counts,
         },
         work_rx,
     )?;

@@ -11,8 +11,10 @@ use profiler_common::budget::{EmitBudget, Producer, PRODUCERS};
 use profiler_common::Counter;
 
 use crate::hotspot::libjvm_hooks::{
-    HookPrograms, ALLOC_PROGRAMS, THREAD_START_PROGRAM, VIRTUAL_THREAD_PROGRAMS,
+    HookPrograms, ALLOC_PROGRAMS, THREAD_EXIT_PROGRAM, THREAD_START_PROGRAM,
+    VIRTUAL_THREAD_PROGRAMS,
 };
+use crate::hotspot::thread_exits::ExitCounts;
 use crate::hotspot::tracker::BpfMaps;
 use crate::kernel_btf::KernelBtf;
 use crate::kernel_features::BpfObject;
@@ -267,6 +269,7 @@ fn load_object(object: BpfObject, settings: &ObjectSettings) -> Result<Ebpf, Sam
         .map_max_entries("ALLOC_SAMPLES", settings.alloc_ring_bytes)
         .map_max_entries("HOTSPOT_PROCS", settings.max_jvms)
         .map_max_entries("JAVA_THREADS_STARTED", settings.max_jvms)
+        .map_max_entries("EXITED_ALLOCATIONS", settings.max_jvms)
         .map_max_entries("SAMPLES", settings.ring_bytes)
         .map_max_entries("CFI_BLOCKS", settings.cfi_blocks)
         .map_max_entries("JAVA_THREADS", settings.java_threads)
@@ -580,7 +583,7 @@ impl Sampler {
             })?;
         let alloc_ring = match &alloc {
             Some(alloc) => {
-                for name in ALLOC_PROGRAMS {
+                for name in ALLOC_PROGRAMS.into_iter().chain([THREAD_EXIT_PROGRAM]) {
                     uprobe(&mut ebpf, name)?
                         .load()
                         .map_err(|source| SamplerError::Program { name, source })?;
@@ -630,7 +633,10 @@ impl Sampler {
                 .map_err(|source| SamplerError::Program { name, source })
         };
         let alloc = if self.alloc {
-            Some([handle(ALLOC_PROGRAMS[0])?, handle(ALLOC_PROGRAMS[1])?])
+            Some((
+                [handle(ALLOC_PROGRAMS[0])?, handle(ALLOC_PROGRAMS[1])?],
+                handle(THREAD_EXIT_PROGRAM)?,
+            ))
         } else {
             None
         };
@@ -650,11 +656,24 @@ impl Sampler {
         ))
     }
 
-    /// The maps of per-JVM layouts and Java threads, for the JVM tracker (can be taken once).
+    /// The maps of per-JVM layouts and Java threads, and with `--alloc` the ended threads'
+    /// counts, for the JVM tracker (can be taken once).
     pub fn take_hotspot_maps(&mut self) -> Result<BpfMaps, SamplerError> {
         let procs = take_map(&mut self.ebpf, "HOTSPOT_PROCS")?;
         let threads = take_map(&mut self.ebpf, "JAVA_THREADS")?;
-        Ok(BpfMaps { procs, threads })
+        let exits = if self.alloc {
+            Some(ExitCounts::new(take_map(
+                &mut self.ebpf,
+                "EXITED_ALLOCATIONS",
+            )?))
+        } else {
+            None
+        };
+        Ok(BpfMaps {
+            procs,
+            threads,
+            exits,
+        })
     }
 
     /// The native unwind tables' maps, for their loader (can be taken once).

@@ -14,6 +14,7 @@ use profiler_common::SampleKind;
 use crate::aggregate::IntervalStacks;
 use crate::alloc_scale::{self, AllocScale, Scaled};
 use crate::hotspot::remote::ProcessMemory;
+use crate::hotspot::thread_exits::ExitCounts;
 use crate::identity::ServiceNaming;
 use crate::process::ProcessTable;
 use crate::profile_model::ProfileKind;
@@ -100,6 +101,12 @@ impl Worker {
             attaches: Default::default(),
             alloc_scale: AllocScale::default(),
         }
+    }
+
+    /// The ended threads' allocations of JVMs that do not count them (before JDK 14).
+    pub fn with_exit_counts(mut self, exit_counts: Option<ExitCounts>) -> Self {
+        self.alloc_scale = AllocScale::with_exit_counts(exit_counts);
+        self
     }
 
     /// The allocation sampling interval, allocation profiles' period (`--alloc=BYTES`).

@@ -30,6 +30,7 @@ mod budget;
 mod memory;
 mod off_cpu;
 mod process_events;
+mod thread_exit;
 mod thread_start;
 mod thread_state;
 mod virtual_waits;

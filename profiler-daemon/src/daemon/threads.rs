@@ -13,6 +13,7 @@ use crate::config::Config;
 use crate::hotspot::jvm_directory::JvmDirectory;
 use crate::hotspot::libjvm_hooks::LibjvmHooks;
 use crate::hotspot::thread_directory::ThreadDirectory;
+use crate::hotspot::thread_exits::ExitCounts;
 use crate::hotspot::tracker::{self, JvmTracker, TrackerCounts};
 use crate::kubernetes::SharedPodIndex;
 use crate::metrics::families::{by, Families, MetricSource};
@@ -32,6 +33,8 @@ pub(super) struct SharedWithWorker {
     pub(super) attaches: AttachesStarted,
     /// Kubernetes pods' metadata, when watched.
     pub(super) pods: Option<SharedPodIndex>,
+    /// The ended threads' allocations of JVMs before JDK 14, with `--alloc`.
+    pub(super) exit_counts: Option<ExitCounts>,
 }
 
 /// The symbolizer thread (`worker.rs`), on a thread of its own (blazesym's symbolizer is not
@@ -66,6 +69,7 @@ pub(super) fn spawn_worker(
                 .with_pods_if(shared.pods)
                 .with_extra_labels(extra_labels)
                 .with_alloc_interval(alloc_interval)
+                .with_exit_counts(shared.exit_counts)
                 .run(work)
         })
         .map_err(|err| DaemonError::Worker(err.to_string()))

@@ -241,6 +241,16 @@ const MAX_ALLOCATED_SPAN: usize = 256;
 /// stay far below it.
 const MAX_TLAB_BYTES: u64 = 1 << 30;
 
+/// Offsets in a `JavaThread` of its allocation counters (see [`Jvm::allocated_bytes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocationCounters {
+    /// `Thread::_allocated_bytes`.
+    pub allocated_at: u64,
+    /// Its TLAB's `_start` and `_top`.
+    pub start_at: u64,
+    pub top_at: u64,
+}
+
 impl Jvm {
     /// The address of the JVM's current ThreadsSMR list (JDK 10+), `None` before it. HotSpot
     /// publishes a new list whenever a Java thread starts or exits, so an unchanged address
@@ -279,23 +289,24 @@ impl Jvm {
         Ok(out)
     }
 
-    /// What the JVM's threads allocated since it started, by HotSpot's own counters: what the
-    /// threads that ended allocated (`ThreadService::_exited_allocated_bytes`, at the link-time
-    /// address `exited_at` from libjvm's `.symtab`), and for every live Java thread its retired
-    /// TLABs and objects allocated outside them (`_allocated_bytes`) and its current TLAB's
-    /// used part. A list longer than `max_threads` is refused, as in [`Self::java_threads`].
+    /// What the JVM's threads allocated, by HotSpot's own counters: `exited`, what the threads
+    /// that ended allocated (read first by the caller: a thread that ends between the two reads
+    /// is then missed once, not counted twice), and for every live Java thread its retired TLABs
+    /// and objects allocated outside them (`_allocated_bytes`) and its current TLAB's used
+    /// part. A list longer than `max_threads` is refused, as in [`Self::java_threads`].
     /// None of these is read atomically: a TLAB retired while it is read may count twice or not
     /// at all, a thread that ends meanwhile likewise.
     pub fn allocated_bytes(
         &self,
         memory: &dyn RemoteMemory,
-        exited_at: u64,
+        exited: u64,
         max_threads: usize,
     ) -> Result<u64, JvmError> {
-        let allocated_at = self.offset(Field::ThreadAllocatedBytes)?;
-        let tlab_at = self.offset(Field::ThreadTlab)?;
-        let start_at = tlab_at + self.offset(Field::TlabStart)?;
-        let top_at = tlab_at + self.offset(Field::TlabTop)?;
+        let AllocationCounters {
+            allocated_at,
+            start_at,
+            top_at,
+        } = self.allocation_counters()?;
         // The three words in one read per thread.
         let first = allocated_at.min(start_at).min(top_at);
         let span = (allocated_at.max(start_at).max(top_at) + 8 - first) as usize;
@@ -308,7 +319,7 @@ impl Jvm {
             let at = (at - first) as usize;
             u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or_default())
         };
-        let mut total = memory.read_u64(self.bias.wrapping_add(exited_at))?;
+        let mut total = exited;
         let mut bytes = [0u8; MAX_ALLOCATED_SPAN];
         for thread in self.java_thread_pointers(memory, max_threads)? {
             // Left out if unreadable: a thread that ended while the list was read.
@@ -328,6 +339,16 @@ impl Jvm {
                 .saturating_add(used);
         }
         Ok(total)
+    }
+
+    /// Where a thread's allocation counters are in its `JavaThread`.
+    pub fn allocation_counters(&self) -> Result<AllocationCounters, JvmError> {
+        let tlab_at = self.offset(Field::ThreadTlab)?;
+        Ok(AllocationCounters {
+            allocated_at: self.offset(Field::ThreadAllocatedBytes)?,
+            start_at: tlab_at + self.offset(Field::TlabStart)?,
+            top_at: tlab_at + self.offset(Field::TlabTop)?,
+        })
     }
 
     /// The `JavaThread*` of every thread on the JVM's thread list (see [`Self::java_threads`]).

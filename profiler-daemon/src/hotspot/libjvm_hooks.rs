@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeLink, UProbeScope};
 use aya::programs::{ProgramError, UProbe};
-use object::elf::{FileHeader64, Sym64, PF_X, PT_LOAD, SHT_SYMTAB, STT_FUNC};
+use object::elf::{FileHeader64, Sym64, PF_X, PT_LOAD, SHT_SYMTAB, STT_FUNC, STT_OBJECT};
 use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _, Sym as _};
 use object::read::{ReadCache, StringTable};
 use object::{LittleEndian, ReadRef};
@@ -35,7 +35,9 @@ use object::{LittleEndian, ReadRef};
 use crate::process::Backing;
 use crate::process_key::ProcessKey;
 use crate::untrusted::BoundedReads;
-use profiler_common::{BREAKPOINT_ALLOC, BREAKPOINT_THREAD_START, MAX_BREAKPOINTS};
+use profiler_common::{
+    BREAKPOINT_ALLOC, BREAKPOINT_THREAD_EXIT, BREAKPOINT_THREAD_START, MAX_BREAKPOINTS,
+};
 
 /// Most libjvm files hooked at once (one per JDK build on the node is usual): a user who makes
 /// many files that look like libjvm cannot make the daemon set breakpoints without end. Also
@@ -73,6 +75,12 @@ const THREAD_RUN: &[u8] = b"_ZN10JavaThread3runEv";
 const IN_NEW_TLAB: &[u8] = b"_ZN11AllocTracer27send_allocation_in_new_tlabE";
 const OUTSIDE_TLAB: &[u8] = b"_ZN11AllocTracer28send_allocation_outside_tlabE";
 const PREPARE_THAW: &[u8] = b"_ZN12Continuation12prepare_thawEP10JavaThreadb";
+/// `Threads::remove(JavaThread*, ...)`, which every ending Java thread runs; hooked only in a
+/// file without [`EXITED_ALLOCATED_BYTES`] (before JDK 14), whose ended threads' bytes nothing
+/// else adds up.
+const THREADS_REMOVE: &[u8] = b"_ZN7Threads6removeEP10JavaThread";
+/// `ThreadService::_exited_allocated_bytes` (JDK 14+): the JVM adds up its ended threads' bytes.
+const EXITED_ALLOCATED_BYTES: &[u8] = b"_ZN13ThreadService23_exited_allocated_bytesE";
 /// The unmounting functions' instantiations: `freeze<Config<...>>(JavaThread*, intptr_t*)`,
 /// and (JDK 24+) `Config<...>::freeze_preempt(JavaThread*, intptr_t*)`. A JVM's statics say
 /// which one it calls; only an address that is one of these is hooked.
@@ -107,6 +115,9 @@ pub struct HookOffsets {
     pub alloc: Result<AllocHookOffsets, HookError>,
     /// `Continuation::prepare_thaw`, if the file has it (JDK 21+): a virtual thread's mount.
     pub mount: Option<u64>,
+    /// `Threads::remove`, if the file has it and does not count its ended threads' bytes itself
+    /// (before JDK 14): a Java thread's end, for allocation profiles' totals.
+    pub thread_exit: Option<u64>,
     /// The unmounting functions' instantiations: each one's start (file offset) and where its
     /// hook goes. A JVM's statics are its own memory, which its owner can write, so the
     /// function they name is hooked only if it starts one of these (a breakpoint elsewhere in
@@ -133,6 +144,8 @@ pub enum HookError {
 
 /// The thread-start program's name in the BPF object (`profiler-ebpf/src/thread_start.rs`).
 pub const THREAD_START_PROGRAM: &str = "java_thread_start";
+/// The thread-exit program's name (`profiler-ebpf/src/thread_exit.rs`), loaded with `--alloc`.
+pub const THREAD_EXIT_PROGRAM: &str = "java_thread_exit";
 
 /// The allocation programs' names in the BPF object (`profiler-ebpf/src/alloc.rs`): the one on
 /// HotSpot's event taking a new TLAB, then the one on its event allocating outside any TLAB.
@@ -152,26 +165,38 @@ pub struct AttachError {
 }
 
 /// The hook programs, loaded, each a handle of its own: the thread-start one, and the two
-/// allocation ones with `--alloc`.
+/// allocation ones and the thread-exit one with `--alloc`.
 pub struct HookPrograms {
     thread_start: UProbe,
     alloc: Option<[UProbe; 2]>,
+    thread_exit: Option<UProbe>,
     virtual_threads: Option<[UProbe; 3]>,
 }
 
 impl HookPrograms {
-    /// Handles of the programs named [`THREAD_START_PROGRAM`] and [`ALLOC_PROGRAMS`] (in that
-    /// order).
+    /// Handles of the programs named [`THREAD_START_PROGRAM`], [`ALLOC_PROGRAMS`] (in that
+    /// order) with [`THREAD_EXIT_PROGRAM`], and [`VIRTUAL_THREAD_PROGRAMS`].
     pub fn new(
         thread_start: UProbe,
-        alloc: Option<[UProbe; 2]>,
+        alloc: Option<([UProbe; 2], UProbe)>,
         virtual_threads: Option<[UProbe; 3]>,
     ) -> Self {
+        let (alloc, thread_exit) = match alloc {
+            Some((alloc, thread_exit)) => (Some(alloc), Some(thread_exit)),
+            None => (None, None),
+        };
         Self {
             thread_start,
             alloc,
+            thread_exit,
             virtual_threads,
         }
+    }
+
+    /// Whether the ended threads' bytes of JVMs before JDK 14 are counted (its program is
+    /// loaded).
+    pub fn counts_thread_exits(&self) -> bool {
+        self.thread_exit.is_some()
     }
 
     /// Whether virtual threads' waits are profiled (their programs are loaded).
@@ -238,6 +263,9 @@ impl HookPrograms {
         }
         if let (Some([_, _, mount]), Some(offset)) = (&mut self.virtual_threads, offsets.mount) {
             links.push(attach(mount, VIRTUAL_THREAD_PROGRAMS[2], offset)?);
+        }
+        if let (Some(program), Some(offset)) = (&mut self.thread_exit, offsets.thread_exit) {
+            links.push(attach(program, THREAD_EXIT_PROGRAM, offset)?);
         }
         Ok(links)
     }
@@ -595,7 +623,7 @@ impl LibjvmHooks {
             Some(found) => Ok(found),
             None => open_and_find(key, &file.jvms),
         };
-        let (opened, offsets) = match found {
+        let (opened, mut offsets) = match found {
             Ok(found) => found,
             Err(reason) => {
                 file.state = FileState::Unhookable(reason);
@@ -605,6 +633,10 @@ impl LibjvmHooks {
         if let Some(reason) = self.programs.nothing_to_hook(&offsets) {
             file.state = FileState::Unhookable(reason);
             return false;
+        }
+        if !self.programs.counts_thread_exits() {
+            // Its breakpoint is placed in the JVMs' layouts only if attached.
+            offsets.thread_exit = None;
         }
         match self.programs.attach(&opened, &offsets) {
             Ok(links) => {
@@ -890,6 +922,7 @@ fn breakpoints_in(pid: u32, file: (u64, u64), offsets: &HookOffsets) -> [u64; MA
         breakpoints[BREAKPOINT_ALLOC[0]] = place(alloc.in_new_tlab);
         breakpoints[BREAKPOINT_ALLOC[1]] = place(alloc.outside_tlab);
     }
+    breakpoints[BREAKPOINT_THREAD_EXIT] = offsets.thread_exit.map_or(0, place);
     breakpoints
 }
 
@@ -956,9 +989,18 @@ fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<HookOffsets, HookError> 
         })
     };
     let (mut thread_start, mut in_new_tlab, mut outside_tlab, mut mount) = (None, None, None, None);
+    let (mut threads_remove, mut counts_exited_bytes) = (None, false);
     let mut unmount_candidates = Vec::new();
     for symbol in symbols {
         let size = symbol.st_size(endian);
+        if symbol.st_type() == STT_OBJECT
+            && symbol
+                .name(endian, strings)
+                .is_ok_and(|name| name == EXITED_ALLOCATED_BYTES)
+        {
+            counts_exited_bytes = true;
+            continue;
+        }
         if symbol.st_type() != STT_FUNC || size == 0 || size > MAX_FUNCTION_BYTES {
             continue;
         }
@@ -976,6 +1018,8 @@ fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<HookOffsets, HookError> 
             Some(&mut outside_tlab)
         } else if name == PREPARE_THAW {
             Some(&mut mount)
+        } else if name.starts_with(THREADS_REMOVE) {
+            Some(&mut threads_remove)
         } else if is_unmount {
             None
         } else {
@@ -1020,6 +1064,7 @@ fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<HookOffsets, HookError> 
         thread_start,
         alloc,
         mount,
+        thread_exit: threads_remove.filter(|_| !counts_exited_bytes),
         unmount_candidates,
     })
 }
@@ -1056,8 +1101,17 @@ mod tests {
                                                            JavaThread*) { sink = a + 1; }
             __attribute__((visibility("hidden"), noinline))
             void JavaThread::run() { sink = 7; }
+            // JDK 11's: no count of the ended threads' bytes, `Threads::remove(JavaThread*)`.
+            class Threads { public: static void remove(JavaThread*); };
+            __attribute__((visibility("hidden"), noinline))
+            void Threads::remove(JavaThread*) { sink = 9; }
+            #ifdef COUNTS_EXITED_BYTES
+            class ThreadService { public: static volatile long _exited_allocated_bytes; };
+            __attribute__((visibility("hidden"))) volatile long ThreadService::_exited_allocated_bytes;
+            #endif
             extern "C" void entry() {
                 JavaThread().run();
+                Threads::remove(0);
                 AllocTracer::send_allocation_in_new_tlab(0, 0, 1, 2, 0);
                 AllocTracer::send_allocation_outside_tlab(0, 0, 3, 0);
             }
@@ -1234,6 +1288,30 @@ mod tests {
         let offsets = found.alloc.expect("both events");
         assert!(offsets.in_new_tlab > 0 && offsets.outside_tlab > 0);
         assert!(found.thread_start.is_some_and(|offset| offset > 0));
+        // JDK 17 adds up its ended threads' bytes itself: no thread-exit hook.
+        assert_eq!(found.thread_exit, None);
+    }
+
+    /// A libjvm without `ThreadService::_exited_allocated_bytes` (before JDK 14) gets its
+    /// threads' ends hooked at `Threads::remove`; one with it, not.
+    #[test]
+    fn thread_ends_are_hooked_only_where_the_jvm_does_not_count_their_bytes() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let library = fake_libjvm(dir.path(), false);
+        let found = find(File::open(&library).expect("open")).expect("found");
+        let bytes = std::fs::read(&library).expect("read");
+        assert_eq!(
+            found.thread_exit,
+            Some(symbol_file_offset(
+                &bytes,
+                "_ZN7Threads6removeEP10JavaThread"
+            ))
+        );
+        let counting = tempfile::tempdir().expect("temporary directory");
+        let library = fake_libjvm_with(counting.path(), false, "-DCOUNTS_EXITED_BYTES");
+        let found = find(File::open(&library).expect("open")).expect("found");
+        assert!(found.thread_start.is_some());
+        assert_eq!(found.thread_exit, None);
     }
 
     #[test]

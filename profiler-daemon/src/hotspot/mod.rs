@@ -16,6 +16,7 @@
 //! - [`tracker`]: JVMs coming and going, pushed to and removed from the BPF map.
 //! - [`tracker_metrics`]: the tracker's families on the metrics endpoint.
 //! - [`thread_directory`]: each JVM's Java threads by `JavaThread*`, as the tracker read them.
+//! - [`thread_exits`]: what the ended threads of JVMs before JDK 14 allocated, from their hook.
 //! - [`names`]: Java names from the JVM's memory, a name source of [`crate::java_names`].
 //! - [`symbol`]: `Symbol`s read as names, verified and refused when they are none.
 //! - [`code_proof`]: that a sampled code blob is still the one sampled, before it names a frame.
@@ -32,6 +33,7 @@ pub mod names;
 pub mod remote;
 pub mod symbol;
 pub mod thread_directory;
+pub mod thread_exits;
 pub mod tracker;
 pub mod tracker_metrics;
 pub mod unsigned5;

@@ -24,14 +24,16 @@ use std::time::{Duration, Instant};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::{
     hotspot_flags, HotspotProc, JavaThreadEntry, ProcessEvent, ProcessEventKind, BREAKPOINT_ALLOC,
-    JAVA_THREADS_PER_TARGET, JAVA_THREAD_FROM_LIST, JAVA_THREAD_FROM_START, MAX_BREAKPOINTS,
+    BREAKPOINT_THREAD_EXIT, JAVA_THREADS_PER_TARGET, JAVA_THREAD_FROM_LIST, JAVA_THREAD_FROM_START,
+    MAX_BREAKPOINTS,
 };
 
-use super::jvm::{Jvm, JvmError};
+use super::jvm::{AllocationCounters, Jvm, JvmError};
 use super::jvm_directory::JvmDirectory;
 use super::libjvm_hooks::LibjvmHooks;
 use super::remote::ProcessMemory;
 use super::thread_directory::ThreadDirectory;
+use super::thread_exits::ExitCounts;
 use super::unwind_info::hotspot_proc;
 use super::virtual_threads::{
     LibjvmStatics, StaticsByFile, VirtualThreadLayout, FIRST_VIRTUAL_THREADS_JDK,
@@ -94,12 +96,17 @@ pub trait LayoutSink {
     /// `tid` is a host tid of the JVM `pid`.
     fn put_thread(&mut self, tid: u32, pid: u32, java_thread: u64) -> Result<(), String>;
     fn remove_thread(&mut self, tid: u32);
+    /// Counts the ended threads' bytes of JVM `pid`, whose thread-exit hook is in place, with
+    /// its threads' `counters` (None: stops, the hook is gone).
+    fn count_exits(&mut self, _pid: u32, _counters: Option<AllocationCounters>) {}
 }
 
-/// The two BPF maps the tracker writes.
+/// The BPF maps the tracker writes.
 pub struct BpfMaps {
     pub procs: BpfHashMap<MapData, u32, HotspotProc>,
     pub threads: BpfHashMap<MapData, u32, JavaThreadEntry>,
+    /// With allocation profiling.
+    pub exits: Option<ExitCounts>,
 }
 
 impl LayoutSink for BpfMaps {
@@ -111,6 +118,21 @@ impl LayoutSink for BpfMaps {
 
     fn remove(&mut self, pid: u32) {
         let _ = self.procs.remove(&pid);
+        self.count_exits(pid, None);
+    }
+
+    fn count_exits(&mut self, pid: u32, counters: Option<AllocationCounters>) {
+        let Some(exits) = &self.exits else {
+            return;
+        };
+        match counters {
+            Some(counters) => {
+                if let Err(err) = exits.start(pid, counters) {
+                    tracing::debug!(pid, %err, "ended threads' allocations not counted");
+                }
+            }
+            None => exits.stop(pid),
+        }
     }
 
     fn put_thread(&mut self, tid: u32, pid: u32, java_thread: u64) -> Result<(), String> {
@@ -838,7 +860,7 @@ impl<S: LayoutSink> JvmTracker<S> {
     /// caught in one's trap is walked from the probed instruction (see `HotspotProc`).
     fn push_breakpoints(&mut self, pid: u32, breakpoints: [u64; MAX_BREAKPOINTS]) {
         let Some(Tracked {
-            state: State::Ready { pushed, .. },
+            state: State::Ready { pushed, jvm, .. },
             ..
         }) = self.tracked.get_mut(&pid)
         else {
@@ -856,6 +878,10 @@ impl<S: LayoutSink> JvmTracker<S> {
         if self.sink.put(pid, &proc_info).is_ok() {
             **pushed = proc_info;
         }
+        let exits = (breakpoints[BREAKPOINT_THREAD_EXIT] != 0)
+            .then(|| jvm.allocation_counters().ok())
+            .flatten();
+        self.sink.count_exits(pid, exits);
     }
 
     /// Brings the BPF map of this JVM's Java threads up to date (threads start and end often).

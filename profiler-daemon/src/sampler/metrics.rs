@@ -111,6 +111,18 @@ impl KernelCounters {
             "Sampled allocations walked from the hook's caller: the thread's last Java frame was \
              not usable.",
             k(Counter::AllocWalkFromHook),
+        )?;
+        out.counter(
+            metric::ALLOC_THREAD_EXITS_COUNTED,
+            "Java threads ending in JVMs before JDK 14 whose allocated bytes the thread-exit hook \
+             added up, for their allocation profiles' totals.",
+            k(Counter::ThreadExitsCounted),
+        )?;
+        out.counter(
+            metric::ALLOC_THREAD_EXITS_UNREAD,
+            "Of those threads, the ones whose counters could not be read (their JVM's allocation \
+             profile counts a little short).",
+            k(Counter::ThreadExitsUnread),
         )
     }
 }
