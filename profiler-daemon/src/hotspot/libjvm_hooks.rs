@@ -1,6 +1,8 @@
 //! The daemon's uprobes in libjvm files: `JavaThread::run()`, where every thread HotSpot starts
 //! is described to the BPF side as it starts (`profiler-ebpf/src/thread_start.rs`), with
-//! `--alloc` HotSpot's two allocation events (docs/allocation-profiling.md), and with off-CPU or
+//! `--alloc` HotSpot's two allocation events (docs/allocation-profiling.md) and, in a libjvm
+//! that does not add up its ended threads' bytes (JDK 11 to 13), `Threads::remove`
+//! (`profiler-ebpf/src/thread_exit.rs`), and with off-CPU or
 //! lock profiling a virtual thread's unmount and mount (`profiler-ebpf/src/virtual_waits.rs`:
 //! `Continuation::prepare_thaw` by name, and the unmounting functions each JVM's own statics
 //! point to, among their instantiations). Found in each file, attached and released as the JVMs
@@ -44,7 +46,7 @@ use profiler_common::{
 /// what bounds the daemon's stop: the kernel releases uprobes one at a time (under its trace
 /// event lock, each waiting for an RCU tasks-trace grace period), about 120 ms each on a 6.18
 /// kernel, from any number of threads; 12 files, 36 uprobes with `--alloc`, take about 4 s (64
-/// took 15 s). With off-CPU or lock profiling a JDK 21+ file has up to 5 more (a mount, two
+/// took 15 s; JDK 11 to 13 files have a fourth, their threads' end: 48, about 6 s). With off-CPU or lock profiling a JDK 21+ file has up to 5 more (a mount, two
 /// unmounting functions' entries and returns): 12 such files, up to 96 uprobes, about 12 s.
 /// Room enough for a node's JDK builds: one user's JVMs may hold half.
 pub const MAX_HOOKED_FILES: usize = 12;
