@@ -207,10 +207,9 @@ pub(crate) fn java_step<M: UserMemory + RecentBlobs>(
         return Ok(recorded);
     }
     if walk.stub_caller != 0 && frame_size > 0 && walk.frozen.chunk == 0 {
-        // The caller of that stub: before the next step (`unwind_stub_caller`), for the same
-        // reason.
+        // The caller of that stub: before the next step (`unwind_stub_caller`, its blob left
+        // in `blob_cache`), for the same reason.
         walk.stub_pending = STUB_CALLER;
-        walk.stub_caller_words = frame_size as u32;
         return Ok(recorded);
     }
     let moved = if top && offset as i64 >= frame_complete {
@@ -345,7 +344,7 @@ fn unwind_called_stub<M: UserMemory>(
 }
 
 /// Moves the walk from the compiled caller of a stub found by its return address (recorded by
-/// `java_step`, its frame's fixed size in `walk.stub_caller_words`) to its own caller. Such a
+/// `java_step`, its blob in `walk.blob_cache`) to its own caller. Such a
 /// caller may have pushed the stub's arguments below its fixed frame (C1 code pushes
 /// `slow_subtype_check`'s two), so the word its frame size points at can be one of its own
 /// spill slots, and a spill slot can hold a code address: the return address is the first word
@@ -358,7 +357,7 @@ pub(crate) fn unwind_stub_caller<M: UserMemory>(
     window: &mut StackWindow,
     memory: &M,
 ) -> Result<(), UnwindEnd> {
-    let frame_words = walk.stub_caller_words as u64;
+    let frame_words = walk.blob_cache.frame_size as u64;
     let fixed_top = walk.sp + frame_words * 8;
     for words in 0..=MAX_EXTRA_WORDS {
         let caller_sp = fixed_top + words * 8;

@@ -53,14 +53,12 @@ pub struct Walk {
     /// What the walk has to settle before its next step ([`crate::settle_top_stub`]):
     /// [`STUB_ON_TOP`], the top frame is a stub whose blob does not describe its frame (in
     /// `blob_cache`), recorded, its caller not found yet; [`STUB_CALLER`], that caller is a
-    /// compiled frame, recorded, whose own caller is to be found (it may have pushed the
-    /// stub's arguments). 0: nothing.
+    /// compiled frame, recorded (its blob in `blob_cache`), whose own caller is to be found (it
+    /// may have pushed the stub's arguments). 0: nothing.
     pub stub_pending: u8,
     /// Non-zero while the current frame is the caller of a stub, found by the return address
     /// of its call into the stub.
     pub stub_caller: u8,
-    /// The size in words of the [`STUB_CALLER`] frame's fixed part.
-    pub stub_caller_words: u32,
     /// Host tid of the sampled thread.
     pub tid: u32,
     /// The cookie of the last interpreted method of this walk, and its `ConstMethod*` (0 for
