@@ -35,7 +35,7 @@ mod thread_start;
 mod thread_state;
 mod virtual_waits;
 
-use memory::{CurrentTask, STACK_WINDOW};
+use memory::CurrentTask;
 
 use core::{ffi::c_void, mem::offset_of, ptr::read_volatile};
 
@@ -57,8 +57,8 @@ use profiler_common::{
     MAX_KERNEL_FRAMES, MAX_TARGET_PIDS, MAX_USER_FRAMES, RECORD_BYTES, USER_FRAME_BYTES,
 };
 use profiler_unwind::{
-    settle_top_stub, start_at_anchor, unwind_step, FrameSink, JavaThreads, UserRegs, Walk,
-    END_UNSET, MAX_WALK_STEPS,
+    settle_top_stub, start_at_anchor, unwind_step, FrameSink, JavaThreads, StackWindow, UserRegs,
+    Walk, END_UNSET, MAX_WALK_STEPS,
 };
 
 /// The flags of the maps the daemon fills. Not preallocated where the kernel lets perf-event
@@ -352,11 +352,9 @@ pub(crate) fn fill_record(
     // SAFETY: a per-CPU map value, used by one program at a time on this CPU (see above).
     let state = unsafe { &mut *state };
     state.base = kernel_bytes as u32;
+    state.pid = pid;
+    state.window.clear();
     let walk = &mut state.walk;
-    if let Some(window) = STACK_WINDOW.get_ptr_mut(slot) {
-        // SAFETY: as above.
-        unsafe { (*window).clear() };
-    }
     match start.user {
         Some(regs) => {
             // SAFETY: the value is copied out at once.
@@ -482,13 +480,16 @@ pub(crate) fn kernel_stack(ctx: *mut c_void, record: &mut SampleRecord, skip: u6
 }
 
 /// The walk of the current sample, in a per-CPU map so the step function reaches it (and
-/// the JVM's layout copied into it) with one array lookup.
+/// the JVM's layout copied into it, and the stack window) with one array lookup: the step runs
+/// once per frame, and what it needs to start is a cost of every frame.
 #[repr(C)]
 struct SampleWalk {
     walk: Walk,
     /// Byte offset in the record's frame area where user frames start.
     base: u32,
-    _reserved: u32,
+    /// The sampled process (its tgid), so that a step needs no helper call to know it.
+    pid: u32,
+    window: StackWindow,
 }
 
 #[map]
@@ -527,17 +528,12 @@ pub extern "C" fn unwind_steps(slot: u32) -> i32 {
     };
     // SAFETY: a per-CPU map value, used by this program on this CPU only.
     let record = unsafe { &mut *record };
-    let Some(window) = STACK_WINDOW.get_ptr_mut(slot) else {
-        walk.end = UnwindEnd::ReadFailed as u8;
-        return 1;
-    };
-    // SAFETY: as above.
-    let window = unsafe { &mut *window };
+    let window = &mut state.window;
     let mut frames = RecordFrames {
         record,
         base: state.base,
     };
-    let task = CurrentTask::new((bpf_get_current_pid_tgid() >> 32) as u32, slot);
+    let task = CurrentTask::new(state.pid, slot);
     // Before the steps, not in them: see `settle_top_stub`.
     if settle_top_stub(walk, window, &task) || unwind_step(walk, window, &task, &mut frames) {
         return 1;

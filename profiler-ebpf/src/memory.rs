@@ -18,17 +18,12 @@ use profiler_common::cfi::{
 use profiler_common::{JavaThreadEntry, MAX_JAVA_THREADS};
 use profiler_unwind::{
     JavaThreads, NativeTables, ReadError, RecentBlobTable, RecentBlobs, RecentMethodTable,
-    RecentMethods, StackWindow, UserMemory, SCRATCH_BYTES,
+    RecentMethods, UserMemory, SCRATCH_BYTES,
 };
 
 /// The buffers `UserMemory::with_scratch` lends, one per [`WalkSlot`](crate::WalkSlot).
 #[map]
 static SCRATCH_BUFFER: PerCpuArray<[u8; SCRATCH_BYTES]> =
-    PerCpuArray::with_max_entries(crate::WALK_SLOTS, 0);
-
-/// One per [`WalkSlot`](crate::WalkSlot), as the tables' caches below.
-#[map]
-pub(crate) static STACK_WINDOW: PerCpuArray<StackWindow> =
     PerCpuArray::with_max_entries(crate::WALK_SLOTS, 0);
 
 /// Host tid -> `JavaThread*` (and its JVM's pid) of every Java thread of the JVMs in `HOTSPOT_PROCS`; written by the
