@@ -991,7 +991,10 @@ mod off_cpu_draw_tests {
             let mut cycles = vec![0, 1, period / 2, period - 1];
             cycles.extend((0..200).map(|_| next() % period));
             for cycle in cycles {
-                let probability = by_quotient(cycle, period, 0).unwrap();
+                // A draw of 0 is always taken: the probability is at least one unit.
+                let Some(probability) = by_quotient(cycle, period, 0) else {
+                    panic!("cycle {cycle}, period {period}: a draw of 0 not taken");
+                };
                 let mut draws = vec![0, 1, OFF_CPU_PROBABILITY_ONE - 1];
                 draws.extend([probability - 1, probability, probability + 1]);
                 draws.extend((0..50).map(|_| next() as u32 & (OFF_CPU_PROBABILITY_ONE - 1)));

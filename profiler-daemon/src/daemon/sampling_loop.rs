@@ -5,6 +5,7 @@
 //! work is dropped and counted.
 
 pub(super) mod metrics;
+mod prefetched;
 
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{SyncSender, TrySendError};
@@ -29,6 +30,7 @@ use crate::stack_memory::SharedStackMemory;
 use crate::worker::{JavaFrameSeen, Work};
 use crate::worker_metrics::WorkerCounters;
 use metrics::{LoopMetrics, Snapshot};
+use prefetched::PrefetchedFrames;
 
 /// How often the ring buffer is drained when it does not fill up: each drain is a wake-up of an
 /// otherwise idle daemon. Bursts do not wait for it: the BPF side wakes us when the ring is a
@@ -39,8 +41,8 @@ const DRAIN_PERIOD: Duration = Duration::from_millis(250);
 /// daemon's CPU is mostly its wake-ups. The first samples after a quiet spell wait at most this.
 const IDLE_DRAIN_PERIOD: Duration = Duration::from_secs(1);
 /// At start-up (the first [`PERISHING_FOR`]), when most new stacks come from JVMs met for the
-/// first time, a drain that finds new Java stacks is followed by another this soon, so that
-/// their methods are read while they exist.
+/// first time, a drain that finds Java frames not met before this interval is followed by
+/// another this soon, so that their methods are read while they exist.
 const STARTUP_JAVA_DRAIN_PERIOD: Duration = Duration::from_millis(50);
 /// While Java names perish (the worker found methods of new stacks already unloaded within
 /// [`PERISHING_FOR`]), the same, sooner: under class churn a class lives a few hundred
@@ -127,6 +129,8 @@ pub(super) struct SamplingLoop {
     intervals: u64,
     /// The memory every aggregator's stacks take from.
     stack_memory: SharedStackMemory,
+    /// The Java frames this interval's drains sent the worker to read.
+    prefetched: PrefetchedFrames,
 }
 
 /// What the loop leaves when it ends: the sampler detached (no new samples while the last
@@ -159,6 +163,7 @@ impl SamplingLoop {
             tracker,
             stats,
             intervals: 0,
+            prefetched: PrefetchedFrames::new(),
         }
     }
 
@@ -241,7 +246,7 @@ impl SamplingLoop {
                 _ = &mut stop => { tracing::info!("duration reached"); true }
             };
             let records_before = self.stats.records;
-            let found_java = self.drain();
+            let new_java_frames = self.drain();
             let misses = worker.java_prefetch_misses.load(Ordering::Relaxed);
             if misses != last_misses {
                 last_misses = misses;
@@ -249,7 +254,7 @@ impl SamplingLoop {
             }
             drain.reset_after(next_drain(Drained {
                 records: self.stats.records != records_before,
-                new_java_stacks: found_java,
+                new_java_frames,
                 names_perishing: missed_at.is_some_and(|at| at.elapsed() < PERISHING_FOR),
                 starting: started.elapsed() < PERISHING_FOR,
             }));
@@ -267,17 +272,20 @@ impl SamplingLoop {
         })
     }
 
-    /// Takes every record in the rings; true if new stacks with Java frames were found (their
-    /// JVMs are told to the tracker, which decides the sidecar agent's attach).
+    /// Takes every record in the rings; true if Java frames not met before this interval were
+    /// found. The JVMs of new stacks with Java frames are told to the tracker, which decides
+    /// the sidecar agent's attach.
     fn drain(&mut self) -> bool {
-        let java_pids = self
-            .folds
-            .drain(&mut self.sampler, &self.outbox, &mut self.stats);
-        if java_pids.is_empty() {
-            return false;
+        let found = self.folds.drain(
+            &mut self.sampler,
+            &self.outbox,
+            &mut self.stats,
+            &mut self.prefetched,
+        );
+        if !found.java_pids.is_empty() {
+            self.tracker.tell_java_sampled(found.java_pids);
         }
-        self.tracker.tell_java_sampled(java_pids);
-        true
+        found.new_java_frames
     }
 
     /// Hands the interval's aggregates to the worker and starts the next interval.
@@ -293,6 +301,7 @@ impl SamplingLoop {
             pending.fetch_sub(1, Ordering::Relaxed);
         }
         self.stack_memory.start_interval();
+        self.prefetched.forget();
         self.last_counters = counters;
         self.intervals += 1;
     }
@@ -347,19 +356,20 @@ const MAX_PREFETCH_FRAMES: usize = 16 * 1024;
 #[derive(Clone, Copy, Debug)]
 struct Drained {
     records: bool,
-    new_java_stacks: bool,
+    /// Java frames not met before this interval were found (and sent to be read).
+    new_java_frames: bool,
     names_perishing: bool,
     starting: bool,
 }
 
-/// How long until the next drain. While names perish, every new stack is read within
+/// How long until the next drain. While names perish, every new frame is read within
 /// [`STARTUP_JAVA_DRAIN_PERIOD`] at most, even after a drain without one: the slow periods would
 /// let an nmethod be freed (and its `Method*`s reused) before its first sample is named.
 fn next_drain(drained: Drained) -> Duration {
     match drained {
         Drained {
             names_perishing: true,
-            new_java_stacks: true,
+            new_java_frames: true,
             ..
         } => PERISHING_JAVA_DRAIN_PERIOD,
         Drained {
@@ -368,7 +378,7 @@ fn next_drain(drained: Drained) -> Duration {
         }
         | Drained {
             starting: true,
-            new_java_stacks: true,
+            new_java_frames: true,
             ..
         } => STARTUP_JAVA_DRAIN_PERIOD,
         Drained { records: false, .. } => IDLE_DRAIN_PERIOD,
@@ -419,9 +429,21 @@ impl Folds {
         }
     }
 
-    /// Folds every record of the rings; returns the processes with new Java stacks.
-    fn drain(&mut self, sampler: &mut Sampler, outbox: &Outbox, stats: &mut LoopStats) -> Vec<u32> {
-        let mut found = FoundInDrain::default();
+    /// Folds every record of the rings; returns what the other threads must hear of.
+    fn drain(
+        &mut self,
+        sampler: &mut Sampler,
+        outbox: &Outbox,
+        stats: &mut LoopStats,
+        prefetched: &mut PrefetchedFrames,
+    ) -> DrainFinds {
+        let mut found = FoundInDrain {
+            prefetched,
+            java_frames: Vec::new(),
+            new_java_frames: false,
+            java_pids: Vec::new(),
+            new_processes: Vec::new(),
+        };
         let Self {
             cpu: aggregator,
             off_cpu,
@@ -594,16 +616,26 @@ fn parse_record<'a>(bytes: &'a [u8], stats: &mut LoopStats) -> Option<SampleView
 }
 
 /// What one drain found that the other threads must hear of: new processes, and the Java
-/// frames of new stacks.
-#[derive(Default)]
-struct FoundInDrain {
+/// frames of new stacks not sent before this interval.
+struct FoundInDrain<'a> {
+    prefetched: &'a mut PrefetchedFrames,
     java_frames: Vec<JavaFrameSeen>,
+    /// Whether any frame went into `java_frames` in this drain (some may be sent already).
+    new_java_frames: bool,
     /// The processes of the new stacks with Java frames (JVMs whose Java frames unwind).
     java_pids: Vec<u32>,
     new_processes: Vec<u32>,
 }
 
-impl FoundInDrain {
+/// What a drain tells the loop.
+struct DrainFinds {
+    /// The processes of the new stacks with Java frames, sorted.
+    java_pids: Vec<u32>,
+    /// Whether any of their Java frames was not met before this interval.
+    new_java_frames: bool,
+}
+
+impl FoundInDrain<'_> {
     fn note(
         &mut self,
         view: &SampleView<'_>,
@@ -622,13 +654,18 @@ impl FoundInDrain {
         // short-lived classes may be unloaded (their memory reused) before the interval ends.
         if matches!(added, Added::NewProcess | Added::NewStack) {
             let pid = view.pid();
-            let before = self.java_frames.len();
-            self.java_frames.extend(
-                view.keyed_user_frames()
-                    .filter(|(key, _)| key.is_java())
-                    .map(|(_, frame)| JavaFrameSeen { pid, frame }),
-            );
-            if self.java_frames.len() > before && self.java_pids.last() != Some(&pid) {
+            let mut java = false;
+            for (key, frame) in view.keyed_user_frames() {
+                if !key.is_java() {
+                    continue;
+                }
+                java = true;
+                if self.prefetched.first_time(pid, frame.addr, frame.cookie) {
+                    self.java_frames.push(JavaFrameSeen { pid, frame });
+                    self.new_java_frames = true;
+                }
+            }
+            if java && self.java_pids.last() != Some(&pid) {
                 self.java_pids.push(pid);
             }
             if self.java_frames.len() >= MAX_PREFETCH_FRAMES {
@@ -638,8 +675,8 @@ impl FoundInDrain {
         }
     }
 
-    /// Sends what is left; returns the processes with new Java stacks (sorted).
-    fn finish(mut self, outbox: &Outbox, stats: &mut LoopStats) -> Vec<u32> {
+    /// Sends what is left; returns what the loop must hear of.
+    fn finish(mut self, outbox: &Outbox, stats: &mut LoopStats) -> DrainFinds {
         // A full queue means the loader is behind (building tables): these processes come again
         // at their first sample of the next interval.
         if !self.new_processes.is_empty() {
@@ -652,7 +689,10 @@ impl FoundInDrain {
         }
         self.java_pids.sort_unstable();
         self.java_pids.dedup();
-        self.java_pids
+        DrainFinds {
+            java_pids: self.java_pids,
+            new_java_frames: self.new_java_frames,
+        }
     }
 }
 
@@ -697,10 +737,10 @@ impl Outbox {
 mod tests {
     use super::*;
 
-    fn drained(records: bool, new_java_stacks: bool, names_perishing: bool) -> Drained {
+    fn drained(records: bool, new_java_frames: bool, names_perishing: bool) -> Drained {
         Drained {
             records,
-            new_java_stacks,
+            new_java_frames,
             names_perishing,
             starting: false,
         }
