@@ -15,8 +15,8 @@ use crate::memory::{
     field_i16, field_i32, field_u64, read_u64, JavaThreads, StackWindow, UserMemory,
 };
 use crate::recent_blobs::{still_in_place, RecentBlobs};
-use crate::recent_methods::RecentMethods;
-use crate::state::{frame, BlobCache, MethodFacts, Walk, STUB_CALLER, STUB_ON_TOP};
+use crate::recent_methods::{MethodFacts, RecentMethods};
+use crate::state::{frame, BlobCache, Walk, STUB_CALLER, STUB_ON_TOP};
 use crate::x86_frames::{
     epilogue_state, prologue_state, FrameState, EPILOGUE_BEFORE, EPILOGUE_BYTES, PROLOGUE_BYTES,
 };

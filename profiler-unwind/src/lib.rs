@@ -49,6 +49,8 @@ pub use memory::{
 };
 pub use mounted::{mounted_thread, mounted_virtual_tid, MountedThread};
 pub use recent_blobs::{RecentBlob, RecentBlobTable, RecentBlobs, PROOF_TTL_NS, RECENT_BLOBS};
-pub use recent_methods::{RecentMethod, RecentMethodTable, RecentMethods, RECENT_METHODS};
-pub use state::{BlobCache, ChunkHeader, FrozenWalk, MethodFacts, UserRegs, Walk, END_UNSET};
+pub use recent_methods::{
+    MethodFacts, RecentMethod, RecentMethodTable, RecentMethods, RECENT_METHODS,
+};
+pub use state::{BlobCache, ChunkHeader, FrozenWalk, UserRegs, Walk, END_UNSET};
 pub use walk::{settle_top_stub, start_at_anchor, unwind_step, walk_stack, MAX_WALK_STEPS};

@@ -20,7 +20,6 @@
 //! [`interpreted_cookie`]: profiler_common::interpreted_cookie
 
 use crate::recent_blobs::PROOF_TTL_NS;
-use crate::state::MethodFacts;
 
 /// log2 of [`RECENT_METHODS`].
 const RECENT_METHOD_BITS: u32 = 9;
@@ -33,6 +32,26 @@ pub const RECENT_METHODS: usize = 1 << RECENT_METHOD_BITS;
 /// 52 days, and only differences under [`PROOF_TTL_NS`] matter.
 const READ_TIME_SHIFT: u32 = 20;
 const TTL_UNITS: u32 = (PROOF_TTL_NS >> READ_TIME_SHIFT) as u32;
+
+/// What an interpreted frame needs of its `Method*`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MethodFacts {
+    pub method: u64,
+    pub const_method: u64,
+    /// Bytes of bytecode (`ConstMethod::_code_size`).
+    pub code_size: u32,
+    pub cookie: u32,
+}
+
+impl MethodFacts {
+    pub const EMPTY: Self = Self {
+        method: 0,
+        const_method: 0,
+        code_size: 0,
+        cookie: 0,
+    };
+}
 
 /// A method an earlier walk read, with its JVM (`instance` 0: empty) and when it was read.
 #[repr(C)]

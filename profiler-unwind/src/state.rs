@@ -6,6 +6,8 @@
 use profiler_common::cfi::CfiCache;
 use profiler_common::{FrameKind, HotspotProc, UnwindEnd, UserFrame};
 
+use crate::recent_methods::MethodFacts;
+
 /// Marks [`Walk::end`] as "not decided yet".
 pub const END_UNSET: u8 = u8::MAX;
 /// [`Walk::stub_pending`]'s values.
@@ -211,26 +213,6 @@ impl BlobCache {
         compile_id: 0,
         orig_pc_offset: 0,
         deopt_handler: 0,
-    };
-}
-
-/// What an interpreted frame needs of its `Method*`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MethodFacts {
-    pub method: u64,
-    pub const_method: u64,
-    /// Bytes of bytecode (`ConstMethod::_code_size`).
-    pub code_size: u32,
-    pub cookie: u32,
-}
-
-impl MethodFacts {
-    pub const EMPTY: Self = Self {
-        method: 0,
-        const_method: 0,
-        code_size: 0,
-        cookie: 0,
     };
 }
 
