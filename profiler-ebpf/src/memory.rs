@@ -17,8 +17,7 @@ use profiler_common::cfi::{
 };
 use profiler_common::{JavaThreadEntry, MAX_JAVA_THREADS};
 use profiler_unwind::{
-    JavaThreads, NativeTables, ReadError, RecentBlobTable, RecentBlobs, RecentMethodTable,
-    RecentMethods, UserMemory, SCRATCH_BYTES,
+    JavaThreads, NativeTables, ReadError, RecentBlobTable, RecentBlobs, UserMemory, SCRATCH_BYTES,
 };
 
 /// The buffers `UserMemory::with_scratch` lends, one per [`WalkSlot`](crate::WalkSlot).
@@ -65,11 +64,6 @@ static CFI_ROW_CACHE: PerCpuArray<CfiRowCache> =
 /// they find every blob anew.
 #[map]
 static RECENT_BLOBS: PerCpuArray<RecentBlobTable> = PerCpuArray::with_max_entries(1, 0);
-
-/// Interpreted methods found by earlier walks on this CPU (see
-/// `profiler_unwind::RecentMethodTable`), for the sampling walks only, as [`RECENT_BLOBS`].
-#[map]
-static RECENT_METHODS: PerCpuArray<RecentMethodTable> = PerCpuArray::with_max_entries(1, 0);
 
 /// A per-CPU word the table searches pass their bounds through (see `cfi::Opaque`).
 #[map]
@@ -207,19 +201,6 @@ impl RecentBlobs for CurrentTask {
     #[inline(always)]
     fn with_recent_blobs<R>(&self, use_table: impl FnOnce(&mut RecentBlobTable) -> R) -> Option<R> {
         let table = RECENT_BLOBS.get_ptr_mut(self.slot)?;
-        // SAFETY: a per-CPU map value, used only by the sampling walks, one at a time on this
-        // CPU (see `RECENT_BLOBS`).
-        Some(use_table(unsafe { &mut *table }))
-    }
-}
-
-impl RecentMethods for CurrentTask {
-    #[inline(always)]
-    fn with_recent_methods<R>(
-        &self,
-        use_table: impl FnOnce(&mut RecentMethodTable) -> R,
-    ) -> Option<R> {
-        let table = RECENT_METHODS.get_ptr_mut(self.slot)?;
         // SAFETY: a per-CPU map value, used only by the sampling walks, one at a time on this
         // CPU (see `RECENT_BLOBS`).
         Some(use_table(unsafe { &mut *table }))

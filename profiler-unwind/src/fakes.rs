@@ -18,8 +18,7 @@ use profiler_common::{
 use crate::state::frame;
 use crate::{
     walk_stack, FrameSink, JavaThreads, NativeTables, ReadError, RecentBlobTable, RecentBlobs,
-    RecentMethodTable, RecentMethods, StackWindow, UserMemory, UserRegs, Walk, PROOF_TTL_NS,
-    SCRATCH_BYTES,
+    StackWindow, UserMemory, UserRegs, Walk, PROOF_TTL_NS, SCRATCH_BYTES,
 };
 
 /// Memory of the fake process: disjoint regions, each readable as a whole.
@@ -31,7 +30,6 @@ pub struct FakeMemory {
     tables: Vec<(u64, u64, u64, Vec<CfiRow>)>,
     /// Kept across walks, as the BPF side's per-CPU table is.
     recent_blobs: RefCell<Box<RecentBlobTable>>,
-    recent_methods: RefCell<Box<RecentMethodTable>>,
     /// The time of the last walk's sample: each walk is [`FakeMemory::walk_gap_ns`] later.
     clock_ns: Cell<u64>,
     /// Time between walks; None: [`PROOF_TTL_NS`], so that each walk proves its remembered
@@ -193,15 +191,6 @@ impl NativeTables for FakeMemory {
 impl RecentBlobs for FakeMemory {
     fn with_recent_blobs<R>(&self, use_table: impl FnOnce(&mut RecentBlobTable) -> R) -> Option<R> {
         Some(use_table(&mut self.recent_blobs.borrow_mut()))
-    }
-}
-
-impl RecentMethods for FakeMemory {
-    fn with_recent_methods<R>(
-        &self,
-        use_table: impl FnOnce(&mut RecentMethodTable) -> R,
-    ) -> Option<R> {
-        Some(use_table(&mut self.recent_methods.borrow_mut()))
     }
 }
 

@@ -15,7 +15,6 @@ use crate::memory::{
     field_i16, field_i32, field_u64, read_u64, JavaThreads, StackWindow, UserMemory,
 };
 use crate::recent_blobs::{still_in_place, RecentBlobs};
-use crate::recent_methods::{MethodFacts, RecentMethods};
 use crate::state::{frame, BlobCache, Walk, STUB_CALLER, STUB_ON_TOP};
 use crate::x86_frames::{
     epilogue_state, prologue_state, FrameState, EPILOGUE_BEFORE, EPILOGUE_BYTES, PROLOGUE_BYTES,
@@ -148,7 +147,7 @@ pub fn monitor_state<M: UserMemory>(hs: &HotspotProc, memory: &M, thread: u64) -
 /// One HotSpot frame: interpreted (the interpreter's code range), the call stub (skipped), or a
 /// code blob found through its heap's segment map (nmethods and stubs).
 #[inline(always)]
-pub(crate) fn java_step<M: UserMemory + RecentBlobs + RecentMethods>(
+pub(crate) fn java_step<M: UserMemory + RecentBlobs>(
     walk: &mut Walk,
     window: &mut StackWindow,
     memory: &M,
@@ -653,59 +652,17 @@ fn read_blob<M: UserMemory>(
     Ok(())
 }
 
-/// Puts what an interpreted frame needs of `method` (a `Method*`) in `walk.method`: kept there
-/// from the walk's last interpreted frame (recursion, loops), else recalled from earlier walks
-/// on this CPU ([`crate::recent_methods`]), else read. Err if the method cannot be read.
-#[inline(always)]
-fn method_facts<M: UserMemory + RecentMethods>(
-    walk: &mut Walk,
-    memory: &M,
-    method: u64,
-) -> Result<(), UnwindEnd> {
-    if method != 0 && walk.method.method == method {
-        return Ok(());
-    }
-    let (instance, now_ns) = (walk.hotspot.instance, walk.now_ns);
-    let out = &mut walk.method;
-    if memory.with_recent_methods(|table| table.recall_into(instance, method, now_ns, out))
-        == Some(true)
-    {
-        return Ok(());
-    }
-    walk.method.method = 0;
-    let hs = &walk.hotspot;
-    let const_method = read_u64(memory, method.wrapping_add(hs.method_const_method as u64))?;
-    let code_size = memory
-        .read_u16(const_method.wrapping_add(hs.const_method_code_size as u64))
-        .map_err(|_| UnwindEnd::JavaReadFailed)?;
-    let (cookie, whole) = method_cookie(hs, memory, const_method);
-    walk.method = MethodFacts {
-        method,
-        const_method,
-        code_size: code_size as u32,
-        cookie,
-    };
-    // A cookie with a part that could not be read is not kept: the next sample reads it again.
-    if whole {
-        let facts = &walk.method;
-        memory.with_recent_methods(|table| table.remember(instance, facts, now_ns));
-    }
-    Ok(())
-}
-
 /// The cookie of an interpreted frame of `const_method` (see [`interpreted_cookie`]): its
 /// class's name `Symbol` gives the hash word and the name's tail. A part that cannot be read
 /// counts as zeros: the daemon's recomputation then differs and the frame shows as unknown.
-/// Also whether every part was read.
 #[inline(always)]
-fn method_cookie<M: UserMemory>(hs: &HotspotProc, memory: &M, const_method: u64) -> (u32, bool) {
+fn method_cookie<M: UserMemory>(hs: &HotspotProc, memory: &M, const_method: u64) -> u32 {
     let name = read_u64(memory, const_method + hs.const_method_constants as u64)
         .and_then(|cp| read_u64(memory, cp + hs.constant_pool_holder as u64))
         .and_then(|holder| read_u64(memory, holder + hs.klass_name as u64))
         .unwrap_or(0);
-    let identity = symbol_identity(hs, memory, name);
-    let cookie = interpreted_cookie(const_method, identity.hash_word, identity.tail);
-    (cookie, name != 0 && identity.whole)
+    let name = symbol_identity(hs, memory, name);
+    interpreted_cookie(const_method, name.hash_word, name.tail)
 }
 
 /// What tells a `Symbol` from another made later at its address: its random hash word, its
@@ -715,8 +672,6 @@ struct SymbolIdentity {
     hash_word: u32,
     len: u16,
     tail: [u64; 2],
-    /// Whether the header and the tail were both read.
-    whole: bool,
 }
 
 #[inline(always)]
@@ -735,7 +690,6 @@ fn symbol_identity<M: UserMemory>(hs: &HotspotProc, memory: &M, symbol: u64) -> 
         let start = symbol + hs.symbol_body as u64 + name_tail_start(identity.len);
         if let Ok(bytes) = memory.read_array::<NAME_TAIL_BYTES>(start) {
             identity.tail = name_tail(bytes, identity.len);
-            identity.whole = true;
         }
     }
     identity
@@ -774,7 +728,7 @@ fn header_field(header: u64, offset: u16, bytes: u64) -> u64 {
 /// An interpreter frame: Method* and bcp from fixed slots below fp (the live bcp from r13 for
 /// the interrupted frame); the caller's sp is the saved sender sp.
 #[inline(always)]
-pub(crate) fn interpreted_step<M: UserMemory + RecentMethods>(
+pub(crate) fn interpreted_step<M: UserMemory>(
     walk: &mut Walk,
     window: &mut StackWindow,
     memory: &M,
@@ -791,13 +745,10 @@ pub(crate) fn interpreted_step<M: UserMemory + RecentMethods>(
         return Err(UnwindEnd::BadJavaFrame);
     }
     let method = window.u64(memory, slot_address(fp, hs.interpreter_method_slot))?;
-    method_facts(walk, memory, method)?;
-    let hs = &walk.hotspot;
-    let (const_method, code_size, cookie) = (
-        walk.method.const_method,
-        walk.method.code_size as u64,
-        walk.method.cookie,
-    );
+    let const_method = read_u64(memory, method + hs.method_const_method as u64)?;
+    let code_size = memory
+        .read_u16(const_method + hs.const_method_code_size as u64)
+        .map_err(|_| UnwindEnd::JavaReadFailed)? as u64;
     let code_start = const_method + hs.const_method_size as u64;
     let in_code = |bcp: u64| bcp >= code_start && bcp < code_start + code_size.max(1);
     let saved_bcp = window
@@ -813,7 +764,14 @@ pub(crate) fn interpreted_step<M: UserMemory + RecentMethods>(
     } else {
         BCI_UNKNOWN
     };
+    let cookie = if walk.cookie_const_method == const_method {
+        walk.cookie
+    } else {
+        method_cookie(hs, memory, const_method)
+    };
     let recorded = frame(FrameKind::Interpreted, method, bci, cookie);
+    walk.cookie = cookie;
+    walk.cookie_const_method = const_method;
 
     // As for compiled frames: a frame whose caller cannot be read is still recorded.
     let (slot, sender_sp) = match (
@@ -839,7 +797,7 @@ pub(crate) fn interpreted_step<M: UserMemory + RecentMethods>(
 /// (HotSpot's x86_64 c2i adapter and interpreter entry). The method is recorded, its bci
 /// unknown, and the walk goes on in the caller. None when the stack does not look so.
 #[inline(always)]
-fn interpreter_entry_step<M: UserMemory + RecentMethods>(
+fn interpreter_entry_step<M: UserMemory>(
     walk: &mut Walk,
     window: &mut StackWindow,
     memory: &M,
@@ -857,15 +815,11 @@ fn interpreter_entry_step<M: UserMemory + RecentMethods>(
     {
         return None;
     }
-    method_facts(walk, memory, method).ok()?;
+    let const_method = read_u64(memory, method.wrapping_add(hs.method_const_method as u64)).ok()?;
+    let cookie = method_cookie(hs, memory, const_method);
     walk.pc = return_address;
     walk.sp = sender_sp;
-    Some(frame(
-        FrameKind::Interpreted,
-        method,
-        BCI_UNKNOWN,
-        walk.method.cookie,
-    ))
+    Some(frame(FrameKind::Interpreted, method, BCI_UNKNOWN, cookie))
 }
 
 #[inline(always)]

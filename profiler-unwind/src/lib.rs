@@ -32,7 +32,6 @@ mod memory;
 mod mounted;
 mod native;
 mod recent_blobs;
-mod recent_methods;
 mod state;
 mod walk;
 pub mod x86_frames;
@@ -49,8 +48,5 @@ pub use memory::{
 };
 pub use mounted::{mounted_thread, mounted_virtual_tid, MountedThread};
 pub use recent_blobs::{RecentBlob, RecentBlobTable, RecentBlobs, PROOF_TTL_NS, RECENT_BLOBS};
-pub use recent_methods::{
-    MethodFacts, RecentMethod, RecentMethodTable, RecentMethods, RECENT_METHODS,
-};
 pub use state::{BlobCache, ChunkHeader, FrozenWalk, UserRegs, Walk, END_UNSET};
 pub use walk::{settle_top_stub, start_at_anchor, unwind_step, walk_stack, MAX_WALK_STEPS};

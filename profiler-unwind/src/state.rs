@@ -6,8 +6,6 @@
 use profiler_common::cfi::CfiCache;
 use profiler_common::{FrameKind, HotspotProc, UnwindEnd, UserFrame};
 
-use crate::recent_methods::MethodFacts;
-
 /// Marks [`Walk::end`] as "not decided yet".
 pub const END_UNSET: u8 = u8::MAX;
 /// [`Walk::stub_pending`]'s values.
@@ -63,9 +61,10 @@ pub struct Walk {
     pub stub_caller: u8,
     /// Host tid of the sampled thread.
     pub tid: u32,
-    /// The last interpreted method of this walk (`method` 0 for none): recursion and loops
-    /// repeat methods.
-    pub method: MethodFacts,
+    /// The cookie of the last interpreted method of this walk, and its `ConstMethod*` (0 for
+    /// none): recursion and loops repeat methods, and a cookie costs five dependent reads.
+    pub cookie: u32,
+    pub cookie_const_method: u64,
     /// The last code blob read during this walk.
     pub blob_cache: BlobCache,
     /// When the sample was taken (`bpf_ktime_get_ns`): how old a remembered blob's proof is
@@ -99,7 +98,7 @@ impl Walk {
         self.frozen.chunk = 0;
         self.frozen.next = 0;
         self.frozen.chunks = 0;
-        self.method.method = 0;
+        self.cookie_const_method = 0;
         self.pc = regs.ip;
         if let Some(hotspot) = hotspot {
             if regs.entered_kernel && in_trap_of(hotspot, regs.ip) {

@@ -10,7 +10,6 @@ use crate::hotspot::{
 use crate::memory::{FrameSink, JavaThreads, NativeTables, StackWindow, UserMemory};
 use crate::native::native_step;
 use crate::recent_blobs::RecentBlobs;
-use crate::recent_methods::RecentMethods;
 use crate::state::{Walk, END_UNSET, STUB_ON_TOP};
 
 /// Steps of a walk: frames recorded plus the few that are skipped (the call stub).
@@ -18,10 +17,7 @@ pub const MAX_WALK_STEPS: u32 = MAX_USER_FRAMES as u32 + 16;
 
 /// One unwinding step: records the current frame, then moves to its caller. True to stop.
 #[inline(always)]
-pub fn unwind_step<
-    P: UserMemory + JavaThreads + NativeTables + RecentBlobs + RecentMethods,
-    S: FrameSink,
->(
+pub fn unwind_step<P: UserMemory + JavaThreads + NativeTables + RecentBlobs, S: FrameSink>(
     walk: &mut Walk,
     window: &mut StackWindow,
     process: &P,
@@ -152,10 +148,7 @@ pub fn start_at_anchor<M: UserMemory>(
 
 /// A whole walk, for host use: the BPF program runs the same steps from a `bpf_loop`
 /// callback instead (a plain loop this long would not pass the verifier).
-pub fn walk_stack<
-    P: UserMemory + JavaThreads + NativeTables + RecentBlobs + RecentMethods,
-    S: FrameSink,
->(
+pub fn walk_stack<P: UserMemory + JavaThreads + NativeTables + RecentBlobs, S: FrameSink>(
     walk: &mut Walk,
     window: &mut StackWindow,
     process: &P,

@@ -182,48 +182,6 @@ fn recursion_reuses_an_interpreted_cookie_and_alternation_does_not_mix_them() {
 }
 
 #[test]
-fn a_remembered_interpreted_method_is_used_for_the_ttl_then_read_again() {
-    let mut jvm = Jvm::new(Layout::Pointers);
-    let leaf = jvm.add_method(b"com/example/Leaf", 0xabcd_0001, 40);
-    let fp = STACK + 0x8100;
-    let stub_fp = STACK + 0x8400;
-    jvm.interpreter_frame(
-        fp,
-        InterpreterFrame {
-            method: leaf,
-            bcp: leaf.code + 5,
-            sender_sp: fp + 16,
-            saved_fp: stub_fp,
-            return_address: CALL_STUB_RETURN,
-        },
-    );
-    let natives = jvm.entry_frames(stub_fp);
-    let start = regs(INTERPRETER_LOW + 0x500, STACK + 0x8000, fp);
-    jvm.memory.set_walk_gap(PROOF_TTL_NS / 4);
-    expect(
-        jvm.walk(TID, start),
-        &[leaf.frame(5)],
-        &natives,
-        UnwindEnd::Complete,
-    );
-    // The method's memory becomes unreadable (its class unloaded, say): within the TTL the
-    // next walks read none of it, and record the frame as before.
-    let const_method_field = leaf.addr + jvm.hs.method_const_method as u64;
-    jvm.memory.put_u64(const_method_field, 0xdead_0000);
-    for _ in 0..2 {
-        expect(
-            jvm.walk(TID, start),
-            &[leaf.frame(5)],
-            &natives,
-            UnwindEnd::Complete,
-        );
-    }
-    // The TTL over, it is read again: unreadable, the walk ends there.
-    jvm.memory.set_walk_gap(PROOF_TTL_NS);
-    expect(jvm.walk(TID, start), &[], &[], UnwindEnd::JavaReadFailed);
-}
-
-#[test]
 fn an_implausible_bcp_is_recorded_as_an_unknown_bci() {
     let mut jvm = Jvm::new(Layout::Pointers);
     let leaf = jvm.add_method(b"Leaf", 0x0101_0001, 10);
