@@ -570,8 +570,6 @@ fn recent_or_read_blob<M: UserMemory + RecentBlobs>(
         let in_place = still_in_place(hs, memory, out, &mut table.span);
         if in_place {
             table.proven_at(index, now_ns);
-        } else {
-            table.found_freed_at(now_ns);
         }
         Some(in_place)
     });

@@ -38,16 +38,9 @@
 //! made not entrant and a sweep or an unloading GC cycle went by, and a stub lives as long as
 //! the JVM. What such a use costs: one sample unwound with the old blob's frame size; its
 //! frame is still named only if the daemon finds the recorded compile id at the blob
-//! (`hotspot::names`), so the frame shows as `code_reused`, never as another method.
-//!
-//! That does happen where a JVM frees code and compiles new code into its place at once (class
-//! churn: generations of same-shape classes compiled, dropped and unloaded): trusted for the
-//! TTL, stale blobs named about 150 frames `code_reused` in 30 s of such churn at 999 Hz, where
-//! proving every use named them all. So a proof that finds a remembered blob freed, which is
-//! what churn looks like from here, makes its CPU prove every recalled blob at each use for
-//! [`CHURN_QUIET_NS`] after (`freed_seen`); only a JVM that stopped replacing its code for that
-//! long goes back to trusting proofs for the TTL. The proofs that find a blob freed are counted
-//! (`Counter::RecentBlobsFreed`).
+//! (`hotspot::names`), so the frame shows as `code_reused`, never as another method. The proofs
+//! that find a remembered blob freed are counted (`Counter::RecentBlobsFreed`): each is an
+//! entry that may have been used stale for up to the TTL.
 //!
 //! The table is per CPU (the BPF side keeps one, for the sampling walks), each blob in one of
 //! two entries: a walk only ever reads and writes its own CPU's, and nothing else on that CPU
@@ -79,12 +72,6 @@ pub const PROOF_TTL_NS: u64 = 250_000_000;
 /// 52 days, and only differences under [`PROOF_TTL_NS`] matter.
 const PROOF_TIME_SHIFT: u32 = 20;
 const PROOF_TTL_UNITS: u32 = (PROOF_TTL_NS >> PROOF_TIME_SHIFT) as u32;
-
-/// How long after a proof found a remembered blob freed every recalled blob is proven again
-/// at each use, on that CPU: the JVM frees code and puts new code in its place (class churn,
-/// recompilation), where trusting a proof for [`PROOF_TTL_NS`] would use freed blobs.
-pub const CHURN_QUIET_NS: u64 = 10_000_000_000;
-const CHURN_QUIET_UNITS: u32 = (CHURN_QUIET_NS >> PROOF_TIME_SHIFT) as u32;
 
 #[inline(always)]
 fn proof_time(now_ns: u64) -> u32 {
@@ -124,9 +111,7 @@ pub struct RecentBlobTable {
     pub proven: [u32; RECENT_BLOBS],
     /// Counts the blobs remembered: the stamp of an entry found or used now.
     pub clock: u32,
-    /// When a proof on this CPU last found a remembered blob freed (units of 2^20 ns; 0:
-    /// never): for [`CHURN_QUIET_NS`] after, every recalled blob is proven at each use.
-    pub freed_seen: u32,
+    pub _reserved: u32,
     pub span: [u8; BLOB_SPAN_BYTES],
 }
 
@@ -141,7 +126,7 @@ impl RecentBlobTable {
         }; RECENT_BLOBS],
         proven: [0; RECENT_BLOBS],
         clock: 0,
-        freed_seen: 0,
+        _reserved: 0,
         span: [0; BLOB_SPAN_BYTES],
     };
 
@@ -185,25 +170,12 @@ impl RecentBlobTable {
         None
     }
 
-    /// Whether entry `index` must be proven in place before it is used at `now_ns`: it was
-    /// last proven [`PROOF_TTL_NS`] or more before, or a proof on this CPU found a freed blob
-    /// less than [`CHURN_QUIET_NS`] before.
+    /// Whether entry `index` was last proven in place [`PROOF_TTL_NS`] or more before `now_ns`.
     #[inline(always)]
     pub fn proof_due(&self, index: usize, now_ns: u64) -> bool {
-        let now = proof_time(now_ns);
-        let churning =
-            self.freed_seen != 0 && now.wrapping_sub(self.freed_seen) < CHURN_QUIET_UNITS;
-        churning
-            || self
-                .proven
-                .get(index)
-                .is_none_or(|&proven| now.wrapping_sub(proven) >= PROOF_TTL_UNITS)
-    }
-
-    /// Notes that a proof at `now_ns` found a remembered blob freed.
-    #[inline(always)]
-    pub fn found_freed_at(&mut self, now_ns: u64) {
-        self.freed_seen = proof_time(now_ns).max(1);
+        self.proven
+            .get(index)
+            .is_none_or(|&proven| proof_time(now_ns).wrapping_sub(proven) >= PROOF_TTL_UNITS)
     }
 
     /// Notes that entry `index`'s blob was proven in place at `now_ns`.
@@ -416,23 +388,5 @@ mod tests {
         table.proven_at(index, late);
         assert!(!table.proof_due(index, late + PROOF_TTL_NS / 2));
         assert!(table.proof_due(index, late + 2 * PROOF_TTL_NS));
-    }
-
-    #[test]
-    fn a_freed_blob_found_makes_every_use_proven_for_the_quiet_time() {
-        let mut table = Box::new(RecentBlobTable::EMPTY);
-        let (pc, start) = (0x4000, 3 * CHURN_QUIET_NS);
-        table.remember(JVM, pc, &blob_at(pc), start);
-        let mut out = BlobCache::EMPTY;
-        let index = table.recall_into(JVM, pc, &mut out).expect("remembered");
-        assert!(!table.proof_due(index, start + 1_000_000));
-        table.found_freed_at(start + 1_000_000);
-        assert!(table.proof_due(index, start + 2_000_000));
-        table.proven_at(index, start + CHURN_QUIET_NS - PROOF_TTL_NS / 2);
-        assert!(table.proof_due(index, start + CHURN_QUIET_NS - PROOF_TTL_NS / 4));
-        // Quiet long enough: proofs are trusted for the TTL again.
-        let quiet = start + CHURN_QUIET_NS + 3 * (1 << PROOF_TIME_SHIFT);
-        table.proven_at(index, quiet);
-        assert!(!table.proof_due(index, quiet + PROOF_TTL_NS / 2));
     }
 }
