@@ -177,10 +177,6 @@ crate::labelled_enum! {
         /// read (the JVM's allocation profile then counts a little short).
         ThreadExitsCounted = 38 => "thread_exits_counted",
         ThreadExitsUnread = 39 => "thread_exits_unread",
-        /// Walks that found a code blob remembered from earlier walks freed when they proved it
-        /// in place again, its proof's time to live over (`profiler_unwind::PROOF_TTL_NS`): the
-        /// walks of that JVM on that CPU within the TTL before may have used it stale.
-        RecentBlobsFreed = 40 => "recent_blobs_freed",
     }
 }
 

@@ -52,7 +52,6 @@ pub const BPF_MAP_ENTRIES: &str = "profiler_bpf_map_entries";
 pub const BPF_MAP_CAPACITY: &str = "profiler_bpf_map_capacity";
 pub const JAVA_THREADS_NOT_PUSHED: &str = "profiler_java_threads_not_pushed_total";
 pub const JAVA_THREADS_STARTED: &str = "profiler_java_threads_started_total";
-pub const JAVA_BLOBS_FOUND_FREED: &str = "profiler_java_blobs_found_freed_total";
 pub const JAVA_THREAD_STARTS_REFUSED: &str = "profiler_java_thread_starts_refused_total";
 /// Labelled `kind`: `exec`, `exit`.
 pub const PROCESS_EVENTS: &str = "profiler_process_events_total";

@@ -358,9 +358,7 @@ pub(crate) fn fill_record(
     match start.user {
         Some(regs) => {
             // SAFETY: the value is copied out at once.
-            walk.start(pid_tgid as u32, regs, origin.ktime_ns, unsafe {
-                HOTSPOT_PROCS.get(&pid)
-            });
+            walk.start(pid_tgid as u32, regs, unsafe { HOTSPOT_PROCS.get(&pid) });
             if let Some((class, java_thread)) = start.allocated {
                 let mut frames = RecordFrames {
                     record: &mut *record,
@@ -387,9 +385,6 @@ pub(crate) fn fill_record(
             walk.finish();
             if walk.end == UnwindEnd::MaxDepth as u8 {
                 count(Counter::UserStackTruncated);
-            }
-            if walk.blobs_found_freed != 0 {
-                count(Counter::RecentBlobsFreed);
             }
         }
         None => {

@@ -7,7 +7,7 @@
 //! daemon reads a JVM's, so the walker and the daemon are tested against one process.
 
 use core::mem::MaybeUninit;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 
 use profiler_common::cfi::{find_cfi_row, CfiCache, CfiRow};
 use profiler_common::{
@@ -18,7 +18,7 @@ use profiler_common::{
 use crate::state::frame;
 use crate::{
     walk_stack, FrameSink, JavaThreads, NativeTables, ReadError, RecentBlobTable, RecentBlobs,
-    StackWindow, UserMemory, UserRegs, Walk, PROOF_TTL_NS, SCRATCH_BYTES,
+    StackWindow, UserMemory, UserRegs, Walk, SCRATCH_BYTES,
 };
 
 /// Memory of the fake process: disjoint regions, each readable as a whole.
@@ -30,28 +30,9 @@ pub struct FakeMemory {
     tables: Vec<(u64, u64, u64, Vec<CfiRow>)>,
     /// Kept across walks, as the BPF side's per-CPU table is.
     recent_blobs: RefCell<Box<RecentBlobTable>>,
-    /// The time of the last walk's sample: each walk is [`FakeMemory::walk_gap_ns`] later.
-    clock_ns: Cell<u64>,
-    /// Time between walks; None: [`PROOF_TTL_NS`], so that each walk proves its remembered
-    /// blobs again.
-    walk_gap_ns: Cell<Option<u64>>,
-    /// `Walk::blobs_found_freed` of the last walk.
-    pub last_blobs_found_freed: Cell<u8>,
 }
 
 impl FakeMemory {
-    /// Makes each later walk `gap_ns` after the one before.
-    pub fn set_walk_gap(&self, gap_ns: u64) {
-        self.walk_gap_ns.set(Some(gap_ns));
-    }
-
-    /// The time of the next walk's sample.
-    fn next_walk_time(&self) -> u64 {
-        let now = self.clock_ns.get() + self.walk_gap_ns.get().unwrap_or(PROOF_TTL_NS);
-        self.clock_ns.set(now);
-        now
-    }
-
     /// Maps `len` zero bytes at `start`.
     pub fn map(&mut self, start: u64, len: usize) {
         assert!(
@@ -761,9 +742,8 @@ pub fn walk_process(
     let mut walk = Walk::default();
     let mut window = Box::new(StackWindow::new());
     let mut frames = Frames::default();
-    walk.start(tid, regs, memory.next_walk_time(), hotspot);
+    walk.start(tid, regs, hotspot);
     walk_stack(&mut walk, &mut window, memory, &mut frames);
-    memory.last_blobs_found_freed.set(walk.blobs_found_freed);
     let end = UnwindEnd::from_u8(walk.end).expect("the walk ends with an UnwindEnd");
     assert_eq!(walk.frames as usize, frames.0.len());
     (frames.0, end)

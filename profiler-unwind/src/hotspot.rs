@@ -170,14 +170,7 @@ pub(crate) fn java_step<M: UserMemory + RecentBlobs>(
     let cached = &walk.blob_cache;
     if cached.blob == 0 || pc < cached.code_begin || pc >= cached.end {
         // Found in place in the walk's state: the BPF program's stack has no room for copies.
-        let found = recent_or_read_blob(
-            &walk.hotspot,
-            memory,
-            (pc, walk.now_ns),
-            &mut walk.blob_cache,
-            &mut walk.blobs_found_freed,
-        );
-        if let Err(end) = found {
+        if let Err(end) = recent_or_read_blob(&walk.hotspot, memory, pc, &mut walk.blob_cache) {
             walk.blob_cache.blob = 0;
             return Err(end);
         }
@@ -550,36 +543,24 @@ fn prologue_state_at<M: UserMemory>(
     Some(state)
 }
 
-/// The blob containing `pc` at `now_ns`, into `out`: remembered by an earlier walk and proven
-/// in place (now, or within `PROOF_TTL_NS`), or found and read now (and remembered). A
-/// remembered blob proven freed adds one to `found_freed`.
+/// The blob containing `pc`, into `out`: remembered by an earlier walk and still in place, or
+/// found and read now (and remembered).
 #[inline(always)]
 fn recent_or_read_blob<M: UserMemory + RecentBlobs>(
     hs: &HotspotProc,
     memory: &M,
-    (pc, now_ns): (u64, u64),
+    pc: u64,
     out: &mut BlobCache,
-    found_freed: &mut u8,
 ) -> Result<(), UnwindEnd> {
     let instance = hs.instance;
     let recalled = memory.with_recent_blobs(|table| {
-        let index = table.recall_into(instance, pc, out)?;
-        if !table.proof_due(index, now_ns) {
-            return Some(true);
-        }
-        let in_place = still_in_place(hs, memory, out, &mut table.span);
-        if in_place {
-            table.proven_at(index, now_ns);
-        }
-        Some(in_place)
+        table.recall_into(instance, pc, out) && still_in_place(hs, memory, out, &mut table.span)
     });
-    match recalled {
-        Some(Some(true)) => return Ok(()),
-        Some(Some(false)) => *found_freed = found_freed.saturating_add(1),
-        Some(None) | None => {}
+    if recalled == Some(true) {
+        return Ok(());
     }
     read_blob(hs, memory, pc, out)?;
-    memory.with_recent_blobs(|table| table.remember(instance, pc, out, now_ns));
+    memory.with_recent_blobs(|table| table.remember(instance, pc, out));
     Ok(())
 }
 

@@ -8,9 +8,8 @@
 //! An entry is tagged with its JVM's [`instance`](profiler_common::HotspotProc::instance), not
 //! its pid: a pid is reused by the next process, an instance never. Within a JVM, the blob found
 //! for a pc changes only when the code cache frees it and puts other code there. Before an entry
-//! is used, unless it was proven less than [`PROOF_TTL_NS`] ago, the bytes from its heap block's
-//! header to the blob's compile id are read again, in one read (see [`still_in_place`]), and
-//! must say:
+//! is used, the bytes from its heap block's header to the blob's compile id are read again, in
+//! one read (see [`still_in_place`]), and must say:
 //!
 //! - the block is in use: HotSpot marks a block free the moment it frees it
 //!   (`CodeHeap::add_to_freelist`), before merging it into a free neighbour, and a merge leaves
@@ -26,21 +25,6 @@
 //!
 //! A stub has no compile id; the word read in its place is as stable as the stub, and stubs
 //! live as long as the JVM but for rare adapter buffers.
-//!
-//! # Why a blob proven recently is used without a read
-//!
-//! The proof is a read of the blob's header, which the code running in the blob never touches:
-//! it misses the CPU's caches, and on a stack of 200 distinct compiled methods the proofs were
-//! half the walk's time (31 us a sample against 15 without them, at 999 Hz). A blob proven in
-//! place is therefore trusted for [`PROOF_TTL_NS`] after, then proven again. For it to be
-//! wrong within that time, HotSpot must have freed it and placed other code over it since a
-//! sample found it there: an nmethod is freed only once no stack returns into it, after it was
-//! made not entrant and a sweep or an unloading GC cycle went by, and a stub lives as long as
-//! the JVM. What such a use costs: one sample unwound with the old blob's frame size; its
-//! frame is still named only if the daemon finds the recorded compile id at the blob
-//! (`hotspot::names`), so the frame shows as `code_reused`, never as another method. The proofs
-//! that find a remembered blob freed are counted (`Counter::RecentBlobsFreed`): each is an
-//! entry that may have been used stale for up to the TTL.
 //!
 //! The table is per CPU (the BPF side keeps one, for the sampling walks), each blob in one of
 //! two entries: a walk only ever reads and writes its own CPU's, and nothing else on that CPU
@@ -62,21 +46,6 @@ pub const RECENT_BLOBS: usize = 1 << RECENT_BLOB_BITS;
 
 /// Addresses of one cache line map to one entry: a blob's nearby call sites share it.
 const PC_GRANULE_BITS: u32 = 6;
-
-/// How long a blob proven in place is used without being read again (see the module's notes):
-/// a quarter of a second, so that even at the default 19 Hz a CPU's deep stacks repeat their
-/// blobs about five times per proof, and at 999 Hz some 250 times.
-pub const PROOF_TTL_NS: u64 = 250_000_000;
-
-/// Proof times are kept in units of 2^20 ns (about a millisecond), as 32 bits: they wrap after
-/// 52 days, and only differences under [`PROOF_TTL_NS`] matter.
-const PROOF_TIME_SHIFT: u32 = 20;
-const PROOF_TTL_UNITS: u32 = (PROOF_TTL_NS >> PROOF_TIME_SHIFT) as u32;
-
-#[inline(always)]
-fn proof_time(now_ns: u64) -> u32 {
-    (now_ns >> PROOF_TIME_SHIFT) as u32
-}
 
 /// A blob an earlier walk found, with the JVM it belongs to (`instance` 0: empty) and when it
 /// was last found or used (the table's `clock` then).
@@ -106,9 +75,6 @@ pub const BLOB_SPAN_BYTES: usize = 512;
 #[derive(Clone, Copy)]
 pub struct RecentBlobTable {
     pub entries: [RecentBlob; RECENT_BLOBS],
-    /// When each entry's blob was last proven in place (or found), in units of 2^20 ns: kept
-    /// beside the entries, which have no room left in a map value for it.
-    pub proven: [u32; RECENT_BLOBS],
     /// Counts the blobs remembered: the stamp of an entry found or used now.
     pub clock: u32,
     pub _reserved: u32,
@@ -124,7 +90,6 @@ impl RecentBlobTable {
             stamp: 0,
             blob: BlobCache::EMPTY,
         }; RECENT_BLOBS],
-        proven: [0; RECENT_BLOBS],
         clock: 0,
         _reserved: 0,
         span: [0; BLOB_SPAN_BYTES],
@@ -149,13 +114,12 @@ impl RecentBlobTable {
         entry.instance == instance && blob.blob != 0 && pc >= blob.code_begin && pc < blob.end
     }
 
-    /// Copies the blob remembered for `pc` of JVM `instance` into `out`, and returns its
-    /// entry's index; None (and `out` untouched) if there is none. Whether it must be proven in
-    /// place before it is used: [`RecentBlobTable::proof_due`].
+    /// Copies the blob remembered for `pc` of JVM `instance`, not yet proven still in place,
+    /// into `out`; false (and `out` untouched) if there is none.
     #[inline(always)]
-    pub fn recall_into(&mut self, instance: u32, pc: u64, out: &mut BlobCache) -> Option<usize> {
+    pub fn recall_into(&mut self, instance: u32, pc: u64, out: &mut BlobCache) -> bool {
         if instance == 0 {
-            return None;
+            return false;
         }
         let clock = self.clock;
         for index in Self::candidates(instance, pc) {
@@ -163,34 +127,18 @@ impl RecentBlobTable {
                 if Self::covers(entry, instance, pc) {
                     entry.stamp = clock;
                     *out = entry.blob;
-                    return Some(index);
+                    return true;
                 }
             }
         }
-        None
+        false
     }
 
-    /// Whether entry `index` was last proven in place [`PROOF_TTL_NS`] or more before `now_ns`.
+    /// Remembers `blob`, just found for `pc` of JVM `instance`: in the entry of its two that
+    /// is empty or holds an older blob for `pc` (freed since), else in the one used least
+    /// recently.
     #[inline(always)]
-    pub fn proof_due(&self, index: usize, now_ns: u64) -> bool {
-        self.proven
-            .get(index)
-            .is_none_or(|&proven| proof_time(now_ns).wrapping_sub(proven) >= PROOF_TTL_UNITS)
-    }
-
-    /// Notes that entry `index`'s blob was proven in place at `now_ns`.
-    #[inline(always)]
-    pub fn proven_at(&mut self, index: usize, now_ns: u64) {
-        if let Some(proven) = self.proven.get_mut(index) {
-            *proven = proof_time(now_ns);
-        }
-    }
-
-    /// Remembers `blob`, just found for `pc` of JVM `instance` at `now_ns`: in the entry of its
-    /// two that is empty or holds an older blob for `pc` (freed since), else in the one used
-    /// least recently.
-    #[inline(always)]
-    pub fn remember(&mut self, instance: u32, pc: u64, blob: &BlobCache, now_ns: u64) {
+    pub fn remember(&mut self, instance: u32, pc: u64, blob: &BlobCache) {
         if instance == 0 {
             return;
         }
@@ -217,7 +165,6 @@ impl RecentBlobTable {
                 blob: *blob,
             };
         }
-        self.proven_at(index, now_ns);
     }
 }
 
@@ -303,7 +250,7 @@ mod tests {
 
     fn recalled(table: &mut RecentBlobTable, pc: u64) -> Option<BlobCache> {
         let mut out = BlobCache::EMPTY;
-        table.recall_into(JVM, pc, &mut out).map(|_| out)
+        table.recall_into(JVM, pc, &mut out).then_some(out)
     }
 
     #[test]
@@ -313,7 +260,7 @@ mod tests {
         for _ in 0..3 {
             for &pc in &pcs {
                 if recalled(&mut table, pc).is_none() {
-                    table.remember(JVM, pc, &blob_at(pc), 0);
+                    table.remember(JVM, pc, &blob_at(pc));
                 }
             }
         }
@@ -331,14 +278,14 @@ mod tests {
         let [a, c] = sharing_first_entry(2)[..] else {
             unreachable!()
         };
-        table.remember(JVM, a, &blob_at(a), 0);
+        table.remember(JVM, a, &blob_at(a));
         let c_second = RecentBlobTable::candidates(JVM, c)[1];
         table.entries[c_second] = RecentBlob {
             instance: JVM + 1,
             stamp: other_stamp,
             blob: blob_at(0x40_0000),
         };
-        table.remember(JVM, c, &blob_at(c), 0);
+        table.remember(JVM, c, &blob_at(c));
         assert_eq!(recalled(&mut table, c), Some(blob_at(c)));
         recalled(&mut table, a).is_some()
     }
@@ -355,38 +302,16 @@ mod tests {
         let [a, b] = sharing_first_entry(2)[..] else {
             unreachable!()
         };
-        table.remember(JVM, a, &blob_at(a), 0);
-        table.remember(JVM, b, &blob_at(b), 0);
+        table.remember(JVM, a, &blob_at(a));
+        table.remember(JVM, b, &blob_at(b));
         // `a` freed and compiled again at the same place: its new blob replaces the old copy
         // rather than evicting `b`.
         let again = BlobCache {
             compile_id: 99,
             ..blob_at(a)
         };
-        table.remember(JVM, a, &again, 0);
+        table.remember(JVM, a, &again);
         assert_eq!(recalled(&mut table, a), Some(again));
         assert_eq!(recalled(&mut table, b), Some(blob_at(b)));
-    }
-
-    #[test]
-    fn a_blob_is_proven_again_once_its_proof_is_a_ttl_old() {
-        let mut table = Box::new(RecentBlobTable::EMPTY);
-        let pc = 0x4000;
-        let found_at = 7 * PROOF_TTL_NS;
-        table.remember(JVM, pc, &blob_at(pc), found_at);
-        let mut out = BlobCache::EMPTY;
-        let index = table.recall_into(JVM, pc, &mut out).expect("remembered");
-        assert!(!table.proof_due(index, found_at));
-        assert!(!table.proof_due(index, found_at + PROOF_TTL_NS - (2 << PROOF_TIME_SHIFT)));
-        assert!(table.proof_due(index, found_at + PROOF_TTL_NS + (1 << PROOF_TIME_SHIFT)));
-        // Proven again: trusted for another TTL from then.
-        let proven_again = found_at + PROOF_TTL_NS + (1 << PROOF_TIME_SHIFT);
-        table.proven_at(index, proven_again);
-        assert!(!table.proof_due(index, proven_again + PROOF_TTL_NS / 2));
-        // Across the 32-bit wrap of the proof times.
-        let late = (u64::from(u32::MAX) << PROOF_TIME_SHIFT) - (1 << PROOF_TIME_SHIFT);
-        table.proven_at(index, late);
-        assert!(!table.proof_due(index, late + PROOF_TTL_NS / 2));
-        assert!(table.proof_due(index, late + 2 * PROOF_TTL_NS));
     }
 }

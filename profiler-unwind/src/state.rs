@@ -67,11 +67,6 @@ pub struct Walk {
     pub cookie_const_method: u64,
     /// The last code blob read during this walk.
     pub blob_cache: BlobCache,
-    /// When the sample was taken (`bpf_ktime_get_ns`): how old a remembered blob's proof is
-    /// (`crate::recent_blobs`).
-    pub now_ns: u64,
-    /// Blobs earlier walks remembered that this walk proved freed (the caller counts them).
-    pub blobs_found_freed: u8,
     /// The last native unwind table lookup of this walk.
     pub cfi: CfiCache,
     /// Where the walk is in a mounted virtual thread's frozen frames, if it is.
@@ -80,13 +75,11 @@ pub struct Walk {
 }
 
 impl Walk {
-    /// Prepares a walk of thread `tid` from `regs`, sampled at `now_ns`; `hotspot` describes its
-    /// process if it is a JVM.
+    /// Prepares a walk of thread `tid` from `regs`; `hotspot` describes its process if it is a
+    /// JVM.
     #[inline(always)]
-    pub fn start(&mut self, tid: u32, regs: UserRegs, now_ns: u64, hotspot: Option<&HotspotProc>) {
+    pub fn start(&mut self, tid: u32, regs: UserRegs, hotspot: Option<&HotspotProc>) {
         self.frames = 0;
-        self.now_ns = now_ns;
-        self.blobs_found_freed = 0;
         self.end = END_UNSET;
         self.skip = 0;
         self.java_seen = 0;

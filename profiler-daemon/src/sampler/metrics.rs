@@ -35,14 +35,6 @@ impl KernelCounters {
             k(Counter::ProcessEventsLost),
         )?;
         out.counter(
-            metric::JAVA_BLOBS_FOUND_FREED,
-            "Stack walks that found a JIT code blob, remembered from earlier samples on the same \
-             CPU and trusted for a quarter of a second since its last check, freed when they \
-             checked it again: samples of that JVM on that CPU in the quarter second before may \
-             have unwound one frame with the freed blob's layout (its name is still checked).",
-            k(Counter::RecentBlobsFreed),
-        )?;
-        out.counter(
             metric::JAVA_THREADS_STARTED,
             "Java threads described to the BPF side by the thread-start hook as they started.",
             k(Counter::JavaThreadsStarted),

@@ -7,7 +7,7 @@ mod frozen;
 mod mounted;
 
 use crate::fakes::*;
-use crate::{UserRegs, PROOF_TTL_NS};
+use crate::UserRegs;
 use profiler_common::{UnwindEnd, UserFrame};
 
 /// Recorded prologues and epilogues (JDK 25, see `x86_frames`'s tests).
@@ -481,25 +481,6 @@ fn a_remembered_blob_freed_is_not_used() {
     // Freed, its header and the segment map left as they were.
     jvm.free_blob(&a);
     expect(jvm.walk(TID, start), &[], &[], UnwindEnd::NoCodeBlob);
-}
-
-#[test]
-fn a_remembered_blob_is_trusted_for_the_proofs_ttl_then_proven_again() {
-    let mut jvm = Jvm::new(Layout::Pointers);
-    let (a, _, start, frames) = two_compiled_frames(&mut jvm);
-    jvm.memory.set_walk_gap(PROOF_TTL_NS / 4);
-    expect(jvm.walk(TID, start), &frames, &[], UnwindEnd::Complete);
-    // Freed a little after the walk that found it: the next walks, within the proof's TTL,
-    // read neither it nor the segment map (as stale as it is here: its header and map bytes
-    // are left as they were, but for the used flag).
-    jvm.free_blob(&a);
-    for _ in 0..3 {
-        expect(jvm.walk(TID, start), &frames, &[], UnwindEnd::Complete);
-        assert_eq!(jvm.memory.last_blobs_found_freed.get(), 0);
-    }
-    // The TTL over: proven again, found freed, counted, and the pc looked up anew.
-    expect(jvm.walk(TID, start), &[], &[], UnwindEnd::NoCodeBlob);
-    assert_eq!(jvm.memory.last_blobs_found_freed.get(), 1);
 }
 
 #[test]
