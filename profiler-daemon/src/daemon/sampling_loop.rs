@@ -246,7 +246,7 @@ impl SamplingLoop {
                 _ = &mut stop => { tracing::info!("duration reached"); true }
             };
             let records_before = self.stats.records;
-            let new_java_frames = self.drain();
+            let found = self.drain();
             let misses = worker.java_prefetch_misses.load(Ordering::Relaxed);
             if misses != last_misses {
                 last_misses = misses;
@@ -254,7 +254,8 @@ impl SamplingLoop {
             }
             drain.reset_after(next_drain(Drained {
                 records: self.stats.records != records_before,
-                new_java_frames,
+                new_java_stacks: !found.java_pids.is_empty(),
+                new_java_frames: found.new_java_frames,
                 names_perishing: missed_at.is_some_and(|at| at.elapsed() < PERISHING_FOR),
                 starting: started.elapsed() < PERISHING_FOR,
             }));
@@ -272,10 +273,9 @@ impl SamplingLoop {
         })
     }
 
-    /// Takes every record in the rings; true if Java frames not met before this interval were
-    /// found. The JVMs of new stacks with Java frames are told to the tracker, which decides
-    /// the sidecar agent's attach.
-    fn drain(&mut self) -> bool {
+    /// Takes every record in the rings; returns what it found. The JVMs of new stacks with Java
+    /// frames are told to the tracker, which decides the sidecar agent's attach.
+    fn drain(&mut self) -> DrainFinds {
         let found = self.folds.drain(
             &mut self.sampler,
             &self.outbox,
@@ -283,9 +283,9 @@ impl SamplingLoop {
             &mut self.prefetched,
         );
         if !found.java_pids.is_empty() {
-            self.tracker.tell_java_sampled(found.java_pids);
+            self.tracker.tell_java_sampled(found.java_pids.clone());
         }
-        found.new_java_frames
+        found
     }
 
     /// Hands the interval's aggregates to the worker and starts the next interval.
@@ -356,6 +356,8 @@ const MAX_PREFETCH_FRAMES: usize = 16 * 1024;
 #[derive(Clone, Copy, Debug)]
 struct Drained {
     records: bool,
+    /// New stacks with Java frames were found.
+    new_java_stacks: bool,
     /// Java frames not met before this interval were found (and sent to be read).
     new_java_frames: bool,
     names_perishing: bool,
@@ -367,9 +369,11 @@ struct Drained {
 /// let an nmethod be freed (and its `Method*`s reused) before its first sample is named.
 fn next_drain(drained: Drained) -> Duration {
     match drained {
+        // Under churn, a new class generation's first samples come in new stacks: each such
+        // drain keeps the next one close, found frames new or not.
         Drained {
             names_perishing: true,
-            new_java_frames: true,
+            new_java_stacks: true,
             ..
         } => PERISHING_JAVA_DRAIN_PERIOD,
         Drained {
@@ -737,10 +741,11 @@ impl Outbox {
 mod tests {
     use super::*;
 
-    fn drained(records: bool, new_java_frames: bool, names_perishing: bool) -> Drained {
+    fn drained(records: bool, new_java: bool, names_perishing: bool) -> Drained {
         Drained {
             records,
-            new_java_frames,
+            new_java_stacks: new_java,
+            new_java_frames: new_java,
             names_perishing,
             starting: false,
         }
@@ -760,6 +765,24 @@ mod tests {
             next_drain(drained(false, false, true)),
             STARTUP_JAVA_DRAIN_PERIOD
         );
+    }
+
+    #[test]
+    fn known_frames_in_new_stacks_keep_drains_fast_only_while_names_perish() {
+        let known_frames = |names_perishing, starting| Drained {
+            records: true,
+            new_java_stacks: true,
+            new_java_frames: false,
+            names_perishing,
+            starting,
+        };
+        // Churn: a new generation's first samples must be read within 10 ms.
+        assert_eq!(
+            next_drain(known_frames(true, false)),
+            PERISHING_JAVA_DRAIN_PERIOD
+        );
+        // Start-up: only frames not read yet bring the next drain closer.
+        assert_eq!(next_drain(known_frames(false, true)), DRAIN_PERIOD);
     }
 
     #[test]
