@@ -136,13 +136,7 @@ public class Bench {
 
     // About 10 ms of work: the recursion itself is a negligible share of the samples.
     static long leaf(long seed) {
-        long acc = seed;
-        for (int i = 0; i < 5_000_000; i++) {
-            acc ^= acc << 13;
-            acc ^= acc >>> 7;
-            acc ^= acc << 17;
-        }
-        return acc;
+        return spin(seed, 5_000_000);
     }
 
     // About 0.1 ms of work, for the distinct chain: each of its methods is then called some
@@ -151,8 +145,13 @@ public class Bench {
     // before that saw the chain half interpreted or in C1 code). The chain is still under 1%
     // of the samples.
     static long shortLeaf(long seed) {
+        return spin(seed, 50_000);
+    }
+
+    // `iterations` rounds of xorshift: about 2 ns each.
+    static long spin(long seed, int iterations) {
         long acc = seed;
-        for (int i = 0; i < 50_000; i++) {
+        for (int i = 0; i < iterations; i++) {
             acc ^= acc << 13;
             acc ^= acc >>> 7;
             acc ^= acc << 17;

@@ -254,7 +254,7 @@ impl SamplingLoop {
             }
             drain.reset_after(next_drain(Drained {
                 records: self.stats.records != records_before,
-                new_java_stacks: !found.java_pids.is_empty(),
+                new_java_stacks: found.new_java_stacks,
                 new_java_frames: found.new_java_frames,
                 names_perishing: missed_at.is_some_and(|at| at.elapsed() < PERISHING_FOR),
                 starting: started.elapsed() < PERISHING_FOR,
@@ -275,17 +275,21 @@ impl SamplingLoop {
 
     /// Takes every record in the rings; returns what it found. The JVMs of new stacks with Java
     /// frames are told to the tracker, which decides the sidecar agent's attach.
-    fn drain(&mut self) -> DrainFinds {
+    fn drain(&mut self) -> Found {
         let found = self.folds.drain(
             &mut self.sampler,
             &self.outbox,
             &mut self.stats,
             &mut self.prefetched,
         );
-        if !found.java_pids.is_empty() {
-            self.tracker.tell_java_sampled(found.java_pids.clone());
+        let new_java_stacks = !found.java_pids.is_empty();
+        if new_java_stacks {
+            self.tracker.tell_java_sampled(found.java_pids);
         }
-        found
+        Found {
+            new_java_stacks,
+            new_java_frames: found.new_java_frames,
+        }
     }
 
     /// Hands the interval's aggregates to the worker and starts the next interval.
@@ -631,7 +635,13 @@ struct FoundInDrain<'a> {
     new_processes: Vec<u32>,
 }
 
-/// What a drain tells the loop.
+/// What a drain found that decides when the next one comes.
+struct Found {
+    new_java_stacks: bool,
+    new_java_frames: bool,
+}
+
+/// What a drain's folds tell the loop.
 struct DrainFinds {
     /// The processes of the new stacks with Java frames, sorted.
     java_pids: Vec<u32>,
