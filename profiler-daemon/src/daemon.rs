@@ -33,9 +33,12 @@ use crate::privileges::{self, MissingPrivileges};
 use crate::sampler::{AllocSampling, KernelCounters, OffCpuSampling, Sampler, SamplerError};
 use crate::sidecar::{Attacher, AttachesStarted};
 use crate::sink::{Sink, SinkTasks};
+use crate::symbolize::java_reader::MemoryNameCaches;
 use metric_sources::Counters;
 use sampling_loop::{LoopSettings, Outbox, SamplingLoop, Until};
-use threads::{spawn_jvm_tracker, spawn_unwind_tables, spawn_worker, SharedWithWorker};
+use threads::{
+    spawn_java_reader, spawn_jvm_tracker, spawn_unwind_tables, spawn_worker, SharedWithWorker,
+};
 
 /// Work items queued for the worker before the loop starts dropping them.
 const WORK_QUEUE: usize = 4096;
@@ -210,6 +213,9 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     }
 
     let (work_tx, work_rx) = sync_channel(WORK_QUEUE);
+    let memory_names = MemoryNameCaches::default();
+    let (java_frames, java_reader) =
+        spawn_java_reader(memory_names.clone(), jvms.clone(), metrics.worker.clone())?;
     let pods = match &config.kubernetes_node {
         Some(node) => start_pod_watch(node.clone()).await,
         None => None,
@@ -223,6 +229,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         SharedWithWorker {
             java_threads,
             jvms,
+            memory_names,
             attaches,
             pods,
             exit_counts,
@@ -237,6 +244,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     };
     let outbox = Outbox {
         work: work_tx,
+        java_frames,
         unwind_tables,
     };
     let settings = LoopSettings {
@@ -255,6 +263,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     worker
         .join()
         .map_err(|_| DaemonError::Worker("panicked".into()))?;
+    let _ = java_reader.join();
     // Every profile is now queued: deliver what can be within the grace period.
     sink_tasks.finish().await;
     let summary = RunSummary {

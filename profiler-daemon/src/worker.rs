@@ -36,23 +36,12 @@ pub enum Work {
     /// so that processes that exited during the interval are forgotten after all its profiles
     /// are built (an off-CPU wait is folded when it ends, often just before its process exits).
     Interval(Vec<IntervalStacks>),
-    /// The Java frames of the stacks first seen in one drain of the ring buffer: their methods
-    /// and code are read now, while they still exist (a class may be unloaded before the
-    /// interval ends), and named at the interval from what was read.
-    PrefetchJava(Vec<JavaFrameSeen>),
 }
 
 /// How often the agents' records are read while the interval runs. Reading them first when a
 /// profile is built would be too late for the threads an agent lists by `JavaThread*`: those
 /// resolve only against a thread set the tracker read after the record.
 const READ_SIDECARS_EVERY: Duration = Duration::from_millis(500);
-
-/// A Java frame of a newly seen stack.
-#[derive(Clone, Copy)]
-pub struct JavaFrameSeen {
-    pub pid: u32,
-    pub frame: profiler_common::UserFrame,
-}
 
 pub struct Worker {
     processes: ProcessTable,
@@ -143,7 +132,15 @@ impl Worker {
         self
     }
 
-    /// Loads the sidecar agent into the JVMs met, as `policy` says.
+    /// Names Java frames from the caches the Java name reader fills.
+    pub fn with_memory_names(
+        mut self,
+        caches: crate::symbolize::java_reader::MemoryNameCaches<ProcessMemory>,
+    ) -> Self {
+        self.symbolizers.java.share_memory_names(caches);
+        self
+    }
+
     /// Names threads the sidecar agents list by `JavaThread*` from the JVM tracker's reads.
     pub fn with_thread_directory(
         mut self,
@@ -212,7 +209,6 @@ impl Worker {
                 let _taken = IntervalTaken(&counters.intervals_pending);
                 self.write_intervals(intervals);
             }
-            Work::PrefetchJava(frames) => self.prefetch_java(frames),
             #[cfg(test)]
             Work::Panic => panic!("a test asked the worker to panic"),
         }
@@ -231,31 +227,14 @@ impl Worker {
         if let Some(threads) = &self.thread_directory {
             symbolizers.java.set_thread_directory(threads.clone());
         }
-        // The directory is shared with the tracker: the fresh symbolizers keep using it.
+        // The directory is shared with the tracker, the Java name caches with the reader: the
+        // fresh symbolizers keep using them (each cache entry is whole or absent).
         symbolizers.jvms = self.symbolizers.jvms.clone();
+        symbolizers
+            .java
+            .share_memory_names(self.symbolizers.java.memory_names());
         self.symbolizers = symbolizers;
         self.processes = ProcessTable::default();
-    }
-
-    /// Reads what naming `frames` needs into the Java symbolizer's caches. Misses are not
-    /// counted here: they are, when a profile shows them.
-    fn prefetch_java(&mut self, mut frames: Vec<JavaFrameSeen>) {
-        // New stacks share most of their frames.
-        frames.sort_unstable_by_key(|seen| (seen.pid, seen.frame.addr, seen.frame.cookie));
-        frames.dedup_by_key(|seen| (seen.pid, seen.frame.addr, seen.frame.cookie));
-        let mut known_jvm = None;
-        for JavaFrameSeen { pid, frame } in frames {
-            if known_jvm.is_none_or(|(known, _)| known != pid) {
-                known_jvm = Some((pid, self.symbolizers.ensure_jvm(pid, &self.processes)));
-            }
-            if known_jvm.is_some_and(|(_, readable)| readable)
-                && !self.symbolizers.java.prefetch(pid, &frame)
-            {
-                self.counters
-                    .java_prefetch_misses
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-        }
     }
 
     fn write_intervals(&mut self, intervals: Vec<IntervalStacks>) {

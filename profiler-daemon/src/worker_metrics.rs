@@ -30,10 +30,12 @@ pub struct WorkerCounters {
     pub java_unnamed: Arc<crate::java_names::UnnamedCounts>,
     /// User frame names refused on their way into a profile, by reason.
     pub refused_names: Arc<crate::symbolize::name_guard::RefusedNames>,
-    /// Panics caught in the worker (each cost one work item; the symbolizers start over).
+    /// Panics caught in the symbolizer (each cost one work item; the symbolizers start over).
     pub panics: AtomicU64,
+    /// Panics caught in the Java name reader (each cost one batch of frames read ahead).
+    pub reader_panics: AtomicU64,
     /// Java frames of new stacks whose method or code was already gone or reused when the
-    /// worker read it: names perishing (class unloading), so the loop drains sooner.
+    /// Java name reader read it: names perishing (class unloading), so the loop drains sooner.
     pub java_prefetch_misses: AtomicU64,
     /// Intervals handed to the worker and not written yet: the sampling loop puts off the next
     /// one while there is one (`daemon::sampling_loop`).

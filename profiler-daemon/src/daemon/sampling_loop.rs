@@ -27,7 +27,8 @@ use crate::profile_model::ProfileKind;
 use crate::record::SampleView;
 use crate::sampler::{KernelCounters, Sampler};
 use crate::stack_memory::SharedStackMemory;
-use crate::worker::{JavaFrameSeen, Work};
+use crate::symbolize::java_reader::JavaFrameSeen;
+use crate::worker::Work;
 use crate::worker_metrics::WorkerCounters;
 use metrics::{LoopMetrics, Snapshot};
 use prefetched::PrefetchedFrames;
@@ -44,8 +45,8 @@ const IDLE_DRAIN_PERIOD: Duration = Duration::from_secs(1);
 /// first time, a drain that finds Java frames not met before this interval is followed by
 /// another this soon, so that their methods are read while they exist.
 const STARTUP_JAVA_DRAIN_PERIOD: Duration = Duration::from_millis(50);
-/// While Java names perish (the worker found methods of new stacks already unloaded within
-/// [`PERISHING_FOR`]), the same, sooner: under class churn a class lives a few hundred
+/// While Java names perish (the Java name reader found methods of new stacks already unloaded
+/// within [`PERISHING_FOR`]), the same, sooner: under class churn a class lives a few hundred
 /// milliseconds after its last sample (measured: 50 ms lost about 6% of a churning JVM's
 /// samples to unknown frames, 10 ms about 1%). Otherwise the slower period costs no names and
 /// saves the wake-ups.
@@ -93,10 +94,12 @@ pub(super) struct Until {
     pub(super) interval: Duration,
 }
 
-/// Where the loop's finds go: the worker (new processes, Java frames, intervals) and the unwind
-/// tables' loader (new processes). Never waited on: a full queue drops the item, counted.
+/// Where the loop's finds go: the worker (new processes, intervals), the Java name reader (the
+/// Java frames of new stacks) and the unwind tables' loader (new processes). Never waited on: a
+/// full queue drops the item, counted.
 pub(super) struct Outbox {
     pub(super) work: SyncSender<Work>,
+    pub(super) java_frames: SyncSender<Vec<JavaFrameSeen>>,
     pub(super) unwind_tables: SyncSender<Vec<u32>>,
 }
 
@@ -352,8 +355,8 @@ async fn ring_filling(wakeups: &[AsyncFd<std::os::fd::OwnedFd>]) {
     .await
 }
 
-/// Most Java frames in one prefetch message (24 bytes each): a drain that finds more new stacks
-/// sends several, and the worker queue's bound applies to them as to any work.
+/// Most Java frames in one batch for the Java name reader (24 bytes each): a drain that finds
+/// more new stacks sends several, and the reader queue's bound applies to them.
 const MAX_PREFETCH_FRAMES: usize = 16 * 1024;
 
 /// What a drain found, and in which phase of the daemon.
@@ -684,7 +687,7 @@ impl FoundInDrain<'_> {
             }
             if self.java_frames.len() >= MAX_PREFETCH_FRAMES {
                 let frames = std::mem::take(&mut self.java_frames);
-                outbox.send(Work::PrefetchJava(frames), stats);
+                outbox.send_java_frames(frames, stats);
             }
         }
     }
@@ -699,7 +702,7 @@ impl FoundInDrain<'_> {
             let _ = outbox.unwind_tables.try_send(self.new_processes);
         }
         if !self.java_frames.is_empty() {
-            outbox.send(Work::PrefetchJava(self.java_frames), stats);
+            outbox.send_java_frames(self.java_frames, stats);
         }
         self.java_pids.sort_unstable();
         self.java_pids.dedup();
@@ -729,22 +732,33 @@ fn format_unwind_ends(ends: &[u64; UnwindEnd::ALL.len()]) -> String {
 impl Outbox {
     /// Queues `item` for the worker; false (and counted) when the queue is full or gone.
     fn send(&self, item: Work, stats: &mut LoopStats) -> bool {
-        match self.work.try_send(item) {
-            Ok(()) => return true,
-            Err(TrySendError::Full(_)) => {
-                stats.dropped_work += 1;
-                // Counted every time, logged at 1, 2, 4, 8... drops: never a log line per sample.
-                if stats.dropped_work.is_power_of_two() {
-                    tracing::warn!(
-                        dropped = stats.dropped_work,
-                        "symbolizer queue full: work dropped"
-                    );
-                }
-            }
-            Err(TrySendError::Disconnected(_)) => stats.dropped_work += 1,
-        }
-        false
+        queued(self.work.try_send(item), "symbolizer", stats)
     }
+
+    /// Queues Java frames for the reader; dropped (and counted) when its queue is full or gone:
+    /// they are read when their profile is built, if their methods still exist.
+    fn send_java_frames(&self, frames: Vec<JavaFrameSeen>, stats: &mut LoopStats) {
+        queued(self.java_frames.try_send(frames), "Java name reader", stats);
+    }
+}
+
+/// Whether a queue took its item; a drop is counted in `dropped_work`.
+fn queued<T>(sent: Result<(), TrySendError<T>>, queue: &str, stats: &mut LoopStats) -> bool {
+    match sent {
+        Ok(()) => return true,
+        Err(TrySendError::Full(_)) => {
+            stats.dropped_work += 1;
+            // Counted every time, logged at 1, 2, 4, 8... drops: never a log line per sample.
+            if stats.dropped_work.is_power_of_two() {
+                tracing::warn!(
+                    dropped = stats.dropped_work,
+                    "{queue} queue full: work dropped"
+                );
+            }
+        }
+        Err(TrySendError::Disconnected(_)) => stats.dropped_work += 1,
+    }
+    false
 }
 
 #[cfg(test)]

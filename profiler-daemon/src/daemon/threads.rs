@@ -1,5 +1,6 @@
 //! The daemon's background threads beside the sampling loop: the JVM tracker and the unwind
-//! tables' loader, each spawned with the BPF maps it owns, and the symbolizer.
+//! tables' loader, each spawned with the BPF maps it owns, the symbolizer, and the Java name
+//! reader that fills the symbolizer's Java caches ahead.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,6 +13,7 @@ use super::DaemonError;
 use crate::config::Config;
 use crate::hotspot::jvm_directory::JvmDirectory;
 use crate::hotspot::libjvm_hooks::LibjvmHooks;
+use crate::hotspot::remote::ProcessMemory;
 use crate::hotspot::thread_directory::ThreadDirectory;
 use crate::hotspot::thread_exits::ExitCounts;
 use crate::hotspot::tracker::{self, JvmTracker, TrackerCounts};
@@ -20,6 +22,7 @@ use crate::metrics::families::{by, Families, MetricSource};
 use crate::native_unwind;
 use crate::sidecar::{Attacher, AttachesStarted};
 use crate::sink::Sink;
+use crate::symbolize::java_reader::{JavaFrameSeen, JavaReader, MemoryNameCaches};
 use crate::worker::{Work, Worker};
 use crate::worker_metrics::WorkerCounters;
 
@@ -29,6 +32,8 @@ pub(super) struct SharedWithWorker {
     pub(super) java_threads: ThreadDirectory,
     /// Each JVM inspected once, by the tracker or the symbolizer.
     pub(super) jvms: JvmDirectory,
+    /// The Java name caches the reader fills ahead.
+    pub(super) memory_names: MemoryNameCaches<ProcessMemory>,
     /// The JVMs the tracker started loading the sidecar agent into.
     pub(super) attaches: AttachesStarted,
     /// Kubernetes pods' metadata, when watched.
@@ -66,6 +71,7 @@ pub(super) fn spawn_worker(
                 .expecting_agents(shared.attaches)
                 .with_thread_directory(shared.java_threads)
                 .with_jvms(shared.jvms)
+                .with_memory_names(shared.memory_names)
                 .with_pods_if(shared.pods)
                 .with_extra_labels(extra_labels)
                 .with_alloc_interval(alloc_interval)
@@ -73,6 +79,23 @@ pub(super) fn spawn_worker(
                 .run(work)
         })
         .map_err(|err| DaemonError::Worker(err.to_string()))
+}
+
+/// Batches of Java frames queued for the reader before the loop starts dropping them.
+const JAVA_READER_QUEUE: usize = 1024;
+
+/// The Java name reader (`symbolize::java_reader`); it ends when the sender is dropped.
+pub(super) fn spawn_java_reader(
+    caches: MemoryNameCaches<ProcessMemory>,
+    jvms: JvmDirectory,
+    counters: Arc<WorkerCounters>,
+) -> Result<(SyncSender<Vec<JavaFrameSeen>>, std::thread::JoinHandle<()>), DaemonError> {
+    let (frames, frames_rx) = sync_channel(JAVA_READER_QUEUE);
+    let handle = std::thread::Builder::new()
+        .name("java-reader".into())
+        .spawn(move || JavaReader::new(caches, jvms, counters).run(frames_rx))
+        .map_err(|err| DaemonError::Worker(err.to_string()))?;
+    Ok((frames, handle))
 }
 
 /// The JVM tracker's thread, stopped through a flag.
@@ -133,6 +156,10 @@ impl MetricSource for ThreadPanics {
                 "thread",
                 [
                     ("symbolizer", self.worker.panics.load(Ordering::Relaxed)),
+                    (
+                        "java_reader",
+                        self.worker.reader_panics.load(Ordering::Relaxed),
+                    ),
                     ("jvm_tracker", tracker),
                 ],
             ),

@@ -57,6 +57,12 @@ impl JvmDirectory {
         Ok(jvm)
     }
 
+    /// The JVM inspected as `pid`, if any: for readers that meet a JVM only by its frames
+    /// (whose layout, pushed by the tracker, says it was inspected).
+    pub fn get(&self, pid: u32) -> Option<Arc<Jvm>> {
+        self.lock().jvms.get(&pid).map(|(_, jvm)| jvm.clone())
+    }
+
     /// Forgets an exited process (either reader may say so first; the other keeps its `Arc`).
     pub fn forget(&self, pid: u32) {
         let mut directory = self.lock();

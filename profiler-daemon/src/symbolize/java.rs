@@ -7,15 +7,17 @@ use std::sync::Arc;
 use profiler_common::{FrameKind, UserFrame, BCI_UNKNOWN};
 
 use crate::hotspot::jvm::Jvm;
-use crate::hotspot::names::{BlobInfo, MemoryNames};
+use crate::hotspot::names::BlobInfo;
 use crate::hotspot::remote::RemoteMemory;
 use crate::hotspot::thread_directory::ThreadDirectory;
 use crate::java_names::{policy, CodePc, Named, Unnamed, UnnamedReason};
 use crate::sidecar::SidecarIndex;
+use crate::symbolize::java_reader::{MemoryNameCaches, SharedMemoryNames};
 
 /// One JVM's name sources.
 struct JvmSources<M: RemoteMemory> {
-    memory: MemoryNames<M>,
+    /// Shared with the Java name reader, which fills them ahead.
+    memory: SharedMemoryNames<M>,
     /// The agent's records, if this is a live process whose namespace pid is known.
     sidecar: Option<SidecarIndex>,
     /// Whether a frame was named from the sidecar yet (logged once per JVM).
@@ -37,6 +39,8 @@ pub struct SidecarTotals {
 /// Resolves Java frames of many JVMs.
 pub struct JavaSymbolizer<M: RemoteMemory> {
     jvms: HashMap<u32, JvmSources<M>>,
+    /// Every JVM's memory name caches, shared with the Java name reader.
+    memory: MemoryNameCaches<M>,
     /// Each JVM's Java threads as the JVM tracker read them (empty without a tracker).
     threads: ThreadDirectory,
 }
@@ -45,6 +49,7 @@ impl<M: RemoteMemory> Default for JavaSymbolizer<M> {
     fn default() -> Self {
         Self {
             jvms: HashMap::new(),
+            memory: MemoryNameCaches::default(),
             threads: ThreadDirectory::default(),
         }
     }
@@ -54,6 +59,16 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
     /// Finds the tids of threads the sidecar agents list by `JavaThread*` in `threads`.
     pub fn set_thread_directory(&mut self, threads: ThreadDirectory) {
         self.threads = threads;
+    }
+
+    /// Names from `caches`, which the Java name reader fills.
+    pub fn share_memory_names(&mut self, caches: MemoryNameCaches<M>) {
+        self.memory = caches;
+    }
+
+    /// The caches it names from.
+    pub fn memory_names(&self) -> MemoryNameCaches<M> {
+        self.memory.clone()
     }
 
     /// True while it knows no JVM.
@@ -67,13 +82,14 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
 
     pub fn add(&mut self, jvm: Arc<Jvm>, memory: M) {
         let pid = jvm.pid;
+        let memory = self.memory.of(jvm, || memory);
         let sidecar = crate::sidecar::attach::Target::of(pid)
             .ok()
             .map(|target| SidecarIndex::new(target.pid, target.nspid, target.euid));
         self.jvms.insert(
             pid,
             JvmSources {
-                memory: MemoryNames::new(jvm, memory),
+                memory,
                 sidecar,
                 sidecar_used: false,
             },
@@ -126,42 +142,19 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
 
     /// Forgets JVM `pid`, which exited.
     pub fn remove(&mut self, pid: u32) {
+        self.memory.remove(pid);
         if let Some(sidecar) = self.jvms.remove(&pid).and_then(|jvm| jvm.sidecar) {
             sidecar.jvm_exited();
         }
     }
 
+    /// The JVMs it or the reader holds anything of.
     pub fn pids(&self) -> Vec<u32> {
-        self.jvms.keys().copied().collect()
-    }
-
-    /// Reads what naming `frame` of `pid` takes (its method, or its code blob and the methods
-    /// inlined in it) into the caches, without naming it. False if it came too late: the
-    /// method or code was already freed or reused.
-    pub fn prefetch(&mut self, pid: u32, frame: &UserFrame) -> bool {
-        let Some(jvm) = self.jvms.get_mut(&pid) else {
-            return true;
-        };
-        jvm.memory.bound_caches();
-        let missed = match frame.kind() {
-            Some(FrameKind::Interpreted) => jvm.memory.method(frame.addr, frame.cookie).err(),
-            Some(FrameKind::Compiled) => jvm.memory.code(frame.addr, frame.cookie, frame.aux).err(),
-            Some(FrameKind::AllocatedClass) => jvm
-                .memory
-                .class_name(frame.addr, frame.cookie, frame.aux)
-                .err(),
-            Some(FrameKind::Native) | None => None,
-        };
-        !matches!(
-            missed,
-            Some(
-                UnnamedReason::Unreadable
-                    | UnnamedReason::MethodReused
-                    | UnnamedReason::CodeReused
-                    | UnnamedReason::ClassReused
-                    | UnnamedReason::BadName
-            )
-        )
+        let mut pids: Vec<u32> = self.jvms.keys().copied().collect();
+        pids.extend(self.memory.pids());
+        pids.sort_unstable();
+        pids.dedup();
+        pids
     }
 
     /// Names one Java frame of `pid`. `top` is true for the interrupted frame (its pc is not a
@@ -171,16 +164,23 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
         let Some(jvm) = self.jvms.get_mut(&pid) else {
             return Named::unknown(Unnamed::Frame, UnnamedReason::NoJvm);
         };
-        jvm.memory.bound_caches();
         match frame.kind() {
             Some(FrameKind::Interpreted) => {
-                let method = jvm.memory.method(frame.addr, frame.cookie);
+                let method = {
+                    let mut memory = jvm.memory.lock();
+                    memory.bound_caches();
+                    memory.method(frame.addr, frame.cookie)
+                };
                 let bci = (frame.aux != BCI_UNKNOWN).then_some(frame.aux);
                 policy::interpreted(method.as_deref().map_err(|r| *r), bci)
             }
             Some(FrameKind::Compiled) => jvm.compiled(frame, top),
             Some(FrameKind::AllocatedClass) => {
-                let name = jvm.memory.class_name(frame.addr, frame.cookie, frame.aux);
+                let name = {
+                    let mut memory = jvm.memory.lock();
+                    memory.bound_caches();
+                    memory.class_name(frame.addr, frame.cookie, frame.aux)
+                };
                 policy::allocated_class(name.as_deref().map_err(|r| *r))
             }
             Some(FrameKind::Native) | None => {
@@ -192,7 +192,11 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
 
 impl<M: RemoteMemory> JvmSources<M> {
     fn compiled(&mut self, frame: &UserFrame, top: bool) -> Named {
-        let code = self.memory.code(frame.addr, frame.cookie, frame.aux);
+        let code = {
+            let mut memory = self.memory.lock();
+            memory.bound_caches();
+            memory.code(frame.addr, frame.cookie, frame.aux)
+        };
         // The agent's record of the nmethod at the same code start, if any.
         let recorded = match (code.as_deref(), self.sidecar.as_mut()) {
             (Ok(BlobInfo::Nmethod(nmethod)), Some(sidecar)) => {
@@ -217,7 +221,7 @@ impl<M: RemoteMemory> JvmSources<M> {
         if named.from_sidecar && !self.sidecar_used {
             self.sidecar_used = true;
             tracing::info!(
-                pid = self.memory.pid(),
+                pid = self.memory.lock().pid(),
                 nmethods = self.sidecar.as_ref().map_or(0, SidecarIndex::len),
                 "java frames named from the sidecar agent's records"
             );

@@ -5,11 +5,13 @@
 //! [`ResolvedFrame`]s and cache them per binary or per JVM, not per sample. An address that
 //! cannot be named still yields a frame (`module+0xoffset`, `[unknown]`, or a Java marker naming
 //! the reason): frames never disappear from a stack. Every user frame's names pass
-//! [`name_guard`] on their way into a profile.
+//! [`name_guard`] on their way into a profile. [`java_reader`] reads Java frames' methods and
+//! code ahead, on a thread of its own, into the caches [`java`] names from.
 
 pub mod cache_budget;
 pub mod elf_facts;
 pub mod java;
+pub mod java_reader;
 pub mod kernel;
 pub mod name_guard;
 pub mod native;

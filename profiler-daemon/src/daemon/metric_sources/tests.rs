@@ -154,6 +154,7 @@ fn worker_counters(v: &mut Values, w: &WorkerCounters) {
             w.refused_names.add(*refusal);
         }
     }
+    v.store(&w.reader_panics);
 }
 
 fn export_counters(v: &mut Values, e: &ExportCounters) {
