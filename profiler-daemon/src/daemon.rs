@@ -214,8 +214,11 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
 
     let (work_tx, work_rx) = sync_channel(WORK_QUEUE);
     let memory_names = MemoryNameCaches::default();
-    let (java_frames, java_reader) =
-        spawn_java_reader(memory_names.clone(), jvms.clone(), metrics.worker.clone())?;
+    let (java_frames, java_reader) = spawn_java_reader(
+        (memory_names.clone(), jvms.clone()),
+        work_tx.clone(),
+        metrics.worker.java_reader.clone(),
+    )?;
     let pods = match &config.kubernetes_node {
         Some(node) => start_pod_watch(node.clone()).await,
         None => None,

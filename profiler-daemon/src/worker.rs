@@ -36,6 +36,8 @@ pub enum Work {
     /// so that processes that exited during the interval are forgotten after all its profiles
     /// are built (an off-CPU wait is folded when it ends, often just before its process exits).
     Interval(Vec<IntervalStacks>),
+    /// The Java name reader met a JVM first: its agent's records are read from now on.
+    JavaProcessMet,
 }
 
 /// How often the agents' records are read while the interval runs. Reading them first when a
@@ -203,6 +205,7 @@ impl Worker {
     fn handle(&mut self, item: Work) {
         match item {
             Work::ProcessSeen(pid) => self.processes.observe(pid),
+            Work::JavaProcessMet => self.symbolizers.java.adopt_read_jvms(),
             Work::Interval(intervals) => {
                 let counters = self.counters.clone();
                 // Given back even if writing panics: the loop would put off intervals for good.

@@ -32,11 +32,8 @@ pub struct WorkerCounters {
     pub refused_names: Arc<crate::symbolize::name_guard::RefusedNames>,
     /// Panics caught in the symbolizer (each cost one work item; the symbolizers start over).
     pub panics: AtomicU64,
-    /// Panics caught in the Java name reader (each cost one batch of frames read ahead).
-    pub reader_panics: AtomicU64,
-    /// Java frames of new stacks whose method or code was already gone or reused when the
-    /// Java name reader read it: names perishing (class unloading), so the loop drains sooner.
-    pub java_prefetch_misses: AtomicU64,
+    /// The Java name reader's counts.
+    pub java_reader: Arc<crate::symbolize::java_reader::ReaderCounters>,
     /// Intervals handed to the worker and not written yet: the sampling loop puts off the next
     /// one while there is one (`daemon::sampling_loop`).
     pub intervals_pending: AtomicU64,
@@ -149,7 +146,7 @@ fn encode_names(out: &mut Families, worker: &WorkerCounters) -> fmt::Result {
         metric::JAVA_PREFETCH_MISSES,
         "Java frames of new stacks whose method or code was gone or reused by the time it was \
          read (class unloading); while they occur the ring is drained every 10 to 50 ms.",
-        load(&worker.java_prefetch_misses),
+        load(&worker.java_reader.misses),
     )?;
     out.counters(
         metric::JAVA_FRAMES_UNNAMED,

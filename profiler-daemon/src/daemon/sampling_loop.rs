@@ -250,7 +250,7 @@ impl SamplingLoop {
             };
             let records_before = self.stats.records;
             let found = self.drain();
-            let misses = worker.java_prefetch_misses.load(Ordering::Relaxed);
+            let misses = worker.java_reader.misses.load(Ordering::Relaxed);
             if misses != last_misses {
                 last_misses = misses;
                 missed_at = Some(tokio::time::Instant::now());

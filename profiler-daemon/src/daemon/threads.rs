@@ -22,7 +22,7 @@ use crate::metrics::families::{by, Families, MetricSource};
 use crate::native_unwind;
 use crate::sidecar::{Attacher, AttachesStarted};
 use crate::sink::Sink;
-use crate::symbolize::java_reader::{JavaFrameSeen, JavaReader, MemoryNameCaches};
+use crate::symbolize::java_reader::{JavaFrameSeen, JavaReader, MemoryNameCaches, ReaderCounters};
 use crate::worker::{Work, Worker};
 use crate::worker_metrics::WorkerCounters;
 
@@ -86,14 +86,20 @@ const JAVA_READER_QUEUE: usize = 1024;
 
 /// The Java name reader (`symbolize::java_reader`); it ends when the sender is dropped.
 pub(super) fn spawn_java_reader(
-    caches: MemoryNameCaches<ProcessMemory>,
-    jvms: JvmDirectory,
-    counters: Arc<WorkerCounters>,
+    (caches, jvms): (MemoryNameCaches<ProcessMemory>, JvmDirectory),
+    symbolizer: SyncSender<Work>,
+    counters: Arc<ReaderCounters>,
 ) -> Result<(SyncSender<Vec<JavaFrameSeen>>, std::thread::JoinHandle<()>), DaemonError> {
     let (frames, frames_rx) = sync_channel(JAVA_READER_QUEUE);
     let handle = std::thread::Builder::new()
         .name("java-reader".into())
-        .spawn(move || JavaReader::new(caches, jvms, counters).run(frames_rx))
+        .spawn(move || {
+            // A full queue: the symbolizer meets the JVM when it builds its profile.
+            let tell = Box::new(move || {
+                let _ = symbolizer.try_send(Work::JavaProcessMet);
+            });
+            JavaReader::new(caches, jvms, tell, counters).run(frames_rx)
+        })
         .map_err(|err| DaemonError::Worker(err.to_string()))?;
     Ok((frames, handle))
 }
@@ -158,7 +164,7 @@ impl MetricSource for ThreadPanics {
                     ("symbolizer", self.worker.panics.load(Ordering::Relaxed)),
                     (
                         "java_reader",
-                        self.worker.reader_panics.load(Ordering::Relaxed),
+                        self.worker.java_reader.panics.load(Ordering::Relaxed),
                     ),
                     ("jvm_tracker", tracker),
                 ],

@@ -71,9 +71,9 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
         self.memory.clone()
     }
 
-    /// True while it knows no JVM.
+    /// True while neither it nor the reader knows a JVM.
     pub fn is_empty(&self) -> bool {
-        self.jvms.is_empty()
+        self.jvms.is_empty() && self.memory.is_empty()
     }
 
     pub fn has(&self, pid: u32) -> bool {
@@ -82,18 +82,18 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
 
     pub fn add(&mut self, jvm: Arc<Jvm>, memory: M) {
         let pid = jvm.pid;
-        let memory = self.memory.of(jvm, || memory);
-        let sidecar = crate::sidecar::attach::Target::of(pid)
-            .ok()
-            .map(|target| SidecarIndex::new(target.pid, target.nspid, target.euid));
-        self.jvms.insert(
-            pid,
-            JvmSources {
-                memory,
-                sidecar,
-                sidecar_used: false,
-            },
-        );
+        let (memory, _) = self.memory.of(jvm, || memory);
+        self.jvms.insert(pid, JvmSources::new(pid, memory));
+    }
+
+    /// Takes in the JVMs the Java name reader met first (their frames come before their first
+    /// profile is built), so that their agents' records are read while the interval runs.
+    pub fn adopt_read_jvms(&mut self) {
+        for (jvm, memory) in self.memory.entries() {
+            self.jvms
+                .entry(jvm.pid)
+                .or_insert_with(|| JvmSources::new(jvm.pid, memory));
+        }
     }
 
     /// The Java thread names the sidecar agent reported in `pid`, if it has an agent; threads
@@ -191,6 +191,17 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
 }
 
 impl<M: RemoteMemory> JvmSources<M> {
+    fn new(pid: u32, memory: SharedMemoryNames<M>) -> Self {
+        let sidecar = crate::sidecar::attach::Target::of(pid)
+            .ok()
+            .map(|target| SidecarIndex::new(target.pid, target.nspid, target.euid));
+        Self {
+            memory,
+            sidecar,
+            sidecar_used: false,
+        }
+    }
+
     fn compiled(&mut self, frame: &UserFrame, top: bool) -> Named {
         let code = {
             let mut memory = self.memory.lock();

@@ -12,7 +12,7 @@
 //! lock, taken per frame on either side, so a read ahead waits at most for one frame's naming.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -23,7 +23,6 @@ use crate::hotspot::jvm_directory::JvmDirectory;
 use crate::hotspot::names::MemoryNames;
 use crate::hotspot::remote::{ProcessMemory, RemoteMemory};
 use crate::java_names::UnnamedReason;
-use crate::worker_metrics::WorkerCounters;
 
 /// A Java frame of a newly seen stack.
 #[derive(Clone, Copy)]
@@ -73,12 +72,12 @@ impl<M: RemoteMemory> MemoryNameCaches<M> {
     }
 
     /// The caches of `jvm`: the ones held for this same inspection of its process, else new
-    /// ones (a pid reused by another JVM gets caches of its own).
-    pub fn of(&self, jvm: Arc<Jvm>, memory: impl FnOnce() -> M) -> SharedMemoryNames<M> {
+    /// ones (a pid reused by another JVM gets caches of its own); true if they are new.
+    pub fn of(&self, jvm: Arc<Jvm>, memory: impl FnOnce() -> M) -> (SharedMemoryNames<M>, bool) {
         let mut map = self.map();
         if let Some((inspected, names)) = map.get(&jvm.pid) {
             if Arc::ptr_eq(inspected, &jvm) {
-                return names.clone();
+                return (names.clone(), false);
             }
         }
         let names = SharedMemoryNames(Arc::new(Mutex::new(MemoryNames::new(
@@ -86,7 +85,16 @@ impl<M: RemoteMemory> MemoryNameCaches<M> {
             memory(),
         ))));
         map.insert(jvm.pid, (jvm, names.clone()));
-        names
+        (names, true)
+    }
+
+    /// Every JVM's caches, with the inspection they were made for.
+    pub fn entries(&self) -> Vec<(Arc<Jvm>, SharedMemoryNames<M>)> {
+        self.map().values().cloned().collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map().is_empty()
     }
 
     pub fn remove(&self, pid: u32) {
@@ -123,24 +131,39 @@ pub fn read_ahead<M: RemoteMemory>(names: &mut MemoryNames<M>, frame: &UserFrame
     )
 }
 
+/// What the reader counts (shared with the sampling loop and the metrics endpoint).
+#[derive(Debug, Default)]
+pub struct ReaderCounters {
+    /// Frames whose method or code was already gone or reused when read: names perishing
+    /// (class unloading), so the sampling loop drains sooner.
+    pub misses: AtomicU64,
+    /// Panics caught (each cost one batch of frames).
+    pub panics: AtomicU64,
+}
+
 /// The reader thread's state.
 pub struct JavaReader {
     caches: MemoryNameCaches<ProcessMemory>,
     /// Where a JVM met first by its frames is found (the tracker inspected it before pushing
     /// the layout its frames were unwound with).
     jvms: JvmDirectory,
-    counters: Arc<WorkerCounters>,
+    /// Called for each JVM met first here: the symbolizer is told, to read its agent's records
+    /// while the interval runs (it would otherwise sleep until the interval's end).
+    on_new_jvm: Box<dyn Fn() + Send>,
+    counters: Arc<ReaderCounters>,
 }
 
 impl JavaReader {
     pub fn new(
         caches: MemoryNameCaches<ProcessMemory>,
         jvms: JvmDirectory,
-        counters: Arc<WorkerCounters>,
+        on_new_jvm: Box<dyn Fn() + Send>,
+        counters: Arc<ReaderCounters>,
     ) -> Self {
         Self {
             caches,
             jvms,
+            on_new_jvm,
             counters,
         }
     }
@@ -154,7 +177,7 @@ impl JavaReader {
                 self.read(frames);
             }));
             if read.is_err() {
-                self.counters.reader_panics.fetch_add(1, Ordering::Relaxed);
+                self.counters.panics.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(
                     "the Java name reader panicked (a bug; please report it with the log above): \
                      that batch of frames is named when its profile is built"
@@ -170,10 +193,13 @@ impl JavaReader {
         let mut jvm: Option<(u32, Option<SharedMemoryNames<ProcessMemory>>)> = None;
         for JavaFrameSeen { pid, frame } in frames {
             if jvm.as_ref().is_none_or(|(known, _)| *known != pid) {
-                let names = self
-                    .jvms
-                    .get(pid)
-                    .map(|inspected| self.caches.of(inspected, || ProcessMemory::new(pid)));
+                let names = self.jvms.get(pid).map(|inspected| {
+                    let (names, new) = self.caches.of(inspected, || ProcessMemory::new(pid));
+                    if new {
+                        (self.on_new_jvm)();
+                    }
+                    names
+                });
                 jvm = Some((pid, names));
             }
             let Some((_, Some(names))) = &jvm else {
@@ -181,9 +207,7 @@ impl JavaReader {
             };
             // One frame per lock: the symbolizer names from the same caches meanwhile.
             if !read_ahead(&mut names.lock(), &frame) {
-                self.counters
-                    .java_prefetch_misses
-                    .fetch_add(1, Ordering::Relaxed);
+                self.counters.misses.fetch_add(1, Ordering::Relaxed);
             }
         }
     }

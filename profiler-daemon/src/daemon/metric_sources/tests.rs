@@ -131,7 +131,7 @@ fn worker_counters(v: &mut Values, w: &WorkerCounters) {
         &w.symbol_cache.charged_bytes,
         &w.symbol_cache.evictions,
         &w.panics,
-        &w.java_prefetch_misses,
+        &w.java_reader.misses,
         &w.intervals_pending,
         &w.alloc_profiles_scaled,
         &w.alloc_profiles_not_scaled,
@@ -154,7 +154,7 @@ fn worker_counters(v: &mut Values, w: &WorkerCounters) {
             w.refused_names.add(*refusal);
         }
     }
-    v.store(&w.reader_panics);
+    v.store(&w.java_reader.panics);
 }
 
 fn export_counters(v: &mut Values, e: &ExportCounters) {
