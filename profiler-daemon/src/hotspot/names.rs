@@ -17,6 +17,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use profiler_common::{FrameKind, UserFrame};
+
 use super::code_proof::{nmethod_alive, read_blob_name, stub_alive, BlobHeader};
 use super::jvm::Jvm;
 use super::layout::{Constant, Field, TypeSize};
@@ -173,6 +175,18 @@ impl<M: RemoteMemory> MemoryNames<M> {
         self.jvm.pid
     }
 
+    /// Forgets a failed read of `frame`'s method, code or class name (a success stands), so
+    /// that the next ask reads memory again.
+    pub fn forget_failure(&mut self, frame: &UserFrame) {
+        let key = (frame.addr, frame.cookie);
+        match frame.kind() {
+            Some(FrameKind::Interpreted) => forget_failure(&mut self.methods, key),
+            Some(FrameKind::Compiled) => forget_failure(&mut self.blobs, key),
+            Some(FrameKind::AllocatedClass) => forget_failure(&mut self.classes, key),
+            Some(FrameKind::Native) | None => {}
+        }
+    }
+
     /// Starts the caches over once either holds too many entries.
     pub fn bound_caches(&mut self) {
         if self.methods.len() > MAX_CACHED
@@ -271,6 +285,12 @@ impl<M: RemoteMemory> MemoryNames<M> {
 }
 
 /// The (Method*, bci) chain at a pc offset, innermost first.
+fn forget_failure<T>(cache: &mut HashMap<(u64, u32), Cached<T>>, key: (u64, u32)) {
+    if cache.get(&key).is_some_and(|cached| cached.value.is_err()) {
+        cache.remove(&key);
+    }
+}
+
 fn scope_chain(
     pcs: &[(i32, i32)],
     scopes: &[u8],

@@ -373,4 +373,16 @@ fn frames_read_ahead_are_named_after_their_memory_is_gone() {
         vec![UnnamedReason::Unreadable],
         "nothing read ahead for this one"
     );
+
+    // The memory holds the frame's code again (a class loaded anew at the same address): the
+    // failure stands until the reader forgets it to read again.
+    gone.store(false, std::sync::atomic::Ordering::Relaxed);
+    let (again, new) = caches.of(daemon_jvm(&fake, layout, false), memory);
+    assert!(new);
+    gone.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(!read_ahead(&mut again.lock(), &frame), "too late");
+    gone.store(false, std::sync::atomic::Ordering::Relaxed);
+    assert!(!read_ahead(&mut again.lock(), &frame), "the failure stands");
+    again.lock().forget_failure(&frame);
+    assert!(read_ahead(&mut again.lock(), &frame), "read again");
 }

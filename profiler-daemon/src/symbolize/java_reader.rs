@@ -8,13 +8,21 @@
 //! sampled meanwhile was gone when its turn came (up to 5% of a churning JVM's samples named
 //! unknown). Here nothing but reads waits in front of them.
 //!
+//! A frame read too late (its class already unloaded) is read again every [`RETRY_EVERY`] for
+//! [`RETRY_FOR`]: under class churn the same class is soon loaded again with its method at the
+//! same address and the same cookie, and the samples of every such generation share one stack
+//! (same `Method*`, same cookie), named once when the profile is built. Without the retries
+//! that name came from a single read at that moment, and a whole stack of 40-60 samples went
+//! unnamed whenever no generation was alive then.
+//!
 //! [`MemoryNameCaches`] is what both threads share: each JVM's [`MemoryNames`] behind its own
 //! lock, taken per frame on either side, so a read ahead waits at most for one frame's naming.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use profiler_common::{FrameKind, UserFrame};
 
@@ -23,6 +31,13 @@ use crate::hotspot::jvm_directory::JvmDirectory;
 use crate::hotspot::names::MemoryNames;
 use crate::hotspot::remote::{ProcessMemory, RemoteMemory};
 use crate::java_names::UnnamedReason;
+
+/// How often frames whose read came too late are read again.
+const RETRY_EVERY: Duration = Duration::from_millis(25);
+/// For how long: past the end of the interval they were sampled in, most often.
+const RETRY_FOR: Duration = Duration::from_secs(5);
+/// Most frames read again at once: each costs a read that fails, at most a few system calls.
+const MAX_RETRIED: usize = 256;
 
 /// A Java frame of a newly seen stack.
 #[derive(Clone, Copy)]
@@ -141,6 +156,13 @@ pub struct ReaderCounters {
     pub panics: AtomicU64,
 }
 
+/// A frame whose read came too late, to be read again.
+struct Missed {
+    names: SharedMemoryNames<ProcessMemory>,
+    frame: UserFrame,
+    since: Instant,
+}
+
 /// The reader thread's state.
 pub struct JavaReader {
     caches: MemoryNameCaches<ProcessMemory>,
@@ -168,13 +190,33 @@ impl JavaReader {
         }
     }
 
-    /// Reads each batch of frames as it comes, until the sending side is dropped.
+    /// Reads each batch of frames as it comes, and the frames read too late again, until the
+    /// sending side is dropped.
     pub fn run(self, batches: Receiver<Vec<JavaFrameSeen>>) {
-        for frames in batches {
+        let mut missed = Vec::new();
+        let mut retried = Instant::now();
+        loop {
+            // No timer while nothing is to be read again.
+            let batch = if missed.is_empty() {
+                batches.recv().map_err(|_| RecvTimeoutError::Disconnected)
+            } else {
+                batches.recv_timeout(RETRY_EVERY)
+            };
+            let batch = match batch {
+                Ok(frames) => Some(frames),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
             // Reads of what profiled processes wrote: a bug that input trips costs this
             // batch, not the thread.
             let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.read(frames);
+                if let Some(frames) = batch {
+                    self.read(frames, &mut missed);
+                }
+                if retried.elapsed() >= RETRY_EVERY {
+                    retried = Instant::now();
+                    self.read_again(&mut missed);
+                }
             }));
             if read.is_err() {
                 self.counters.panics.fetch_add(1, Ordering::Relaxed);
@@ -186,7 +228,7 @@ impl JavaReader {
         }
     }
 
-    fn read(&self, mut frames: Vec<JavaFrameSeen>) {
+    fn read(&self, mut frames: Vec<JavaFrameSeen>, missed: &mut Vec<Missed>) {
         // New stacks share most of their frames.
         frames.sort_unstable_by_key(|seen| (seen.pid, seen.frame.addr, seen.frame.cookie));
         frames.dedup_by_key(|seen| (seen.pid, seen.frame.addr, seen.frame.cookie));
@@ -208,7 +250,23 @@ impl JavaReader {
             // One frame per lock: the symbolizer names from the same caches meanwhile.
             if !read_ahead(&mut names.lock(), &frame) {
                 self.counters.misses.fetch_add(1, Ordering::Relaxed);
+                if missed.len() < MAX_RETRIED {
+                    missed.push(Missed {
+                        names: names.clone(),
+                        frame,
+                        since: Instant::now(),
+                    });
+                }
             }
         }
+    }
+
+    /// Reads the missed frames again, keeping those that still miss for [`RETRY_FOR`].
+    fn read_again(&self, missed: &mut Vec<Missed>) {
+        missed.retain(|entry| {
+            let mut names = entry.names.lock();
+            names.forget_failure(&entry.frame);
+            !read_ahead(&mut names, &entry.frame) && entry.since.elapsed() < RETRY_FOR
+        });
     }
 }
