@@ -43,5 +43,6 @@ pub mod vmstructs;
 
 #[cfg(test)]
 mod contract_tests;
+/// Its fake JVM with a stub is the Java name reader's test fixture too.
 #[cfg(test)]
-mod naming_tests;
+pub(crate) mod naming_tests;

@@ -1,8 +1,7 @@
 //! Naming from memory that changed since the sample, on the walker's synthetic JVM
 //! (`profiler_unwind::fakes`, described to the daemon by `contract_tests`' VMStructs): a stub
 //! blob freed or reused, a blob name pointer into unmapped memory, names that are garbage, and
-//! `Symbol`s whose length and bytes are garbage each give their reason, never a name; and what
-//! the Java name reader read ahead stays nameable once the memory is gone.
+//! `Symbol`s whose length and bytes are garbage each give their reason, never a name.
 
 use std::sync::Arc;
 
@@ -38,7 +37,7 @@ impl RemoteMemory for Lent<'_> {
 }
 
 /// The daemon's view of `fake`, with blob names (and, with `kind`, blob kinds) in VMStructs.
-fn daemon_jvm(fake: &FakeJvm, layout: Layout, kind: bool) -> Arc<Jvm> {
+pub(crate) fn daemon_jvm(fake: &FakeJvm, layout: Layout, kind: bool) -> Arc<Jvm> {
     let mut tables = vmstructs_of(&fake.hs, layout);
     tables
         .fields
@@ -62,7 +61,7 @@ fn daemon_jvm(fake: &FakeJvm, layout: Layout, kind: bool) -> Arc<Jvm> {
 
 /// A fake JVM with one stub named `name` (its bytes as they are, NUL after), its cookie as BPF
 /// records it (the compile id word: 0 in a stub).
-fn with_stub(layout: Layout, name: &[u8]) -> (FakeJvm, profiler_unwind::fakes::Blob) {
+pub(crate) fn with_stub(layout: Layout, name: &[u8]) -> (FakeJvm, profiler_unwind::fakes::Blob) {
     let mut fake = FakeJvm::new(layout);
     // A page, as in a process: names are read in chunks up to the page's end.
     let mut bytes = name.to_vec();
@@ -305,84 +304,4 @@ fn a_symbol_that_is_not_the_expected_one_is_reused() {
         .as_deref(),
         Ok("NameChurn$G0042Outer")
     );
-}
-
-/// The fake's memory until the test says it is gone (an unloaded class's metaspace, uncommitted:
-/// every read fails).
-struct UntilGone<'a> {
-    memory: &'a FakeMemory,
-    gone: &'a std::sync::atomic::AtomicBool,
-}
-
-impl RemoteMemory for UntilGone<'_> {
-    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), ReadError> {
-        if self.gone.load(std::sync::atomic::Ordering::Relaxed) {
-            // EFAULT, as process_vm_readv says.
-            return Err(ReadError::Failed {
-                addr,
-                len: buf.len(),
-                errno: 14,
-            });
-        }
-        self.memory.read(addr, buf)
-    }
-}
-
-/// What the Java name reader reads ahead, the symbolizer names from once the memory is gone; a
-/// new inspection of the same pid (another process) starts from empty caches.
-#[test]
-fn frames_read_ahead_are_named_after_their_memory_is_gone() {
-    use crate::symbolize::java::JavaSymbolizer;
-    use crate::symbolize::java_reader::{read_ahead, MemoryNameCaches};
-
-    let layout = Layout::Pointers;
-    let (fake, stub) = with_stub(layout, b"vtable chunks");
-    let jvm = daemon_jvm(&fake, layout, false);
-    let gone = std::sync::atomic::AtomicBool::new(false);
-    let memory = || UntilGone {
-        memory: &fake.memory,
-        gone: &gone,
-    };
-    let frame = stub.frame(0x10);
-    let caches = MemoryNameCaches::default();
-    let (ahead, new) = caches.of(jvm.clone(), memory);
-    assert!(new, "the first inspection of a pid gets caches of its own");
-    assert!(read_ahead(&mut ahead.lock(), &frame), "read while alive");
-    gone.store(true, std::sync::atomic::Ordering::Relaxed);
-
-    let name_of = |symbolizer: &mut JavaSymbolizer<UntilGone>| {
-        let named = symbolizer.resolve(jvm.pid, &frame, false);
-        (named.frame.lines[0].function.clone(), named.unnamed)
-    };
-    let mut symbolizer = JavaSymbolizer::default();
-    symbolizer.share_memory_names(caches.clone());
-    symbolizer.add(jvm.clone(), memory());
-    assert_eq!(
-        name_of(&mut symbolizer),
-        ("[vtable chunks]".to_owned(), vec![])
-    );
-
-    // Another process under the same pid: its own caches, which read nothing now.
-    let other = daemon_jvm(&fake, layout, false);
-    assert!(caches.of(other.clone(), memory).1, "new caches");
-    let mut symbolizer = JavaSymbolizer::default();
-    symbolizer.share_memory_names(caches.clone());
-    symbolizer.add(other, memory());
-    assert_eq!(
-        name_of(&mut symbolizer).1,
-        vec![UnnamedReason::Unreadable],
-        "nothing read ahead for this one"
-    );
-
-    // The memory holds the frame's code again (a class loaded anew at the same address): the
-    // failure stands until the reader forgets it to read again.
-    gone.store(false, std::sync::atomic::Ordering::Relaxed);
-    let (again, new) = caches.of(daemon_jvm(&fake, layout, false), memory);
-    assert!(new);
-    gone.store(true, std::sync::atomic::Ordering::Relaxed);
-    assert!(!read_ahead(&mut again.lock(), &frame), "too late");
-    gone.store(false, std::sync::atomic::Ordering::Relaxed);
-    assert!(!read_ahead(&mut again.lock(), &frame), "the failure stands");
-    again.lock().forget_failure(&frame);
-    assert!(read_ahead(&mut again.lock(), &frame), "read again");
 }

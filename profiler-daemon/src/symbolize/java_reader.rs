@@ -270,3 +270,92 @@ impl JavaReader {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use profiler_unwind::fakes::{FakeMemory, Layout};
+
+    use super::*;
+    use crate::hotspot::naming_tests::{daemon_jvm, with_stub};
+    use crate::hotspot::remote::ReadError;
+    use crate::symbolize::java::JavaSymbolizer;
+
+    /// The fake's memory until the test says it is gone (an unloaded class's metaspace,
+    /// uncommitted: every read fails).
+    struct UntilGone<'a> {
+        memory: &'a FakeMemory,
+        gone: &'a AtomicBool,
+    }
+
+    impl RemoteMemory for UntilGone<'_> {
+        fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), ReadError> {
+            if self.gone.load(Ordering::Relaxed) {
+                // EFAULT, as process_vm_readv says.
+                return Err(ReadError::Failed {
+                    addr,
+                    len: buf.len(),
+                    errno: 14,
+                });
+            }
+            self.memory.read(addr, buf)
+        }
+    }
+
+    /// What the Java name reader reads ahead, the symbolizer names from once the memory is
+    /// gone; a new inspection of the same pid (another process) starts from empty caches.
+    #[test]
+    fn frames_read_ahead_are_named_after_their_memory_is_gone() {
+        let layout = Layout::Pointers;
+        let (fake, stub) = with_stub(layout, b"vtable chunks");
+        let jvm = daemon_jvm(&fake, layout, false);
+        let gone = AtomicBool::new(false);
+        let memory = || UntilGone {
+            memory: &fake.memory,
+            gone: &gone,
+        };
+        let frame = stub.frame(0x10);
+        let caches = MemoryNameCaches::default();
+        let (ahead, new) = caches.of(jvm.clone(), memory);
+        assert!(new, "the first inspection of a pid gets caches of its own");
+        assert!(read_ahead(&mut ahead.lock(), &frame), "read while alive");
+        gone.store(true, Ordering::Relaxed);
+
+        let name_of = |symbolizer: &mut JavaSymbolizer<UntilGone>| {
+            let named = symbolizer.resolve(jvm.pid, &frame, false);
+            (named.frame.lines[0].function.clone(), named.unnamed)
+        };
+        let mut symbolizer = JavaSymbolizer::default();
+        symbolizer.share_memory_names(caches.clone());
+        symbolizer.add(jvm.clone(), memory());
+        assert_eq!(
+            name_of(&mut symbolizer),
+            ("[vtable chunks]".to_owned(), vec![])
+        );
+
+        // Another process under the same pid: its own caches, which read nothing now.
+        let other = daemon_jvm(&fake, layout, false);
+        assert!(caches.of(other.clone(), memory).1, "new caches");
+        let mut symbolizer = JavaSymbolizer::default();
+        symbolizer.share_memory_names(caches.clone());
+        symbolizer.add(other, memory());
+        assert_eq!(
+            name_of(&mut symbolizer).1,
+            vec![UnnamedReason::Unreadable],
+            "nothing read ahead for this one"
+        );
+
+        // The memory holds the frame's code again (a class loaded anew at the same address): the
+        // failure stands until the reader forgets it to read again.
+        gone.store(false, Ordering::Relaxed);
+        let (again, new) = caches.of(daemon_jvm(&fake, layout, false), memory);
+        assert!(new);
+        gone.store(true, Ordering::Relaxed);
+        assert!(!read_ahead(&mut again.lock(), &frame), "too late");
+        gone.store(false, Ordering::Relaxed);
+        assert!(!read_ahead(&mut again.lock(), &frame), "the failure stands");
+        again.lock().forget_failure(&frame);
+        assert!(read_ahead(&mut again.lock(), &frame), "read again");
+    }
+}
