@@ -8,12 +8,15 @@
 //! sampled meanwhile was gone when its turn came (up to 5% of a churning JVM's samples named
 //! unknown). Here nothing but reads waits in front of them.
 //!
-//! A frame read too late (its class already unloaded) is read again every [`RETRY_EVERY`] for
-//! [`RETRY_FOR`]: under class churn the same class is soon loaded again with its method at the
-//! same address and the same cookie, and the samples of every such generation share one stack
-//! (same `Method*`, same cookie), named once when the profile is built. Without the retries
-//! that name came from a single read at that moment, and a whole stack of 40-60 samples went
-//! unnamed whenever no generation was alive then.
+//! An interpreted frame (or allocated class) read too late, its class already unloaded, is read
+//! again every [`RETRY_EVERY`] for [`RETRY_FOR`]: under class churn the same class is soon
+//! loaded again with its method at the same address and the same cookie, and the samples of
+//! every such generation share one stack (same `Method*`, same cookie), named once when the
+//! profile is built. Without the retries that name came from a single read at that moment, and
+//! a whole stack of 40-60 samples went unnamed whenever no generation was alive then. A compiled
+//! frame is never read again: no later nmethod has its compile id, so a second read can only
+//! find it deader, and reading a dying nmethod over and over is how a name of the class that
+//! took its methods' memory could slip through (once seen, JDK 26, while retries included them).
 //!
 //! [`MemoryNameCaches`] is what both threads share: each JVM's [`MemoryNames`] behind its own
 //! lock, taken per frame on either side, so a read ahead waits at most for one frame's naming.
@@ -250,7 +253,11 @@ impl JavaReader {
             // One frame per lock: the symbolizer names from the same caches meanwhile.
             if !read_ahead(&mut names.lock(), &frame) {
                 self.counters.misses.fetch_add(1, Ordering::Relaxed);
-                if missed.len() < MAX_RETRIED {
+                let another_may_come = matches!(
+                    frame.kind(),
+                    Some(FrameKind::Interpreted | FrameKind::AllocatedClass)
+                );
+                if another_may_come && missed.len() < MAX_RETRIED {
                     missed.push(Missed {
                         names: names.clone(),
                         frame,
