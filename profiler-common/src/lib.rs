@@ -7,6 +7,7 @@
 
 pub mod budget;
 pub mod cfi;
+pub mod kernel_names;
 mod labelled_enum;
 pub mod metric;
 
@@ -959,6 +960,9 @@ mod user {
     unsafe impl aya::Pod for super::cfi::CfiBlock {}
     // SAFETY: plain old data without padding.
     unsafe impl aya::Pod for super::budget::EmitBudget {}
+    // SAFETY: arrays of integers.
+    unsafe impl aya::Pod for super::kernel_names::KernelNameQuery {}
+    unsafe impl aya::Pod for super::kernel_names::KernelNameAnswer {}
 }
 
 #[cfg(test)]

@@ -236,6 +236,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
             attaches,
             pods,
             exit_counts,
+            kernel_names: sampler.take_kernel_names(),
         },
         work_rx,
     )?;

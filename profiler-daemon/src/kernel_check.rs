@@ -110,11 +110,15 @@ pub fn check(whole_logs: bool) -> CheckReport {
     match check_programs(object, whole_logs) {
         Ok(programs) => {
             for program in programs {
-                match program.refused {
-                    None => {
+                match (program.refused, program.instead) {
+                    (None, _) => {
                         let _ = writeln!(text, "  ok       {}", program.name);
                     }
-                    Some(why) => {
+                    (Some(why), Some(instead)) => {
+                        let why = why.lines().next().unwrap_or_default();
+                        let _ = writeln!(text, "  without  {}: {instead} ({why})", program.name);
+                    }
+                    (Some(why), None) => {
                         all_loaded = false;
                         let _ = writeln!(text, "  REFUSED  {}: {why}", program.name);
                     }

@@ -51,6 +51,9 @@ pub enum Feature {
     /// Hash maps without preallocation in perf-event programs (6.1): map memory that follows
     /// what is in the maps.
     PerfEventNoPrealloc,
+    /// `bpf_snprintf` (5.13): kernel frames named by the kernel's own symbol lookup
+    /// (`sampler::kernel_names`).
+    Snprintf,
     /// `bpf_loop` (5.17): not used (the walk loops over a global function), reported for
     /// those comparing with other profilers.
     BpfLoop,
@@ -65,6 +68,7 @@ impl Feature {
             Self::CurrentTaskBtf => "get_current_task_btf",
             Self::TaskPtRegs => "task_pt_regs",
             Self::PerfEventNoPrealloc => "perf_event_no_prealloc",
+            Self::Snprintf => "snprintf",
             Self::BpfLoop => "bpf_loop",
         }
     }
@@ -77,6 +81,7 @@ impl Feature {
             Self::TaskStorage => "compat object: off-CPU state in a preallocated hash by tid",
             Self::CurrentTaskBtf | Self::TaskPtRegs => "compat object: user registers found from task_struct::stack (BTF offset)",
             Self::PerfEventNoPrealloc => "compat object: preallocated maps, sized small (memory taken at start)",
+            Self::Snprintf => "kernel frames are named from /proc/kallsyms, read once (the kernel takes about 60 ms to write it; the daemon keeps it, a few MB)",
             Self::BpfLoop => "none (not used)",
         }
     }
@@ -108,6 +113,7 @@ impl KernelFeatures {
                 Feature::PerfEventNoPrealloc,
                 perf_event_takes_unpreallocated_hash(),
             ),
+            (Feature::Snprintf, helper_known(HELPER_SNPRINTF)),
             (Feature::BpfLoop, helper_known(HELPER_LOOP)),
         ];
         Self {
@@ -246,6 +252,7 @@ impl crate::metrics::families::MetricSource for FeatureMetrics {
 // Helper numbers (uapi `enum bpf_func_id`).
 const HELPER_GET_CURRENT_TASK_BTF: i32 = 158;
 const HELPER_TASK_PT_REGS: i32 = 175;
+const HELPER_SNPRINTF: i32 = 165;
 const HELPER_LOOP: i32 = 181;
 
 // bpf(2) commands, program and map types, flags (uapi `linux/bpf.h`).

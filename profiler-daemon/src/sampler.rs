@@ -1,6 +1,7 @@
 //! Loads the eBPF sampling program, attaches it to a CPU-clock perf event on every online CPU,
 //! and hands out what it records: sample records from the ring buffer and its counters.
 
+pub mod kernel_names;
 pub mod metrics;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
@@ -19,6 +20,7 @@ use crate::hotspot::tracker::BpfMaps;
 use crate::kernel_btf::KernelBtf;
 use crate::kernel_features::BpfObject;
 use crate::native_unwind::loader::BpfTableMaps;
+use kernel_names::KernelNameProgram;
 
 /// The objects built from `profiler-ebpf` by build.rs: the default one and the compat one (see
 /// `kernel_features`).
@@ -91,6 +93,11 @@ pub enum SamplerError {
     Map {
         name: &'static str,
         source: aya::maps::MapError,
+    },
+    #[error("BPF program `{name}`: duplicating its descriptor: {source}")]
+    Descriptor {
+        name: &'static str,
+        source: std::io::Error,
     },
     #[error("BPF map `{0}` is missing from the object")]
     MissingMap(&'static str),
@@ -165,6 +172,8 @@ pub struct Sampler {
     alloc: bool,
     /// Whether the virtual threads' programs are loaded.
     virtual_thread_waits: bool,
+    /// The kernel's own symbol lookup, where the kernel lets the program load (5.13+).
+    kernel_names: Option<KernelNameProgram>,
 }
 
 /// What the object is loaded with: its globals and map sizes.
@@ -323,6 +332,8 @@ pub struct ProgramCheck {
     pub name: String,
     /// Why it was refused: the error and the verifier's last lines.
     pub refused: Option<String>,
+    /// Refused, and the daemon does without it this way: not a failure.
+    pub instead: Option<&'static str>,
 }
 
 /// Loads `object` and each of its programs without attaching any, as `run` would with every
@@ -331,7 +342,56 @@ pub fn check_programs(
     object: BpfObject,
     whole_logs: bool,
 ) -> Result<Vec<ProgramCheck>, SamplerError> {
-    let mut ebpf = load_object(
+    let mut ebpf = load_for_check(object)?;
+    let btf = Btf::from_sys_fs().ok();
+    let mut checks = Vec::new();
+    for (name, program) in ebpf.programs_mut() {
+        let tracepoint = OFF_CPU_PROGRAMS
+            .iter()
+            .find(|(program, _)| *program == name)
+            .map(|(_, tracepoint)| *tracepoint);
+        let result = match program {
+            aya::programs::Program::PerfEvent(p) => p.load(),
+            aya::programs::Program::RawTracePoint(p) => p.load(),
+            aya::programs::Program::UProbe(p) => p.load(),
+            aya::programs::Program::BtfTracePoint(p) => match (&btf, tracepoint) {
+                (Some(btf), Some(tracepoint)) => p.load(tracepoint, btf),
+                _ => {
+                    checks.push(ProgramCheck {
+                        name: name.to_owned(),
+                        refused: Some("no kernel BTF (/sys/kernel/btf/vmlinux)".to_owned()),
+                        instead: None,
+                    });
+                    continue;
+                }
+            },
+            _ => continue,
+        };
+        let refused = result.err().map(|err| {
+            let text = err.to_string();
+            if whole_logs {
+                text
+            } else {
+                verifier_tail(&text)
+            }
+        });
+        // The kernel's symbol lookup is optional: before 5.13 (no `bpf_snprintf`) the daemon
+        // reads /proc/kallsyms.
+        let instead = (name == kernel_names::PROGRAM && refused.is_some())
+            .then_some("kernel frames are named from /proc/kallsyms");
+        checks.push(ProgramCheck {
+            name: name.to_owned(),
+            refused,
+            instead,
+        });
+    }
+    checks.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(checks)
+}
+
+/// `object`'s maps, created as `run` would with every profile kind on (no program loaded).
+fn load_for_check(object: BpfObject) -> Result<Ebpf, SamplerError> {
+    load_object(
         object,
         &ObjectSettings {
             filter: 0,
@@ -357,44 +417,12 @@ pub fn check_programs(
             alloc_threads: 16,
             run_queue: RunQueueOffsets::of_running_kernel(),
         },
-    )?;
-    let btf = Btf::from_sys_fs().ok();
-    let mut checks = Vec::new();
-    for (name, program) in ebpf.programs_mut() {
-        let tracepoint = OFF_CPU_PROGRAMS
-            .iter()
-            .find(|(program, _)| *program == name)
-            .map(|(_, tracepoint)| *tracepoint);
-        let result = match program {
-            aya::programs::Program::PerfEvent(p) => p.load(),
-            aya::programs::Program::RawTracePoint(p) => p.load(),
-            aya::programs::Program::UProbe(p) => p.load(),
-            aya::programs::Program::BtfTracePoint(p) => match (&btf, tracepoint) {
-                (Some(btf), Some(tracepoint)) => p.load(tracepoint, btf),
-                _ => {
-                    checks.push(ProgramCheck {
-                        name: name.to_owned(),
-                        refused: Some("no kernel BTF (/sys/kernel/btf/vmlinux)".to_owned()),
-                    });
-                    continue;
-                }
-            },
-            _ => continue,
-        };
-        checks.push(ProgramCheck {
-            name: name.to_owned(),
-            refused: result.err().map(|err| {
-                let text = err.to_string();
-                if whole_logs {
-                    text
-                } else {
-                    verifier_tail(&text)
-                }
-            }),
-        });
-    }
-    checks.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(checks)
+    )
+}
+
+/// An error's first line (a verifier log follows it).
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or_default()
 }
 
 /// An error with the verifier's log cut to its first line and its last 25: where it stopped and
@@ -601,6 +629,18 @@ impl Sampler {
             None => None,
         };
 
+        // Without it, kernel frames are named from /proc/kallsyms.
+        let kernel_names = match KernelNameProgram::load(&mut ebpf) {
+            Ok(program) => Some(program),
+            Err(err) => {
+                tracing::info!(
+                    err = first_line(&err.to_string()),
+                    "kernel frames are named from /proc/kallsyms (the kernel_names program needs \
+                     bpf_snprintf, Linux 5.13)"
+                );
+                None
+            }
+        };
         let ring = take_map(&mut ebpf, "SAMPLES")?;
         let counters = take_map(&mut ebpf, "COUNTERS")?;
         Ok(Self {
@@ -612,7 +652,13 @@ impl Sampler {
             cpus: cpus.len(),
             alloc: alloc.is_some(),
             virtual_thread_waits,
+            kernel_names,
         })
+    }
+
+    /// The kernel's own symbol lookup, if it loaded (can be taken once).
+    pub fn take_kernel_names(&mut self) -> Option<KernelNameProgram> {
+        self.kernel_names.take()
     }
 
     /// Handles of the loaded hook programs, for whoever attaches them to libjvm files (the JVM

@@ -118,6 +118,15 @@ impl Worker {
         self
     }
 
+    /// Names kernel frames with the kernel's own lookup, where its program loaded.
+    pub fn with_kernel_names(
+        mut self,
+        program: Option<crate::sampler::kernel_names::KernelNameProgram>,
+    ) -> Self {
+        self.symbolizers.kernel = crate::symbolize::kernel::KernelSymbolizer::with_program(program);
+        self
+    }
+
     /// Bounds the symbolization caches to about `limit_bytes` (published in the counters).
     pub fn with_cache_budget(mut self, limit_bytes: u64) -> Self {
         self.cache_budget = Some(limit_bytes);
@@ -233,6 +242,9 @@ impl Worker {
         // The directory is shared with the tracker, the Java name caches with the reader: the
         // fresh symbolizers keep using them (each cache entry is whole or absent).
         symbolizers.jvms = self.symbolizers.jvms.clone();
+        symbolizers.kernel = crate::symbolize::kernel::KernelSymbolizer::with_program(
+            self.symbolizers.kernel.take_program(),
+        );
         symbolizers
             .java
             .share_memory_names(self.symbolizers.java.memory_names());

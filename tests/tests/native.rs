@@ -343,6 +343,7 @@ fn metrics_endpoint_reports_what_the_sampler_counted() {
     for (feature, mode) in [
         ("object", "default"),
         ("task_storage", "present"),
+        ("snprintf", "present"),
         ("bpf_loop", "present"),
     ] {
         let line = format!(

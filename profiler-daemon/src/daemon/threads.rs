@@ -20,6 +20,7 @@ use crate::hotspot::tracker::{self, JvmTracker, TrackerCounts};
 use crate::kubernetes::SharedPodIndex;
 use crate::metrics::families::{by, Families, MetricSource};
 use crate::native_unwind;
+use crate::sampler::kernel_names::KernelNameProgram;
 use crate::sidecar::{Attacher, AttachesStarted};
 use crate::sink::Sink;
 use crate::symbolize::java_reader::{JavaFrameSeen, JavaReader, MemoryNameCaches, ReaderCounters};
@@ -40,6 +41,8 @@ pub(super) struct SharedWithWorker {
     pub(super) pods: Option<SharedPodIndex>,
     /// The ended threads' allocations of JVMs before JDK 14, with `--alloc`.
     pub(super) exit_counts: Option<ExitCounts>,
+    /// The kernel's own symbol lookup, where its program loaded.
+    pub(super) kernel_names: Option<KernelNameProgram>,
 }
 
 /// The symbolizer thread (`worker.rs`), on a thread of its own (blazesym's symbolizer is not
@@ -76,6 +79,7 @@ pub(super) fn spawn_worker(
                 .with_extra_labels(extra_labels)
                 .with_alloc_interval(alloc_interval)
                 .with_exit_counts(shared.exit_counts)
+                .with_kernel_names(shared.kernel_names)
                 .run(work)
         })
         .map_err(|err| DaemonError::Worker(err.to_string()))

@@ -1,4 +1,5 @@
-//! Kernel addresses to function names, from /proc/kallsyms (through blazesym).
+//! Kernel addresses to function names: asked of the kernel itself where it lets us
+//! ([`KernelNameProgram`], Linux 5.13+), else from /proc/kallsyms (through blazesym), read once.
 
 use std::sync::Arc;
 
@@ -7,12 +8,17 @@ use blazesym::MaybeDefault;
 use hashbrown::HashMap;
 
 use super::{from_blazesym, ResolvedFrame};
+use crate::sampler::kernel_names::KernelNameProgram;
 
 /// Past this many cached addresses (or functions) the caches start over: about 3 MB of
 /// addresses, and a whole-host run meets far fewer distinct kernel return addresses.
 const MAX_CACHED: usize = 100_000;
 
 pub struct KernelSymbolizer {
+    /// The kernel's own symbol lookup, where it loaded: only the addresses met are named, and
+    /// the symbol table stays in the kernel.
+    program: Option<KernelNameProgram>,
+    /// Over /proc/kallsyms, which it reads at its first use (only without `program`).
     symbolizer: Symbolizer,
     /// Address -> its function's frame.
     cache: HashMap<u64, Arc<ResolvedFrame>>,
@@ -29,13 +35,25 @@ impl Default for KernelSymbolizer {
 }
 
 impl KernelSymbolizer {
+    /// Names from /proc/kallsyms.
     pub fn new() -> Self {
+        Self::with_program(None)
+    }
+
+    /// Names from the kernel's own lookup where `program` is given.
+    pub fn with_program(program: Option<KernelNameProgram>) -> Self {
         Self {
+            program,
             symbolizer: Symbolizer::builder().enable_code_info(false).build(),
             cache: HashMap::new(),
             functions: HashMap::new(),
             module: Arc::from("[kernel]"),
         }
+    }
+
+    /// The kernel's lookup, for a symbolizer built anew.
+    pub fn take_program(&mut self) -> Option<KernelNameProgram> {
+        self.program.take()
     }
 
     /// Resolves each address; unknown ones come back as `[kernel] 0x...` frames.
@@ -50,37 +68,65 @@ impl KernelSymbolizer {
             .filter(|a| !self.cache.contains_key(a))
             .collect();
         if !missing.is_empty() {
-            // kallsyms is always there and is enough for names; searching for a vmlinux with
-            // DWARF costs seconds and is rarely present on production hosts.
-            let source = Source::Kernel(Kernel {
-                vmlinux: MaybeDefault::None,
-                debug_syms: false,
-                ..Kernel::default()
-            });
-            match self.symbolizer.symbolize(&source, Input::AbsAddr(&missing)) {
-                Ok(results) => {
-                    for (addr, result) in missing.iter().zip(results.iter()) {
-                        let frame =
-                            from_blazesym(result, Some(self.module.clone()), || unknown(*addr));
-                        let frame = shared(&mut self.functions, frame);
-                        self.cache.insert(*addr, frame);
-                    }
-                }
-                Err(err) => {
-                    tracing::warn!(%err, "kernel symbolization failed");
-                    for addr in &missing {
-                        self.cache.insert(
-                            *addr,
-                            Arc::new(ResolvedFrame::named(
-                                unknown(*addr),
-                                Some(self.module.clone()),
-                            )),
-                        );
-                    }
-                }
+            let frames = self
+                .named_by_kernel(&missing)
+                .unwrap_or_else(|| self.named_from_kallsyms(&missing));
+            for (addr, frame) in missing.iter().zip(frames) {
+                let frame = shared(&mut self.functions, frame);
+                self.cache.insert(*addr, frame);
             }
         }
         addrs.iter().map(|addr| self.cache[addr].clone()).collect()
+    }
+
+    /// `addrs` named by the kernel's lookup; `None` without it, or if it failed (then it is
+    /// not used again: /proc/kallsyms from now on).
+    fn named_by_kernel(&mut self, addrs: &[u64]) -> Option<Vec<ResolvedFrame>> {
+        let names = match self.program.as_mut()?.names(addrs) {
+            Ok(names) => names,
+            Err(err) => {
+                tracing::warn!(%err, "kernel_names program failed: kernel frames are named from /proc/kallsyms from now on");
+                self.program = None;
+                return None;
+            }
+        };
+        Some(
+            addrs
+                .iter()
+                .zip(names)
+                .map(|(addr, name)| {
+                    let function = name.map_or_else(|| unknown(*addr), |name| name.function);
+                    ResolvedFrame::named(function, Some(self.module.clone()))
+                })
+                .collect(),
+        )
+    }
+
+    /// `addrs` named from /proc/kallsyms.
+    fn named_from_kallsyms(&mut self, addrs: &[u64]) -> Vec<ResolvedFrame> {
+        // kallsyms is always there and is enough for names; searching for a vmlinux with
+        // DWARF costs seconds and is rarely present on production hosts.
+        let source = Source::Kernel(Kernel {
+            vmlinux: MaybeDefault::None,
+            debug_syms: false,
+            ..Kernel::default()
+        });
+        match self.symbolizer.symbolize(&source, Input::AbsAddr(addrs)) {
+            Ok(results) => addrs
+                .iter()
+                .zip(results.iter())
+                .map(|(addr, result)| {
+                    from_blazesym(result, Some(self.module.clone()), || unknown(*addr))
+                })
+                .collect(),
+            Err(err) => {
+                tracing::warn!(%err, "kernel symbolization failed");
+                addrs
+                    .iter()
+                    .map(|addr| ResolvedFrame::named(unknown(*addr), Some(self.module.clone())))
+                    .collect()
+            }
+        }
     }
 }
 
