@@ -659,16 +659,43 @@ pub mod hotspot_flags {
     pub const ZGC_COLORED_OOPS: u8 = 1 << 7;
 }
 
-/// The daemon's uprobes one JVM can have: the thread-start hook, the two allocation hooks and
-/// the thread-exit hook ([`BREAKPOINT_THREAD_START`], [`BREAKPOINT_ALLOC`],
-/// [`BREAKPOINT_THREAD_EXIT`]).
-pub const MAX_BREAKPOINTS: usize = 4;
+/// The daemon's uprobes one JVM can have: the thread-start hook, the two allocation hooks,
+/// the thread-exit hook and the code-free hook ([`BREAKPOINT_THREAD_START`],
+/// [`BREAKPOINT_ALLOC`], [`BREAKPOINT_THREAD_EXIT`], [`BREAKPOINT_CODE_FREE`]).
+pub const MAX_BREAKPOINTS: usize = 5;
 /// Index of the thread-start hook in [`HotspotProc::breakpoints`].
 pub const BREAKPOINT_THREAD_START: usize = 0;
 /// Indexes of the allocation hooks (in a new TLAB, outside any) in [`HotspotProc::breakpoints`].
 pub const BREAKPOINT_ALLOC: [usize; 2] = [1, 2];
 /// Index of the thread-exit hook in [`HotspotProc::breakpoints`].
 pub const BREAKPOINT_THREAD_EXIT: usize = 3;
+/// Index of the code-free hook in [`HotspotProc::breakpoints`].
+pub const BREAKPOINT_CODE_FREE: usize = 4;
+
+/// A JVM's count of the code blobs it freed, kept by the code-free hook
+/// (`profiler-ebpf/src/code_frees.rs`) while `counting` is non-zero: a blob the walk remembers
+/// needs no proof read while the count is the one it was proven at. Key: host pid.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CodeFreeCount {
+    /// Goes up by [`CODE_FREE_STEP`] at each free, and by [`CODE_FREE_RESTART`] when counting
+    /// starts again after a pause: always even, never back to a value of an earlier count.
+    pub count: u32,
+    /// Non-zero while the hook is attached in the JVM's libjvm (the daemon clears it before it
+    /// detaches the hook).
+    pub counting: u32,
+    /// The JVM's [`HotspotProc::instance`]: a count the daemon kept for an earlier process of
+    /// the same pid never stands for this one.
+    pub instance: u32,
+    pub _reserved: u32,
+}
+
+/// What a free adds to [`CodeFreeCount::count`]: counts stay even, so that an odd stamp (a
+/// blob remembered while frees were not counted) never matches one.
+pub const CODE_FREE_STEP: u32 = 2;
+/// What a new start of counting adds to [`CodeFreeCount::count`]: the frees missed while the
+/// hook was away are many fewer.
+pub const CODE_FREE_RESTART: u32 = 1 << 24;
 
 /// The bytes a JVM's ended threads allocated, added up by the thread-exit hook
 /// (`profiler-ebpf/src/thread_exit.rs`) for a JVM that does not count them itself (before JDK
@@ -951,6 +978,8 @@ mod user {
     unsafe impl aya::Pod for super::JavaThreadEntry {}
     // SAFETY: plain old data, its padding explicit.
     unsafe impl aya::Pod for super::ExitedAllocation {}
+    // SAFETY: plain old data without padding.
+    unsafe impl aya::Pod for super::CodeFreeCount {}
     // SAFETY: plain old data, no padding the kernel could leave uninitialised that we rely on.
     unsafe impl aya::Pod for super::SampleHeader {}
     unsafe impl aya::Pod for super::UserFrame {}

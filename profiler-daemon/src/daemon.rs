@@ -154,7 +154,9 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     // Handles of their own need CAP_SYS_ADMIN (the kernel's program-by-id lookup): without it,
     // threads are still found by the thread lists' reads; allocation profiling cannot go on.
     let libjvm_hooks = match sampler.hook_programs() {
-        Ok(programs) => Some(LibjvmHooks::new(programs)),
+        Ok(programs) => {
+            Some(LibjvmHooks::new(programs).with_code_frees(sampler.take_code_frees()?))
+        }
         Err(err) if config.alloc.is_none() => {
             tracing::warn!(
                 %err,

@@ -11,8 +11,9 @@ use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::budget::{EmitBudget, Producer, PRODUCERS};
 use profiler_common::Counter;
 
+use crate::hotspot::code_frees::CodeFreeCounts;
 use crate::hotspot::libjvm_hooks::{
-    HookPrograms, ALLOC_PROGRAMS, THREAD_EXIT_PROGRAM, THREAD_START_PROGRAM,
+    HookPrograms, ALLOC_PROGRAMS, CODE_FREE_PROGRAM, THREAD_EXIT_PROGRAM, THREAD_START_PROGRAM,
     VIRTUAL_THREAD_PROGRAMS,
 };
 use crate::hotspot::thread_exits::ExitCounts;
@@ -279,6 +280,7 @@ fn load_object(object: BpfObject, settings: &ObjectSettings) -> Result<Ebpf, Sam
         .map_max_entries("HOTSPOT_PROCS", settings.max_jvms)
         .map_max_entries("JAVA_THREADS_STARTED", settings.max_jvms)
         .map_max_entries("EXITED_ALLOCATIONS", settings.max_jvms)
+        .map_max_entries("CODE_FREES", settings.max_jvms)
         .map_max_entries("SAMPLES", settings.ring_bytes)
         .map_max_entries("CFI_BLOCKS", settings.cfi_blocks)
         .map_max_entries("JAVA_THREADS", settings.java_threads)
@@ -603,12 +605,11 @@ impl Sampler {
         };
 
         // Loaded now, attached to each libjvm file as JVMs are found (`HookPrograms::attach`).
-        uprobe(&mut ebpf, THREAD_START_PROGRAM)?
-            .load()
-            .map_err(|source| SamplerError::Program {
-                name: THREAD_START_PROGRAM,
-                source,
-            })?;
+        for name in [THREAD_START_PROGRAM, CODE_FREE_PROGRAM] {
+            uprobe(&mut ebpf, name)?
+                .load()
+                .map_err(|source| SamplerError::Program { name, source })?;
+        }
         let alloc_ring = match &alloc {
             Some(alloc) => {
                 for name in ALLOC_PROGRAMS.into_iter().chain([THREAD_EXIT_PROGRAM]) {
@@ -696,7 +697,7 @@ impl Sampler {
             None
         };
         Ok(HookPrograms::new(
-            handle(THREAD_START_PROGRAM)?,
+            (handle(THREAD_START_PROGRAM)?, handle(CODE_FREE_PROGRAM)?),
             alloc,
             virtual_threads,
         ))
@@ -720,6 +721,11 @@ impl Sampler {
             threads,
             exits,
         })
+    }
+
+    /// The JVMs' counts of code frees, for the libjvm hooks' owner (can be taken once).
+    pub fn take_code_frees(&mut self) -> Result<CodeFreeCounts, SamplerError> {
+        Ok(CodeFreeCounts::new(take_map(&mut self.ebpf, "CODE_FREES")?))
     }
 
     /// The native unwind tables' maps, for their loader (can be taken once).

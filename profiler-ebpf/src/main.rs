@@ -27,6 +27,7 @@
 
 mod alloc;
 mod budget;
+mod code_frees;
 mod kernel_names;
 mod memory;
 mod off_cpu;

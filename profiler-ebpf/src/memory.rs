@@ -205,6 +205,11 @@ impl RecentBlobs for CurrentTask {
         // CPU (see `RECENT_BLOBS`).
         Some(use_table(unsafe { &mut *table }))
     }
+
+    #[inline(always)]
+    fn code_frees(&self, instance: u32) -> Option<u32> {
+        crate::code_frees::counted(self.pid, instance)
+    }
 }
 
 impl JavaThreads for CurrentTask {

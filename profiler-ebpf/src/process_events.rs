@@ -14,7 +14,7 @@ use profiler_common::{
 };
 
 use crate::memory::CFI_PROCS;
-use crate::{alloc, budget, thread_exit, thread_start, thread_state};
+use crate::{alloc, budget, code_frees, thread_exit, thread_start, thread_state};
 use crate::{count, BPF_RB_NO_WAKEUP};
 
 #[map]
@@ -41,6 +41,7 @@ pub fn process_exit(_ctx: RawTracePointContext) -> i32 {
     // Its Java thread entry too: a tid is reused by a later thread, maybe of another process.
     thread_start::forget_exiting(pid, tid);
     thread_exit::forget_exiting(pid, tid);
+    code_frees::forget_exiting(pid, tid);
     alloc::forget_exiting(tid);
     if pid == tid {
         let _ = CFI_PROCS.remove(&pid);

@@ -30,6 +30,8 @@ pub struct FakeMemory {
     tables: Vec<(u64, u64, u64, Vec<CfiRow>)>,
     /// Kept across walks, as the BPF side's per-CPU table is.
     recent_blobs: RefCell<Box<RecentBlobTable>>,
+    /// The JVM's count of code frees the walks read (None: not counted).
+    pub code_frees: std::cell::Cell<Option<u32>>,
 }
 
 impl FakeMemory {
@@ -172,6 +174,10 @@ impl NativeTables for FakeMemory {
 impl RecentBlobs for FakeMemory {
     fn with_recent_blobs<R>(&self, use_table: impl FnOnce(&mut RecentBlobTable) -> R) -> Option<R> {
         Some(use_table(&mut self.recent_blobs.borrow_mut()))
+    }
+
+    fn code_frees(&self, _instance: u32) -> Option<u32> {
+        self.code_frees.get()
     }
 }
 

@@ -15,7 +15,7 @@ use crate::memory::{
     field_i16, field_i32, field_u64, read_u64, JavaThreads, StackWindow, UserMemory,
 };
 use crate::recent_blobs::{still_in_place, RecentBlobs};
-use crate::state::{frame, BlobCache, Walk, STUB_CALLER, STUB_ON_TOP};
+use crate::state::{frame, BlobCache, FreesSeen, Walk, STUB_CALLER, STUB_ON_TOP};
 use crate::x86_frames::{
     epilogue_state, prologue_state, FrameState, EPILOGUE_BEFORE, EPILOGUE_BYTES, PROLOGUE_BYTES,
 };
@@ -170,7 +170,12 @@ pub(crate) fn java_step<M: UserMemory + RecentBlobs>(
     let cached = &walk.blob_cache;
     if cached.blob == 0 || pc < cached.code_begin || pc >= cached.end {
         // Found in place in the walk's state: the BPF program's stack has no room for copies.
-        if let Err(end) = recent_or_read_blob(&walk.hotspot, memory, pc, &mut walk.blob_cache) {
+        if let Err(end) = recent_or_read_blob(
+            &walk.hotspot,
+            memory,
+            pc,
+            (&mut walk.blob_cache, &mut walk.code_frees),
+        ) {
             walk.blob_cache.blob = 0;
             return Err(end);
         }
@@ -543,24 +548,36 @@ fn prologue_state_at<M: UserMemory>(
     Some(state)
 }
 
-/// The blob containing `pc`, into `out`: remembered by an earlier walk and still in place, or
-/// found and read now (and remembered).
+/// The blob containing `pc`, into `out`: remembered by an earlier walk and still in place (no
+/// code freed since it was proven, or proven now), or found and read now (and remembered).
 #[inline(always)]
 fn recent_or_read_blob<M: UserMemory + RecentBlobs>(
     hs: &HotspotProc,
     memory: &M,
     pc: u64,
-    out: &mut BlobCache,
+    (out, seen): (&mut BlobCache, &mut FreesSeen),
 ) -> Result<(), UnwindEnd> {
     let instance = hs.instance;
+    // Before any proof or read of this walk (see `recent_blobs`).
+    let frees = seen.get(|| memory.code_frees(instance));
     let recalled = memory.with_recent_blobs(|table| {
-        table.recall_into(instance, pc, out) && still_in_place(hs, memory, out, &mut table.span)
+        let Some(index) = table.recall_into(instance, pc, out) else {
+            return false;
+        };
+        if table.proven_at(index, frees) {
+            return true;
+        }
+        if !still_in_place(hs, memory, out, &mut table.span) {
+            return false;
+        }
+        table.mark_proven(index, frees);
+        true
     });
     if recalled == Some(true) {
         return Ok(());
     }
     read_blob(hs, memory, pc, out)?;
-    memory.with_recent_blobs(|table| table.remember(instance, pc, out));
+    memory.with_recent_blobs(|table| table.remember(instance, pc, out, frees));
     Ok(())
 }
 

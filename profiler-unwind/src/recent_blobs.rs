@@ -26,6 +26,16 @@
 //! A stub has no compile id; the word read in its place is as stable as the stub, and stubs
 //! live as long as the JVM but for rare adapter buffers.
 //!
+//! # When the read can be skipped
+//!
+//! Where the daemon hooked the JVM's `CodeCache::free` (`profiler-ebpf/src/code_frees.rs`),
+//! the JVM's count of freed blobs moves before any blob's memory is given back. Each entry
+//! keeps the count it was last proven (or found) at, read before that proof: while the count
+//! is still that, nothing was freed since, and the entry is used without a read. A walk reads
+//! the count once, before its first blob ([`crate::state::FreesSeen`]). The read is what a deep stack of
+//! distinct compiled methods spends most on: the blob's header is a cache miss per frame,
+//! since the code running in it never touches it.
+//!
 //! The table is per CPU (the BPF side keeps one, for the sampling walks), each blob in one of
 //! two entries: a walk only ever reads and writes its own CPU's, and nothing else on that CPU
 //! walks with it, so entries are never torn by a concurrent writer.
@@ -46,6 +56,10 @@ pub const RECENT_BLOBS: usize = 1 << RECENT_BLOB_BITS;
 
 /// Addresses of one cache line map to one entry: a blob's nearby call sites share it.
 const PC_GRANULE_BITS: u32 = 6;
+
+/// The proof stamp of an entry found or proven while its JVM's frees were not counted: odd,
+/// so never a count ([`profiler_common::CODE_FREE_STEP`] keeps counts even).
+const UNCOUNTED: u32 = 1;
 
 /// A blob an earlier walk found, with the JVM it belongs to (`instance` 0: empty) and when it
 /// was last found or used (the table's `clock` then).
@@ -75,6 +89,9 @@ pub const BLOB_SPAN_BYTES: usize = 512;
 #[derive(Clone, Copy)]
 pub struct RecentBlobTable {
     pub entries: [RecentBlob; RECENT_BLOBS],
+    /// Each entry's JVM's count of code frees when its blob was last found or proven, or
+    /// [`UNCOUNTED`].
+    pub proven: [u32; RECENT_BLOBS],
     /// Counts the blobs remembered: the stamp of an entry found or used now.
     pub clock: u32,
     pub _reserved: u32,
@@ -90,6 +107,7 @@ impl RecentBlobTable {
             stamp: 0,
             blob: BlobCache::EMPTY,
         }; RECENT_BLOBS],
+        proven: [UNCOUNTED; RECENT_BLOBS],
         clock: 0,
         _reserved: 0,
         span: [0; BLOB_SPAN_BYTES],
@@ -115,11 +133,11 @@ impl RecentBlobTable {
     }
 
     /// Copies the blob remembered for `pc` of JVM `instance`, not yet proven still in place,
-    /// into `out`; false (and `out` untouched) if there is none.
+    /// into `out`; its entry's index, or None (and `out` untouched) if there is none.
     #[inline(always)]
-    pub fn recall_into(&mut self, instance: u32, pc: u64, out: &mut BlobCache) -> bool {
+    pub fn recall_into(&mut self, instance: u32, pc: u64, out: &mut BlobCache) -> Option<usize> {
         if instance == 0 {
-            return false;
+            return None;
         }
         let clock = self.clock;
         for index in Self::candidates(instance, pc) {
@@ -127,18 +145,36 @@ impl RecentBlobTable {
                 if Self::covers(entry, instance, pc) {
                     entry.stamp = clock;
                     *out = entry.blob;
-                    return true;
+                    return Some(index);
                 }
             }
         }
-        false
+        None
     }
 
-    /// Remembers `blob`, just found for `pc` of JVM `instance`: in the entry of its two that
-    /// is empty or holds an older blob for `pc` (freed since), else in the one used least
-    /// recently.
+    /// Whether entry `index` was proven at the count of code frees `frees` (its JVM's now):
+    /// nothing was freed since, and its blob is still in place.
     #[inline(always)]
-    pub fn remember(&mut self, instance: u32, pc: u64, blob: &BlobCache) {
+    pub fn proven_at(&self, index: usize, frees: Option<u32>) -> bool {
+        match (frees, self.proven.get(index)) {
+            (Some(frees), Some(proven)) => *proven == frees,
+            _ => false,
+        }
+    }
+
+    /// Entry `index` was proven (or found) at the count of code frees `frees`, read before.
+    #[inline(always)]
+    pub fn mark_proven(&mut self, index: usize, frees: Option<u32>) {
+        if let Some(proven) = self.proven.get_mut(index) {
+            *proven = frees.unwrap_or(UNCOUNTED);
+        }
+    }
+
+    /// Remembers `blob`, just found for `pc` of JVM `instance` (whose count of code frees was
+    /// `frees` before it was read): in the entry of its two that is empty or holds an older
+    /// blob for `pc` (freed since), else in the one used least recently.
+    #[inline(always)]
+    pub fn remember(&mut self, instance: u32, pc: u64, blob: &BlobCache, frees: Option<u32>) {
         if instance == 0 {
             return;
         }
@@ -165,6 +201,7 @@ impl RecentBlobTable {
                 blob: *blob,
             };
         }
+        self.mark_proven(index, frees);
     }
 }
 
@@ -174,10 +211,14 @@ impl Default for RecentBlobTable {
     }
 }
 
-/// Where the walk keeps its [`RecentBlobTable`] (the BPF side: a per-CPU map slot).
+/// Where the walk keeps its [`RecentBlobTable`] (the BPF side: a per-CPU map slot), and the
+/// sampled JVM's count of code frees.
 pub trait RecentBlobs {
     /// Runs `use_table` on the table; None if there is none.
     fn with_recent_blobs<R>(&self, use_table: impl FnOnce(&mut RecentBlobTable) -> R) -> Option<R>;
+
+    /// The count of the code blobs the sampled JVM (its `instance`) freed, if they are counted.
+    fn code_frees(&self, instance: u32) -> Option<u32>;
 }
 
 /// Whether `blob`, found earlier in this JVM, is still the blob at its address (see the
@@ -250,7 +291,7 @@ mod tests {
 
     fn recalled(table: &mut RecentBlobTable, pc: u64) -> Option<BlobCache> {
         let mut out = BlobCache::EMPTY;
-        table.recall_into(JVM, pc, &mut out).then_some(out)
+        table.recall_into(JVM, pc, &mut out).map(|_| out)
     }
 
     #[test]
@@ -260,7 +301,7 @@ mod tests {
         for _ in 0..3 {
             for &pc in &pcs {
                 if recalled(&mut table, pc).is_none() {
-                    table.remember(JVM, pc, &blob_at(pc));
+                    table.remember(JVM, pc, &blob_at(pc), None);
                 }
             }
         }
@@ -278,14 +319,14 @@ mod tests {
         let [a, c] = sharing_first_entry(2)[..] else {
             unreachable!()
         };
-        table.remember(JVM, a, &blob_at(a));
+        table.remember(JVM, a, &blob_at(a), None);
         let c_second = RecentBlobTable::candidates(JVM, c)[1];
         table.entries[c_second] = RecentBlob {
             instance: JVM + 1,
             stamp: other_stamp,
             blob: blob_at(0x40_0000),
         };
-        table.remember(JVM, c, &blob_at(c));
+        table.remember(JVM, c, &blob_at(c), None);
         assert_eq!(recalled(&mut table, c), Some(blob_at(c)));
         recalled(&mut table, a).is_some()
     }
@@ -302,16 +343,39 @@ mod tests {
         let [a, b] = sharing_first_entry(2)[..] else {
             unreachable!()
         };
-        table.remember(JVM, a, &blob_at(a));
-        table.remember(JVM, b, &blob_at(b));
+        table.remember(JVM, a, &blob_at(a), None);
+        table.remember(JVM, b, &blob_at(b), None);
         // `a` freed and compiled again at the same place: its new blob replaces the old copy
         // rather than evicting `b`.
         let again = BlobCache {
             compile_id: 99,
             ..blob_at(a)
         };
-        table.remember(JVM, a, &again);
+        table.remember(JVM, a, &again, None);
         assert_eq!(recalled(&mut table, a), Some(again));
         assert_eq!(recalled(&mut table, b), Some(blob_at(b)));
+    }
+
+    #[test]
+    fn an_entry_is_trusted_only_at_the_count_it_was_proven_at() {
+        let mut table = Box::new(RecentBlobTable::EMPTY);
+        let pc = 0x1000;
+        table.remember(JVM, pc, &blob_at(pc), Some(8));
+        let mut out = BlobCache::EMPTY;
+        let index = table.recall_into(JVM, pc, &mut out).expect("remembered");
+        assert!(table.proven_at(index, Some(8)));
+        // A free since: proven again before use.
+        assert!(!table.proven_at(index, Some(10)));
+        // Frees not counted (the hook away): never trusted.
+        assert!(!table.proven_at(index, None));
+        // Proven at the new count: trusted at it, not at the old one.
+        table.mark_proven(index, Some(10));
+        assert!(table.proven_at(index, Some(10)));
+        assert!(!table.proven_at(index, Some(8)));
+        // Found while frees were not counted: no count matches its stamp.
+        table.mark_proven(index, None);
+        for count in (0..64).step_by(profiler_common::CODE_FREE_STEP as usize) {
+            assert!(!table.proven_at(index, Some(count)));
+        }
     }
 }

@@ -4,6 +4,7 @@
 //! on none of them.
 
 use profiler_common::cfi::CfiCache;
+
 use profiler_common::{FrameKind, HotspotProc, UnwindEnd, UserFrame};
 
 /// Marks [`Walk::end`] as "not decided yet".
@@ -67,6 +68,8 @@ pub struct Walk {
     pub cookie_const_method: u64,
     /// The last code blob read during this walk.
     pub blob_cache: BlobCache,
+    /// The JVM's count of code frees, read before this walk's first blob.
+    pub code_frees: FreesSeen,
     /// The last native unwind table lookup of this walk.
     pub cfi: CfiCache,
     /// Where the walk is in a mounted virtual thread's frozen frames, if it is.
@@ -87,6 +90,7 @@ impl Walk {
         self.stub_caller = 0;
         self.tid = tid;
         self.blob_cache.blob = 0;
+        self.code_frees.state = FreesSeen::UNREAD;
         self.cfi.clear();
         self.frozen.chunk = 0;
         self.frozen.next = 0;
@@ -119,6 +123,37 @@ impl Walk {
         if self.end == END_UNSET {
             self.end = UnwindEnd::MaxDepth as u8;
         }
+    }
+}
+
+/// The sampled JVM's count of code frees as one walk read it: once, before the walk's first
+/// blob is recalled or read, so that every proof and read of the walk comes after it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FreesSeen {
+    pub count: u32,
+    /// [`FreesSeen::UNREAD`], [`FreesSeen::COUNTED`] or [`FreesSeen::UNCOUNTED`].
+    pub state: u32,
+}
+
+impl FreesSeen {
+    pub const UNREAD: u32 = 0;
+    pub const COUNTED: u32 = 1;
+    pub const UNCOUNTED: u32 = 2;
+
+    /// The count, read now (by `read`) if this walk has not yet.
+    #[inline(always)]
+    pub fn get(&mut self, read: impl FnOnce() -> Option<u32>) -> Option<u32> {
+        if self.state == Self::UNREAD {
+            match read() {
+                Some(count) => {
+                    self.count = count;
+                    self.state = Self::COUNTED;
+                }
+                None => self.state = Self::UNCOUNTED,
+            }
+        }
+        (self.state == Self::COUNTED).then_some(self.count)
     }
 }
 

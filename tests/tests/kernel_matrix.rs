@@ -198,13 +198,13 @@ fn matrix_row(series: &str, expected_object: &str) {
         "kernel {series}: expected the {expected_object} object:\n{check}"
     );
     // Every program of the object: sampling, off-CPU (2), process events (2), the libjvm hooks
-    // (thread start and end, two allocation events, the sampler's), virtual threads (3), and
-    // the kernel's symbol lookup where the kernel has `bpf_snprintf` (5.13).
+    // (thread start and end, code frees, two allocation events, the sampler's), virtual
+    // threads (3), and the kernel's symbol lookup where the kernel has `bpf_snprintf` (5.13).
     let loaded = check.lines().filter(|l| l.starts_with("  ok ")).count();
     let kernel_lookup = series != "5.10";
     assert_eq!(
         loaded,
-        13 + usize::from(kernel_lookup),
+        14 + usize::from(kernel_lookup),
         "kernel {series}: programs loaded:\n{check}"
     );
     if !kernel_lookup {

@@ -2,7 +2,9 @@
 //! is described to the BPF side as it starts (`profiler-ebpf/src/thread_start.rs`), with
 //! `--alloc` HotSpot's two allocation events (docs/allocation-profiling.md) and, in a libjvm
 //! that does not add up its ended threads' bytes (JDK 11 to 13), `Threads::remove`
-//! (`profiler-ebpf/src/thread_exit.rs`), and with off-CPU or
+//! (`profiler-ebpf/src/thread_exit.rs`), `CodeCache::free`, where each JVM's code frees are
+//! counted so that the walk may trust the code blobs it remembers
+//! (`profiler-ebpf/src/code_frees.rs`), and with off-CPU or
 //! lock profiling a virtual thread's unmount and mount (`profiler-ebpf/src/virtual_waits.rs`:
 //! `Continuation::prepare_thaw` by name, and the unmounting functions each JVM's own statics
 //! point to, among their instantiations). Found in each file, attached and released as the JVMs
@@ -34,20 +36,24 @@ use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _,
 use object::read::{ReadCache, StringTable};
 use object::{LittleEndian, ReadRef};
 
+use super::code_frees::CodeFreeCounts;
 use crate::process::Backing;
 use crate::process_key::ProcessKey;
 use crate::untrusted::BoundedReads;
 use profiler_common::{
-    BREAKPOINT_ALLOC, BREAKPOINT_THREAD_EXIT, BREAKPOINT_THREAD_START, MAX_BREAKPOINTS,
+    BREAKPOINT_ALLOC, BREAKPOINT_CODE_FREE, BREAKPOINT_THREAD_EXIT, BREAKPOINT_THREAD_START,
+    MAX_BREAKPOINTS,
 };
 
 /// Most libjvm files hooked at once (one per JDK build on the node is usual): a user who makes
 /// many files that look like libjvm cannot make the daemon set breakpoints without end. Also
 /// what bounds the daemon's stop: the kernel releases uprobes one at a time (under its trace
 /// event lock, each waiting for an RCU tasks-trace grace period), about 120 ms each on a 6.18
-/// kernel, from any number of threads; 12 files, 36 uprobes with `--alloc`, take about 4 s (64
-/// took 15 s; JDK 11 to 13 files have a fourth, their threads' end: 48, about 6 s). With off-CPU or lock profiling a JDK 21+ file has up to 5 more (a mount, two
-/// unmounting functions' entries and returns): 12 such files, up to 96 uprobes, about 12 s.
+/// kernel, from any number of threads; each file has two (a thread's start, a code blob's
+/// free) and with `--alloc` two more: 12 files, 48 uprobes, about 6 s (JDK 11 to 13 files have
+/// a fifth, their threads' end). With off-CPU or lock profiling a JDK 21+ file has up to 5 more
+/// (a mount, two unmounting functions' entries and returns): 12 such files, up to 108
+/// uprobes, about 13 s.
 /// Room enough for a node's JDK builds: one user's JVMs may hold half.
 pub const MAX_HOOKED_FILES: usize = 12;
 /// Most hooked files the JVMs of one user hold: half the cap, as one user's unwind tables hold
@@ -81,6 +87,8 @@ const PREPARE_THAW: &[u8] = b"_ZN12Continuation12prepare_thawEP10JavaThreadb";
 /// file without [`EXITED_ALLOCATED_BYTES`] (before JDK 14), whose ended threads' bytes nothing
 /// else adds up.
 const THREADS_REMOVE: &[u8] = b"_ZN7Threads6removeEP10JavaThread";
+/// `CodeCache::free(CodeBlob*)`, through which every code blob is freed (JDK 11 to 27).
+const CODE_CACHE_FREE: &[u8] = b"_ZN9CodeCache4freeEP8CodeBlob";
 /// `ThreadService::_exited_allocated_bytes` (JDK 14+): the JVM adds up its ended threads' bytes.
 const EXITED_ALLOCATED_BYTES: &[u8] = b"_ZN13ThreadService23_exited_allocated_bytesE";
 /// The unmounting functions' instantiations: `freeze<Config<...>>(JavaThread*, intptr_t*)`,
@@ -120,6 +128,8 @@ pub struct HookOffsets {
     /// `Threads::remove`, if the file has it and does not count its ended threads' bytes itself
     /// (before JDK 14): a Java thread's end, for allocation profiles' totals.
     pub thread_exit: Option<u64>,
+    /// `CodeCache::free`, if the file has it: the JVM's code frees, counted.
+    pub code_free: Option<u64>,
     /// The unmounting functions' instantiations: each one's start (file offset) and where its
     /// hook goes. A JVM's statics are its own memory, which its owner can write, so the
     /// function they name is hooked only if it starts one of these (a breakpoint elsewhere in
@@ -148,6 +158,8 @@ pub enum HookError {
 pub const THREAD_START_PROGRAM: &str = "java_thread_start";
 /// The thread-exit program's name (`profiler-ebpf/src/thread_exit.rs`), loaded with `--alloc`.
 pub const THREAD_EXIT_PROGRAM: &str = "java_thread_exit";
+/// The code-free program's name (`profiler-ebpf/src/code_frees.rs`), always loaded.
+pub const CODE_FREE_PROGRAM: &str = "code_freed";
 
 /// The allocation programs' names in the BPF object (`profiler-ebpf/src/alloc.rs`): the one on
 /// HotSpot's event taking a new TLAB, then the one on its event allocating outside any TLAB.
@@ -170,16 +182,18 @@ pub struct AttachError {
 /// allocation ones and the thread-exit one with `--alloc`.
 pub struct HookPrograms {
     thread_start: UProbe,
+    code_free: UProbe,
     alloc: Option<[UProbe; 2]>,
     thread_exit: Option<UProbe>,
     virtual_threads: Option<[UProbe; 3]>,
 }
 
 impl HookPrograms {
-    /// Handles of the programs named [`THREAD_START_PROGRAM`], [`ALLOC_PROGRAMS`] (in that
-    /// order) with [`THREAD_EXIT_PROGRAM`], and [`VIRTUAL_THREAD_PROGRAMS`].
+    /// Handles of the programs named [`THREAD_START_PROGRAM`], [`CODE_FREE_PROGRAM`],
+    /// [`ALLOC_PROGRAMS`] (in that order) with [`THREAD_EXIT_PROGRAM`], and
+    /// [`VIRTUAL_THREAD_PROGRAMS`].
     pub fn new(
-        thread_start: UProbe,
+        (thread_start, code_free): (UProbe, UProbe),
         alloc: Option<([UProbe; 2], UProbe)>,
         virtual_threads: Option<[UProbe; 3]>,
     ) -> Self {
@@ -189,6 +203,7 @@ impl HookPrograms {
         };
         Self {
             thread_start,
+            code_free,
             alloc,
             thread_exit,
             virtual_threads,
@@ -269,6 +284,9 @@ impl HookPrograms {
         if let (Some(program), Some(offset)) = (&mut self.thread_exit, offsets.thread_exit) {
             links.push(attach(program, THREAD_EXIT_PROGRAM, offset)?);
         }
+        if let Some(offset) = offsets.code_free {
+            links.push(attach(&mut self.code_free, CODE_FREE_PROGRAM, offset)?);
+        }
         Ok(links)
     }
 }
@@ -306,6 +324,8 @@ type FileKey = (u64, u64);
 struct JvmOf {
     key: ProcessKey,
     uid: u32,
+    /// The instance the tracker gave it (its layout's).
+    instance: u32,
     /// Its outcome (hooked, or never to be) was logged and counted: once per JVM.
     told: bool,
     /// Its wait for room was logged.
@@ -370,6 +390,8 @@ pub struct LibjvmHooks {
     retried: Instant,
     /// Links being detached on threads of their own.
     detaching: Arc<AtomicUsize>,
+    /// Hooked JVMs' counts of code frees, where the map was given.
+    code_frees: Option<CodeFreeCounts>,
     /// Breakpoints of JVMs hooked after they became ready, for their layouts.
     pushes: Vec<(u32, [u64; MAX_BREAKPOINTS])>,
     /// Ready JVMs whose libjvm was hooked, and those whose never was (counted once each: when
@@ -391,6 +413,7 @@ impl LibjvmHooks {
             swept: Instant::now(),
             retried: Instant::now(),
             detaching: Arc::new(AtomicUsize::new(0)),
+            code_frees: None,
             pushes: Vec::new(),
             jvms_hooked: 0,
             jvms_not_hooked: 0,
@@ -398,6 +421,12 @@ impl LibjvmHooks {
             released: 0,
             evicted: 0,
         }
+    }
+
+    /// Counts the code frees of JVMs whose `CodeCache::free` is hooked, in `counts`.
+    pub fn with_code_frees(mut self, counts: CodeFreeCounts) -> Self {
+        self.code_frees = Some(counts);
+        self
     }
 
     /// Libjvm files hooked now.
@@ -413,8 +442,9 @@ impl LibjvmHooks {
             .count()
     }
 
-    /// Makes sure the libjvm of `pid` (of user `uid`, started at `start_time`), a JVM that just
-    /// became ready, has its hooks, or waits for room; logs once per JVM what is hooked.
+    /// Makes sure the libjvm of `pid` (of user `uid`, started at `start_time`, its layout's
+    /// `instance`), a JVM that just became ready, has its hooks, or waits for room; logs once
+    /// per JVM what is hooked.
     /// Returns where the hooks' breakpoints are in `pid` (0 for
     /// none), for its layout in the BPF map.
     ///
@@ -422,9 +452,7 @@ impl LibjvmHooks {
     /// `pid`; 0 for none), hooked in its file with off-CPU or lock profiling.
     pub fn on_ready(
         &mut self,
-        pid: u32,
-        uid: u32,
-        start_time: u64,
+        (pid, uid, start_time, instance): (u32, u32, u64, u32),
         unmount_functions: [u64; 2],
     ) -> [u64; MAX_BREAKPOINTS] {
         let jvm = ProcessKey { pid, start_time };
@@ -460,10 +488,13 @@ impl LibjvmHooks {
         }
         file.last_used = Instant::now();
         // The tracker may make a JVM ready again (forgotten then found): still one JVM.
-        if !file.jvms.iter().any(|known| known.key == jvm) {
+        if let Some(known) = file.jvms.iter_mut().find(|known| known.key == jvm) {
+            known.instance = instance;
+        } else {
             file.jvms.push(JvmOf {
                 key: jvm,
                 uid,
+                instance,
                 told: false,
                 told_waiting: false,
             });
@@ -537,6 +568,10 @@ impl LibjvmHooks {
                 }
                 if !jvm.told {
                     not_hooked += 1;
+                }
+                // One forgotten while it still runs (it exec'd) is no longer counted for.
+                if let Some(counts) = &mut self.code_frees {
+                    counts.pause(jvm.key.pid);
                 }
                 false
             });
@@ -746,6 +781,10 @@ impl LibjvmHooks {
             };
             for jvm in &mut file.jvms {
                 jvm.told_waiting = false;
+                // Before the hook goes: a free it misses must not leave a count standing.
+                if let Some(counts) = &mut self.code_frees {
+                    counts.pause(jvm.key.pid);
+                }
             }
             self.evicted += 1;
             tracing::warn!(
@@ -769,6 +808,11 @@ impl LibjvmHooks {
         };
         for jvm in &mut file.jvms {
             let pid = jvm.key.pid;
+            if let (FileState::Hooked(hook), Some(counts)) = (&file.state, &mut self.code_frees) {
+                if hook.offsets.code_free.is_some() {
+                    counts.start(pid, jvm.instance);
+                }
+            }
             match &file.state {
                 FileState::Hooked(hook) if !jvm.told => {
                     jvm.told = true;
@@ -925,6 +969,7 @@ fn breakpoints_in(pid: u32, file: (u64, u64), offsets: &HookOffsets) -> [u64; MA
         breakpoints[BREAKPOINT_ALLOC[1]] = place(alloc.outside_tlab);
     }
     breakpoints[BREAKPOINT_THREAD_EXIT] = offsets.thread_exit.map_or(0, place);
+    breakpoints[BREAKPOINT_CODE_FREE] = offsets.code_free.map_or(0, place);
     breakpoints
 }
 
@@ -992,6 +1037,7 @@ fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<HookOffsets, HookError> 
     };
     let (mut thread_start, mut in_new_tlab, mut outside_tlab, mut mount) = (None, None, None, None);
     let (mut threads_remove, mut counts_exited_bytes) = (None, false);
+    let mut code_free = None;
     let mut unmount_candidates = Vec::new();
     for symbol in symbols {
         let size = symbol.st_size(endian);
@@ -1022,6 +1068,8 @@ fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<HookOffsets, HookError> 
             Some(&mut mount)
         } else if name.starts_with(THREADS_REMOVE) {
             Some(&mut threads_remove)
+        } else if name == CODE_CACHE_FREE {
+            Some(&mut code_free)
         } else if is_unmount {
             None
         } else {
@@ -1067,6 +1115,7 @@ fn find_in<'data, R: ReadRef<'data>>(data: R) -> Result<HookOffsets, HookError> 
         alloc,
         mount,
         thread_exit: threads_remove.filter(|_| !counts_exited_bytes),
+        code_free,
         unmount_candidates,
     })
 }

@@ -23,6 +23,7 @@
 //!
 //! Not supported yet: JDK 8's single code heap layout (`CodeCache::_heap`), aarch64.
 
+pub mod code_frees;
 pub mod code_proof;
 pub mod jvm;
 pub mod jvm_directory;

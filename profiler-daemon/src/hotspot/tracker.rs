@@ -851,7 +851,8 @@ impl<S: LayoutSink> JvmTracker<S> {
         self.jvms
             .watch_locks_since(pid, std::time::SystemTime::now());
         if let Some(hooks) = &mut self.libjvm_hooks {
-            let breakpoints = hooks.on_ready(pid, uid, start_time, unmount_functions);
+            let instance = proc_info.instance;
+            let breakpoints = hooks.on_ready((pid, uid, start_time, instance), unmount_functions);
             self.push_breakpoints(pid, breakpoints);
         }
     }

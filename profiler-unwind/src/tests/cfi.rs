@@ -185,10 +185,10 @@ fn trapped_at_run_loop(
 #[test]
 fn a_thread_trapped_at_a_breakpoint_is_walked_from_the_probed_instruction() {
     let frames = vec![LIB + 0x1200, MAIN_RETURN, LIB + 0x1305];
-    let walked = trapped_at_run_loop([0, LIB + 0x1200, 0, 0], true);
+    let walked = trapped_at_run_loop([0, LIB + 0x1200, 0, 0, 0], true);
     expect(walked, &frames.map_native(), &[], UnwindEnd::Complete);
     // Without the breakpoint listed, the row one byte on has rbp pushed: the walk goes astray.
-    let (astray, _) = trapped_at_run_loop([0, 0, 0, 0], true);
+    let (astray, _) = trapped_at_run_loop([0; profiler_common::MAX_BREAKPOINTS], true);
     assert_ne!(astray, frames.map_native());
 }
 
@@ -196,6 +196,6 @@ fn a_thread_trapped_at_a_breakpoint_is_walked_from_the_probed_instruction() {
 fn a_pc_one_byte_past_a_breakpoint_in_user_code_is_taken_as_it_is() {
     // Interrupted in user code, one byte past the breakpoint is the next instruction, the
     // probed one emulated: the pc is where the thread is.
-    let (walked, _) = trapped_at_run_loop([LIB + 0x1200, 0, 0, 0], false);
+    let (walked, _) = trapped_at_run_loop([LIB + 0x1200, 0, 0, 0, 0], false);
     assert_eq!(walked.first(), Some(&native(LIB + 0x1201)));
 }

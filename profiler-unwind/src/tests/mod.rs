@@ -484,6 +484,29 @@ fn a_remembered_blob_freed_is_not_used() {
 }
 
 #[test]
+fn a_remembered_blob_is_used_unread_while_no_code_is_freed_and_proven_once_some_is() {
+    let mut jvm = Jvm::new(Layout::Offsets);
+    jvm.memory.code_frees.set(Some(2));
+    let (a, _, start, frames) = two_compiled_frames(&mut jvm);
+    expect(jvm.walk(TID, start), &frames, &[], UnwindEnd::Complete);
+    // Freed and replaced in place without the count moving (the hook would have moved it):
+    // the remembered blob is used as it was, unread. This is what the count saves.
+    jvm.free_blob(&a);
+    let again = jvm.add_blob_at(a.addr - 16, &BlobSpec::nmethod(6, 303));
+    expect(jvm.walk(TID, start), &frames, &[], UnwindEnd::Complete);
+    // The count moved: the remembered blob is proven, found replaced, and the new one found.
+    jvm.memory.code_frees.set(Some(4));
+    let mut expected = vec![again.frame(0x150)];
+    expected.extend_from_slice(&frames[1..]);
+    expect(jvm.walk(TID, start), &expected, &[], UnwindEnd::Complete);
+    // Found at count 4, so trusted at 4; not once frees stop being counted.
+    jvm.free_blob(&again);
+    expect(jvm.walk(TID, start), &expected, &[], UnwindEnd::Complete);
+    jvm.memory.code_frees.set(None);
+    expect(jvm.walk(TID, start), &[], &[], UnwindEnd::NoCodeBlob);
+}
+
+#[test]
 fn a_remembered_blob_replaced_at_its_address_gives_way_to_the_new_one() {
     let mut jvm = Jvm::new(Layout::Offsets);
     let (a, b, start, frames) = two_compiled_frames(&mut jvm);
