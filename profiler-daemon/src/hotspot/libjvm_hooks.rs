@@ -868,6 +868,13 @@ impl Drop for LibjvmHooks {
     /// [`MAX_HOOKED_FILES`]), but a thread per link is still the fastest measured: 15.5 s for 128
     /// links, against 17.5 s one after another and 21 s leaving them to the process's exit.
     fn drop(&mut self) {
+        // The sampler may still walk while the hooks go (the daemon's stop): no count may
+        // stand for frees it no longer sees.
+        if let Some(counts) = &mut self.code_frees {
+            for jvm in self.files.values().flat_map(|file| &file.jvms) {
+                counts.pause(jvm.key.pid);
+            }
+        }
         let hooks: Vec<Hook> = self
             .files
             .drain()
