@@ -115,7 +115,7 @@ pub fn check(whole_logs: bool) -> CheckReport {
                         let _ = writeln!(text, "  ok       {}", program.name);
                     }
                     (Some(why), Some(instead)) => {
-                        let why = why.lines().next().unwrap_or_default();
+                        let why = crate::sampler::first_line(&why);
                         let _ = writeln!(text, "  without  {}: {instead} ({why})", program.name);
                     }
                     (Some(why), None) => {

@@ -45,6 +45,8 @@ pub(crate) mod sink;
 pub(crate) mod stack_memory;
 pub mod subscribe;
 pub(crate) mod symbolize;
+#[cfg(test)]
+mod test_skip;
 pub(crate) mod thread_roots;
 pub(crate) mod untrusted;
 pub(crate) mod user_time;

@@ -423,7 +423,7 @@ fn load_for_check(object: BpfObject) -> Result<Ebpf, SamplerError> {
 }
 
 /// An error's first line (a verifier log follows it).
-fn first_line(text: &str) -> &str {
+pub(crate) fn first_line(text: &str) -> &str {
     text.lines().next().unwrap_or_default()
 }
 

@@ -214,15 +214,7 @@ mod tests {
     #[test]
     fn an_ipv6_peer_and_another_users_peer() {
         let Ok(listener) = TcpListener::bind("[::1]:0") else {
-            // The tests crate's `skip_allowed`, inlined: this crate cannot depend on it.
-            let skip = std::env::var("PROFILER_TESTS_SKIP")
-                .is_ok_and(|list| list.split(',').any(|item| item.trim() == "ipv6"));
-            assert!(
-                skip,
-                "no IPv6 loopback here: set PROFILER_TESTS_SKIP=ipv6 to skip this test instead \
-                 of failing"
-            );
-            eprintln!("SKIPPED (PROFILER_TESTS_SKIP lists ipv6): no IPv6 loopback");
+            crate::test_skip::unless_skipped("ipv6", "no IPv6 loopback here");
             return;
         };
         let _client = TcpStream::connect(listener.local_addr().expect("address")).expect("connect");

@@ -238,14 +238,10 @@ mod tests {
     fn the_kernel_names_its_functions_as_kallsyms_does() {
         let functions = kallsyms_functions();
         if functions.is_empty() {
-            let skip = std::env::var("PROFILER_TESTS_SKIP")
-                .is_ok_and(|list| list.split(',').any(|item| item.trim() == "root"));
-            assert!(
-                skip,
-                "kallsyms addresses are hidden (not root): run as root (cargo xtask test), or \
-                 set PROFILER_TESTS_SKIP=root to skip this test instead of failing"
+            crate::test_skip::unless_skipped(
+                "root",
+                "kallsyms addresses are hidden (not root): run as root (cargo xtask test)",
             );
-            eprintln!("SKIPPED (PROFILER_TESTS_SKIP lists root): kallsyms addresses are hidden");
             return;
         }
         // 1,000 functions spread over the table (modules' are at its end), each asked at an

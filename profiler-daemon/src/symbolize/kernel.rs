@@ -166,15 +166,10 @@ mod tests {
             })
             .expect("do_sys_openat2 in /proc/kallsyms (Linux 5.6 and later)");
         if addr == 0 {
-            // The tests crate's `skip_allowed`, inlined: this crate cannot depend on it.
-            let skip = std::env::var("PROFILER_TESTS_SKIP")
-                .is_ok_and(|list| list.split(',').any(|item| item.trim() == "root"));
-            assert!(
-                skip,
-                "kallsyms addresses are hidden (not root): run as root (cargo xtask test), or \
-                 set PROFILER_TESTS_SKIP=root to skip this test instead of failing"
+            crate::test_skip::unless_skipped(
+                "root",
+                "kallsyms addresses are hidden (not root): run as root (cargo xtask test)",
             );
-            eprintln!("SKIPPED (PROFILER_TESTS_SKIP lists root): kallsyms addresses are hidden");
             return;
         }
         let mut symbolizer = KernelSymbolizer::new();
