@@ -5,9 +5,10 @@
 //! The guest: QEMU's TCG (KVM's device exists on these machines, but a nested guest hangs), a
 //! busybox initramfs that loads the kernel's own virtio and 9p modules, mounts this machine's
 //! filesystem read-only over 9p and a results directory read-write, and runs a script in a
-//! chroot of it. The script runs `profiler-daemon check` and then the test daemon with every
+//! chroot of it. The script runs, at once, `profiler-daemon check`, the test daemon with every
 //! profile kind against a JVM running a workload per kind (CPU split, locks, allocations; JDK
-//! 17, tests/java/KernelMatrix.java) and a native program built without frame pointers.
+//! 17, tests/java/KernelMatrix.java), and a second one against a native program built without
+//! frame pointers.
 //!
 //! Per kernel: every program loads, with the object the kernel's features call for (compat on
 //! 5.10, the default one from 6.1); the Java split has its Java root; the frameless native leaf
@@ -26,9 +27,9 @@ use profiler_tests::{
     sample_frames, skip_or_fail,
 };
 
-/// How long a guest may take, boot to power-off, before it counts as hung (rows take 60 to
-/// 130 s; a hung one is run once more, so the bound is also what a hang costs the run).
-const GUEST_TIMEOUT: Duration = Duration::from_secs(210);
+/// How long a guest may take, boot to power-off, before it counts as hung (rows take 65 to 85 s;
+/// a hung one is run once more, so the bound is also what a hang costs the run).
+const GUEST_TIMEOUT: Duration = Duration::from_secs(160);
 
 #[test]
 fn kernel_5_10_compat_object() {
@@ -174,6 +175,7 @@ fn matrix_row(series: &str, expected_object: &str) {
         took.as_secs_f64()
     );
     let guest_log = read("guest.log");
+    eprintln!("kernel {series}: the guest's steps\n{guest_log}");
     assert!(
         console.contains("MATRIX-EXIT 0"),
         "kernel {series}: the guest did not finish its script. Console:\n{}\nGuest log:\n{guest_log}",
@@ -186,7 +188,7 @@ fn matrix_row(series: &str, expected_object: &str) {
     );
 
     // Every program loads, with the object this kernel calls for.
-    let check = read("check.txt");
+    let check = read("check.log");
     eprintln!("kernel {series}: profiler-daemon check\n{check}");
     assert_eq!(
         read("check.rc").trim(),
@@ -464,38 +466,61 @@ fn prepare_guest(results: &Path) -> Result<()> {
     let java = jdk.java.display().to_string();
     let classes = "/mnt/classes";
     let native = "/mnt/native_split";
-    let mut script = format!(
+    // Each step's time since boot goes to guest.log, printed by the test.
+    //
+    // The emulated CPUs verify the programs slowly (20 to 40 times the host's 0.7 s of kernel
+    // time), so the three loads (`check`, the JVM's daemon, the native program's daemon) run at
+    // once on the guest's two CPUs while the workloads wait for their daemon to sample: the JVM
+    // for a file, the native program stopped. The native program has a daemon of its own: on emulated CPUs libjvm's
+    // tables take tens of seconds to build, and its small table would wait behind them. Its last
+    // interval is asserted on: the first holds the samples taken before its table was loaded.
+    let script = format!(
         r#"R=/mnt
 D={daemon}
+at() {{ echo "$1 at $(cut -d' ' -f1 /proc/uptime) s"; }}
 uname -r > $R/release
-$D check > $R/check.txt 2>&1; echo $? > $R/check.rc
 start() {{ name=$1; shift; "$@" > $R/$name.out 2>&1 & echo $! > $R/$name.pid; }}
-start jvm {java} -Xmx128m -cp {classes} KernelMatrix
 start native {native} 300
-i=0
-while [ "$(grep -c '^ready' $R/jvm.out)" != 3 ] && [ $i -lt 150 ]; do
-    kill -0 $(cat $R/jvm.pid) || {{ echo "the JVM exited"; exit 1; }}
-    sleep 1; i=$((i+1))
-done
-echo "workloads ready after $i s"
-echo 1 > /proc/sys/kernel/bpf_stats_enabled
+kill -STOP $(cat $R/native.pid)
+start jvm {java} -Xmx128m -cp {classes} KernelMatrix $R/go
 run() {{ log=$1; shift; "$@" > $R/$log.log 2>&1; echo $? > $R/$log.rc; }}
 # The workloads only (the whole host's other processes cost symbolizing time on emulated CPUs),
 # and a small table budget (the compat object's preallocated blocks are filled at start).
 echo 'cache_budget_mib = 24' > $R/config.toml
-run daemon $D run --config $R/config.toml --pid $(cat $R/jvm.pid) --frequency 99 --interval 6 --duration 12 --output $R/profiles --off-cpu --alloc --lock=1ms &
-sleep 10; bpftool -j prog show > $R/progs.json
-wait $!
-# The native program alone: on emulated CPUs the JVMs' libjvm tables take tens of seconds to
-# build, and the small program's table would wait behind them past the run above. Its second
-# interval is asserted on: the first holds the samples taken before its table was loaded.
-kill $(cat $R/jvm.pid)
-run native $D run --config $R/config.toml --pid $(cat $R/native.pid) --frequency 99 --interval 4 --duration 8 --output $R/native-profiles
+at loading
+run check $D check &
+CHECK=$!
+run daemon $D run --config $R/config.toml --pid $(cat $R/jvm.pid) --frequency 99 --interval 8 --duration 16 --output $R/profiles --off-cpu --alloc --lock=1ms &
+DAEMON=$!
+run native $D run --config $R/config.toml --pid $(cat $R/native.pid) --frequency 99 --interval 5 --duration 10 --output $R/native-profiles &
+NATIVE=$!
+# Each workload goes once its daemon samples.
+sampling() {{ grep -q 'daemon: sampling' $R/$1.log; }}
+i=0
+until [ -e $R/go ] && [ -e $R/native.go ]; do
+    [ $i -lt 300 ] || {{ echo "the daemons did not start sampling"; exit 1; }}
+    if [ ! -e $R/native.go ] && sampling native; then
+        kill -CONT $(cat $R/native.pid); touch $R/native.go; at "native program sampled"
+    fi
+    if [ ! -e $R/go ] && sampling daemon; then touch $R/go; at "JVM sampled"; fi
+    sleep 0.5; i=$((i+1))
+done
+# The programs' run times, read while the JVM's daemon samples (its duration is 16 s).
+echo 1 > /proc/sys/kernel/bpf_stats_enabled
+(sleep 11; bpftool -j prog show > $R/progs.json) &
+i=0
+while [ "$(grep -c '^ready' $R/jvm.out)" != 3 ] && [ $i -lt 60 ]; do
+    kill -0 $(cat $R/jvm.pid) || {{ echo "the JVM exited"; exit 1; }}
+    sleep 1; i=$((i+1))
+done
+at "workloads ready after $i s"
+wait $CHECK $DAEMON $NATIVE
+at end
+kill $(cat $R/jvm.pid) $(cat $R/native.pid)
+exit 0
 "#,
         daemon = daemon.display(),
     );
-    // The script's status says it ran to its end; each step's own status is in its file.
-    script.push_str("kill $(cat $R/native.pid)\nexit 0\n");
     std::fs::write(results.join("guest.sh"), script)?;
     Ok(())
 }
