@@ -15,6 +15,8 @@ use anyhow::{Context as _, Result};
 const LINES_PER_PANIC: usize = 12;
 /// Panics kept per failed group.
 const PANICS_PER_GROUP: usize = 4;
+/// Tests named in the summary, the slowest of every group's: where CI's time goes.
+const SLOWEST_TESTS: usize = 15;
 
 /// The steps before the groups, timed: what CI spends besides the tests themselves.
 pub struct Phases {
@@ -48,6 +50,8 @@ pub struct GroupRun {
     pub passed: bool,
     /// The panic messages of a failed group, each a few lines.
     pub panics: Vec<String>,
+    /// Each test's name and time, as its output showed them.
+    pub tests: Vec<(String, Duration)>,
 }
 
 /// The packages every cargo command of a test run selects. Cargo unifies features over the
@@ -143,26 +147,31 @@ pub fn run_group(command: &mut Command, name: &str) -> Result<GroupRun> {
     let _ = out.join();
     let _ = err.join();
     let passed = status.success();
+    let lines = kept.lock().unwrap_or_else(|e| e.into_inner());
     let panics = if passed {
         Vec::new()
     } else {
-        let lines = kept.lock().unwrap_or_else(|e| e.into_inner());
-        panic_excerpts(&lines)
+        let texts: Vec<String> = lines.iter().map(|(_, text)| text.clone()).collect();
+        panic_excerpts(&texts)
     };
     Ok(GroupRun {
         name: name.to_owned(),
         took: started.elapsed(),
         passed,
         panics,
+        tests: test_times(&lines),
     })
 }
 
-/// Copies a child's stream to ours line by line, keeping each line. The two streams interleave
-/// by line, which is all a reader of the log needs.
+/// A line of a group's output and when it came.
+type TimedLine = (Instant, String);
+
+/// Copies a child's stream to ours line by line, keeping each line and when it came. The two
+/// streams interleave by line, which is all a reader of the log needs.
 fn pass_through(
     stream: impl Read + Send + 'static,
     to_stderr: bool,
-    kept: Arc<Mutex<Vec<String>>>,
+    kept: Arc<Mutex<Vec<TimedLine>>>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut reader = BufReader::new(stream);
@@ -179,9 +188,32 @@ fn pass_through(
                 std::io::stdout().write_all(&line)
             };
             let text = String::from_utf8_lossy(&line).trim_end().to_owned();
-            kept.lock().unwrap_or_else(|e| e.into_inner()).push(text);
+            kept.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((Instant::now(), text));
         }
     })
+}
+
+/// Each test's time: from its `test NAME ... ` line to the next one, or to the group's `test
+/// result:` line (the groups run one test at a time).
+fn test_times(lines: &[TimedLine]) -> Vec<(String, Duration)> {
+    let mut times = Vec::new();
+    let mut running: Option<(&str, Instant)> = None;
+    for (at, text) in lines {
+        let started = text
+            .strip_prefix("test ")
+            .and_then(|rest| rest.split_once(" ... "))
+            .map(|(name, _)| name);
+        if started.is_none() && !text.starts_with("test result:") {
+            continue;
+        }
+        if let Some((name, since)) = running.take() {
+            times.push((name.to_owned(), at.saturating_duration_since(since)));
+        }
+        running = started.map(|name| (name, *at));
+    }
+    times
 }
 
 /// Each `thread '...' panicked at` line and the lines after it, up to the next blank line.
@@ -227,6 +259,19 @@ pub fn print_summary(groups: &[GroupRun], phases: &Phases) {
         total.as_secs_f64(),
         phases.started.elapsed().as_secs_f64() / 60.0
     );
+    let mut tests: Vec<(&str, &str, Duration)> = groups
+        .iter()
+        .flat_map(|g| {
+            g.tests
+                .iter()
+                .map(|(test, took)| (g.name.as_str(), test.as_str(), *took))
+        })
+        .collect();
+    tests.sort_by(|a, b| b.2.cmp(&a.2));
+    eprintln!("slowest tests:");
+    for (group, test, took) in tests.iter().take(SLOWEST_TESTS) {
+        eprintln!("  {:>7.1} s  {group}: {test}", took.as_secs_f64());
+    }
     for group in groups.iter().filter(|g| !g.passed) {
         eprintln!("\n{} failed:", group.name);
         if group.panics.is_empty() {
@@ -257,6 +302,29 @@ mod tests {
         let plain_build = line.replace(r#""test":true"#, r#""test":false"#);
         assert!(test_executable(&plain_build).is_none());
         assert!(test_executable(r#"{"reason":"build-finished","success":true}"#).is_none());
+    }
+
+    #[test]
+    fn each_test_lasts_until_the_next_one_starts() {
+        let start = Instant::now();
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        let lines: Vec<TimedLine> = [
+            (0, "running 2 tests"),
+            (1, "test first ... output of the first"),
+            (2, "ok"),
+            (5, "test second ... ok"),
+            (9, "test result: ok. 2 passed"),
+        ]
+        .iter()
+        .map(|(secs, text)| (at(*secs), text.to_string()))
+        .collect();
+        assert_eq!(
+            test_times(&lines),
+            [
+                ("first".to_owned(), Duration::from_secs(4)),
+                ("second".to_owned(), Duration::from_secs(4)),
+            ]
+        );
     }
 
     #[test]
