@@ -392,8 +392,9 @@ fn an_outage_delays_profiles_without_losing_reordering_or_duplicating_them() {
     std::thread::sleep(Duration::from_secs(3));
 
     receiver.kill();
-    eprintln!("receiver down for 30 s");
-    std::thread::sleep(Duration::from_secs(30));
+    // Seven or more retries at the 2 s backoff cap, 15 profiles queued.
+    eprintln!("receiver down for 15 s");
+    std::thread::sleep(Duration::from_secs(15));
     let receiver = Receiver::start(port, &record_dir, &[]).expect("receiver restarts");
     // Long enough for the backlog to drain (backoff is capped at 2 s) and a few live intervals.
     std::thread::sleep(Duration::from_secs(6));
@@ -426,7 +427,7 @@ fn an_outage_delays_profiles_without_losing_reordering_or_duplicating_them() {
         received.len()
     );
     assert!(
-        written.len() >= 38,
+        written.len() >= 23,
         "one profile per second: {}",
         written.len()
     );

@@ -402,6 +402,8 @@ fn report_bpf_time(series: &str, which: &str, progs_json: &str) {
     let Ok(serde_json::Value::Array(programs)) = serde_json::from_str(progs_json) else {
         panic!("kernel {series}: no program list from bpftool ({which}): {progs_json:?}");
     };
+    let mut reported = 0;
+    let listed = programs.len();
     for program in programs {
         let name = program["name"].as_str().unwrap_or_default();
         let (Some(ns), Some(runs)) = (program["run_time_ns"].as_u64(), program["run_cnt"].as_u64())
@@ -418,7 +420,14 @@ fn report_bpf_time(series: &str, which: &str, progs_json: &str) {
                 "kernel {series}: {which}: {name} {:.1} us per run ({runs} runs; TCG, not hardware speed)",
                 ns as f64 / runs as f64 / 1000.0
             );
+            reported += 1;
         }
+    }
+    if reported == 0 {
+        eprintln!(
+            "kernel {series}: {which}: no sampling program with run times among the {listed} bpftool listed:\n{}",
+            progs_json.chars().take(2000).collect::<String>()
+        );
     }
 }
 
@@ -487,6 +496,8 @@ run() {{ log=$1; shift; "$@" > $R/$log.log 2>&1; echo $? > $R/$log.rc; }}
 # The workloads only (the whole host's other processes cost symbolizing time on emulated CPUs),
 # and a small table budget (the compat object's preallocated blocks are filled at start).
 echo 'cache_budget_mib = 24' > $R/config.toml
+# The kernel's BPF run-time statistics, on before any program loads.
+echo 1 > /proc/sys/kernel/bpf_stats_enabled
 at loading
 run check $D check &
 CHECK=$!
@@ -506,15 +517,15 @@ until [ -e $R/go ] && [ -e $R/native.go ]; do
     sleep 0.5; i=$((i+1))
 done
 # The programs' run times, read while the JVM's daemon samples (its duration is 16 s).
-echo 1 > /proc/sys/kernel/bpf_stats_enabled
 (sleep 11; bpftool -j prog show > $R/progs.json) &
+BPFTOOL=$!
 i=0
 while [ "$(grep -c '^ready' $R/jvm.out)" != 3 ] && [ $i -lt 60 ]; do
     kill -0 $(cat $R/jvm.pid) || {{ echo "the JVM exited"; exit 1; }}
     sleep 1; i=$((i+1))
 done
 at "workloads ready after $i s"
-wait $CHECK $DAEMON $NATIVE
+wait $CHECK $DAEMON $NATIVE $BPFTOOL
 at end
 kill $(cat $R/jvm.pid) $(cat $R/native.pid)
 exit 0

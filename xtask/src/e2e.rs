@@ -267,7 +267,7 @@ pub fn print_summary(groups: &[GroupRun], phases: &Phases) {
                 .map(|(test, took)| (g.name.as_str(), test.as_str(), *took))
         })
         .collect();
-    tests.sort_by(|a, b| b.2.cmp(&a.2));
+    tests.sort_by_key(|(_, _, took)| std::cmp::Reverse(*took));
     eprintln!("slowest tests:");
     for (group, test, took) in tests.iter().take(SLOWEST_TESTS) {
         eprintln!("  {:>7.1} s  {group}: {test}", took.as_secs_f64());
