@@ -3,7 +3,7 @@
 //! from their executables, each timed, and a failed group's panic messages repeated at the end
 //! of the output, where a CI log's tail shows them.
 
-use std::io::{BufRead as _, BufReader, Read, Write as _};
+use std::io::{Read, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -163,34 +163,51 @@ pub fn run_group(command: &mut Command, name: &str) -> Result<GroupRun> {
     })
 }
 
-/// A line of a group's output and when it came.
+/// A line of a group's output and when its first byte came.
 type TimedLine = (Instant, String);
 
-/// Copies a child's stream to ours line by line, keeping each line and when it came. The two
-/// streams interleave by line, which is all a reader of the log needs.
+/// Copies a child's stream to ours line by line, keeping each line and when its first byte
+/// came: libtest writes `test NAME ... ` as the test starts and the rest of that line (`ok`,
+/// or the test's own output) later, so a line's start is the test's. The two streams
+/// interleave by line, which is all a reader of the log needs.
 fn pass_through(
-    stream: impl Read + Send + 'static,
+    mut stream: impl Read + Send + 'static,
     to_stderr: bool,
     kept: Arc<Mutex<Vec<TimedLine>>>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
-        let mut reader = BufReader::new(stream);
+        let mut chunk = [0u8; 8192];
         let mut line = Vec::new();
-        loop {
-            line.clear();
-            match reader.read_until(b'\n', &mut line) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
+        let mut line_started = Instant::now();
+        let emit = |line: &[u8], started: Instant| {
             let _ = if to_stderr {
-                std::io::stderr().write_all(&line)
+                std::io::stderr().write_all(line)
             } else {
-                std::io::stdout().write_all(&line)
+                std::io::stdout().write_all(line)
             };
-            let text = String::from_utf8_lossy(&line).trim_end().to_owned();
+            let text = String::from_utf8_lossy(line).trim_end().to_owned();
             kept.lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .push((Instant::now(), text));
+                .push((started, text));
+        };
+        loop {
+            let read = match stream.read(&mut chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(read) => read,
+            };
+            for piece in chunk[..read].split_inclusive(|byte| *byte == b'\n') {
+                if line.is_empty() {
+                    line_started = Instant::now();
+                }
+                line.extend_from_slice(piece);
+                if piece.ends_with(b"\n") {
+                    emit(&line, line_started);
+                    line.clear();
+                }
+            }
+        }
+        if !line.is_empty() {
+            emit(&line, line_started);
         }
     })
 }
