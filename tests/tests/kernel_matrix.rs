@@ -27,9 +27,9 @@ use profiler_tests::{
     sample_frames, skip_or_fail,
 };
 
-/// How long a guest may take, boot to power-off, before it counts as hung (rows take 65 to 85 s;
-/// a hung one is run once more, so the bound is also what a hang costs the run).
-const GUEST_TIMEOUT: Duration = Duration::from_secs(160);
+/// How long a guest may take, boot to power-off, before it counts as hung (rows take 70 to
+/// 105 s; a hung one is run once more, so the bound is also what a hang costs the run).
+const GUEST_TIMEOUT: Duration = Duration::from_secs(180);
 
 #[test]
 fn kernel_5_10_compat_object() {
@@ -480,9 +480,10 @@ fn prepare_guest(results: &Path) -> Result<()> {
     // The emulated CPUs verify the programs slowly (20 to 40 times the host's 0.7 s of kernel
     // time), so the three loads (`check`, the JVM's daemon, the native program's daemon) run at
     // once on the guest's two CPUs while the workloads wait for their daemon to sample: the JVM
-    // for a file, the native program stopped. The native program has a daemon of its own: on emulated CPUs libjvm's
-    // tables take tens of seconds to build, and its small table would wait behind them. Its last
-    // interval is asserted on: the first holds the samples taken before its table was loaded.
+    // for a file, the native program stopped. The native program has a daemon of its own: on
+    // emulated CPUs libjvm's tables take tens of seconds to build, and its small table would
+    // wait behind them. Its last interval is asserted on: the first holds the samples taken
+    // before its table was loaded.
     let script = format!(
         r#"R=/mnt
 D={daemon}
@@ -510,10 +511,15 @@ sampling() {{ grep -q 'daemon: sampling' $R/$1.log; }}
 i=0
 until [ -e $R/go ] && [ -e $R/native.go ]; do
     [ $i -lt 300 ] || {{ echo "the daemons did not start sampling"; exit 1; }}
-    if [ ! -e $R/native.go ] && sampling native; then
-        kill -CONT $(cat $R/native.pid); touch $R/native.go; at "native program sampled"
+    if [ ! -e $R/native.go ]; then
+        if sampling native; then
+            kill -CONT $(cat $R/native.pid); touch $R/native.go; at "native program sampled"
+        elif ! kill -0 $NATIVE; then echo "the native program's daemon exited"; exit 1; fi
     fi
-    if [ ! -e $R/go ] && sampling daemon; then touch $R/go; at "JVM sampled"; fi
+    if [ ! -e $R/go ]; then
+        if sampling daemon; then touch $R/go; at "JVM sampled"
+        elif ! kill -0 $DAEMON; then echo "the JVM's daemon exited"; exit 1; fi
+    fi
     sleep 0.5; i=$((i+1))
 done
 # The programs' run times, read while the JVM's daemon samples (its duration is 16 s).
