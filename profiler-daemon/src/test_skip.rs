@@ -4,6 +4,7 @@
 
 /// Fails with `why` and how to opt out, unless `PROFILER_TESTS_SKIP` lists `item`; then says
 /// the test is skipped (the caller returns).
+#[track_caller]
 pub(crate) fn unless_skipped(item: &str, why: &str) {
     let listed = std::env::var("PROFILER_TESTS_SKIP")
         .is_ok_and(|list| list.split(',').any(|listed| listed.trim() == item));
