@@ -25,6 +25,23 @@ pub struct Finished {
     pub output: Output,
 }
 
+impl Finished {
+    /// When the daemon first logged a line containing `message` (and the field `pid=<pid>`, if
+    /// given), in nanoseconds since the Unix epoch: the clock of the profiles' `time_nanos`.
+    pub fn logged_at_ns(&self, message: &str, pid: Option<u32>) -> Option<i64> {
+        let pid_field = pid.map(|pid| format!("pid={pid}"));
+        let line = self.log.lines().find(|line| {
+            line.contains(message)
+                && pid_field
+                    .as_ref()
+                    .is_none_or(|field| line.split_whitespace().any(|word| word == field))
+        })?;
+        let stamp = humantime::parse_rfc3339(line.split_whitespace().next()?).ok()?;
+        let since_epoch = stamp.duration_since(std::time::UNIX_EPOCH).ok()?;
+        i64::try_from(since_epoch.as_nanos()).ok()
+    }
+}
+
 impl DaemonRun {
     pub fn new() -> Self {
         Self::default()

@@ -13,7 +13,8 @@
 //!   and `alloc_interval`; TLABs of a fixed size, see `ALLOC_SHARE_PP`), must give each site its
 //!   share of the bytes within 3 pp (4.5 on JDK 11), and the total within 5% where the daemon
 //!   scales the profiles to the JVM's own count (JDK 14+; 30% on JDK 11);
-//! - of the short threads' CPU samples in the JNI call, >= 99% must reach `Thread.run`.
+//! - of the short threads' CPU samples in the JNI call, >= 99% must reach `Thread.run` (in the
+//!   whole intervals that began once the daemon had read the JVM).
 //!
 //! What makes short threads hard: a thread's first milliseconds are its whole life here, so
 //! whatever the daemon learns of a thread late (its Java identity), or weighs by what the thread
@@ -330,14 +331,35 @@ struct JniFigures {
     rooted: usize,
     /// Samples in the JNI call whose thread is not a short one (or has no name).
     other_threads: usize,
-    /// Samples that do not reach [`ROOT`], by their innermost frames.
+    /// Samples that do not reach [`ROOT`], by their innermost and outermost frames.
     unrooted: HashMap<String, usize>,
+    /// The same samples by the whole interval they fell in (1 is the first, `run` the threshold):
+    /// whether they gather at a run's start or are spread.
+    unrooted_at: HashMap<(&'static str, usize), usize>,
+    /// Per run, how long after the daemon began sampling it pushed this JVM's layout.
+    ready_after_ms: Vec<i64>,
+    /// Whole intervals left out because they began before that: until the daemon has read the
+    /// JVM, its Java frames are walked as native ones (its start's business, measured in
+    /// tests/tests/hostile_jvms.rs, not the short threads').
+    before_ready: usize,
 }
 
 impl JniFigures {
-    fn add(&mut self, profiles: &[proto::Profile]) {
-        self.profiles += profiles.len();
-        for (profile, sample, frames) in samples_with_frames(profiles) {
+    /// Adds the samples of one run's whole intervals that began once the JVM was read
+    /// (`ready_ns`; none if it never was).
+    fn add(&mut self, profiles: &[proto::Profile], run: &'static str, ready_ns: Option<i64>) {
+        for (index, profile) in profiles.iter().enumerate() {
+            if ready_ns.is_none_or(|ready| profile.time_nanos < ready) {
+                self.before_ready += 1;
+                continue;
+            }
+            self.profiles += 1;
+            self.add_profile(profile, (run, index + 1));
+        }
+    }
+
+    fn add_profile(&mut self, profile: &proto::Profile, interval: (&'static str, usize)) {
+        for (profile, sample, frames) in samples_with_frames(std::slice::from_ref(profile)) {
             if !frames.iter().any(|f| JNI_FRAMES.contains(&f.as_str())) {
                 continue;
             }
@@ -351,7 +373,16 @@ impl JniFigures {
                 self.rooted += samples;
             } else {
                 let innermost: Vec<&str> = frames.iter().take(6).map(String::as_str).collect();
-                *self.unrooted.entry(innermost.join(";")).or_default() += samples;
+                let outermost: Vec<&str> = frames
+                    .iter()
+                    .rev()
+                    .take(2)
+                    .rev()
+                    .map(String::as_str)
+                    .collect();
+                let key = format!("{} ... {}", innermost.join(";"), outermost.join(";"));
+                *self.unrooted.entry(key).or_default() += samples;
+                *self.unrooted_at.entry(interval).or_default() += samples;
             }
         }
     }
@@ -417,7 +448,7 @@ fn short_threads_locks_allocations_and_jni_stacks_match_the_truth_on_every_jdk()
     // its truth has every threshold's totals.
     for (t, threshold) in THRESHOLDS.iter().enumerate() {
         let out = dir.path().join(format!("profiles-{}", threshold.key));
-        DaemonRun::new()
+        let finished = DaemonRun::new()
             .pids(jvms.iter().map(|jvm| jvm.jvm.pid()))
             .frequency(FREQUENCY)
             .interval(INTERVAL)
@@ -427,9 +458,17 @@ fn short_threads_locks_allocations_and_jni_stacks_match_the_truth_on_every_jdk()
             .arg(ALLOC)
             .arg(threshold.flag)
             .run(Duration::from_secs(SECONDS + 60));
+        let sampling_ns = finished.logged_at_ns("daemon: sampling", None);
         for (jvm, figures) in jvms.iter_mut().zip(&mut figures) {
             jvm.assert_alive(threshold.flag);
             let (pid, major) = (jvm.jvm.pid(), jvm.jdk.major);
+            let ready_ns = finished.logged_at_ns("JVM layout pushed", Some(pid));
+            if let (Some(ready), Some(sampling)) = (ready_ns, sampling_ns) {
+                figures
+                    .jni
+                    .ready_after_ms
+                    .push((ready - sampling) / 1_000_000);
+            }
             for (k, kind) in LOCK_KINDS.iter().enumerate() {
                 match whole_intervals(&out, pid, major, kind.profile) {
                     Ok((profiles, window)) => {
@@ -451,7 +490,7 @@ fn short_threads_locks_allocations_and_jni_stacks_match_the_truth_on_every_jdk()
                 Err(failure) => figures.harness_failures.push(failure),
             }
             match whole_intervals(&out, pid, major, "cpu") {
-                Ok((profiles, _)) => figures.jni.add(&profiles),
+                Ok((profiles, _)) => figures.jni.add(&profiles, threshold.key, ready_ns),
                 Err(failure) => figures.harness_failures.push(failure),
             }
         }
@@ -622,16 +661,31 @@ fn report(major: u32, figures: &JvmFigures) -> Vec<String> {
     let jni = &figures.jni;
     println!(
         "  JNI: {} CPU samples of {SHORT_THREAD}* threads in the call ({} cpu profiles), \
-         {:.2}% rooted at {ROOT}; {} samples in the call on other or unnamed threads",
+         {:.2}% rooted at {ROOT}; {} samples in the call on other or unnamed threads; \
+         layout pushed {:?} ms after sampling began, {} whole intervals before that left out",
         jni.samples,
         jni.profiles,
         jni.rooted_share() * 100.0,
-        jni.other_threads
+        jni.other_threads,
+        jni.ready_after_ms,
+        jni.before_ready
     );
     let mut unrooted: Vec<(&String, &usize)> = jni.unrooted.iter().collect();
     unrooted.sort_by_key(|(_, samples)| std::cmp::Reverse(**samples));
     for (innermost, samples) in unrooted.iter().take(3) {
         println!("    {samples} not rooted: {innermost}");
+    }
+    if !jni.unrooted_at.is_empty() {
+        let mut at: Vec<_> = jni.unrooted_at.iter().collect();
+        at.sort();
+        let at: Vec<String> = at
+            .iter()
+            .map(|((run, interval), samples)| format!("{run}#{interval}: {samples}"))
+            .collect();
+        println!(
+            "    not rooted by run and whole interval: {}",
+            at.join(", ")
+        );
     }
     if jni.samples < JNI_MIN_SAMPLES {
         failures.push(format!(
