@@ -469,6 +469,17 @@ fn short_threads_locks_allocations_and_jni_stacks_match_the_truth_on_every_jdk()
                     .ready_after_ms
                     .push((ready - sampling) / 1_000_000);
             }
+            // A live JVM's layout is pushed once and kept: dropped and pushed again, its Java
+            // frames would be walked as native ones in between.
+            if finished
+                .logged_at_ns("JVM exited: layout removed", Some(pid))
+                .is_some()
+            {
+                figures.harness_failures.push(format!(
+                    "JDK {major}: the daemon ({}) removed the layout of JVM {pid} while it ran",
+                    threshold.flag
+                ));
+            }
             for (k, kind) in LOCK_KINDS.iter().enumerate() {
                 match whole_intervals(&out, pid, major, kind.profile) {
                     Ok((profiles, window)) => {

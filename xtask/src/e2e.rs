@@ -163,13 +163,11 @@ pub fn run_group(command: &mut Command, name: &str) -> Result<GroupRun> {
     })
 }
 
-/// A line of a group's output and when its first byte came.
+/// A line of a group's output and when it was complete (its newline came).
 type TimedLine = (Instant, String);
 
-/// Copies a child's stream to ours line by line, keeping each line and when its first byte
-/// came: libtest writes `test NAME ... ` as the test starts and the rest of that line (`ok`,
-/// or the test's own output) later, so a line's start is the test's. The two streams
-/// interleave by line, which is all a reader of the log needs.
+/// Copies a child's stream to ours line by line, keeping each line and when it was complete.
+/// The two streams interleave by line, which is all a reader of the log needs.
 fn pass_through(
     mut stream: impl Read + Send + 'static,
     to_stderr: bool,
@@ -178,8 +176,7 @@ fn pass_through(
     std::thread::spawn(move || {
         let mut chunk = [0u8; 8192];
         let mut line = Vec::new();
-        let mut line_started = Instant::now();
-        let emit = |line: &[u8], started: Instant| {
+        let emit = |line: &[u8]| {
             let _ = if to_stderr {
                 std::io::stderr().write_all(line)
             } else {
@@ -188,7 +185,7 @@ fn pass_through(
             let text = String::from_utf8_lossy(line).trim_end().to_owned();
             kept.lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .push((started, text));
+                .push((Instant::now(), text));
         };
         loop {
             let read = match stream.read(&mut chunk) {
@@ -196,39 +193,53 @@ fn pass_through(
                 Ok(read) => read,
             };
             for piece in chunk[..read].split_inclusive(|byte| *byte == b'\n') {
-                if line.is_empty() {
-                    line_started = Instant::now();
-                }
                 line.extend_from_slice(piece);
                 if piece.ends_with(b"\n") {
-                    emit(&line, line_started);
+                    emit(&line);
                     line.clear();
                 }
             }
         }
         if !line.is_empty() {
-            emit(&line, line_started);
+            emit(&line);
         }
     })
 }
 
-/// Each test's time: from its `test NAME ... ` line to the next one, or to the group's `test
-/// result:` line (the groups run one test at a time).
+/// Each test's time, the groups running one test at a time: from the end of the one before
+/// (or the group's `running N tests` line) to its own verdict (`ok`, `FAILED`, `ignored`).
+///
+/// Not from its `test NAME ... ` line: libtest writes that without a newline to a
+/// line-buffered stdout, so it comes out when the test first prints a line to stdout, or with
+/// its verdict, whichever is first. The verdict ends the line, on its own if the test printed.
 fn test_times(lines: &[TimedLine]) -> Vec<(String, Duration)> {
+    const VERDICTS: [&str; 3] = ["ok", "FAILED", "ignored"];
     let mut times = Vec::new();
-    let mut running: Option<(&str, Instant)> = None;
+    let mut since: Option<Instant> = None;
+    let mut name: Option<&str> = None;
     for (at, text) in lines {
-        let started = text
-            .strip_prefix("test ")
-            .and_then(|rest| rest.split_once(" ... "))
-            .map(|(name, _)| name);
-        if started.is_none() && !text.starts_with("test result:") {
+        if text.starts_with("running ") && (text.ends_with(" tests") || text.ends_with(" test")) {
+            since = Some(*at);
             continue;
         }
-        if let Some((name, since)) = running.take() {
-            times.push((name.to_owned(), at.saturating_duration_since(since)));
+        let mut rest = text.as_str();
+        if let Some((test, after)) = text
+            .strip_prefix("test ")
+            .and_then(|r| r.split_once(" ... "))
+        {
+            name = Some(test);
+            rest = after;
         }
-        running = started.map(|name| (name, *at));
+        let verdict = VERDICTS
+            .iter()
+            .any(|v| rest == *v || rest.starts_with(&format!("{v} <")));
+        if !verdict {
+            continue;
+        }
+        if let (Some(test), Some(from)) = (name.take(), since) {
+            times.push((test.to_owned(), at.saturating_duration_since(from)));
+        }
+        since = Some(*at);
     }
     times
 }
@@ -322,15 +333,19 @@ mod tests {
     }
 
     #[test]
-    fn each_test_lasts_until_the_next_one_starts() {
+    fn each_test_lasts_from_the_verdict_before_it_to_its_own() {
         let start = Instant::now();
         let at = |secs: u64| start + Duration::from_secs(secs);
         let lines: Vec<TimedLine> = [
-            (0, "running 2 tests"),
+            (0, "running 3 tests"),
+            // Printed to stdout: its name comes out with its first line, its verdict alone.
             (1, "test first ... output of the first"),
             (2, "ok"),
+            // Printed only to stderr: its name comes out with its verdict.
+            (3, "--- daemon log ---"),
             (5, "test second ... ok"),
-            (9, "test result: ok. 2 passed"),
+            (6, "test third ... FAILED"),
+            (9, "test result: FAILED. 2 passed; 1 failed"),
         ]
         .iter()
         .map(|(secs, text)| (at(*secs), text.to_string()))
@@ -338,8 +353,9 @@ mod tests {
         assert_eq!(
             test_times(&lines),
             [
-                ("first".to_owned(), Duration::from_secs(4)),
-                ("second".to_owned(), Duration::from_secs(4)),
+                ("first".to_owned(), Duration::from_secs(2)),
+                ("second".to_owned(), Duration::from_secs(3)),
+                ("third".to_owned(), Duration::from_secs(1)),
             ]
         );
     }
