@@ -297,10 +297,14 @@ pub fn majors_from_env(var: &str, default: &[u32]) -> Vec<u32> {
 /// every run cover them all within `choices.len()` days (CI runs at least daily). The test
 /// prints which it took; an environment variable naming the majors reproduces a run.
 pub fn major_of_the_day(choices: &[u32]) -> u32 {
-    let days = std::time::SystemTime::now()
+    choices[(days_since_epoch() % choices.len() as u64) as usize]
+}
+
+/// Whole UTC days since the Unix epoch: what tests that take turns by the day count.
+pub fn days_since_epoch() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| since.as_secs() / 86_400);
-    choices[(days % choices.len() as u64) as usize]
+        .map_or(0, |since| since.as_secs() / 86_400)
 }
 
 /// The string value of a sample label.

@@ -493,7 +493,7 @@ start() {{ name=$1; shift; "$@" > $R/$name.out 2>&1 & echo $! > $R/$name.pid; }}
 start native {native} 300
 kill -STOP $(cat $R/native.pid)
 start jvm {java} -Xmx128m -cp {classes} KernelMatrix $R/go
-run() {{ log=$1; shift; "$@" > $R/$log.log 2>&1; echo $? > $R/$log.rc; }}
+run() {{ log=$1; shift; "$@" > $R/$log.log 2>&1 & echo $! > $R/$log.child; wait $!; echo $? > $R/$log.rc; }}
 # The workloads only (the whole host's other processes cost symbolizing time on emulated CPUs),
 # and a small table budget (the compat object's preallocated blocks are filled at start).
 echo 'cache_budget_mib = 24' > $R/config.toml
@@ -502,7 +502,7 @@ echo 1 > /proc/sys/kernel/bpf_stats_enabled
 at loading
 run check $D check &
 CHECK=$!
-run daemon $D run --config $R/config.toml --pid $(cat $R/jvm.pid) --frequency 99 --interval 8 --duration 16 --output $R/profiles --off-cpu --alloc --lock=1ms &
+run daemon $D run --config $R/config.toml --pid $(cat $R/jvm.pid) --frequency 99 --interval 8 --duration 60 --output $R/profiles --off-cpu --alloc --lock=1ms &
 DAEMON=$!
 run native $D run --config $R/config.toml --pid $(cat $R/native.pid) --frequency 99 --interval 5 --duration 10 --output $R/native-profiles &
 NATIVE=$!
@@ -522,16 +522,20 @@ until [ -e $R/go ] && [ -e $R/native.go ]; do
     fi
     sleep 0.5; i=$((i+1))
 done
-# The programs' run times, read while the JVM's daemon samples (its duration is 16 s).
-(sleep 11; bpftool -j prog show > $R/progs.json) &
-BPFTOOL=$!
 i=0
 while [ "$(grep -c '^ready' $R/jvm.out)" != 3 ] && [ $i -lt 60 ]; do
     kill -0 $(cat $R/jvm.pid) || {{ echo "the JVM exited"; exit 1; }}
     sleep 1; i=$((i+1))
 done
 at "workloads ready after $i s"
-wait $CHECK $DAEMON $NATIVE $BPFTOOL
+# The JVM's daemon samples the workloads 12 s from the moment they are all ready, however long
+# the emulated CPUs took to get there (once 13 s of its 16): the programs' run times are read
+# meanwhile, then it is stopped as a service would be (its last interval written).
+sleep 11
+bpftool -j prog show > $R/progs.json
+sleep 1
+kill -TERM $(cat $R/daemon.child)
+wait $CHECK $DAEMON $NATIVE
 at end
 kill $(cat $R/jvm.pid) $(cat $R/native.pid)
 exit 0

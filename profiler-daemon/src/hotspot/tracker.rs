@@ -39,7 +39,7 @@ use super::virtual_threads::{
     LibjvmStatics, StaticsByFile, VirtualThreadLayout, FIRST_VIRTUAL_THREADS_JDK,
 };
 use crate::process::ProcessInfo;
-use crate::user_time::UserTimeShares;
+use crate::user_time::{UserTimeShares, WorkTimer};
 
 /// How often the tracker wakes to take events and check what is due.
 pub const TICK_PERIOD: Duration = Duration::from_millis(500);
@@ -748,9 +748,9 @@ impl<S: LayoutSink> JvmTracker<S> {
                 Ok(process) => process,
                 Err(_) => return,
             };
-            let started = Instant::now();
+            let timer = WorkTimer::start();
             let inspected = self.jvms.inspect(&process, &memory);
-            let took = started.elapsed();
+            let took = timer.elapsed();
             self.inspection_budget.charge(uid, took);
             match inspected {
                 Ok(found) => *jvm = Some(found),

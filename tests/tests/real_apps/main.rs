@@ -3,8 +3,8 @@
 //! an embedded Jetty 9.4 server under HTTP load from `ab` (`libjetty9-java`, `apache2-utils`),
 //! and a Spring Web MVC 4.3 service on an embedded Tomcat 9 under the same load
 //! (`libspring-web-servlet-java`, `libtomcat9-java`, `libjackson2-databind-java`): deep framework
-//! stacks of mostly distinct methods. Each runs on JDK 17 and 25 (`PROFILER_REAL_APP_JDKS=11,17,21,25` for more)
-//! with `jdk.ExecutionSample` recorded (`settings=profile`, `DebugNonSafepoints`, stack depth
+//! stacks of mostly distinct methods. Each runs on JDK 17 or the JDK of the day, the two taking
+//! turns ([`real_app_jdks`]; `PROFILER_REAL_APP_JDKS=11,17,21,25` runs each on those), with `jdk.ExecutionSample` recorded (`settings=profile`, `DebugNonSafepoints`, stack depth
 //! 2048) while the daemon profiles the same JVM over the same window.
 //!
 //! Every run prints, per application and JDK:
@@ -174,17 +174,40 @@ fn have_packages(paths: &[&str], packages: &str) -> bool {
     false
 }
 
-/// The JDKs to run on: 17 (Debian's, the most deployed) on every run, and one of 25, 26 and 27
-/// chosen by the day ([`major_of_the_day`]: each real application takes about a minute per JDK,
-/// too long for every JDK on every run), unless `PROFILER_REAL_APP_JDKS` lists majors.
-fn real_app_jdks() -> Vec<Jdk> {
+/// The JDKs `app` runs on: one of 17 (Debian's, the most deployed) and the JDK of the day (one
+/// of 25, 26 and 27, [`major_of_the_day`]) among those `runs_on` keeps, the two taking turns by
+/// the day and the application, so that each day runs both and every application meets both
+/// within two days (each real application takes about half a minute per JDK: every JDK for
+/// every application on every run is too long for CI). `PROFILER_REAL_APP_JDKS` lists the
+/// majors to run every application on instead.
+fn real_app_jdks(app: &str, runs_on: impl Fn(&Jdk) -> bool) -> Vec<Jdk> {
+    let available: Vec<Jdk> = jdks().into_iter().filter(|jdk| runs_on(jdk)).collect();
+    if std::env::var_os("PROFILER_REAL_APP_JDKS").is_some() {
+        let wanted = majors_from_env("PROFILER_REAL_APP_JDKS", &[]);
+        println!("{app}: on JDK {wanted:?} (PROFILER_REAL_APP_JDKS)");
+        return available
+            .into_iter()
+            .filter(|jdk| wanted.contains(&jdk.major))
+            .collect();
+    }
     let of_the_day = major_of_the_day(&[25, 26, 27]);
-    let wanted = majors_from_env("PROFILER_REAL_APP_JDKS", &[17, of_the_day]);
-    println!("real applications on JDK {wanted:?} (PROFILER_REAL_APP_JDKS to choose)");
-    jdks()
+    let mut candidates: Vec<Jdk> = available
         .into_iter()
-        .filter(|jdk| wanted.contains(&jdk.major))
-        .collect()
+        .filter(|jdk| [17, of_the_day].contains(&jdk.major))
+        .collect();
+    if candidates.is_empty() {
+        return candidates;
+    }
+    // Neighbours in this list take different JDKs on the same day.
+    const TAKING_TURNS: [&str; 4] = ["h2", "clojure", "jetty", "spring"];
+    let position = TAKING_TURNS.iter().position(|a| *a == app).unwrap_or(0) as u64;
+    let turn = days_since_epoch() + position;
+    let chosen = candidates.swap_remove((turn % candidates.len() as u64) as usize);
+    println!(
+        "{app}: on JDK {} today (17 and {of_the_day} take turns; PROFILER_REAL_APP_JDKS to choose)",
+        chosen.major
+    );
+    vec![chosen]
 }
 
 /// Where a test keeps its recordings and profiles: a temporary directory, or a directory under
@@ -487,7 +510,7 @@ fn run_app_on(app: &App, dir: &Path, runs_on: impl Fn(&Jdk) -> bool) {
     let mut summaries = Vec::new();
     let mut harness_failures = Vec::new();
     let mut target_failures = Vec::new();
-    for jdk in real_app_jdks().into_iter().filter(|jdk| runs_on(jdk)) {
+    for jdk in real_app_jdks(app.name, runs_on) {
         let started = Instant::now();
         match measure(app, &jdk, dir, &helper, &extra_jfc) {
             Ok(m) => {
