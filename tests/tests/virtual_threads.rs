@@ -468,7 +468,7 @@ fn waits_of_unmounted_virtual_threads_are_profiled_per_site() {
         "virtual_thread_ids = true\nstack_memory_mib = 1024\n",
     );
     // Longer than the workloads: every wait they measure ends while the daemon runs.
-    DaemonRun::new()
+    let finished = DaemonRun::new()
         .pids(jvms.iter().map(|(_, workload, _)| workload.pid()))
         .frequency(FREQUENCY)
         .duration(seconds + 8)
@@ -478,9 +478,21 @@ fn waits_of_unmounted_virtual_threads_are_profiled_per_site() {
         .arg("--off-cpu")
         .arg("--lock=0")
         .run(Duration::from_secs(seconds + 70));
+    let sampling_ns = finished.logged_at_ns("daemon: sampling", None);
     let mut failures = Vec::new();
     for (major, mut workload, results) in jvms {
         let pid = workload.pid();
+        // The waits a JVM makes before the daemon has read it are not seen as its virtual
+        // threads': how soon that was, for a ratio under target.
+        if let (Some(ready), Some(sampling)) = (
+            finished.logged_at_ns("JVM layout pushed", Some(pid)),
+            sampling_ns,
+        ) {
+            println!(
+                "JDK {major}: layout pushed {} ms after sampling began",
+                (ready - sampling) / 1_000_000
+            );
+        }
         assert!(
             workload.0.wait().expect("the JVM ends").success(),
             "JDK {major}: the workload failed"

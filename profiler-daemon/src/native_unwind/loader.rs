@@ -45,7 +45,7 @@ use super::mapping::{load_bias_in, load_segments, CodeMapping, LoadSegment, Tabl
 use crate::process::{self, Backing, Mapping};
 use crate::process_key::ProcessKey;
 use crate::untrusted::BoundedReads;
-use crate::user_time::{UserTimeShares, WorkTimer};
+use crate::user_time::UserTimeShares;
 use crate::vdso::VdsoImage;
 
 /// Most bytes read from one file to key and build its table (headers and `.eh_frame`; a
@@ -755,10 +755,9 @@ impl<M: TableMaps> UnwindTables<M> {
             }
         }
         let started = Instant::now();
-        let timer = WorkTimer::start();
         let built = build_table(data, self.limits);
         if let Some(holdings) = holdings.as_deref() {
-            self.build_shares.charge(holdings.uid, timer.elapsed());
+            self.build_shares.charge(holdings.uid, started.elapsed());
         }
         self.stats.builds.fetch_add(1, Ordering::Relaxed);
         self.stats
