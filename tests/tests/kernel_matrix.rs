@@ -528,10 +528,11 @@ while [ "$(grep -c '^ready' $R/jvm.out)" != 3 ] && [ $i -lt 60 ]; do
     sleep 1; i=$((i+1))
 done
 at "workloads ready after $i s"
-# The JVM's daemon samples the workloads 12 s from the moment they are all ready, however long
+# The JVM's daemon samples the workloads 6 s from the moment they are all ready, however long
 # the emulated CPUs took to get there (once 13 s of its 16): the programs' run times are read
-# meanwhile, then it is stopped as a service would be (its last interval written).
-sleep 11
+# meanwhile, then it is stopped as a service would be (its last interval written; 12 s of
+# samples took the emulated CPUs 30 s more to name).
+sleep 5
 bpftool -j prog show > $R/progs.json
 sleep 1
 kill -TERM $(cat $R/daemon.child)
