@@ -344,9 +344,9 @@ struct JniFigures {
     unrooted_at: HashMap<(&'static str, usize), usize>,
     /// Per run, how long after the daemon began sampling it pushed this JVM's layout.
     ready_after_ms: Vec<i64>,
-    /// Whole intervals left out because they began before that: until the daemon has read the
-    /// JVM, its Java frames are walked as native ones (its start's business, measured in
-    /// tests/tests/hostile_jvms.rs, not the short threads').
+    /// Whole intervals left out because they began before that or within [`SETTLING_NS`] of
+    /// it: until the daemon has read the JVM, its Java frames are walked as native ones (its
+    /// start's business, measured in tests/tests/hostile_jvms.rs, not the short threads').
     before_ready: usize,
 }
 
@@ -680,7 +680,7 @@ fn report(major: u32, figures: &JvmFigures) -> Vec<String> {
     println!(
         "  JNI: {} CPU samples of {SHORT_THREAD}* threads in the call ({} cpu profiles), \
          {:.2}% rooted at {ROOT}; {} samples in the call on other or unnamed threads; \
-         layout pushed {:?} ms after sampling began, {} whole intervals before that left out",
+         layout pushed {:?} ms after sampling began, {} whole intervals left out (begun within an interval of it)",
         jni.samples,
         jni.profiles,
         jni.rooted_share() * 100.0,
