@@ -40,6 +40,14 @@ impl Finished {
         let since_epoch = stamp.duration_since(std::time::UNIX_EPOCH).ok()?;
         i64::try_from(since_epoch.as_nanos()).ok()
     }
+
+    /// When the daemon pushed JVM `pid`'s layout (its Java frames walk from then on), in ns
+    /// since the epoch, and how many ms after it began sampling.
+    pub fn layout_pushed(&self, pid: u32) -> Option<(i64, i64)> {
+        let pushed = self.logged_at_ns("JVM layout pushed", Some(pid))?;
+        let sampling = self.logged_at_ns("daemon: sampling", None)?;
+        Some((pushed, (pushed - sampling) / 1_000_000))
+    }
 }
 
 impl DaemonRun {

@@ -467,15 +467,15 @@ fn short_threads_locks_allocations_and_jni_stacks_match_the_truth_on_every_jdk()
             .arg(ALLOC)
             .arg(threshold.flag)
             .run(Duration::from_secs(SECONDS + 60));
-        let sampling_ns = finished.logged_at_ns("daemon: sampling", None);
         for (jvm, figures) in jvms.iter_mut().zip(&mut figures) {
             jvm.assert_alive(threshold.flag);
             let (pid, major) = (jvm.jvm.pid(), jvm.jdk.major);
-            let ready_ns = finished.logged_at_ns("JVM layout pushed", Some(pid));
-            if let (Some(ready), Some(sampling)) = (ready_ns, sampling_ns) {
-                let after_ms = (ready - sampling) / 1_000_000;
-                figures.jni.ready_after_ms.push(after_ms);
-            }
+            let pushed = finished.layout_pushed(pid);
+            let ready_ns = pushed.map(|(at, _)| at);
+            figures
+                .jni
+                .ready_after_ms
+                .extend(pushed.map(|(_, after_ms)| after_ms));
             // A live JVM's layout is pushed once and kept: dropped and pushed again, its Java
             // frames would be walked as native ones in between.
             if finished

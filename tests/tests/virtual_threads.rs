@@ -478,20 +478,13 @@ fn waits_of_unmounted_virtual_threads_are_profiled_per_site() {
         .arg("--off-cpu")
         .arg("--lock=0")
         .run(Duration::from_secs(seconds + 70));
-    let sampling_ns = finished.logged_at_ns("daemon: sampling", None);
     let mut failures = Vec::new();
     for (major, mut workload, results) in jvms {
         let pid = workload.pid();
         // The waits a JVM makes before the daemon has read it are not seen as its virtual
         // threads': how soon that was, for a ratio under target.
-        if let (Some(ready), Some(sampling)) = (
-            finished.logged_at_ns("JVM layout pushed", Some(pid)),
-            sampling_ns,
-        ) {
-            println!(
-                "JDK {major}: layout pushed {} ms after sampling began",
-                (ready - sampling) / 1_000_000
-            );
+        if let Some((_, after_ms)) = finished.layout_pushed(pid) {
+            println!("JDK {major}: layout pushed {after_ms} ms after sampling began");
         }
         assert!(
             workload.0.wait().expect("the JVM ends").success(),
