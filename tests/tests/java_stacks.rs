@@ -63,224 +63,255 @@ fn java_stacks_on_every_jdk() {
     let deep_leaf_lines = method_lines(&source, "static long deepLeaf");
     let mut report = Vec::new();
 
-    for jdk in jdks_with_8() {
-        let jvm = start_java(&jdk, &classes, "Workloads", &[]).expect("JVM starts");
+    // Two JDKs at a time under one daemon (each JVM gets half the CPUs: about 1,900 split
+    // samples each, against the 500 asked for): the group's longest wait is the JIT's warm-up
+    // and the sampling window, paid once per pair.
+    for pair in jdks_with_8().chunks(2) {
+        let jvms: Vec<_> = pair
+            .iter()
+            .map(|jdk| start_java(jdk, &classes, "Workloads", &[]).expect("JVM starts"))
+            .collect();
         // Let the JIT compile the hot paths, as in a long-running service.
         std::thread::sleep(Duration::from_secs(4));
-        let out = dir.path().join(format!("profiles-{}", jdk.major));
+        let majors: Vec<String> = pair.iter().map(|jdk| jdk.major.to_string()).collect();
+        let out = dir.path().join(format!("profiles-{}", majors.join("-")));
         let finished = DaemonRun::new()
-            .pid(jvm.pid())
+            .pids(jvms.iter().map(|jvm| jvm.pid()))
             .frequency(997)
             .interval(15)
             .duration(8)
             .output(&out)
             .run(Duration::from_secs(90));
-        let log = finished.log;
-        let unwind_ends: Vec<String> = log
+        let unwind_ends: Vec<String> = finished
+            .log
             .lines()
             .filter_map(|l| l.split("unwind_ends=").nth(1))
             .filter_map(|rest| rest.split_whitespace().next())
             .map(str::to_owned)
             .collect();
-        drop(jvm);
+        let pids: Vec<u32> = jvms.iter().map(|jvm| jvm.pid()).collect();
+        drop(jvms);
+        for (jdk, pid) in pair.iter().zip(pids) {
+            let profiles = profiles_of(&out, pid).expect("profiles readable");
+            report.push(check_java_stacks(
+                jdk,
+                &profiles,
+                deep_leaf_lines,
+                &unwind_ends,
+            ));
+        }
+    }
+    eprintln!("--- summary ---\n{}", report.join("\n"));
+}
 
-        let profiles = profiles_of(&out, output_pid(&out)).expect("profiles readable");
-        assert!(!profiles.is_empty(), "no profile for JDK {}", jdk.major);
-        // Java functions: `pkg.Class.method` (with its kind), the signature in the system name,
-        // the source file with its package path.
-        let (_, first) = &profiles[0];
-        let deep_leaf = first
-            .function
-            .iter()
-            .find(|f| base_name(&first.string_table[f.name as usize]) == "Workloads.deepLeaf")
-            .expect("a deepLeaf function");
-        assert_eq!(
-            first.string_table[deep_leaf.system_name as usize],
-            "Workloads.deepLeaf(J)J"
-        );
-        assert_eq!(
-            first.string_table[deep_leaf.filename as usize],
-            "Workloads.java"
-        );
+/// The assertions of [`java_stacks_on_every_jdk`] on one JVM's profiles; its report line.
+/// `unwind_ends` are the daemon's counts of how walks ended, per interval (of every JVM it
+/// sampled).
+fn check_java_stacks(
+    jdk: &Jdk,
+    profiles: &[(std::path::PathBuf, profiler_daemon::pprof::proto::Profile)],
+    deep_leaf_lines: (i64, i64),
+    unwind_ends: &[String],
+) -> String {
+    assert!(!profiles.is_empty(), "no profile for JDK {}", jdk.major);
+    // Java functions: `pkg.Class.method` (with its kind), the signature in the system name,
+    // the source file with its package path.
+    let (_, first) = &profiles[0];
+    let deep_leaf = first
+        .function
+        .iter()
+        .find(|f| base_name(&first.string_table[f.name as usize]) == "Workloads.deepLeaf")
+        .expect("a deepLeaf function");
+    assert_eq!(
+        first.string_table[deep_leaf.system_name as usize],
+        "Workloads.deepLeaf(J)J"
+    );
+    assert_eq!(
+        first.string_table[deep_leaf.filename as usize],
+        "Workloads.java"
+    );
 
-        // Per thread: samples, and samples whose stack contains each function.
-        let mut thread_samples: HashMap<String, i64> = HashMap::new();
-        let mut contains: HashMap<(String, String), i64> = HashMap::new();
-        let (mut rooted, mut java_thread_samples) = (0i64, 0i64);
-        let (mut deep_leaf, mut deep_complete) = (0i64, 0i64);
-        let (mut inline_samples, mut with_inlined) = (0i64, 0i64);
-        let (mut zip_samples, mut zip_native_under_java) = (0i64, 0i64);
-        let (mut leaf_line_checked, mut leaf_line_right, mut leaf_line_unknown) =
-            (0i64, 0i64, 0i64);
-        for (_, profile) in &profiles {
-            for sample in &profile.sample {
-                let n = count(sample);
-                let thread = label(profile, sample, "thread_name")
-                    .unwrap_or_default()
-                    .to_owned();
-                let frames = sample_frames(profile, sample);
-                *thread_samples.entry(thread.clone()).or_default() += n;
-                for frame in &frames {
+    // Per thread: samples, and samples whose stack contains each function.
+    let mut thread_samples: HashMap<String, i64> = HashMap::new();
+    let mut contains: HashMap<(String, String), i64> = HashMap::new();
+    let (mut rooted, mut java_thread_samples) = (0i64, 0i64);
+    let mut unrooted: HashMap<String, i64> = HashMap::new();
+    let (mut deep_leaf, mut deep_complete) = (0i64, 0i64);
+    let (mut inline_samples, mut with_inlined) = (0i64, 0i64);
+    let (mut zip_samples, mut zip_native_under_java) = (0i64, 0i64);
+    let (mut leaf_line_checked, mut leaf_line_right, mut leaf_line_unknown) = (0i64, 0i64, 0i64);
+    for (_, profile) in profiles {
+        for sample in &profile.sample {
+            let n = count(sample);
+            let thread = label(profile, sample, "thread_name")
+                .unwrap_or_default()
+                .to_owned();
+            let frames = sample_frames(profile, sample);
+            *thread_samples.entry(thread.clone()).or_default() += n;
+            for frame in &frames {
+                *contains
+                    .entry((thread.clone(), base_name(&frame.name).to_owned()))
+                    .or_default() += 0;
+            }
+            let mut seen = std::collections::HashSet::new();
+            for frame in &frames {
+                if seen.insert(base_name(&frame.name).to_owned()) {
                     *contains
                         .entry((thread.clone(), base_name(&frame.name).to_owned()))
-                        .or_default() += 0;
-                }
-                let mut seen = std::collections::HashSet::new();
-                for frame in &frames {
-                    if seen.insert(base_name(&frame.name).to_owned()) {
-                        *contains
-                            .entry((thread.clone(), base_name(&frame.name).to_owned()))
-                            .or_default() += n;
-                    }
-                }
-                if !thread.ends_with("-worker") {
-                    continue;
-                }
-                java_thread_samples += n;
-                let reaches_root = frames
-                    .iter()
-                    .any(|f| base_name(&f.name) == "java.lang.Thread.run");
-                if reaches_root {
-                    rooted += n;
-                }
-                match thread.as_str() {
-                    "deep-worker"
-                        if frames
-                            .first()
-                            .is_some_and(|f| base_name(&f.name) == "Workloads.deepLeaf") =>
-                    {
-                        deep_leaf += n;
-                        let depth = frames
-                            .iter()
-                            .filter(|f| base_name(&f.name) == "Workloads.recurse")
-                            .count();
-                        if depth == 201 && reaches_root {
-                            deep_complete += n;
-                        }
-                        leaf_line_checked += n;
-                        let line = frames[0].line;
-                        if line == 0 {
-                            leaf_line_unknown += n;
-                        } else if line >= deep_leaf_lines.0 && line <= deep_leaf_lines.1 {
-                            leaf_line_right += n;
-                        }
-                    }
-                    "inline-worker" => {
-                        inline_samples += n;
-                        if frames.iter().any(|f| {
-                            f.name.ends_with("_[i]") && f.name.contains("Workloads.inline")
-                        }) {
-                            with_inlined += n;
-                        }
-                    }
-                    "zip-worker" => {
-                        zip_samples += n;
-                        let first_java = frames.iter().position(|f| {
-                            f.name.starts_with("java.") || f.name.starts_with("Workloads.")
-                        });
-                        if first_java.is_some_and(|i| {
-                            i > 0
-                                && frames[..i].iter().any(|f| {
-                                    f.name.contains("libz")
-                                        || f.name.contains("deflate")
-                                        || f.name.contains("crc32")
-                                        || f.name.contains("adler")
-                                })
-                        }) && reaches_root
-                        {
-                            zip_native_under_java += n;
-                        }
-                    }
-                    _ => {}
+                        .or_default() += n;
                 }
             }
+            if !thread.ends_with("-worker") {
+                continue;
+            }
+            java_thread_samples += n;
+            let reaches_root = frames
+                .iter()
+                .any(|f| base_name(&f.name) == "java.lang.Thread.run");
+            if reaches_root {
+                rooted += n;
+            } else {
+                // By their innermost and two outermost frames: where the walks stopped.
+                let names: Vec<&str> = frames.iter().map(|f| f.name.as_str()).collect();
+                let outer = names.len().saturating_sub(2);
+                let key = format!(
+                    "{thread}: {} .. {}",
+                    names.first().copied().unwrap_or(""),
+                    names[outer..].join(" < ")
+                );
+                *unrooted.entry(key).or_default() += n;
+            }
+            match thread.as_str() {
+                "deep-worker"
+                    if frames
+                        .first()
+                        .is_some_and(|f| base_name(&f.name) == "Workloads.deepLeaf") =>
+                {
+                    deep_leaf += n;
+                    let depth = frames
+                        .iter()
+                        .filter(|f| base_name(&f.name) == "Workloads.recurse")
+                        .count();
+                    if depth == 201 && reaches_root {
+                        deep_complete += n;
+                    }
+                    leaf_line_checked += n;
+                    let line = frames[0].line;
+                    if line == 0 {
+                        leaf_line_unknown += n;
+                    } else if line >= deep_leaf_lines.0 && line <= deep_leaf_lines.1 {
+                        leaf_line_right += n;
+                    }
+                }
+                "inline-worker" => {
+                    inline_samples += n;
+                    if frames
+                        .iter()
+                        .any(|f| f.name.ends_with("_[i]") && f.name.contains("Workloads.inline"))
+                    {
+                        with_inlined += n;
+                    }
+                }
+                "zip-worker" => {
+                    zip_samples += n;
+                    let first_java = frames.iter().position(|f| {
+                        f.name.starts_with("java.") || f.name.starts_with("Workloads.")
+                    });
+                    if first_java.is_some_and(|i| {
+                        i > 0
+                            && frames[..i].iter().any(|f| {
+                                f.name.contains("libz")
+                                    || f.name.contains("deflate")
+                                    || f.name.contains("crc32")
+                                    || f.name.contains("adler")
+                            })
+                    }) && reaches_root
+                    {
+                        zip_native_under_java += n;
+                    }
+                }
+                _ => {}
+            }
         }
+    }
 
-        // The truth is 60/30/10 between the three methods: shares among the samples in any of
-        // them (the driver loop's own few samples belong to none).
-        let in_split = |f: &str| {
-            contains
-                .get(&("split-worker".to_owned(), format!("Workloads.{f}")))
-                .copied()
-                .unwrap_or(0)
-        };
-        let split_total = in_split("splitA") + in_split("splitB") + in_split("splitC");
-        let share = |f: &str| in_split(f) as f64 / split_total.max(1) as f64;
-        let (a, b, c) = (share("splitA"), share("splitB"), share("splitC"));
-        let error = ((a - 0.6).abs()).max((b - 0.3).abs()).max((c - 0.1).abs());
-        let root_reach = rooted as f64 / java_thread_samples.max(1) as f64;
-        let line = format!(
+    // The truth is 60/30/10 between the three methods: shares among the samples in any of
+    // them (the driver loop's own few samples belong to none).
+    let in_split = |f: &str| {
+        contains
+            .get(&("split-worker".to_owned(), format!("Workloads.{f}")))
+            .copied()
+            .unwrap_or(0)
+    };
+    let split_total = in_split("splitA") + in_split("splitB") + in_split("splitC");
+    let share = |f: &str| in_split(f) as f64 / split_total.max(1) as f64;
+    let (a, b, c) = (share("splitA"), share("splitB"), share("splitC"));
+    let error = ((a - 0.6).abs()).max((b - 0.3).abs()).max((c - 0.1).abs());
+    let root_reach = rooted as f64 / java_thread_samples.max(1) as f64;
+    let line = format!(
             "JDK {}: split {:.1}/{:.1}/{:.1}% over {split_total} samples (max error {:.1} pp); root reach {:.1}% of {java_thread_samples}; \
              200-deep complete {deep_complete}/{deep_leaf}; inlined frames in {with_inlined}/{inline_samples}; \
              native zip under Java {zip_native_under_java}/{zip_samples}; deepLeaf line right {leaf_line_right}/{leaf_line_checked} (unknown {leaf_line_unknown}); unwind ends {}",
             jdk.major, a * 100.0, b * 100.0, c * 100.0, error * 100.0, root_reach * 100.0, unwind_ends.join(" | ")
         );
-        eprintln!("{line}");
-        report.push(line);
+    eprintln!("{line}");
 
-        for name in ["split-worker", "deep-worker", "inline-worker", "zip-worker"] {
-            assert!(
-                thread_samples.get(name).copied().unwrap_or(0) > 50,
-                "JDK {}: thread {name} missing or barely sampled: {thread_samples:?}",
-                jdk.major
-            );
-        }
+    for name in ["split-worker", "deep-worker", "inline-worker", "zip-worker"] {
         assert!(
-            split_total > 500,
-            "JDK {}: too few split samples",
-            jdk.major
-        );
-        assert!(
-            error <= 0.03,
-            "JDK {}: split {a:.3}/{b:.3}/{c:.3} off by more than 3 pp",
-            jdk.major
-        );
-        assert!(
-            root_reach >= 0.95,
-            "JDK {}: only {:.1}% of Java thread samples reach Thread.run",
-            jdk.major,
-            root_reach * 100.0
-        );
-        assert!(
-            deep_leaf > 50 && deep_complete as f64 >= 0.95 * deep_leaf as f64,
-            "JDK {}: 200-deep stacks incomplete: {deep_complete}/{deep_leaf}",
-            jdk.major
-        );
-        assert!(
-            with_inlined as f64 >= 0.5 * inline_samples as f64,
-            "JDK {}: inlined frames missing: {with_inlined}/{inline_samples}",
-            jdk.major
-        );
-        assert!(
-            zip_native_under_java as f64 >= 0.5 * zip_samples as f64,
-            "JDK {}: native zip frames under Java: {zip_native_under_java}/{zip_samples}",
-            jdk.major
-        );
-        assert!(
-            leaf_line_checked - leaf_line_right - leaf_line_unknown <= leaf_line_checked / 20,
-            "JDK {}: deepLeaf lines: {leaf_line_right} of {leaf_line_checked} in \
-             {deep_leaf_lines:?}, {leaf_line_unknown} unknown, the rest wrong",
-            jdk.major
-        );
-        // JDK 8 puts no safepoint in a C2-compiled counted loop (loop strip mining came in
-        // 10): a pc inside deepLeaf's has no debug information, and its line is unknown.
-        let known_wanted = if jdk.major <= 8 { 0.0 } else { 0.95 };
-        assert!(
-            leaf_line_right as f64 >= known_wanted * leaf_line_checked as f64,
-            "JDK {}: deepLeaf lines {leaf_line_right}/{leaf_line_checked} in {deep_leaf_lines:?}",
+            thread_samples.get(name).copied().unwrap_or(0) > 50,
+            "JDK {}: thread {name} missing or barely sampled: {thread_samples:?}",
             jdk.major
         );
     }
-    eprintln!("--- summary ---\n{}", report.join("\n"));
-}
-
-/// The pid in the first profile file name of `dir` (`cpu-<time>-<pid>-<comm>.pb.gz`).
-fn output_pid(dir: &std::path::Path) -> u32 {
-    std::fs::read_dir(dir)
-        .expect("output dir")
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .find_map(|name| name.split('-').nth(2)?.parse().ok())
-        .expect("a profile file")
+    assert!(
+        split_total > 500,
+        "JDK {}: too few split samples",
+        jdk.major
+    );
+    assert!(
+        error <= 0.03,
+        "JDK {}: split {a:.3}/{b:.3}/{c:.3} off by more than 3 pp",
+        jdk.major
+    );
+    let mut unrooted: Vec<(String, i64)> = unrooted.into_iter().collect();
+    unrooted.sort_by_key(|(_, n)| -n);
+    unrooted.truncate(6);
+    assert!(
+        root_reach >= 0.95,
+        "JDK {}: only {:.1}% of Java thread samples reach Thread.run; the others most often: {unrooted:#?}",
+        jdk.major,
+        root_reach * 100.0
+    );
+    assert!(
+        deep_leaf > 50 && deep_complete as f64 >= 0.95 * deep_leaf as f64,
+        "JDK {}: 200-deep stacks incomplete: {deep_complete}/{deep_leaf}",
+        jdk.major
+    );
+    assert!(
+        with_inlined as f64 >= 0.5 * inline_samples as f64,
+        "JDK {}: inlined frames missing: {with_inlined}/{inline_samples}",
+        jdk.major
+    );
+    assert!(
+        zip_native_under_java as f64 >= 0.5 * zip_samples as f64,
+        "JDK {}: native zip frames under Java: {zip_native_under_java}/{zip_samples}",
+        jdk.major
+    );
+    assert!(
+        leaf_line_checked - leaf_line_right - leaf_line_unknown <= leaf_line_checked / 20,
+        "JDK {}: deepLeaf lines: {leaf_line_right} of {leaf_line_checked} in \
+             {deep_leaf_lines:?}, {leaf_line_unknown} unknown, the rest wrong",
+        jdk.major
+    );
+    // JDK 8 puts no safepoint in a C2-compiled counted loop (loop strip mining came in
+    // 10): a pc inside deepLeaf's has no debug information, and its line is unknown.
+    let known_wanted = if jdk.major <= 8 { 0.0 } else { 0.95 };
+    assert!(
+        leaf_line_right as f64 >= known_wanted * leaf_line_checked as f64,
+        "JDK {}: deepLeaf lines {leaf_line_right}/{leaf_line_checked} in {deep_leaf_lines:?}",
+        jdk.major
+    );
+    line
 }
 
 #[test]

@@ -306,6 +306,9 @@ pub struct JvmTracker<S: LayoutSink> {
     inspection_budget: UserTimeShares,
     /// Pending JVMs (pid, age) refused in this tick because their user's share was spent.
     over_share: Vec<(u32, Duration)>,
+    /// JVMs whose layout was pushed in this tick, to be finished at its end
+    /// ([`JvmTracker::finish_made_ready`]).
+    made_ready: Vec<u32>,
     directory: ThreadDirectory,
     own_pid: u32,
     rescanned: Option<Instant>,
@@ -334,6 +337,7 @@ impl<S: LayoutSink> JvmTracker<S> {
             thread_owners: HashMap::new(),
             inspection_budget: UserTimeShares::new(INSPECTION_SHARE, INSPECTION_WINDOW),
             over_share: Vec::new(),
+            made_ready: Vec::new(),
             directory: ThreadDirectory::default(),
             own_pid: std::process::id(),
             rescanned: None,
@@ -410,6 +414,7 @@ impl<S: LayoutSink> JvmTracker<S> {
     pub fn tick(&mut self, events: &[ProcessEvent], sampled: &[u32]) {
         self.visit_due(events, sampled);
         self.use_spare_time();
+        self.finish_made_ready();
         // Hooks released as their JVMs exit, and given to JVMs that waited for room.
         let hooked_late = self
             .libjvm_hooks
@@ -725,7 +730,7 @@ impl<S: LayoutSink> JvmTracker<S> {
         let Some(tracked) = self.tracked.get_mut(&pid) else {
             return;
         };
-        let (uid, start_time) = (tracked.uid, tracked.start_time);
+        let uid = tracked.uid;
         let State::Pending {
             jvm,
             attempts,
@@ -786,7 +791,7 @@ impl<S: LayoutSink> JvmTracker<S> {
         // A JVM's instance is what the BPF walker's blobs remembered across samples are tagged
         // with: a new one for every JVM made ready (the pid may be a dead JVM's), never 0.
         self.last_instance = self.last_instance.checked_add(1).unwrap_or(1);
-        let mut proc_info = match hotspot_proc(found, &code, self.last_instance) {
+        let proc_info = match hotspot_proc(found, &code, self.last_instance) {
             Ok(proc_info) => proc_info,
             Err(err) => {
                 tracing::warn!(pid, %err, "JVM layout does not fit the BPF unwinder");
@@ -803,28 +808,6 @@ impl<S: LayoutSink> JvmTracker<S> {
             tracked.state = State::OverBound;
             return;
         }
-        let mut unmount_functions = [0; 2];
-        let frozen_statics = if found.version.major >= FIRST_VIRTUAL_THREADS_JDK {
-            match self.statics_by_file.of(pid) {
-                Ok(statics) => {
-                    let layout = VirtualThreadLayout::of(found, &statics, &memory);
-                    unmount_functions = layout.unmount_functions();
-                    if !add_frozen_frames(&mut proc_info, &layout) {
-                        tracing::debug!(
-                            pid,
-                            "virtual threads' layout incomplete (read again as the JVM runs)"
-                        );
-                    }
-                    Some(statics)
-                }
-                Err(why) => {
-                    tracing::info!(pid, %why, "virtual threads' frozen frames will not be walked");
-                    None
-                }
-            }
-        } else {
-            None
-        };
         if let Err(err) = self.sink.put(pid, &proc_info) {
             tracing::warn!(pid, %err, "cannot push JVM layout to BPF");
             return;
@@ -845,16 +828,75 @@ impl<S: LayoutSink> JvmTracker<S> {
             thread_list: None,
             threads_read: Instant::now(),
             other_pid_namespace: None,
-            frozen_statics,
+            frozen_statics: None,
         };
-        self.sync_threads(pid);
-        self.jvms
-            .watch_locks_since(pid, std::time::SystemTime::now());
-        if let Some(hooks) = &mut self.libjvm_hooks {
-            let instance = proc_info.instance;
-            let breakpoints = hooks.on_ready((pid, uid, start_time, instance), unmount_functions);
-            self.push_breakpoints(pid, breakpoints);
+        self.made_ready.push(pid);
+    }
+
+    /// What a JVM made ready in this tick needs beyond its layout: its virtual threads' frozen
+    /// frames (JDK 21 and later; read from its libjvm's `.symtab`, then pushed with the layout),
+    /// its Java threads, and its libjvm hooks. Done once every layout of the tick is pushed:
+    /// these take several times what a layout takes (two reads of libjvm's symbol table), and
+    /// until its layout is in the map a JVM's Java frames are walked as native code. With five
+    /// busy JVMs found at once, doing it all per JVM pushed the last layout 3 to 4 s late.
+    fn finish_made_ready(&mut self) {
+        for pid in std::mem::take(&mut self.made_ready) {
+            let unmount_functions = self.add_virtual_threads_layout(pid);
+            let Some(tracked) = self.tracked.get(&pid) else {
+                continue;
+            };
+            let State::Ready { pushed, .. } = &tracked.state else {
+                continue;
+            };
+            let key = (pid, tracked.uid, tracked.start_time, pushed.instance);
+            self.sync_threads(pid);
+            self.jvms
+                .watch_locks_since(pid, std::time::SystemTime::now());
+            if let Some(hooks) = &mut self.libjvm_hooks {
+                let breakpoints = hooks.on_ready(key, unmount_functions);
+                self.push_breakpoints(pid, breakpoints);
+            }
         }
+    }
+
+    /// Reads a ready JVM's virtual-thread layout (JDK 21 and later) and pushes its layout with
+    /// the frozen frames added; the functions that unmount a virtual thread, for the hooks.
+    fn add_virtual_threads_layout(&mut self, pid: u32) -> [u64; 2] {
+        let Some(Tracked {
+            state:
+                State::Ready {
+                    jvm,
+                    pushed,
+                    frozen_statics,
+                    ..
+                },
+            ..
+        }) = self.tracked.get_mut(&pid)
+        else {
+            return [0; 2];
+        };
+        if jvm.version.major < FIRST_VIRTUAL_THREADS_JDK {
+            return [0; 2];
+        }
+        let statics = match self.statics_by_file.of(pid) {
+            Ok(statics) => statics,
+            Err(why) => {
+                tracing::info!(pid, %why, "virtual threads' frozen frames will not be walked");
+                return [0; 2];
+            }
+        };
+        let layout = VirtualThreadLayout::of(jvm, &statics, &ProcessMemory::new(pid));
+        *frozen_statics = Some(statics);
+        let mut proc_info = **pushed;
+        if !add_frozen_frames(&mut proc_info, &layout) {
+            tracing::debug!(
+                pid,
+                "virtual threads' layout incomplete (read again as the JVM runs)"
+            );
+        } else if self.sink.put(pid, &proc_info).is_ok() {
+            **pushed = proc_info;
+        }
+        layout.unmount_functions()
     }
 
     /// Adds the daemon's breakpoints in a ready JVM to its layout in the BPF map: a thread
