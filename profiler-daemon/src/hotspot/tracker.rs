@@ -10,6 +10,9 @@
 //! - the JVMs: a JVM is read as soon as its VM has initialised (code heaps set up; until then
 //!   it is "pending" and retried), its layout pushed into the `HOTSPOT_PROCS` map, refreshed
 //!   every few seconds, its Java threads kept current, and removed when the process exits.
+//!   Until its layout is pushed a JVM's Java frames are walked as native code, so a tick pushes
+//!   the layout of every JVM it found ready first, and only then gives each the slower rest
+//!   (virtual threads' layout, Java threads, libjvm hooks).
 //!
 //! Every [`RESCAN_PERIOD`] it lists /proc anyway, for what events cannot tell: events lost to
 //! a full ring (counted), and processes that were there before the daemon. With `--pid`, only
