@@ -16,10 +16,11 @@ pub struct BackgroundDaemon {
 }
 
 impl BackgroundDaemon {
-    /// Starts `profiler-daemon run ARGS`, logging to `log_dir/daemon.log`. Tests start it with
-    /// [`DaemonRun`](crate::DaemonRun), which builds ARGS and calls this.
-    pub(crate) fn start(args: &[&str], log_dir: &Path) -> Result<Self> {
-        Self::start_in(None, args, log_dir)
+    /// Starts `profiler-daemon run ARGS`, logging to `log_dir/daemon.log` what `log_filter` (a
+    /// `RUST_LOG` value) lets through. Tests start it with [`DaemonRun`](crate::DaemonRun),
+    /// which builds ARGS and calls this.
+    pub(crate) fn start(args: &[&str], log_filter: &str, log_dir: &Path) -> Result<Self> {
+        Self::start_in(None, args, log_filter, log_dir)
     }
 
     /// The same, the daemon a member of `cgroup` from its first instruction (a shell joins it,
@@ -27,6 +28,7 @@ impl BackgroundDaemon {
     pub(crate) fn start_in(
         cgroup: Option<&MemoryCgroup>,
         args: &[&str],
+        log_filter: &str,
         log_dir: &Path,
     ) -> Result<Self> {
         let log = log_dir.join("daemon.log");
@@ -45,7 +47,7 @@ impl BackgroundDaemon {
         let child = command
             .arg("run")
             .args(args)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", log_filter)
             .stdout(Stdio::null())
             .stderr(file)
             .spawn()

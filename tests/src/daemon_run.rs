@@ -16,6 +16,8 @@ use crate::run_daemon;
 #[derive(Clone, Debug, Default)]
 pub struct DaemonRun {
     args: Vec<String>,
+    /// What the background daemon logs (`RUST_LOG`); `info` if not set.
+    log_filter: Option<String>,
 }
 
 /// A finished run: the daemon exited successfully with this log (its stderr).
@@ -118,6 +120,13 @@ impl DaemonRun {
         self.flag("--otlp", url)
     }
 
+    /// What a daemon started in the background logs, as a `RUST_LOG` value (`info` by
+    /// default): a test that times what the daemon did logs the modules that say when.
+    pub fn log_filter(mut self, filter: &str) -> Self {
+        self.log_filter = Some(filter.to_owned());
+        self
+    }
+
     /// Any other argument.
     pub fn arg(mut self, arg: impl ToString) -> Self {
         self.args.push(arg.to_string());
@@ -144,14 +153,23 @@ impl DaemonRun {
 
     /// [`Self::start`], a failure returned: for a test that reports it beside other results.
     pub fn try_start(self, log_dir: &Path) -> Result<BackgroundDaemon> {
-        BackgroundDaemon::start(&self.arg_strs(), log_dir)
+        BackgroundDaemon::start(&self.arg_strs(), self.log_filter_or_info(), log_dir)
     }
 
     /// [`Self::start`], the daemon in `cgroup` from its first instruction, so that all the
     /// memory it uses is charged there.
     pub fn start_in(self, cgroup: &MemoryCgroup, log_dir: &Path) -> BackgroundDaemon {
-        BackgroundDaemon::start_in(Some(cgroup), &self.arg_strs(), log_dir)
-            .expect("the daemon starts")
+        BackgroundDaemon::start_in(
+            Some(cgroup),
+            &self.arg_strs(),
+            self.log_filter_or_info(),
+            log_dir,
+        )
+        .expect("the daemon starts")
+    }
+
+    fn log_filter_or_info(&self) -> &str {
+        self.log_filter.as_deref().unwrap_or("info")
     }
 
     fn arg_strs(&self) -> Vec<&str> {
