@@ -30,6 +30,12 @@ crate::labelled_enum! {
         /// A rule this table cannot express (another register, a general expression, a signal
         /// frame): the walker falls back to frame pointers.
         Unsupported = 5 => "unsupported",
+        /// CFA = rsp + 16 x `cfa_offset`: a stack frame over 64 KiB (a large local buffer; rustc's
+        /// compiler closure takes 527 KiB), whose offset does not fit [`CfiRow::cfa_offset`].
+        /// At a call site rsp is 16-byte aligned, so the offset of every row a caller's walk
+        /// uses is a multiple of 16; rows in the middle of a push sequence are not (those stay
+        /// [`CfaKind::Unsupported`]).
+        Rsp16 = 6 => "rsp16",
     }
 }
 
@@ -43,7 +49,8 @@ pub struct CfiRow {
     /// Where the row starts: an ELF virtual address of the file (the daemon refuses files whose
     /// code lies above 4 GiB).
     pub pc: u32,
-    /// Bytes added to the CFA's register ([`CfaKind::Rsp`], [`CfaKind::Rbp`]).
+    /// Bytes added to the CFA's register ([`CfaKind::Rsp`], [`CfaKind::Rbp`]; 16-byte units for
+    /// [`CfaKind::Rsp16`]).
     pub cfa_offset: u16,
     /// Where the caller's rbp is saved, in 8-byte words from the CFA (e.g. -2: at CFA - 16), or
     /// [`RBP_UNCHANGED`].

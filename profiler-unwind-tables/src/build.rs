@@ -305,12 +305,14 @@ pub(crate) fn compact_rule<'a, S: UnwindSection<Reader<'a>>>(
     };
     let (kind, cfa_offset) = match row.cfa() {
         CfaRule::RegisterAndOffset { register, offset } => {
-            let Ok(offset) = u16::try_from(*offset) else {
-                return unsupported;
-            };
-            match *register {
-                RSP => (CfaKind::Rsp, offset),
-                RBP => (CfaKind::Rbp, offset),
+            match (*register, u16::try_from(*offset)) {
+                (RSP, Ok(offset)) => (CfaKind::Rsp, offset),
+                (RBP, Ok(offset)) => (CfaKind::Rbp, offset),
+                // A frame over 64 KiB, counted in 16 bytes where it divides (at its call sites).
+                (RSP, Err(_)) if *offset % 16 == 0 => match u16::try_from(*offset / 16) {
+                    Ok(units) => (CfaKind::Rsp16, units),
+                    Err(_) => return unsupported,
+                },
                 _ => return unsupported,
             }
         }

@@ -25,7 +25,7 @@ pub(crate) fn native_step<M: UserMemory + NativeTables>(
     };
     if let Some(row) = memory.cfi_row(lookup, &mut walk.cfi) {
         match row.kind() {
-            Some(CfaKind::Rsp | CfaKind::Rbp | CfaKind::Plt) => {
+            Some(CfaKind::Rsp | CfaKind::Rbp | CfaKind::Plt | CfaKind::Rsp16) => {
                 cfi_step(walk, window, memory, row);
                 return Ok(recorded);
             }
@@ -48,6 +48,7 @@ fn cfi_step<M: UserMemory>(walk: &mut Walk, window: &mut StackWindow, memory: &M
     let offset = row.cfa_offset as u64;
     let cfa = match row.kind() {
         Some(CfaKind::Rbp) => walk.fp.wrapping_add(offset),
+        Some(CfaKind::Rsp16) => walk.sp.wrapping_add(offset * 16),
         Some(CfaKind::Plt) => {
             // The entry's `push` has run once the pc is at or past the threshold.
             let pushed = if walk.pc & 15 >= offset { 8 } else { 0 };

@@ -261,3 +261,41 @@ fn hostile_files_are_refused_or_bounded_never_a_panic() {
         let _ = build_table(&corrupted[..], BuildLimits::default());
     }
 }
+
+/// A function with a stack frame over 64 KiB (rustc's compiler closure takes 527 KiB): the rows
+/// of its call sites count the CFA's offset in 16 bytes, where a 16-bit offset in bytes would
+/// leave them to frame pointers.
+#[test]
+fn frames_over_64_kib_are_counted_in_16_bytes() {
+    let dir = std::env::temp_dir().join(format!("big-frame-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let source = dir.join("big.c");
+    std::fs::write(
+        &source,
+        "__attribute__((noinline)) void fill(char *b) { __asm__ volatile(\"\" :: \"r\"(b) : \"memory\"); }\n\
+         void big(void) { char buffer[600000]; fill(buffer); fill(buffer + 1); }\n",
+    )
+    .expect("source written");
+    let library = dir.join("big.so");
+    let status = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-fomit-frame-pointer", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .status()
+        .expect("run cc (a C compiler is needed by the tests; `cargo xtask test` installs it)");
+    assert!(status.success(), "cc failed");
+    let data = std::fs::read(&library).expect("the library");
+    let _ = std::fs::remove_dir_all(&dir);
+    let table = build_table(&data[..], BuildLimits::default()).expect("table builds");
+    let big: Vec<&CfiRow> = table
+        .rows
+        .iter()
+        .filter(|row| row.kind() == Some(CfaKind::Rsp16))
+        .collect();
+    assert!(
+        big.iter()
+            .any(|row| u64::from(row.cfa_offset) * 16 > 600_000),
+        "no row of `big`'s frame in 16-byte units: {:?}",
+        table.rows
+    );
+}

@@ -199,3 +199,40 @@ fn a_pc_one_byte_past_a_breakpoint_in_user_code_is_taken_as_it_is() {
     let (walked, _) = trapped_at_run_loop([LIB + 0x1200, 0, 0, 0, 0], false);
     assert_eq!(walked.first(), Some(&native(LIB + 0x1201)));
 }
+
+/// A caller with a stack frame over 64 KiB (a 70,000-byte buffer; rustc's compiler closure
+/// takes 527 KiB): its row counts the CFA's offset in 16 bytes ([`CfaKind::Rsp16`]), and the
+/// walk goes on past it to its own caller.
+#[test]
+fn a_caller_with_a_frame_over_64_kib_keeps_its_own_caller() {
+    const BIG_STACK: u64 = 0x7ffd_0000_0000;
+    // CFA - sp at the big function's call site: a multiple of 16, over 65,535.
+    const BIG_FRAME: u64 = 70_000;
+    let mut memory = FakeMemory::default();
+    memory.map(BIG_STACK, 0x2_0000);
+    memory.add_table(
+        LIB,
+        LIB + 0x10_0000,
+        LIB,
+        vec![
+            // leaf: 0x1000..0x1010, nothing pushed.
+            row(0x1000, CfaKind::Rsp, 8, RBP_UNCHANGED),
+            // big: 0x1100..0x1140, its frame built, rbp saved at CFA - 16.
+            row(0x1100, CfaKind::Rsp16, (BIG_FRAME / 16) as u16, -2),
+            row(0x1140, CfaKind::None, 0, RBP_UNCHANGED),
+            // _start: the outermost frame.
+            row(0x1300, CfaKind::Outermost, 0, RBP_UNCHANGED),
+            row(0x1310, CfaKind::None, 0, RBP_UNCHANGED),
+        ],
+    );
+    let s = BIG_STACK + 0x100;
+    // leaf (sp = s): returns into big.
+    memory.put_u64(s, LIB + 0x1120);
+    // big (sp = s + 8): its return address just below its CFA, the caller's rbp below that.
+    let cfa = s + 8 + BIG_FRAME;
+    memory.put_u64(cfa - 8, LIB + 0x1305);
+    memory.put_u64(cfa - 16, 0);
+    let walked = walk_process(&memory, None, TID, regs(LIB + 0x1008, s, 0));
+    let frames = vec![LIB + 0x1008, LIB + 0x1120, LIB + 0x1305];
+    expect(walked, &frames.map_native(), &[], UnwindEnd::Complete);
+}
