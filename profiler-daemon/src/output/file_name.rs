@@ -1,6 +1,10 @@
 //! The names of local profile files, written by the local output and the `subscribe` command,
 //! read back by `view` and retention: `<kind>-<UTC start>-<pid>-<comm>@<service>.pb.gz` (and
-//! `.svg`), e.g. `cpu-20261126T102000Z-4242-java@orders.pb.gz`.
+//! `.svg`), e.g. `cpu-20261126T102000123Z-4242-java@orders.pb.gz`.
+//!
+//! The start has milliseconds: intervals of a second start a few microseconds either side of
+//! a whole second, so two of them could start in the same second, and the second's file
+//! replaced the first's. Names of whole seconds (written before) are still read.
 //!
 //! The service is in the name so that `view --service` selects an hour of a busy host's files
 //! (thousands) from a directory listing, decoding only the files it merges; inside the pprof
@@ -40,9 +44,9 @@ pub fn file_stem(
     )
 }
 
-/// `2026-11-22T02:11:41Z` -> `20261122T021141Z`: sortable, no colons.
+/// `2026-11-22T02:11:41.123Z` -> `20261122T021141123Z`: sortable, no colons.
 fn time_in_name(start: SystemTime) -> String {
-    humantime::format_rfc3339_seconds(start)
+    humantime::format_rfc3339_millis(start)
         .to_string()
         .chars()
         .filter(|c| c.is_ascii_alphanumeric())
@@ -149,21 +153,29 @@ impl<'a> ProfileFileName<'a> {
     }
 }
 
-/// `20261122T021141Z` -> the time it names.
+/// `20261122T021141123Z` (or `20261122T021141Z`, whole seconds) -> the time it names.
 fn parse_time(time: &str) -> Option<SystemTime> {
-    let digits = time.as_bytes();
-    let well_formed = digits.len() == 16
-        && digits[8] == b'T'
-        && digits[15] == b'Z'
+    let digits = time.strip_suffix('Z')?.as_bytes();
+    let millis = match digits.len() {
+        15 => "",
+        18 => time.get(15..18)?,
+        _ => return None,
+    };
+    let well_formed = digits[8] == b'T'
         && digits[..8]
             .iter()
-            .chain(&digits[9..15])
+            .chain(&digits[9..])
             .all(u8::is_ascii_digit);
     if !well_formed {
         return None;
     }
+    let fraction = if millis.is_empty() {
+        String::new()
+    } else {
+        format!(".{millis}")
+    };
     let text = format!(
-        "{}-{}-{}T{}:{}:{}Z",
+        "{}-{}-{}T{}:{}:{}{fraction}Z",
         &time[..4],
         &time[4..6],
         &time[6..8],
@@ -190,7 +202,7 @@ mod tests {
                 "{}.pb.gz",
                 file_stem(ProfileKind::Cpu, start(), 42, "java/Main x", "orders")
             ),
-            "cpu-20231114T221320Z-42-java_Main_x@orders.pb.gz"
+            "cpu-20231114T221320000Z-42-java_Main_x@orders.pb.gz"
         );
         // A `comm` is any 15 bytes a process chose: escapes, separators, `..`; a service name
         // comes from the process's command line or its pod.
@@ -202,7 +214,7 @@ mod tests {
                 "\u{1b}[31m/..\u{7}\n\u{9b}",
                 "ns/a b@..\u{1b}é"
             ),
-            "offcpu-20231114T221320Z-7-__31m_..___@ns%2Fa%20b%40..%1B%C3%A9"
+            "offcpu-20231114T221320000Z-7-__31m_..___@ns%2Fa%20b%40..%1B%C3%A9"
         );
         let later = file_stem(
             ProfileKind::Cpu,
@@ -212,6 +224,14 @@ mod tests {
             "b",
         );
         assert!(later > file_stem(ProfileKind::Cpu, start(), 99999, "z", "z"));
+        // Two intervals of a second, one starting just after a whole second and the next just
+        // before the following one, get two names.
+        let just_after = start() + Duration::from_micros(300);
+        let just_before_next = start() + Duration::from_micros(999_950);
+        assert_ne!(
+            file_stem(ProfileKind::Cpu, just_after, 1, "a", "b"),
+            file_stem(ProfileKind::Cpu, just_before_next, 1, "a", "b")
+        );
     }
 
     #[test]
@@ -253,10 +273,15 @@ mod tests {
             }
         );
         assert_eq!(parsed.service_name().as_deref(), Some("default/orders-api"));
-        // Written before services were recorded.
+        // Milliseconds are read back.
+        let later = start() + Duration::from_millis(1_234);
+        let name = format!("{}.pb.gz", file_stem(ProfileKind::Cpu, later, 1, "a", "b"));
+        assert_eq!(ProfileFileName::parse(&name).map(|p| p.start), Some(later));
+        // Written before services were recorded, and before milliseconds.
         let old =
             ProfileFileName::parse("cpu-20231114T221320Z-42-java_Main_x.pb.gz").expect("ours");
         assert_eq!((old.pid, old.comm, old.service), (42, "java_Main_x", None));
+        assert_eq!(old.start, start());
         for other in [
             "cpu-20231114T221320Z-42-x@s.svg",
             "heap-20231114T221320Z-42-x@s.pb.gz",
