@@ -3,8 +3,8 @@
 //! next window once their share is spent, and never delays another user's.
 //!
 //! The JVM tracker charges inspections the work's time ([`WorkTimer`]): wall time less what the
-//! thread spent waiting for a CPU. On a busy node (the profiled JVMs themselves keep the CPUs busy) wall time grows
-//! with everyone's load: charged that, a user's five JVMs took a share each, and their layouts
+//! thread spent waiting for a CPU. On a busy node (the profiled JVMs themselves keep the CPUs
+//! busy) wall time grows with everyone's load: charged that, a user's five JVMs took a share each, and their layouts
 //! were pushed 1.3 s apart (measured: the last of five, under the short-threads workload, 5.4 s
 //! after the daemon started; the same five idle, 0.35 s; charged the work's time, busy, 0.95 s).
 

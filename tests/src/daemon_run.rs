@@ -38,9 +38,7 @@ impl Finished {
                     .as_ref()
                     .is_none_or(|field| line.split_whitespace().any(|word| word == field))
         })?;
-        let stamp = humantime::parse_rfc3339(line.split_whitespace().next()?).ok()?;
-        let since_epoch = stamp.duration_since(std::time::UNIX_EPOCH).ok()?;
-        i64::try_from(since_epoch.as_nanos()).ok()
+        logged_at_ns(line)
     }
 
     /// When the daemon pushed JVM `pid`'s layout (its Java frames walk from then on), in ns
@@ -50,6 +48,14 @@ impl Finished {
         let sampling = self.logged_at_ns("daemon: sampling", None)?;
         Some((pushed, (pushed - sampling) / 1_000_000))
     }
+}
+
+/// When the daemon wrote this line of its log (its leading RFC 3339 time), in nanoseconds since
+/// the Unix epoch: the clock of the profiles' `time_nanos`.
+pub fn logged_at_ns(line: &str) -> Option<i64> {
+    let stamp = humantime::parse_rfc3339(line.split_whitespace().next()?).ok()?;
+    let since_epoch = stamp.duration_since(std::time::UNIX_EPOCH).ok()?;
+    i64::try_from(since_epoch.as_nanos()).ok()
 }
 
 impl DaemonRun {

@@ -20,7 +20,7 @@ pub mod cpu_quota;
 pub mod daemon_run;
 pub mod frame_checks;
 pub use agent_records::{agent_records_dirs, agent_records_file, remove_agent_records_dirs};
-pub use daemon_run::DaemonRun;
+pub use daemon_run::{logged_at_ns, DaemonRun};
 pub use measured_truth::{whole_intervals, MeasuringJvm, Totals, Window};
 pub mod hostile;
 pub mod measured_truth;

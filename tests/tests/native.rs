@@ -615,8 +615,8 @@ fn busy_crate(functions: usize) -> String {
 /// rustc's own code (libLLVM and librustc_driver, about 340 MB, without frame pointers) is
 /// unwound from its `.eh_frame` tables: a release build of a generated crate, whole host at the
 /// default budgets, reaches the threads' start in (nearly) every sample once its tables are
-/// loaded (as the daemon logs), and the daemon's memory (its cgroup's charge, which counts the BPF maps the tables
-/// live in, not only its RSS) stays within its goal.
+/// loaded (as the daemon logs), and the daemon's memory (its cgroup's charge, which counts the
+/// BPF maps the tables live in, not only its RSS) stays within its goal.
 #[test]
 fn rustc_stacks_reach_their_root() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -677,10 +677,7 @@ fn rustc_stacks_reach_their_root() {
         .filter(|line| {
             line.contains("unwind table loaded") && line.contains(&*sysroot_lib.to_string_lossy())
         })
-        .filter_map(|line| {
-            let stamp = humantime::parse_rfc3339(line.split_whitespace().next()?).ok()?;
-            Some(epoch_ns(stamp))
-        })
+        .filter_map(logged_at_ns)
         .collect();
     assert!(
         loaded.len() >= 2,
