@@ -59,8 +59,8 @@ use profiler_common::{
     MAX_KERNEL_FRAMES, MAX_TARGET_PIDS, MAX_USER_FRAMES, RECORD_BYTES, USER_FRAME_BYTES,
 };
 use profiler_unwind::{
-    settle_top_stub, start_at_anchor, unwind_step, FrameSink, JavaThreads, StackWindow, UserRegs,
-    Walk, END_UNSET, MAX_WALK_STEPS,
+    settle_top_stub, simple_frames, start_at_anchor, unwind_step, FrameSink, JavaThreads,
+    StackWindow, UserRegs, Walk, END_UNSET, MAX_WALK_STEPS,
 };
 
 /// The flags of the maps the daemon fills. Not preallocated where the kernel lets perf-event
@@ -379,6 +379,7 @@ pub(crate) fn fill_record(
                 let mut done = 0;
                 for _ in 0..CALLS_PER_CHECK {
                     done |= unwind_steps(slot);
+                    done |= simple_compiled_steps(slot);
                 }
                 if done != 0 {
                     break;
@@ -510,32 +511,56 @@ const CALLS_PER_CHECK: u32 = 8;
 #[inline(never)]
 #[no_mangle]
 pub extern "C" fn unwind_steps(slot: u32) -> i32 {
-    let Some(state) = WALK.get_ptr_mut(slot) else {
+    let Some((state, record)) = walk_in_progress(slot) else {
         return 1;
     };
-    // SAFETY: per-CPU state of this sample.
-    let state = unsafe { &mut *state };
-    let walk = &mut state.walk;
-    if walk.end != END_UNSET {
-        return 1;
-    }
-    let Some(record) = SCRATCH.get_ptr_mut(slot) else {
-        walk.end = UnwindEnd::ReadFailed as u8;
-        return 1;
-    };
-    // SAFETY: a per-CPU map value, used by this program on this CPU only.
-    let record = unsafe { &mut *record };
-    let window = &mut state.window;
     let mut frames = RecordFrames {
         record,
         base: state.base,
     };
     let task = CurrentTask::new(state.pid, slot);
+    let (walk, window) = (&mut state.walk, &mut state.window);
     // Before the steps, not in them: see `settle_top_stub`.
-    if settle_top_stub(walk, window, &task) || unwind_step(walk, window, &task, &mut frames) {
+    (settle_top_stub(walk, window, &task) || unwind_step(walk, window, &task, &mut frames)) as i32
+}
+
+/// After each [`unwind_steps`], the compiled frames that follow in the common case, several
+/// in one call (`profiler_unwind::simple_frames`); 1 once the walk has ended. A global
+/// function of its own for the same reasons: its loop is checked once, and its stack is not
+/// added to `unwind_steps`'.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn simple_compiled_steps(slot: u32) -> i32 {
+    let Some((state, record)) = walk_in_progress(slot) else {
         return 1;
+    };
+    let mut frames = RecordFrames {
+        record,
+        base: state.base,
+    };
+    let task = CurrentTask::new(state.pid, slot);
+    simple_frames(&mut state.walk, &state.window, &task, &mut frames) as i32
+}
+
+/// The walk in `slot` and the record its user frames go to; None if the walk has ended, or
+/// cannot go on (then ended).
+///
+/// Not a closure taking the step: LLVM made such a closure a function of its own, whose
+/// frame then added to the chain of stacks the verifier sums (32 bytes from the limit on
+/// 5.10).
+#[inline(always)]
+fn walk_in_progress(slot: u32) -> Option<(&'static mut SampleWalk, &'static mut SampleRecord)> {
+    // SAFETY: per-CPU state of this sample.
+    let state = unsafe { &mut *WALK.get_ptr_mut(slot)? };
+    if state.walk.end != END_UNSET {
+        return None;
     }
-    0
+    let Some(record) = SCRATCH.get_ptr_mut(slot) else {
+        state.walk.end = UnwindEnd::ReadFailed as u8;
+        return None;
+    };
+    // SAFETY: a per-CPU map value, used by this program on this CPU only.
+    Some((state, unsafe { &mut *record }))
 }
 
 /// The user frames of the sample record, after its kernel frames.

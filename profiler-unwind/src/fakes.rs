@@ -213,6 +213,8 @@ pub const HEAP_HIGH: u64 = CODE_HIGH;
 pub const LOG2_SEGMENT: u32 = 7;
 pub const SEGMAP: u64 = 0x7e00_0000_0000;
 const METADATA: u64 = 0x6000_0000_0000;
+/// Where [`Jvm::add_method_named_at_mapping_end`] maps its symbols, a page each.
+const SYMBOLS_AT_END: u64 = 0x6100_0000_0000;
 const THREADS: u64 = 0x5000_0000_0000;
 /// The thread's stack: 16 pages, the walk runs towards `STACK_TOP`.
 pub const STACK: u64 = 0x7ffc_0000_0000;
@@ -343,6 +345,8 @@ pub struct Jvm {
     layout: Layout,
     next_block: u64,
     next_metadata: u64,
+    /// Mappings made by [`Jvm::add_method_named_at_mapping_end`].
+    symbols_at_end: u64,
 }
 
 impl Jvm {
@@ -428,6 +432,7 @@ impl Jvm {
             layout,
             next_block: HEAP_LOW,
             next_metadata: METADATA,
+            symbols_at_end: 0,
         }
     }
 
@@ -540,6 +545,34 @@ impl Jvm {
     /// bytes of bytecode.
     pub fn add_method(&mut self, class_name: &[u8], hash_word: u32, code_size: u16) -> Method {
         let symbol = self.alloc_metadata(6 + class_name.len() as u64);
+        self.add_method_named_by(symbol, class_name, hash_word, code_size)
+    }
+
+    /// As [`Jvm::add_method`], the class name's `Symbol` ending where a mapping of its own ends
+    /// (a name shorter than the tail the walker reads is padded to it): a read of more bytes
+    /// than the symbol holds fails.
+    pub fn add_method_named_at_mapping_end(
+        &mut self,
+        class_name: &[u8],
+        hash_word: u32,
+        code_size: u16,
+    ) -> Method {
+        let symbol_bytes =
+            self.hs.symbol_body as u64 + class_name.len().max(NAME_TAIL_BYTES) as u64;
+        let mapping = SYMBOLS_AT_END + self.symbols_at_end * 0x2000;
+        self.symbols_at_end += 1;
+        self.memory.map(mapping, 0x1000);
+        let symbol = mapping + 0x1000 - symbol_bytes;
+        self.add_method_named_by(symbol, class_name, hash_word, code_size)
+    }
+
+    fn add_method_named_by(
+        &mut self,
+        symbol: u64,
+        class_name: &[u8],
+        hash_word: u32,
+        code_size: u16,
+    ) -> Method {
         let klass = self.alloc_metadata(32);
         let pool = self.alloc_metadata(32);
         let const_method = self.alloc_metadata(CONST_METHOD_SIZE + code_size as u64);

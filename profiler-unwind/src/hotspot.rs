@@ -7,15 +7,15 @@
 
 use profiler_common::{
     class_name_cookie, hotspot_flags, interpreted_cookie, name_tail, name_tail_start, FrameKind,
-    HotspotProc, JavaState, UnwindEnd, UserFrame, BCI_UNKNOWN, MAX_CODE_HEAPS, NAME_TAIL_BYTES,
-    NO_SYMBOL_HASH,
+    HotspotProc, JavaState, UnwindEnd, UserFrame, BCI_UNKNOWN, MAX_CODE_HEAPS, MAX_USER_FRAMES,
+    NAME_TAIL_BYTES, NO_SYMBOL_HASH,
 };
 
 use crate::memory::{
-    field_i16, field_i32, field_u64, read_u64, JavaThreads, StackWindow, UserMemory,
+    field_i16, field_i32, field_u64, read_u64, FrameSink, JavaThreads, StackWindow, UserMemory,
 };
 use crate::recent_blobs::{still_in_place, RecentBlobs};
-use crate::state::{frame, BlobCache, FreesSeen, Walk, STUB_CALLER, STUB_ON_TOP};
+use crate::state::{frame, BlobCache, FreesSeen, Walk, END_UNSET, STUB_CALLER, STUB_ON_TOP};
 use crate::x86_frames::{
     epilogue_state, prologue_state, FrameState, EPILOGUE_BEFORE, EPILOGUE_BYTES, PROLOGUE_BYTES,
 };
@@ -249,6 +249,107 @@ pub(crate) fn java_step<M: UserMemory + RecentBlobs>(
         walk.end = end as u8;
     }
     Ok(recorded)
+}
+
+/// Steps compiled frames below the top whose every part is the common case, at most
+/// `max_frames` of them: the blob already held (the walk's last blob, or a remembered one
+/// proven at the JVM's current count of code frees: no read), a fixed frame, and the caller's
+/// saved rbp and return address (a code address) in the stack window. Most frames of a deep
+/// Java stack are so; this loop skips what `java_step` checks for the rest (interpreted frames,
+/// stubs, deoptimization, frozen frames, reads) and, in the BPF program, the call of a whole
+/// step per frame (see `crate::walk::unwind_step`).
+///
+/// Each frame is recorded into `sink` and the walk moved to its caller as `java_step` would
+/// have; it stops, the walk at the first frame that is not so, or with its end set when the
+/// frames reach the record's bound. True if the walk ended.
+#[inline(always)]
+pub(crate) fn simple_compiled_frames<M: UserMemory + RecentBlobs, S: FrameSink>(
+    walk: &mut Walk,
+    window: &StackWindow,
+    memory: &M,
+    sink: &mut S,
+    max_frames: u32,
+) -> bool {
+    let ordinary_walk = walk.is_jvm != 0
+        && walk.frames != 0
+        && walk.end == END_UNSET
+        && walk.stub_pending == 0
+        && walk.stub_caller == 0
+        && walk.frozen.chunk == 0
+        && walk.frozen.next == 0;
+    if !ordinary_walk {
+        return false;
+    }
+    // Copied once: the loop's own stores (the record, the blob cache) could alias them.
+    let hs = &walk.hotspot;
+    let code = (hs.code_low, hs.code_high);
+    let interpreter = (hs.interpreter_low, hs.interpreter_high);
+    let (call_stub_return, return_barrier, instance) =
+        (hs.call_stub_return, hs.frozen.return_barrier, hs.instance);
+    let (mut pc, mut sp, mut fp, mut frames) = (walk.pc, walk.sp, walk.fp, walk.frames);
+    let mut ended = false;
+    for _ in 0..max_frames {
+        if !is_code(code, pc)
+            || is_code(interpreter, pc)
+            || pc == call_stub_return
+            || pc == return_barrier
+        {
+            break;
+        }
+        let cached = &walk.blob_cache;
+        if cached.blob == 0 || pc < cached.code_begin || pc >= cached.end {
+            let Some(frees) = walk.code_frees.get(|| memory.code_frees(instance)) else {
+                break;
+            };
+            let out = &mut walk.blob_cache;
+            let recalled = memory
+                .with_recent_blobs(|table| table.recall_proven_into(instance, pc, frees, out));
+            if recalled != Some(true) {
+                break;
+            }
+        }
+        let blob = &walk.blob_cache;
+        let frame_size = blob.frame_size as i64;
+        let at_deopt_handler = blob.deopt_handler != 0 && pc == blob.deopt_handler;
+        if blob.code_begin == 0
+            || frame_size <= 0
+            || frame_size > MAX_FRAME_WORDS
+            || at_deopt_handler
+        {
+            break;
+        }
+        let caller_sp = sp + frame_size as u64 * 8;
+        let Some([saved_fp, return_address]) = window.pair_if_held(caller_sp - 16) else {
+            break;
+        };
+        if !is_code(code, return_address) {
+            break;
+        }
+        let recorded = frame(
+            FrameKind::Compiled,
+            blob.blob,
+            (pc - blob.code_begin) as u32,
+            blob.compile_id,
+        );
+        if !sink.record(frames, recorded) {
+            ended = true;
+            break;
+        }
+        frames += 1;
+        (pc, sp, fp) = (return_address, caller_sp, saved_fp);
+        if frames as usize >= MAX_USER_FRAMES {
+            ended = true;
+            break;
+        }
+    }
+    if frames != walk.frames {
+        walk.java_seen = 1;
+    }
+    (walk.pc, walk.sp, walk.fp, walk.frames) = (pc, sp, fp, frames);
+    if ended {
+        walk.end = UnwindEnd::MaxDepth as u8;
+    }
+    ended
 }
 
 /// Moves the walk from the stub recorded on top by `java_step` (its blob in `walk.blob_cache`)
@@ -653,12 +754,83 @@ fn read_blob<M: UserMemory>(
 /// counts as zeros: the daemon's recomputation then differs and the frame shows as unknown.
 #[inline(always)]
 fn method_cookie<M: UserMemory>(hs: &HotspotProc, memory: &M, const_method: u64) -> u32 {
-    let name = read_u64(memory, const_method + hs.const_method_constants as u64)
-        .and_then(|cp| read_u64(memory, cp + hs.constant_pool_holder as u64))
+    let constants = read_u64(memory, const_method + hs.const_method_constants as u64).unwrap_or(0);
+    method_cookie_of(hs, memory, const_method, constants)
+}
+
+/// [`method_cookie`] of a `ConstMethod` whose `ConstantPool*` (`constants`) was read already.
+#[inline(always)]
+fn method_cookie_of<M: UserMemory>(
+    hs: &HotspotProc,
+    memory: &M,
+    const_method: u64,
+    constants: u64,
+) -> u32 {
+    let name = read_u64(memory, constants + hs.constant_pool_holder as u64)
         .and_then(|holder| read_u64(memory, holder + hs.klass_name as u64))
         .unwrap_or(0);
     let name = symbol_identity(hs, memory, name);
     interpreted_cookie(const_method, name.hash_word, name.tail)
+}
+
+/// Bytes read at once from the start of a `ConstMethod`: its code size and `ConstantPool*`
+/// both lie within them on JDK 8 to 27, so one read of the sampled process (a helper call and
+/// likely a cache miss) is made where two were. More of the method's metadata follows, so a
+/// read this long runs off a mapping only in rare cases; a failed one is made again as the two
+/// short reads. (A `Symbol`'s header and name tail read the same way took 96 bytes more of the
+/// allocation hook's BPF stack, past its 512 bytes with the walk's: they are read apart.)
+const METADATA_SPAN_BYTES: usize = 64;
+
+/// Runs `take` on the [`METADATA_SPAN_BYTES`] at `addr`, read into the scratch buffer; None if
+/// the read failed.
+#[inline(always)]
+fn with_metadata_span<M: UserMemory, R>(
+    memory: &M,
+    addr: u64,
+    take: impl FnOnce(&[u8; METADATA_SPAN_BYTES]) -> R,
+) -> Option<R> {
+    memory
+        .with_scratch(|buffer| {
+            let dst = buffer.get_mut(..METADATA_SPAN_BYTES)?;
+            if !memory.read_into(addr, dst) {
+                return None;
+            }
+            // SAFETY: the read filled the span's every byte.
+            let span = unsafe { &*(buffer as *const _ as *const [u8; METADATA_SPAN_BYTES]) };
+            Some(take(span))
+        })
+        .flatten()
+}
+
+/// A `ConstMethod`'s code size (bytes of bytecode) and `ConstantPool*`, in one read when both
+/// lie in its first [`METADATA_SPAN_BYTES`]. The constant pool is 0 if it cannot be read (the
+/// frame's cookie then shows it as unknown); a code size that cannot be read ends the walk.
+#[inline(always)]
+fn const_method_fields<M: UserMemory>(
+    hs: &HotspotProc,
+    memory: &M,
+    const_method: u64,
+) -> Result<(u64, u64), UnwindEnd> {
+    let (size_at, constants_at) = (
+        hs.const_method_code_size as usize,
+        hs.const_method_constants as usize,
+    );
+    if size_at + 2 <= METADATA_SPAN_BYTES && constants_at + 8 <= METADATA_SPAN_BYTES {
+        let fields = with_metadata_span(memory, const_method, |span| {
+            (
+                field_i16(span, size_at) as u16 as u64,
+                field_u64(span, constants_at),
+            )
+        });
+        if let Some(fields) = fields {
+            return Ok(fields);
+        }
+    }
+    let code_size = memory
+        .read_u16(const_method + size_at as u64)
+        .map_err(|_| UnwindEnd::JavaReadFailed)? as u64;
+    let constants = read_u64(memory, const_method + constants_at as u64).unwrap_or(0);
+    Ok((code_size, constants))
 }
 
 /// What tells a `Symbol` from another made later at its address: its random hash word, its
@@ -742,9 +914,7 @@ pub(crate) fn interpreted_step<M: UserMemory>(
     }
     let method = window.u64(memory, slot_address(fp, hs.interpreter_method_slot))?;
     let const_method = read_u64(memory, method + hs.method_const_method as u64)?;
-    let code_size = memory
-        .read_u16(const_method + hs.const_method_code_size as u64)
-        .map_err(|_| UnwindEnd::JavaReadFailed)? as u64;
+    let (code_size, constants) = const_method_fields(hs, memory, const_method)?;
     let code_start = const_method + hs.const_method_size as u64;
     let in_code = |bcp: u64| bcp >= code_start && bcp < code_start + code_size.max(1);
     let saved_bcp = window
@@ -763,7 +933,7 @@ pub(crate) fn interpreted_step<M: UserMemory>(
     let cookie = if walk.cookie_const_method == const_method {
         walk.cookie
     } else {
-        method_cookie(hs, memory, const_method)
+        method_cookie_of(hs, memory, const_method, constants)
     };
     let recorded = frame(FrameKind::Interpreted, method, bci, cookie);
     walk.cookie = cookie;

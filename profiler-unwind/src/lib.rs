@@ -49,4 +49,6 @@ pub use memory::{
 pub use mounted::{mounted_thread, mounted_virtual_tid, MountedThread};
 pub use recent_blobs::{RecentBlob, RecentBlobTable, RecentBlobs, RECENT_BLOBS};
 pub use state::{BlobCache, ChunkHeader, FreesSeen, FrozenWalk, UserRegs, Walk, END_UNSET};
-pub use walk::{settle_top_stub, start_at_anchor, unwind_step, walk_stack, MAX_WALK_STEPS};
+pub use walk::{
+    settle_top_stub, simple_frames, start_at_anchor, unwind_step, walk_stack, MAX_WALK_STEPS,
+};

@@ -111,6 +111,15 @@ impl StackWindow {
         self.word_at(addr - self.base, STACK_WINDOW_BYTES as u64 - 8)
     }
 
+    /// The two words at `addr` if the window already holds them.
+    #[inline(always)]
+    pub fn pair_if_held(&self, addr: u64) -> Option<[u64; 2]> {
+        Some([
+            self.word_if_held(addr)?,
+            self.word_if_held(addr.wrapping_add(8))?,
+        ])
+    }
+
     /// The word at byte offset `at` if `at <= last`. `at` is checked as a byte offset, and
     /// aligned by masking: the verifier then knows the load stays in the window (an index
     /// shifted back into an offset loses that bound).

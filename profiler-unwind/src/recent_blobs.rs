@@ -152,6 +152,37 @@ impl RecentBlobTable {
         None
     }
 
+    /// Copies the blob remembered for `pc` of JVM `instance` into `out` only if it was proven
+    /// at the count of code frees `frees` (nothing freed since): true if it was.
+    #[inline(always)]
+    pub fn recall_proven_into(
+        &mut self,
+        instance: u32,
+        pc: u64,
+        frees: u32,
+        out: &mut BlobCache,
+    ) -> bool {
+        if instance == 0 {
+            return false;
+        }
+        let clock = self.clock;
+        for index in Self::candidates(instance, pc) {
+            let (Some(entry), Some(proven)) = (self.entries.get_mut(index), self.proven.get(index))
+            else {
+                continue;
+            };
+            if Self::covers(entry, instance, pc) {
+                if *proven != frees {
+                    return false;
+                }
+                entry.stamp = clock;
+                *out = entry.blob;
+                return true;
+            }
+        }
+        false
+    }
+
     /// Whether entry `index` was proven at the count of code frees `frees` (its JVM's now):
     /// nothing was freed since, and its blob is still in place.
     #[inline(always)]

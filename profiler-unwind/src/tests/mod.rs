@@ -96,6 +96,41 @@ fn a_frame_pointer_that_goes_down_the_stack_is_not_followed() {
 
 // Interpreted frames and the call stub.
 
+/// The class names' `Symbol`s are read in one piece with their tail when it fits in the first
+/// read, else in two, and in two also where a longer read would run off the symbol's mapping:
+/// every length gives the cookie computed from the name itself.
+#[test]
+fn interpreted_frames_are_named_by_class_names_of_every_length() {
+    for len in [1, 16, 40, 41, 42, 43, 44, 50, 100, 300] {
+        let name: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+        for at_mapping_end in [false, true] {
+            let mut jvm = Jvm::new(Layout::Pointers);
+            let method = if at_mapping_end {
+                jvm.add_method_named_at_mapping_end(&name, 0x4242_0000 + len, 30)
+            } else {
+                jvm.add_method(&name, 0x4242_0000 + len, 30)
+            };
+            let (sp, fp) = (STACK + 0x8000, STACK + 0x8100);
+            let stub_fp = STACK + 0x8300;
+            jvm.interpreter_frame(
+                fp,
+                InterpreterFrame {
+                    method,
+                    bcp: method.code + 5,
+                    sender_sp: fp + 16,
+                    saved_fp: stub_fp,
+                    return_address: CALL_STUB_RETURN,
+                },
+            );
+            let natives = jvm.entry_frames(stub_fp);
+            let mut start = regs(INTERPRETER_LOW + 0x500, sp, fp);
+            start.r13 = method.code + 9;
+            let walked = jvm.walk(TID, start);
+            expect(walked, &[method.frame(9)], &natives, UnwindEnd::Complete);
+        }
+    }
+}
+
 #[test]
 fn interpreted_frames_then_the_call_stub_into_native_code() {
     let mut jvm = Jvm::new(Layout::Pointers);
