@@ -777,8 +777,9 @@ fn method_cookie_of<M: UserMemory>(
 /// both lie within them on JDK 8 to 27, so one read of the sampled process (a helper call and
 /// likely a cache miss) is made where two were. More of the method's metadata follows, so a
 /// read this long runs off a mapping only in rare cases; a failed one is made again as the two
-/// short reads. (A `Symbol`'s header and name tail read the same way took 96 bytes more of the
-/// allocation hook's BPF stack, past its 512 bytes with the walk's: they are read apart.)
+/// short reads. (A `Symbol`'s header and name tail read the same way took 40 bytes more of
+/// `unwind_steps`' BPF stack, and 96 of the allocation hook's, where the chain of stacks must
+/// stay within 512 bytes: they are read apart.)
 const METADATA_SPAN_BYTES: usize = 64;
 
 /// Runs `take` on the [`METADATA_SPAN_BYTES`] at `addr`, read into the scratch buffer; None if
