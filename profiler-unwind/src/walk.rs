@@ -106,7 +106,7 @@ pub fn unwind_step<P: UserMemory + JavaThreads + NativeTables + RecentBlobs, S: 
 /// [`unwind_step`]: in the BPF program it is a global function of its own, whose loop the
 /// verifier checks once and whose stack does not add to `unwind_step`'s (inlined there, the
 /// loop took the allocation hook's program past the 512 bytes of stack, and 5.10's and 6.1's
-/// off-CPU program too, and its verification from 0.2 to 0.55 million instructions).
+/// off-CPU program too, and its verification from 0.08 to 0.55 million instructions).
 #[inline(always)]
 pub fn simple_frames<P: UserMemory + RecentBlobs, S: FrameSink>(
     walk: &mut Walk,
