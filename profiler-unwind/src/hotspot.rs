@@ -780,32 +780,12 @@ fn method_cookie_of<M: UserMemory>(
 /// short reads. (A `Symbol`'s header and name tail read the same way took 40 bytes more of
 /// `unwind_steps`' BPF stack, and 96 of the allocation hook's, where the chain of stacks must
 /// stay within 512 bytes: they are read apart.)
-const METADATA_SPAN_BYTES: usize = 64;
+const CONST_METHOD_SPAN_BYTES: usize = 64;
 
-/// Runs `take` on the [`METADATA_SPAN_BYTES`] at `addr`, read into the scratch buffer; None if
-/// the read failed.
-#[inline(always)]
-fn with_metadata_span<M: UserMemory, R>(
-    memory: &M,
-    addr: u64,
-    take: impl FnOnce(&[u8; METADATA_SPAN_BYTES]) -> R,
-) -> Option<R> {
-    memory
-        .with_scratch(|buffer| {
-            let dst = buffer.get_mut(..METADATA_SPAN_BYTES)?;
-            if !memory.read_into(addr, dst) {
-                return None;
-            }
-            // SAFETY: the read filled the span's every byte.
-            let span = unsafe { &*(buffer as *const _ as *const [u8; METADATA_SPAN_BYTES]) };
-            Some(take(span))
-        })
-        .flatten()
-}
-
-/// A `ConstMethod`'s code size (bytes of bytecode) and `ConstantPool*`, in one read when both
-/// lie in its first [`METADATA_SPAN_BYTES`]. The constant pool is 0 if it cannot be read (the
-/// frame's cookie then shows it as unknown); a code size that cannot be read ends the walk.
+/// A `ConstMethod`'s code size (bytes of bytecode) and `ConstantPool*`, in one read (into the
+/// scratch buffer) when both lie in its first [`CONST_METHOD_SPAN_BYTES`]. The constant pool is
+/// 0 if it cannot be read (the frame's cookie then shows it as unknown); a code size that
+/// cannot be read ends the walk.
 #[inline(always)]
 fn const_method_fields<M: UserMemory>(
     hs: &HotspotProc,
@@ -816,14 +796,20 @@ fn const_method_fields<M: UserMemory>(
         hs.const_method_code_size as usize,
         hs.const_method_constants as usize,
     );
-    if size_at + 2 <= METADATA_SPAN_BYTES && constants_at + 8 <= METADATA_SPAN_BYTES {
-        let fields = with_metadata_span(memory, const_method, |span| {
-            (
+    if size_at + 2 <= CONST_METHOD_SPAN_BYTES && constants_at + 8 <= CONST_METHOD_SPAN_BYTES {
+        let fields = memory.with_scratch(|buffer| {
+            let dst = buffer.get_mut(..CONST_METHOD_SPAN_BYTES)?;
+            if !memory.read_into(const_method, dst) {
+                return None;
+            }
+            // SAFETY: the read filled the span's every byte.
+            let span = unsafe { &*(buffer as *const _ as *const [u8; CONST_METHOD_SPAN_BYTES]) };
+            Some((
                 field_i16(span, size_at) as u16 as u64,
                 field_u64(span, constants_at),
-            )
+            ))
         });
-        if let Some(fields) = fields {
+        if let Some(Some(fields)) = fields {
             return Ok(fields);
         }
     }

@@ -132,28 +132,41 @@ impl RecentBlobTable {
         entry.instance == instance && blob.blob != 0 && pc >= blob.code_begin && pc < blob.end
     }
 
+    /// The entry holding a blob of JVM `instance` that covers `pc`, if one does.
+    #[inline(always)]
+    fn find(&self, instance: u32, pc: u64) -> Option<usize> {
+        if instance == 0 {
+            return None;
+        }
+        Self::candidates(instance, pc).into_iter().find(|&index| {
+            self.entries
+                .get(index)
+                .is_some_and(|entry| Self::covers(entry, instance, pc))
+        })
+    }
+
+    /// Copies entry `index`'s blob into `out`, and marks it used now.
+    #[inline(always)]
+    fn use_entry(&mut self, index: usize, out: &mut BlobCache) {
+        let clock = self.clock;
+        if let Some(entry) = self.entries.get_mut(index) {
+            entry.stamp = clock;
+            *out = entry.blob;
+        }
+    }
+
     /// Copies the blob remembered for `pc` of JVM `instance`, not yet proven still in place,
     /// into `out`; its entry's index, or None (and `out` untouched) if there is none.
     #[inline(always)]
     pub fn recall_into(&mut self, instance: u32, pc: u64, out: &mut BlobCache) -> Option<usize> {
-        if instance == 0 {
-            return None;
-        }
-        let clock = self.clock;
-        for index in Self::candidates(instance, pc) {
-            if let Some(entry) = self.entries.get_mut(index) {
-                if Self::covers(entry, instance, pc) {
-                    entry.stamp = clock;
-                    *out = entry.blob;
-                    return Some(index);
-                }
-            }
-        }
-        None
+        let index = self.find(instance, pc)?;
+        self.use_entry(index, out);
+        Some(index)
     }
 
     /// Copies the blob remembered for `pc` of JVM `instance` into `out` only if it was proven
-    /// at the count of code frees `frees` (nothing freed since): true if it was.
+    /// at the count of code frees `frees` (nothing freed since): true if it was. Otherwise
+    /// `out` is untouched: it still holds a blob that is known good.
     #[inline(always)]
     pub fn recall_proven_into(
         &mut self,
@@ -162,25 +175,13 @@ impl RecentBlobTable {
         frees: u32,
         out: &mut BlobCache,
     ) -> bool {
-        if instance == 0 {
-            return false;
-        }
-        let clock = self.clock;
-        for index in Self::candidates(instance, pc) {
-            let (Some(entry), Some(proven)) = (self.entries.get_mut(index), self.proven.get(index))
-            else {
-                continue;
-            };
-            if Self::covers(entry, instance, pc) {
-                if *proven != frees {
-                    return false;
-                }
-                entry.stamp = clock;
-                *out = entry.blob;
-                return true;
+        match self.find(instance, pc) {
+            Some(index) if self.proven_at(index, Some(frees)) => {
+                self.use_entry(index, out);
+                true
             }
+            _ => false,
         }
-        false
     }
 
     /// Whether entry `index` was proven at the count of code frees `frees` (its JVM's now):

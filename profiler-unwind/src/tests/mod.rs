@@ -96,9 +96,8 @@ fn a_frame_pointer_that_goes_down_the_stack_is_not_followed() {
 
 // Interpreted frames and the call stub.
 
-/// The class names' `Symbol`s are read in one piece with their tail when it fits in the first
-/// read, else in two, and in two also where a longer read would run off the symbol's mapping:
-/// every length gives the cookie computed from the name itself.
+/// Every length of class name, its `Symbol` in the middle of memory or ending where its mapping
+/// ends (a read past the name fails there), gives the cookie computed from the name itself.
 #[test]
 fn interpreted_frames_are_named_by_class_names_of_every_length() {
     for len in [1, 16, 40, 41, 42, 43, 44, 50, 100, 300] {
