@@ -426,7 +426,7 @@ pub fn jdk(major: u32) -> Jdk {
 /// Panics if one is missing: a test that silently ran on fewer JDKs would lie.
 pub fn jdks() -> Vec<Jdk> {
     if let Ok(list) = std::env::var("PROFILER_TEST_JDKS") {
-        return list
+        let jdks: Vec<Jdk> = list
             .split(',')
             .filter_map(|item| {
                 let (major, java) = item.split_once('=')?;
@@ -436,6 +436,12 @@ pub fn jdks() -> Vec<Jdk> {
                 })
             })
             .collect();
+        // An empty or malformed list would let every per-JDK test pass having run nothing.
+        assert!(
+            !jdks.is_empty(),
+            "PROFILER_TEST_JDKS={list:?} names no JDK (expected \"17=/path/to/java,...\")"
+        );
+        return jdks;
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
