@@ -486,7 +486,9 @@ impl OffCpuEnd {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OffCpuThread {
-    /// When it last left the CPU: from it, the length of each run-and-wait cycle.
+    /// When it last left the CPU: from it, the length of each run-and-wait cycle. On its run
+    /// queue's clock where the daemon found the kernel's run-queue account, else on the
+    /// kernel's monotonic clock (the other times here and in the records).
     pub last_out_ns: u64,
     /// A moving average of its cycles (each weighs 1/8): with the cycle just ended, it sets the
     /// probability that this switch is sampled.
