@@ -14,7 +14,7 @@ use profiler_common::{
 use crate::memory::{
     field_i16, field_i32, field_u64, read_u64, FrameSink, JavaThreads, StackWindow, UserMemory,
 };
-use crate::recent_blobs::{still_in_place, RecentBlobs};
+use crate::recent_blobs::{still_in_place, RecentBlobTable, RecentBlobs};
 use crate::state::{frame, BlobCache, FreesSeen, Walk, END_UNSET, STUB_CALLER, STUB_ON_TOP};
 use crate::x86_frames::{
     epilogue_state, prologue_state, FrameState, EPILOGUE_BEFORE, EPILOGUE_BYTES, PROLOGUE_BYTES,
@@ -280,6 +280,25 @@ pub(crate) fn simple_compiled_frames<M: UserMemory + RecentBlobs, S: FrameSink>(
     if !ordinary_walk {
         return false;
     }
+    // The table is had once for all the frames (in the BPF program, a per-CPU map lookup): a
+    // stack of distinct methods recalls a blob at nearly every frame.
+    memory
+        .with_recent_blobs(|table| {
+            simple_compiled_frames_with(walk, window, memory, table, sink, max_frames)
+        })
+        .unwrap_or(false)
+}
+
+/// [`simple_compiled_frames`] with the table of remembered blobs at hand.
+#[inline(always)]
+fn simple_compiled_frames_with<M: UserMemory + RecentBlobs, S: FrameSink>(
+    walk: &mut Walk,
+    window: &StackWindow,
+    memory: &M,
+    table: &mut RecentBlobTable,
+    sink: &mut S,
+    max_frames: u32,
+) -> bool {
     // Copied once: the loop's own stores (the record, the blob cache) could alias them.
     let hs = &walk.hotspot;
     let code = (hs.code_low, hs.code_high);
@@ -301,10 +320,7 @@ pub(crate) fn simple_compiled_frames<M: UserMemory + RecentBlobs, S: FrameSink>(
             let Some(frees) = walk.code_frees.get(|| memory.code_frees(instance)) else {
                 break;
             };
-            let out = &mut walk.blob_cache;
-            let recalled = memory
-                .with_recent_blobs(|table| table.recall_proven_into(instance, pc, frees, out));
-            if recalled != Some(true) {
+            if !table.recall_proven_into(instance, pc, frees, &mut walk.blob_cache) {
                 break;
             }
         }
