@@ -485,7 +485,7 @@ mod tests {
         assert_eq!(seven.distinct_stacks(), 3);
         let mut counts: Vec<(Vec<u64>, u64)> = seven
             .stacks()
-            .map(|(view, totals)| (view.user_frames().map(|f| f.addr).collect(), totals.count))
+            .map(|(view, totals)| (view.user_frames().map(|f| f.addr()).collect(), totals.count))
             .collect();
         counts.sort();
         assert_eq!(

@@ -284,7 +284,7 @@ pub(crate) mod fixtures {
 
         fn user(&mut self, _: UserFrameKey, frame: &UserFrame) -> Frame {
             let named = crate::resolved_frame::ResolvedFrame::named("[unknown]", None);
-            Frame::new(FrameKind::Native, frame.addr, named)
+            Frame::new(FrameKind::Native, frame.addr(), named)
         }
 
         fn thread(&mut self, _: u32, comm: &str) -> (String, NameSource) {

@@ -111,14 +111,14 @@ impl UserFrameKey {
     /// The key of user frame `index` of a stack (0: the interrupted instruction).
     pub fn of(index: usize, frame: &UserFrame) -> Self {
         match frame.kind() {
-            Some(FrameKind::Native) if index == 0 => Self::Native(frame.addr),
-            Some(FrameKind::Native) => Self::Native(frame.addr.saturating_sub(1)),
+            Some(FrameKind::Native) if index == 0 => Self::Native(frame.addr()),
+            Some(FrameKind::Native) => Self::Native(frame.addr().saturating_sub(1)),
             // A kind BPF never writes goes to the Java symbolizer too, which shows it as the
             // `bad_frame_kind` marker.
             Some(FrameKind::Interpreted | FrameKind::Compiled | FrameKind::AllocatedClass)
             | None => Self::Java {
-                kind: frame.kind,
-                addr: frame.addr,
+                kind: frame.kind_byte(),
+                addr: frame.addr(),
                 aux: frame.aux,
                 cookie: frame.cookie,
                 top: index == 0,
@@ -200,7 +200,7 @@ pub(crate) mod tests {
         assert_eq!(comm_to_string(view.thread_name()), "worker");
         assert_eq!(view.kernel_ips().collect::<Vec<_>>(), vec![0xf001, 0xf002]);
         assert_eq!(
-            view.user_frames().map(|f| f.addr).collect::<Vec<_>>(),
+            view.user_frames().map(|f| f.addr()).collect::<Vec<_>>(),
             vec![0x401000, 0x402000, 0x403000]
         );
         assert_eq!(view.user_end(), Some(UnwindEnd::Complete));

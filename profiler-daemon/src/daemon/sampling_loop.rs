@@ -355,7 +355,7 @@ async fn ring_filling(wakeups: &[AsyncFd<std::os::fd::OwnedFd>]) {
     .await
 }
 
-/// Most Java frames in one batch for the Java name reader (24 bytes each): a drain that finds
+/// Most Java frames in one batch for the Java name reader (16 bytes each): a drain that finds
 /// more new stacks sends several, and the reader queue's bound applies to them.
 const MAX_PREFETCH_FRAMES: usize = 16 * 1024;
 
@@ -677,7 +677,7 @@ impl FoundInDrain<'_> {
                     continue;
                 }
                 java = true;
-                if self.prefetched.first_time(pid, frame.addr, frame.cookie) {
+                if self.prefetched.first_time(pid, frame.addr(), frame.cookie) {
                     self.java_frames.push(JavaFrameSeen { pid, frame });
                     self.new_java_frames = true;
                 }

@@ -344,12 +344,12 @@ fn walks_with_the_derived_record_name_methods_the_daemon_verifies() {
 
         let interpreted: Vec<_> = frames
             .iter()
-            .filter(|f| FrameKind::from_u8(f.kind) == Some(FrameKind::Interpreted))
+            .filter(|f| f.kind() == Some(FrameKind::Interpreted))
             .collect();
         assert_eq!(interpreted.len(), 2, "{frames:?}");
         for (frame, method) in interpreted.iter().zip([leaf, caller]) {
-            assert_eq!(frame.addr, method.addr);
-            let identity = read_identity(&jvm, &fake.memory, frame.addr).expect("identity read");
+            assert_eq!(frame.addr(), method.addr);
+            let identity = read_identity(&jvm, &fake.memory, frame.addr()).expect("identity read");
             assert_eq!(
                 identity.cookie, frame.cookie,
                 "the daemon's cookie for the walker's method"

@@ -178,7 +178,7 @@ impl<M: RemoteMemory> MemoryNames<M> {
     /// Forgets a failed read of `frame`'s method, code or class name (a success stands), so
     /// that the next ask reads memory again.
     pub fn forget_failure(&mut self, frame: &UserFrame) {
-        let key = (frame.addr, frame.cookie);
+        let key = (frame.addr(), frame.cookie);
         match frame.kind() {
             Some(FrameKind::Interpreted) => forget_failure(&mut self.methods, key),
             Some(FrameKind::Compiled) => forget_failure(&mut self.blobs, key),

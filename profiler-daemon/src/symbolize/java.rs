@@ -169,7 +169,7 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
                 let method = {
                     let mut memory = jvm.memory.lock();
                     memory.bound_caches();
-                    memory.method(frame.addr, frame.cookie)
+                    memory.method(frame.addr(), frame.cookie)
                 };
                 let bci = (frame.aux != BCI_UNKNOWN).then_some(frame.aux);
                 policy::interpreted(method.as_deref().map_err(|r| *r), bci)
@@ -179,7 +179,7 @@ impl<M: RemoteMemory> JavaSymbolizer<M> {
                 let name = {
                     let mut memory = jvm.memory.lock();
                     memory.bound_caches();
-                    memory.class_name(frame.addr, frame.cookie, frame.aux)
+                    memory.class_name(frame.addr(), frame.cookie, frame.aux)
                 };
                 policy::allocated_class(name.as_deref().map_err(|r| *r))
             }
@@ -206,7 +206,7 @@ impl<M: RemoteMemory> JvmSources<M> {
         let code = {
             let mut memory = self.memory.lock();
             memory.bound_caches();
-            memory.code(frame.addr, frame.cookie, frame.aux)
+            memory.code(frame.addr(), frame.cookie, frame.aux)
         };
         // The agent's record of the nmethod at the same code start, if any.
         let recorded = match (code.as_deref(), self.sidecar.as_mut()) {

@@ -130,10 +130,10 @@ impl<M: RemoteMemory> MemoryNameCaches<M> {
 pub fn read_ahead<M: RemoteMemory>(names: &mut MemoryNames<M>, frame: &UserFrame) -> bool {
     names.bound_caches();
     let missed = match frame.kind() {
-        Some(FrameKind::Interpreted) => names.method(frame.addr, frame.cookie).err(),
-        Some(FrameKind::Compiled) => names.code(frame.addr, frame.cookie, frame.aux).err(),
+        Some(FrameKind::Interpreted) => names.method(frame.addr(), frame.cookie).err(),
+        Some(FrameKind::Compiled) => names.code(frame.addr(), frame.cookie, frame.aux).err(),
         Some(FrameKind::AllocatedClass) => {
-            names.class_name(frame.addr, frame.cookie, frame.aux).err()
+            names.class_name(frame.addr(), frame.cookie, frame.aux).err()
         }
         Some(FrameKind::Native) | None => None,
     };
@@ -233,8 +233,8 @@ impl JavaReader {
 
     fn read(&self, mut frames: Vec<JavaFrameSeen>, missed: &mut Vec<Missed>) {
         // New stacks share most of their frames.
-        frames.sort_unstable_by_key(|seen| (seen.pid, seen.frame.addr, seen.frame.cookie));
-        frames.dedup_by_key(|seen| (seen.pid, seen.frame.addr, seen.frame.cookie));
+        frames.sort_unstable_by_key(|seen| (seen.pid, seen.frame.addr(), seen.frame.cookie));
+        frames.dedup_by_key(|seen| (seen.pid, seen.frame.addr(), seen.frame.cookie));
         let mut jvm: Option<(u32, Option<SharedMemoryNames<ProcessMemory>>)> = None;
         for JavaFrameSeen { pid, frame } in frames {
             if jvm.as_ref().is_none_or(|(known, _)| *known != pid) {
