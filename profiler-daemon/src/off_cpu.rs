@@ -534,7 +534,9 @@ mod tests {
             .get(&7)
             .map(|p| {
                 p.stacks()
-                    .map(|(view, totals)| (view.user_frames().next().map_or(0, |f| f.addr()), totals))
+                    .map(|(view, totals)| {
+                        (view.user_frames().next().map_or(0, |f| f.addr()), totals)
+                    })
                     .collect()
             })
             .unwrap_or_default();

@@ -132,9 +132,9 @@ pub fn read_ahead<M: RemoteMemory>(names: &mut MemoryNames<M>, frame: &UserFrame
     let missed = match frame.kind() {
         Some(FrameKind::Interpreted) => names.method(frame.addr(), frame.cookie).err(),
         Some(FrameKind::Compiled) => names.code(frame.addr(), frame.cookie, frame.aux).err(),
-        Some(FrameKind::AllocatedClass) => {
-            names.class_name(frame.addr(), frame.cookie, frame.aux).err()
-        }
+        Some(FrameKind::AllocatedClass) => names
+            .class_name(frame.addr(), frame.cookie, frame.aux)
+            .err(),
         Some(FrameKind::Native) | None => None,
     };
     !matches!(
