@@ -1073,3 +1073,35 @@ mod map_size_tests {
         }
     }
 }
+
+#[cfg(test)]
+mod user_frame_tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_and_user_address_comes_back_as_written() {
+        let kinds = [
+            FrameKind::Native,
+            FrameKind::Interpreted,
+            FrameKind::Compiled,
+            FrameKind::AllocatedClass,
+        ];
+        // The lowest and highest user addresses with 5-level page tables, and typical ones.
+        let addresses = [0, 1, 0x5555_5555_4000, 0x7fff_ffff_f000, (1 << 56) - 1];
+        for kind in kinds {
+            for addr in addresses {
+                let frame = UserFrame::new(kind, addr, 7, 9);
+                assert_eq!(frame.kind(), Some(kind));
+                assert_eq!(frame.addr(), addr);
+                assert_eq!((frame.aux, frame.cookie), (7, 9));
+            }
+        }
+    }
+
+    #[test]
+    fn an_address_above_the_user_range_never_changes_the_kind() {
+        let frame = UserFrame::new(FrameKind::Native, u64::MAX, 0, 0);
+        assert_eq!(frame.kind(), Some(FrameKind::Native));
+        assert_eq!(frame.addr(), (1 << 56) - 1);
+    }
+}
