@@ -111,13 +111,27 @@ impl StackWindow {
         self.word_at(addr - self.base, STACK_WINDOW_BYTES as u64 - 8)
     }
 
-    /// The two words at `addr` if the window already holds them.
+    /// The two words at `addr` if the window already holds them: one check for both (the
+    /// simple compiled loop takes a caller's pair at every frame).
     #[inline(always)]
     pub fn pair_if_held(&self, addr: u64) -> Option<[u64; 2]> {
-        Some([
-            self.word_if_held(addr)?,
-            self.word_if_held(addr.wrapping_add(8))?,
-        ])
+        if addr & 7 != 0
+            || addr < self.base
+            || addr.wrapping_add(16) > self.base.wrapping_add(self.len)
+        {
+            return None;
+        }
+        let at = addr - self.base;
+        if at > STACK_WINDOW_BYTES as u64 - 16 {
+            return None;
+        }
+        // Masked as in `word_at`, so that the verifier keeps the bound.
+        let at = (at & !7) as usize;
+        // SAFETY: `at + 16 <= STACK_WINDOW_BYTES`, 8-aligned in an array of words.
+        Some(unsafe {
+            let first = (self.words.as_ptr() as *const u8).add(at).cast::<u64>();
+            [first.read(), first.add(1).read()]
+        })
     }
 
     /// The word at byte offset `at` if `at <= last`. `at` is checked as a byte offset, and
