@@ -42,8 +42,8 @@ pub struct BlobHeader {
 impl BlobHeader {
     pub fn read(jvm: &Jvm, memory: &dyn RemoteMemory, blob: u64) -> Result<Self, UnnamedReason> {
         let layout = &jvm.layout;
-        let name = memory.read_u64(blob + offset(jvm, Field::CodeBlobName)?)?;
-        let size = memory.read_i32(blob + offset(jvm, Field::CodeBlobSize)?)?;
+        let name = memory.read_u64(blob.wrapping_add(offset(jvm, Field::CodeBlobName)?))?;
+        let size = memory.read_i32(blob.wrapping_add(offset(jvm, Field::CodeBlobSize)?))?;
         let kind = match layout.offset(Field::CodeBlobKind) {
             Some(at) => Some(memory.read_u8(blob + at)?),
             None => None,
@@ -52,7 +52,8 @@ impl BlobHeader {
         let code_begin = match layout.offset(Field::CodeBlobCodeBegin) {
             Some(at) => memory.read_ptr(blob + at)?,
             None => blob.wrapping_add(
-                memory.read_i32(blob + offset(jvm, Field::CodeBlobCodeOffset)?)? as i64 as u64,
+                memory.read_i32(blob.wrapping_add(offset(jvm, Field::CodeBlobCodeOffset)?))? as i64
+                    as u64,
             ),
         };
         Ok(Self {
@@ -96,7 +97,7 @@ fn block_used(jvm: &Jvm, memory: &dyn RemoteMemory, blob: u64) -> Result<bool, U
                 .ok_or(UnnamedReason::MissingField)?,
         )
         .ok_or(UnnamedReason::Unreadable)?;
-    let used_at = block + offset(jvm, Field::HeapBlockUsed)?;
+    let used_at = block.wrapping_add(offset(jvm, Field::HeapBlockUsed)?);
     Ok(match layout.width(Field::HeapBlockUsed) {
         Some(4) => memory.read_u32(used_at)? != 0,
         _ => memory.read_u8(used_at)? != 0,
@@ -115,7 +116,7 @@ pub fn nmethod_alive(
     compile_id: u32,
 ) -> Result<(), UnnamedReason> {
     let used = block_used(jvm, memory, blob)?;
-    let id = memory.read_u32(blob + offset(jvm, Field::NmethodCompileId)?)?;
+    let id = memory.read_u32(blob.wrapping_add(offset(jvm, Field::NmethodCompileId)?))?;
     // `signed char` in every JDK: 3 and 4 are unloaded and zombie (JDK 11-19); JDK 20+ has no
     // state past not_entrant (2); JDK 8 has no not_used state, so zombie is 2 and unloaded 3.
     let first_dead_state = if jvm.version.major <= 8 { 2 } else { 3 };

@@ -375,10 +375,12 @@ pub(super) fn read_identity(
     memory: &dyn RemoteMemory,
     method: u64,
 ) -> Result<MethodIdentity, UnnamedReason> {
-    let const_method = memory.read_ptr(method + offset(jvm, Field::MethodConstMethod)?)?;
-    let cp = memory.read_ptr(const_method + offset(jvm, Field::ConstMethodConstants)?)?;
-    let holder = memory.read_ptr(cp + offset(jvm, Field::ConstantPoolPoolHolder)?)?;
-    let class_symbol = memory.read_ptr(holder + offset(jvm, Field::KlassName)?)?;
+    let const_method =
+        memory.read_ptr(method.wrapping_add(offset(jvm, Field::MethodConstMethod)?))?;
+    let cp =
+        memory.read_ptr(const_method.wrapping_add(offset(jvm, Field::ConstMethodConstants)?))?;
+    let holder = memory.read_ptr(cp.wrapping_add(offset(jvm, Field::ConstantPoolPoolHolder)?))?;
+    let class_symbol = memory.read_ptr(holder.wrapping_add(offset(jvm, Field::KlassName)?))?;
     let class_name = symbol::read_identity(jvm, memory, class_symbol)?;
     Ok(MethodIdentity {
         const_method,
@@ -450,9 +452,10 @@ fn read_method(
         Some(&class_name),
         UnnamedReason::MethodReused,
     )?;
-    let name_index = memory.read_u16(const_method + offset(jvm, Field::ConstMethodNameIndex)?)?;
-    let signature_index =
-        memory.read_u16(const_method + offset(jvm, Field::ConstMethodSignatureIndex)?)?;
+    let name_index =
+        memory.read_u16(const_method.wrapping_add(offset(jvm, Field::ConstMethodNameIndex)?))?;
+    let signature_index = memory
+        .read_u16(const_method.wrapping_add(offset(jvm, Field::ConstMethodSignatureIndex)?))?;
     let name = constant_pool_symbol(jvm, memory, cp, name_index)?;
     let signature = constant_pool_symbol(jvm, memory, cp, signature_index)?;
 
@@ -486,7 +489,7 @@ fn read_line_table(
     memory: &dyn RemoteMemory,
     const_method: u64,
 ) -> Result<Vec<(u32, u32)>, UnnamedReason> {
-    let flags_at = const_method + offset(jvm, Field::ConstMethodFlags)?;
+    let flags_at = const_method.wrapping_add(offset(jvm, Field::ConstMethodFlags)?);
     let flags = match jvm.layout.width(Field::ConstMethodFlags) {
         Some(2) => memory.read_u16(flags_at)? as u32,
         _ => memory.read_u32(flags_at)?,
@@ -498,8 +501,9 @@ fn read_line_table(
     if flags & has_table == 0 {
         return Ok(Vec::new());
     }
-    let code_size =
-        memory.read_u16(const_method + offset(jvm, Field::ConstMethodCodeSize)?)? as u64;
+    let code_size = memory
+        .read_u16(const_method.wrapping_add(offset(jvm, Field::ConstMethodCodeSize)?))?
+        as u64;
     let start = const_method
         + jvm
             .layout
@@ -567,60 +571,71 @@ fn read_blob(
         return Ok(BlobInfo::Stub { name, code_span });
     }
     nmethod_alive(jvm, memory, blob, compile_id)?;
-    let method = memory.read_ptr(blob + offset(jvm, Field::NmethodMethod)?)?;
-    let comp_level = memory.read_i32(blob + offset(jvm, Field::NmethodCompLevel)?)?;
+    let method = memory.read_ptr(blob.wrapping_add(offset(jvm, Field::NmethodMethod)?))?;
+    let comp_level = memory.read_i32(blob.wrapping_add(offset(jvm, Field::NmethodCompLevel)?))?;
     let code_begin = header.code_begin;
 
     // Where the debug info is: inside the blob up to JDK 22, in C-heap "immutable data" after.
     // Sums of values read from the JVM wrap (a freed blob holds anything): a range that makes
     // no sense is refused by `length` below.
-    let (pcs_begin, pcs_end, scopes_begin, scopes_end, metadata_begin, metadata_end) = match layout
-        .offset(Field::NmethodImmutableData)
-    {
-        Some(immutable_at) => {
-            let immutable = memory.read_ptr(blob + immutable_at)?;
-            let pcs = memory.read_i32(blob + offset(jvm, Field::NmethodScopesPcsOffset)?)? as u64;
-            let scopes =
-                memory.read_i32(blob + offset(jvm, Field::NmethodScopesDataOffset)?)? as u64;
-            let size =
-                memory.read_i32(blob + offset(jvm, Field::NmethodImmutableDataSize)?)? as u64;
-            let mutable = memory.read_ptr(blob + offset(jvm, Field::CodeBlobMutableData)?)?;
-            let relocation =
-                memory.read_i32(blob + offset(jvm, Field::CodeBlobRelocationSize)?)? as u64;
-            let mutable_size =
-                memory.read_i32(blob + offset(jvm, Field::CodeBlobMutableDataSize)?)? as u64;
-            (
-                immutable.wrapping_add(pcs),
-                immutable.wrapping_add(scopes),
-                immutable.wrapping_add(scopes),
-                immutable.wrapping_add(size),
-                mutable.wrapping_add(relocation),
-                mutable.wrapping_add(mutable_size),
-            )
-        }
-        None => {
-            let pcs = memory.read_i32(blob + offset(jvm, Field::NmethodScopesPcsOffset)?)? as u64;
-            let deps =
-                memory.read_i32(blob + offset(jvm, Field::NmethodDependenciesOffset)?)? as u64;
-            let scopes_begin = match layout.offset(Field::NmethodScopesDataBegin) {
-                Some(at) => memory.read_ptr(blob + at)?,
-                // JDK 8: an offset from the blob, as the other sections'.
-                None => blob.wrapping_add(
-                    memory.read_i32(blob + offset(jvm, Field::NmethodScopesDataOffset)?)? as u64,
-                ),
-            };
-            let metadata =
-                memory.read_i32(blob + offset(jvm, Field::NmethodMetadataOffset)?)? as u64;
-            (
-                blob.wrapping_add(pcs),
-                blob.wrapping_add(deps),
-                scopes_begin,
-                blob.wrapping_add(pcs),
-                blob.wrapping_add(metadata),
-                scopes_begin,
-            )
-        }
-    };
+    let (pcs_begin, pcs_end, scopes_begin, scopes_end, metadata_begin, metadata_end) =
+        match layout.offset(Field::NmethodImmutableData) {
+            Some(immutable_at) => {
+                let immutable = memory.read_ptr(blob + immutable_at)?;
+                let pcs = memory
+                    .read_i32(blob.wrapping_add(offset(jvm, Field::NmethodScopesPcsOffset)?))?
+                    as u64;
+                let scopes = memory
+                    .read_i32(blob.wrapping_add(offset(jvm, Field::NmethodScopesDataOffset)?))?
+                    as u64;
+                let size = memory
+                    .read_i32(blob.wrapping_add(offset(jvm, Field::NmethodImmutableDataSize)?))?
+                    as u64;
+                let mutable =
+                    memory.read_ptr(blob.wrapping_add(offset(jvm, Field::CodeBlobMutableData)?))?;
+                let relocation = memory
+                    .read_i32(blob.wrapping_add(offset(jvm, Field::CodeBlobRelocationSize)?))?
+                    as u64;
+                let mutable_size = memory
+                    .read_i32(blob.wrapping_add(offset(jvm, Field::CodeBlobMutableDataSize)?))?
+                    as u64;
+                (
+                    immutable.wrapping_add(pcs),
+                    immutable.wrapping_add(scopes),
+                    immutable.wrapping_add(scopes),
+                    immutable.wrapping_add(size),
+                    mutable.wrapping_add(relocation),
+                    mutable.wrapping_add(mutable_size),
+                )
+            }
+            None => {
+                let pcs = memory
+                    .read_i32(blob.wrapping_add(offset(jvm, Field::NmethodScopesPcsOffset)?))?
+                    as u64;
+                let deps = memory
+                    .read_i32(blob.wrapping_add(offset(jvm, Field::NmethodDependenciesOffset)?))?
+                    as u64;
+                let scopes_begin =
+                    match layout.offset(Field::NmethodScopesDataBegin) {
+                        Some(at) => memory.read_ptr(blob + at)?,
+                        // JDK 8: an offset from the blob, as the other sections'.
+                        None => blob.wrapping_add(memory.read_i32(
+                            blob.wrapping_add(offset(jvm, Field::NmethodScopesDataOffset)?),
+                        )? as u64),
+                    };
+                let metadata = memory
+                    .read_i32(blob.wrapping_add(offset(jvm, Field::NmethodMetadataOffset)?))?
+                    as u64;
+                (
+                    blob.wrapping_add(pcs),
+                    blob.wrapping_add(deps),
+                    scopes_begin,
+                    blob.wrapping_add(pcs),
+                    blob.wrapping_add(metadata),
+                    scopes_begin,
+                )
+            }
+        };
     let length = |begin: u64, end: u64| -> Result<usize, UnnamedReason> {
         let len = end.checked_sub(begin).ok_or(UnnamedReason::Unreadable)? as usize;
         if len > MAX_DEBUG_INFO {

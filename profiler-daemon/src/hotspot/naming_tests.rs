@@ -305,3 +305,36 @@ fn a_symbol_that_is_not_the_expected_one_is_reused() {
         Ok("NameChurn$G0042Outer")
     );
 }
+
+#[test]
+fn metadata_pointers_at_the_top_of_the_address_space_give_a_reason_never_a_panic() {
+    // A method read while its class is unloaded: each pointer on the way to its class name may
+    // be garbage, up to the last bytes of the address space, where adding a field's offset
+    // overflows (the debug build panicked on it in the Java name reader).
+    let layout = Layout::Offsets;
+    let mut fake = FakeJvm::new(layout);
+    let jvm = daemon_jvm(&fake, layout, true);
+    let method = fake.add_method(b"Garbage", 0xbeef_0002, 4);
+    let hs = fake.hs;
+    let word = |memory: &FakeMemory, at: u64| Lent(memory).read_u64(at).expect("mapped");
+    let const_method = word(&fake.memory, method.addr + hs.method_const_method as u64);
+    let pool = word(
+        &fake.memory,
+        const_method + hs.const_method_constants as u64,
+    );
+    let klass = word(&fake.memory, pool + hs.constant_pool_holder as u64);
+    assert!(super::names::read_identity(&jvm, &Lent(&fake.memory), method.addr).is_ok());
+    let slots = [
+        method.addr + hs.method_const_method as u64,
+        const_method + hs.const_method_constants as u64,
+        pool + hs.constant_pool_holder as u64,
+        klass + hs.klass_name as u64,
+    ];
+    for slot in slots {
+        let was = word(&fake.memory, slot);
+        fake.memory.put_u64(slot, u64::MAX - 3);
+        assert!(super::names::read_identity(&jvm, &Lent(&fake.memory), method.addr).is_err());
+        fake.memory.put_u64(slot, was);
+    }
+    assert!(super::names::read_identity(&jvm, &Lent(&fake.memory), u64::MAX - 3).is_err());
+}

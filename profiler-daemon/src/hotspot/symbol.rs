@@ -50,14 +50,16 @@ pub fn read_identity(
     let hash_word = if hash_at == profiler_common::NO_SYMBOL_HASH {
         0
     } else {
-        memory.read_u32(symbol + hash_at as u64)?
+        memory.read_u32(symbol.wrapping_add(hash_at as u64))?
     };
     let length_at =
         super::unwind_info::symbol_length(&jvm.layout).ok_or(UnnamedReason::MissingField)?;
-    let length = memory.read_u16(symbol + length_at as u64)?;
+    let length = memory.read_u16(symbol.wrapping_add(length_at as u64))?;
     let mut tail_bytes = [0u8; profiler_common::NAME_TAIL_BYTES];
     memory.read(
-        symbol + body_offset(jvm)? + profiler_common::name_tail_start(length),
+        symbol
+            .wrapping_add(body_offset(jvm)?)
+            .wrapping_add(profiler_common::name_tail_start(length)),
         &mut tail_bytes,
     )?;
     Ok(SymbolIdentity {
@@ -96,7 +98,7 @@ pub fn read_name(
         return Err(UnnamedReason::OverBound);
     }
     let mut body = vec![0; length];
-    memory.read(symbol + body_offset(jvm)?, &mut body)?;
+    memory.read(symbol.wrapping_add(body_offset(jvm)?), &mut body)?;
     // Freed (and its memory given to something else) while the body was read; or the body
     // read is not the one the identity was (its last bytes differ).
     let after = read_identity(jvm, memory, symbol)?;
