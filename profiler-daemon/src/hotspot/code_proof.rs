@@ -45,12 +45,12 @@ impl BlobHeader {
         let name = memory.read_u64(blob.wrapping_add(offset(jvm, Field::CodeBlobName)?))?;
         let size = memory.read_i32(blob.wrapping_add(offset(jvm, Field::CodeBlobSize)?))?;
         let kind = match layout.offset(Field::CodeBlobKind) {
-            Some(at) => Some(memory.read_u8(blob + at)?),
+            Some(at) => Some(memory.read_u8(blob.wrapping_add(at))?),
             None => None,
         };
         // A pointer up to JDK 17, an offset from the blob after (as the BPF unwinder reads it).
         let code_begin = match layout.offset(Field::CodeBlobCodeBegin) {
-            Some(at) => memory.read_ptr(blob + at)?,
+            Some(at) => memory.read_ptr(blob.wrapping_add(at))?,
             None => blob.wrapping_add(
                 memory.read_i32(blob.wrapping_add(offset(jvm, Field::CodeBlobCodeOffset)?))? as i64
                     as u64,
@@ -121,7 +121,7 @@ pub fn nmethod_alive(
     // state past not_entrant (2); JDK 8 has no not_used state, so zombie is 2 and unloaded 3.
     let first_dead_state = if jvm.version.major <= 8 { 2 } else { 3 };
     let dead_state = match jvm.layout.offset(Field::NmethodState) {
-        Some(at) => (memory.read_u8(blob + at)? as i8) >= first_dead_state,
+        Some(at) => (memory.read_u8(blob.wrapping_add(at))? as i8) >= first_dead_state,
         None => false,
     };
     if !used || id != compile_id || dead_state {
@@ -152,7 +152,9 @@ pub fn stub_alive(
     // own bytes (header fields or code), which stay while it lives; past its end they belong
     // to the next block, which may change while this one lives: not a proof then.
     let cookie_at = offset(jvm, Field::NmethodCompileId)?;
-    if cookie_at + 4 <= header.size as u64 && memory.read_u32(blob + cookie_at)? != cookie {
+    if cookie_at + 4 <= header.size as u64
+        && memory.read_u32(blob.wrapping_add(cookie_at))? != cookie
+    {
         return Err(UnnamedReason::CodeReused);
     }
     Ok(())

@@ -287,10 +287,10 @@ impl Jvm {
         let tid_at = self.offset(Field::OSThreadThreadId)?;
         let mut out = Vec::with_capacity(threads.len());
         for thread in threads {
-            let Ok(osthread) = memory.read_ptr(thread + osthread_at) else {
+            let Ok(osthread) = memory.read_ptr(thread.wrapping_add(osthread_at)) else {
                 continue;
             };
-            let Ok(tid) = memory.read_u32(osthread + tid_at) else {
+            let Ok(tid) = memory.read_u32(osthread.wrapping_add(tid_at)) else {
                 continue;
             };
             if tid != 0 {
@@ -396,7 +396,7 @@ impl Jvm {
                 let mut threads = Vec::new();
                 while thread != 0 && threads.len() < max_threads {
                     threads.push(thread);
-                    thread = memory.read_u64(thread + next)?;
+                    thread = memory.read_u64(thread.wrapping_add(next))?;
                 }
                 threads
             };

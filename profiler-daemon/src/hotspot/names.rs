@@ -352,7 +352,7 @@ fn constant_pool_symbol(
         .layout
         .size(TypeSize::ConstantPool)
         .ok_or(UnnamedReason::MissingField)?;
-    let symbol = memory.read_ptr(cp + base + 8 * index as u64)?;
+    let symbol = memory.read_ptr(cp.wrapping_add(base).wrapping_add(8 * index as u64))?;
     symbol::read_name(jvm, memory, symbol, None, UnnamedReason::MethodReused)
 }
 
@@ -460,7 +460,7 @@ fn read_method(
     let signature = constant_pool_symbol(jvm, memory, cp, signature_index)?;
 
     let source_index = match jvm.layout.offset(Field::ConstantPoolSourceFileNameIndex) {
-        Some(at) => memory.read_u16(cp + at).ok(),
+        Some(at) => memory.read_u16(cp.wrapping_add(at)).ok(),
         None => jvm
             .layout
             .offset(Field::InstanceKlassSourceFileNameIndex)
