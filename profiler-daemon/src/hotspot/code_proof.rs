@@ -42,8 +42,8 @@ pub struct BlobHeader {
 impl BlobHeader {
     pub fn read(jvm: &Jvm, memory: &dyn RemoteMemory, blob: u64) -> Result<Self, UnnamedReason> {
         let layout = &jvm.layout;
-        let name = memory.read_u64(blob.wrapping_add(offset(jvm, Field::CodeBlobName)?))?;
-        let size = memory.read_i32(blob.wrapping_add(offset(jvm, Field::CodeBlobSize)?))?;
+        let name = memory.read_u64(field_at(jvm, blob, Field::CodeBlobName)?)?;
+        let size = memory.read_i32(field_at(jvm, blob, Field::CodeBlobSize)?)?;
         let kind = match layout.offset(Field::CodeBlobKind) {
             Some(at) => Some(memory.read_u8(blob.wrapping_add(at))?),
             None => None,
@@ -51,10 +51,11 @@ impl BlobHeader {
         // A pointer up to JDK 17, an offset from the blob after (as the BPF unwinder reads it).
         let code_begin = match layout.offset(Field::CodeBlobCodeBegin) {
             Some(at) => memory.read_ptr(blob.wrapping_add(at))?,
-            None => blob.wrapping_add(
-                memory.read_i32(blob.wrapping_add(offset(jvm, Field::CodeBlobCodeOffset)?))? as i64
-                    as u64,
-            ),
+            None => blob.wrapping_add(memory.read_i32(field_at(
+                jvm,
+                blob,
+                Field::CodeBlobCodeOffset,
+            )?)? as i64 as u64),
         };
         Ok(Self {
             name,
@@ -83,8 +84,14 @@ impl BlobHeader {
     }
 }
 
-fn offset(jvm: &Jvm, field: Field) -> Result<u64, UnnamedReason> {
+pub(super) fn offset(jvm: &Jvm, field: Field) -> Result<u64, UnnamedReason> {
     jvm.layout.offset(field).ok_or(UnnamedReason::MissingField)
+}
+
+/// Where `field` of the JVM structure at `base` is. `base` was read from the JVM and may be
+/// anything: the sum wraps, and a wrapped address fails its read.
+pub(super) fn field_at(jvm: &Jvm, base: u64, field: Field) -> Result<u64, UnnamedReason> {
+    Ok(base.wrapping_add(offset(jvm, field)?))
 }
 
 /// Whether the code heap block holding `blob` is in use (a freed block keeps its bytes).
@@ -97,7 +104,7 @@ fn block_used(jvm: &Jvm, memory: &dyn RemoteMemory, blob: u64) -> Result<bool, U
                 .ok_or(UnnamedReason::MissingField)?,
         )
         .ok_or(UnnamedReason::Unreadable)?;
-    let used_at = block.wrapping_add(offset(jvm, Field::HeapBlockUsed)?);
+    let used_at = field_at(jvm, block, Field::HeapBlockUsed)?;
     Ok(match layout.width(Field::HeapBlockUsed) {
         Some(4) => memory.read_u32(used_at)? != 0,
         _ => memory.read_u8(used_at)? != 0,
@@ -116,7 +123,7 @@ pub fn nmethod_alive(
     compile_id: u32,
 ) -> Result<(), UnnamedReason> {
     let used = block_used(jvm, memory, blob)?;
-    let id = memory.read_u32(blob.wrapping_add(offset(jvm, Field::NmethodCompileId)?))?;
+    let id = memory.read_u32(field_at(jvm, blob, Field::NmethodCompileId)?)?;
     // `signed char` in every JDK: 3 and 4 are unloaded and zombie (JDK 11-19); JDK 20+ has no
     // state past not_entrant (2); JDK 8 has no not_used state, so zombie is 2 and unloaded 3.
     let first_dead_state = if jvm.version.major <= 8 { 2 } else { 3 };

@@ -121,6 +121,12 @@ impl Jvm {
             .ok_or_else(|| JvmError::Implausible(format!("no {}", field.key())))
     }
 
+    /// Where `field` of the JVM structure at `base` is. `base` was read from the JVM and may
+    /// be anything: the sum wraps, and a wrapped address fails its read.
+    fn field_at(&self, base: u64, field: Field) -> Result<u64, JvmError> {
+        Ok(base.wrapping_add(self.offset(field)?))
+    }
+
     /// Reads the code heaps, the interpreter range and the call stub's return address.
     pub fn code_cache(&self, memory: &dyn RemoteMemory) -> Result<CodeCacheInfo, JvmError> {
         let (heaps, low_bound, high_bound) = if self.layout.segmented_code_cache() {
@@ -142,9 +148,9 @@ impl Jvm {
             return Err(JvmError::NotReady("interpreter not generated yet"));
         }
         let interpreter_low =
-            memory.read_ptr(interpreter.wrapping_add(self.offset(Field::StubQueueStubBuffer)?))?;
+            memory.read_ptr(self.field_at(interpreter, Field::StubQueueStubBuffer)?)?;
         let interpreter_size =
-            memory.read_i32(interpreter.wrapping_add(self.offset(Field::StubQueueBufferLimit)?))?;
+            memory.read_i32(self.field_at(interpreter, Field::StubQueueBufferLimit)?)?;
         let call_stub_return_address =
             memory.read_u64(self.static_address(Field::StubRoutinesCallStubReturnAddress)?)?;
         if call_stub_return_address == 0 {
@@ -182,16 +188,14 @@ impl Jvm {
         if heaps_array == 0 {
             return Err(JvmError::NotReady("CodeCache::_heaps is null"));
         }
-        let count =
-            memory.read_i32(heaps_array.wrapping_add(self.offset(Field::GrowableArrayLen)?))?;
+        let count = memory.read_i32(self.field_at(heaps_array, Field::GrowableArrayLen)?)?;
         if count <= 0 {
             return Err(JvmError::NotReady("no code heap yet"));
         }
         if count as usize > MAX_CODE_HEAPS {
             return Err(JvmError::Implausible(format!("{count} code heaps")));
         }
-        let data =
-            memory.read_ptr(heaps_array.wrapping_add(self.offset(Field::GrowableArrayData)?))?;
+        let data = memory.read_ptr(self.field_at(heaps_array, Field::GrowableArrayData)?)?;
         let mut heaps = Vec::with_capacity(count as usize);
         for index in 0..count as u64 {
             let heap = memory.read_ptr(data.wrapping_add(8 * index))?;
@@ -210,24 +214,20 @@ impl Jvm {
     ) -> Result<CodeHeapInfo, JvmError> {
         let memory_field = self.offset(Field::CodeHeapMemory)?;
         let segmap_field = self.offset(Field::CodeHeapSegmap)?;
-        let low = memory.read_u64(
-            heap.wrapping_add(memory_field)
-                .wrapping_add(self.offset(Field::VirtualSpaceLowBoundary)?),
-        )?;
-        let high = memory.read_u64(
-            heap.wrapping_add(memory_field)
-                .wrapping_add(self.offset(Field::VirtualSpaceHighBoundary)?),
-        )?;
-        let committed_high = memory.read_u64(
-            heap.wrapping_add(memory_field)
-                .wrapping_add(self.offset(Field::VirtualSpaceHigh)?),
-        )?;
-        let segmap = memory.read_u64(
-            heap.wrapping_add(segmap_field)
-                .wrapping_add(self.offset(Field::VirtualSpaceLow)?),
-        )?;
+        let low = memory.read_u64(self.field_at(
+            heap.wrapping_add(memory_field),
+            Field::VirtualSpaceLowBoundary,
+        )?)?;
+        let high = memory.read_u64(self.field_at(
+            heap.wrapping_add(memory_field),
+            Field::VirtualSpaceHighBoundary,
+        )?)?;
+        let committed_high = memory
+            .read_u64(self.field_at(heap.wrapping_add(memory_field), Field::VirtualSpaceHigh)?)?;
+        let segmap = memory
+            .read_u64(self.field_at(heap.wrapping_add(segmap_field), Field::VirtualSpaceLow)?)?;
         let log2_segment_size =
-            memory.read_i32(heap.wrapping_add(self.offset(Field::CodeHeapLog2SegmentSize)?))?;
+            memory.read_i32(self.field_at(heap, Field::CodeHeapLog2SegmentSize)?)?;
         if low == 0 || high <= low || segmap == 0 || !(4..=16).contains(&log2_segment_size) {
             return Err(JvmError::Implausible(format!(
                 "code heap {index}: [{low:#x}, {high:#x}) segmap {segmap:#x} log2 segment {log2_segment_size}"
@@ -357,8 +357,8 @@ impl Jvm {
         let tlab_at = self.offset(Field::ThreadTlab)?;
         Ok(AllocationCounters {
             allocated_at: self.offset(Field::ThreadAllocatedBytes)?,
-            start_at: tlab_at.wrapping_add(self.offset(Field::TlabStart)?),
-            top_at: tlab_at.wrapping_add(self.offset(Field::TlabTop)?),
+            start_at: self.field_at(tlab_at, Field::TlabStart)?,
+            top_at: self.field_at(tlab_at, Field::TlabTop)?,
         })
     }
 
@@ -370,36 +370,34 @@ impl Jvm {
     ) -> Result<Vec<u64>, JvmError> {
         let max_threads = max_threads.min(MAX_THREADS);
         let layout = &self.layout;
-        let threads: Vec<u64> =
-            if let Some(list_at) = layout.offset(Field::ThreadsSMRSupportJavaThreadList) {
-                let list = memory.read_ptr(self.bias.wrapping_add(list_at))?;
-                let length = memory
-                    .read_u32(list.wrapping_add(self.offset(Field::ThreadsListLength)?))?
-                    as usize;
-                if length > max_threads {
-                    return Err(JvmError::Implausible(format!("{length} Java threads")));
-                }
-                if length == 0 {
-                    return Ok(Vec::new());
-                }
-                let array =
-                    memory.read_ptr(list.wrapping_add(self.offset(Field::ThreadsListThreads)?))?;
-                let mut bytes = vec![0u8; length * 8];
-                memory.read(array, &mut bytes)?;
-                bytes
-                    .chunks_exact(8)
-                    .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
-                    .collect()
-            } else {
-                let next = self.offset(Field::JavaThreadNext)?;
-                let mut thread = memory.read_u64(self.static_address(Field::ThreadsThreadList)?)?;
-                let mut threads = Vec::new();
-                while thread != 0 && threads.len() < max_threads {
-                    threads.push(thread);
-                    thread = memory.read_u64(thread.wrapping_add(next))?;
-                }
-                threads
-            };
+        let threads: Vec<u64> = if let Some(list_at) =
+            layout.offset(Field::ThreadsSMRSupportJavaThreadList)
+        {
+            let list = memory.read_ptr(self.bias.wrapping_add(list_at))?;
+            let length = memory.read_u32(self.field_at(list, Field::ThreadsListLength)?)? as usize;
+            if length > max_threads {
+                return Err(JvmError::Implausible(format!("{length} Java threads")));
+            }
+            if length == 0 {
+                return Ok(Vec::new());
+            }
+            let array = memory.read_ptr(self.field_at(list, Field::ThreadsListThreads)?)?;
+            let mut bytes = vec![0u8; length * 8];
+            memory.read(array, &mut bytes)?;
+            bytes
+                .chunks_exact(8)
+                .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+                .collect()
+        } else {
+            let next = self.offset(Field::JavaThreadNext)?;
+            let mut thread = memory.read_u64(self.static_address(Field::ThreadsThreadList)?)?;
+            let mut threads = Vec::new();
+            while thread != 0 && threads.len() < max_threads {
+                threads.push(thread);
+                thread = memory.read_u64(thread.wrapping_add(next))?;
+            }
+            threads
+        };
         Ok(threads)
     }
 }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use profiler_common::{FrameKind, UserFrame};
 
-use super::code_proof::{nmethod_alive, read_blob_name, stub_alive, BlobHeader};
+use super::code_proof::{field_at, nmethod_alive, offset, read_blob_name, stub_alive, BlobHeader};
 use super::jvm::Jvm;
 use super::layout::{Constant, Field, TypeSize};
 use super::remote::{ReadError, RemoteMemory};
@@ -329,10 +329,6 @@ fn scope_chain(
     chain
 }
 
-fn offset(jvm: &Jvm, field: Field) -> Result<u64, UnnamedReason> {
-    jvm.layout.offset(field).ok_or(UnnamedReason::MissingField)
-}
-
 fn read_bytes(memory: &dyn RemoteMemory, address: u64, len: usize) -> Result<Vec<u8>, ReadError> {
     let mut bytes = vec![0; len];
     memory.read(address, &mut bytes)?;
@@ -375,12 +371,10 @@ pub(super) fn read_identity(
     memory: &dyn RemoteMemory,
     method: u64,
 ) -> Result<MethodIdentity, UnnamedReason> {
-    let const_method =
-        memory.read_ptr(method.wrapping_add(offset(jvm, Field::MethodConstMethod)?))?;
-    let cp =
-        memory.read_ptr(const_method.wrapping_add(offset(jvm, Field::ConstMethodConstants)?))?;
-    let holder = memory.read_ptr(cp.wrapping_add(offset(jvm, Field::ConstantPoolPoolHolder)?))?;
-    let class_symbol = memory.read_ptr(holder.wrapping_add(offset(jvm, Field::KlassName)?))?;
+    let const_method = memory.read_ptr(field_at(jvm, method, Field::MethodConstMethod)?)?;
+    let cp = memory.read_ptr(field_at(jvm, const_method, Field::ConstMethodConstants)?)?;
+    let holder = memory.read_ptr(field_at(jvm, cp, Field::ConstantPoolPoolHolder)?)?;
+    let class_symbol = memory.read_ptr(field_at(jvm, holder, Field::KlassName)?)?;
     let class_name = symbol::read_identity(jvm, memory, class_symbol)?;
     Ok(MethodIdentity {
         const_method,
@@ -452,10 +446,12 @@ fn read_method(
         Some(&class_name),
         UnnamedReason::MethodReused,
     )?;
-    let name_index =
-        memory.read_u16(const_method.wrapping_add(offset(jvm, Field::ConstMethodNameIndex)?))?;
-    let signature_index = memory
-        .read_u16(const_method.wrapping_add(offset(jvm, Field::ConstMethodSignatureIndex)?))?;
+    let name_index = memory.read_u16(field_at(jvm, const_method, Field::ConstMethodNameIndex)?)?;
+    let signature_index = memory.read_u16(field_at(
+        jvm,
+        const_method,
+        Field::ConstMethodSignatureIndex,
+    )?)?;
     let name = constant_pool_symbol(jvm, memory, cp, name_index)?;
     let signature = constant_pool_symbol(jvm, memory, cp, signature_index)?;
 
@@ -489,7 +485,7 @@ fn read_line_table(
     memory: &dyn RemoteMemory,
     const_method: u64,
 ) -> Result<Vec<(u32, u32)>, UnnamedReason> {
-    let flags_at = const_method.wrapping_add(offset(jvm, Field::ConstMethodFlags)?);
+    let flags_at = field_at(jvm, const_method, Field::ConstMethodFlags)?;
     let flags = match jvm.layout.width(Field::ConstMethodFlags) {
         Some(2) => memory.read_u16(flags_at)? as u32,
         _ => memory.read_u32(flags_at)?,
@@ -501,15 +497,15 @@ fn read_line_table(
     if flags & has_table == 0 {
         return Ok(Vec::new());
     }
-    let code_size = memory
-        .read_u16(const_method.wrapping_add(offset(jvm, Field::ConstMethodCodeSize)?))?
-        as u64;
+    let code_size =
+        memory.read_u16(field_at(jvm, const_method, Field::ConstMethodCodeSize)?)? as u64;
     let start = const_method
-        + jvm
-            .layout
-            .size(TypeSize::ConstMethod)
-            .ok_or(UnnamedReason::MissingField)?
-        + code_size;
+        .wrapping_add(
+            jvm.layout
+                .size(TypeSize::ConstMethod)
+                .ok_or(UnnamedReason::MissingField)?,
+        )
+        .wrapping_add(code_size);
     // The table's length is not stored: read a page's worth (at most to the page end first).
     let first = (4096 - (start % 4096) as usize).max(64);
     let mut bytes = read_bytes(memory, start, first).or_else(|_| read_bytes(memory, start, 64))?;
@@ -571,71 +567,62 @@ fn read_blob(
         return Ok(BlobInfo::Stub { name, code_span });
     }
     nmethod_alive(jvm, memory, blob, compile_id)?;
-    let method = memory.read_ptr(blob.wrapping_add(offset(jvm, Field::NmethodMethod)?))?;
-    let comp_level = memory.read_i32(blob.wrapping_add(offset(jvm, Field::NmethodCompLevel)?))?;
+    let method = memory.read_ptr(field_at(jvm, blob, Field::NmethodMethod)?)?;
+    let comp_level = memory.read_i32(field_at(jvm, blob, Field::NmethodCompLevel)?)?;
     let code_begin = header.code_begin;
 
     // Where the debug info is: inside the blob up to JDK 22, in C-heap "immutable data" after.
     // Sums of values read from the JVM wrap (a freed blob holds anything): a range that makes
     // no sense is refused by `length` below.
-    let (pcs_begin, pcs_end, scopes_begin, scopes_end, metadata_begin, metadata_end) =
-        match layout.offset(Field::NmethodImmutableData) {
-            Some(immutable_at) => {
-                let immutable = memory.read_ptr(blob + immutable_at)?;
-                let pcs = memory
-                    .read_i32(blob.wrapping_add(offset(jvm, Field::NmethodScopesPcsOffset)?))?
-                    as u64;
-                let scopes = memory
-                    .read_i32(blob.wrapping_add(offset(jvm, Field::NmethodScopesDataOffset)?))?
-                    as u64;
-                let size = memory
-                    .read_i32(blob.wrapping_add(offset(jvm, Field::NmethodImmutableDataSize)?))?
-                    as u64;
-                let mutable =
-                    memory.read_ptr(blob.wrapping_add(offset(jvm, Field::CodeBlobMutableData)?))?;
-                let relocation = memory
-                    .read_i32(blob.wrapping_add(offset(jvm, Field::CodeBlobRelocationSize)?))?
-                    as u64;
-                let mutable_size = memory
-                    .read_i32(blob.wrapping_add(offset(jvm, Field::CodeBlobMutableDataSize)?))?
-                    as u64;
-                (
-                    immutable.wrapping_add(pcs),
-                    immutable.wrapping_add(scopes),
-                    immutable.wrapping_add(scopes),
-                    immutable.wrapping_add(size),
-                    mutable.wrapping_add(relocation),
-                    mutable.wrapping_add(mutable_size),
-                )
-            }
-            None => {
-                let pcs = memory
-                    .read_i32(blob.wrapping_add(offset(jvm, Field::NmethodScopesPcsOffset)?))?
-                    as u64;
-                let deps = memory
-                    .read_i32(blob.wrapping_add(offset(jvm, Field::NmethodDependenciesOffset)?))?
-                    as u64;
-                let scopes_begin =
-                    match layout.offset(Field::NmethodScopesDataBegin) {
-                        Some(at) => memory.read_ptr(blob + at)?,
-                        // JDK 8: an offset from the blob, as the other sections'.
-                        None => blob.wrapping_add(memory.read_i32(
-                            blob.wrapping_add(offset(jvm, Field::NmethodScopesDataOffset)?),
-                        )? as u64),
-                    };
-                let metadata = memory
-                    .read_i32(blob.wrapping_add(offset(jvm, Field::NmethodMetadataOffset)?))?
-                    as u64;
-                (
-                    blob.wrapping_add(pcs),
-                    blob.wrapping_add(deps),
-                    scopes_begin,
-                    blob.wrapping_add(pcs),
-                    blob.wrapping_add(metadata),
-                    scopes_begin,
-                )
-            }
-        };
+    let (pcs_begin, pcs_end, scopes_begin, scopes_end, metadata_begin, metadata_end) = match layout
+        .offset(Field::NmethodImmutableData)
+    {
+        Some(immutable_at) => {
+            let immutable = memory.read_ptr(blob.wrapping_add(immutable_at))?;
+            let pcs = memory.read_i32(field_at(jvm, blob, Field::NmethodScopesPcsOffset)?)? as u64;
+            let scopes =
+                memory.read_i32(field_at(jvm, blob, Field::NmethodScopesDataOffset)?)? as u64;
+            let size =
+                memory.read_i32(field_at(jvm, blob, Field::NmethodImmutableDataSize)?)? as u64;
+            let mutable = memory.read_ptr(field_at(jvm, blob, Field::CodeBlobMutableData)?)?;
+            let relocation =
+                memory.read_i32(field_at(jvm, blob, Field::CodeBlobRelocationSize)?)? as u64;
+            let mutable_size =
+                memory.read_i32(field_at(jvm, blob, Field::CodeBlobMutableDataSize)?)? as u64;
+            (
+                immutable.wrapping_add(pcs),
+                immutable.wrapping_add(scopes),
+                immutable.wrapping_add(scopes),
+                immutable.wrapping_add(size),
+                mutable.wrapping_add(relocation),
+                mutable.wrapping_add(mutable_size),
+            )
+        }
+        None => {
+            let pcs = memory.read_i32(field_at(jvm, blob, Field::NmethodScopesPcsOffset)?)? as u64;
+            let deps =
+                memory.read_i32(field_at(jvm, blob, Field::NmethodDependenciesOffset)?)? as u64;
+            let scopes_begin = match layout.offset(Field::NmethodScopesDataBegin) {
+                Some(at) => memory.read_ptr(blob.wrapping_add(at))?,
+                // JDK 8: an offset from the blob, as the other sections'.
+                None => blob.wrapping_add(memory.read_i32(field_at(
+                    jvm,
+                    blob,
+                    Field::NmethodScopesDataOffset,
+                )?)? as u64),
+            };
+            let metadata =
+                memory.read_i32(field_at(jvm, blob, Field::NmethodMetadataOffset)?)? as u64;
+            (
+                blob.wrapping_add(pcs),
+                blob.wrapping_add(deps),
+                scopes_begin,
+                blob.wrapping_add(pcs),
+                blob.wrapping_add(metadata),
+                scopes_begin,
+            )
+        }
+    };
     let length = |begin: u64, end: u64| -> Result<usize, UnnamedReason> {
         let len = end.checked_sub(begin).ok_or(UnnamedReason::Unreadable)? as usize;
         if len > MAX_DEBUG_INFO {
