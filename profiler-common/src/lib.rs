@@ -370,6 +370,21 @@ pub fn off_cpu_draw(likely_cycle: u64, period: u64, draw: u32) -> Option<u32> {
     Some(((scaled / period) as u32).max(1))
 }
 
+/// The next of a per-CPU sequence of draws for [`off_cpu_draw`], from its `state` (xorshift64*:
+/// three shifts and a multiply, where the kernel's generator costs a helper call on every
+/// context switch of the host). `state` must start non-zero (a seed from the kernel's
+/// generator), and stays so. The draws need only be independent of the waits they decide:
+/// nobody outside the kernel sees the state.
+#[inline(always)]
+pub fn next_off_cpu_draw(state: &mut u64) -> u32 {
+    let mut x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    ((x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as u32) & (OFF_CPU_PROBABILITY_ONE - 1)
+}
+
 /// The end of a sampled wait, sent when the thread is back on a CPU: the off-CPU ring carries
 /// these and [`SampleKind::OffCpu`] sample records, told apart by length (an `OffCpuEnd` is
 /// shorter than any sample header). The ring keeps the order in which they were written, and
@@ -1047,6 +1062,57 @@ mod off_cpu_draw_tests {
                     );
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod off_cpu_draw_sequence_tests {
+    extern crate std;
+    use super::*;
+    use std::vec::Vec;
+
+    /// The share of `draws` under `probability` units, against that probability.
+    fn taken_share(draws: impl Iterator<Item = u32>, probability: u32) -> f64 {
+        let (mut taken, mut all) = (0u64, 0u64);
+        for draw in draws {
+            taken += u64::from(draw < probability);
+            all += 1;
+        }
+        taken as f64 / all as f64
+    }
+
+    #[test]
+    fn draws_take_each_probability_as_often_as_it_says() {
+        let mut state = 1;
+        let draws: Vec<u32> = (0..400_000)
+            .map(|_| next_off_cpu_draw(&mut state))
+            .collect();
+        assert_ne!(state, 0);
+        assert!(draws.iter().all(|&d| d < OFF_CPU_PROBABILITY_ONE));
+        for share in [0.5, 0.1, 0.01, 0.002] {
+            let probability = (share * f64::from(OFF_CPU_PROBABILITY_ONE)) as u32;
+            // Every draw, and every other one (two threads taking turns on a CPU share its
+            // sequence): within 5 standard deviations of the share.
+            let tolerance = |n: f64| 5.0 * (share * (1.0 - share) / n).sqrt();
+            let all = taken_share(draws.iter().copied(), probability);
+            assert!((all - share).abs() < tolerance(4e5), "{share}: {all}");
+            let every_other = taken_share(draws.iter().step_by(2).copied(), probability);
+            assert!(
+                (every_other - share).abs() < tolerance(2e5),
+                "{share}: {every_other}"
+            );
+            // Two decisions in a row are independent: both taken as often as the square.
+            let pairs = draws
+                .windows(2)
+                .filter(|w| w[0] < probability && w[1] < probability)
+                .count() as f64
+                / (draws.len() - 1) as f64;
+            let both = share * share;
+            assert!(
+                (pairs - both).abs() < 5.0 * (both / 4e5).sqrt() + 1e-5,
+                "{share}: {pairs}"
+            );
         }
     }
 }

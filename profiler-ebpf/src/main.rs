@@ -32,6 +32,7 @@ mod kernel_names;
 mod memory;
 mod off_cpu;
 mod process_events;
+mod task_fields;
 mod thread_exit;
 mod thread_start;
 mod thread_state;

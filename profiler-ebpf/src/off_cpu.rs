@@ -28,23 +28,30 @@
 //! again), are one wait, whose start and length so far each block's end carries; the daemon
 //! applies the lock threshold to the whole wait and counts it once.
 //!
+//! Every switch of the host runs the switch program, so its common path (a thread that is not
+//! sampled) calls as few helpers as it can: on the project's VM each call costs about 6 ns of a
+//! path of about 70 (with an empty program's 34). The leaving thread's ids and task come from
+//! the tracepoint's `prev` with plain loads, and the draws from a per-CPU generator
+//! (`next_off_cpu_draw`) seeded once from the kernel's.
+//!
 //! Per-thread state lives in `thread_state.rs`: task storage where the kernel has it, a
 //! preallocated hash by tid before (the compat object).
 
 use aya_ebpf::{
     bindings::task_struct,
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated as gen},
+    helpers::{bpf_ktime_get_ns, generated as gen},
     macros::{btf_tracepoint, map},
     maps::{PerCpuArray, RingBuf},
     programs::BtfTracePointContext,
     EbpfContext,
 };
 use profiler_common::{
-    budget::Producer, off_cpu_draw, Counter, JavaState, OffCpuEnd, OffCpuThread, SampleKind,
-    OFF_CPU_END_BYTES, OFF_CPU_PROBABILITY_ONE, OFF_CPU_RING_BYTES, TASK_DEAD,
+    budget::Producer, next_off_cpu_draw, off_cpu_draw, Counter, JavaState, OffCpuEnd, OffCpuThread,
+    SampleKind, OFF_CPU_END_BYTES, OFF_CPU_PROBABILITY_ONE, OFF_CPU_RING_BYTES, TASK_DEAD,
 };
 
 use crate::memory::CurrentTask;
+use crate::task_fields::{ids_of, queued_for, run_queue_clock};
 use crate::{budget, thread_state};
 use crate::{
     count, fill_record, kernel_stack, profiled, saved_user_regs, send_to, RecordOrigin, WalkSlot,
@@ -68,18 +75,6 @@ pub(crate) static OFF_CPU_PERIOD_NS: u64 = 5_000_000;
 #[no_mangle]
 static TRACK_MONITOR_WAITS: u64 = 0;
 
-/// Set by the daemon at load time from the kernel's BTF, all or none (0: the `sched_wakeup`
-/// program marks wake-ups instead): where a task's `sched_info.last_queued` is, its
-/// `se.cfs_rq`, a `cfs_rq`'s `rq`, and an `rq`'s `clock`.
-#[no_mangle]
-static TASK_LAST_QUEUED_OFFSET: u64 = 0;
-#[no_mangle]
-static TASK_CFS_RQ_OFFSET: u64 = 0;
-#[no_mangle]
-static CFS_RQ_RQ_OFFSET: u64 = 0;
-#[no_mangle]
-static RQ_CLOCK_OFFSET: u64 = 0;
-
 /// Most time a thread runs between two blocks of one monitor wait: HotSpot spins (adaptively,
 /// microseconds) before it blocks again. Longer, and the thread got the monitor, held it and
 /// contends anew: a new wait.
@@ -89,11 +84,18 @@ const MONITOR_SPIN_GAP_NS: u64 = 1_000_000;
 #[map]
 pub(crate) static OFF_CPU_EVENTS: RingBuf = RingBuf::with_byte_size(OFF_CPU_RING_BYTES, 0);
 
-/// Each CPU's idle task (`task_struct` address), learnt when it leaves the CPU: a switch to it
-/// needs no lookup. Every switch of the host runs this program, and on an idle-ish machine half
-/// of them are to or from the idle task.
+/// What the switch program keeps per CPU (used by it alone, on that CPU).
+#[repr(C)]
+pub(crate) struct SwitchCpu {
+    /// The CPU's idle task (`task_struct` address), learnt when it leaves the CPU: a switch to
+    /// it needs no lookup. On an idle-ish machine half of the switches are to or from it.
+    idle_task: u64,
+    /// The CPU's sequence of draws (`next_off_cpu_draw`); 0 until seeded.
+    draw_state: u64,
+}
+
 #[map]
-static IDLE_TASK: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+static SWITCH_CPU: PerCpuArray<SwitchCpu> = PerCpuArray::with_max_entries(1, 0);
 
 /// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
 /// unsigned int prev_state)`: `prev` is the current task (`prev_state` since 5.18; see
@@ -102,12 +104,15 @@ static IDLE_TASK: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 pub fn off_cpu_switch(ctx: BtfTracePointContext) -> i32 {
     let next: *mut task_struct = ctx.arg(2);
     let prev_state = thread_state::prev_state(&ctx);
-    let idle = IDLE_TASK.get_ptr_mut(0);
-    // SAFETY: a per-CPU slot, used by this program on this CPU only.
-    if !idle.is_some_and(|idle| unsafe { *idle } == next as u64) {
+    let Some(cpu) = SWITCH_CPU.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: a per-CPU slot, used by this program on this CPU only (it does not nest).
+    let cpu = unsafe { &mut *cpu };
+    if cpu.idle_task != next as u64 {
         switched_in(next);
     }
-    switched_out(&ctx, prev_state, idle);
+    switched_out(&ctx, prev_state, cpu);
     0
 }
 
@@ -175,68 +180,6 @@ fn switched_in(task: *mut task_struct) {
     }
 }
 
-/// How long `task`, being switched in, has been runnable, by the scheduler's account: its run
-/// queue's clock (brought up to date by this very switch) less the time it was queued on it.
-/// `None` where the daemon found no such account, or it says nothing of this task.
-#[inline(always)]
-fn queued_for(task: *mut task_struct) -> Option<u64> {
-    let clock = run_queue_clock(task)?;
-    // SAFETY: a global the loader sets once; read-only afterwards.
-    let last_queued_at = unsafe { core::ptr::read_volatile(&TASK_LAST_QUEUED_OFFSET) };
-    // SAFETY: a field of the task, at its offset in the kernel's BTF (see `run_queue_clock`).
-    let last_queued = unsafe { kernel_field::<u64>(task as *const u8, last_queued_at) };
-    if last_queued == 0 {
-        return None;
-    }
-    clock.checked_sub(last_queued)
-}
-
-/// The scheduler's clock of the run queue `task` is on, `task` being the thread leaving or
-/// getting this CPU: `__schedule` brought it up to date just before this tracepoint. None
-/// where the daemon found no run-queue account in the kernel's BTF.
-///
-/// Read with plain loads, not helper calls: `task` is a pointer the verifier knows the type
-/// of (the tracepoint's argument), and the offsets are constants to it (read-only globals),
-/// so it checks each load against the kernel's BTF and lets a fault read zero. This is what
-/// each switch of the host reads the time with: the kernel's clock (`bpf_ktime_get_ns`) took
-/// about 30 ns of the switch program's 113 on this VM.
-#[inline(always)]
-fn run_queue_clock(task: *mut task_struct) -> Option<u64> {
-    // SAFETY: globals the loader sets once; read-only afterwards.
-    let (last_queued_at, cfs_rq_at, rq_at, clock_at) = unsafe {
-        (
-            core::ptr::read_volatile(&TASK_LAST_QUEUED_OFFSET),
-            core::ptr::read_volatile(&TASK_CFS_RQ_OFFSET),
-            core::ptr::read_volatile(&CFS_RQ_RQ_OFFSET),
-            core::ptr::read_volatile(&RQ_CLOCK_OFFSET),
-        )
-    };
-    if last_queued_at == 0 {
-        return None;
-    }
-    // SAFETY: fields at their offsets in the kernel's BTF, of a task the kernel handed over
-    // and of the structures it points to, which the verifier checks.
-    let clock = unsafe {
-        let cfs_rq = kernel_field::<*const u8>(task as *const u8, cfs_rq_at);
-        let rq = kernel_field::<*const u8>(cfs_rq, rq_at);
-        kernel_field::<u64>(rq, clock_at)
-    };
-    (clock != 0).then_some(clock)
-}
-
-/// The `T` at `offset` bytes into the kernel structure at `base`, a pointer the verifier knows
-/// the BTF type of: a load it checks against that type (a fault reads zero).
-///
-/// # Safety
-///
-/// `offset` must be a field of `base`'s type, of type `T`, by the kernel's BTF, and a
-/// read-only global (a constant to the verifier).
-#[inline(always)]
-unsafe fn kernel_field<T>(base: *const u8, offset: u64) -> T {
-    // SAFETY: as the caller promises; the verifier turns the load into a checked one.
-    unsafe { core::ptr::read_volatile(base.wrapping_add(offset as usize) as *const T) }
-}
-
 /// What the current thread, if it is a Java thread of a JVM in `HOTSPOT_PROCS`, is doing in
 /// the JVM, and the monitor it waits to enter if it does.
 #[inline(always)]
@@ -266,16 +209,38 @@ pub(crate) fn next_average(average: u64, cycle: u64) -> u64 {
 
 /// Whether a wait is sampled, and if so with which probability (in units of
 /// 2^-`OFF_CPU_PROBABILITY_BITS`), from its thread's last `cycle` and `average` before it (see
-/// the module's notes): always for a `first` one, else by a draw (`off_cpu_draw`).
+/// the module's notes): always for a `first` one, else by a draw (`off_cpu_draw`) that `draw`
+/// makes (uniform below `OFF_CPU_PROBABILITY_ONE`), only when one is needed.
 #[inline(always)]
-pub(crate) fn sampled_wait(first: bool, cycle: u64, average: u64, period: u64) -> Option<u32> {
+pub(crate) fn sampled_wait(
+    first: bool,
+    cycle: u64,
+    average: u64,
+    period: u64,
+    draw: impl FnOnce() -> u32,
+) -> Option<u32> {
     let likely_cycle = if cycle > average { cycle } else { average };
     if first || likely_cycle >= period {
         return Some(OFF_CPU_PROBABILITY_ONE);
     }
+    off_cpu_draw(likely_cycle, period, draw())
+}
+
+/// A draw from the kernel's generator, uniform below `OFF_CPU_PROBABILITY_ONE`.
+#[inline(always)]
+pub(crate) fn kernel_draw() -> u32 {
     // SAFETY: helper without preconditions.
-    let draw = unsafe { gen::bpf_get_prandom_u32() } & (OFF_CPU_PROBABILITY_ONE - 1);
-    off_cpu_draw(likely_cycle, period, draw)
+    unsafe { gen::bpf_get_prandom_u32() & (OFF_CPU_PROBABILITY_ONE - 1) }
+}
+
+/// The next draw of this CPU's sequence, seeded from the kernel's generator on first use.
+#[inline(always)]
+fn cpu_draw(cpu: &mut SwitchCpu) -> u32 {
+    if cpu.draw_state == 0 {
+        // SAFETY: helper without preconditions.
+        cpu.draw_state = u64::from(unsafe { gen::bpf_get_prandom_u32() }) << 32 | 1;
+    }
+    next_off_cpu_draw(&mut cpu.draw_state)
 }
 
 /// [`java_state`] as one word, the state in the top byte: a global function (exported, not
@@ -327,19 +292,17 @@ fn ktime() -> u64 {
 /// The current thread leaves the CPU: decide whether this wait is sampled, and if so send its
 /// stacks.
 #[inline(always)]
-fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, idle: Option<*mut u64>) {
+fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, cpu: &mut SwitchCpu) {
     if prev_state & TASK_DEAD != 0 {
         // Its last switch: no wait to sample.
         return;
     }
-    let pid_tgid = bpf_get_current_pid_tgid();
+    // The current task.
+    let prev: *mut task_struct = ctx.arg(1);
+    let pid_tgid = ids_of(prev);
     let pid = (pid_tgid >> 32) as u32;
     if pid == 0 {
-        if let Some(idle) = idle {
-            // SAFETY: a per-CPU slot, used by this program on this CPU only; helper without
-            // preconditions.
-            unsafe { *idle = gen::bpf_get_current_task() };
-        }
+        cpu.idle_task = prev as u64;
         return;
     }
     if !profiled(pid) {
@@ -348,10 +311,9 @@ fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, idle: Option<*mut u
     // The time, for the cycle this switch ends: the run queue's clock where the daemon found
     // it, which costs less to read than the kernel's (the thread's cycles are all measured
     // on the one clock or the other, the daemon's choice at load time).
-    let prev: *mut task_struct = ctx.arg(1);
     let cycle_clock = run_queue_clock(prev).unwrap_or_else(ktime);
     count(Counter::OffCpuSwitches);
-    let Some(thread) = thread_state::current_or_new(pid_tgid as u32) else {
+    let Some(thread) = thread_state::current_or_new(prev, pid_tgid as u32) else {
         // No memory for it, or its storage busy in a nested program.
         count(Counter::OffCpuNoStorage);
         return;
@@ -390,7 +352,7 @@ fn switched_out(ctx: &BtfTracePointContext, prev_state: u32, idle: Option<*mut u
         None
     };
 
-    let Some(probability) = sampled_wait(first, cycle, average, period) else {
+    let Some(probability) = sampled_wait(first, cycle, average, period, || cpu_draw(cpu)) else {
         return;
     };
     let now = ktime();

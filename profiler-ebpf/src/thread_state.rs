@@ -91,11 +91,14 @@ mod imp {
         OFF_CPU_THREADS.get(task, false)
     }
 
-    /// The current thread's state, created if missing.
+    /// The state of `task`, the current thread (a BTF task pointer from a tracepoint), created
+    /// if missing.
     #[inline(always)]
-    pub(crate) fn current_or_new(_tid: u32) -> Option<&'static mut OffCpuThread> {
-        // SAFETY: helper without preconditions.
-        OFF_CPU_THREADS.get(unsafe { gen::bpf_get_current_task_btf() }, true)
+    pub(crate) fn current_or_new(
+        task: *mut task_struct,
+        _tid: u32,
+    ) -> Option<&'static mut OffCpuThread> {
+        OFF_CPU_THREADS.get(task, true)
     }
 
     /// The current thread exits: whether it had state (the kernel frees it with the task).
@@ -116,11 +119,6 @@ mod imp {
     use aya_ebpf::maps::HashMap;
 
     use super::OffCpuThread;
-
-    /// Set by the daemon at load time: where `task_struct::pid` (a thread's tid) is, from the
-    /// kernel's BTF. Zero: not found, and no thread has state.
-    #[no_mangle]
-    static TASK_PID_OFFSET: u64 = 0;
 
     /// Each thread's switch state, by tid. Sized by the daemon at load time.
     #[map]
@@ -145,7 +143,7 @@ mod imp {
     #[inline(always)]
     pub(crate) fn of_task(task: *mut task_struct) -> Option<&'static mut OffCpuThread> {
         // SAFETY: a global the loader sets once; read-only afterwards.
-        let offset = unsafe { core::ptr::read_volatile(&TASK_PID_OFFSET) };
+        let offset = unsafe { core::ptr::read_volatile(&crate::task_fields::TASK_PID_OFFSET) };
         if offset == 0 {
             return None;
         }
@@ -159,7 +157,10 @@ mod imp {
     }
 
     #[inline(always)]
-    pub(crate) fn current_or_new(tid: u32) -> Option<&'static mut OffCpuThread> {
+    pub(crate) fn current_or_new(
+        _task: *mut task_struct,
+        tid: u32,
+    ) -> Option<&'static mut OffCpuThread> {
         if let Some(value) = OFF_CPU_THREADS.get_ptr_mut(&tid) {
             // SAFETY: as above.
             return unsafe { value.as_mut() };

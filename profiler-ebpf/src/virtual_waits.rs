@@ -45,7 +45,7 @@ use crate::alloc::{begin_hook_walk, end_hook_walk, hook_caller};
 use crate::budget;
 use crate::memory::CurrentTask;
 use crate::off_cpu::{
-    next_average, sampled_wait, CYCLE_CAP_PERIODS, OFF_CPU_EVENTS, OFF_CPU_PERIOD_NS,
+    kernel_draw, next_average, sampled_wait, CYCLE_CAP_PERIODS, OFF_CPU_EVENTS, OFF_CPU_PERIOD_NS,
 };
 use crate::{
     count, fill_record, profiled, send_to, RecordOrigin, WalkSlot, WalkStart, BPF_RB_NO_WAKEUP,
@@ -375,7 +375,7 @@ fn unmount(regs: &pt_regs, pid_tgid: u64, hotspot: &HotspotProc) {
             }
         }
     };
-    let sampled = sampled_wait(first, cycle, average, period);
+    let sampled = sampled_wait(first, cycle, average, period, kernel_draw);
     let out_ns = if let Some(probability) = sampled {
         // Its id, where the key is it (else the sample has none rather than the carrier's).
         let virtual_thread = if key.kind == KEY_TID { key.id } else { 0 };

@@ -1,7 +1,11 @@
 /* Two threads passing a byte back and forth through two pipes: every round trip is two context
  * switches per thread, the worst case for an off-CPU profiler's cost per switch. Runs for
- * argv[1] seconds (default 5) and prints the round trips per second it made. */
+ * argv[1] seconds (default 5), both threads on CPU argv[2] if given (else wherever the
+ * scheduler puts them: then most round trips cross CPUs, and their rate swings with where the
+ * threads land), and prints the round trips per second it made. */
+#define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -29,6 +33,16 @@ static double now(void) {
 
 int main(int argc, char **argv) {
     double seconds = argc > 1 ? atof(argv[1]) : 5;
+    if (argc > 2) {
+        /* Set before the echo thread starts, which inherits it. */
+        cpu_set_t cpus;
+        CPU_ZERO(&cpus);
+        CPU_SET(atoi(argv[2]), &cpus);
+        if (sched_setaffinity(0, sizeof cpus, &cpus)) {
+            perror("sched_setaffinity");
+            return 1;
+        }
+    }
     if (pipe(ping) || pipe(pong)) {
         perror("pipe");
         return 1;

@@ -11,8 +11,9 @@
 //! 5. The JVMTI sidecar agent's cost to the JVM it is loaded in.
 //! 6. Export to Pyroscope: profiles exported per second, the exporter's memory at its queue
 //!    bound, and how fast a backlog goes out ([`export`]).
-//! 7. Off-CPU profiling: a context-switch-heavy program's throughput without and with it, and
-//!    the BPF run time per switch ([`off_cpu`]).
+//! 7. Off-CPU profiling: a context-switch-heavy program's throughput without and with it, with
+//!    a do-nothing program on the same hook for the floor ([`switch_floor`]), and the BPF run
+//!    time per switch ([`off_cpu`]).
 //! 8. Allocation profiling: an allocation-heavy JVM's throughput without and with `--alloc`, the
 //!    hooks' hits per second and their cost per hit, split on small TLABs into a cost per hit
 //!    and per stack taken with the default interval and a small one ([`alloc`]).
@@ -54,6 +55,7 @@ mod results;
 mod scenarios;
 mod soak;
 mod statistics;
+mod switch_floor;
 mod table;
 
 use measure::BpfStatsEnabled;
@@ -222,7 +224,7 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
     let bpf = bench.measure_bpf_costs()?;
     let (runs, export) = bench.measure_daemon_costs(|bench, pids| bench.measure_export(pids))?;
     let agent = bench.measure_agent_cost()?;
-    let off_cpu = bench.measure_off_cpu_cost(&bench.pingpong)?;
+    let off_cpu = bench.measure_off_cpu_cost()?;
     let alloc = bench.measure_alloc_cost()?;
     let lock = bench.measure_lock_cost()?;
 
@@ -280,7 +282,7 @@ fn kept_by_hand(text: &str) -> &str {
 
 /// Section 7 alone; written to target/bench/.
 fn run_off_cpu_section(bench: &Bench, args: &BenchArgs) -> Result<()> {
-    let cost = bench.measure_off_cpu_cost(&bench.pingpong)?;
+    let cost = bench.measure_off_cpu_cost()?;
     let (mut rows, mut notes) = (Vec::new(), Vec::new());
     cost.rows(&mut rows, &mut notes);
     write_section(bench, args, "off-cpu", &rows, &notes, "")

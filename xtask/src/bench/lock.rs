@@ -72,7 +72,7 @@ impl Bench {
             "ping-pong (2 threads on one CPU through pipes)",
             "round trips/s",
             window,
-            |window| super::off_cpu::round_trips(&self.pingpong, window),
+            |window| super::off_cpu::round_trips(&self.pingpong, self.pingpong_cpu(), window),
             None,
         )?;
         let jdk = &self.jdks[0];

@@ -366,13 +366,17 @@ impl Report {
              file size.\n\
              {export_method}\n\
              7. `xtask/bench/pingpong.c` (two threads passing a byte through two pipes, both \
-             pinned to one CPU: two context switches per round trip, each in its critical \
-             path) for {window} s under a fresh whole-host daemon at 99 Hz without `--off-cpu` \
-             and {window} s under one with it (defaults; the order alternates), with the \
-             kernel's BPF statistics off (they add two clock reads to every switch), over \
-             {agent_pairs} pairs; a further window with the statistics on gives the switch \
-             program's run time per run, and one more daemon with `off_cpu_period_us` = 10 s \
-             (no stack ever taken) the cost of its bookkeeping alone.\n",
+             pinned to the last CPU: two context switches per round trip, each in its critical \
+             path) in rounds: 3 windows of 1 s under a fresh whole-host daemon at 99 Hz without \
+             `--off-cpu`, 3 more with a do-nothing BPF program on `sched_switch` (the floor any \
+             program there costs), 3 under a fresh daemon with `--off-cpu` (defaults), each \
+             figure the median of its windows, the daemons' and the empty program's order \
+             alternating; the kernel's BPF statistics off (they add two clock reads to every \
+             switch); at least {agent_pairs} rounds, more (up to three times as many) until the \
+             loss's 95% interval is under a point wide. A further window with the statistics \
+             on gives the run time per run of the switch program and of the empty one, and one \
+             more daemon with `off_cpu_period_us` = 10 s (no stack ever taken) the cost of its \
+             bookkeeping alone.\n",
             warmup = p.warmup.as_secs(),
             reports = p.switched_reports,
             window_ms = p.switched_reports * 100,

@@ -68,6 +68,34 @@ pub(super) fn median(values: impl Iterator<Item = f64>) -> f64 {
     }
 }
 
+/// The mean of `values` and the half-width of its 95% confidence interval (Student's t: the
+/// values are few, and assumed independent and about normal); the half-width is infinite for
+/// fewer than two values.
+pub(super) fn mean_interval(values: &[f64]) -> (f64, f64) {
+    let n = values.len();
+    let mean = values.iter().sum::<f64>() / n as f64;
+    if n < 2 {
+        return (mean, f64::INFINITY);
+    }
+    let variance = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    (mean, t_975(n - 1) * (variance / n as f64).sqrt())
+}
+
+/// Student's t distribution's 97.5th percentile for `degrees` degrees of freedom (at least 1).
+fn t_975(degrees: usize) -> f64 {
+    const TABLE: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
+    ];
+    match degrees {
+        0 => f64::INFINITY,
+        1..=30 => TABLE[degrees - 1],
+        31..=60 => 2.0,
+        _ => 1.96,
+    }
+}
+
 pub(super) fn min_max(values: &[f64]) -> (f64, f64) {
     values
         .iter()
@@ -117,5 +145,20 @@ mod tests {
         assert!((fit.seconds_per_sample - 10e-6).abs() < 1e-12);
         let saturation = fit.saturation_rate().expect("a positive slope");
         assert!((saturation - 99_500.0).abs() < 1e-3);
+    }
+
+    #[test]
+    fn confidence_interval_of_a_mean() {
+        // Mean 2, sample standard deviation 1 (values 1, 2, 3): t(2) * 1 / sqrt(3).
+        let (mean, half) = mean_interval(&[1.0, 2.0, 3.0]);
+        assert!((mean - 2.0).abs() < 1e-12);
+        assert!((half - 4.303 / 3f64.sqrt()).abs() < 1e-9);
+        assert_eq!(mean_interval(&[5.0]).1, f64::INFINITY);
+        // Many values: the normal distribution's 1.96.
+        let values: Vec<f64> = (0..100).map(|i| f64::from(i % 2)).collect();
+        let (mean, half) = mean_interval(&values);
+        assert!((mean - 0.5).abs() < 1e-12);
+        let sd = (25.0f64 / 99.0).sqrt();
+        assert!((half - 1.96 * sd / 10.0).abs() < 1e-9);
     }
 }
