@@ -26,6 +26,8 @@
 //! `--section bpf` runs section 2 alone (written to `target/bench/`); with `--baseline-daemon
 //! PATH` it measures an older daemon binary, and so the BPF program it embeds, side by side with
 //! this one in alternating windows on the same workload processes, and prints the ratios.
+//! `--section off-cpu` with `--baseline-daemon PATH` puts the older build's switch program in
+//! the same rounds as this one's.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -99,7 +101,8 @@ pub struct BenchArgs {
     /// an older daemon is an older BPF program) against this build's (B), in alternating windows
     /// on the same workload processes. Needs `--section bpf`, or `--section export`: the daemon's
     /// CPU and memory exporting to Pyroscope and OTLP at once, side by side; or `--section
-    /// jvms`: its CPU with 20 small JVMs.
+    /// jvms`: its CPU with 20 small JVMs; or `--section off-cpu`: the ping-pong's loss under
+    /// both builds' switch programs, in the same rounds.
     #[arg(long, value_name = "PATH", requires = "section")]
     baseline_daemon: Option<PathBuf>,
     /// How long section 10 (`--section soak`) runs.
@@ -224,7 +227,7 @@ pub fn run(root: &Path, daemon: &Path, args: &BenchArgs) -> Result<()> {
     let bpf = bench.measure_bpf_costs()?;
     let (runs, export) = bench.measure_daemon_costs(|bench, pids| bench.measure_export(pids))?;
     let agent = bench.measure_agent_cost()?;
-    let off_cpu = bench.measure_off_cpu_cost()?;
+    let off_cpu = bench.measure_off_cpu_cost(None)?;
     let alloc = bench.measure_alloc_cost()?;
     let lock = bench.measure_lock_cost()?;
 
@@ -282,7 +285,10 @@ fn kept_by_hand(text: &str) -> &str {
 
 /// Section 7 alone; written to target/bench/.
 fn run_off_cpu_section(bench: &Bench, args: &BenchArgs) -> Result<()> {
-    let cost = bench.measure_off_cpu_cost()?;
+    if let Some(baseline) = args.baseline_daemon.as_deref().filter(|b| !b.is_file()) {
+        bail!("no baseline daemon at {}", baseline.display());
+    }
+    let cost = bench.measure_off_cpu_cost(args.baseline_daemon.as_deref())?;
     let (mut rows, mut notes) = (Vec::new(), Vec::new());
     cost.rows(&mut rows, &mut notes);
     write_section(bench, args, "off-cpu", &rows, &notes, "")

@@ -7,7 +7,8 @@
 //! there costs, the floor under the switch program's own cost. Rounds go on until the loss's 95%
 //! interval is under a point wide (or a cap). Then the BPF run time of the switch program per
 //! run, with those settings, with stacks never taken (a period so long that no switch is
-//! sampled), and of the empty program, side by side.
+//! sampled), and of the empty program, side by side. With `--baseline-daemon`, each round also
+//! measures an older build with `--off-cpu` (its switch program), in turns with this one.
 //!
 //! [`switch_floor`]: super::switch_floor
 
@@ -51,6 +52,8 @@ struct Round {
     empty_program: f64,
     /// Under the daemon with `--off-cpu`.
     with: f64,
+    /// Under the baseline build with `--off-cpu`, if one is compared.
+    with_baseline: Option<f64>,
 }
 
 impl Round {
@@ -60,6 +63,11 @@ impl Round {
 
     fn floor_pct(&self) -> f64 {
         (1.0 - self.empty_program / self.without) * 100.0
+    }
+
+    fn baseline_loss_pct(&self) -> Option<f64> {
+        self.with_baseline
+            .map(|with| (1.0 - with / self.without) * 100.0)
     }
 }
 
@@ -74,6 +82,8 @@ pub(super) struct OffCpuCost {
     /// Switch program runs per second with the default settings, and walks (stacks sent).
     switches_per_second: f64,
     walks_per_second: f64,
+    /// The baseline build compared, and its switch program's run time per run.
+    baseline: Option<(PathBuf, f64)>,
 }
 
 /// Runs the workload for `window`, both threads on `cpu`, and returns its round trips per
@@ -102,13 +112,13 @@ struct RunTime {
 }
 
 impl Bench {
-    pub(super) fn measure_off_cpu_cost(&self) -> Result<OffCpuCost> {
+    pub(super) fn measure_off_cpu_cost(&self, baseline: Option<&Path>) -> Result<OffCpuCost> {
         let min_rounds = self.plan.pairs.max(2);
         let max_rounds = min_rounds * MAX_ROUNDS_PER_PAIR;
         let mut rounds = Vec::new();
         let (mut ns_per_switch, mut switches_per_second, mut walks_per_second) =
             (Vec::new(), Vec::new(), Vec::new());
-        let mut ns_per_empty_run = Vec::new();
+        let (mut ns_per_empty_run, mut baseline_ns_per_switch) = (Vec::new(), Vec::new());
         while rounds.len() < min_rounds
             || (rounds.len() < max_rounds && !narrow_enough(&rounds, Round::loss_pct))
         {
@@ -118,9 +128,16 @@ impl Bench {
             // bare windows, alternate (drift).
             let baseline_first = round % 2 == 0;
             let empty_first = round % 4 >= 2;
-            let mut baseline = None;
+            let mut without_off_cpu = None;
             if baseline_first {
-                baseline = Some(self.measure_without_off_cpu(empty_first)?);
+                without_off_cpu = Some(self.measure_without_off_cpu(empty_first)?);
+            }
+            // The two builds with off-CPU profiling take turns too.
+            let mut with_baseline = None;
+            if let Some(binary) = baseline.filter(|_| baseline_first) {
+                let (rate, run_time) = self.measure_baseline_off_cpu(binary)?;
+                with_baseline = Some(rate);
+                baseline_ns_per_switch.push(run_time.ns_per_run);
             }
             let daemon = self.start_settled_daemon(&["--off-cpu".to_owned()])?;
             let program = switch_program(daemon.process.pid())?;
@@ -129,11 +146,16 @@ impl Bench {
             let run_time = self.pingpong_run_time(program)?;
             let sampled_after = daemon.fresh_metrics()?.get(SAMPLED)?;
             daemon.stop()?;
+            if let Some(binary) = baseline.filter(|_| !baseline_first) {
+                let (rate, run_time) = self.measure_baseline_off_cpu(binary)?;
+                with_baseline = Some(rate);
+                baseline_ns_per_switch.push(run_time.ns_per_run);
+            }
             ns_per_switch.push(run_time.ns_per_run);
             switches_per_second.push(run_time.runs_per_second);
             walks_per_second.push((sampled_after - sampled_before) / WINDOW.as_secs_f64());
-            let (without, empty_program, empty_run) = match baseline {
-                Some(baseline) => baseline,
+            let (without, empty_program, empty_run) = match without_off_cpu {
+                Some(measured) => measured,
                 None => self.measure_without_off_cpu(empty_first)?,
             };
             ns_per_empty_run.push(empty_run);
@@ -141,6 +163,7 @@ impl Bench {
                 without,
                 empty_program,
                 with,
+                with_baseline,
             });
         }
         // Stacks never taken: the cost of the bookkeeping alone.
@@ -158,7 +181,32 @@ impl Bench {
             ns_per_empty_run: median(ns_per_empty_run.into_iter()),
             switches_per_second: median(switches_per_second.into_iter()),
             walks_per_second: median(walks_per_second.into_iter()),
+            baseline: baseline.map(|binary| {
+                (
+                    binary.to_owned(),
+                    median(baseline_ns_per_switch.into_iter()),
+                )
+            }),
         })
+    }
+
+    /// The ping-pong's round trips per second under the baseline build with `--off-cpu`, and
+    /// its switch program's run time.
+    fn measure_baseline_off_cpu(&self, binary: &Path) -> Result<(f64, RunTime)> {
+        let daemon = self.start_daemon_binary(
+            binary,
+            99,
+            15,
+            &[],
+            Ready::Sampling { jvms: 0 },
+            &["--off-cpu".to_owned()],
+        )?;
+        thread::sleep(SETTLE);
+        let program = switch_program(daemon.process.pid())?;
+        let rate = self.pingpong_windows()?;
+        let run_time = self.pingpong_run_time(program)?;
+        daemon.stop()?;
+        Ok((rate, run_time))
     }
 
     /// A whole-host daemon at 99 Hz with `extra_args`, ready and past its start-up scan.
@@ -293,6 +341,31 @@ impl OffCpuCost {
             ),
             target: "-".into(),
         });
+        if let Some((binary, baseline_ns)) = &self.baseline {
+            let baseline_losses: Vec<f64> = self
+                .rounds
+                .iter()
+                .filter_map(Round::baseline_loss_pct)
+                .collect();
+            // This build against the baseline, per round: how much less of the rate it takes.
+            let against: Vec<f64> = self
+                .rounds
+                .iter()
+                .filter_map(|r| Some(r.loss_pct() - r.baseline_loss_pct()?))
+                .collect();
+            let (baseline_loss, baseline_half) = mean_interval(&baseline_losses);
+            let (difference, difference_half) = mean_interval(&against);
+            rows.push(Row {
+                section: "7",
+                measurement: "... side by side: the baseline build with `--off-cpu`".into(),
+                setting: format!("{}, in the same rounds, in turns with this build", binary.display()),
+                result: format!(
+                    "loss {baseline_loss:.1} ± {baseline_half:.1}% (per round: {}), {baseline_ns:.0} ns per switch; this build's loss minus the baseline's: {difference:+.1} ± {difference_half:.1} points",
+                    per_round(&baseline_losses)
+                ),
+                target: "-".into(),
+            });
+        }
         if loss > MAX_LOSS_PCT {
             notes.push(format!(
                 "7: ping-pong throughput lost {loss:.1} ± {loss_half:.1}% (per round: {}). Every \
