@@ -86,7 +86,7 @@ pub(crate) static OFF_CPU_EVENTS: RingBuf = RingBuf::with_byte_size(OFF_CPU_RING
 
 /// What the switch program keeps per CPU (used by it alone, on that CPU).
 #[repr(C)]
-pub(crate) struct SwitchCpu {
+struct SwitchCpu {
     /// The CPU's idle task (`task_struct` address), learnt when it leaves the CPU: a switch to
     /// it needs no lookup. On an idle-ish machine half of the switches are to or from it.
     idle_task: u64,
