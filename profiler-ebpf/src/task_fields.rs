@@ -80,7 +80,7 @@ pub(crate) fn run_queue_clock(task: *mut task_struct) -> Option<u64> {
 /// `offset` must be a field of `base`'s type, of type `T`, by the kernel's BTF, and a
 /// read-only global (a constant to the verifier).
 #[inline(always)]
-unsafe fn kernel_field<T>(base: *const u8, offset: u64) -> T {
+pub(crate) unsafe fn kernel_field<T>(base: *const u8, offset: u64) -> T {
     // SAFETY: as the caller promises; the verifier turns the load into a checked one.
     unsafe { core::ptr::read_volatile(base.wrapping_add(offset as usize) as *const T) }
 }
