@@ -124,17 +124,17 @@ impl Bench {
         {
             let round = rounds.len();
             self.progress(format_args!("off-CPU cost: round {}", round + 1));
-            // Which daemon goes first, and whether the empty program comes before or after the
-            // bare windows, alternate (drift).
-            let baseline_first = round % 2 == 0;
+            // Whether the daemon without off-CPU profiling goes first, and the empty program
+            // before or after its bare windows, alternate (drift).
+            let without_first = round % 2 == 0;
             let empty_first = round % 4 >= 2;
             let mut without_off_cpu = None;
-            if baseline_first {
+            if without_first {
                 without_off_cpu = Some(self.measure_without_off_cpu(empty_first)?);
             }
             // The two builds with off-CPU profiling take turns too.
             let mut with_baseline = None;
-            if let Some(binary) = baseline.filter(|_| baseline_first) {
+            if let Some(binary) = baseline.filter(|_| without_first) {
                 let (rate, run_time) = self.measure_baseline_off_cpu(binary)?;
                 with_baseline = Some(rate);
                 baseline_ns_per_switch.push(run_time.ns_per_run);
@@ -146,7 +146,7 @@ impl Bench {
             let run_time = self.pingpong_run_time(program)?;
             let sampled_after = daemon.fresh_metrics()?.get(SAMPLED)?;
             daemon.stop()?;
-            if let Some(binary) = baseline.filter(|_| !baseline_first) {
+            if let Some(binary) = baseline.filter(|_| !without_first) {
                 let (rate, run_time) = self.measure_baseline_off_cpu(binary)?;
                 with_baseline = Some(rate);
                 baseline_ns_per_switch.push(run_time.ns_per_run);
