@@ -491,6 +491,13 @@ impl Sampler {
         };
         let run_queue = off_cpu.and_then(|_| RunQueueOffsets::of_running_kernel());
         let task_ids = off_cpu.and_then(|_| TaskIdOffsets::of_running_kernel());
+        if off_cpu.is_some() && task_ids.is_none() {
+            tracing::warn!(
+                "off-CPU profiling: the kernel's BTF does not say where a task's ids are \
+                 (task_struct.tgid, .pid): each switch asks a helper instead, and the 5.10 \
+                 object cannot find the state of a thread switched in, so its waits never end"
+            );
+        }
         let mut ebpf = load_object(
             object,
             &ObjectSettings {
