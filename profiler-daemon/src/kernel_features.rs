@@ -6,8 +6,9 @@
 //! hash maps in perf-event programs (all in 6.1); the compat one needs none of them (5.10+:
 //! BTF-enabled tracepoints, ring buffers, global functions).
 
-use std::ffi::c_void;
-use std::os::fd::{FromRawFd as _, OwnedFd};
+use std::os::fd::OwnedFd;
+
+use crate::bpf_syscall::{bpf, insn, ProgSpec, BPF_PROG_LOAD, CALL, EXIT, MOV64_IMM};
 
 /// The BPF object to load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
@@ -257,7 +258,6 @@ const HELPER_LOOP: i32 = 181;
 
 // bpf(2) commands, program and map types, flags (uapi `linux/bpf.h`).
 const BPF_MAP_CREATE: libc::c_long = 0;
-const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_BTF_LOAD: libc::c_long = 18;
 const PROG_TYPE_KPROBE: u32 = 2;
 const PROG_TYPE_PERF_EVENT: u32 = 7;
@@ -303,24 +303,6 @@ impl MapSpec {
     };
 }
 
-/// `BPF_PROG_LOAD`'s attributes, as far as the probes set them.
-#[repr(C)]
-#[derive(Default)]
-struct ProgSpec {
-    prog_type: u32,
-    insn_cnt: u32,
-    insns: u64,
-    license: u64,
-    log_level: u32,
-    log_size: u32,
-    log_buf: u64,
-    kern_version: u32,
-    prog_flags: u32,
-    prog_name: [u8; 16],
-    prog_ifindex: u32,
-    expected_attach_type: u32,
-}
-
 /// `BPF_BTF_LOAD`'s attributes.
 #[repr(C)]
 #[derive(Default)]
@@ -330,24 +312,6 @@ struct BtfSpec {
     btf_size: u32,
     btf_log_size: u32,
     btf_log_level: u32,
-}
-
-fn bpf<T>(command: libc::c_long, attr: &mut T) -> std::io::Result<OwnedFd> {
-    // SAFETY: `attr` is the command's attribute struct (a prefix of `union bpf_attr`; the
-    // kernel zero-extends what it is not given), alive for the call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            command,
-            attr as *mut T as *mut c_void,
-            std::mem::size_of::<T>(),
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a new file descriptor the kernel gave us.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 fn map_creatable(spec: MapSpec) -> bool {
@@ -417,17 +381,6 @@ fn load_program(prog_type: u32, insns: &[u64]) -> Result<OwnedFd, String> {
     })
 }
 
-/// An eBPF instruction: opcode, registers, offset, immediate.
-const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> u64 {
-    (code as u64)
-        | ((dst as u64 & 0xf) << 8)
-        | ((src as u64 & 0xf) << 12)
-        | ((off as u16 as u64) << 16)
-        | ((imm as u32 as u64) << 32)
-}
-const MOV64_IMM: u8 = 0xb7;
-const CALL: u8 = 0x85;
-const EXIT: u8 = 0x95;
 const LD_IMM64: u8 = 0x18;
 const PSEUDO_MAP_FD: u8 = 1;
 

@@ -4,6 +4,7 @@
 pub(crate) mod aggregate;
 pub(crate) mod alloc;
 pub(crate) mod alloc_scale;
+pub(crate) mod bpf_syscall;
 pub mod config;
 pub(crate) mod config_error;
 #[cfg(test)]

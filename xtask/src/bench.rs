@@ -40,6 +40,10 @@ use std::time::Duration;
 mod cgroup;
 #[path = "../../tests/src/metrics_endpoint.rs"]
 mod metrics_endpoint;
+// The daemon's bare bpf(2) wrapper, for section 7's do-nothing program; shared by path too.
+#[path = "../../profiler-daemon/src/bpf_syscall.rs"]
+#[allow(dead_code)]
+mod bpf_syscall;
 
 use anyhow::{bail, Context as _, Result};
 

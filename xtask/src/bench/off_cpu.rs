@@ -139,7 +139,8 @@ impl Bench {
                 with_baseline = Some(rate);
                 baseline_ns_per_switch.push(run_time.ns_per_run);
             }
-            let daemon = self.start_settled_daemon(&["--off-cpu".to_owned()])?;
+            let daemon =
+                self.start_settled_daemon(self.daemon_binary(), &["--off-cpu".to_owned()])?;
             let program = switch_program(daemon.process.pid())?;
             let with = self.pingpong_windows()?;
             let sampled_before = daemon.fresh_metrics()?.get(SAMPLED)?;
@@ -167,11 +168,14 @@ impl Bench {
             });
         }
         // Stacks never taken: the cost of the bookkeeping alone.
-        let daemon = self.start_settled_daemon(&[
-            "--off-cpu".to_owned(),
-            "--config".to_owned(),
-            self.never_sampled_config()?.display().to_string(),
-        ])?;
+        let daemon = self.start_settled_daemon(
+            self.daemon_binary(),
+            &[
+                "--off-cpu".to_owned(),
+                "--config".to_owned(),
+                self.never_sampled_config()?.display().to_string(),
+            ],
+        )?;
         let unsampled = self.pingpong_run_time(switch_program(daemon.process.pid())?)?;
         daemon.stop()?;
         Ok(OffCpuCost {
@@ -193,15 +197,7 @@ impl Bench {
     /// The ping-pong's round trips per second under the baseline build with `--off-cpu`, and
     /// its switch program's run time.
     fn measure_baseline_off_cpu(&self, binary: &Path) -> Result<(f64, RunTime)> {
-        let daemon = self.start_daemon_binary(
-            binary,
-            99,
-            15,
-            &[],
-            Ready::Sampling { jvms: 0 },
-            &["--off-cpu".to_owned()],
-        )?;
-        thread::sleep(SETTLE);
+        let daemon = self.start_settled_daemon(binary, &["--off-cpu".to_owned()])?;
         let program = switch_program(daemon.process.pid())?;
         let rate = self.pingpong_windows()?;
         let run_time = self.pingpong_run_time(program)?;
@@ -209,9 +205,11 @@ impl Bench {
         Ok((rate, run_time))
     }
 
-    /// A whole-host daemon at 99 Hz with `extra_args`, ready and past its start-up scan.
-    fn start_settled_daemon(&self, extra_args: &[String]) -> Result<Daemon> {
-        let daemon = self.start_daemon(99, 15, &[], Ready::Sampling { jvms: 0 }, extra_args)?;
+    /// A whole-host daemon (`binary`) at 99 Hz with `extra_args`, ready and past its start-up
+    /// scan.
+    fn start_settled_daemon(&self, binary: &Path, extra_args: &[String]) -> Result<Daemon> {
+        let ready = Ready::Sampling { jvms: 0 };
+        let daemon = self.start_daemon_binary(binary, 99, 15, &[], ready, extra_args)?;
         thread::sleep(SETTLE);
         Ok(daemon)
     }
@@ -220,7 +218,7 @@ impl Bench {
     /// trips per second bare and with the empty program on `sched_switch` (that one first if
     /// `empty_first`), and the empty program's run time per run.
     fn measure_without_off_cpu(&self, empty_first: bool) -> Result<(f64, f64, f64)> {
-        let daemon = self.start_settled_daemon(&[])?;
+        let daemon = self.start_settled_daemon(self.daemon_binary(), &[])?;
         let mut bare = None;
         if !empty_first {
             bare = Some(self.pingpong_windows()?);
