@@ -23,7 +23,7 @@ use anyhow::{Context as _, Result};
 use super::daemon::{Daemon, Ready};
 use super::measure::{bpf_stats, daemon_program, BpfStatsPaused};
 use super::scenarios::Bench;
-use super::statistics::{mean_interval, median};
+use super::statistics::{mean_ci95, median};
 use super::switch_floor::EmptySwitchProgram;
 use super::table::{verdict, Row};
 
@@ -275,7 +275,7 @@ impl Bench {
 /// Whether the 95% interval of `loss` over `rounds` is narrower than [`INTERVAL_WIDTH_PCT`].
 fn narrow_enough(rounds: &[Round], loss: fn(&Round) -> f64) -> bool {
     let losses: Vec<f64> = rounds.iter().map(loss).collect();
-    2.0 * mean_interval(&losses).1 < INTERVAL_WIDTH_PCT
+    2.0 * mean_ci95(&losses).1 < INTERVAL_WIDTH_PCT
 }
 
 const SAMPLED: &str = profiler_common::metric::OFF_CPU_WAITS_SAMPLED;
@@ -289,9 +289,9 @@ impl OffCpuCost {
             .iter()
             .map(|r| r.loss_pct() - r.floor_pct())
             .collect();
-        let (loss, loss_half) = mean_interval(&losses);
-        let (floor, floor_half) = mean_interval(&floors);
-        let (own_loss, own_half) = mean_interval(&own);
+        let (loss, loss_half) = mean_ci95(&losses);
+        let (floor, floor_half) = mean_ci95(&floors);
+        let (own_loss, own_half) = mean_ci95(&own);
         let per_round = |values: &[f64]| {
             values
                 .iter()
@@ -351,8 +351,8 @@ impl OffCpuCost {
                 .iter()
                 .filter_map(|r| Some(r.loss_pct() - r.baseline_loss_pct()?))
                 .collect();
-            let (baseline_loss, baseline_half) = mean_interval(&baseline_losses);
-            let (difference, difference_half) = mean_interval(&against);
+            let (baseline_loss, baseline_half) = mean_ci95(&baseline_losses);
+            let (difference, difference_half) = mean_ci95(&against);
             rows.push(Row {
                 section: "7",
                 measurement: "... side by side: the baseline build with `--off-cpu`".into(),

@@ -30,7 +30,7 @@ use anyhow::{bail, Context as _, Result};
 use super::measure::CpuReading;
 use super::processes::Workload;
 use super::scenarios::{Bench, Profiler, Program, Running};
-use super::statistics::{median, min_max, thousands};
+use super::statistics::{mean_ci95, median, min_max, thousands};
 use super::table::{verdict, Row};
 use super::{FREQUENCIES, TARGET_HZ};
 
@@ -391,26 +391,6 @@ fn map_name(fd: &OwnedFd) -> Result<String> {
     Ok(String::from_utf8_lossy(&name[..end]).into_owned())
 }
 
-/// The mean and the half width of its 95% confidence interval (Student's t).
-fn mean_ci95(values: &[f64]) -> (f64, f64) {
-    let n = values.len();
-    if n < 2 {
-        return (values.first().copied().unwrap_or(f64::NAN), f64::NAN);
-    }
-    let mean = values.iter().sum::<f64>() / n as f64;
-    let variance = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
-    (mean, t_975(n - 1) * (variance / n as f64).sqrt())
-}
-
-/// The 97.5% quantile of Student's t with `df` degrees of freedom (Cornish-Fisher expansion
-/// around the normal quantile: within 2% from 4 degrees of freedom, exact in the limit).
-fn t_975(df: usize) -> f64 {
-    let z: f64 = 1.959_964;
-    let df = df as f64;
-    z + (z.powi(3) + z) / (4.0 * df)
-        + (5.0 * z.powi(5) + 16.0 * z.powi(3) + 3.0 * z) / (96.0 * df * df)
-}
-
 pub(super) fn rows(overheads: &[Overhead], rows: &mut Vec<Row>, notes: &mut Vec<String>) {
     for overhead in overheads {
         let measurement = format!(
@@ -501,28 +481,4 @@ fn note(program: &Program, setting: &SettingOverhead, mean: f64, half: f64) -> S
         program.label(),
         setting.profiler.label()
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn t_quantile_is_close_to_the_tables() {
-        // Published two-sided 95% values.
-        for (df, table) in [(4, 2.776), (9, 2.262), (29, 2.045), (299, 1.968)] {
-            let t = t_975(df);
-            assert!((t - table).abs() / table < 0.02, "df {df}: {t} vs {table}");
-        }
-    }
-
-    #[test]
-    fn the_interval_narrows_with_more_pairs() {
-        let few: Vec<f64> = (0..10).map(|i| (i % 3) as f64).collect();
-        let many: Vec<f64> = (0..1000).map(|i| (i % 3) as f64).collect();
-        let (mean_few, half_few) = mean_ci95(&few);
-        let (mean_many, half_many) = mean_ci95(&many);
-        assert!((mean_few - 0.9).abs() < 1e-9 && (mean_many - 0.999).abs() < 1e-9);
-        assert!(half_many < half_few / 5.0, "{half_many} vs {half_few}");
-    }
 }
