@@ -51,6 +51,63 @@ fn tally_by_leaf(
 
 #[test]
 fn java_stacks_on_every_jdk() {
+    let runs: Vec<JavaStacksRun> = jdks_with_8()
+        .into_iter()
+        .map(|jdk| JavaStacksRun { jdk, options: &[] })
+        .collect();
+    java_stacks_of(&runs);
+}
+
+/// The same workload and checks on the JVM options users' services run with, which change
+/// what the walker and the name reader meet: object headers (compact on JDK 25, uncompressed
+/// pointers), every collector, one compiler tier only, the interpreter only, one code heap
+/// instead of three, a small code cache.
+#[test]
+fn java_stacks_under_jvm_options() {
+    let jdk = |major: u32| {
+        jdks()
+            .into_iter()
+            .find(|jdk| jdk.major == major)
+            .unwrap_or_else(|| panic!("JDK {major}"))
+    };
+    let option_sets: &[(u32, &[&str])] = &[
+        (25, &["-XX:+UseCompactObjectHeaders"]),
+        // (No class data sharing archive matches these: its warning would go to stdout.)
+        (
+            25,
+            &[
+                "-XX:-UseCompressedOops",
+                "-XX:-UseCompressedClassPointers",
+                "-Xlog:cds=off",
+            ],
+        ),
+        (25, &["-XX:+UseShenandoahGC"]),
+        (21, &["-XX:+UseZGC", "-XX:+ZGenerational"]),
+        (25, &["-XX:-TieredCompilation"]),
+        (17, &["-XX:+UseParallelGC"]),
+        (17, &["-XX:TieredStopAtLevel=1", "-XX:-SegmentedCodeCache"]),
+        (25, &["-Xint"]),
+        (21, &["-XX:ReservedCodeCacheSize=16m", "-Xss16m"]),
+    ];
+    let runs: Vec<JavaStacksRun> = option_sets
+        .iter()
+        .map(|(major, options)| JavaStacksRun {
+            jdk: jdk(*major),
+            options,
+        })
+        .collect();
+    java_stacks_of(&runs);
+}
+
+/// One JVM of [`java_stacks_of`]: its JDK and the options it starts with.
+struct JavaStacksRun {
+    jdk: Jdk,
+    options: &'static [&'static str],
+}
+
+/// Runs `Workloads` on each of `runs`, two JVMs at a time under one daemon, and checks their
+/// stacks ([`check_java_stacks`]).
+fn java_stacks_of(runs: &[JavaStacksRun]) {
     let dir = tempfile::tempdir().expect("tempdir");
     let classes = compile_java(&["Workloads.java"], dir.path()).expect("javac");
     let source = std::fs::read_to_string(
@@ -63,18 +120,21 @@ fn java_stacks_on_every_jdk() {
     let deep_leaf_lines = method_lines(&source, "static long deepLeaf");
     let mut report = Vec::new();
 
-    // Two JDKs at a time under one daemon (each JVM gets half the CPUs: about 1,900 split
-    // samples each, against the 500 asked for): the group's longest wait is the JIT's warm-up
-    // and the sampling window, paid once per pair.
-    for pair in jdks_with_8().chunks(2) {
+    // Two JVMs at a time under one daemon (each gets half the CPUs: about 1,900 split samples
+    // each, against the 500 asked for): the group's longest wait is the JIT's warm-up and the
+    // sampling window, paid once per pair.
+    for (index, pair) in runs.chunks(2).enumerate() {
         let jvms: Vec<_> = pair
             .iter()
-            .map(|jdk| start_java(jdk, &classes, "Workloads", &[]).expect("JVM starts"))
+            .map(|run| {
+                start_java(&run.jdk, &classes, "Workloads", run.options).unwrap_or_else(|e| {
+                    panic!("JDK {} {:?}: JVM starts: {e:#}", run.jdk.major, run.options)
+                })
+            })
             .collect();
         // Let the JIT compile the hot paths, as in a long-running service.
         std::thread::sleep(Duration::from_secs(4));
-        let majors: Vec<String> = pair.iter().map(|jdk| jdk.major.to_string()).collect();
-        let out = dir.path().join(format!("profiles-{}", majors.join("-")));
+        let out = dir.path().join(format!("profiles-{index}"));
         let finished = DaemonRun::new()
             .pids(jvms.iter().map(|jvm| jvm.pid()))
             .frequency(997)
@@ -91,10 +151,10 @@ fn java_stacks_on_every_jdk() {
             .collect();
         let pids: Vec<u32> = jvms.iter().map(|jvm| jvm.pid()).collect();
         drop(jvms);
-        for (jdk, pid) in pair.iter().zip(pids) {
+        for (run, pid) in pair.iter().zip(pids) {
             let profiles = profiles_of(&out, pid).expect("profiles readable");
             report.push(check_java_stacks(
-                jdk,
+                run,
                 &profiles,
                 deep_leaf_lines,
                 &unwind_ends,
@@ -108,12 +168,17 @@ fn java_stacks_on_every_jdk() {
 /// `unwind_ends` are the daemon's counts of how walks ended, per interval (of every JVM it
 /// sampled).
 fn check_java_stacks(
-    jdk: &Jdk,
+    run: &JavaStacksRun,
     profiles: &[(std::path::PathBuf, profiler_daemon::pprof::proto::Profile)],
     deep_leaf_lines: (i64, i64),
     unwind_ends: &[String],
 ) -> String {
-    assert!(!profiles.is_empty(), "no profile for JDK {}", jdk.major);
+    let jvm = if run.options.is_empty() {
+        format!("JDK {}", run.jdk.major)
+    } else {
+        format!("JDK {} {}", run.jdk.major, run.options.join(" "))
+    };
+    assert!(!profiles.is_empty(), "no profile for {jvm}");
     // Java functions: `pkg.Class.method` (with its kind), the signature in the system name,
     // the source file with its package path.
     let (_, first) = &profiles[0];
@@ -249,67 +314,68 @@ fn check_java_stacks(
     let error = ((a - 0.6).abs()).max((b - 0.3).abs()).max((c - 0.1).abs());
     let root_reach = rooted as f64 / java_thread_samples.max(1) as f64;
     let line = format!(
-            "JDK {}: split {:.1}/{:.1}/{:.1}% over {split_total} samples (max error {:.1} pp); root reach {:.1}% of {java_thread_samples}; \
+            "{jvm}: split {:.1}/{:.1}/{:.1}% over {split_total} samples (max error {:.1} pp); root reach {:.1}% of {java_thread_samples}; \
              200-deep complete {deep_complete}/{deep_leaf}; inlined frames in {with_inlined}/{inline_samples}; \
              native zip under Java {zip_native_under_java}/{zip_samples}; deepLeaf line right {leaf_line_right}/{leaf_line_checked} (unknown {leaf_line_unknown}); unwind ends {}",
-            jdk.major, a * 100.0, b * 100.0, c * 100.0, error * 100.0, root_reach * 100.0, unwind_ends.join(" | ")
+            a * 100.0, b * 100.0, c * 100.0, error * 100.0, root_reach * 100.0, unwind_ends.join(" | ")
         );
     eprintln!("{line}");
 
     for name in ["split-worker", "deep-worker", "inline-worker", "zip-worker"] {
         assert!(
             thread_samples.get(name).copied().unwrap_or(0) > 50,
-            "JDK {}: thread {name} missing or barely sampled: {thread_samples:?}",
-            jdk.major
+            "{jvm}: thread {name} missing or barely sampled: {thread_samples:?}",
         );
     }
-    assert!(
-        split_total > 500,
-        "JDK {}: too few split samples",
-        jdk.major
-    );
+    assert!(split_total > 500, "{jvm}: too few split samples",);
     assert!(
         error <= 0.03,
-        "JDK {}: split {a:.3}/{b:.3}/{c:.3} off by more than 3 pp",
-        jdk.major
+        "{jvm}: split {a:.3}/{b:.3}/{c:.3} off by more than 3 pp",
     );
     let mut unrooted: Vec<(String, i64)> = unrooted.into_iter().collect();
     unrooted.sort_by_key(|(_, n)| -n);
     unrooted.truncate(6);
     assert!(
         root_reach >= 0.95,
-        "JDK {}: only {:.1}% of Java thread samples reach Thread.run; the others most often: {unrooted:#?}",
-        jdk.major,
+        "{jvm}: only {:.1}% of Java thread samples reach Thread.run; the others most often: {unrooted:#?}",
         root_reach * 100.0
     );
     assert!(
         deep_leaf > 50 && deep_complete as f64 >= 0.95 * deep_leaf as f64,
-        "JDK {}: 200-deep stacks incomplete: {deep_complete}/{deep_leaf}",
-        jdk.major
+        "{jvm}: 200-deep stacks incomplete: {deep_complete}/{deep_leaf}",
     );
+    // The interpreter inlines nothing.
+    let inlined_wanted = if run.options.contains(&"-Xint") {
+        0.0
+    } else {
+        0.5
+    };
     assert!(
-        with_inlined as f64 >= 0.5 * inline_samples as f64,
-        "JDK {}: inlined frames missing: {with_inlined}/{inline_samples}",
-        jdk.major
+        with_inlined as f64 >= inlined_wanted * inline_samples as f64,
+        "{jvm}: inlined frames missing: {with_inlined}/{inline_samples}",
     );
     assert!(
         zip_native_under_java as f64 >= 0.5 * zip_samples as f64,
-        "JDK {}: native zip frames under Java: {zip_native_under_java}/{zip_samples}",
-        jdk.major
+        "{jvm}: native zip frames under Java: {zip_native_under_java}/{zip_samples}",
     );
     assert!(
         leaf_line_checked - leaf_line_right - leaf_line_unknown <= leaf_line_checked / 20,
-        "JDK {}: deepLeaf lines: {leaf_line_right} of {leaf_line_checked} in \
+        "{jvm}: deepLeaf lines: {leaf_line_right} of {leaf_line_checked} in \
              {deep_leaf_lines:?}, {leaf_line_unknown} unknown, the rest wrong",
-        jdk.major
     );
-    // JDK 8 puts no safepoint in a C2-compiled counted loop (loop strip mining came in
-    // 10): a pc inside deepLeaf's has no debug information, and its line is unknown.
-    let known_wanted = if jdk.major <= 8 { 0.0 } else { 0.95 };
+    // C2 puts a safepoint in a counted loop only where it strip-mines loops: from JDK 10, and
+    // with the collectors that ask for it (G1, Shenandoah, ZGC), not with the parallel or
+    // serial ones. Elsewhere a pc inside deepLeaf's loop has no debug information, and its
+    // line is unknown (as in HotSpot's own stack walks).
+    let no_loop_safepoints = run.jdk.major <= 8
+        || run
+            .options
+            .iter()
+            .any(|o| *o == "-XX:+UseParallelGC" || *o == "-XX:+UseSerialGC");
+    let known_wanted = if no_loop_safepoints { 0.0 } else { 0.95 };
     assert!(
         leaf_line_right as f64 >= known_wanted * leaf_line_checked as f64,
-        "JDK {}: deepLeaf lines {leaf_line_right}/{leaf_line_checked} in {deep_leaf_lines:?}",
-        jdk.major
+        "{jvm}: deepLeaf lines {leaf_line_right}/{leaf_line_checked} in {deep_leaf_lines:?}",
     );
     line
 }
