@@ -514,6 +514,14 @@ fn waits_of_unmounted_virtual_threads_are_profiled_per_site() {
                         && names.last().map(String::as_str) == Some("java.lang.VirtualThread.run")
                     {
                         rooted += 1;
+                    } else if samples - rooted <= 3 {
+                        // Where the walk stopped: its innermost frames and its outermost.
+                        let outer = names.len().saturating_sub(3);
+                        eprintln!(
+                            "JDK {major} {site}: not whole ({depth} descend frames): {:?} .. {:?}",
+                            &names[..names.len().min(4)],
+                            &names[outer..]
+                        );
                     }
                 }
             }
