@@ -98,6 +98,10 @@ pub struct RunSummary {
     pub kernel: KernelCounters,
 }
 
+/// The longest sampling waits for the JVM tracker's first pass (reading `/proc` and each JVM
+/// found; tens of milliseconds on a node of a few JVMs).
+const FIRST_TRACKER_TICK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     privileges::check()?;
     raise_open_files_limit();
@@ -175,7 +179,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     let hotspot_maps = sampler.take_hotspot_maps()?;
     // The tracker starts and stops the ended threads' counts; the worker reads them.
     let exit_counts = hotspot_maps.exits.clone();
-    let tracker = spawn_jvm_tracker(
+    let mut tracker = spawn_jvm_tracker(
         hotspot_maps,
         sampler.take_process_events()?,
         config.max_jvms as usize,
@@ -188,14 +192,6 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
         },
         libjvm_hooks,
     )?;
-    tracing::info!(
-        frequency_hz = config.frequency_hz,
-        cpus = sampler.cpus(),
-        interval_s = config.interval.as_secs(),
-        output = %config.output_dir.display(),
-        pids = ?config.pids,
-        "sampling"
-    );
 
     let unwind_tables = spawn_unwind_tables(
         sampler.take_unwind_maps()?,
@@ -206,6 +202,19 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
     if !config.pids.is_empty() {
         let _ = unwind_tables.try_send(config.pids.clone());
     }
+    // Sampling starts once the tracker has pushed the layouts of the JVMs already running
+    // (their first samples would otherwise walk compiled code as native code), and after every
+    // other program loaded (the verifier takes up to a second for some).
+    tracker.first_tick(FIRST_TRACKER_TICK_WAIT).await;
+    sampler.start_sampling()?;
+    tracing::info!(
+        frequency_hz = config.frequency_hz,
+        cpus = sampler.cpus(),
+        interval_s = config.interval.as_secs(),
+        output = %config.output_dir.display(),
+        pids = ?config.pids,
+        "sampling"
+    );
     if let Some(address) = config.metrics_listen {
         let listener = crate::metrics::connections::listen(address)
             .map_err(|source| DaemonError::Metrics { address, source })?;

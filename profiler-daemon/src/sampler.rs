@@ -168,7 +168,9 @@ pub struct Sampler {
     /// Sampled allocations, when allocation profiling is on.
     alloc_ring: Option<RingBuf<MapData>>,
     counters: PerCpuArray<MapData, u64>,
-    cpus: usize,
+    /// The online CPUs, each sampled by a perf event of its own once sampling starts.
+    cpus: Vec<u32>,
+    frequency_hz: u64,
     /// Whether the allocation programs are loaded.
     alloc: bool,
     /// Whether the virtual threads' programs are loaded.
@@ -458,7 +460,8 @@ fn verifier_tail(error: &str) -> String {
 }
 
 impl Sampler {
-    /// Loads and attaches the sampler. `pids` empty means every process.
+    /// Loads the sampler's programs and attaches those but the CPU sampler's perf events
+    /// ([`Self::start_sampling`]). `pids` empty means every process.
     /// `cfi_blocks` bounds the unwind tables' blocks (`native_unwind::loader::block_capacity`).
     #[allow(clippy::too_many_arguments)]
     pub fn start(
@@ -563,16 +566,6 @@ impl Sampler {
             name: "sample_cpu",
             source,
         })?;
-        for &cpu in &cpus {
-            program
-                .attach(
-                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                    PerfEventScope::AllProcessesOneCpu { cpu },
-                    SamplePolicy::Frequency(frequency_hz),
-                    false,
-                )
-                .map_err(|source| SamplerError::Attach { cpu, source })?;
-        }
 
         // Process events feed the JVM tracker when it watches the whole host (with `--pid` the
         // programs send none), and drop unwind tables of processes that exec or exit.
@@ -677,11 +670,40 @@ impl Sampler {
             off_cpu,
             alloc_ring,
             counters,
-            cpus: cpus.len(),
+            cpus,
+            frequency_hz,
             alloc: alloc.is_some(),
             virtual_thread_waits,
             kernel_names,
         })
+    }
+
+    /// Starts sampling every CPU: the CPU sampler's perf events, attached only now, after every
+    /// other program loaded and once the JVM tracker has had the time to push the layouts of
+    /// the JVMs already running (see `daemon::run`). A sample of a JVM taken before its layout
+    /// is in the map walks its compiled code as native code: its stack is one bogus frame.
+    pub fn start_sampling(&mut self) -> Result<(), SamplerError> {
+        let frequency_hz = self.frequency_hz;
+        let program: &mut PerfEvent = self
+            .ebpf
+            .program_mut("sample_cpu")
+            .ok_or(SamplerError::MissingProgram("sample_cpu"))?
+            .try_into()
+            .map_err(|source| SamplerError::Program {
+                name: "sample_cpu",
+                source,
+            })?;
+        for &cpu in &self.cpus {
+            program
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(frequency_hz),
+                    false,
+                )
+                .map_err(|source| SamplerError::Attach { cpu, source })?;
+        }
+        Ok(())
     }
 
     /// The kernel's own symbol lookup, if it loaded (can be taken once).
@@ -771,7 +793,7 @@ impl Sampler {
     }
 
     pub fn cpus(&self) -> usize {
-        self.cpus
+        self.cpus.len()
     }
 
     /// Second descriptors of the rings, to wait on: each turns readable when the BPF side wakes

@@ -116,10 +116,27 @@ pub(super) struct TrackerThread {
     sampled: SyncSender<Vec<u32>>,
     /// The pids of new stacks with Java frames, each drain.
     java_sampled: SyncSender<Vec<u32>>,
+    /// Fires once the tracker's first tick has ended.
+    first_tick: Option<tokio::sync::oneshot::Receiver<()>>,
     handle: std::thread::JoinHandle<()>,
 }
 
 impl TrackerThread {
+    /// Waits, at most `bound`, for the tracker's first tick to end: by then it has pushed the
+    /// layouts of the JVMs it found running (those of `--pid`, or the host's on its first
+    /// scan). Returns at once after the first call.
+    pub(super) async fn first_tick(&mut self, bound: std::time::Duration) {
+        if let Some(first_tick) = self.first_tick.take() {
+            if tokio::time::timeout(bound, first_tick).await.is_err() {
+                tracing::info!(
+                    waited_ms = bound.as_millis() as u64,
+                    "the JVM tracker's first pass is still running: sampling starts; samples of \
+                     JVMs it has not read yet show their compiled code as unknown native frames"
+                );
+            }
+        }
+    }
+
     pub(super) fn counts(&self) -> TrackerCounts {
         self.counts.lock().map(|c| *c).unwrap_or_default()
     }
@@ -207,6 +224,8 @@ pub(super) fn spawn_jvm_tracker(
     let counts = Arc::new(Mutex::new(TrackerCounts::default()));
     let (sampled, sampled_rx) = sync_channel::<Vec<u32>>(4);
     let (java_sampled, java_sampled_rx) = sync_channel::<Vec<u32>>(64);
+    let (first_ticked, first_tick) = tokio::sync::oneshot::channel();
+    let mut first_ticked = Some(first_ticked);
     let (stop_flag, shared_counts) = (stop.clone(), counts.clone());
     let handle = std::thread::Builder::new()
         .name("jvm-tracker".into())
@@ -246,6 +265,9 @@ pub(super) fn spawn_jvm_tracker(
                         ..tracker.counts()
                     };
                 }
+                if let Some(first_ticked) = first_ticked.take() {
+                    let _ = first_ticked.send(());
+                }
                 std::thread::sleep(tracker::TICK_PERIOD);
             }
         })
@@ -253,6 +275,7 @@ pub(super) fn spawn_jvm_tracker(
     Ok(TrackerThread {
         stop,
         counts,
+        first_tick: Some(first_tick),
         sampled,
         java_sampled,
         handle,
