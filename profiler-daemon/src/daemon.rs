@@ -248,6 +248,7 @@ pub async fn run(config: Config) -> Result<RunSummary, DaemonError> {
             pods,
             exit_counts,
             kernel_names: sampler.take_kernel_names(),
+            unwind_tables: unwind_tables.clone(),
         },
         work_rx,
     )?;

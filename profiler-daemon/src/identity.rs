@@ -276,6 +276,8 @@ mod tests {
             uid: 0,
             shares_our_root: true,
             mappings: vec![],
+            read_at: std::time::Instant::now(),
+            young_when_read: false,
         }
     }
 

@@ -2,7 +2,10 @@
 //! reach its files.
 //!
 //! A process is read from /proc when its first sample arrives, because short-lived processes
-//! may be gone by the time the interval is symbolized. Its /proc files are read bounded, and its
+//! may be gone by the time the interval is symbolized. What a young process maps changes in
+//! its first seconds (a launcher script execs `java`, which loads libjvm, then the JDK's own
+//! libraries): it is read again at a sample at least a second later while it was young when
+//! last read, and whenever its executable is another file (an exec). Its /proc files are read bounded, and its
 //! mapped files are opened as untrusted input (see [`crate::untrusted`]): the very file mapped
 //! through `/proc/PID/map_files`, else its path resolved inside the process's root without
 //! following links, so processes in other mount namespaces (containers) work and none can make
@@ -11,6 +14,7 @@
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use hashbrown::HashMap;
 use procfs::process::{MMapPath, MemoryMaps};
@@ -23,6 +27,11 @@ use crate::untrusted::{self, Expect, Refused};
 const MAX_ELF_BYTES: u64 = 8 << 30;
 /// Largest command line kept.
 const MAX_COMMAND_LINE: usize = 128 << 10;
+/// A process younger than this when read is read again at a later sample: what it maps is
+/// still settling.
+const YOUNG_PROCESS: Duration = Duration::from_secs(10);
+/// How long after its last read a young process is read again at the earliest.
+const YOUNG_REREAD_GAP: Duration = Duration::from_secs(1);
 
 /// One executable mapping of a process.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -84,6 +93,9 @@ pub struct ProcessInfo {
     pub shares_our_root: bool,
     /// Executable mappings, sorted by address.
     pub mappings: Vec<Mapping>,
+    /// When it was read, and whether it was younger than [`YOUNG_PROCESS`] then.
+    pub read_at: Instant,
+    pub young_when_read: bool,
 }
 
 impl ProcessInfo {
@@ -102,7 +114,19 @@ impl ProcessInfo {
             uid: owner_uid(pid).unwrap_or(u32::MAX),
             shares_our_root,
             mappings,
+            read_at: Instant::now(),
+            young_when_read: age(stat.starttime).is_none_or(|age| age < YOUNG_PROCESS),
         })
+    }
+
+    /// Whether what was read may be out of date for the live process with the same key: it
+    /// was young when read, a while ago, or it runs another executable now (it exec'd).
+    fn may_have_changed(&self) -> bool {
+        if self.young_when_read && self.read_at.elapsed() >= YOUNG_REREAD_GAP {
+            return true;
+        }
+        let executable = std::fs::read_link(format!("/proc/{}/exe", self.pid)).ok();
+        executable.is_some() && executable != self.executable
     }
 
     /// This process's identity for its whole life.
@@ -157,6 +181,21 @@ pub fn open_mapped_file(
         return Err(Refused::NotFound);
     }
     untrusted::open_by_mapped_path(pid, path, *dev, shares_our_root, expect)
+}
+
+/// How long ago a process started `start_time` clock ticks after boot (`/proc/PID/stat`).
+fn age(start_time: u64) -> Option<Duration> {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime fills our struct.
+    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) } != 0 {
+        return None;
+    }
+    let since_boot = Duration::new(now.tv_sec as u64, now.tv_nsec as u32);
+    let started = Duration::from_secs_f64(start_time as f64 / procfs::ticks_per_second() as f64);
+    Some(since_boot.saturating_sub(started))
 }
 
 /// The owner of `/proc/PID`: the process's effective uid (whose share of the daemon's budgets
@@ -232,25 +271,30 @@ pub struct ProcessTable {
 }
 
 impl ProcessTable {
-    /// Called on a process's first sample of an interval: reads it if unknown, or if the pid
-    /// now belongs to another process.
-    pub fn observe(&mut self, pid: u32) {
-        if let Some(known) = self.processes.get(&pid) {
-            match ProcessKey::of_live(pid) {
-                Some(live) if live == known.key() => return,
-                // The pid was given to another process.
-                Some(_) => {}
+    /// Called on a process's first sample of an interval, and again at later samples of a
+    /// young one: reads it if unknown, if the pid now belongs to another process, or if what
+    /// was read may be out of date (see the module's notes). True if it was read again (what
+    /// it maps may have changed) where it was known.
+    pub fn observe(&mut self, pid: u32) -> bool {
+        let known = match self.processes.get(&pid) {
+            Some(known) => match ProcessKey::of_live(pid) {
+                Some(live) if live == known.key() && !known.may_have_changed() => return false,
+                // Young, exec'd, or the pid was given to another process.
+                Some(_) => true,
                 // Gone: keep what we knew, it is needed to symbolize its last samples.
-                None => return,
-            }
-        }
+                None => return false,
+            },
+            None => false,
+        };
         match ProcessInfo::read(pid) {
             Ok(info) => {
                 self.processes.insert(pid, info);
+                known
             }
             Err(err) => {
-                self.unreadable += 1;
+                self.unreadable += u64::from(!known);
                 tracing::debug!(pid, %err, "process exited before it could be read");
+                false
             }
         }
     }

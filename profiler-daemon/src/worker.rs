@@ -28,6 +28,9 @@ use crate::worker_metrics::WorkerCounters;
 pub enum Work {
     /// A process had its first sample of the interval: read its mappings while it is alive.
     ProcessSeen(u32),
+    /// Processes the sampling loop met in the last seconds, sampled since: each is read again
+    /// if what it maps may have changed (see `process`).
+    YoungProcessesSeen(Vec<u32>),
     /// Panics in the worker: how the tests check that a panic costs one work item, not the
     /// node's profiling.
     #[cfg(test)]
@@ -66,6 +69,9 @@ pub struct Worker {
     attaches: crate::sidecar::AttachesStarted,
     /// Each JVM's last count of its allocated bytes, for its next allocation profile's scale.
     alloc_scale: AllocScale,
+    /// The unwind tables' loader, told of a process whose mappings changed since it was first
+    /// read (a young process's libraries, an exec).
+    unwind_tables: Option<std::sync::mpsc::SyncSender<Vec<u32>>>,
 }
 
 impl Worker {
@@ -91,7 +97,14 @@ impl Worker {
             thread_directory: None,
             attaches: Default::default(),
             alloc_scale: AllocScale::default(),
+            unwind_tables: None,
         }
+    }
+
+    /// Tells the unwind tables' loader of the processes read again (see `process`).
+    pub fn telling_unwind_tables(mut self, loader: std::sync::mpsc::SyncSender<Vec<u32>>) -> Self {
+        self.unwind_tables = Some(loader);
+        self
     }
 
     /// The ended threads' allocations of JVMs that do not count them (before JDK 14).
@@ -213,7 +226,8 @@ impl Worker {
 
     fn handle(&mut self, item: Work) {
         match item {
-            Work::ProcessSeen(pid) => self.processes.observe(pid),
+            Work::ProcessSeen(pid) => self.observe_processes(&[pid]),
+            Work::YoungProcessesSeen(pids) => self.observe_processes(&pids),
             Work::JavaProcessMet => self.symbolizers.java.adopt_read_jvms(),
             Work::Interval(intervals) => {
                 let counters = self.counters.clone();
@@ -223,6 +237,20 @@ impl Worker {
             }
             #[cfg(test)]
             Work::Panic => panic!("a test asked the worker to panic"),
+        }
+    }
+
+    /// Reads the processes `pids` unless known and current; those read again (what they map
+    /// may have changed) go to the unwind tables' loader too.
+    fn observe_processes(&mut self, pids: &[u32]) {
+        let read_again: Vec<u32> = pids
+            .iter()
+            .copied()
+            .filter(|&pid| self.processes.observe(pid))
+            .collect();
+        if let (Some(loader), false) = (&self.unwind_tables, read_again.is_empty()) {
+            // A full queue: the loader reads them again at their next interval's first sample.
+            let _ = loader.try_send(read_again);
         }
     }
 

@@ -763,3 +763,72 @@ fn epoch_ns(time: std::time::SystemTime) -> i64 {
     time.duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |since| since.as_nanos() as i64)
 }
+
+/// A short-lived program started the way services and tools often are, by a script that
+/// execs it, and gone before the interval ends: its frames are named from what it mapped, not
+/// from what the script's shell did when the process was first sampled (read once, the
+/// shell's mappings named none of them, and the process was gone when the interval was
+/// symbolized).
+#[test]
+fn a_program_a_script_execs_is_named_though_it_exits_within_the_interval() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let binary = compile_c("native_split.c", dir.path()).expect("compiles");
+    let out = dir.path().join("profiles");
+    let daemon = DaemonRun::new()
+        .frequency(199)
+        .interval(60)
+        .output(&out)
+        .start(dir.path());
+    daemon
+        .wait_for_log("sampling", Duration::from_secs(30))
+        .expect("the daemon samples");
+    // The shell counts for a few tenths of a second (sampled as `sh`), then becomes the
+    // program, which runs 3 s and exits.
+    let script = format!(
+        "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; exec {} 3",
+        binary.display()
+    );
+    let mut wrapper = Command::new("sh")
+        .args(["-c", &script])
+        .spawn()
+        .expect("the script starts");
+    let pid = wrapper.id();
+    assert!(wrapper.wait().expect("the script ends").success());
+    std::thread::sleep(Duration::from_secs(1));
+    daemon.terminate();
+    let (status, _) = daemon.wait(Duration::from_secs(30)).expect("daemon exits");
+    assert!(status.success(), "{status}");
+
+    let profiles = profiles_of(&out, pid).expect("profiles readable");
+    let (mut shell, mut program, mut named) = (0i64, 0i64, 0i64);
+    for (_, profile) in &profiles {
+        for sample in &profile.sample {
+            let n = count(sample);
+            // The thread's name when sampled (the process's is the program's).
+            match label(profile, sample, "thread_name") {
+                Some("native_split") => program += n,
+                _ => {
+                    shell += n;
+                    continue;
+                }
+            }
+            let frames = sample_frames(profile, sample);
+            let has = |name: &str| frames.iter().any(|f| f.name == name);
+            if (has("hot_a") || has("hot_b")) && has("main") {
+                named += n;
+            }
+        }
+    }
+    eprintln!(
+        "{shell} samples before the exec, {program} after: {named} named hot_a or hot_b under main"
+    );
+    assert!(
+        shell > 0,
+        "the script's shell was never sampled: nothing tested"
+    );
+    assert!(program > 100, "too few samples of the program: {program}");
+    assert!(
+        named as f64 >= 0.95 * program as f64,
+        "only {named} of {program} samples of the exec'd program named"
+    );
+}

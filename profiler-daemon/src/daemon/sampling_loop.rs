@@ -6,10 +6,11 @@
 
 pub(super) mod metrics;
 mod prefetched;
+mod young_processes;
 
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{SyncSender, TrySendError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use profiler_common::{Counter, OffCpuEnd, SampleKind, UnwindEnd, VirtualWaitEnd};
 use tokio::io::unix::AsyncFd;
@@ -32,6 +33,7 @@ use crate::worker::Work;
 use crate::worker_metrics::WorkerCounters;
 use metrics::{LoopMetrics, Snapshot};
 use prefetched::PrefetchedFrames;
+use young_processes::YoungProcesses;
 
 /// How often the ring buffer is drained when it does not fill up: each drain is a wake-up of an
 /// otherwise idle daemon. Bursts do not wait for it: the BPF side wakes us when the ring is a
@@ -134,6 +136,8 @@ pub(super) struct SamplingLoop {
     stack_memory: SharedStackMemory,
     /// The Java frames this interval's drains sent the worker to read.
     prefetched: PrefetchedFrames,
+    /// The processes met in the last seconds, named to the symbolizer again.
+    young: YoungProcesses,
 }
 
 /// What the loop leaves when it ends: the sampler detached (no new samples while the last
@@ -167,6 +171,7 @@ impl SamplingLoop {
             stats,
             intervals: 0,
             prefetched: PrefetchedFrames::new(),
+            young: YoungProcesses::default(),
         }
     }
 
@@ -283,7 +288,7 @@ impl SamplingLoop {
             &mut self.sampler,
             &self.outbox,
             &mut self.stats,
-            &mut self.prefetched,
+            (&mut self.prefetched, &mut self.young),
         );
         let new_java_stacks = !found.java_pids.is_empty();
         if new_java_stacks {
@@ -309,6 +314,7 @@ impl SamplingLoop {
         }
         self.stack_memory.start_interval();
         self.prefetched.forget();
+        self.young.end_interval();
         self.last_counters = counters;
         self.intervals += 1;
     }
@@ -446,10 +452,11 @@ impl Folds {
         sampler: &mut Sampler,
         outbox: &Outbox,
         stats: &mut LoopStats,
-        prefetched: &mut PrefetchedFrames,
+        (prefetched, young): (&mut PrefetchedFrames, &mut YoungProcesses),
     ) -> DrainFinds {
         let mut found = FoundInDrain {
             prefetched,
+            young,
             java_frames: Vec::new(),
             new_java_frames: false,
             java_pids: Vec::new(),
@@ -630,6 +637,7 @@ fn parse_record<'a>(bytes: &'a [u8], stats: &mut LoopStats) -> Option<SampleView
 /// frames of new stacks not sent before this interval.
 struct FoundInDrain<'a> {
     prefetched: &'a mut PrefetchedFrames,
+    young: &'a mut YoungProcesses,
     java_frames: Vec<JavaFrameSeen>,
     /// Whether any frame went into `java_frames` in this drain (some may be sent already).
     new_java_frames: bool,
@@ -666,6 +674,7 @@ impl FoundInDrain<'_> {
         ) {
             outbox.send(Work::ProcessSeen(view.pid()), stats);
             self.new_processes.push(view.pid());
+            self.young.told(view.pid(), Instant::now());
         }
         // The Java frames of a new stack are read soon, in one batch per drain: the methods of
         // short-lived classes may be unloaded (their memory reused) before the interval ends.
@@ -700,6 +709,10 @@ impl FoundInDrain<'_> {
             self.new_processes.sort_unstable();
             self.new_processes.dedup();
             let _ = outbox.unwind_tables.try_send(self.new_processes);
+        }
+        let young = self.young.due(Instant::now());
+        if !young.is_empty() {
+            outbox.send(Work::YoungProcessesSeen(young), stats);
         }
         if !self.java_frames.is_empty() {
             outbox.send_java_frames(self.java_frames, stats);

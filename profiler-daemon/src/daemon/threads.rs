@@ -37,6 +37,8 @@ pub(super) struct SharedWithWorker {
     pub(super) memory_names: MemoryNameCaches<ProcessMemory>,
     /// The JVMs the tracker started loading the sidecar agent into.
     pub(super) attaches: AttachesStarted,
+    /// The unwind tables' loader, for the processes whose mappings changed.
+    pub(super) unwind_tables: SyncSender<Vec<u32>>,
     /// Kubernetes pods' metadata, when watched.
     pub(super) pods: Option<SharedPodIndex>,
     /// The ended threads' allocations of JVMs before JDK 14, with `--alloc`.
@@ -80,6 +82,7 @@ pub(super) fn spawn_worker(
                 .with_alloc_interval(alloc_interval)
                 .with_exit_counts(shared.exit_counts)
                 .with_kernel_names(shared.kernel_names)
+                .telling_unwind_tables(shared.unwind_tables)
                 .run(work)
         })
         .map_err(|err| DaemonError::Worker(err.to_string()))
