@@ -674,3 +674,61 @@ fn samples_have_java_frames_from_the_daemons_first_moment() {
         share * 100.0
     );
 }
+
+/// A JVM started while the daemon profiles the whole host: its layout is read within a
+/// fraction of a second of its start, so that even a short-lived JVM's samples have their Java
+/// frames. The tracker used to look at new processes twice a second only, and a new JVM's
+/// first 0.8 s of samples walked its code as native code.
+#[test]
+fn a_jvm_started_under_the_daemon_has_java_frames_from_its_first_second() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let classes = compile_java(&["Spin.java"], dir.path()).expect("javac");
+    let jdk = jdks()
+        .into_iter()
+        .find(|jdk| jdk.major == 17)
+        .expect("JDK 17");
+    let out = dir.path().join("profiles");
+    let daemon = DaemonRun::new()
+        .frequency(499)
+        .interval(60)
+        .output(&out)
+        .start(dir.path());
+    daemon
+        .wait_for_log("sampling", Duration::from_secs(30))
+        .expect("the daemon samples");
+    let jvm = start_java(&jdk, &classes, "Spin", &[]).expect("JVM starts");
+    std::thread::sleep(Duration::from_secs(2));
+    let pid = jvm.pid();
+    drop(jvm);
+    std::thread::sleep(Duration::from_secs(1));
+    daemon.terminate();
+    let (status, _) = daemon.wait(Duration::from_secs(30)).expect("daemon exits");
+    assert!(status.success(), "{status}");
+
+    let profiles = profiles_of(&out, pid).expect("profiles readable");
+    let (mut worker, mut with_java) = (0i64, 0i64);
+    for (_, profile) in &profiles {
+        for sample in &profile.sample {
+            if label(profile, sample, "thread_name") != Some("spin-worker") {
+                continue;
+            }
+            let n = count(sample);
+            worker += n;
+            let names = sample_base_names(profile, sample);
+            if names.iter().any(|name| name == "Spin.work") {
+                with_java += n;
+            }
+        }
+    }
+    let share = with_java as f64 / worker.max(1) as f64;
+    eprintln!(
+        "{with_java} of {worker} spin-worker samples in Spin.work ({:.1}%)",
+        share * 100.0
+    );
+    assert!(worker > 300, "too few samples: {worker}");
+    assert!(
+        share >= 0.95,
+        "only {:.1}% of the new JVM's worker samples have their Java frames",
+        share * 100.0
+    );
+}

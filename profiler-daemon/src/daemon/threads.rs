@@ -88,6 +88,34 @@ pub(super) fn spawn_worker(
         .map_err(|err| DaemonError::Worker(err.to_string()))
 }
 
+/// Runs one tick of the JVM tracker; 1 if it panicked (logged), else 0. The tracker reads every
+/// JVM's memory and /proc entries: a bug that input trips costs this tick, not the node's JVM
+/// tracking.
+fn guarded_tick(tick: impl FnOnce()) -> u64 {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(tick)).is_ok() {
+        return 0;
+    }
+    tracing::error!(
+        "the JVM tracker panicked (a bug; please report it with the log above): that tick is \
+         lost, tracking goes on"
+    );
+    1
+}
+
+/// Replaces `events` with what the process events' ring holds (reading an empty ring is two
+/// loads from shared memory: no syscall).
+fn take_process_events(
+    ring: &mut RingBuf<MapData>,
+    events: &mut Vec<profiler_common::ProcessEvent>,
+) {
+    events.clear();
+    while let Some(item) = ring.next() {
+        if let Some(event) = profiler_common::ProcessEvent::from_bytes(&item) {
+            events.push(event);
+        }
+    }
+}
+
 /// Batches of Java frames queued for the reader before the loop starts dropping them.
 const JAVA_READER_QUEUE: usize = 1024;
 
@@ -240,28 +268,13 @@ pub(super) fn spawn_jvm_tracker(
             let mut events = Vec::new();
             let mut panics = 0;
             while !stop_flag.load(Ordering::Relaxed) {
-                // Reading an empty ring is two loads from shared memory: no syscall.
-                events.clear();
-                while let Some(item) = process_events.next() {
-                    if let Some(event) = profiler_common::ProcessEvent::from_bytes(&item) {
-                        events.push(event);
-                    }
-                }
+                take_process_events(&mut process_events, &mut events);
                 let sampled: Vec<u32> = sampled_rx.try_iter().flatten().collect();
-                // The tracker reads every JVM's memory and /proc entries: a bug that input
-                // trips costs this tick, not the node's JVM tracking.
                 let java_sampled: Vec<u32> = java_sampled_rx.try_iter().flatten().collect();
-                let ticked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                panics += guarded_tick(|| {
                     tracker.tick(&events, &sampled);
                     attach_sampled_jvms(&tracker, &mut attacher, java_sampled);
-                }));
-                if ticked.is_err() {
-                    panics += 1;
-                    tracing::error!(
-                        "the JVM tracker panicked (a bug; please report it with the log above): \
-                         that tick is lost, tracking goes on"
-                    );
-                }
+                });
                 if let Ok(mut counts) = shared_counts.lock() {
                     *counts = TrackerCounts {
                         panics,
@@ -271,7 +284,22 @@ pub(super) fn spawn_jvm_tracker(
                 if let Some(first_ticked) = first_ticked.take() {
                     let _ = first_ticked.send(());
                 }
-                std::thread::sleep(tracker::TICK_PERIOD);
+                // Until the next tick, quick ones: new processes are looked at within
+                // QUICK_TICK_PERIOD of their exec.
+                let next_tick = std::time::Instant::now() + tracker::TICK_PERIOD;
+                loop {
+                    let left = next_tick.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() || stop_flag.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    if !tracker.wants_quick_ticks() {
+                        std::thread::sleep(left);
+                        break;
+                    }
+                    std::thread::sleep(left.min(tracker::QUICK_TICK_PERIOD));
+                    take_process_events(&mut process_events, &mut events);
+                    panics += guarded_tick(|| tracker.quick_tick(&events));
+                }
             }
         })
         .map_err(|err| DaemonError::Worker(err.to_string()))?;

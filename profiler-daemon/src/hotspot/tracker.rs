@@ -2,7 +2,10 @@
 //!
 //! The tracker learns about processes from events rather than by listing /proc: the BPF
 //! tracepoints report each exec and exit, and the sampling loop reports the processes sampled
-//! in each interval. It wakes twice a second ([`TICK_PERIOD`]) and reads /proc only for:
+//! in each interval. It ticks twice a second ([`TICK_PERIOD`]), and in between takes the events
+//! and looks at the processes starting every [`QUICK_TICK_PERIOD`] ([`JvmTracker::quick_tick`]:
+//! until a JVM's layout is pushed, its samples have no Java frames, and a short-lived JVM's
+//! first second is much of its life). It reads /proc only for:
 //! - a process that just exec'd, checked for a mapped libjvm.so at growing ages (the launcher
 //!   maps libjvm a moment after exec) while it is young;
 //! - a sampled process it does not know, or has not checked for a minute (a program may load
@@ -53,6 +56,11 @@ pub const RESCAN_PERIOD: Duration = Duration::from_secs(60);
 const THREAD_LIST_SLACK: usize = 64;
 /// How often a JVM's Java threads are read in full even if its thread list looks unchanged.
 const FULL_THREAD_READ: Duration = Duration::from_secs(10);
+/// How often the tracker looks at the processes starting ([`JvmTracker::quick_tick`]).
+pub const QUICK_TICK_PERIOD: Duration = Duration::from_millis(100);
+/// Processes younger than this (since start or exec) are starting: their young checks and, if
+/// JVMs, their retries come at quick ticks.
+const STARTING: Duration = Duration::from_secs(2);
 /// The ages (since start or exec) at which a process not yet a JVM is checked for libjvm.
 const YOUNG_CHECKS: [Duration; 9] = [
     Duration::ZERO,
@@ -65,8 +73,9 @@ const YOUNG_CHECKS: [Duration; 9] = [
     Duration::from_secs(15),
     Duration::from_secs(30),
 ];
-/// A pending JVM is retried at every tick this many times, then every [`SLOW_RETRY_EVERY`].
-const FAST_RETRIES: u32 = 20;
+/// A pending JVM is retried at every tick this many times (quick ticks included: 40 in its
+/// first two seconds), then every [`SLOW_RETRY_EVERY`].
+const FAST_RETRIES: u32 = 60;
 const SLOW_RETRY_EVERY: u32 = 20;
 /// `task_struct` flag of kernel threads (`PF_KTHREAD`), in /proc/PID/stat's `flags`.
 const PF_KTHREAD: u32 = 0x0020_0000;
@@ -230,6 +239,16 @@ fn young_check_due(born: Instant, done: usize) -> bool {
 }
 
 impl Tracked {
+    /// Whether it is starting: a process younger than [`STARTING`] (since its start or exec)
+    /// not known as a JVM yet; `age` gives a process's age from its start time.
+    fn starting(&self, age: impl Fn(u64) -> Duration) -> bool {
+        match &self.state {
+            State::NotJvm { born, .. } => born.elapsed() < STARTING,
+            State::Pending { .. } => age(self.start_time) < STARTING,
+            State::Ready { .. } | State::Failed | State::OverBound => false,
+        }
+    }
+
     /// Whether a tick should look at it without being told.
     fn due(&self) -> bool {
         match &self.state {
@@ -316,6 +335,9 @@ pub struct JvmTracker<S: LayoutSink> {
     own_pid: u32,
     rescanned: Option<Instant>,
     exec_events: u64,
+    /// Whether a process may be starting: set by each tick and exec event, cleared by a quick
+    /// tick that found none, so that quick ticks between starts look at no process.
+    maybe_starting: bool,
     exit_events: u64,
     rescans: u64,
     /// Allocation profiling's hooks, found for each JVM that becomes ready (when it is on).
@@ -345,6 +367,7 @@ impl<S: LayoutSink> JvmTracker<S> {
             own_pid: std::process::id(),
             rescanned: None,
             exec_events: 0,
+            maybe_starting: true,
             exit_events: 0,
             rescans: 0,
             last_instance: 0,
@@ -415,6 +438,8 @@ impl<S: LayoutSink> JvmTracker<S> {
     /// One wake-up: takes the process events and the pids sampled since the last tick, and
     /// looks at what they name and at what is due.
     pub fn tick(&mut self, events: &[ProcessEvent], sampled: &[u32]) {
+        // Processes met by this tick may be starting.
+        self.maybe_starting = true;
         self.visit_due(events, sampled);
         self.use_spare_time();
         self.finish_made_ready();
@@ -429,21 +454,47 @@ impl<S: LayoutSink> JvmTracker<S> {
         }
     }
 
-    fn visit_due(&mut self, events: &[ProcessEvent], sampled: &[u32]) {
-        if !self.pids.is_empty() {
-            // No events with `--pid`: a ready JVM is kept current from its memory alone, and
-            // /proc read again only when that fails (it exited, or its pid was reused).
-            for pid in self.pids.clone() {
-                if !(self.is_ready(pid) && self.keep_current(pid)) {
-                    self.visit(pid, Visit::Due);
-                }
-            }
+    /// Between ticks: takes the events, and looks at the processes starting that are due
+    /// (young checks, pending JVMs), pushing the layout of any JVM found ready. Nothing else:
+    /// the ready JVMs wait for the next tick.
+    pub fn quick_tick(&mut self, events: &[ProcessEvent]) {
+        if self.pids.is_empty() {
+            self.take_events(events);
+        }
+        if !self.maybe_starting {
             return;
         }
+        let starting = self.starting();
+        self.maybe_starting = !starting.is_empty();
+        for pid in starting {
+            if self.tracked.get(&pid).is_some_and(Tracked::due) {
+                self.visit(pid, Visit::Due);
+            }
+        }
+        self.finish_made_ready();
+    }
+
+    /// Whether quick ticks have anything to look for: exec events (whole-host tracking), or
+    /// a process that may be starting.
+    pub fn wants_quick_ticks(&self) -> bool {
+        self.pids.is_empty() || self.maybe_starting
+    }
+
+    fn starting(&self) -> Vec<u32> {
+        self.tracked
+            .iter()
+            .filter(|(_, tracked)| tracked.starting(|start| self.age(start)))
+            .map(|(pid, _)| *pid)
+            .collect()
+    }
+
+    /// Looks at the processes that exec'd and exited (whole-host tracking).
+    fn take_events(&mut self, events: &[ProcessEvent]) {
         for event in events {
             match ProcessEventKind::from_u32(event.kind) {
                 Some(ProcessEventKind::Exec) => {
                     self.exec_events += 1;
+                    self.maybe_starting = true;
                     // A new program: whatever the pid was before is gone.
                     if let Some(old) = self.tracked.remove(&event.pid) {
                         self.forget(event.pid, old);
@@ -460,6 +511,20 @@ impl<S: LayoutSink> JvmTracker<S> {
                 None => {}
             }
         }
+    }
+
+    fn visit_due(&mut self, events: &[ProcessEvent], sampled: &[u32]) {
+        if !self.pids.is_empty() {
+            // No events with `--pid`: a ready JVM is kept current from its memory alone, and
+            // /proc read again only when that fails (it exited, or its pid was reused).
+            for pid in self.pids.clone() {
+                if !(self.is_ready(pid) && self.keep_current(pid)) {
+                    self.visit(pid, Visit::Due);
+                }
+            }
+            return;
+        }
+        self.take_events(events);
         for &pid in sampled {
             self.visit(pid, Visit::Sampled);
         }
