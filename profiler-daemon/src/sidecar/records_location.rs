@@ -19,9 +19,12 @@ use profiler_jvmti_records::record::{FileHeader, HEADER_LEN};
 
 use crate::untrusted::{self, Refused};
 
-/// A JVM's `/tmp` is listed at most this often, and only while the default path holds
-/// something unusable (a file of another user, or a dead process's records).
+/// A JVM's `/tmp` is listed only while the default path holds something unusable (a file of
+/// another user, or a dead process's records): one second after the first listing, then ever
+/// less often, at most this seldom. The first look may come just before an agent being loaded
+/// makes its fallback directory.
 const SCAN_EVERY: Duration = Duration::from_secs(30);
+const FIRST_SCAN_GAP: Duration = Duration::from_secs(1);
 /// Entries of a `/tmp` looked at per scan: its users can fill it.
 const MAX_SCANNED_ENTRIES: usize = 100_000;
 /// Clock steps the start-time comparison tolerates: records whose agent started more than this
@@ -38,6 +41,8 @@ pub struct RecordsLocation {
     /// The fallback directory (below `/tmp`) found by the last scan.
     fallback: Option<PathBuf>,
     last_scan: Option<Instant>,
+    /// The time from the last scan to the next: doubled after each, up to [`SCAN_EVERY`].
+    scan_gap: Duration,
     /// Whether the JVM's `/tmp` is ours (same mount): where the daemon can still reach its
     /// records once the JVM is gone.
     shares_our_tmp: bool,
@@ -64,6 +69,7 @@ impl RecordsLocation {
             process_started_ns: process_started_ns(pid).unwrap_or(0),
             fallback: None,
             last_scan: None,
+            scan_gap: FIRST_SCAN_GAP,
             shares_our_tmp: shares_our_tmp(pid),
             last_opened: None,
         }
@@ -107,7 +113,13 @@ impl RecordsLocation {
             Err(refused) => Some(refused),
         };
         let now = Instant::now();
-        if self.last_scan.is_none_or(|last| now >= last + SCAN_EVERY) {
+        if self
+            .last_scan
+            .is_none_or(|last| now >= last + self.scan_gap)
+        {
+            if self.last_scan.is_some() {
+                self.scan_gap = (self.scan_gap * 2).min(SCAN_EVERY);
+            }
             self.last_scan = Some(now);
             if let Some((dir, file)) = self.scan(max_size) {
                 tracing::info!(
