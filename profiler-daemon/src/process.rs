@@ -5,11 +5,12 @@
 //! may be gone by the time the interval is symbolized. What a young process maps changes in
 //! its first seconds (a launcher script execs `java`, which loads libjvm, then the JDK's own
 //! libraries): it is read again at a sample at least a second later while it was young when
-//! last read, and whenever its executable is another file (an exec). Its /proc files are read bounded, and its
-//! mapped files are opened as untrusted input (see [`crate::untrusted`]): the very file mapped
-//! through `/proc/PID/map_files`, else its path resolved inside the process's root without
-//! following links, so processes in other mount namespaces (containers) work and none can make
-//! the daemon open something else.
+//! last read, and whenever its executable is another file (an exec).
+//!
+//! Its /proc files are read bounded, and its mapped files are opened as untrusted input (see
+//! [`crate::untrusted`]): the very file mapped through `/proc/PID/map_files`, else its path
+//! resolved inside the process's root without following links, so processes in other mount
+//! namespaces (containers) work and none can make the daemon open something else.
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -115,7 +116,8 @@ impl ProcessInfo {
             shares_our_root,
             mappings,
             read_at: Instant::now(),
-            young_when_read: age(stat.starttime).is_none_or(|age| age < YOUNG_PROCESS),
+            // An age unknown counts as old: read again only after an exec.
+            young_when_read: age(stat.starttime).is_some_and(|age| age < YOUNG_PROCESS),
         })
     }
 
