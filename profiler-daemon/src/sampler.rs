@@ -275,6 +275,17 @@ fn attach_to_agent(program: &mut UProbe, agent: &std::path::Path) {
 }
 
 /// Creates the object's maps (programs are loaded one by one afterwards).
+/// The CPU sampler's program in `ebpf`.
+fn sample_cpu_program(ebpf: &mut Ebpf) -> Result<&mut PerfEvent, SamplerError> {
+    ebpf.program_mut("sample_cpu")
+        .ok_or(SamplerError::MissingProgram("sample_cpu"))?
+        .try_into()
+        .map_err(|source| SamplerError::Program {
+            name: "sample_cpu",
+            source,
+        })
+}
+
 fn load_object(object: BpfObject, settings: &ObjectSettings) -> Result<Ebpf, SamplerError> {
     let task_offsets;
     let run_queue = settings.run_queue.map_or([0; 4], |offsets| offsets.0);
@@ -554,18 +565,12 @@ impl Sampler {
             }
         }
 
-        let program: &mut PerfEvent = ebpf
-            .program_mut("sample_cpu")
-            .ok_or(SamplerError::MissingProgram("sample_cpu"))?
-            .try_into()
+        sample_cpu_program(&mut ebpf)?
+            .load()
             .map_err(|source| SamplerError::Program {
                 name: "sample_cpu",
                 source,
             })?;
-        program.load().map_err(|source| SamplerError::Program {
-            name: "sample_cpu",
-            source,
-        })?;
 
         // Process events feed the JVM tracker when it watches the whole host (with `--pid` the
         // programs send none), and drop unwind tables of processes that exec or exit.
@@ -684,15 +689,7 @@ impl Sampler {
     /// is in the map walks its compiled code as native code: its stack is one bogus frame.
     pub fn start_sampling(&mut self) -> Result<(), SamplerError> {
         let frequency_hz = self.frequency_hz;
-        let program: &mut PerfEvent = self
-            .ebpf
-            .program_mut("sample_cpu")
-            .ok_or(SamplerError::MissingProgram("sample_cpu"))?
-            .try_into()
-            .map_err(|source| SamplerError::Program {
-                name: "sample_cpu",
-                source,
-            })?;
+        let program = sample_cpu_program(&mut self.ebpf)?;
         for &cpu in &self.cpus {
             program
                 .attach(
